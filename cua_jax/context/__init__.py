@@ -1,0 +1,1 @@
+"""Episodes to training items: token streams, chat rendering, context segmentation."""

@@ -1,0 +1,1 @@
+"""cua_jax.eval."""

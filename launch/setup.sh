@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Idempotent setup for cua_jax. Source it (`source launch/setup.sh`) or run it.
+#
+#   1. Debian packages from launch/debian-packages.txt (installed only when missing).
+#   2. A virtualenv outside the checkout, cached by a hash of the requirement files,
+#      so a second run (or a fresh clone on the same machine) installs nothing.
+#   3. dockerd, started when it is not running.
+#   4. Environment images (launch/images/build.sh), built when their content hash is new.
+#
+# Exports CUA_JAX_VENV, CUA_JAX_PYTHON, CUA_JAX_ROOT and puts the checkout on PYTHONPATH.
+# Steps 3-4 are skipped with CUA_JAX_SETUP_NO_DOCKER=1.
+set -euo pipefail
+
+CUA_JAX_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CUA_JAX_CACHE="${CUA_JAX_CACHE:-$HOME/.cache/cua_jax}"
+mkdir -p "$CUA_JAX_CACHE"
+
+_log() { printf '[setup] %s\n' "$*" >&2; }
+
+# ---- 1. Debian packages -------------------------------------------------------------
+_missing=()
+while read -r pkg; do
+  pkg="${pkg%%#*}"; pkg="$(echo "$pkg" | xargs)"
+  [ -z "$pkg" ] && continue
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || _missing+=("$pkg")
+done < "$CUA_JAX_ROOT/launch/debian-packages.txt"
+if [ "${#_missing[@]}" -gt 0 ]; then
+  _log "installing Debian packages: ${_missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${_missing[@]}" >/dev/null
+fi
+
+# ---- 2. Cached virtualenv -------------------------------------------------------------
+if [ -n "${CUA_JAX_PLATFORM:-}" ]; then
+  _platform="$CUA_JAX_PLATFORM"
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  _platform=gpu
+else
+  _platform=cpu
+fi
+_reqs=("$CUA_JAX_ROOT/requirements.txt" "$CUA_JAX_ROOT/requirements-$_platform.txt")
+_python="${CUA_JAX_BASE_PYTHON:-python3}"
+_hash="$( { cat "${_reqs[@]}"; "$_python" --version; echo "$_platform uninstall:torchvision,torchaudio,torchcodec"; } | sha256sum | cut -c1-16)"
+CUA_JAX_VENV="$CUA_JAX_CACHE/venv-$_platform-$_hash"
+if [ ! -f "$CUA_JAX_VENV/.complete" ]; then
+  _log "creating virtualenv $CUA_JAX_VENV (this takes a few minutes once)"
+  rm -rf "$CUA_JAX_VENV"
+  "$_python" -m venv "$CUA_JAX_VENV"
+  "$CUA_JAX_VENV/bin/pip" install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
+  # The torch pin is installed first so that nothing later pulls another build.
+  "$CUA_JAX_VENV/bin/pip" install -q --progress-bar off "${_reqs[@]/#/-r}" 2>&1 | grep -v "is ignored" || true
+  if [ "$_platform" = cpu ]; then
+    # PyPI's builds of these do not match torch 2.13+cpu and break `import transformers`.
+    "$CUA_JAX_VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
+  "$CUA_JAX_VENV/bin/python" -c "import jax, flax, optax, transformers, ray, playwright, docker" \
+    || { _log "virtualenv check failed"; exit 1; }
+  touch "$CUA_JAX_VENV/.complete"
+fi
+CUA_JAX_PYTHON="$CUA_JAX_VENV/bin/python"
+export CUA_JAX_ROOT CUA_JAX_CACHE CUA_JAX_VENV CUA_JAX_PYTHON
+export PYTHONPATH="$CUA_JAX_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$CUA_JAX_VENV/bin:$PATH"
+
+# ---- 3-4. dockerd and environment images ------------------------------------------------
+if [ "${CUA_JAX_SETUP_NO_DOCKER:-0}" != 1 ]; then
+  bash "$CUA_JAX_ROOT/launch/dockerd.sh"
+  if [ -x "$CUA_JAX_ROOT/launch/images/build.sh" ]; then
+    bash "$CUA_JAX_ROOT/launch/images/build.sh"
+  fi
+fi
+_log "ready: python=$CUA_JAX_PYTHON platform=$_platform"
