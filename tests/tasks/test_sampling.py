@@ -1,0 +1,351 @@
+"""Samplers: weights, Frontier's gamma share and top-3B pool, DTAC's replay cap and rho_inf
+share, determinism under a key, and state round-trips through save and restore."""
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cua_jax.tasks.pool import GroupOutcome, PoolTask, TaskPool, load_state, save_state
+from cua_jax.tasks.sampling import (
+    CalibrationConfig,
+    DTACConfig,
+    DTACSampler,
+    FrontierConfig,
+    FrontierSampler,
+    build_sampler,
+    collect_informative_groups,
+    dtac_select,
+    frontier_select,
+    frontier_weights,
+    share_count,
+    vas_weights,
+    weighted_draw_scores,
+)
+from cua_jax.tasks.simulator import SimulatorConfig, TaskPoolSimulator
+
+N = 64  # pool size of the property tests: fixed, so the jitted selectors compile once
+GAP = 1e4
+
+unit32 = st.floats(0.0, 1.0, allow_nan=False, width=32)
+
+
+# -- numpy references ------------------------------------------------------------------
+
+
+def frontier_weights_ref(p, mu, sigma):
+    return np.exp(-((np.float64(p) - mu) ** 2) / (2 * sigma**2))
+
+
+def vas_weights_ref(p):
+    return 4 * np.float64(p) * (1 - np.float64(p))
+
+
+def draw_scores_ref(gumbel, weights, eligible):
+    positive = weights > 0
+    scores = np.where(
+        positive,
+        np.log(np.where(positive, weights, np.float32(1))) + gumbel,
+        gumbel - np.float32(GAP),
+    )
+    return np.where(eligible, scores, -np.inf).astype(np.float32)
+
+
+def descending(scores):
+    return np.argsort(-scores, kind="stable")
+
+
+def frontier_select_ref(g_frontier, g_explore, weights, eligible, n_frontier, n_explore, pool_size):
+    in_pool = np.zeros(weights.shape[0], bool)
+    in_pool[descending(np.where(eligible, weights, -np.inf))[:pool_size]] = True
+    in_pool &= eligible
+    frontier = descending(draw_scores_ref(g_frontier, weights, in_pool))[:n_frontier]
+    chosen = np.zeros_like(in_pool)
+    chosen[frontier] = True
+    explore_scores = np.where(
+        eligible & ~chosen, g_explore - np.float32(GAP) * in_pool, -np.inf
+    ).astype(np.float32)
+    explore = descending(explore_scores)[:n_explore]
+    return np.concatenate([frontier, explore]), in_pool
+
+
+def dtac_select_ref(g_vas, g_inf, weights, eligible, feasible, n_vas, n_inf):
+    vas = descending(draw_scores_ref(g_vas, weights, eligible & feasible))[:n_vas]
+    infeasible = descending(np.where(eligible & ~feasible, g_inf, -np.inf).astype(np.float32))[
+        :n_inf
+    ]
+    return np.concatenate([vas, infeasible])
+
+
+def gumbels(seed, count):
+    rng = np.random.default_rng(seed)
+    return [rng.gumbel(size=N).astype(np.float32) for _ in range(count)]
+
+
+# -- weights match the formulas ------------------------------------------------------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    p=st.lists(unit32, min_size=N, max_size=N),
+    mu=st.floats(0.0, 1.0),
+    sigma=st.floats(0.05, 1.0),
+)
+def test_weights_match_formulas(p, mu, sigma):
+    p = np.array(p, np.float32)
+    np.testing.assert_allclose(
+        jax.jit(frontier_weights)(p, mu, sigma),
+        frontier_weights_ref(p, mu, sigma),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(jax.jit(vas_weights)(p), vas_weights_ref(p), rtol=1e-5, atol=1e-6)
+
+
+def test_weights_at_their_landmarks():
+    assert float(frontier_weights(0.5, 0.5, 0.25)) == 1.0
+    assert float(frontier_weights(0.75, 0.5, 0.25)) == pytest.approx(np.exp(-0.5))  # one sigma
+    np.testing.assert_allclose(vas_weights(np.array([0.0, 0.5, 1.0, 0.25])), [0.0, 1.0, 0.0, 0.75])
+
+
+def test_gumbel_top_k_draws_in_proportion_to_weight():
+    """The first draw of weighted_draw_scores picks task i with probability w_i / sum(w)."""
+    weights = np.array([0.05, 0.1, 0.2, 0.3, 0.35, 0.0], np.float32)
+    keys = jax.random.split(jax.random.key(0), 20000)
+
+    def first_pick(key):
+        g = jax.random.gumbel(key, weights.shape)
+        return jax.numpy.argmax(weighted_draw_scores(g, weights, np.ones(6, bool)))
+
+    picks = np.asarray(jax.jit(jax.vmap(first_pick))(keys))
+    frequency = np.bincount(picks, minlength=6) / picks.shape[0]
+    np.testing.assert_allclose(frequency, weights / weights.sum(), atol=0.015)
+
+
+# -- Frontier: gamma share and top-3B pool ------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    p=st.lists(unit32, min_size=N, max_size=N),
+    eligible=st.lists(st.booleans(), min_size=N, max_size=N),
+    batch_size=st.integers(1, 20),
+    gamma=st.sampled_from([0.0, 0.1, 0.2, 0.5]),
+    seed=st.integers(0, 2**16),
+)
+def test_frontier_select_gamma_share_and_pool(p, eligible, batch_size, gamma, seed):
+    eligible = np.array(eligible)
+    if eligible.sum() < batch_size:
+        eligible[:batch_size] = True
+    weights = np.asarray(frontier_weights(np.array(p, np.float32), 0.5, 0.25))
+    n_explore = share_count(batch_size, gamma)
+    n_frontier = batch_size - n_explore
+    pool_size = 3 * batch_size
+    g_frontier, g_explore = gumbels(seed, 2)
+
+    order, in_pool = jax.jit(frontier_select)(
+        g_frontier, g_explore, weights, eligible, n_frontier, n_explore, pool_size
+    )
+    batch, in_pool = np.asarray(order)[:batch_size], np.asarray(in_pool)
+    want, want_pool = frontier_select_ref(
+        g_frontier, g_explore, weights, eligible, n_frontier, n_explore, pool_size
+    )
+    np.testing.assert_array_equal(batch, want)
+    np.testing.assert_array_equal(in_pool, want_pool)
+
+    # The invariants themselves, independent of the reference's mechanics.
+    assert len(set(batch.tolist())) == batch_size and eligible[batch].all()
+    assert in_pool.sum() == min(pool_size, eligible.sum())
+    kth_weight = np.sort(weights[eligible])[::-1][min(pool_size, eligible.sum()) - 1]
+    assert (weights[in_pool] >= kth_weight).all()  # the pool is the top-3B by weight
+    assert in_pool[batch[:n_frontier]].all()  # (1 - gamma) B from the pool
+    outside = (eligible & ~in_pool).sum()
+    assert (~in_pool[batch[n_frontier:]]).sum() == min(n_explore, outside)  # gamma B from the rest
+
+
+def test_frontier_sampler_batches_hold_the_shares():
+    pool = TaskPool([PoolTask(f"t{i}", "d", 0, True, {"kind": "test"}) for i in range(200)])
+    pool.pass_rate[:] = np.linspace(0, 1, 200, dtype=np.float32)
+    sampler = FrontierSampler(pool, FrontierConfig(gamma=0.2))
+    weights = sampler.weights()
+    top = set(np.argsort(-weights, kind="stable")[:96].tolist())  # 3B for B = 32
+    for seed in range(5):
+        batch = pool.indices_of(sampler.sample(jax.random.key(seed), 32))
+        in_top = sum(int(i) in top for i in batch)
+        assert in_top == 32 - share_count(32, 0.2) == 26
+
+
+# -- DTAC: rho_inf share and replay cap -----------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    p=st.lists(unit32, min_size=N, max_size=N),
+    infeasible=st.sets(st.integers(0, N - 1), min_size=8, max_size=24),
+    excluded=st.sets(st.integers(0, N - 1), max_size=8),
+    batch_size=st.integers(1, 24),
+    rho_inf=st.sampled_from([0.0, 0.05, 0.1, 0.25]),
+    seed=st.integers(0, 2**16),
+)
+def test_dtac_select_rho_inf_share(p, infeasible, excluded, batch_size, rho_inf, seed):
+    feasible = np.ones(N, bool)
+    feasible[list(infeasible)] = False
+    eligible = np.ones(N, bool)
+    eligible[list(excluded)] = False
+    n_inf = share_count(batch_size, rho_inf)
+    n_vas = batch_size - n_inf
+    if (eligible & ~feasible).sum() < n_inf or (eligible & feasible).sum() < n_vas:
+        return
+    weights = np.asarray(vas_weights(np.array(p, np.float32)))
+    g_vas, g_inf = gumbels(seed, 2)
+    batch = np.asarray(
+        jax.jit(dtac_select)(g_vas, g_inf, weights, eligible, feasible, n_vas, n_inf)
+    )[:batch_size]
+    np.testing.assert_array_equal(
+        batch, dtac_select_ref(g_vas, g_inf, weights, eligible, feasible, n_vas, n_inf)
+    )
+    assert len(set(batch.tolist())) == batch_size and eligible[batch].all()
+    assert (~feasible[batch]).sum() == n_inf  # exactly the rho_inf share is infeasible
+
+
+def test_dtac_sampler_rho_inf_share_per_batch():
+    tasks = [PoolTask(f"t{i}", "d", 0, i % 4 != 0, {"kind": "test"}) for i in range(100)]
+    pool = TaskPool(tasks)
+    sampler = DTACSampler(pool, DTACConfig(rho_inf=0.1))
+    for seed, batch_size in enumerate((8, 10, 16, 32, 40)):
+        batch = pool.indices_of(sampler.sample(jax.random.key(seed), batch_size))
+        assert (~pool.feasible[batch]).sum() == share_count(batch_size, 0.1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(cap=st.integers(1, 4), num_cached=st.integers(1, 4), groups=st.integers(1, 20))
+def test_dtac_replay_cap(cap, num_cached, groups):
+    pool = TaskPool(
+        [
+            PoolTask("hard", "d", 2, True, {"kind": "test"}),
+            PoolTask("easy", "d", 0, True, {"kind": "test"}),
+        ]
+    )
+    sampler = DTACSampler(
+        pool,
+        DTACConfig(p_low=0.05, p_high=0.5, max_replays_per_trajectory=cap, replay_cache_size=4),
+    )
+    # "hard" gets its successes cached (p <= p_high); "easy" has p = 7/8, out of the band.
+    sampler.update(
+        [GroupOutcome("hard", 1, 8, f"hard-{k}") for k in range(num_cached)]
+        + [GroupOutcome("easy", 7, 8, "easy-0")]
+    )
+    assert pool.pass_rate[0] == pytest.approx(1 / 8)
+
+    replayed = []
+    for _ in range(groups):
+        outcomes = [
+            GroupOutcome("hard", 0, 8),
+            GroupOutcome("hard", 2, 8, "hard-new"),  # has a success of its own: no replay
+            GroupOutcome("easy", 0, 8),  # out of the band: no replay
+        ]
+        replays = sampler.assign_replays(outcomes)
+        assert all(r.group_index == 0 and r.task_id == "hard" for r in replays)
+        replayed += [r.trajectory for r in replays]
+    counts = {t: replayed.count(t) for t in set(replayed)}
+    assert all(c <= cap for c in counts.values())
+    assert len(replayed) == min(groups, cap * num_cached)
+
+
+# -- determinism and state round-trips -----------------------------------------------------
+
+SIM_CONFIG = SimulatorConfig(
+    num_domains=3, train_tasks_per_domain=40, held_out_tasks_per_domain=5, infeasible_fraction=0.15
+)
+BATCH, GROUP = 8, 8
+
+
+def build(kind: str, seed: int):
+    sim = TaskPoolSimulator(SIM_CONFIG, seed=seed)
+    pool = TaskPool(sim.pool_tasks())
+    calibration = {
+        "uniform": None,
+        "frontier": CalibrationConfig(pilot=True, keep_infeasible=False),
+        "dtac": CalibrationConfig(
+            pilot=True, every_k_steps=2, sample_size=30, group_size=4, min_active=40
+        ),
+    }[kind]
+    dtac = DTACConfig(rho_inf=0.25, p_high=0.6)
+    return sim, build_sampler(
+        kind, pool, dtac=dtac, calibration=calibration, run_groups=sim.run_groups
+    )
+
+
+def train_step(kind, sim, sampler, key):
+    """One step; DTAC runs under DAPO dynamic sampling. Returns the task ids run."""
+    if kind == "dtac":
+        batch = collect_informative_groups(key, sampler, sim.run_groups, BATCH, GROUP)
+        assert all(
+            0 < o.successes + any(r.group_index == g for r in batch.replays) < o.attempts
+            for g, o in enumerate(batch.groups)
+        )  # only informative groups are kept
+        replayed = np.zeros(len(batch.groups), bool)
+        replayed[[r.group_index for r in batch.replays]] = True
+        sim.learn(batch.groups, replayed)
+        return sorted(o.task_id for o in batch.groups + batch.dropped)
+    task_ids = sampler.sample(key, BATCH)
+    outcomes = sim.run_groups(task_ids, GROUP)
+    replays = sampler.assign_replays(outcomes)
+    assert not replays
+    sim.learn(outcomes)
+    sampler.update(outcomes)
+    return task_ids
+
+
+def run(kind, seed, keys, sim=None, sampler=None):
+    if sim is None:
+        sim, sampler = build(kind, seed)
+    return [train_step(kind, sim, sampler, k) for k in keys], sim, sampler
+
+
+def step_keys(seed, steps):
+    base = jax.random.key(seed)
+    return [jax.random.fold_in(base, t) for t in range(steps)]
+
+
+@pytest.mark.parametrize("kind", ["uniform", "frontier", "dtac"])
+def test_sampling_is_deterministic_under_a_seed(kind):
+    first, _, _ = run(kind, 0, step_keys(0, 4))
+    again, _, sampler = run(kind, 0, step_keys(0, 4))
+    other, _, _ = run(kind, 0, step_keys(1, 4))
+    assert first == again
+    assert first != other
+    if kind == "dtac":  # the pilot and the calibrations at steps 2 (4 is not reached) ran
+        assert [(r.step, r.pilot) for r in sampler.reports] == [(0, True), (2, False)]
+
+
+@pytest.mark.parametrize("kind", ["uniform", "frontier", "dtac"])
+def test_state_round_trips_through_save_and_restore(kind, tmp_path):
+    keys = step_keys(3, 6)
+    uninterrupted, sim_a, sampler_a = run(kind, 3, keys)
+
+    head, sim, sampler = run(kind, 3, keys[:3])
+    save_state(
+        tmp_path / "tasks.pkl", {"sampler": sampler.state_dict(), "simulator": sim.state_dict()}
+    )
+    del sim, sampler
+    restored = load_state(tmp_path / "tasks.pkl")
+    sim_b, sampler_b = build(kind, 3)
+    sampler_b.load_state_dict(restored["sampler"])
+    sim_b.load_state_dict(restored["simulator"])
+    tail, _, _ = run(kind, 3, keys[3:], sim_b, sampler_b)
+
+    assert head + tail == uninterrupted
+    state_a, state_b = sampler_a.pool.state_dict(), sampler_b.pool.state_dict()
+    for name in ("attempts", "successes", "pass_rate", "last_step_sampled", "active"):
+        np.testing.assert_array_equal(state_a[name], state_b[name])
+    assert state_a["replay_cache"] == state_b["replay_cache"]
+    assert sampler_a.step == sampler_b.step == 6
+
+
+def test_restore_refuses_a_different_task_set():
+    _, sampler = build("uniform", 0)
+    other = TaskPool([PoolTask("x", "d", 0, True, {"kind": "test"})])
+    with pytest.raises(ValueError, match="does not match this pool's tasks"):
+        other.load_state_dict(sampler.pool.state_dict())
