@@ -1,0 +1,163 @@
+"""One episode of one desktop task on a pooled environment: setup, steps, verdict, status.
+
+    episode = DesktopEpisode(pool, task, max_turns=15, cache_dir=...)
+    observation = episode.start()             # acquires an environment, runs the setup
+    while not episode.done:
+        observation = episode.step(policy_text(observation))   # text the policy emitted
+    outcome = episode.finish()                # judge, attribute, release: faults.Outcome
+
+Nothing here raises because of the environment or the agent: infrastructure faults end
+the episode as QUARANTINED with their reason (cua_jax.envs.faults), invalid action text
+becomes feedback on the next observation, and a spent turn budget ends it NO_VERDICT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import tempfile
+
+from cua_jax.envs import actions as A
+from cua_jax.envs.client import EnvError, EnvServerError
+from cua_jax.envs.docker_pool import DockerEnvPool, PooledEnv, PoolError
+from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, episode_outcome
+from cua_jax.tasks import judges
+from cua_jax.tasks.schema import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Observation:
+    """What the agent sees after a step: the screen, and feedback text (errors, results)."""
+
+    screenshot_png: bytes | None
+    feedback: str = ""
+
+
+@dataclasses.dataclass
+class StepRecord:
+    text: str
+    action: A.Action | A.InvalidAction
+    feedback: str
+
+
+class DesktopEpisode:
+    def __init__(self, pool: DockerEnvPool, task: Task, max_turns: int = 15,
+                 cache_dir: str | pathlib.Path | None = None, acquire_timeout: float | None = 600.0,
+                 attribution: Attribution = Attribution()):
+        self.pool, self.task, self.max_turns = pool, task, max_turns
+        self.cache_dir = pathlib.Path(cache_dir or tempfile.mkdtemp(prefix=f"cua-judge-{task.id}-"))
+        self.acquire_timeout = acquire_timeout
+        self.attribution = attribution
+        self.env: PooledEnv | None = None
+        self.history: list[StepRecord] = []
+        self.fault: Fault | None = None
+        self.done = False
+        self.outcome: Outcome | None = None
+
+    # ---- faults ---------------------------------------------------------------------
+    def _fault_from(self, error: Exception, kind_if_alive: FaultKind) -> Fault:
+        """The infrastructure fault behind an error: the container's own state when it
+        shows one (exited, OOM-killed), else `kind_if_alive` with the error text."""
+        if self.env is not None:
+            diagnosed = self.pool.diagnose(self.env)
+            if diagnosed is not None:
+                return diagnosed
+        if isinstance(error, EnvServerError) and kind_if_alive is FaultKind.SERVER_UNRESPONSIVE:
+            kind_if_alive = FaultKind.SERVER_ERROR
+        return Fault(kind_if_alive, str(error))
+
+    def _quarantine(self, fault: Fault) -> None:
+        self.fault = fault
+        self.done = True
+        log.warning("episode of %s quarantined: %s", self.task.id, fault.reason)
+
+    # ---- the episode ----------------------------------------------------------------
+    def start(self) -> Observation:
+        """Acquire an environment and prepare the task; the first observation."""
+        try:
+            self.env = self.pool.acquire(timeout=self.acquire_timeout)
+        except PoolError as error:
+            self._quarantine(Fault(FaultKind.SETUP_FAILED, f"no environment: {error}"))
+            return Observation(None, "")
+        try:
+            judges.run_steps(self.task.config, self.env.client, self.task.base_dir)
+            return Observation(self.env.client.screenshot())
+        except judges.SetupError as error:
+            self._quarantine(self._fault_from(error, FaultKind.SETUP_FAILED))
+        except EnvError as error:
+            self._quarantine(self._fault_from(error, FaultKind.SERVER_UNRESPONSIVE))
+        return Observation(None, "")
+
+    def step(self, text: str) -> Observation:
+        """Parse the policy's text, perform the action, return the next observation."""
+        if self.done:
+            raise RuntimeError("the episode is over")
+        action = A.parse_action(text)
+        if isinstance(action, A.InvalidAction):
+            return self._record(text, action, f"Invalid action: {action.message}", None)
+        try:
+            result = self.env.client.step(action, screenshot=not A.is_terminal(action))
+        except EnvError as error:
+            self._quarantine(self._fault_from(error, FaultKind.SERVER_UNRESPONSIVE))
+            self.history.append(StepRecord(text, action, ""))
+            return Observation(None, "")
+        if not result.ok:
+            return self._record(text, action, f"Action failed: {result.error}", None)
+        if A.is_terminal(action):
+            self.history.append(StepRecord(text, action, ""))
+            self.done = True
+            return Observation(None, "")
+        feedback = f"Result: {result.result}" if result.result else ""
+        return self._record(text, action, feedback, result.screenshot_png)
+
+    def _record(self, text, action, feedback: str, png: bytes | None) -> Observation:
+        self.history.append(StepRecord(text, action, feedback))
+        if len(self.history) >= self.max_turns:
+            self.done = True
+        if png is None and not self.done:
+            try:
+                png = self.env.client.screenshot()
+            except EnvError as error:
+                self._quarantine(self._fault_from(error, FaultKind.SERVER_UNRESPONSIVE))
+        return Observation(png, feedback)
+
+    def finish(self) -> Outcome:
+        """Judge the episode (unless a fault ended it), decide its status, release the env."""
+        if self.outcome is not None:
+            return self.outcome
+        verdict = None
+        last = self.history[-1].action if self.history else None
+        finished = last is not None and A.is_terminal(last)
+        if self.fault is None and finished:
+            try:
+                verdict = judges.evaluate(self.task, self.env.client, self.cache_dir, last_action=last)
+            except judges.SetupError as error:
+                self.fault = self._fault_from(error, FaultKind.SETUP_FAILED)
+            except judges.JudgeError as error:
+                self.fault = self._fault_from(error, FaultKind.JUDGE_FAILED)
+            except EnvError as error:
+                self.fault = self._fault_from(error, FaultKind.SERVER_UNRESPONSIVE)
+        self.outcome = episode_outcome(
+            fault=self.fault, verdict=verdict, budget_exhausted=self.fault is None and not finished,
+            rule=self.attribution,
+        )
+        if self.env is not None:
+            self.pool.release(self.env)
+            self.env = None
+        judges.clear_cache(self.cache_dir)
+        return self.outcome
+
+
+def run_scripted(pool: DockerEnvPool, task: Task, texts: list[str], max_turns: int = 30) -> DesktopEpisode:
+    """Play a fixed list of policy replies as one episode (used for solutions and tests)."""
+    episode = DesktopEpisode(pool, task, max_turns=max_turns)
+    episode.start()
+    for text in texts:
+        if episode.done:
+            break
+        episode.step(text)
+    episode.finish()
+    return episode

@@ -1,0 +1,120 @@
+"""How an episode ended, and who is to blame (CANOPY App. G).
+
+Every episode ends with one `EpisodeStatus`:
+    SUCCESS / FAILURE   the verifier gave a verdict (reward > 0 is a success), or the
+                        policy caused the end and it is scored as a failure: invalid
+                        action text, a declared FAIL, its own actions timing out.
+    NO_VERDICT          the turn or token budget ran out before the policy finished.
+    QUARANTINED         the serving layer attributes the end to itself: the container
+                        exited, was OOM-killed, the server stopped answering or failed,
+                        task setup failed, or the judge itself broke. The episode leaves
+                        its group before advantages are computed.
+
+The attribution is a serving-layer heuristic, as CANOPY stresses: a fault the policy
+provoked but the infrastructure reports (say, an application the agent opened that
+exhausted the container's memory) is quarantined. CANOPY scores an episode whose own
+allocation exhausts its budget as a failure; `Attribution.oom_is_agent_fault` selects
+that rule, and the default follows this project's issue (OOM-kill quarantines).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from cua_jax.types import EpisodeStatus
+
+
+class FaultKind(str, enum.Enum):
+    """Infrastructure faults that quarantine an episode."""
+
+    CONTAINER_EXITED = "container exited"
+    OOM_KILLED = "OOM-killed"
+    SERVER_UNRESPONSIVE = "server unresponsive"
+    SERVER_ERROR = "server error"
+    SETUP_FAILED = "setup failed"
+    JUDGE_FAILED = "judge failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    detail: str = ""
+
+    @property
+    def reason(self) -> str:
+        """The quarantine reason recorded on the episode, e.g. 'container exited: status 137'."""
+        return f"{self.kind.value}: {self.detail}" if self.detail else self.kind.value
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """The end of an episode: status, reward and (for quarantine or agent failure) why."""
+
+    status: EpisodeStatus
+    reward: float
+    reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Attribution:
+    """The knobs of the attribution rule.
+
+    no_verdict_reward: the terminal reward of a budget-exhausted episode (ScaleCUA uses
+        -0.2 via configuration; 0 keeps it neutral).
+    oom_is_agent_fault: score an OOM-killed environment as the agent's failure (CANOPY's
+        rule for one episode per worker) instead of quarantining it.
+    """
+
+    no_verdict_reward: float = 0.0
+    oom_is_agent_fault: bool = False
+
+
+def episode_outcome(
+    *,
+    fault: Fault | None = None,
+    verdict: float | None = None,
+    budget_exhausted: bool = False,
+    agent_failure: str | None = None,
+    rule: Attribution = Attribution(),
+) -> Outcome:
+    """Decide how an episode ended. Precedence: infrastructure fault, then agent failure,
+    then the verifier's verdict, then budget exhaustion.
+
+    Args:
+        fault: an infrastructure fault seen during setup, the episode or judging.
+        verdict: the judge's reward in [0, 1] when it ran to completion.
+        budget_exhausted: the turn or token budget ran out before the agent finished.
+        agent_failure: why the policy itself ended the episode (declared FAIL on a feasible
+            task, an action that timed out); scored 0.
+    """
+    if fault is not None:
+        if fault.kind is FaultKind.OOM_KILLED and rule.oom_is_agent_fault:
+            return Outcome(EpisodeStatus.FAILURE, 0.0, fault.reason)
+        return Outcome(EpisodeStatus.QUARANTINED, 0.0, fault.reason)
+    if agent_failure is not None:
+        return Outcome(EpisodeStatus.FAILURE, 0.0, agent_failure)
+    if verdict is not None:
+        if not 0.0 <= verdict <= 1.0:
+            raise ValueError(f"a verdict is a reward in [0, 1], got {verdict}")
+        return Outcome(EpisodeStatus.SUCCESS if verdict > 0 else EpisodeStatus.FAILURE, float(verdict))
+    if budget_exhausted:
+        return Outcome(EpisodeStatus.NO_VERDICT, rule.no_verdict_reward, "turn or token budget exhausted")
+    raise ValueError("an episode needs a fault, an agent failure, a verdict or an exhausted budget")
+
+
+def container_fault(state: dict | None) -> Fault | None:
+    """The fault a Docker container's `State` (from `docker inspect`) shows, if any.
+
+    A missing container (None) counts as exited: something removed it under the episode.
+    """
+    if state is None:
+        return Fault(FaultKind.CONTAINER_EXITED, "container is gone")
+    if state.get("OOMKilled"):
+        return Fault(FaultKind.OOM_KILLED, f"exit status {state.get('ExitCode')}")
+    if not state.get("Running", False) or state.get("Status") in ("exited", "dead"):
+        detail = f"status {state.get('ExitCode')}"
+        if state.get("Error"):
+            detail += f", {state['Error']}"
+        return Fault(FaultKind.CONTAINER_EXITED, detail)
+    return None

@@ -1,0 +1,1 @@
+"""Task suites: OSWorld-format task files with their scripted solutions."""

@@ -1,0 +1,1 @@
+"""Desktop tasks (OSWorld JSON) for the Docker desktop image, with scripted solutions."""
