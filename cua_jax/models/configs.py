@@ -1,0 +1,200 @@
+"""Model configurations: dataclasses mirroring Hugging Face's config.json fields.
+
+A config is frozen (hashable) because it is a static attribute of the NNX modules and
+so part of every jitted function's cache key. `Qwen3Config.from_hf_dict` reads a
+config.json dict in either the transformers-5 layout (`rope_parameters`) or the older
+one (`rope_theta` + `rope_scaling`); `to_hf_dict` writes what transformers' own
+`Qwen3Config.save_pretrained` writes, so exported directories load in transformers and vLLM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding parameters (HF `rope_parameters`).
+
+    rope_type: one of ROPE_TYPES. `factor` scales positions (linear), the base (dynamic
+    NTK) or blends interpolation/extrapolation (yarn). The yarn fields default as in HF.
+    """
+
+    rope_theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self):
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"unsupported rope_type {self.rope_type!r}; supported: {ROPE_TYPES}")
+        if self.rope_type in ("linear", "dynamic") and self.factor is None:
+            raise ValueError(f"rope_type {self.rope_type!r} needs a 'factor'")
+        if self.rope_type == "yarn" and self.original_max_position_embeddings is None:
+            raise ValueError("rope_type 'yarn' needs 'original_max_position_embeddings'")
+
+    @classmethod
+    def from_hf_dict(cls, hf: Mapping[str, Any]) -> "RopeConfig":
+        """Reads `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older)."""
+        params = dict(hf.get("rope_parameters") or {})
+        legacy = dict(hf.get("rope_scaling") or {})
+        params = {**legacy, **params}
+        if "rope_theta" not in params and "rope_theta" in hf:
+            params["rope_theta"] = hf["rope_theta"]
+        rope_type = params.pop("rope_type", params.pop("type", "default"))
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(params) - known - {"partial_rotary_factor", "mrope_section", "mrope_interleaved"}
+        if unknown:
+            raise ValueError(f"unknown rope parameters {sorted(unknown)} in config")
+        if params.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError("partial_rotary_factor != 1 is not supported")
+        kwargs = {k: v for k, v in params.items() if k in known}
+        return cls(rope_type=rope_type, **kwargs)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rope_type": self.rope_type, "rope_theta": self.rope_theta}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name not in out and value is not None and f.name != "truncate":
+                out[f.name] = value
+        if not self.truncate:
+            out["truncate"] = False
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3Config:
+    """The fields of HF's Qwen3Config that determine the computation.
+
+    `dtype` is the activation/compute dtype, `param_dtype` the dtype parameters are
+    stored in (float32 for training; bfloat16 halves memory for inference).
+    `attention_query_chunk` bounds attention-score memory for long sequences (queries
+    per block; 0 = all at once). These three are ours, not HF fields.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope: RopeConfig = RopeConfig()
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 32768
+    attention_bias: bool = False
+    hidden_act: str = "silu"
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    attention_query_chunk: int = 1024
+
+    def __post_init__(self):
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.hidden_act != "silu":
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (Qwen3 uses 'silu')")
+
+    @classmethod
+    def from_hf_dict(cls, hf: Mapping[str, Any], **overrides: Any) -> "Qwen3Config":
+        """Builds the config from a config.json dict; `overrides` set dtype, param_dtype, ...."""
+        if hf.get("use_sliding_window"):
+            raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        missing = [k for k in required if k not in hf]
+        if missing:
+            raise ValueError(f"config.json lacks required fields {missing}")
+        eos = hf.get("eos_token_id")
+        kwargs = dict(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=hf["num_attention_heads"],
+            num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope=RopeConfig.from_hf_dict(hf),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            max_position_embeddings=hf.get("max_position_embeddings", 32768),
+            attention_bias=hf.get("attention_bias", False),
+            hidden_act=hf.get("hidden_act", "silu"),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            pad_token_id=hf.get("pad_token_id"),
+        )
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
+        """The config.json dict transformers' `Qwen3ForCausalLM` loads."""
+        eos = list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id
+        return {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": self.hidden_act,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_parameters": self.rope.to_hf_dict(),
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "attention_dropout": 0.0,
+            "use_sliding_window": False,
+            "use_cache": True,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": eos,
+            "pad_token_id": self.pad_token_id,
+            "dtype": torch_dtype,
+        }
+
+
+def tiny_qwen3_config(**overrides: Any) -> Qwen3Config:
+    """A small random-init config for tests and the embedded default run (item 6).
+
+    hidden 128, 2 layers, 4 query heads / 2 KV heads of head_dim 64 (grouped-query
+    attention exercised), vocab 512. Every sharded dimension divides by 2, 4 and 8.
+    """
+    base = dict(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        rms_norm_eps=1e-6,
+        rope=RopeConfig(rope_theta=10000.0),
+        tie_word_embeddings=False,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    base.update(overrides)
+    return Qwen3Config(**base)

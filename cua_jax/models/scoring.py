@@ -1,0 +1,122 @@
+"""Per-token log-probabilities and entropies of given sequences, for the learner.
+
+Full logits [B, T, V] in float32 are the largest tensor of a forward pass (8k tokens x
+152k vocab = 5 GB per sequence), so they are never built: the final hidden states are
+projected chunk by chunk over the sequence (`seq_chunk` positions at a time) and, inside
+a chunk, over the vocabulary (`vocab_chunk` columns at a time) with an online
+log-sum-exp. Each sequence chunk is rematerialised in the backward pass, so memory stays
+bounded for gradients too.
+
+Alignment: out[:, t] describes the prediction of ids[:, t] from ids[:, :t]; position 0,
+padding (segment 0) and the first token of each packed segment get 0, as they have no
+prediction. This matches `TrainingItem.rollout_logprobs`, aligned with `ids`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def _chunk_stats(h: jax.Array, w: jax.Array, targets: jax.Array, temperature: float, vocab_chunk: int):
+    """For h [B, C, E], w [E, V], targets [B, C]: (target logprob, entropy), each [B, C]."""
+    e, v = w.shape
+    n = -(-v // vocab_chunk)
+    w = jnp.pad(w, ((0, 0), (0, n * vocab_chunk - v)))
+    w_chunks = w.reshape(e, n, vocab_chunk).transpose(1, 0, 2)
+    b, c = targets.shape
+    init = (
+        jnp.full((b, c), -jnp.inf, jnp.float32),  # running max
+        jnp.zeros((b, c), jnp.float32),  # sum exp(l - max)
+        jnp.zeros((b, c), jnp.float32),  # sum exp(l - max) * l
+        jnp.zeros((b, c), jnp.float32),  # target logit
+    )
+
+    def step(carry, inputs):
+        m, s, u, tgt = carry
+        w_c, index = inputs
+        logits = jnp.einsum("bce,ev->bcv", h, w_c.astype(h.dtype), preferred_element_type=jnp.float32) / temperature
+        column = index * vocab_chunk + jnp.arange(vocab_chunk)
+        logits = jnp.where(column < v, logits, -jnp.inf)
+        new_m = jnp.maximum(m, jnp.max(logits, axis=-1))
+        p = jnp.exp(logits - new_m[..., None])
+        finite_logits = jnp.where(column < v, logits, 0.0)
+        rescale = jnp.exp(m - new_m)
+        s = s * rescale + jnp.sum(p, axis=-1)
+        u = u * rescale + jnp.sum(p * finite_logits, axis=-1)
+        local = targets - index * vocab_chunk
+        in_chunk = (local >= 0) & (local < vocab_chunk)
+        picked = jnp.take_along_axis(logits, jnp.clip(local, 0, vocab_chunk - 1)[..., None], axis=-1)[..., 0]
+        tgt = jnp.where(in_chunk, picked, tgt)
+        return (new_m, s, u, tgt), None
+
+    (m, s, u, tgt), _ = jax.lax.scan(step, init, (w_chunks, jnp.arange(n)))
+    log_z = m + jnp.log(s)
+    return tgt - log_z, log_z - u / s
+
+
+def token_logprobs_from_hidden(
+    hidden: jax.Array,
+    output_projection: jax.Array,
+    targets: jax.Array,
+    *,
+    temperature: float | jax.Array = 1.0,
+    seq_chunk: int = 256,
+    vocab_chunk: int = 32768,
+) -> tuple[jax.Array, jax.Array]:
+    """log softmax(hidden @ W / temperature)[target] and the entropy of that softmax.
+
+    hidden [B, T, E] (the state that predicts targets[:, t]); output_projection W [E, V];
+    targets int [B, T]. Returns (logprobs, entropy), float32 [B, T].
+    """
+    b, t, e = hidden.shape
+    n = -(-t // seq_chunk)
+    pad = n * seq_chunk - t
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    h_chunks = hidden.reshape(b, n, seq_chunk, e).transpose(1, 0, 2, 3)
+    t_chunks = targets.reshape(b, n, seq_chunk).transpose(1, 0, 2)
+    vocab_chunk = min(vocab_chunk, output_projection.shape[1])
+    stats = jax.checkpoint(functools.partial(_chunk_stats, vocab_chunk=vocab_chunk))
+    temperature = jnp.asarray(temperature, jnp.float32)
+    logp, ent = jax.lax.map(lambda xs: stats(xs[0], output_projection, xs[1], temperature), (h_chunks, t_chunks))
+    logp = logp.transpose(1, 0, 2).reshape(b, n * seq_chunk)[:, :t]
+    ent = ent.transpose(1, 0, 2).reshape(b, n * seq_chunk)[:, :t]
+    return logp, ent
+
+
+def score_sequences(
+    model,
+    ids: jax.Array,
+    segment_ids: jax.Array | None = None,
+    positions: jax.Array | None = None,
+    *,
+    temperature: float = 1.0,
+    seq_chunk: int = 256,
+    vocab_chunk: int = 32768,
+    **model_inputs,
+) -> tuple[jax.Array, jax.Array]:
+    """(logprobs, entropy) float32 [B, T] of `ids` int [B, T] under `model` (a DecoderLM
+    with `hidden_states` and `output_projection`), aligned with ids (see module doc).
+
+    segment_ids int [B, T] (0 = padding, several ids = packed sequences), positions and
+    model_inputs (e.g. image inputs) go to the model's forward. Differentiable.
+    """
+    if segment_ids is None:
+        segment_ids = jnp.ones(ids.shape, jnp.int32)
+    hidden, _ = model.hidden_states(ids, positions=positions, segment_ids=segment_ids, **model_inputs)
+    logp, ent = token_logprobs_from_hidden(
+        hidden[:, :-1], model.output_projection(), ids[:, 1:],
+        temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk,
+    )
+    valid = (segment_ids[:, 1:] != 0) & (segment_ids[:, 1:] == segment_ids[:, :-1])
+    zeros = jnp.zeros((ids.shape[0], 1), jnp.float32)
+    logp = jnp.concatenate([zeros, jnp.where(valid, logp, 0.0)], axis=1)
+    ent = jnp.concatenate([zeros, jnp.where(valid, ent, 0.0)], axis=1)
+    return logp, ent
+
+
+score_sequences_jit = nnx.jit(score_sequences, static_argnames=("seq_chunk", "vocab_chunk"))
