@@ -1,0 +1,314 @@
+"""Training items -> padded device batches with static shapes, in whole rollout groups.
+
+A `TrainBatch` is one micro-batch: `rows` sequences (B) padded to a bucketed length (L).
+Rows past the real items are padding rows: segment 0 everywhere and an empty loss mask,
+so they count in no loss denominator. Bucketing keeps the set of shapes small, so the
+jitted train step compiles once per (B, L[, images]) bucket instead of once per batch:
+
+  L = `bucket_length(max item length)`: the next multiple of `length_multiple`, or the
+      next power of two >= max(n, length_multiple) with `length_pow2`.
+  images: the images of all rows, in row order, concatenated into pixel_values [N, D];
+      the image count is padded to the next power of two with blank copies of the last
+      grid. A padding image has no placeholder tokens, so the model never reads its
+      features (image features are matched to placeholders in order and the extra ones
+      are left over); its only cost is the vision tower's work on it.
+
+Mini-batches (one optimizer update each) hold whole groups (`whole_group_minibatches`),
+so a group's zero-sum advantages are never split across updates; each mini-batch is cut
+into micro-batches of `rows` rows, whose gradients the learner accumulates exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import struct
+
+from cua_jax.models.vision import ImageGrid
+from cua_jax.train.buffer import whole_group_minibatches
+from cua_jax.types import Episode, ImageSpan, TrainingItem
+
+# (episode_id, turn, index): names one screenshot, as an ImageSpan locates it in its episode.
+ImageKey = tuple[str, int, int]
+
+
+@struct.dataclass
+class TrainBatch:
+    """One padded micro-batch (B rows, L tokens); every array field is a device-ready array.
+
+    ids: int32 [B, L]; padding holds `pad_id`.
+    segment_ids: int32 [B, L]; 1 on an item's tokens, 0 on padding (attention and scoring
+      skip segment 0).
+    positions: int32 [B, L] (text: 0.. along the item, 0 on padding) or [3, B, L] (Qwen3-VL
+      multimodal positions from `rope_index`).
+    loss_mask: float32 [B, L], 1 on the tokens to train.
+    rollout_logprobs: float32 [B, L], the engine's logprobs (0 off the mask).
+    advantages: float32 [B, L], each item's advantage on its loss mask, 0 elsewhere.
+    item_valid: bool [B], False on padding rows.
+    old_logprobs / ref_logprobs: float32 [B, L] or None; filled by the learner (recomputed
+      old policy, frozen reference) once per rollout batch.
+    pixel_values: float32 [N, D] or None: the patches of every image, row order, N bucketed.
+    patch_offsets: int32 [B + 1] or None: row b's patches are pixel_values[off[b]:off[b+1]].
+    image_grid: the (t, h, w) grid of each image in pixel_values (static: part of the
+      compiled program), or None without images.
+    """
+
+    ids: jax.Array
+    segment_ids: jax.Array
+    positions: jax.Array
+    loss_mask: jax.Array
+    rollout_logprobs: jax.Array
+    advantages: jax.Array
+    item_valid: jax.Array
+    old_logprobs: jax.Array | None = None
+    ref_logprobs: jax.Array | None = None
+    pixel_values: jax.Array | None = None
+    patch_offsets: jax.Array | None = None
+    image_grid: ImageGrid | None = struct.field(pytree_node=False, default=None)
+
+    @property
+    def rows(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def length(self) -> int:
+        return int(self.ids.shape[1])
+
+    def model_inputs(self) -> dict:
+        """The image inputs of the model's forward (empty for text-only batches)."""
+        if self.pixel_values is None:
+            return {}
+        return {"pixel_values": self.pixel_values, "image_grid_thw": self.image_grid}
+
+
+@dataclasses.dataclass(frozen=True)
+class MultimodalPositions:
+    """What `rope_index` needs to build Qwen3-VL's [3, B, L] positions (from Qwen3VLConfig)."""
+
+    image_token_id: int
+    spatial_merge_size: int
+
+    @classmethod
+    def of(cls, vl_config) -> "MultimodalPositions":
+        return cls(vl_config.image_token_id, vl_config.vision.spatial_merge_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingConfig:
+    """Shapes of the micro-batches.
+
+    rows: sequences per micro-batch (B); a multiple of the mesh's data x fsdp size.
+    length_multiple / length_pow2: the length bucket (see module doc).
+    max_length: items longer than this are an error (None: no limit).
+    pad_id: token id in padding positions (never attended or trained).
+    """
+
+    rows: int = 8
+    length_multiple: int = 64
+    length_pow2: bool = False
+    max_length: int | None = None
+    pad_id: int = 0
+
+    def __post_init__(self):
+        if self.rows < 1:
+            raise ValueError(f"BatchingConfig.rows must be >= 1, got {self.rows}")
+        if self.length_multiple < 1:
+            raise ValueError(f"BatchingConfig.length_multiple must be >= 1, got {self.length_multiple}")
+
+
+def bucket_length(n: int, multiple: int = 64, pow2: bool = False) -> int:
+    """The padded length for a longest item of n tokens: >= max(n, 1), a multiple of `multiple`
+    (or, with pow2, the next power of two >= max(n, multiple))."""
+    n = max(int(n), 1)
+    if pow2:
+        return 1 << (max(n, multiple) - 1).bit_length()
+    return -(-n // multiple) * multiple
+
+
+def bucket_count(n: int) -> int:
+    """The padded image count for n images: 0 for none, else the next power of two."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
+def _check_item(i: int, item: TrainingItem, max_length: int | None) -> None:
+    n = len(item)
+    for name in ("loss_mask", "rollout_logprobs"):
+        shape = np.shape(getattr(item, name))
+        if shape != (n,):
+            raise ValueError(f"item {i} ({item.episode_id}): {name} has shape {shape}, ids have ({n},)")
+    if max_length is not None and n > max_length:
+        raise ValueError(f"item {i} ({item.episode_id}) has {n} tokens, more than max_length {max_length}")
+
+
+def collate(
+    items: Sequence[TrainingItem],
+    item_advantages: Sequence[float] | np.ndarray,
+    config: BatchingConfig,
+    *,
+    pixel_patches: Mapping[ImageKey, np.ndarray] | None = None,
+    multimodal: MultimodalPositions | None = None,
+    length: int | None = None,
+) -> TrainBatch:
+    """Pads `items` (at most config.rows) into one micro-batch of numpy arrays.
+
+    Args:
+      items: the micro-batch's training items, one per row.
+      item_advantages: float [len(items)], each item's advantage (from
+        `cua_jax.rl.advantages.broadcast_to_items` or `stepo_item_advantages`).
+      config: shapes.
+      pixel_patches: the processor's patches of each screenshot, [t*h*w, D] for an ImageSpan
+        with grid (t, h, w), keyed by (episode_id, turn, index). Required when items have images.
+      multimodal: build Qwen3-VL [3, B, L] positions (None: text positions [B, L]).
+      length: force this padded length (>= the longest item) instead of the bucket.
+
+    Returns:
+      TrainBatch with numpy leaves (shapes in its docstring); `jax.device_put` it.
+    """
+    from cua_jax.models.qwen3_vl import rope_index  # the VL model module is heavy; only for multimodal batches
+    from cua_jax.rl.advantages import token_advantages
+
+    b = config.rows
+    if len(items) > b:
+        raise ValueError(f"collate: {len(items)} items do not fit in a micro-batch of {b} rows")
+    adv = np.asarray(item_advantages, np.float32)
+    if adv.shape != (len(items),):
+        raise ValueError(f"collate: item_advantages has shape {adv.shape}, expected ({len(items)},)")
+    for i, item in enumerate(items):
+        _check_item(i, item, config.max_length)
+    longest = max((len(item) for item in items), default=1)
+    if length is None:
+        length = bucket_length(longest, config.length_multiple, config.length_pow2)
+    elif length < longest:
+        raise ValueError(f"collate: length {length} is shorter than the longest item ({longest})")
+
+    ids = np.full((b, length), config.pad_id, np.int32)
+    segment_ids = np.zeros((b, length), np.int32)
+    loss_mask = np.zeros((b, length), np.float32)
+    rollout_logprobs = np.zeros((b, length), np.float32)
+    item_valid = np.zeros((b,), bool)
+    for row, item in enumerate(items):
+        n = len(item)
+        ids[row, :n] = item.ids
+        segment_ids[row, :n] = 1
+        loss_mask[row, :n] = np.asarray(item.loss_mask) != 0
+        rollout_logprobs[row, :n] = np.where(loss_mask[row, :n] > 0, item.rollout_logprobs, 0.0)
+        item_valid[row] = True
+    padded_adv = np.zeros((b,), np.float32)
+    padded_adv[: len(items)] = adv
+    advantages = np.asarray(token_advantages(padded_adv, loss_mask), np.float32)
+
+    spans: list[tuple[int, ImageSpan]] = [(row, s) for row, item in enumerate(items) for s in sorted(item.images, key=lambda s: s.start)]
+    pixel_values = patch_offsets = image_grid = None
+    if spans:
+        if pixel_patches is None:
+            raise ValueError("collate: items have images but no pixel_patches were given")
+        if multimodal is None:
+            raise ValueError("collate: items have images but the model takes text only (multimodal=None)")
+        patches, grids, offsets = [], [], np.zeros((b + 1,), np.int32)
+        for row, span in spans:
+            key = (items[row].episode_id, span.turn, span.index)
+            if key not in pixel_patches:
+                raise ValueError(f"collate: no pixel patches for image {key} of row {row}")
+            p = np.asarray(pixel_patches[key], np.float32)
+            t, h, w = span.grid_thw
+            if p.ndim != 2 or p.shape[0] != t * h * w:
+                raise ValueError(f"collate: image {key} has patches of shape {p.shape}, its grid {span.grid_thw} needs {t * h * w} rows")
+            patches.append(p)
+            grids.append(tuple(int(x) for x in span.grid_thw))
+            offsets[row + 1 :] += p.shape[0]
+        real_grids = tuple(grids)
+        for _ in range(bucket_count(len(grids)) - len(grids)):
+            patches.append(np.zeros_like(patches[-1]))
+            grids.append(grids[-1])
+        pixel_values = np.concatenate(patches, axis=0)
+        patch_offsets = offsets
+        image_grid = ImageGrid(tuple(grids))
+    else:
+        real_grids = None
+
+    if multimodal is not None:
+        positions, _ = rope_index(
+            ids, real_grids, image_token_id=multimodal.image_token_id,
+            spatial_merge_size=multimodal.spatial_merge_size, attention_mask=segment_ids != 0,
+        )
+    else:
+        positions = np.where(segment_ids > 0, np.arange(length, dtype=np.int32)[None, :], 0).astype(np.int32)
+    return TrainBatch(
+        ids=ids,
+        segment_ids=segment_ids,
+        positions=positions.astype(np.int32),
+        loss_mask=loss_mask,
+        rollout_logprobs=rollout_logprobs,
+        advantages=advantages,
+        item_valid=item_valid,
+        pixel_values=pixel_values,
+        patch_offsets=patch_offsets,
+        image_grid=image_grid,
+    )
+
+
+def group_order(items: Sequence[TrainingItem]) -> list[list[int]]:
+    """Item indices per group, groups in order of first appearance, items in input order."""
+    groups: dict[int, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(item.group_id, []).append(i)
+    return list(groups.values())
+
+
+def make_minibatches(
+    items: Sequence[TrainingItem],
+    item_advantages: Sequence[float] | np.ndarray,
+    config: BatchingConfig,
+    num_minibatches: int,
+    *,
+    pixel_patches: Mapping[ImageKey, np.ndarray] | None = None,
+    multimodal: MultimodalPositions | None = None,
+) -> list[list[TrainBatch]]:
+    """A rollout batch's items -> `num_minibatches` mini-batches of whole groups, each a list of
+    micro-batches of `config.rows` rows (the last one padded).
+
+    item_advantages: float [len(items)], aligned with items. Groups are the items' group_id;
+    `whole_group_minibatches` balances item counts across mini-batches. Within a mini-batch,
+    items keep group order, and every micro-batch gets the bucket of its own longest item.
+    """
+    adv = np.asarray(item_advantages, np.float32)
+    if adv.shape != (len(items),):
+        raise ValueError(f"make_minibatches: item_advantages has shape {adv.shape}, expected ({len(items)},)")
+    groups = group_order(items)
+    plan = whole_group_minibatches([len(g) for g in groups], num_minibatches)
+    minibatches = []
+    for group_indices in plan:
+        order = [i for g in group_indices for i in groups[g]]
+        micro = []
+        for start in range(0, len(order), config.rows):
+            chunk = order[start : start + config.rows]
+            micro.append(collate([items[i] for i in chunk], adv[chunk], config,
+                                 pixel_patches=pixel_patches, multimodal=multimodal))
+        minibatches.append(micro)
+    return minibatches
+
+
+def process_images(
+    items: Sequence[TrainingItem], episodes: Mapping[str, Episode], image_processor
+) -> dict[ImageKey, np.ndarray]:
+    """Runs the image processor once on every screenshot the items reference.
+
+    episodes: Episode by episode_id. Returns the patches [t*h*w, D] per (episode_id, turn,
+    index); raises when the processor's grid disagrees with the item's ImageSpan.
+    """
+    out: dict[ImageKey, np.ndarray] = {}
+    for item in items:
+        for span in item.images:
+            key = (item.episode_id, span.turn, span.index)
+            if key in out:
+                continue
+            image = episodes[item.episode_id].turns[span.turn].images[span.index]
+            processed = image_processor(images=[image], return_tensors="np")
+            grid = tuple(int(x) for x in np.asarray(processed["image_grid_thw"])[0])
+            if grid != tuple(span.grid_thw):
+                raise ValueError(f"image {key}: the processor gives grid {grid}, the item's span says {span.grid_thw}")
+            out[key] = np.asarray(processed["pixel_values"], np.float32)
+    return out

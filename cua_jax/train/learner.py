@@ -1,0 +1,414 @@
+"""The learner: policy-gradient updates of an NNX policy on a device mesh.
+
+State. The model is split once into its graph definition, the trainable parameters, and
+the rest (`frozen`: a frozen vision tower, non-parameter variables). The optimizer (optax
+AdamW behind global-norm clipping, with a warmup + constant/cosine schedule) holds state
+for the trainable parameters only, so frozen parameters get no update and no moments and
+stay bit-identical. The reference policy is a copy of the initial trainable parameters
+(frozen ones are shared: they never change).
+
+One update (`update(microbatches)`) is one optimizer step over a mini-batch given as
+micro-batches. Each micro-batch runs a jitted gradient pass that adds the gradient of the
+loss numerator, the numerator and the denominator into donated accumulators; a jitted
+apply pass then divides by the accumulated denominator and steps the optimizer. Since the
+denominator never depends on the parameters (see `cua_jax.rl.losses`), the result is the
+full-batch gradient for every aggregation mode, whatever the micro-batch split.
+
+Both passes are `jax.jit` with explicit in/out shardings derived from the mesh and the
+parameters' logical axes (pjit semantics); the parameters, optimizer state and
+accumulators are donated, so an update holds one copy of the train state.
+
+Log-probabilities the loss compares against are computed once per rollout batch, before
+its first update (`prepare`): the frozen reference's (when kl_coef > 0) and, with
+old_logprobs="recompute", the pre-update policy's. "rollout" uses the engine's logprobs;
+"current" uses the learner's own logprobs under stop_gradient, which is exactly the
+pre-update policy for strictly on-policy training with one update per rollout batch (the
+ratio is then exactly 1 and no token is clipped, as CANOPY App. C checks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from cua_jax.models.scoring import score_sequences
+from cua_jax.models.sharding import DEFAULT_RULES, MeshConfig, logical_to_spec, make_mesh, shard_model, use_mesh
+from cua_jax.rl.losses import PolicyLossConfig, PolicyLossMetrics, normalize, policy_loss
+from cua_jax.train.batching import TrainBatch
+
+OLD_LOGPROB_SOURCES = ("rollout", "recompute", "current")
+SCHEDULES = ("constant", "cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with a learning-rate schedule and global-norm clipping.
+
+    schedule: "constant" or "cosine"; both start with `warmup_steps` of linear warmup from
+      learning_rate / (warmup_steps + 1). Cosine decays over the `decay_steps` after the
+      warmup to min_lr_ratio * learning_rate.
+    max_grad_norm: clip the global gradient norm to this (None: no clipping).
+    weight_decay: decoupled decay on matrices (ndim >= 2); norms and biases are not decayed.
+    """
+
+    learning_rate: float = 1e-6
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    decay_steps: int = 1000
+    min_lr_ratio: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"OptimizerConfig.schedule {self.schedule!r} is unknown; choose one of {SCHEDULES}")
+        if self.learning_rate < 0:
+            raise ValueError(f"OptimizerConfig.learning_rate must be >= 0, got {self.learning_rate}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"OptimizerConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.schedule == "cosine" and self.decay_steps < 1:
+            raise ValueError(f"OptimizerConfig.decay_steps must be >= 1 for cosine, got {self.decay_steps}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"OptimizerConfig.max_grad_norm must be > 0 (or None), got {self.max_grad_norm}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """Settings of the Learner (filled by the trainer from the run's ml_collections config).
+
+    optimizer: OptimizerConfig. loss: PolicyLossConfig (clipping, KL to the reference,
+    entropy bonus, aggregation).
+    old_logprobs: where the ratio's denominator comes from: "rollout" (the engine's
+      logprobs), "recompute" (the learner's pre-update params, once per rollout batch) or
+      "current" (stop_gradient of the learner's logprobs: strictly on-policy only).
+    freeze_vision: keep a Qwen3-VL vision tower frozen (no update, no optimizer state).
+    temperature: the sampling temperature the logprobs are taken at.
+    seq_chunk / vocab_chunk: chunking of the log-softmax (`cua_jax.models.scoring`).
+    """
+
+    optimizer: OptimizerConfig = OptimizerConfig()
+    loss: PolicyLossConfig = PolicyLossConfig()
+    old_logprobs: str = "rollout"
+    freeze_vision: bool = False
+    temperature: float = 1.0
+    seq_chunk: int = 256
+    vocab_chunk: int = 32768
+
+    def __post_init__(self):
+        if self.old_logprobs not in OLD_LOGPROB_SOURCES:
+            raise ValueError(
+                f"LearnerConfig.old_logprobs {self.old_logprobs!r} is unknown; choose one of {OLD_LOGPROB_SOURCES}"
+            )
+        if self.temperature <= 0:
+            raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LearnerConfig":
+        """From a nested mapping (e.g. `ml_collections.ConfigDict.to_dict()`); unknown keys are errors."""
+        d = dict(d)
+        nested = {"optimizer": OptimizerConfig, "loss": PolicyLossConfig}
+        for key, kind in nested.items():
+            if key in d and isinstance(d[key], Mapping):
+                sub = dict(d[key])
+                unknown = set(sub) - {f.name for f in dataclasses.fields(kind)}
+                if unknown:
+                    raise ValueError(f"unknown learner.{key} config keys {sorted(unknown)}")
+                d[key] = kind(**sub)
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown learner config keys {sorted(unknown)}")
+        return cls(**d)
+
+
+def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
+    """step -> learning rate: linear warmup, then constant or cosine decay."""
+    lr = config.learning_rate
+    if config.schedule == "constant":
+        main = optax.constant_schedule(lr)
+    else:
+        main = optax.cosine_decay_schedule(lr, decay_steps=config.decay_steps, alpha=config.min_lr_ratio)
+    if config.warmup_steps == 0:
+        return main
+    warmup = optax.linear_schedule(lr / (config.warmup_steps + 1), lr, config.warmup_steps)
+    return optax.join_schedules([warmup, main], [config.warmup_steps])
+
+
+def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW under `learning_rate_schedule`."""
+    adamw = optax.adamw(
+        learning_rate_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
+        weight_decay=config.weight_decay, mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params),
+    )
+    if config.max_grad_norm is None:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)
+
+
+def _empty_metrics() -> PolicyLossMetrics:
+    """The identity of `PolicyLossMetrics.merge`."""
+    zero = jnp.zeros((), jnp.float32)
+    fields = {name: zero for name in PolicyLossMetrics._fields}
+    fields["ratio_min"] = jnp.full((), jnp.inf, jnp.float32)
+    fields["ratio_max"] = jnp.full((), -jnp.inf, jnp.float32)
+    return PolicyLossMetrics(**fields)
+
+
+def _normalized_gradient(grad_sum, denominator: jax.Array):
+    """sum of numerator gradients / the full batch's denominator (0 when nothing is trained),
+    mirroring `cua_jax.rl.losses.normalize`."""
+    scale = jnp.where(denominator > 0, 1.0 / jnp.maximum(denominator, 1e-30), 0.0)
+    return jax.tree.map(lambda g: g * scale, grad_sum)
+
+
+def _replicated_if_unnamed(mesh: Mesh):
+    def fix(sharding):
+        return sharding if isinstance(sharding, NamedSharding) else NamedSharding(mesh, PartitionSpec())
+    return fix
+
+
+class Learner:
+    """Owns the policy's trainable parameters, optimizer state and reference copy.
+
+    Args:
+      model: a Qwen3ForCausalLM or Qwen3VLForConditionalGeneration (anything with
+        `hidden_states` and `output_projection`). It is moved onto `mesh` in place and its
+        parameters are then owned by the learner: read the current policy from `.model`.
+      config: LearnerConfig.
+      mesh: the device mesh (default: a one-device mesh).
+      rules: logical-axis rules (default: the model's, QWEN3_VL_RULES for Qwen3-VL, else
+        DEFAULT_RULES).
+    """
+
+    def __init__(self, model: nnx.Module, config: LearnerConfig, mesh: Mesh | None = None,
+                 rules: Mapping[str, Any] | None = None):
+        self.config = config
+        self.mesh = mesh if mesh is not None else make_mesh(MeshConfig(fsdp=1), devices=jax.devices()[:1])
+        if rules is None:
+            if hasattr(model, "visual"):
+                from cua_jax.models.qwen3_vl import QWEN3_VL_RULES
+                rules = QWEN3_VL_RULES
+            else:
+                rules = DEFAULT_RULES
+        self.rules = rules
+        if config.freeze_vision:
+            if not hasattr(model, "trainable_filter") or not hasattr(model, "freeze_vision"):
+                raise ValueError(f"LearnerConfig.freeze_vision is set but {type(model).__name__} has no vision tower")
+            model.freeze_vision = True  # stop_gradient at the tower's output: no backward through it
+        trainable_filter = model.trainable_filter() if hasattr(model, "trainable_filter") else nnx.Param
+        shard_model(model, self.mesh, rules)
+        self._graphdef, self.params, self.frozen = nnx.split(model, trainable_filter, ...)
+        self._tx = make_optimizer(config.optimizer)
+        self._schedule = learning_rate_schedule(config.optimizer)
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        self._replicated = replicated
+        fix = _replicated_if_unnamed(self.mesh)
+        self._param_shardings = jax.tree.map(lambda a: fix(a.sharding), self.params)
+        self._frozen_shardings = jax.tree.map(lambda a: fix(a.sharding), self.frozen)
+        opt_state = jax.jit(self._tx.init)(self.params)
+        self._opt_shardings = jax.tree.map(lambda a: fix(a.sharding), opt_state)
+        self.opt_state = jax.device_put(opt_state, self._opt_shardings)
+        self.step = jax.device_put(jnp.zeros((), jnp.int32), replicated)
+        self._copy_params = jax.jit(lambda s: jax.tree.map(jnp.copy, s), out_shardings=self._param_shardings)
+        self._copy_opt_state = jax.jit(lambda s: jax.tree.map(jnp.copy, s), out_shardings=self._opt_shardings)
+        self.reference_params = self._copy_params(self.params) if config.loss.kl_coef > 0 else None
+        self.reference_scoring_passes = 0  # micro-batches scored by the reference, for accounting
+        self._zero_accumulator = jax.jit(
+            lambda p: (jax.tree.map(jnp.zeros_like, p), jnp.zeros((), jnp.float32),
+                       jnp.zeros((), jnp.float32), _empty_metrics()),
+            out_shardings=self._accumulator_shardings(),
+        )
+        self._apply = jax.jit(
+            self._apply_fn,
+            in_shardings=(self._param_shardings, self._opt_shardings, replicated, self._accumulator_shardings()),
+            out_shardings=(self._param_shardings, self._opt_shardings, replicated, replicated),
+            donate_argnums=(0, 1, 2),  # the accumulator has no output to alias; it is freed on return
+        )
+        self._jit_cache: dict[Any, Any] = {}
+
+    # -- views -------------------------------------------------------------------------------
+
+    @property
+    def model(self) -> nnx.Module:
+        """The current policy as an NNX module (shares the learner's arrays: read, don't train)."""
+        return nnx.merge(self._graphdef, self.params, self.frozen)
+
+    @property
+    def reference_model(self) -> nnx.Module | None:
+        """The frozen reference policy (initial parameters), or None when kl_coef == 0."""
+        if self.reference_params is None:
+            return None
+        return nnx.merge(self._graphdef, self.reference_params, self.frozen)
+
+    def _accumulator_shardings(self):
+        r = self._replicated
+        return (self._param_shardings, r, r, PolicyLossMetrics(*([r] * len(PolicyLossMetrics._fields))))
+
+    def batch_shardings(self, batch: TrainBatch) -> TrainBatch:
+        """A NamedSharding per array of `batch`: rows over the mesh's batch axes, images replicated."""
+
+        def spec(names, x):
+            return NamedSharding(self.mesh, logical_to_spec(names, self.rules, x.shape, self.mesh))
+
+        row = ("activation_batch", None)
+        fields = {}
+        for name in ("ids", "segment_ids", "loss_mask", "rollout_logprobs", "advantages", "old_logprobs", "ref_logprobs"):
+            x = getattr(batch, name)
+            fields[name] = None if x is None else spec(row, x)
+        positions = batch.positions
+        fields["positions"] = spec(row if positions.ndim == 2 else (None, *row), positions)
+        fields["item_valid"] = spec(("activation_batch",), batch.item_valid)
+        for name in ("pixel_values", "patch_offsets"):
+            fields[name] = None if getattr(batch, name) is None else self._replicated
+        return batch.replace(**fields)
+
+    # -- the jitted passes ---------------------------------------------------------------------
+
+    def _logprobs(self, params, frozen, batch: TrainBatch):
+        model = nnx.merge(self._graphdef, params, frozen)
+        cfg = self.config
+        return score_sequences(
+            model, batch.ids, batch.segment_ids, batch.positions, temperature=cfg.temperature,
+            seq_chunk=cfg.seq_chunk, vocab_chunk=cfg.vocab_chunk, **batch.model_inputs(),
+        )
+
+    def _score_fn(self, params, frozen, batch: TrainBatch) -> jax.Array:
+        return self._logprobs(params, frozen, batch)[0]
+
+    def _grad_fn(self, params, frozen, accumulator, batch: TrainBatch):
+        cfg = self.config
+
+        def numerator(p):
+            logp, entropy = self._logprobs(p, frozen, batch)
+            if cfg.old_logprobs == "rollout":
+                old = batch.rollout_logprobs
+            elif cfg.old_logprobs == "recompute":
+                old = batch.old_logprobs
+            else:
+                old = jax.lax.stop_gradient(logp)
+            out = policy_loss(
+                logp, old, batch.advantages, batch.loss_mask, cfg.loss,
+                ref_logp=batch.ref_logprobs, rollout_logp=batch.rollout_logprobs, entropy=entropy,
+            )
+            return out.numerator, out
+
+        grads, out = jax.grad(numerator, has_aux=True)(params)
+        acc_grads, acc_num, acc_den, acc_metrics = accumulator
+        return (
+            jax.tree.map(jnp.add, acc_grads, grads),
+            acc_num + out.numerator,
+            acc_den + out.denominator,
+            acc_metrics.merge(out.metrics),
+        )
+
+    def _apply_fn(self, params, opt_state, step, accumulator):
+        grad_sum, num, den, metrics = accumulator
+        grads = _normalized_gradient(grad_sum, den)
+        grad_norm = optax.global_norm(grads)
+        updates, opt_state = self._tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        out = {"loss": normalize(num, den), "grad_norm": grad_norm, "learning_rate": self._schedule(step),
+               "loss_denominator": den}
+        out.update(metrics.summary())
+        return params, opt_state, step + 1, {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
+
+    def _compiled(self, kind: str, batch_sharding: TrainBatch):
+        key = (kind, jax.tree.structure(batch_sharding), tuple(jax.tree.leaves(batch_sharding)))
+        fn = self._jit_cache.get(key)
+        if fn is not None:
+            return fn
+        if kind == "score":
+            row = batch_sharding.ids
+            fn = jax.jit(self._score_fn, in_shardings=(self._param_shardings, self._frozen_shardings, batch_sharding),
+                         out_shardings=row)
+        else:
+            acc = self._accumulator_shardings()
+            fn = jax.jit(self._grad_fn,
+                         in_shardings=(self._param_shardings, self._frozen_shardings, acc, batch_sharding),
+                         out_shardings=acc, donate_argnums=(2,))
+        self._jit_cache[key] = fn
+        return fn
+
+    def _score(self, params, batch: TrainBatch) -> jax.Array:
+        with use_mesh(self.mesh, self.rules):  # activations follow the logical rules when traced
+            return self._compiled("score", self.batch_shardings(batch))(params, self.frozen, batch)
+
+    # -- public API ------------------------------------------------------------------------------
+
+    def prepare(self, microbatches: Sequence[TrainBatch]) -> list[TrainBatch]:
+        """Places micro-batches on the mesh and fills what the loss compares against, once.
+
+        Adds ref_logprobs (frozen reference, when kl_coef > 0) and, with old_logprobs =
+        "recompute", old_logprobs under the current params, to every micro-batch that lacks
+        them. Call it on all micro-batches of a rollout batch before its first update, so
+        later mini-batches of the same rollout batch see the pre-update policy.
+        """
+        out = []
+        for batch in microbatches:
+            batch = jax.device_put(batch, self.batch_shardings(batch))
+            if self.reference_params is not None and batch.ref_logprobs is None:
+                batch = batch.replace(ref_logprobs=self._score(self.reference_params, batch))
+                self.reference_scoring_passes += 1
+            if self.config.old_logprobs == "recompute" and batch.old_logprobs is None:
+                batch = batch.replace(old_logprobs=self._score(self.params, batch))
+            out.append(batch)
+        return out
+
+    def _accumulate(self, microbatches: Sequence[TrainBatch]):
+        if not microbatches:
+            raise ValueError("Learner.update needs at least one micro-batch")
+        microbatches = self.prepare(microbatches)
+        accumulator = self._zero_accumulator(self.params)
+        with use_mesh(self.mesh, self.rules):
+            for batch in microbatches:
+                grad_step = self._compiled("grad", self.batch_shardings(batch))
+                accumulator = grad_step(self.params, self.frozen, accumulator, batch)
+        return accumulator
+
+    def gradients(self, microbatches: Sequence[TrainBatch]) -> tuple[nnx.State, dict[str, float]]:
+        """The mini-batch's loss gradient (before clipping) w.r.t. the trainable parameters, and
+        the loss metrics, without updating anything."""
+        grad_sum, num, den, metrics = self._accumulate(microbatches)
+        grads = _normalized_gradient(grad_sum, den)
+        out = {"loss": normalize(num, den), "loss_denominator": den, **metrics.summary()}
+        return grads, {k: float(v) for k, v in jax.device_get(out).items()}
+
+    def train_state(self) -> dict[str, Any]:
+        """The state an update changes: {"params", "opt_state", "step"} (the learner's own arrays;
+        they are donated to the next update, so copy or save them before it)."""
+        return {"params": self.params, "opt_state": self.opt_state, "step": self.step}
+
+    def load_train_state(self, state: Mapping[str, Any]) -> None:
+        """Sets params, optimizer state and step from `state` (as `train_state` returns, or loaded
+        from a checkpoint), copied onto the learner's shardings; `state` stays valid."""
+        self.params = self._copy_params(state["params"])
+        self.opt_state = self._copy_opt_state(state["opt_state"])
+        self.step = jax.device_put(jnp.asarray(state["step"], jnp.int32).copy(), self._replicated)
+
+    def update(self, microbatches: Sequence[TrainBatch]) -> dict[str, float]:
+        """One optimizer step on the mini-batch made of `microbatches` (gradients accumulated
+        exactly; see the module doc). Prepares any micro-batch not prepared yet.
+
+        Returns float metrics: loss, grad_norm (before clipping), learning_rate,
+        loss_denominator, and the policy-loss statistics (clipfrac, clipfrac_low,
+        clipfrac_high, clipfrac_dual, ppo_kl, ratio_mean, ratio_min, ratio_max, entropy,
+        ref_kl, rollout_logprob_gap, num_tokens).
+        """
+        accumulator = self._accumulate(microbatches)
+        self.params, self.opt_state, self.step, metrics = self._apply(self.params, self.opt_state, self.step, accumulator)
+        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    def train_on_batch(self, minibatches: Sequence[Sequence[TrainBatch]]) -> list[dict[str, float]]:
+        """All updates of one rollout batch: prepares every micro-batch first (reference and
+        recomputed old logprobs under the pre-update params), then one update per mini-batch."""
+        prepared = [self.prepare(mb) for mb in minibatches]
+        return [self.update(mb) for mb in prepared]

@@ -1,0 +1,265 @@
+"""Tests of the Learner on tiny random Qwen3 / Qwen3-VL models (CPU).
+
+Learners are expensive to compile, so one token-mean learner is shared by several tests;
+each test starts from its initial train state (`load_train_state`).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from cua_jax.models.configs import tiny_qwen3_config
+from cua_jax.models.qwen3 import Qwen3ForCausalLM
+from cua_jax.models.sharding import MeshConfig, make_mesh
+from cua_jax.rl.losses import AGGREGATION_MODES, PolicyLossConfig
+from cua_jax.train.batching import BatchingConfig, MultimodalPositions, collate, make_minibatches
+from cua_jax.train.learner import Learner, LearnerConfig, OptimizerConfig, learning_rate_schedule
+from cua_jax.types import ImageSpan, TrainingItem
+
+# One decoder layer, every sharded dimension divisible by fsdp 4 x tensor 2.
+SMALL = dict(num_hidden_layers=1, vocab_size=128, hidden_size=64, intermediate_size=128, head_dim=16,
+             num_attention_heads=4, num_key_value_heads=2)
+ROWS = 4
+LENGTH = 32
+
+
+def small_model(seed: int = 0) -> Qwen3ForCausalLM:
+    return Qwen3ForCausalLM(tiny_qwen3_config(**SMALL), rngs=nnx.Rngs(seed))
+
+
+def make_items(seed: int, num_groups: int = 4, group_size: int = 2) -> tuple[list[TrainingItem], np.ndarray]:
+    """Items of 12..32 tokens whose second half is trained, with zero-sum advantages per group."""
+    rng = np.random.default_rng(seed)
+    items, adv = [], []
+    for g in range(num_groups):
+        group_adv = rng.normal(size=group_size)
+        group_adv -= group_adv.mean()
+        for k in range(group_size):
+            n = int(rng.integers(12, LENGTH + 1))
+            ids = rng.integers(3, SMALL["vocab_size"], n).astype(np.int32)
+            mask = np.zeros(n, np.int32)
+            mask[n // 2 + int(rng.integers(0, 3)) :] = 1
+            logp = np.where(mask > 0, rng.uniform(-5.5, -4.0, n), 0.0).astype(np.float32)
+            items.append(TrainingItem(ids, mask, logp, [], f"ep{g}-{k}", g, (0,)))
+            adv.append(group_adv[k])
+    return items, np.asarray(adv, np.float32)
+
+
+def optimizer(**kw) -> OptimizerConfig:
+    # A large Adam eps keeps the first update a smooth function of the gradient, so two
+    # gradients equal to float32 rounding give parameters equal to rounding too (with eps
+    # 1e-8, a coordinate whose gradient is ~1e-9 moves by +-lr depending on its rounding).
+    return OptimizerConfig(**{"learning_rate": 1e-2, "eps": 1e-3, "max_grad_norm": 1.0, **kw})
+
+
+def copy_state(learner: Learner):
+    return jax.tree.map(jnp.copy, learner.train_state())
+
+
+def assert_trees_close(a, b, rtol, atol):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+@pytest.fixture(scope="module")
+def token_mean_learner():
+    """(learner, its initial train state): token_mean, rollout old logprobs, k3 KL."""
+    config = LearnerConfig(optimizer=optimizer(), loss=PolicyLossConfig(aggregation="token_mean", kl_coef=1e-2))
+    learner = Learner(small_model(), config)
+    return learner, copy_state(learner)
+
+
+@pytest.fixture(scope="module")
+def batch_items():
+    return make_items(seed=1)
+
+
+def test_updates_reduce_the_loss_on_a_fixed_batch(token_mean_learner, batch_items):
+    learner, initial = token_mean_learner
+    learner.load_train_state(initial)
+    items, adv = batch_items
+    [micro] = make_minibatches(items, adv, BatchingConfig(rows=ROWS, length_multiple=LENGTH), 1)
+    micro = learner.prepare(micro)
+    losses = [learner.update(micro)["loss"] for _ in range(4)]
+    assert all(np.isfinite(losses))
+    assert losses[-1] < losses[0] - 1e-3, losses
+    assert int(learner.step) == 4
+
+
+def test_accumulated_gradient_equals_full_batch_gradient(token_mean_learner, batch_items):
+    """Accumulating over 2 micro-batches vs 1: same loss, same denominator, same gradient."""
+    learner, initial = token_mean_learner
+    learner.load_train_state(initial)
+    items, adv = batch_items
+    cfg = BatchingConfig(rows=ROWS, length_multiple=LENGTH)
+    full = [collate(items[:4], adv[:4], cfg, length=LENGTH)]
+    split = [collate(items[:2], adv[:2], cfg, length=LENGTH), collate(items[2:4], adv[2:4], cfg, length=LENGTH)]
+    g_full, m_full = learner.gradients(full)
+    g_split, m_split = learner.gradients(split)
+    assert m_full["loss_denominator"] == m_split["loss_denominator"] > 0
+    np.testing.assert_allclose(m_split["loss"], m_full["loss"], rtol=1e-5)
+    assert_trees_close(g_split, g_full, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATION_MODES)
+def test_microbatch_accumulation_equals_full_batch_update(aggregation, token_mean_learner, batch_items):
+    """Params after one step on 4 items in one micro-batch == on the same items in two
+    micro-batches (2 items + 2 padding rows each), for every aggregation mode."""
+    if aggregation == "token_mean":
+        learner, initial = token_mean_learner
+    else:
+        loss = PolicyLossConfig(aggregation=aggregation, kl_coef=1e-2,
+                                fixed_denominator=float(LENGTH) if aggregation == "fixed_denominator" else None)
+        learner = Learner(small_model(), LearnerConfig(optimizer=optimizer(), loss=loss))
+        initial = copy_state(learner)
+    items, adv = batch_items
+    cfg = BatchingConfig(rows=ROWS, length_multiple=LENGTH)
+    full = [collate(items[:4], adv[:4], cfg, length=LENGTH)]
+    split = [collate(items[:2], adv[:2], cfg, length=LENGTH), collate(items[2:4], adv[2:4], cfg, length=LENGTH)]
+
+    learner.load_train_state(initial)
+    m_full = learner.update(full)
+    p_full = jax.tree.map(jnp.copy, learner.params)
+    learner.load_train_state(initial)
+    m_split = learner.update(split)
+    # The update moved the parameters by ~lr = 1e-2; they agree to float32 rounding of that.
+    assert_trees_close(learner.params, p_full, rtol=1e-5, atol=1e-6)
+    assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p_full), jax.tree.leaves(initial["params"])))
+    for key in ("loss", "grad_norm", "loss_denominator", "clipfrac", "ratio_mean", "entropy", "ref_kl"):
+        np.testing.assert_allclose(m_split[key], m_full[key], rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+def test_on_policy_step_has_ratio_exactly_one_and_no_clipping(batch_items):
+    config = LearnerConfig(optimizer=optimizer(), old_logprobs="current",
+                           loss=PolicyLossConfig(kl_coef=1e-4, aggregation="token_mean"))
+    learner = Learner(small_model(seed=3), config)
+    items, adv = batch_items
+    [micro] = make_minibatches(items, adv * 10.0, BatchingConfig(rows=ROWS, length_multiple=LENGTH), 1)
+    for _ in range(2):  # also after an update moved the policy
+        m = learner.update(micro)
+        assert m["ratio_mean"] == 1.0 and m["ratio_min"] == 1.0 and m["ratio_max"] == 1.0
+        assert m["clipfrac"] == 0.0 and m["clipfrac_low"] == 0.0 and m["clipfrac_high"] == 0.0
+        assert m["clipfrac_dual"] == 0.0 and m["ppo_kl"] == 0.0
+        assert np.isfinite(m["loss"]) and m["grad_norm"] > 0
+        assert m["rollout_logprob_gap"] > 0  # the items' logprobs are not the model's
+
+
+def test_reference_and_recomputed_old_logprobs_are_computed_once_per_rollout_batch(batch_items):
+    config = LearnerConfig(optimizer=optimizer(), old_logprobs="recompute",
+                           loss=PolicyLossConfig(kl_coef=1e-2, aggregation="seq_mean_token_mean"))
+    learner = Learner(small_model(seed=4), config)
+    items, adv = batch_items
+    minibatches = make_minibatches(items, adv, BatchingConfig(rows=2, length_multiple=LENGTH), 2)
+    num_micro = sum(len(mb) for mb in minibatches)
+    assert len(minibatches) == 2 and num_micro == 4
+
+    prepared = [learner.prepare(mb) for mb in minibatches]
+    assert learner.reference_scoring_passes == num_micro
+    first = learner.update(prepared[0])
+    second = learner.update(prepared[1])
+    # Preparing once: the updates re-used the reference and old logprobs.
+    assert learner.reference_scoring_passes == num_micro
+    # The first update saw the pre-update policy (ratio 1 up to the rounding of two compiled
+    # programs); the second one saw old logprobs from before the first update.
+    np.testing.assert_allclose([first["ratio_min"], first["ratio_max"]], 1.0, atol=1e-5)
+    assert abs(second["ppo_kl"]) > 1e-6 and second["ratio_max"] - second["ratio_min"] > 1e-4
+    # Both were scored by the same program before any update, when policy == reference.
+    for batch in (b for mb in prepared for b in mb):
+        np.testing.assert_array_equal(np.asarray(batch.ref_logprobs), np.asarray(batch.old_logprobs))
+        assert np.any(np.asarray(batch.ref_logprobs) != 0)
+    # train_on_batch prepares every mini-batch before its first update: one pass per micro-batch.
+    learner.reference_scoring_passes = 0
+    metrics = learner.train_on_batch(make_minibatches(items, adv, BatchingConfig(rows=2, length_multiple=LENGTH), 2))
+    assert len(metrics) == 2 and learner.reference_scoring_passes == num_micro
+
+
+def test_sharded_update_matches_one_device(token_mean_learner, batch_items):
+    """fsdp 4 x tensor 2 over 8 CPU devices vs one device: params after a step agree to
+    float32 reduction-order rounding (rtol 1e-5, atol 1e-6)."""
+    assert len(jax.devices()) >= 8, "tests/conftest.py provides 8 host devices"
+    single, initial = token_mean_learner
+    mesh = make_mesh(MeshConfig(data=1, fsdp=4, tensor=2), devices=jax.devices()[:8])
+    sharded = Learner(small_model(), single.config, mesh=mesh)
+    kernel = sharded.params["model"]["layers"][0]["mlp"]["gate_proj"]["kernel"]
+    assert len(kernel.sharding.device_set) == 8 and not kernel.sharding.is_fully_replicated
+    items, adv = batch_items
+    [micro] = make_minibatches(items, adv, BatchingConfig(rows=ROWS, length_multiple=LENGTH), 1)
+    single.load_train_state(initial)
+    m_single = single.update(micro)
+    m_sharded = sharded.update(micro)
+    assert_trees_close(sharded.params, single.params, rtol=1e-5, atol=1e-6)
+    for key in ("loss", "grad_norm", "ratio_mean", "entropy"):
+        np.testing.assert_allclose(m_sharded[key], m_single[key], rtol=1e-5, err_msg=key)
+
+
+def test_learning_rate_schedule_warmup_then_cosine():
+    cfg = OptimizerConfig(learning_rate=1.0, schedule="cosine", warmup_steps=4, decay_steps=10, min_lr_ratio=0.1)
+    lr = jax.jit(learning_rate_schedule(cfg))
+    values = [float(lr(s)) for s in range(16)]
+    np.testing.assert_allclose(values[0], 1.0 / 5, rtol=1e-6)
+    assert all(a < b for a, b in zip(values[:4], values[1:5]))
+    np.testing.assert_allclose(values[4], 1.0, rtol=1e-6)
+    assert all(a >= b for a, b in zip(values[4:], values[5:]))
+    np.testing.assert_allclose(values[14], 0.1, rtol=1e-5)
+    constant = learning_rate_schedule(dataclasses.replace(cfg, schedule="constant", warmup_steps=0))
+    assert float(constant(7)) == 1.0
+
+
+def test_config_errors_name_the_problem():
+    with pytest.raises(ValueError, match="old_logprobs"):
+        LearnerConfig(old_logprobs="stale")
+    with pytest.raises(ValueError, match="schedule"):
+        OptimizerConfig(schedule="linear")
+    with pytest.raises(ValueError, match="unknown learner.optimizer config keys"):
+        LearnerConfig.from_dict({"optimizer": {"lr": 1.0}})
+    cfg = LearnerConfig.from_dict({"optimizer": {"learning_rate": 3e-6}, "loss": {"kl_coef": 0.0}, "old_logprobs": "current"})
+    assert cfg.optimizer.learning_rate == 3e-6 and cfg.loss.kl_coef == 0.0
+    with pytest.raises(ValueError, match="no vision tower"):
+        Learner(small_model(), LearnerConfig(freeze_vision=True))
+
+
+def test_frozen_vision_tower_is_bit_identical_after_a_step():
+    from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
+
+    VISION = nnx.All(nnx.Param, nnx.PathContains("visual"))
+    vl_config = tiny_qwen3_vl_config()
+    vl_config = dataclasses.replace(  # one decoder layer, one vision block feeding it DeepStack features
+        vl_config, text=dataclasses.replace(vl_config.text, num_hidden_layers=1),
+        vision=dataclasses.replace(vl_config.vision, depth=1, deepstack_visual_indexes=(0,)))
+    model = Qwen3VLForConditionalGeneration(vl_config, rngs=nnx.Rngs(5))
+    vision_before = jax.tree.map(np.array, nnx.state(model, VISION))
+    text_before = jax.tree.map(np.array, nnx.state(model.language_model, nnx.Param))
+    learner = Learner(model, LearnerConfig(optimizer=optimizer(), freeze_vision=True,
+                                           loss=PolicyLossConfig(kl_coef=0.0)))
+    rng = np.random.default_rng(0)
+    grid = (1, 4, 4)
+    patch_dim = vl_config.vision.patch_dim
+    items, patches = [], {}
+    for k in range(2):
+        ids = [5, 6, vl_config.vision_start_token_id] + [vl_config.image_token_id] * 4 + [vl_config.vision_end_token_id]
+        start = 3
+        ids += list(rng.integers(10, 200, 8))
+        ids = np.asarray(ids, np.int32)
+        mask = np.zeros(len(ids), np.int32)
+        mask[-6:] = 1
+        items.append(TrainingItem(ids, mask, np.where(mask > 0, -6.0, 0).astype(np.float32),
+                                  [ImageSpan(start, start + 4, 0, 0, grid)], f"vl{k}", 0, (0,)))
+        patches[(f"vl{k}", 0, 0)] = rng.normal(size=(16, patch_dim)).astype(np.float32)
+    batch = collate(items, [1.0, -1.0], BatchingConfig(rows=2, length_multiple=16), pixel_patches=patches,
+                    multimodal=MultimodalPositions.of(vl_config))
+    metrics = learner.update([batch])
+    assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
+    # The vision tower is outside the trainable set: no optimizer moments for it.
+    assert not any("visual" in "/".join(map(str, path)) for path, _ in jax.tree_util.tree_leaves_with_path(learner.params))
+    trainable_size = sum(x.size for x in jax.tree.leaves(learner.params))
+    # Adam's two moments for the trainable parameters, plus scalar counters.
+    assert 2 * trainable_size <= sum(x.size for x in jax.tree.leaves(learner.opt_state)) < 2 * trainable_size + 16
+    vision_after = nnx.state(learner.model, VISION)
+    for a, b in zip(jax.tree.leaves(vision_before), jax.tree.leaves(vision_after)):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    text_after = nnx.state(learner.model.language_model, nnx.Param)
+    assert any(not np.array_equal(a, np.asarray(b)) for a, b in zip(jax.tree.leaves(text_before), jax.tree.leaves(text_after)))
