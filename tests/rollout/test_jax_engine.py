@@ -1,0 +1,73 @@
+"""The JAX sampler behind the engine interface: versions, weights, images per request."""
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from cua_jax.models.scoring import score_sequences
+from cua_jax.rollout.engine import FinishReason, GenerationRequest, SamplingConfig
+from cua_jax.rollout.jax_engine import JaxSamplerEngine
+from tests.rollout.conftest import LOGPROB_ATOL, PROMPTS, perturbed, sharpened_tiny_qwen3
+
+GREEDY = SamplingConfig(max_new_tokens=6, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return sharpened_tiny_qwen3()
+
+
+def test_generations_carry_the_loaded_version_and_follow_new_weights(model):
+    engine = JaxSamplerEngine(nnx.clone(model))
+    requests = [GenerationRequest(p) for p in PROMPTS]
+    before = engine.generate(requests, GREEDY)
+    assert all(g.policy_version == 0 and g.finish_reason == FinishReason.LENGTH for g in before)
+    new_model = perturbed(model, seed=1)
+    engine.update_weights(nnx.state(new_model), version=4)
+    after = engine.generate(requests, GREEDY)
+    assert all(g.policy_version == 4 for g in after)
+    assert any(not np.array_equal(a.token_ids, b.token_ids) for a, b in zip(before, after))
+    for request, g in zip(requests, after):
+        ids = np.concatenate([request.prompt_ids, g.token_ids])[None]
+        want = np.asarray(score_sequences(new_model, ids)[0])[0, len(request.prompt_ids):]
+        np.testing.assert_allclose(g.logprobs, want, atol=LOGPROB_ATOL)
+
+
+def test_seeded_calls_repeat_and_unseeded_calls_draw_afresh(model):
+    engine = JaxSamplerEngine(model)
+    requests = [GenerationRequest(PROMPTS[2])]
+    seeded = SamplingConfig(max_new_tokens=12, temperature=1.5, seed=3)
+    a, b = engine.generate(requests, seeded)[0], engine.generate(requests, seeded)[0]
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    fresh = SamplingConfig(max_new_tokens=12, temperature=1.5)
+    c, d = engine.generate(requests, fresh)[0], engine.generate(requests, fresh)[0]
+    assert not np.array_equal(c.token_ids, d.token_ids)
+
+
+def test_images_for_a_text_model_are_refused(model):
+    image = np.zeros((32, 32, 3), np.uint8)
+    with pytest.raises(ValueError, match="text-only"):
+        JaxSamplerEngine(model).generate([GenerationRequest(PROMPTS[0], images=[image])], GREEDY)
+
+
+@pytest.mark.slow
+def test_each_request_sees_its_own_image():
+    from cua_jax.context.tokenizer import image_grid_thw, load_processor, merged_token_count, special_token_ids
+    from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
+
+    vl = Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(), rngs=nnx.Rngs(0))
+    vl.language_model.model.norm.weight[...] = vl.language_model.model.norm.weight[...] * 8.0
+    tokenizer, processor = load_processor()
+    special = special_token_ids(tokenizer)
+    count = merged_token_count(image_grid_thw(processor, 64, 96), processor.merge_size)
+    prompt = np.array(
+        [5, 6, special["<|vision_start|>"]] + [special["<|image_pad|>"]] * count + [special["<|vision_end|>"], 7],
+        np.int32,
+    )
+    rng = np.random.default_rng(0)
+    first, second = (rng.integers(0, 256, (64, 96, 3), dtype=np.uint8) for _ in range(2))
+    engine = JaxSamplerEngine(vl, image_processor=processor)
+    out = engine.generate([GenerationRequest(prompt, [im]) for im in (first, second, first)], GREEDY)
+    np.testing.assert_array_equal(out[0].token_ids, out[2].token_ids)
+    np.testing.assert_allclose(out[0].logprobs, out[2].logprobs, atol=LOGPROB_ATOL)
+    assert not np.allclose(out[0].logprobs, out[1].logprobs, atol=LOGPROB_ATOL)
