@@ -1,0 +1,812 @@
+"""State capsules: many MiniWoB environments on one shared, initialised browser runtime.
+
+CUA-Sandbox (§3) observes that a trajectory needs its own mutable state, not its own
+runtime. Here the runtime is one Chromium process (launched once, through Playwright);
+each environment is a *capsule*: a private browser context (cookies, storage, cache),
+its page, the task and its seed, reached through a *route* keyed by the environment id.
+A route publishes one *generation* of the capsule at a time.
+
+Lifecycle operations are transactions (CUA-Sandbox §3.4):
+
+    freeze the route  -> requests arriving now are refused with CapsuleFrozenError
+    drain             -> wait until requests already admitted have finished
+    build successor   -> a new context + page, prepared off the route
+    publish           -> one assignment on the event loop swaps the route to the successor
+
+If building fails, the route keeps its previous generation (LifecycleError says so) and the
+half-built successor is closed. All route bookkeeping runs on one asyncio event loop, so
+admission (check frozen, count in-flight) and publication are atomic with respect to each
+other; `publications` records, for every publish, how many requests were in flight (0 by
+construction, checked by the tests).
+
+How fork reproduces state: by *replay*. A generation records its task, its seed and the
+prefix of actions it performed. MiniWoB generates every problem from `Math.seedrandom`
+(core.js), and its handlers are deterministic functions of the DOM and the input events,
+so loading the task, seeding, starting the episode and replaying the prefix rebuilds the
+same DOM, pixels and reward state (the tests check observation equality and equal rewards
+under the same next actions). The one quantity replay cannot reproduce is wall-clock time:
+after replay the fork's MiniWoB clock is moved to the parent's elapsed time at the snapshot
+and its time limit re-armed, so the fork keeps the time the parent had left then. Replay is
+exact for tasks whose state is a function of the seed and the input events (the scripted
+tasks and most of MiniWoB); tasks that move on their own clock (chase-circle, moving
+targets) come back at the same seed and inputs but not the same animation phase. `snapshot` captures
+(task, seed, prefix, elapsed time) without building anything; `fork` builds a new capsule
+from an environment or a snapshot; `restore` replaces an environment's generation by one.
+
+Faults: when the shared browser disconnects (crash, killed process), every capsule on it is
+quarantined with the reason (steps return EpisodeStatus.QUARANTINED and the reason) and the
+backend relaunches the runtime; `reset` (or `restore`) of a quarantined environment builds
+a fresh generation on the new runtime. A Playwright error or timeout inside one capsule
+quarantines only that capsule. Malformed action text becomes an invalid-action step; an
+action after the episode ended raises EpisodeEndedError; unknown tasks raise
+UnknownTaskError; unknown environment ids raise UnknownEnvironmentError.
+
+The runtime is generic over a `RuntimeBackend` that hands out browser pages: the shared
+browser here, and one browser or one container per environment in
+`cua_jax.envs.browser_baselines`, so baselines run the same code path.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import dataclasses
+import itertools
+import os
+import random
+import threading
+import uuid
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
+
+from cua_jax.envs import actions as A
+from cua_jax.envs.miniwob import (
+    CHROMIUM_ARGS,
+    VIEWPORT,
+    CHROMIUM_EXECUTABLE,
+    EpisodeEndedError,
+    MiniWoBObservation,
+    MiniWoBPage,
+    MiniWoBServer,
+    check_task,
+    unsupported_reason,
+)
+from cua_jax.types import EpisodeStatus
+
+CrashCallback = Callable[[str, str], None]  # (runtime id, reason)
+
+
+class CapsuleError(RuntimeError):
+    """Base of the errors the capsule runtime raises about environments."""
+
+
+class UnknownEnvironmentError(CapsuleError, LookupError):
+    """An environment id that no route holds (never created, or closed)."""
+
+
+class CapsuleFrozenError(CapsuleError):
+    """A request reached a route frozen by a lifecycle transaction; retry after it publishes."""
+
+
+class LifecycleError(CapsuleError):
+    """A lifecycle transaction failed; the previous generation stays published."""
+
+
+# ------------------------------------------------------------------------------------
+# Records
+# ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CapsuleSnapshot:
+    """Everything needed to rebuild a capsule by replay: task, seed, action prefix, clock."""
+
+    task: str
+    seed: int
+    actions: tuple[A.Action, ...]
+    elapsed_ms: float | None  # None once the episode has ended
+    source_env: str
+    source_generation: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """The outcome of one step.
+
+    reward / env_reward: MiniWoB's raw reward and its time-scaled reward (0 until done).
+    status: SUCCESS / FAILURE once done, QUARANTINED when the infrastructure ended the
+    episode (then `quarantine_reason` says why), None while the episode runs.
+    invalid_action: the parser's or the environment's message when the action was not
+    performed (the page is unchanged). generation: the capsule generation that served it.
+    """
+
+    observation: MiniWoBObservation | None
+    reward: float
+    env_reward: float
+    done: bool
+    success: bool
+    status: EpisodeStatus | None
+    generation: int
+    invalid_action: str | None = None
+    quarantine_reason: str | None = None
+    reason: str | None = None  # MiniWoB's reason for the reward, e.g. "timed out"
+
+
+@dataclasses.dataclass(frozen=True)
+class PublicationRecord:
+    """One publish of a route: which generation replaced which, and the in-flight count then."""
+
+    env_id: str
+    operation: str
+    previous_generation: int | None
+    generation: int
+    in_flight_at_publish: int
+
+
+# ------------------------------------------------------------------------------------
+# Backends: where capsules' pages come from
+# ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Slot:
+    """A browser context and its page on the runtime `runtime_id`; `release` frees them."""
+
+    runtime_id: str
+    context: Any
+    page: Any
+    release: Callable[[], Coroutine[Any, Any, None]]
+
+
+class RuntimeBackend(abc.ABC):
+    """Hands out pages for capsules. All methods run on the runtime's event loop."""
+
+    name: str = "backend"
+
+    @abc.abstractmethod
+    async def start(self, playwright: Any, on_crash: CrashCallback) -> None:
+        """Prepare the backend; call `on_crash(runtime_id, reason)` when a runtime dies."""
+
+    @abc.abstractmethod
+    async def open_slot(self) -> Slot:
+        """A fresh, private browser context with one page."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop every runtime this backend started."""
+
+    @abc.abstractmethod
+    def pids(self) -> list[int]:
+        """Root processes of the runtimes (their descendants belong to them too)."""
+
+    serves_over_http = True  # pages load tasks from the runtime's MiniWoBServer
+
+    def task_url(self, server: MiniWoBServer, task: str) -> str:
+        """The URL a page of this backend opens for `task`."""
+        return server.task_url(task)
+
+
+def launch_marker() -> str:
+    """A unique, inert command-line switch that identifies one launched browser process."""
+    return f"--cua-jax-runtime={uuid.uuid4().hex}"
+
+
+def find_browser_pid(marker: str) -> int | None:
+    """The pid of the browser process launched with `marker` (its children carry --type=)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in argv and not any(a.startswith(b"--type=") for a in argv):
+            return int(entry)
+    return None
+
+
+async def launch_browser(playwright: Any, marker: str) -> Any:
+    """The system Chromium, headless, background networking off (never a downloaded browser)."""
+    return await playwright.chromium.launch(
+        executable_path=CHROMIUM_EXECUTABLE, headless=True, args=[*CHROMIUM_ARGS, marker]
+    )
+
+
+class SharedBrowserBackend(RuntimeBackend):
+    """One Chromium for every capsule; each capsule gets its own browser context.
+
+    When the browser disconnects without being asked to close, `on_crash` quarantines its
+    capsules and a new browser is launched; slots opened afterwards live on it.
+    """
+
+    name = "capsules"
+
+    def __init__(self) -> None:
+        self._playwright: Any = None
+        self._on_crash: CrashCallback | None = None
+        self._browser: Any = None
+        self._marker = ""
+        self._runtime_id = ""
+        self._ready: asyncio.Future | None = None
+        self._closing = False
+        self._launches = itertools.count(1)
+        self._restarts = 0
+
+    @property
+    def runtime_id(self) -> str:
+        return self._runtime_id
+
+    @property
+    def restarts(self) -> int:
+        """How many times the shared browser has been relaunched after a crash."""
+        return self._restarts
+
+    async def start(self, playwright: Any, on_crash: CrashCallback) -> None:
+        self._playwright, self._on_crash = playwright, on_crash
+        self._ready = asyncio.ensure_future(self._launch())
+        await self._ready
+
+    async def _launch(self) -> None:
+        self._marker = launch_marker()
+        browser = await launch_browser(self._playwright, self._marker)
+        runtime_id = f"shared-browser-{next(self._launches)}"
+        browser.on("disconnected", lambda _: self._disconnected(runtime_id))
+        self._browser, self._runtime_id = browser, runtime_id
+
+    def _disconnected(self, runtime_id: str) -> None:
+        if self._closing or runtime_id != self._runtime_id:
+            return
+        self._browser = None
+        assert self._on_crash is not None
+        self._on_crash(runtime_id, f"shared browser runtime {runtime_id} crashed (browser disconnected)")
+        self._restarts += 1
+        self._ready = asyncio.ensure_future(self._launch())
+
+    async def open_slot(self) -> Slot:
+        assert self._ready is not None, "start() the backend first"
+        await self._ready
+        browser, runtime_id = self._browser, self._runtime_id
+        if browser is None:
+            raise CapsuleError(f"shared browser runtime {runtime_id} is down")
+        context = await browser.new_context(viewport=VIEWPORT)
+        try:
+            page = await context.new_page()
+        except BaseException:
+            await context.close()
+            raise
+        return Slot(runtime_id, context, page, context.close)
+
+    def browser_pid(self) -> int | None:
+        return find_browser_pid(self._marker) if self._marker else None
+
+    def pids(self) -> list[int]:
+        pid = self.browser_pid()
+        return [pid] if pid else []
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._ready is not None and not self._ready.done():
+            await asyncio.wait([self._ready])
+        if self._browser is not None:
+            await self._browser.close()
+            self._browser = None
+
+
+# ------------------------------------------------------------------------------------
+# Processes and memory
+# ------------------------------------------------------------------------------------
+
+
+def process_tree(roots: Iterable[int]) -> list[int]:
+    """`roots` and all their live descendants (from /proc/*/stat parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    seen: list[int] = []
+    stack = [r for r in roots if os.path.exists(f"/proc/{r}")]
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.append(pid)
+        stack.extend(children.get(pid, ()))
+    return seen
+
+
+def pss_bytes(pids: Iterable[int]) -> int:
+    """Summed proportional set size of `pids` (/proc/<pid>/smaps_rollup), in bytes."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            continue  # exited meanwhile
+    return total
+
+
+# ------------------------------------------------------------------------------------
+# Routes and generations
+# ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Generation:
+    number: int
+    slot: Slot
+    driver: MiniWoBPage
+    seed: int
+    actions: list[A.Action]
+    ended: bool = False  # the caller has been told the episode is done
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+
+    @property
+    def task(self) -> str:
+        return self.driver.task
+
+
+@dataclasses.dataclass
+class _Route:
+    env_id: str
+    generation: _Generation | None = None
+    frozen: str | None = None  # the operation holding the freeze
+    quarantine_reason: str | None = None
+    in_flight: int = 0
+    idle: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+
+class CapsuleRuntime:
+    """MiniWoB environments as capsules on a backend's runtimes (default: one shared browser).
+
+    Every public method is thread-safe and blocking; its `a`-prefixed twin is a coroutine
+    for the runtime's own event loop (`run_async` schedules a coroutine there). Playwright
+    and all route bookkeeping live on that loop, in a thread the runtime owns.
+
+    Environment API (env ids are strings):
+        create(task, seed=None) -> env_id              first generation, episode started
+        reset(env_id, seed=None, task=None) -> MiniWoBObservation
+        observe(env_id) -> MiniWoBObservation
+        step(env_id, action: Action | InvalidAction | str) -> StepResult
+        snapshot(env_id) -> CapsuleSnapshot
+        fork(env_id | CapsuleSnapshot) -> env_id       a new capsule in the same state
+        restore(env_id, snapshot) -> MiniWoBObservation
+        close(env_id); shutdown()
+        evaluate(env_id, js) -> Any                    JavaScript in the page (evaluators, tests)
+        runtime_of(env_id), generation_of(env_id), quarantine_reason(env_id), pids()
+
+    time_limit_s replaces MiniWoB's per-task episode limits (None keeps them), for every
+    generation: created, reset, forked or restored.
+
+    Every step is bounded by step_timeout_s (plus the action's own wait) and every build by
+    build_timeout_s: a hung page quarantines its capsule instead of hanging the caller.
+    """
+
+    def __init__(
+        self,
+        backend: RuntimeBackend | None = None,
+        *,
+        include_dom_text: bool = False,
+        seed: int = 0,
+        call_timeout_s: float = 300.0,
+        step_timeout_s: float = 60.0,
+        build_timeout_s: float = 180.0,
+        time_limit_s: float | None = None,
+    ):
+        if time_limit_s is not None and time_limit_s <= 0:
+            raise ValueError(f"time_limit_s must be positive (or None for MiniWoB's own limits), got {time_limit_s}")
+        self.backend = backend or SharedBrowserBackend()
+        self.include_dom_text = include_dom_text
+        self.time_limit_s = time_limit_s
+        self.call_timeout_s = call_timeout_s
+        self.step_timeout_s = step_timeout_s
+        self.build_timeout_s = build_timeout_s
+        self.publications: list[PublicationRecord] = []
+        self.crashes: list[tuple[str, str]] = []  # (runtime id, reason)
+        self._rng = random.Random(seed)
+        self._routes: dict[str, _Route] = {}
+        self._generation_ids = itertools.count(1)
+        self._env_ids = itertools.count(1)
+        self._server = MiniWoBServer()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="capsule-runtime", daemon=True)
+        self._thread.start()
+        self._playwright_cm: Any = None
+        self._playwright: Any = None
+        try:
+            self.run_async(self._start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    # ---- plumbing -------------------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the a-methods must run on (Playwright lives there)."""
+        return self._loop
+
+    def run_async(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run `coro` on the runtime's loop and wait for its result (bounded by call_timeout_s)."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("blocking call from the runtime's own loop; await the a-method instead")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.call_timeout_s)
+
+    async def _start(self) -> None:
+        from playwright.async_api import async_playwright
+
+        self._playwright_cm = async_playwright()
+        self._playwright = await self._playwright_cm.__aenter__()
+        await self.backend.start(self._playwright, self._runtime_crashed)
+
+    def _runtime_crashed(self, runtime_id: str, reason: str) -> None:
+        self.crashes.append((runtime_id, reason))
+        for route in self._routes.values():
+            if route.generation is not None and route.generation.slot.runtime_id == runtime_id:
+                route.quarantine_reason = reason
+
+    def _route(self, env_id: str) -> _Route:
+        route = self._routes.get(env_id)
+        if route is None:
+            raise UnknownEnvironmentError(f"no environment {env_id!r} (never created, or closed)")
+        return route
+
+    def playwright_pids(self) -> list[int]:
+        """The Playwright driver process(es) this runtime talks through (children of this process)."""
+        me = os.getpid()
+        out = []
+        for pid in process_tree([me]):
+            if pid == me:
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"playwright" in f.read():
+                        out.append(pid)
+            except OSError:
+                pass
+        return out
+
+    # ---- generations ----------------------------------------------------------------
+
+    async def _build(self, task: str, seed: int, actions: tuple[A.Action, ...] = (), elapsed_ms: float | None = None) -> _Generation:
+        """A new generation off any route: a fresh slot, the task loaded and seeded, the prefix replayed."""
+        try:
+            return await asyncio.wait_for(self._build_unbounded(task, seed, actions, elapsed_ms), self.build_timeout_s)
+        except asyncio.TimeoutError:
+            raise CapsuleError(f"building a {task} capsule took longer than {self.build_timeout_s:.0f}s") from None
+
+    async def _build_unbounded(self, task: str, seed: int, actions: tuple[A.Action, ...], elapsed_ms: float | None) -> _Generation:
+        slot = await self.backend.open_slot()
+        try:
+            driver = MiniWoBPage(slot.page, task)
+            await driver.load(self.backend.task_url(self._server, task))
+            await driver.begin_episode(seed, None if self.time_limit_s is None else self.time_limit_s * 1000)
+            for action in actions:
+                await driver.perform(action)
+            if elapsed_ms is not None:
+                await driver.set_elapsed_ms(elapsed_ms)
+            ended = (await driver.state()).done
+            return _Generation(next(self._generation_ids), slot, driver, seed, list(actions), ended=ended)
+        except BaseException:
+            await _release_quietly(slot)
+            raise
+
+    async def _transaction(self, route: _Route, operation: str, build: Callable[[], Coroutine[Any, Any, _Generation]]) -> _Generation:
+        """Freeze, drain, build, publish (see the module docstring)."""
+        if route.frozen is not None:
+            raise CapsuleFrozenError(f"environment {route.env_id!r} is frozen by {route.frozen}; retry after it publishes")
+        route.frozen = operation  # set before the first await: admission sees it at once
+        old = route.generation
+        try:
+            await route.idle.wait()
+            try:
+                successor = await build()
+            except Exception as error:
+                kept = f"generation {old.number} stays published" if old else "nothing was published"
+                raise LifecycleError(f"{operation} of environment {route.env_id!r} failed ({error}); {kept}") from error
+            self.publications.append(
+                PublicationRecord(route.env_id, operation, old.number if old else None, successor.number, route.in_flight)
+            )
+            route.generation = successor
+            route.quarantine_reason = None
+        finally:
+            route.frozen = None
+        if old is not None:
+            await _release_quietly(old.slot)
+        return successor
+
+    # ---- lifecycle (coroutines on the loop) -----------------------------------------
+
+    async def acreate(self, task: str, seed: int | None = None) -> str:
+        check_task(task)
+        seed = self._rng.randrange(2**31) if seed is None else int(seed)
+        env_id = f"env-{next(self._env_ids)}"
+        route = _Route(env_id)
+        route.frozen = "create"  # unreachable until published
+        self._routes[env_id] = route
+        try:
+            route.generation = await self._build(task, seed)
+            self.publications.append(PublicationRecord(env_id, "create", None, route.generation.number, 0))
+        except BaseException as error:
+            del self._routes[env_id]
+            if isinstance(error, Exception):
+                raise LifecycleError(f"create of a {task} capsule failed ({error}); nothing was published") from error
+            raise
+        finally:
+            route.frozen = None
+        return env_id
+
+    async def areset(self, env_id: str, seed: int | None = None, task: str | None = None) -> MiniWoBObservation:
+        route = self._route(env_id)
+        if task is None:
+            if route.generation is None:
+                raise LifecycleError(f"environment {env_id!r} has no task; pass one")
+            task = route.generation.task
+        check_task(task)
+        seed = self._rng.randrange(2**31) if seed is None else int(seed)
+        generation = await self._transaction(route, "reset", lambda: self._build(task, seed))
+        return await generation.driver.observe(self.include_dom_text)
+
+    async def asnapshot(self, env_id: str) -> CapsuleSnapshot:
+        route = self._route(env_id)
+        if route.frozen is not None:
+            raise CapsuleFrozenError(f"environment {env_id!r} is frozen by {route.frozen}; retry after it publishes")
+        if route.quarantine_reason is not None:
+            raise LifecycleError(f"cannot snapshot quarantined environment {env_id!r}: {route.quarantine_reason}")
+        route.frozen = "snapshot"
+        try:
+            await route.idle.wait()
+            g = route.generation
+            assert g is not None
+            state = await g.driver.state()
+            elapsed = None if state.done else await g.driver.elapsed_ms()
+            return CapsuleSnapshot(g.task, g.seed, tuple(g.actions), elapsed, env_id, g.number)
+        finally:
+            route.frozen = None
+
+    async def afork(self, source: str | CapsuleSnapshot) -> str:
+        snap = source if isinstance(source, CapsuleSnapshot) else await self.asnapshot(source)
+        env_id = f"env-{next(self._env_ids)}"
+        route = _Route(env_id)
+        route.frozen = "fork"
+        self._routes[env_id] = route
+        try:
+            route.generation = await self._build(snap.task, snap.seed, snap.actions, snap.elapsed_ms)
+            self.publications.append(PublicationRecord(env_id, "fork", None, route.generation.number, 0))
+        except BaseException as error:
+            del self._routes[env_id]
+            if isinstance(error, Exception):
+                raise LifecycleError(f"fork of {snap.source_env!r} failed ({error}); nothing was published") from error
+            raise
+        finally:
+            route.frozen = None
+        return env_id
+
+    async def arestore(self, env_id: str, snapshot: CapsuleSnapshot) -> MiniWoBObservation:
+        route = self._route(env_id)
+        generation = await self._transaction(
+            route, "restore", lambda: self._build(snapshot.task, snapshot.seed, snapshot.actions, snapshot.elapsed_ms)
+        )
+        return await generation.driver.observe(self.include_dom_text)
+
+    async def aclose(self, env_id: str) -> None:
+        route = self._route(env_id)
+        if route.frozen is not None:
+            raise CapsuleFrozenError(f"environment {env_id!r} is frozen by {route.frozen}; retry after it publishes")
+        route.frozen = "close"
+        await route.idle.wait()
+        del self._routes[env_id]
+        if route.generation is not None:
+            await _release_quietly(route.generation.slot)
+
+    # ---- requests (coroutines on the loop) ------------------------------------------
+
+    def _admit(self, env_id: str) -> tuple[_Route, _Generation]:
+        route = self._route(env_id)
+        if route.frozen is not None:
+            raise CapsuleFrozenError(
+                f"environment {env_id!r} is frozen by {route.frozen}; the request was refused, retry after it publishes"
+            )
+        assert route.generation is not None
+        route.in_flight += 1
+        route.idle.clear()
+        return route, route.generation
+
+    @staticmethod
+    def _leave(route: _Route) -> None:
+        route.in_flight -= 1
+        if route.in_flight == 0:
+            route.idle.set()
+
+    def _quarantined(self, route: _Route, generation: _Generation) -> StepResult:
+        return StepResult(
+            None, 0.0, 0.0, True, False, EpisodeStatus.QUARANTINED, generation.number,
+            quarantine_reason=route.quarantine_reason,
+        )
+
+    async def aobserve(self, env_id: str) -> MiniWoBObservation:
+        route, generation = self._admit(env_id)
+        try:
+            if route.quarantine_reason is not None:
+                raise CapsuleError(f"environment {env_id!r} is quarantined: {route.quarantine_reason}")
+            async with generation.lock:
+                return await asyncio.wait_for(generation.driver.observe(self.include_dom_text), self.step_timeout_s)
+        finally:
+            self._leave(route)
+
+    async def aevaluate(self, env_id: str, expression: str, arg: Any = None) -> Any:
+        """Evaluate JavaScript in the capsule's page (for evaluators and tests; not an agent action)."""
+        route, generation = self._admit(env_id)
+        try:
+            if route.quarantine_reason is not None:
+                raise CapsuleError(f"environment {env_id!r} is quarantined: {route.quarantine_reason}")
+            async with generation.lock:
+                return await asyncio.wait_for(generation.driver.page.evaluate(expression, arg), self.step_timeout_s)
+        finally:
+            self._leave(route)
+
+    async def astep(self, env_id: str, action: A.Action | A.InvalidAction | str) -> StepResult:
+        if isinstance(action, str):
+            action = A.parse_action(action)
+        route, generation = self._admit(env_id)
+        try:
+            if route.quarantine_reason is not None:
+                return self._quarantined(route, generation)
+            async with generation.lock:
+                if generation.ended:
+                    raise EpisodeEndedError(
+                        f"environment {env_id!r}: the episode already ended; reset it before sending {action!r}"
+                    )
+                budget = self.step_timeout_s + _action_seconds(action)
+                try:
+                    return await asyncio.wait_for(self._step_page(generation, action), budget)
+                except EpisodeEndedError:
+                    raise
+                except asyncio.TimeoutError:  # a hung page must not hang its caller or the route
+                    if route.quarantine_reason is None:
+                        route.quarantine_reason = f"environment {env_id!r} did not answer a step within {budget:.0f}s"
+                    return self._quarantined(route, generation)
+                except Exception as error:  # the page or its browser failed: infrastructure
+                    if route.quarantine_reason is None:
+                        route.quarantine_reason = f"environment {env_id!r} failed during a step: {type(error).__name__}: {error}"
+                    return self._quarantined(route, generation)
+        finally:
+            self._leave(route)
+
+    async def _step_page(self, generation: _Generation, action: A.Action | A.InvalidAction) -> StepResult:
+        driver = generation.driver
+        invalid = action.message if isinstance(action, A.InvalidAction) else unsupported_reason(action)
+        state = await driver.state()
+        if invalid is None and not state.done:  # a time limit may have ended it since the last step
+            await driver.perform(action)
+            generation.actions.append(action)
+        observation, state = await driver.observe_with_state(self.include_dom_text)
+        status = None
+        if state.done:
+            generation.ended = True
+            status = EpisodeStatus.SUCCESS if state.success else EpisodeStatus.FAILURE
+        return StepResult(
+            observation,
+            state.raw_reward if state.done else 0.0,
+            state.env_reward if state.done else 0.0,
+            state.done,
+            state.success,
+            status,
+            generation.number,
+            invalid_action=invalid,
+            reason=state.reason,
+        )
+
+    # ---- blocking API ---------------------------------------------------------------
+
+    def create(self, task: str, seed: int | None = None) -> str:
+        return self.run_async(self.acreate(task, seed))
+
+    def reset(self, env_id: str, seed: int | None = None, task: str | None = None) -> MiniWoBObservation:
+        return self.run_async(self.areset(env_id, seed, task))
+
+    def observe(self, env_id: str) -> MiniWoBObservation:
+        return self.run_async(self.aobserve(env_id))
+
+    def step(self, env_id: str, action: A.Action | A.InvalidAction | str) -> StepResult:
+        return self.run_async(self.astep(env_id, action))
+
+    def snapshot(self, env_id: str) -> CapsuleSnapshot:
+        return self.run_async(self.asnapshot(env_id))
+
+    def fork(self, source: str | CapsuleSnapshot) -> str:
+        return self.run_async(self.afork(source))
+
+    def restore(self, env_id: str, snapshot: CapsuleSnapshot) -> MiniWoBObservation:
+        return self.run_async(self.arestore(env_id, snapshot))
+
+    def close(self, env_id: str) -> None:
+        self.run_async(self.aclose(env_id))
+
+    def evaluate(self, env_id: str, expression: str, arg: Any = None) -> Any:
+        return self.run_async(self.aevaluate(env_id, expression, arg))
+
+    def env_ids(self) -> list[str]:
+        return list(self._routes)
+
+    def generation_of(self, env_id: str) -> int:
+        generation = self._route(env_id).generation
+        assert generation is not None
+        return generation.number
+
+    def runtime_of(self, env_id: str) -> str:
+        """The id of the runtime (shared browser, browser, container) serving `env_id` now."""
+        generation = self._route(env_id).generation
+        assert generation is not None
+        return generation.slot.runtime_id
+
+    def quarantine_reason(self, env_id: str) -> str | None:
+        return self._route(env_id).quarantine_reason
+
+    def pids(self) -> list[int]:
+        """Every process serving this runtime's environments: browsers (or containers), Playwright,
+        and the HTTP server when the backend loads tasks from it."""
+        server = [self._server.pid] if self.backend.serves_over_http else []
+        return process_tree(self.backend.pids() + self.playwright_pids() + server)
+
+    def shutdown(self) -> None:
+        """Close every capsule and runtime, Playwright and the HTTP server. Idempotent."""
+        if not self._loop.is_running():
+            return
+        try:
+            self.run_async(self._shutdown())
+        finally:
+            self._stop_loop()
+            self._server.close()
+
+    async def _shutdown(self) -> None:
+        for route in list(self._routes.values()):
+            if route.generation is not None:
+                await _release_quietly(route.generation.slot)
+        self._routes.clear()
+        try:
+            await self.backend.close()
+        finally:
+            if self._playwright_cm is not None:
+                await self._playwright_cm.__aexit__(None, None, None)
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> "CapsuleRuntime":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def _action_seconds(action: A.Action | A.InvalidAction) -> float:
+    """How long an action itself takes by design (waits, held keys)."""
+    if isinstance(action, A.Wait):
+        return float(action.seconds)
+    if isinstance(action, A.HoldKey):
+        return float(action.duration)
+    return 0.0
+
+
+async def _release_quietly(slot: Slot) -> None:
+    """Free a slot whose runtime may already be gone (crashed, killed): nothing left to free then."""
+    try:
+        await asyncio.wait_for(slot.release(), timeout=30)
+    except Exception:  # noqa: BLE001 - a dead runtime's context cannot be closed; it died with it
+        pass

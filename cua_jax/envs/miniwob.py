@@ -1,0 +1,483 @@
+"""MiniWoB++ tasks on a Playwright page: loading, observing, acting, rewards.
+
+The task HTML comes from the installed `miniwob` package and is served by a loopback HTTP
+server (`MiniWoBServer`, 127.0.0.1 only, in a child process). A `MiniWoBPage` drives one task page through
+Playwright's async API; it knows nothing about who owns the browser, so the capsule
+runtime (`cua_jax.envs.capsules`) and the baselines beside it reuse it unchanged.
+
+Episodes follow MiniWoB's own protocol (as its Selenium driver does): load the task page,
+`Math.seedrandom(seed)`, `core.startEpisodeReal()`; the task's JavaScript decides the
+reward (`WOB_RAW_REWARD_GLOBAL`, raw; `WOB_REWARD_GLOBAL`, scaled by the time left) and
+ends the episode itself, including on MiniWoB's time limit (`core.EPISODE_MAX_TIME`, 10 s
+by default, per task), which ends with raw reward -1 and reason "timed out".
+
+Observation: the 160 x 210 task region as MiniWoB crops it (uint8 [210, 160, 3]), the
+utterance, the visible DOM as flat `DomElement`s (MiniWoB's `core.getDOMInfo`) and,
+optionally, that DOM as text. Actions are `cua_jax.envs.actions`; their 1000-grid
+coordinates map onto the 160 x 210 region, which is the page's top-left corner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import difflib
+import functools
+import io
+import pathlib
+import re
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from cua_jax.envs import actions as A
+
+TASK_WIDTH, TASK_HEIGHT = 160, 210  # the task region MiniWoB observes (miniwob.constants)
+WINDOW_WIDTH, WINDOW_HEIGHT = 500, 320  # MiniWoB's browser window (miniwob.constants)
+VIEWPORT = {"width": WINDOW_WIDTH, "height": WINDOW_HEIGHT}
+SCROLL_PIXELS_PER_CLICK = 50  # miniwob.constants.DEFAULT_SCROLL_AMOUNT
+PAGE_TIMEOUT_MS = 30_000  # bound on Playwright waits (loads): generous, as machines can be oversubscribed
+
+CHROMIUM_EXECUTABLE = "/usr/bin/chromium"
+CHROMIUM_ARGS = (
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    # MiniWoB's clock and handlers are timers: pages of many capsules must not be throttled.
+    "--disable-background-timer-throttling",
+    "--disable-renderer-backgrounding",
+    "--disable-backgrounding-occluded-windows",
+)
+
+
+class UnknownTaskError(ValueError):
+    """A task name that the installed MiniWoB++ package does not ship."""
+
+
+class EpisodeEndedError(RuntimeError):
+    """An action sent to an episode that has already ended; reset it first."""
+
+
+def html_dir() -> pathlib.Path:
+    """The `html/` folder of the installed `miniwob` package (holds miniwob/, core/, common/)."""
+    import miniwob
+
+    path = pathlib.Path(miniwob.__file__).parent / "html"
+    if not (path / "miniwob").is_dir() or not (path / "core" / "core.js").is_file():
+        raise FileNotFoundError(f"the installed miniwob package has no task HTML under {path}")
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def task_names() -> tuple[str, ...]:
+    """Every MiniWoB++ task the installed package ships (the file stems of html/miniwob/*.html)."""
+    return tuple(sorted(p.stem for p in (html_dir() / "miniwob").glob("*.html")))
+
+
+def check_task(task: str) -> str:
+    """Return `task` if the package ships it, else raise UnknownTaskError naming close matches."""
+    if not isinstance(task, str) or task not in task_names():
+        close = difflib.get_close_matches(str(task), task_names(), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; {len(task_names())} tasks exist, e.g. click-button"
+        raise UnknownTaskError(f"unknown MiniWoB task {task!r}{hint}")
+    return task
+
+
+# The server process: quiet, loopback only, and gone as soon as its parent is (stdin at EOF),
+# however the parent ended.
+_SERVER_SCRIPT = """
+import functools, os, sys, threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+class Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=sys.argv[1]))
+httpd.daemon_threads = True
+print("serving on port", httpd.server_address[1], flush=True)
+threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
+httpd.serve_forever()
+"""
+
+
+class MiniWoBServer:
+    """Serves the package's html/ folder on 127.0.0.1 (an OS-chosen port).
+
+    The server is a child process (the standard library's `http.server`), not a thread:
+    page loads of many capsules would otherwise contend for the GIL with the event loop
+    that drives Playwright. It exits when its parent does (its stdin reaches EOF).
+    """
+
+    def __init__(self, root: pathlib.Path | None = None, start_timeout_s: float = 30.0):
+        self.root = root or html_dir()
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _SERVER_SCRIPT, str(self.root)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.PIPE, text=True,
+        )
+        self.port = self._read_port(start_timeout_s)
+
+    def _read_port(self, timeout_s: float) -> int:
+        ready: list[str] = []
+        reader = threading.Thread(target=lambda: ready.append(self._process.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        match = re.search(r"port (\d+)", ready[0]) if ready else None
+        if match is None:
+            self.close()
+            raise RuntimeError(f"the MiniWoB HTTP server did not start (said {ready[:1]!r})")
+        return int(match.group(1))
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def task_url(self, task: str) -> str:
+        return f"{self.base_url}miniwob/{check_task(task)}.html"
+
+    def close(self) -> None:
+        if self._process.stdin is not None:
+            self._process.stdin.close()  # the server exits on EOF
+        if self._process.poll() is None:
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        if self._process.stdout is not None:
+            self._process.stdout.close()
+
+
+# ------------------------------------------------------------------------------------
+# Observations and rewards
+# ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DomElement:
+    """One visible element of the task page (MiniWoB's DOM info, flattened in document order).
+
+    `ref` numbers the elements of one observation in document order (negative for text
+    fragments, tag "t"), as MiniWoB's `core.getDOMInfo` does;
+    left/top/width/height are page pixels; `value` is an input's value (bool for
+    checkboxes and radios); `tag` carries the input type ("INPUT_text", "INPUT_checkbox").
+    """
+
+    ref: int
+    parent: int | None
+    depth: int
+    tag: str
+    text: str
+    left: float
+    top: float
+    width: float
+    height: float
+    id: str = ""
+    classes: str = ""
+    value: Any = None
+    focused: bool = False
+
+    @property
+    def center(self) -> tuple[float, float]:
+        return self.left + self.width / 2, self.top + self.height / 2
+
+
+@dataclasses.dataclass(frozen=True)
+class MiniWoBObservation:
+    """What an agent sees of a MiniWoB page.
+
+    screenshot: uint8 [TASK_HEIGHT, TASK_WIDTH, 3] = [210, 160, 3], the task region.
+    dom: the visible elements; dom_text: the same as indented text (None unless asked for).
+    """
+
+    task: str
+    utterance: str
+    screenshot: np.ndarray
+    dom: tuple[DomElement, ...]
+    dom_text: str | None = None
+
+    @property
+    def screen_size(self) -> tuple[int, int]:
+        """(width, height) of the screenshot: the size the 1000-grid maps onto."""
+        return int(self.screenshot.shape[1]), int(self.screenshot.shape[0])
+
+    def same_as(self, other: "MiniWoBObservation") -> bool:
+        """Equal task, utterance, DOM and pixels."""
+        return (
+            self.task == other.task
+            and self.utterance == other.utterance
+            and self.dom == other.dom
+            and np.array_equal(self.screenshot, other.screenshot)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeState:
+    """MiniWoB's episode globals: done, rewards (raw: the task's; env: scaled by time left)."""
+
+    done: bool
+    raw_reward: float
+    env_reward: float
+    reason: str | None
+
+    @property
+    def success(self) -> bool:
+        """MiniWoB's success criterion: the episode ended with a positive raw reward."""
+        return self.done and self.raw_reward > 0
+
+
+def dom_to_text(dom: tuple[DomElement, ...]) -> str:
+    """One line per element, indented by depth: `[ref] TAG#id.classes "text" value=.. @x,y wxh`."""
+    lines = []
+    for e in dom:
+        name = e.tag + (f"#{e.id}" if e.id else "") + "".join(f".{c}" for c in e.classes.split())
+        parts = [f"{'  ' * e.depth}[{e.ref}] {name}"]
+        if e.text:
+            parts.append(repr(e.text))
+        if e.value is not None and e.value != "":
+            parts.append(f"value={e.value!r}")
+        if e.focused:
+            parts.append("focused")
+        parts.append(f"@{e.left:.0f},{e.top:.0f} {e.width:.0f}x{e.height:.0f}")
+        lines.append(" ".join(parts))
+    return "\n".join(lines)
+
+
+def _flatten_dom(info: dict[str, Any] | None) -> tuple[DomElement, ...]:
+    out: list[DomElement] = []
+
+    def visit(node: dict[str, Any], parent: int | None, depth: int) -> None:
+        classes = node.get("classes") or ""
+        out.append(
+            DomElement(
+                ref=int(node["ref"]),
+                parent=parent,
+                depth=depth,
+                tag=str(node["tag"]),
+                text=str(node.get("text") or ""),
+                left=float(node["left"]),
+                top=float(node["top"]),
+                width=float(node["width"]),
+                height=float(node["height"]),
+                id=str(node.get("id") or ""),
+                classes=classes if isinstance(classes, str) else "",  # SVG className is an object
+                value=node.get("value"),
+                focused=bool(node.get("focused", False)),
+            )
+        )
+        for child in node.get("children", ()):
+            visit(child, int(node["ref"]), depth + 1)
+
+    if info:
+        visit(info, None, 0)
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------------------
+# Driving a page
+# ------------------------------------------------------------------------------------
+
+_PLAYWRIGHT_KEYS = {
+    "ctrl": "Control", "alt": "Alt", "shift": "Shift", "super": "Meta",
+    "enter": "Enter", "esc": "Escape", "tab": "Tab", "space": "Space", "backspace": "Backspace",
+    "delete": "Delete", "insert": "Insert", "home": "Home", "end": "End", "pageup": "PageUp",
+    "pagedown": "PageDown", "up": "ArrowUp", "down": "ArrowDown", "left": "ArrowLeft",
+    "right": "ArrowRight", "capslock": "CapsLock", "printscreen": "PrintScreen", "menu": "ContextMenu",
+    **{f"f{i}": f"F{i}" for i in range(1, 13)},
+}
+_CLICKS = {  # kind -> (button, click count)
+    "left_click": ("left", 1), "right_click": ("right", 1), "middle_click": ("middle", 1),
+    "double_click": ("left", 2), "triple_click": ("left", 3),
+}
+_STATE_JS = (
+    "() => ({done: WOB_DONE_GLOBAL, raw: WOB_RAW_REWARD_GLOBAL, env: WOB_REWARD_GLOBAL,"
+    " reason: WOB_REWARD_REASON == null ? null : String(WOB_REWARD_REASON)})"
+)
+
+
+# MiniWoB numbers elements the first time it sees them and text fragments on every call, so
+# its refs depend on how often the page was observed. Renumbering on each observation makes
+# the observation a function of the page alone (a fork, which replays without observing,
+# then sees the same refs as its parent).
+_RENUMBER_JS = """
+  document.querySelectorAll('[data-wob_ref]').forEach(function (e) { delete e.dataset.wob_ref; });
+  core.nextRefCode = 1;
+  core.nextTextRefCode = -1;
+"""
+_OBSERVE_JS = (
+    "() => { " + _RENUMBER_JS + " var dom = core.getDOMInfo(); var state = (" + _STATE_JS + ")();"
+    " return {utterance: core.getUtterance(), dom: dom, state: state}; }"
+)
+
+
+def _episode_state(s: dict[str, Any]) -> EpisodeState:
+    return EpisodeState(bool(s["done"]), float(s["raw"]), float(s["env"]), s["reason"])
+
+
+def playwright_key(key: str) -> str:
+    """Playwright's name for a canonical key of the action grammar."""
+    return _PLAYWRIGHT_KEYS.get(key, key)
+
+
+def unsupported_reason(action: A.Action) -> str | None:
+    """Why `action` cannot act on a MiniWoB page (None when it can)."""
+    if isinstance(action, A.WriteFile):
+        return "write_file is not available in a web page; MiniWoB tasks are solved in the page itself"
+    return None
+
+
+class MiniWoBPage:
+    """One MiniWoB task page of a Playwright (async) `page`. Not safe for concurrent use."""
+
+    def __init__(self, page: Any, task: str):
+        self.page = page
+        self.task = check_task(task)
+        self.max_time_ms: float | None = None
+
+    async def load(self, url: str) -> None:
+        """Open the task and wait until MiniWoB shows its start cover (the task is loaded)."""
+        self.page.set_default_timeout(PAGE_TIMEOUT_MS)
+        if self.page.viewport_size != VIEWPORT:
+            await self.page.set_viewport_size(VIEWPORT)
+        await self.page.goto(url, wait_until="load")
+        loaded = "() => typeof core !== 'undefined' && core.cover_div !== null"
+        if not await self.page.evaluate(loaded):
+            await self.page.wait_for_function(loaded)
+
+    async def begin_episode(self, seed: int, time_limit_ms: float | None = None) -> None:
+        """Seed MiniWoB's RNG and start an episode, as MiniWoB's own driver does.
+
+        time_limit_ms replaces the task's own limit (core.EPISODE_MAX_TIME) when given; the
+        time-scaled reward then follows it. The start cover's click handler is removed: only
+        the driver starts episodes, so a click that lands after a time limit ended the
+        episode cannot start an unseeded one.
+        """
+        ready = await self.page.evaluate(
+            """([seed, limit]) => {
+              core.cover_div.onclick = null;
+              if (limit !== null) core.EPISODE_MAX_TIME = limit;
+              Math.seedrandom(seed);
+              core.setDataMode('train');
+              core.startEpisodeReal();
+              return [WOB_TASK_READY === true, core.EPISODE_MAX_TIME];
+            }""",
+            [seed, time_limit_ms],
+        )
+        self.max_time_ms = float(ready[1])
+        if not ready[0]:
+            await self.page.wait_for_function("() => WOB_TASK_READY === true")
+
+    async def elapsed_ms(self) -> float:
+        """Milliseconds since the running episode began (MiniWoB's own clock)."""
+        return float(await self.page.evaluate("() => new Date().getTime() - core.ept0"))
+
+    async def set_elapsed_ms(self, elapsed_ms: float) -> None:
+        """Move the running episode's clock so that `elapsed_ms` have passed, and re-arm its limit.
+
+        A fork replays its parent's actions in less time than they took; this gives the fork
+        the parent's remaining time, so time limits and time-scaled rewards carry over.
+        """
+        await self.page.evaluate(
+            """(elapsed) => {
+              if (WOB_DONE_GLOBAL || core.EP_TIMER === null) return;
+              core.ept0 = new Date().getTime() - elapsed;
+              clearTimeout(core.EP_TIMER);
+              core.EP_TIMER = setTimeout(function () { core.endEpisode(-1, false, 'timed out'); },
+                                         Math.max(0, core.EPISODE_MAX_TIME - elapsed));
+            }""",
+            elapsed_ms,
+        )
+
+    async def state(self) -> EpisodeState:
+        return _episode_state(await self.page.evaluate(_STATE_JS))
+
+    async def observe(self, include_dom_text: bool = False) -> MiniWoBObservation:
+        return (await self.observe_with_state(include_dom_text))[0]
+
+    async def observe_with_state(self, include_dom_text: bool = False) -> tuple[MiniWoBObservation, EpisodeState]:
+        """The observation and the episode state, read in one round trip plus the screenshot."""
+        page_info = await self.page.evaluate(_OBSERVE_JS)
+        png = await self.page.screenshot(
+            clip={"x": 0, "y": 0, "width": TASK_WIDTH, "height": TASK_HEIGHT}, type="png", animations="disabled"
+        )
+        image = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.uint8)
+        dom = _flatten_dom(page_info["dom"])
+        observation = MiniWoBObservation(
+            task=self.task,
+            utterance=str(page_info["utterance"]),
+            screenshot=image,
+            dom=dom,
+            dom_text=dom_to_text(dom) if include_dom_text else None,
+        )
+        return observation, _episode_state(page_info["state"])
+
+    async def end_by_agent(self, action: A.Action) -> None:
+        """The agent ended the episode (done / FAIL / answer): a failure unless the task already paid."""
+        name = A.action_arguments(action)["action"]
+        await self.page.evaluate(
+            "(reason) => core.endEpisode(-1.0, false, reason)", f"agent ended the episode with {name}"
+        )
+
+    async def perform(self, action: A.Action) -> None:
+        """Carry out one action of the grammar on the page (coordinates: 1000-grid -> 160 x 210)."""
+        page, mouse = self.page, self.page.mouse
+
+        def px(x: float, y: float) -> tuple[int, int]:
+            return A.grid_to_pixels(x, y, TASK_WIDTH, TASK_HEIGHT)
+
+        if isinstance(action, A.Click):
+            button, count = _CLICKS[action.kind]
+            await mouse.click(*px(action.x, action.y), button=button, click_count=count)
+        elif isinstance(action, A.MouseMove):
+            await mouse.move(*px(action.x, action.y))
+        elif isinstance(action, A.LeftClickDrag):
+            if action.start_x is not None:
+                await mouse.move(*px(action.start_x, action.start_y))
+            await mouse.down()
+            await mouse.move(*px(action.x, action.y), steps=5)
+            await mouse.up()
+        elif isinstance(action, (A.LeftMouseDown, A.LeftMouseUp)):
+            if action.x is not None:
+                await mouse.move(*px(action.x, action.y))
+            await (mouse.down() if isinstance(action, A.LeftMouseDown) else mouse.up())
+        elif isinstance(action, A.Key):
+            await page.keyboard.press("+".join(playwright_key(k) for k in action.keys))
+        elif isinstance(action, A.HoldKey):
+            for k in action.keys:
+                await page.keyboard.down(playwright_key(k))
+            await asyncio.sleep(float(action.duration))
+            for k in reversed(action.keys):
+                await page.keyboard.up(playwright_key(k))
+        elif isinstance(action, A.Type):
+            await page.keyboard.type(action.text)
+        elif isinstance(action, A.Scroll):
+            if action.x is not None:
+                await mouse.move(*px(action.x, action.y))
+            step = SCROLL_PIXELS_PER_CLICK * action.amount
+            dx, dy = {"up": (0, -step), "down": (0, step), "left": (-step, 0), "right": (step, 0)}[action.direction]
+            await mouse.wheel(dx, dy)
+        elif isinstance(action, A.Wait):
+            await asyncio.sleep(float(action.seconds))
+        elif isinstance(action, (A.Screenshot, A.CursorPosition)):
+            pass  # every step returns a fresh observation anyway
+        elif A.is_terminal(action):
+            await self.end_by_agent(action)
+        else:
+            raise TypeError(f"not an action MiniWoB can perform: {action!r}")
