@@ -1,0 +1,691 @@
+"""The multi-turn computer-use agent: observation -> engine -> action -> environment, per turn.
+
+One episode:
+
+    reset the environment            -> instruction + first observation (screenshots, text)
+    repeat until the episode ends:
+        observe(t, text, screenshots) on the segmenter's EpisodeContext (a token diff)
+        prompt()                      -> the engine's token ids (token-in, token-out)
+        engine samples reasoning + one tool call; respond(t, ids, logprobs)
+        parse_action(response text)   -> an action, or InvalidAction (fed back next turn)
+        environment step              -> next observation, reward, the outcome once done
+
+and it ends (`faults.episode_outcome`) as
+
+    SUCCESS / FAILURE  the environment's verdict (MiniWoB's JS reward, a desktop judge), which
+                       also covers a declared done / FAIL and the task's own time limit;
+    NO_VERDICT         the turn budget (`max_turns`) or the token budget (prompt +
+                       `max_new_tokens` over `max_context_tokens`) ran out first;
+    QUARANTINED        the environment reported an infrastructure fault (browser crashed,
+                       container exited, setup failed); `Episode.quarantine_reason` says which.
+
+The engine is shared: `GenerationBatcher` gathers the prompts of every episode waiting on it
+into one `RolloutEngine.generate` call (run in a worker thread), so a group of n episodes of
+one task against n environments runs concurrently on one event loop. Invalid actions never
+raise: they count as a turn and the environment's feedback reaches the agent next turn.
+A reply holding a vision placeholder token (RESERVED_TOKENS) cannot re-enter a rendered
+history; it ends the episode as the policy's FAILURE (the reply is kept in
+`Episode.info["rejected_response"]`, outside the turns and items).
+
+The returned `Episode` holds, per turn, the engine's exact ids and logprobs, the text and
+screenshots the agent saw, and the policy version; the segmenter's training items come from
+the same context that built the prompts (`Rollout.items`), and equal `segmenter.segment(episode)`.
+`Episode.info` records wall-clock time in the environment and waiting for generation, and
+token counts.
+
+Environments implement the narrow `AgentEnvironment` protocol; adapters here cover MiniWoB++
+capsules (`MiniWoBEnvironment`) and pooled desktop containers (`DesktopEnvironment`).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import dataclasses
+import random
+import time
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+import numpy as np
+
+from cua_jax.context.segment import EpisodeContext, Segmenter
+from cua_jax.envs import actions as A
+from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, episode_outcome
+from cua_jax.rollout.engine import Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.rollout.prompts import INVALID_ACTION_PREFIX, observation_text, system_prompt
+from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
+
+# ------------------------------------------------------------------------------------
+# The environment protocol
+# ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvObservation:
+    """What the agent sees at a turn: screenshots (uint8 [H, W, 3]) and the text beside them."""
+
+    images: tuple[np.ndarray, ...]
+    text: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvReset:
+    """The start of an episode: the task's instruction and the first observation."""
+
+    instruction: str
+    observation: EnvObservation
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvTransition:
+    """One environment step.
+
+    observation: the next observation (None once the episode ended).
+    reward: the step's reward (0 until the end for sparse-reward tasks).
+    outcome: set when the episode ended (verdict, declared end, or a quarantining fault).
+    info: environment-specific details (MiniWoB's raw / time-scaled reward and reason).
+    """
+
+    observation: EnvObservation | None
+    reward: float = 0.0
+    outcome: Outcome | None = None
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+
+class EnvironmentFault(Exception):
+    """An infrastructure fault outside a step (setup, reset): the episode is quarantined."""
+
+    def __init__(self, fault: Fault):
+        super().__init__(fault.reason)
+        self.fault = fault
+
+
+class AgentEnvironment(abc.ABC):
+    """One environment the agent loop drives, one episode at a time.
+
+    `reset` raises EnvironmentFault when the infrastructure fails to set the task up (and
+    ValueError for a task the environment does not know); `step` never raises for
+    infrastructure faults: it returns a transition whose outcome is QUARANTINED.
+    """
+
+    @abc.abstractmethod
+    async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
+        """Start an episode of `task` (its type is the environment's: a MiniWoB task name, a desktop Task)."""
+
+    @abc.abstractmethod
+    async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
+        """Perform `action`; an InvalidAction is not performed, its message is the feedback."""
+
+    async def close(self) -> None:
+        """Release what the environment holds."""
+
+
+# ------------------------------------------------------------------------------------
+# Configuration and results
+# ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    """The agent loop's knobs.
+
+    max_turns: turn budget; running out ends the episode NO_VERDICT.
+    max_new_tokens: the engine's per-turn response budget.
+    max_context_tokens: token budget; a turn whose prompt + max_new_tokens would exceed it
+        is not generated and the episode ends NO_VERDICT (keep it within the engine's
+        context length).
+    temperature / top_p / top_k / seed: sampling (`SamplingConfig`); seed None draws fresh
+        randomness on every engine call.
+    no_verdict_reward: terminal reward of a NO_VERDICT episode (ScaleCUA: -0.2).
+    oom_is_agent_fault: CANOPY's rule for an OOM-killed environment (see faults.Attribution).
+    max_batch: the most prompts sent to the engine in one generate call (None: all waiting).
+    batch_wait_s: how long a batch may wait for the group's other episodes to reach the
+        engine (None: until all do); see GenerationBatcher.
+    """
+
+    max_turns: int = 15
+    max_new_tokens: int = 256
+    max_context_tokens: int = 8192
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    no_verdict_reward: float = 0.0
+    oom_is_agent_fault: bool = False
+    max_batch: int | None = None
+    batch_wait_s: float | None = 0.5
+
+    def __post_init__(self):
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_context_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"max_context_tokens ({self.max_context_tokens}) must exceed max_new_tokens ({self.max_new_tokens})"
+            )
+        if self.max_batch is not None and self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1 or None, got {self.max_batch}")
+        if self.batch_wait_s is not None and self.batch_wait_s < 0:
+            raise ValueError(f"batch_wait_s must be >= 0 or None, got {self.batch_wait_s}")
+
+    @property
+    def attribution(self) -> Attribution:
+        return Attribution(no_verdict_reward=self.no_verdict_reward, oom_is_agent_fault=self.oom_is_agent_fault)
+
+    def sampling(self, stop_token_ids: Sequence[int]) -> SamplingConfig:
+        return SamplingConfig(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop_token_ids=tuple(int(t) for t in stop_token_ids),
+            seed=self.seed,
+        )
+
+
+@dataclasses.dataclass
+class Rollout:
+    """A finished episode and the training items its context produced (segmenter.finish())."""
+
+    episode: Episode
+    items: list[TrainingItem]
+
+
+# ------------------------------------------------------------------------------------
+# Batched generation
+# ------------------------------------------------------------------------------------
+
+
+class GenerationBatcher:
+    """Shares one RolloutEngine among the concurrent episodes of an event loop.
+
+    Episodes register while they run (`episode()`); each `await generate(request)` joins the
+    prompts waiting for the engine. A batch goes out when every running episode is waiting
+    (or `max_batch` are), or `max_wait_s` after its first prompt arrived, whichever comes
+    first: waiting for the group's slower environments buys one batched engine call per turn
+    instead of one call per episode; the bound keeps a long-tailed environment from stalling
+    the others (None: always wait for every running episode). The engine runs in a worker
+    thread, so environments keep stepping meanwhile. One sampling config for every request.
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        sampling: SamplingConfig,
+        max_batch: int | None = None,
+        max_wait_s: float | None = 0.5,
+    ):
+        self.engine = engine
+        self.sampling = sampling
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self.running_episodes = 0
+        self._waiting: list[tuple[GenerationRequest, asyncio.Future]] = []
+        self._changed: asyncio.Event | None = None
+        self._runner: asyncio.Task | None = None
+        self.batch_sizes: list[int] = []
+        self.engine_seconds = 0.0
+
+    @contextlib.contextmanager
+    def episode(self):
+        """Counts an episode as running (a batch may wait for it) while the block runs."""
+        self.running_episodes += 1
+        try:
+            yield
+        finally:
+            self.running_episodes -= 1
+            self._poke()
+
+    def _poke(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    def _target(self) -> int:
+        target = max(1, self.running_episodes)
+        return target if self.max_batch is None else min(target, self.max_batch)
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.append((request, future))
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        self._poke()
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.create_task(self._run())
+        return await future
+
+    async def _gather(self) -> None:
+        """Wait until the batch is complete (see the class doc) or its waiting time is up."""
+        assert self._changed is not None
+        loop = asyncio.get_running_loop()
+        deadline = None if self.max_wait_s is None else loop.time() + self.max_wait_s
+        while len(self._waiting) < self._target():
+            self._changed.clear()
+            timeout = None if deadline is None else deadline - loop.time()
+            if timeout is not None and timeout <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except asyncio.TimeoutError:
+                return
+
+    async def _run(self) -> None:
+        while self._waiting:
+            await self._gather()
+            size = len(self._waiting) if self.max_batch is None else min(self.max_batch, len(self._waiting))
+            batch, self._waiting = self._waiting[:size], self._waiting[size:]
+            batch = [(request, future) for request, future in batch if not future.cancelled()]
+            if not batch:
+                continue
+            start = time.perf_counter()
+            try:
+                generations = await asyncio.to_thread(self.engine.generate, [r for r, _ in batch], self.sampling)
+                if len(generations) != len(batch):
+                    raise RuntimeError(f"the engine returned {len(generations)} generations for {len(batch)} requests")
+            except BaseException as error:  # every waiting episode learns of the engine's failure
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(error)
+                if not isinstance(error, Exception):
+                    raise
+                continue
+            finally:
+                self.engine_seconds += time.perf_counter() - start
+            self.batch_sizes.append(len(batch))
+            for (_, future), generation in zip(batch, generations):
+                if not future.done():
+                    future.set_result(generation)
+
+
+# ------------------------------------------------------------------------------------
+# The agent loop
+# ------------------------------------------------------------------------------------
+
+# Vision placeholders: a reply holding one cannot be put back into a rendered history.
+RESERVED_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+
+class AgentLoop:
+    """Runs episodes of a policy (a RolloutEngine) against AgentEnvironments.
+
+    segmenter: the context strategy; its EpisodeContext builds every engine prompt.
+    system_prompt_for: (width, height) of the first screenshot -> system prompt; default
+        `prompts.system_prompt` (the action space rendered from cua_jax.envs.actions).
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        segmenter: Segmenter,
+        config: AgentConfig = AgentConfig(),
+        system_prompt_for=system_prompt,
+    ):
+        self.engine = engine
+        self.segmenter = segmenter
+        self.config = config
+        self.system_prompt_for = system_prompt_for
+        self.end_of_turn_id = int(segmenter.renderer.end_of_turn_id)
+        # Tokens a reply must not hold: rendered again, they would stand for images.
+        vocab = segmenter.renderer.tokenizer.get_vocab()
+        self.reserved_ids = np.asarray(
+            [vocab[t] for t in RESERVED_TOKENS if t in vocab] + [segmenter.renderer.image_pad_id], np.int32
+        )
+        self.sampling = config.sampling((self.end_of_turn_id,))
+        self._batchers: dict[asyncio.AbstractEventLoop, GenerationBatcher] = {}
+        self._rng = random.Random(config.seed)  # draws group seeds when none is given
+
+    def batcher(self) -> GenerationBatcher:
+        """The GenerationBatcher of the running event loop (one per loop)."""
+        loop = asyncio.get_running_loop()
+        batcher = self._batchers.get(loop)
+        if batcher is None:
+            for closed in [other for other in self._batchers if other.is_closed()]:
+                del self._batchers[closed]
+            batcher = self._batchers[loop] = GenerationBatcher(
+                self.engine, self.sampling, self.config.max_batch, self.config.batch_wait_s
+            )
+        return batcher
+
+    async def run_group(
+        self,
+        envs: Sequence[AgentEnvironment],
+        task: Any,
+        *,
+        task_id: str | None = None,
+        seed: int | None = None,
+        group_id: int = 0,
+    ) -> list[Rollout]:
+        """n episodes of one task instance, one per environment, concurrently.
+
+        Every episode gets the same seed (one drawn from the loop's RNG when None), so the
+        group shares its task instance, as group-relative advantages need. Episode ids are
+        f"{task_id}/g{group_id}/e{i}". Returns the rollouts in environment order.
+        """
+        if not envs:
+            raise ValueError("run_group needs at least one environment")
+        task_id = str(task) if task_id is None else task_id
+        seed = self._rng.randrange(2**31) if seed is None else seed
+        return list(
+            await asyncio.gather(
+                *(
+                    self.run_episode(env, task, task_id=task_id, seed=seed, group_id=group_id, episode_id=f"{task_id}/g{group_id}/e{i}")
+                    for i, env in enumerate(envs)
+                )
+            )
+        )
+
+    async def run_episode(
+        self,
+        env: AgentEnvironment,
+        task: Any,
+        *,
+        task_id: str | None = None,
+        seed: int | None = None,
+        group_id: int = 0,
+        episode_id: str | None = None,
+    ) -> Rollout:
+        """One episode of `task` on `env` (see the module docstring for how it ends)."""
+        task_id = str(task) if task_id is None else task_id
+        episode_id = episode_id or f"{task_id}/g{group_id}/e0"
+        batcher = self.batcher()
+        with batcher.episode():
+            return await self._run_episode(env, task, task_id, seed, group_id, episode_id, batcher)
+
+    async def _run_episode(self, env, task, task_id, seed, group_id, episode_id, batcher: GenerationBatcher) -> Rollout:
+        clock = _Clock()
+        episode = Episode(episode_id=episode_id, task_id=task_id, group_id=group_id, instruction="", turns=[])
+        try:
+            with clock("env"):
+                start = await env.reset(task, seed)
+        except EnvironmentFault as error:
+            outcome = episode_outcome(fault=error.fault, rule=self.config.attribution)
+            return self._finish(episode, None, outcome, clock, generations=[])
+        first = start.observation
+        if not first.images:
+            raise ValueError(f"{episode_id}: the first observation has no screenshot")
+        height, width = first.images[0].shape[:2]
+        episode.instruction = start.instruction
+        episode.system_prompt = self.system_prompt_for(width, height)
+        context = self.segmenter.start(episode_id, group_id, episode.system_prompt, episode.instruction)
+        observation: EnvObservation = first
+        generations: list[Generation] = []
+        outcome: Outcome | None = None
+        unanswered = False  # the context holds an observation without its response
+        for t in range(self.config.max_turns):
+            images = [np.asarray(image) for image in observation.images]
+            context.observe(t, observation.text, images)
+            prompt = context.prompt()
+            prompt_tokens = int(len(prompt.ids))
+            if prompt_tokens + self.config.max_new_tokens > self.config.max_context_tokens:
+                # This observation gets no response; the episode's turns end at the last
+                # answered one, and its items are replayed from them (below) so that they
+                # equal segmenter.segment(episode).
+                episode.info["budget"] = "tokens"
+                unanswered = True
+                break
+            seen = {s: turn.images for s, turn in enumerate(episode.turns)} | {t: images}
+            request = GenerationRequest(prompt.ids, [seen[span.turn][span.index] for span in prompt.images])
+            with clock("generation"):
+                generation = await batcher.generate(request)
+            reserved = generation.token_ids[np.isin(generation.token_ids, self.reserved_ids)]
+            if len(reserved):
+                # A placeholder token in the reply would be read as an image when the history
+                # is rendered again: the reply cannot enter the context. The policy caused it.
+                name = self.segmenter.renderer.tokenizer.convert_ids_to_tokens(int(reserved[0]))
+                episode.info["rejected_response"] = {
+                    "turn": t,
+                    "ids": np.asarray(generation.token_ids, np.int32),
+                    "logprobs": np.asarray(generation.logprobs, np.float32),
+                }
+                outcome = episode_outcome(
+                    agent_failure=f"turn {t}: the response holds the reserved token {name!r}", rule=self.config.attribution
+                )
+                unanswered = True
+                break
+            generations.append(generation)
+            context.respond(t, generation.token_ids, generation.logprobs)
+            response_text = context.response_text(generation.token_ids)
+            action = A.parse_action(response_text)
+            turn = Turn(
+                observation_text=observation.text,
+                images=images,
+                response_ids=np.asarray(generation.token_ids, np.int32),
+                response_logprobs=np.asarray(generation.logprobs, np.float32),
+                response_text=response_text,
+                action=None if isinstance(action, A.InvalidAction) else action,
+                info={
+                    "policy_version": int(generation.policy_version),
+                    "finish_reason": generation.finish_reason.value,
+                    "prompt_tokens": prompt_tokens,
+                },
+            )
+            if isinstance(action, A.InvalidAction):
+                turn.info["invalid_action"] = action.message
+            episode.turns.append(turn)
+            with clock("env"):
+                transition = await env.step(action)
+            turn.reward = float(transition.reward)
+            turn.info.update(transition.info)
+            if transition.done:
+                outcome = transition.outcome
+                break
+            if transition.observation is None:
+                raise RuntimeError(f"{episode_id}: turn {t}: the environment returned no observation and no outcome")
+            observation = transition.observation
+        else:
+            episode.info["budget"] = "turns"
+        if outcome is None:
+            outcome = episode_outcome(budget_exhausted=True, rule=self.config.attribution)
+        return self._finish(episode, context, outcome, clock, generations, unanswered)
+
+    def _finish(
+        self,
+        episode: Episode,
+        context: EpisodeContext | None,
+        outcome: Outcome,
+        clock: "_Clock",
+        generations: list[Generation],
+        unanswered: bool = False,
+    ) -> Rollout:
+        episode.status = outcome.status
+        episode.reward = float(outcome.reward)
+        if outcome.status is EpisodeStatus.QUARANTINED:
+            episode.quarantine_reason = outcome.reason
+        elif outcome.reason is not None:
+            episode.info["end_reason"] = outcome.reason
+        versions = [g.policy_version for g in generations]
+        # The oldest weights that produced any token: what a staleness window must compare.
+        episode.policy_version = int(min(versions)) if versions else 0
+        response_tokens = sum(len(g.token_ids) for g in generations)
+        episode.info.update(
+            env_seconds=clock.seconds["env"],
+            generation_seconds=clock.seconds["generation"],
+            response_tokens=int(response_tokens),
+            prompt_tokens=[turn.info["prompt_tokens"] for turn in episode.turns],
+            invalid_actions=sum("invalid_action" in turn.info for turn in episode.turns),
+            policy_versions=sorted(set(int(v) for v in versions)),
+        )
+        if context is None or not episode.turns:
+            items = []
+        elif unanswered:
+            items = self.segmenter.segment(episode)
+        else:
+            items = context.finish()
+        episode.info["items"] = len(items)
+        return Rollout(episode, items)
+
+
+class _Clock:
+    """Accumulates wall-clock seconds per phase ("env", "generation")."""
+
+    def __init__(self) -> None:
+        self.seconds = {"env": 0.0, "generation": 0.0}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
+
+
+# ------------------------------------------------------------------------------------
+# Adapters
+# ------------------------------------------------------------------------------------
+
+
+# Re-arms MiniWoB's episode timer with a new limit, counting the time already spent.
+_SET_TIME_LIMIT_JS = """(limit) => {
+  core.EPISODE_MAX_TIME = limit;
+  if (WOB_DONE_GLOBAL || core.EP_TIMER === null) return;
+  clearTimeout(core.EP_TIMER);
+  var elapsed = new Date().getTime() - core.ept0;
+  core.EP_TIMER = setTimeout(function () { core.endEpisode(-1, false, 'timed out'); },
+                             Math.max(0, limit - elapsed));
+}"""
+
+
+class MiniWoBEnvironment(AgentEnvironment):
+    """A MiniWoB++ task in one capsule of a `CapsuleRuntime` (cua_jax.envs.capsules).
+
+    task: a MiniWoB task name; seed: MiniWoB's problem seed (None: the runtime draws one).
+    The instruction is MiniWoB's utterance; each observation is the 160 x 210 task region
+    and, when the runtime was made with include_dom_text=True, the DOM as text.
+    time_limit_s replaces MiniWoB's per-task time limit (10 s by default), which a policy
+    sampled on a small CPU cannot meet; the time-scaled reward follows the new limit.
+    A quarantined capsule (browser crash, page failure) ends the episode QUARANTINED with
+    the runtime's reason; the next reset builds a fresh capsule generation.
+    """
+
+    def __init__(self, runtime: Any, *, time_limit_s: float | None = None):
+        if time_limit_s is not None and time_limit_s <= 0:
+            raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
+        self.runtime = runtime
+        self.time_limit_s = time_limit_s
+        self.env_id: str | None = None
+
+    async def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Await a coroutine of the runtime on the runtime's own event loop (Playwright lives there)."""
+        runtime_loop = self.runtime.loop
+        if asyncio.get_running_loop() is runtime_loop:
+            return await asyncio.wait_for(coro, self.runtime.call_timeout_s)
+        future = asyncio.run_coroutine_threadsafe(coro, runtime_loop)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), self.runtime.call_timeout_s)
+        except asyncio.TimeoutError:
+            future.cancel()
+            raise
+
+    def _observation(self, observation: Any, feedback: str = "") -> EnvObservation:
+        return EnvObservation((observation.screenshot,), observation_text(feedback=feedback, dom_text=observation.dom_text))
+
+    async def reset(self, task: str, seed: int | None = None) -> EnvReset:
+        from cua_jax.envs.miniwob import check_task
+
+        check_task(task)  # an unknown task is the caller's error, not an infrastructure fault
+        try:
+            if self.env_id is None:
+                self.env_id = await self._call(self.runtime.acreate(task, seed))
+                if self.time_limit_s is not None:
+                    await self._call(self.runtime.aevaluate(self.env_id, _SET_TIME_LIMIT_JS, self.time_limit_s * 1000))
+                observation = await self._call(self.runtime.aobserve(self.env_id))
+            else:
+                observation = await self._call(self.runtime.areset(self.env_id, seed, task))
+                if self.time_limit_s is not None:
+                    await self._call(self.runtime.aevaluate(self.env_id, _SET_TIME_LIMIT_JS, self.time_limit_s * 1000))
+        except Exception as error:  # noqa: BLE001 - the capsule could not be set up: infrastructure
+            raise EnvironmentFault(Fault(FaultKind.SETUP_FAILED, f"MiniWoB {task}: {type(error).__name__}: {error}")) from error
+        return EnvReset(observation.utterance, self._observation(observation))
+
+    async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
+        from cua_jax.envs.miniwob import EpisodeEndedError
+
+        if self.env_id is None:
+            raise RuntimeError("step() before reset()")
+        try:
+            result = await self._call(self.runtime.astep(self.env_id, action))
+        except EpisodeEndedError:
+            raise  # the loop stepped an ended episode: a bug, not a fault
+        except Exception as error:  # noqa: BLE001 - no answer from the runtime: infrastructure
+            fault = Fault(FaultKind.SERVER_UNRESPONSIVE, f"capsule {self.env_id}: {type(error).__name__}: {error}")
+            return EnvTransition(None, 0.0, episode_outcome(fault=fault))
+        if result.status is EpisodeStatus.QUARANTINED:
+            fault = Fault(FaultKind.SERVER_ERROR, result.quarantine_reason or f"capsule {self.env_id} quarantined")
+            return EnvTransition(None, 0.0, episode_outcome(fault=fault))
+        info = {"raw_reward": result.reward, "env_reward": result.env_reward}
+        if result.reason is not None:
+            info["miniwob_reason"] = result.reason
+        if result.done:
+            # MiniWoB's raw reward is in [-1, 1]; success is raw > 0 (its own criterion).
+            verdict = min(1.0, max(0.0, float(result.reward)))
+            return EnvTransition(None, verdict, episode_outcome(verdict=verdict), info)
+        feedback = INVALID_ACTION_PREFIX + result.invalid_action if result.invalid_action else ""
+        return EnvTransition(self._observation(result.observation, feedback), 0.0, None, info)
+
+    async def close(self) -> None:
+        if self.env_id is not None:
+            env_id, self.env_id = self.env_id, None
+            try:
+                await self._call(self.runtime.aclose(env_id))
+            except Exception:  # noqa: BLE001 - the runtime may be gone already (shut down, crashed)
+                pass
+
+
+class DesktopEnvironment(AgentEnvironment):
+    """A desktop task (`cua_jax.tasks.schema.Task`) on a pooled container (`DesktopEpisode`).
+
+    DesktopEpisode is blocking; its calls run in worker threads. The turn budget belongs to
+    the agent loop, so the episode's own is set out of reach. Its outcome (judge verdict,
+    quarantine with the container's fault) becomes the transition's outcome.
+    """
+
+    def __init__(self, pool: Any, *, cache_dir: str | None = None, attribution: Attribution = Attribution()):
+        self.pool = pool
+        self.cache_dir = cache_dir
+        self.attribution = attribution
+        self.episode: Any = None
+
+    @staticmethod
+    def _observation(observation: Any) -> EnvObservation:
+        from cua_jax.envs.client import decode_png
+
+        images = () if observation.screenshot_png is None else (decode_png(observation.screenshot_png),)
+        return EnvObservation(images, observation_text(feedback=observation.feedback))
+
+    async def _finish(self) -> EnvTransition:
+        outcome = await asyncio.to_thread(self.episode.finish)
+        return EnvTransition(None, outcome.reward, outcome)
+
+    async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
+        from cua_jax.envs.desktop_env import DesktopEpisode
+
+        if self.episode is not None and self.episode.outcome is None:
+            await asyncio.to_thread(self.episode.finish)  # release the previous episode's container
+        self.episode = DesktopEpisode(self.pool, task, max_turns=2**31, cache_dir=self.cache_dir, attribution=self.attribution)
+        observation = await asyncio.to_thread(self.episode.start)
+        if self.episode.fault is not None:
+            fault = self.episode.fault
+            await asyncio.to_thread(self.episode.finish)
+            raise EnvironmentFault(fault)
+        return EnvReset(task.instruction, self._observation(observation))
+
+    async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
+        if self.episode is None:
+            raise RuntimeError("step() before reset()")
+        text = action.text if isinstance(action, A.InvalidAction) else A.render_action(action)
+        observation = await asyncio.to_thread(self.episode.step, text)
+        if self.episode.done:
+            return await self._finish()
+        return EnvTransition(self._observation(observation))
+
+    async def close(self) -> None:
+        if self.episode is not None and self.episode.outcome is None:
+            await asyncio.to_thread(self.episode.finish)

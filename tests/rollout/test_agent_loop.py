@@ -1,0 +1,470 @@
+"""The multi-turn agent loop against real MiniWoB++ capsules (system Chromium) and real engines.
+
+Engines: the JAX sampler over a tiny random Qwen3-VL (it emits invalid actions, which
+exercises the feedback path and the turn budget), and `ScriptedOracleEngine`, a scripted
+policy for tests: a RolloutEngine that reads the page's DOM text out of the prompt ids it is
+given, asks the MiniWoB oracle for the next action and returns that action's rendered
+tokens (logprob 0: a deterministic policy).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import os
+import re
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+from cua_jax.context.render import ChatRenderer
+from cua_jax.context.segment import SlidingWindow, WholeTrajectory
+from cua_jax.context.tokenizer import load_processor
+from cua_jax.envs import actions as A
+from cua_jax.envs.capsules import CapsuleRuntime
+from cua_jax.envs.miniwob import DomElement, MiniWoBObservation, UnknownTaskError
+from cua_jax.envs.miniwob_oracle import oracle_action
+from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, MiniWoBEnvironment
+from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, RolloutEngine
+from cua_jax.rollout.prompts import DOM_TEXT_HEADER, INVALID_ACTION_PREFIX, system_prompt
+from cua_jax.types import EpisodeStatus
+
+pytestmark = pytest.mark.browser
+
+LONG_TIME_LIMIT_S = 600.0  # MiniWoB's 10 s limit is shorter than a CPU-sampled turn
+
+
+# ------------------------------------------------------------------------------------
+# Engines used by the tests
+# ------------------------------------------------------------------------------------
+
+_DOM_LINE = re.compile(
+    r"^(?P<indent> *)\[(?P<ref>-?\d+)\] (?P<name>\S+)(?P<rest>.*?) "
+    r"@(?P<left>-?[\d.]+),(?P<top>-?[\d.]+) (?P<width>[\d.]+)x(?P<height>[\d.]+)$"
+)
+
+
+def _leading_literal(text: str) -> tuple[object, str]:
+    """The Python literal (a repr) at the start of `text`, and what follows it."""
+    for end in range(1, len(text) + 1):
+        if end == len(text) or text[end] == " ":
+            try:
+                return ast.literal_eval(text[:end]), text[end:].strip()
+            except (ValueError, SyntaxError):
+                continue
+    raise ValueError(f"no literal at the start of {text!r}")
+
+
+def parse_dom_text(text: str) -> tuple[DomElement, ...]:
+    """The inverse of miniwob.dom_to_text (positions rounded to whole pixels, as printed)."""
+    elements, parents = [], []
+    for line in text.splitlines():
+        match = _DOM_LINE.match(line)
+        if match is None:
+            raise ValueError(f"not a DOM text line: {line!r}")
+        depth = len(match["indent"]) // 2
+        head, *classes = match["name"].split(".")
+        tag, _, element_id = head.partition("#")
+        rest, label, value, focused = match["rest"].strip(), "", None, False
+        if rest.endswith("focused"):
+            rest, focused = rest[: -len("focused")].strip(), True
+        if rest[:1] in ("'", '"'):
+            label, rest = _leading_literal(rest)
+        if rest.startswith("value="):
+            value, rest = _leading_literal(rest[len("value="):])
+        del parents[depth:]
+        ref = int(match["ref"])
+        elements.append(
+            DomElement(
+                ref=ref, parent=parents[-1] if parents else None, depth=depth, tag=tag, text=label,
+                left=float(match["left"]), top=float(match["top"]), width=float(match["width"]),
+                height=float(match["height"]), id=element_id, classes=" ".join(classes), value=value, focused=focused,
+            )
+        )
+        parents.append(ref)
+    return tuple(elements)
+
+
+class ScriptedOracleEngine(RolloutEngine):
+    """A scripted policy for tests: the MiniWoB oracle's next action, read off the prompt.
+
+    The prompt's first user message starts with the instruction (MiniWoB's utterance); its last
+    user message holds the page's DOM as text (include_dom_text=True). The response is the
+    rendered action plus the end-of-turn token, each token with logprob 0.
+    """
+
+    def __init__(self, tokenizer, task: str, end_of_turn_id: int):
+        self.tokenizer = tokenizer
+        self.task = task
+        self.end_of_turn_id = end_of_turn_id
+        self.version = 0
+        self.calls = 0
+
+    def generate(self, requests, sampling):
+        self.calls += 1
+        out = []
+        for request in requests:
+            text = self.tokenizer.decode(request.prompt_ids.tolist(), skip_special_tokens=False)
+            users = text.split("<|im_start|>user\n")
+            utterance = users[1].split("\n", 1)[0]
+            last = users[-1].split("<|im_end|>", 1)[0]
+            dom_text = last.split(DOM_TEXT_HEADER, 1)[1]
+            observation = MiniWoBObservation(self.task, utterance, request.images[-1], parse_dom_text(dom_text))
+            ids = self.tokenizer.encode(A.render_action(oracle_action(observation)), add_special_tokens=False)
+            ids = np.asarray([*ids, self.end_of_turn_id], np.int32)
+            out.append(Generation(ids, np.zeros(len(ids), np.float32), FinishReason.STOP, self.version))
+        return out
+
+    def update_weights(self, params, version):
+        self.version = version
+
+    def health(self):
+        return EngineHealth(True, self.version)
+
+
+class FixedReplyEngine(RolloutEngine):
+    """A scripted policy for tests: engine call i answers every request with replies[i] (the
+    last reply once they run out), logprob 0 per token."""
+
+    def __init__(self, replies):
+        self.replies = [np.asarray(reply, np.int32) for reply in replies]
+        self.calls = 0
+
+    def generate(self, requests, sampling):
+        reply = self.replies[min(self.calls, len(self.replies) - 1)]
+        self.calls += 1
+        return [Generation(reply.copy(), np.zeros(len(reply), np.float32), FinishReason.STOP, 0) for _ in requests]
+
+    def update_weights(self, params, version):
+        raise NotImplementedError("a fixed-reply policy has no weights")
+
+    def health(self):
+        return EngineHealth(True, 0)
+
+
+def scripted_oracle_engine(task: str) -> ScriptedOracleEngine:
+    """The scripted oracle policy for `task` with the shipped tokenizer (an engine factory)."""
+    tokenizer, image_processor = load_processor()
+    return ScriptedOracleEngine(tokenizer, task, ChatRenderer(tokenizer, image_processor).end_of_turn_id)
+
+
+class RecordingEngine(RolloutEngine):
+    """Passes every call to `engine` and keeps each request with the generation it got."""
+
+    def __init__(self, engine: RolloutEngine):
+        self.engine = engine
+        self.records = []
+        self.batch_sizes = []
+        self._lock = threading.Lock()
+
+    def generate(self, requests, sampling):
+        generations = self.engine.generate(requests, sampling)
+        with self._lock:
+            self.records.extend(zip(requests, generations))
+            self.batch_sizes.append(len(requests))
+        return generations
+
+    def update_weights(self, params, version):
+        self.engine.update_weights(params, version)
+
+    def health(self):
+        return self.engine.health()
+
+
+class BrowserKillingEngine(RolloutEngine):
+    """Passes calls to `engine`; on call number `kill_at` it first SIGKILLs the shared browser."""
+
+    def __init__(self, engine: RolloutEngine, runtime: CapsuleRuntime, kill_at: int):
+        self.engine, self.runtime, self.kill_at = engine, runtime, kill_at
+        self.calls = 0
+        self.killed_pid = None
+
+    def generate(self, requests, sampling):
+        self.calls += 1
+        if self.calls == self.kill_at:
+            self.killed_pid = self.runtime.backend.browser_pid()
+            os.kill(self.killed_pid, signal.SIGKILL)
+        return self.engine.generate(requests, sampling)
+
+    def update_weights(self, params, version):
+        self.engine.update_weights(params, version)
+
+    def health(self):
+        return self.engine.health()
+
+
+# ------------------------------------------------------------------------------------
+# Fixtures
+# ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    tokenizer, image_processor = load_processor()
+    return ChatRenderer(tokenizer, image_processor)
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    with CapsuleRuntime(include_dom_text=True, seed=0) as capsules:
+        yield capsules
+
+
+@pytest.fixture(scope="module")
+def tiny_vl_engine(renderer):
+    from flax import nnx
+
+    from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
+    from cua_jax.rollout.jax_engine import JaxSamplerEngine
+
+    model = Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(), rngs=nnx.Rngs(0))
+    return JaxSamplerEngine(model, seed=0, image_processor=renderer.image_processor)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _with_envs(runtime, n, body, **env_kwargs):
+    envs = [MiniWoBEnvironment(runtime, **env_kwargs) for _ in range(n)]
+    try:
+        return await body(envs)
+    finally:
+        await asyncio.gather(*(env.close() for env in envs))
+
+
+def _response_concat(episode):
+    ids = np.concatenate([turn.response_ids for turn in episode.turns])
+    logprobs = np.concatenate([turn.response_logprobs for turn in episode.turns])
+    return ids, logprobs
+
+
+def _trained_concat(items):
+    """Response tokens of an episode's items in turn order (each response trains in one item)."""
+    items = sorted(items, key=lambda item: item.step_indices[0])
+    ids = np.concatenate([item.ids[item.loss_mask == 1] for item in items])
+    logprobs = np.concatenate([item.rollout_logprobs[item.loss_mask == 1] for item in items])
+    return ids, logprobs
+
+
+def _assert_items_equal(left, right):
+    assert len(left) == len(right)
+    for a, b in zip(left, right):
+        np.testing.assert_array_equal(a.ids, b.ids)
+        np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
+        np.testing.assert_array_equal(a.rollout_logprobs, b.rollout_logprobs)
+        assert a.images == b.images and a.step_indices == b.step_indices
+
+
+# ------------------------------------------------------------------------------------
+# Tests
+# ------------------------------------------------------------------------------------
+
+
+def test_system_prompt_renders_the_parsers_action_space():
+    prompt = system_prompt(160, 210)
+    for name in ("left_click", "type", "key", "scroll", "done", "FAIL", "160x210"):
+        assert name in prompt
+    example = prompt.split("Example reply:\n", 1)[1]
+    assert A.parse_action(example) == A.Click("left_click", A.GRID // 2, A.GRID // 2)
+
+
+def test_config_rejects_impossible_budgets():
+    with pytest.raises(ValueError, match="max_turns"):
+        AgentConfig(max_turns=0)
+    with pytest.raises(ValueError, match="max_context_tokens"):
+        AgentConfig(max_new_tokens=64, max_context_tokens=64)
+
+
+def test_parse_dom_text_inverts_dom_to_text(runtime):
+    from cua_jax.envs.miniwob import dom_to_text
+
+    env_id = runtime.create("click-checkboxes", seed=5)
+    try:
+        observation = runtime.observe(env_id)
+        assert dom_to_text(parse_dom_text(observation.dom_text)) == observation.dom_text
+    finally:
+        runtime.close(env_id)
+
+
+def test_tiny_model_group_runs_concurrently_with_exact_tokens(runtime, renderer, tiny_vl_engine):
+    """A group of 2 on click-button: invalid actions are fed back, the turn budget ends it
+    NO_VERDICT, and turns and items hold the engine's exact ids and logprobs."""
+    tiny_vl_engine.update_weights(tiny_vl_engine.model, version=3)
+    engine = RecordingEngine(tiny_vl_engine)
+    segmenter = SlidingWindow(renderer, keep=0, min_removal=1)
+    config = AgentConfig(
+        max_turns=2, max_new_tokens=16, max_context_tokens=4096, no_verdict_reward=-0.2, seed=0, batch_wait_s=None
+    )
+    loop = AgentLoop(engine, segmenter, config)
+
+    rollouts = run(
+        _with_envs(
+            runtime, 2,
+            lambda envs: loop.run_group(envs, "click-button", seed=11, group_id=7),
+            time_limit_s=LONG_TIME_LIMIT_S,
+        )
+    )
+
+    assert [r.episode.episode_id for r in rollouts] == ["click-button/g7/e0", "click-button/g7/e1"]
+    assert sum(len(r.episode.turns) for r in rollouts) == len(engine.records)
+    # batch_wait_s=None: each turn of the group is one batched engine call.
+    assert engine.batch_sizes == [2, 2]
+    for rollout in rollouts:
+        episode = rollout.episode
+        # A random tiny model never writes a valid tool call: every turn is invalid.
+        assert episode.status is EpisodeStatus.NO_VERDICT
+        assert episode.reward == pytest.approx(-0.2)
+        assert episode.info["budget"] == "turns" and episode.num_turns == 2
+        assert episode.instruction.startswith("Click on the")
+        assert episode.policy_version == 3 and episode.info["policy_versions"] == [3]
+        for t, turn in enumerate(episode.turns):
+            assert turn.action is None and turn.info["invalid_action"]
+            assert turn.images[0].shape == (210, 160, 3)
+            # The engine's own generation for this turn: same ids, same logprobs, bit for bit.
+            matches = [
+                g for _, g in engine.records
+                if np.array_equal(g.token_ids, turn.response_ids) and np.array_equal(g.logprobs, turn.response_logprobs)
+            ]
+            assert matches, f"turn {t} holds tokens the engine did not produce"
+            if t > 0:
+                previous = episode.turns[t - 1].info["invalid_action"]
+                assert turn.observation_text.startswith(INVALID_ACTION_PREFIX + previous)
+            assert DOM_TEXT_HEADER in turn.observation_text
+        # Sliding window K=0, Delta=1: turn 1 has 2 screenshots > K + Delta, so two items.
+        assert len(rollout.items) == 2
+        trained_ids, trained_logprobs = _trained_concat(rollout.items)
+        response_ids, response_logprobs = _response_concat(episode)
+        np.testing.assert_array_equal(trained_ids, response_ids)
+        np.testing.assert_array_equal(trained_logprobs, response_logprobs)
+        assert sum(int(item.loss_mask.sum()) for item in rollout.items) == episode.info["response_tokens"]
+        _assert_items_equal(rollout.items, segmenter.segment(episode))
+        assert episode.info["env_seconds"] > 0 and episode.info["generation_seconds"] > 0
+        assert episode.info["invalid_actions"] == 2
+    # The prompts the engine saw were exactly the context's (token-in, token-out).
+    for request, _ in engine.records:
+        assert request.images and request.images[-1].shape == (210, 160, 3)
+
+
+def test_scripted_oracle_policy_earns_reward(runtime, renderer):
+    """The oracle through the loop solves click-button (1 turn) and enter-text (3 turns)."""
+    for task, turns in (("click-button", 1), ("enter-text", 3)):
+        engine = ScriptedOracleEngine(renderer.tokenizer, task, renderer.end_of_turn_id)
+        segmenter = SlidingWindow(renderer, keep=1, min_removal=1)
+        loop = AgentLoop(engine, segmenter, AgentConfig(max_turns=6, max_new_tokens=64))
+        rollouts = run(
+            _with_envs(runtime, 2, lambda envs: loop.run_group(envs, task, seed=3, group_id=1), time_limit_s=LONG_TIME_LIMIT_S)
+        )
+        for rollout in rollouts:
+            episode = rollout.episode
+            assert episode.status is EpisodeStatus.SUCCESS, (task, episode.info)
+            assert episode.reward == 1.0 and episode.turns[-1].reward == 1.0
+            assert episode.num_turns == turns
+            assert all(turn.action is not None for turn in episode.turns)
+            trained_ids, _ = _trained_concat(rollout.items)
+            np.testing.assert_array_equal(trained_ids, _response_concat(episode)[0])
+            _assert_items_equal(rollout.items, segmenter.segment(episode))
+
+
+def test_token_budget_ends_no_verdict(runtime, renderer):
+    """A context budget that fits turn 0's prompt + response but not turn 1's ends the episode."""
+    engine = ScriptedOracleEngine(renderer.tokenizer, "enter-text", renderer.end_of_turn_id)
+    segmenter = WholeTrajectory(renderer)
+    free = AgentLoop(engine, segmenter, AgentConfig(max_turns=6, max_new_tokens=64))
+    first = run(_with_envs(runtime, 1, lambda envs: free.run_episode(envs[0], "enter-text", seed=9)))
+    assert first.episode.status is EpisodeStatus.SUCCESS and first.episode.num_turns == 3
+    budget = first.episode.info["prompt_tokens"][0] + 64
+
+    tight = AgentLoop(engine, segmenter, AgentConfig(max_turns=6, max_new_tokens=64, max_context_tokens=budget))
+    rollout = run(_with_envs(runtime, 1, lambda envs: tight.run_episode(envs[0], "enter-text", seed=9)))
+    episode = rollout.episode
+    assert episode.status is EpisodeStatus.NO_VERDICT and episode.info["budget"] == "tokens"
+    assert episode.num_turns == 1
+    np.testing.assert_array_equal(episode.turns[0].response_ids, first.episode.turns[0].response_ids)
+    _assert_items_equal(rollout.items, segmenter.segment(episode))
+
+
+def _reply_ids(renderer, text):
+    ids = renderer.tokenizer.encode(text, add_special_tokens=False)
+    return [*ids, renderer.end_of_turn_id]
+
+
+def test_declared_fail_ends_with_the_verifiers_verdict(runtime, renderer):
+    """A declared FAIL ends the MiniWoB episode; MiniWoB's JS scores it (raw reward -1): FAILURE."""
+    engine = FixedReplyEngine([_reply_ids(renderer, "Cannot do it.\n" + A.render_action(A.Fail()))])
+    loop = AgentLoop(engine, WholeTrajectory(renderer), AgentConfig(max_turns=4, max_new_tokens=64))
+    rollout = run(_with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=2)))
+    episode = rollout.episode
+    assert episode.status is EpisodeStatus.FAILURE and episode.reward == 0.0
+    assert episode.num_turns == 1 and episode.turns[0].action == A.Fail()
+    assert episode.turns[0].info["raw_reward"] == -1.0
+    assert "FAIL" in episode.turns[0].info["miniwob_reason"]
+
+
+def test_reply_with_an_image_placeholder_fails_the_episode_without_raising(runtime, renderer):
+    """Turn 0 is a valid move; turn 1's reply holds <|image_pad|>: the episode fails at turn 1,
+    the reply stays out of the turns and items."""
+    move = _reply_ids(renderer, A.render_action(A.MouseMove(10, 10)))
+    pad = [renderer.tokenizer.convert_tokens_to_ids("<|image_pad|>"), renderer.end_of_turn_id]
+    segmenter = WholeTrajectory(renderer)
+    loop = AgentLoop(FixedReplyEngine([move, pad]), segmenter, AgentConfig(max_turns=4, max_new_tokens=64))
+    rollout = run(
+        _with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=2), time_limit_s=LONG_TIME_LIMIT_S)
+    )
+    episode = rollout.episode
+    assert episode.status is EpisodeStatus.FAILURE and episode.num_turns == 1
+    assert "<|image_pad|>" in episode.info["end_reason"]
+    np.testing.assert_array_equal(episode.info["rejected_response"]["ids"], pad)
+    np.testing.assert_array_equal(_trained_concat(rollout.items)[0], move)
+    _assert_items_equal(rollout.items, segmenter.segment(episode))
+
+
+def test_unknown_task_is_an_error_not_a_quarantine(runtime, renderer):
+    engine = ScriptedOracleEngine(renderer.tokenizer, "click-button", renderer.end_of_turn_id)
+    loop = AgentLoop(engine, WholeTrajectory(renderer))
+    with pytest.raises(UnknownTaskError, match="click-buton"):
+        run(_with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-buton")))
+
+
+def test_browser_killed_mid_episode_is_quarantined_then_recovers(renderer):
+    """SIGKILL of the shared browser between turns 0 and 1 quarantines both episodes of the
+    group with the reason; the next reset builds fresh capsules on the relaunched browser."""
+    with CapsuleRuntime(include_dom_text=True, seed=1) as crashing:
+        oracle = ScriptedOracleEngine(renderer.tokenizer, "enter-text", renderer.end_of_turn_id)
+        engine = BrowserKillingEngine(oracle, crashing, kill_at=2)
+        loop = AgentLoop(engine, WholeTrajectory(renderer), AgentConfig(max_turns=6, max_new_tokens=64))
+
+        async def crash_then_recover(envs):
+            crashed = await loop.run_group(envs, "enter-text", seed=4)
+            recovered = await loop.run_group(envs, "enter-text", seed=4)
+            return crashed, recovered
+
+        crashed, recovered = run(_with_envs(crashing, 2, crash_then_recover, time_limit_s=LONG_TIME_LIMIT_S))
+        assert engine.killed_pid is not None
+        for rollout in crashed:
+            episode = rollout.episode
+            assert episode.status is EpisodeStatus.QUARANTINED
+            assert episode.quarantine_reason and episode.reward == 0.0
+            assert 1 <= episode.num_turns <= 2
+        assert crashing.crashes, "the runtime saw its browser disconnect"
+        for rollout in recovered:
+            assert rollout.episode.status is EpisodeStatus.SUCCESS
+
+
+def test_capsule_that_cannot_be_set_up_in_time_is_quarantined(runtime, renderer):
+    """A reset the runtime does not finish within its call timeout quarantines the episode
+    (setup failed) instead of raising; no turn is played."""
+    engine = ScriptedOracleEngine(renderer.tokenizer, "click-button", renderer.end_of_turn_id)
+    loop = AgentLoop(engine, WholeTrajectory(renderer))
+    default_timeout = runtime.call_timeout_s
+    runtime.call_timeout_s = 1e-4  # far below what building a browser context takes
+    try:
+        rollout = run(_with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=1)))
+    finally:
+        runtime.call_timeout_s = default_timeout
+    episode = rollout.episode
+    assert episode.status is EpisodeStatus.QUARANTINED and episode.num_turns == 0
+    assert episode.quarantine_reason.startswith("setup failed") and rollout.items == []
+    assert engine.calls == 0
