@@ -1,9 +1,21 @@
 """cua_jax entrypoint: python -m experiments.main --config=experiments/configs/<recipe>.py
 
-Any config field can be overridden on the command line: --config.x.y=value.
+Any config field can be overridden on the command line: --config.x.y=value. The config's
+`job` picks what runs:
+
+  train                    online RL (cua_jax.train.trainer.Trainer): evaluation before,
+                           training with checkpoints, evaluation after, learning curve
+  segmentation_benchmark   the Visual Context Segmentation benchmark
+
+Flags: --workdir replaces config.workdir; --resume continues the run checkpointed in the
+workdir (a killed run picks up at its last checkpoint). A workdir that holds checkpoints is
+never trained over without --resume.
 """
 
 from __future__ import annotations
+
+import json
+import os
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -11,6 +23,8 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/default.py", "Experiment configuration file.", lock_config=True
 )
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (replaces config.workdir).")
+_RESUME = flags.DEFINE_bool("resume", False, "Continue the run checkpointed in the workdir.")
 
 
 def _run_segmentation_benchmark(config) -> None:
@@ -19,7 +33,35 @@ def _run_segmentation_benchmark(config) -> None:
     segmentation.main()
 
 
+def _run_training(config) -> None:
+    from cua_jax.train.trainer import ConfigError, TrainSettings, Trainer
+
+    try:
+        TrainSettings.from_config(config)  # every field checked before anything starts
+    except ConfigError as error:
+        raise app.UsageError(str(error)) from error
+    with Trainer(config) as trainer:
+        latest = trainer.checkpointer.latest_step()
+        if latest is not None and not _RESUME.value:
+            raise app.UsageError(
+                f"{config.workdir} holds checkpoints (latest step {latest}); pass --resume to continue "
+                "that run, or choose another --workdir"
+            )
+        if _RESUME.value:
+            if trainer.restore():
+                logging.info("resumed %s at step %d", config.workdir, trainer.step)
+            else:
+                logging.info("--resume: no checkpoint in %s, starting fresh", config.workdir)
+        summary = trainer.run()
+    for label, result in summary["evaluations"].items():
+        print(f"held-out success {label}: {result['success_rate']:.3f} "
+              f"[{result['ci_low']:.3f}, {result['ci_high']:.3f}] over {int(result['episodes'])} episodes")
+    print(json.dumps({"workdir": os.path.abspath(config.workdir), "steps": summary["steps"],
+                      "curve": summary["curve"]}))
+
+
 JOBS = {
+    "train": _run_training,
     "segmentation_benchmark": _run_segmentation_benchmark,
 }
 
@@ -28,6 +70,8 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
     config = _CONFIG.value
+    if _WORKDIR.value:
+        config.workdir = _WORKDIR.value
     if config.job not in JOBS:
         raise app.UsageError(f"config.job={config.job!r} is not one of {sorted(JOBS)}")
     logging.info("running job %s", config.job)

@@ -1,0 +1,953 @@
+"""The online RL trainer: task draws -> rollout groups -> quarantine -> advantages -> updates -> weight sync.
+
+One training step (`Trainer.train_step`):
+
+    groups  = collect(step)                 sampler draws B tasks with key fold_in(base, step);
+                                            each task runs a group of n episodes on a rollout
+                                            worker (capsule runtime + engine + agent loop);
+                                            DTAC replays and DAPO filtering happen here
+    kept    = quarantine(groups)            infrastructure-faulted episodes leave their group
+                                            (their items are dropped, reasons counted)
+    A       = episode_advantages(kept)      group-relative, over the whole rollout batch
+    items   = broadcast / STEPO(A)          one advantage per training item
+    updates = learner.train_on_batch(...)   num_minibatches updates, whole groups each
+    sync    = engine.update_weights(params, version)
+
+Modes (config.train.mode):
+  on_policy  collect and learn alternate; one update per rollout batch (num_minibatches = 1),
+             old logprobs = the learner's own (stop-gradient), so the logged ratio is exactly
+             1 and the clip fraction exactly 0 (CANOPY App. C).
+  async      a rollout thread per worker draws tasks and runs groups continuously, tagging every
+             episode with the policy version that produced it, into a `RolloutBuffer`; the
+             learner takes whole groups, the buffer drops (and counts) groups older than the
+             staleness window, mini-batches hold whole groups.
+
+Evaluation runs held-out seeds of the evaluation tasks before the first step and after the
+last (success rate with a Wilson interval; a few episode traces as PNG + JSON). Metrics go to
+`MetricWriter` per step; the learning curve is drawn at the end. A run checkpoints with Orbax
+(`cua_jax.train.checkpoint`) and resumes exactly: every random draw is a function of the step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cua_jax.context.render import ChatRenderer
+from cua_jax.context.segment import make_segmenter
+from cua_jax.context.tokenizer import load_processor
+from cua_jax.envs.faults import FaultKind
+from cua_jax.models.sharding import MeshConfig, make_mesh
+from cua_jax.rl.advantages import (
+    STATUS_CODES,
+    AdvantageConfig,
+    broadcast_to_items,
+    episode_advantages,
+    score_terminal_rewards,
+    stepo_item_advantages,
+)
+from cua_jax.rl.coverage import group_outcome_stats
+from cua_jax.rl.losses import PolicyLossConfig
+from cua_jax.rollout.agent_loop import AgentConfig, AgentEnvironment, AgentLoop, MiniWoBEnvironment, Rollout
+from cua_jax.rollout.engine import EngineHealth, Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.tasks.pool import GroupOutcome, PoolTask, TaskPool
+from cua_jax.tasks.sampling import (
+    CalibrationConfig,
+    DTACConfig,
+    DynamicSamplingConfig,
+    FrontierConfig,
+    UniformConfig,
+    build_sampler,
+    collect_informative_groups,
+)
+from cua_jax.train.batching import (
+    BatchingConfig,
+    MultimodalPositions,
+    group_order,
+    make_minibatches,
+    process_images,
+)
+from cua_jax.train.buffer import RolloutBuffer, RolloutGroup, whole_group_minibatches
+from cua_jax.train.learner import Learner, LearnerConfig, OptimizerConfig
+from cua_jax.types import Episode, EpisodeStatus, TrainingItem
+
+MODES = ("on_policy", "async")
+ITEM_ADVANTAGES = ("broadcast", "stepo")
+SEGMENTER_OPTIONS = {
+    "sliding_window": ("keep", "min_removal"),
+    "step_wise": ("keep_images",),
+    "compact_context": ("window",),
+    "whole_trajectory": (),
+}
+# Metrics that measure wall-clock time: everything else is a function of the config and seed.
+TIMING_PREFIX = "time/"
+
+
+# ---------------------------------------------------------------------------------------
+# Settings: the ml_collections config, checked and turned into the components' configs
+# ---------------------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message starts with the field's full name (config.x.y)."""
+
+
+def _field_error(section: str, fields: Sequence[str], error: Exception) -> ConfigError:
+    """Names the field of `section` that `error`'s message talks about (the earliest mentioned)."""
+    message = str(error)
+    mentioned = [(message.find(name), name) for name in fields if name in message]
+    where = f"config.{section}" + (f".{min(mentioned)[1]}" if mentioned else "")
+    return ConfigError(f"{where}: {message}")
+
+
+def _require(ok: bool, field: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"config.{field}: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    """The checked form of a run's config (see experiments/configs/base.py for the fields)."""
+
+    config: Any  # the ml_collections.ConfigDict it came from
+    learner: LearnerConfig
+    batching: BatchingConfig
+    advantage: AdvantageConfig
+    agent: AgentConfig
+    eval_agent: AgentConfig
+    mesh: MeshConfig
+    sampler_kind: str
+    sampler_configs: dict
+    calibration: CalibrationConfig | None
+    dynamic: DynamicSamplingConfig | None
+    segmenter_options: dict
+
+    @classmethod
+    def from_config(cls, config) -> "TrainSettings":
+        c = config
+
+        def build(section: str, kind, **values):
+            try:
+                return kind(**values)
+            except (ValueError, TypeError) as error:
+                raise _field_error(section, list(values), error) from error
+
+        _require(c.train.mode in MODES, "train.mode", f"{c.train.mode!r} is not one of {MODES}")
+        _require(c.train.num_steps >= 0, "train.num_steps", f"must be >= 0, got {c.train.num_steps}")
+        _require(c.rollout.group_size >= 1, "rollout.group_size", f"must be >= 1, got {c.rollout.group_size}")
+        _require(c.rollout.batch_tasks >= 1, "rollout.batch_tasks", f"must be >= 1, got {c.rollout.batch_tasks}")
+        _require(c.rollout.num_workers >= 1, "rollout.num_workers", f"must be >= 1, got {c.rollout.num_workers}")
+        _require(c.rollout.engine == "jax", "rollout.engine", f"{c.rollout.engine!r}: the trainer drives the 'jax' engine")
+        _require(c.env.kind == "miniwob", "env.kind", f"{c.env.kind!r}: the trainer's environments are 'miniwob'")
+        _require(len(c.env.tasks) >= 1, "env.tasks", "needs at least one task")
+        from cua_jax.envs.miniwob import task_names
+
+        known = set(task_names())
+        for task in tuple(c.env.tasks) + tuple(c.eval.tasks):
+            _require(task in known, "env.tasks" if task in c.env.tasks else "eval.tasks", f"unknown MiniWoB task {task!r}")
+        _require(len(c.env.task_tiers) == len(c.env.tasks), "env.task_tiers",
+                 f"has {len(c.env.task_tiers)} entries for {len(c.env.tasks)} tasks")
+        _require(c.env.train_seed_max >= 1, "env.train_seed_max", f"must be >= 1, got {c.env.train_seed_max}")
+        _require(c.env.eval_seed_start >= c.env.train_seed_max, "env.eval_seed_start",
+                 f"{c.env.eval_seed_start} overlaps the training seeds [0, {c.env.train_seed_max}): not held out")
+        _require(c.rollout.max_response_tokens == 0, "rollout.max_response_tokens",
+                 "a whole-episode response cap is not enforced by the agent loop; set 0")
+        _require(c.rollout.max_observation_tokens == 0, "rollout.max_observation_tokens",
+                 "an observation cap is not enforced by the agent loop; set 0")
+        _require(c.advantage.item_advantages in ITEM_ADVANTAGES, "advantage.item_advantages",
+                 f"{c.advantage.item_advantages!r} is not one of {ITEM_ADVANTAGES}")
+        _require(c.advantage.reward == "sparse", "advantage.reward", f"{c.advantage.reward!r}: only 'sparse' verifier rewards")
+        _require(c.context.segmenter in SEGMENTER_OPTIONS, "context.segmenter",
+                 f"{c.context.segmenter!r} is not one of {sorted(SEGMENTER_OPTIONS)}")
+        _require(c.learner.num_minibatches >= 1, "learner.num_minibatches", f"must be >= 1, got {c.learner.num_minibatches}")
+        _require(c.learner.num_minibatches <= c.rollout.batch_tasks, "learner.num_minibatches",
+                 f"{c.learner.num_minibatches} mini-batches of whole groups need at least as many tasks per batch "
+                 f"(rollout.batch_tasks = {c.rollout.batch_tasks})")
+        if c.train.mode == "on_policy":
+            _require(c.train.staleness_window == 0, "train.staleness_window", "must be 0 in on_policy mode")
+            _require(c.learner.num_minibatches == 1, "learner.num_minibatches",
+                     "on_policy mode takes exactly one update per rollout batch; set 1")
+        else:
+            _require(c.train.staleness_window >= 0, "train.staleness_window", f"must be >= 0, got {c.train.staleness_window}")
+            _require(not c.train.dapo, "train.dapo", "DAPO filtering is supported in on_policy mode only")
+            _require(c.train.buffer_groups >= 0, "train.buffer_groups", f"must be >= 0, got {c.train.buffer_groups}")
+        if c.learner.old_logprobs == "current":
+            _require(c.train.mode == "on_policy" and c.learner.num_minibatches == 1, "learner.old_logprobs",
+                     "'current' equals the sampling policy only strictly on-policy; use 'recompute' or 'rollout'")
+        _require(c.train.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {c.train.checkpoint_every}")
+        _require(c.warm_start.steps == 0, "warm_start.steps", "the supervised warm start is not part of the trainer yet; set 0")
+        _require(0 < c.eval.confidence < 1, "eval.confidence", f"must lie in (0, 1), got {c.eval.confidence}")
+        _require(c.model.num_layers >= 0, "model.num_layers", f"must be >= 0, got {c.model.num_layers}")
+        for name in ("num_seeds", "group_size", "concurrent_groups"):
+            _require(c.eval[name] >= 1, f"eval.{name}", f"must be >= 1, got {c.eval[name]}")
+
+        loss = build("loss", PolicyLossConfig, **{
+            **c.loss.to_dict(),
+            "dual_clip_c": c.loss.dual_clip_c or None,
+            "fixed_denominator": c.loss.fixed_denominator or None,
+        })
+        optimizer = build("optimizer", OptimizerConfig, **{**c.optimizer.to_dict(), "max_grad_norm": c.optimizer.max_grad_norm or None})
+        learner = build("learner", LearnerConfig, optimizer=optimizer, loss=loss, old_logprobs=c.learner.old_logprobs,
+                        freeze_vision=c.learner.freeze_vision, temperature=c.rollout.temperature or 1.0,
+                        seq_chunk=c.learner.seq_chunk, vocab_chunk=c.learner.vocab_chunk)
+        batching = build("learner", BatchingConfig, rows=c.learner.rows, length_multiple=c.learner.length_multiple,
+                         max_length=c.learner.max_length or None)
+        advantage = build("advantage", AdvantageConfig, estimator=c.advantage.estimator, std_eps=c.advantage.std_eps,
+                          no_verdict_reward=c.advantage.no_verdict_reward)
+        agent = build("rollout", AgentConfig, max_turns=c.rollout.max_turns, max_new_tokens=c.rollout.max_new_tokens,
+                      max_context_tokens=c.rollout.max_context_tokens, temperature=c.rollout.temperature,
+                      top_p=c.rollout.top_p, top_k=c.rollout.top_k, no_verdict_reward=c.advantage.no_verdict_reward,
+                      batch_wait_s=c.rollout.batch_wait_s or None)
+        eval_agent = build("eval", AgentConfig, max_turns=c.eval.max_turns, max_new_tokens=c.rollout.max_new_tokens,
+                           max_context_tokens=c.eval.max_context_tokens, temperature=c.eval.temperature,
+                           top_p=c.eval.top_p, top_k=c.eval.top_k, no_verdict_reward=c.advantage.no_verdict_reward,
+                           batch_wait_s=c.rollout.batch_wait_s or None)
+        mesh = build("mesh", MeshConfig, data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
+        s = c.sampler
+        sampler_configs = {
+            "uniform": build("sampler", UniformConfig, ema_alpha=s.ema_alpha),
+            "frontier": build("sampler", FrontierConfig, ema_alpha=s.ema_alpha, mu=s.mu, sigma=s.sigma, gamma=s.gamma,
+                              pool_factor=s.pool_factor, unknown_pass_rate=s.unknown_pass_rate),
+            "dtac": build("sampler", DTACConfig, ema_alpha=s.ema_alpha, p_low=s.p_low, p_high=s.p_high,
+                          max_replays_per_trajectory=s.max_replays_per_trajectory,
+                          replay_cache_size=s.replay_cache_size, rho_inf=s.rho_inf,
+                          unknown_pass_rate=s.unknown_pass_rate),
+        }
+        _require(s.kind in sampler_configs, "sampler.kind", f"{s.kind!r} is not one of {sorted(sampler_configs)}")
+        calibration = None
+        if s.calibration:
+            calibration = build("sampler", CalibrationConfig, p_min=s.p_min, p_max=s.p_max, pilot=s.pilot,
+                                pilot_group_size=s.pilot_group_size, every_k_steps=s.calibrate_every,
+                                sample_size=s.calibration_sample_size, group_size=s.calibration_group_size)
+        dynamic = None
+        if c.train.dapo:
+            dynamic = build("train", DynamicSamplingConfig, max_rounds=c.train.dapo_max_rounds,
+                            oversample=c.train.dapo_oversample)
+        options = {name: c.context[name] for name in SEGMENTER_OPTIONS[c.context.segmenter]}
+        return cls(config, learner, batching, advantage, agent, eval_agent, mesh, s.kind,
+                   {s.kind: sampler_configs[s.kind]}, calibration, dynamic, options)
+
+
+# ---------------------------------------------------------------------------------------
+# Pure pieces
+# ---------------------------------------------------------------------------------------
+
+
+def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial success rate.
+
+    Args: successes, trials (>= 0 ints, successes <= trials); confidence in (0, 1).
+    Returns (low, high) in [0, 1]; (0, 1) when trials == 0.
+    """
+    if trials < 0 or not 0 <= successes <= max(trials, 0):
+        raise ValueError(f"wilson_interval: need 0 <= successes <= trials, got {successes} / {trials}")
+    if trials == 0:
+        return 0.0, 1.0
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    # The interval always holds p; clamping removes rounding at the ends (k = 0 or k = n).
+    return min(max(0.0, centre - half), p), max(min(1.0, centre + half), p)
+
+
+def quarantine_kind(reason: str | None) -> str:
+    """The metric name of a quarantine reason: its FaultKind (the text before ':'), slugged."""
+    head = (reason or "").split(":", 1)[0].strip()
+    for kind in FaultKind:
+        if head == kind.value:
+            return kind.name.lower()
+    return "other"
+
+
+@dataclasses.dataclass
+class CollectedGroup(RolloutGroup):
+    """A rollout group plus the training items of each episode (by episode id)."""
+
+    items: dict[str, list[TrainingItem]] = dataclasses.field(default_factory=dict)
+    replayed: bool = False
+
+
+def _content_key(rollout: Rollout) -> tuple:
+    episode = rollout.episode
+    return (episode.status.value, episode.reward, tuple(t.response_ids.tobytes() for t in episode.turns),
+            episode.quarantine_reason or "")
+
+
+def group_from_rollouts(group_id: int, task_id: str, rollouts: Sequence[Rollout]) -> CollectedGroup:
+    """The group of `rollouts`, its episodes in a canonical order (by content).
+
+    The episodes of a group are exchangeable (same task, same seed); which environment got
+    which sample depends on arrival order at the engine, so ordering by content makes the
+    batch, and the run, a function of the samples alone. An episode that sampled nothing
+    (quarantined at reset) takes the newest version of its group, so it never makes the
+    group look stale.
+    """
+    rollouts = sorted(rollouts, key=_content_key)
+    versions = [r.episode.policy_version for r in rollouts if r.episode.turns]
+    for r in rollouts:
+        if not r.episode.turns and versions:
+            r.episode.policy_version = max(versions)
+    return CollectedGroup(group_id, task_id, [r.episode for r in rollouts],
+                          items={r.episode.episode_id: list(r.items) for r in rollouts})
+
+
+def group_outcome(group: CollectedGroup, keep_success: bool) -> GroupOutcome:
+    """The sampler's view of a group: quarantined episodes are not attempts (CANOPY App. G)."""
+    scored = [e for e in group.episodes if e.status is not EpisodeStatus.QUARANTINED]
+    winners = [e for e in scored if e.status is EpisodeStatus.SUCCESS]
+    trajectory = None
+    if keep_success and winners:
+        trajectory = Rollout(winners[0], group.items[winners[0].episode_id])
+    return GroupOutcome(group.task_id, len(winners), len(scored), success_trajectory=trajectory)
+
+
+def swap_in_replay(group: CollectedGroup, replay: Rollout) -> None:
+    """Puts a cached success in place of the group's last failed episode (DTAC positive replay).
+
+    The replayed episode is renamed into the group (ids `<task>/g<group>/replay`), so its items
+    join the group's statistics and its mini-batch like the group's own episodes.
+    """
+    failed = [i for i, e in enumerate(group.episodes) if e.status is not EpisodeStatus.SUCCESS
+              and e.status is not EpisodeStatus.QUARANTINED]
+    if not failed:
+        return
+    slot = failed[-1]
+    old = group.episodes[slot]
+    episode = copy.copy(replay.episode)
+    episode.episode_id = f"{group.task_id}/g{group.group_id}/replay"
+    episode.group_id = group.group_id
+    episode.policy_version = old.policy_version  # a replay is as fresh as the group it joins
+    group.items.pop(old.episode_id, None)
+    group.items[episode.episode_id] = [
+        dataclasses.replace(item, episode_id=episode.episode_id, group_id=group.group_id) for item in replay.items
+    ]
+    group.episodes[slot] = episode
+    group.replayed = True
+
+
+@dataclasses.dataclass
+class PreparedBatch:
+    """A rollout batch after quarantine and advantages, ready for the learner.
+
+    items / item_advantages: aligned, quarantined episodes' items already dropped.
+    minibatch_groups: the group ids of each mini-batch (whole groups).
+    metrics: episode / group statistics of the batch.
+    """
+
+    items: list[TrainingItem]
+    item_advantages: np.ndarray
+    episodes: dict[str, Episode]
+    minibatch_groups: list[list[int]]
+    kept_groups: dict[int, list[str]]  # group id -> ids of its episodes left after quarantine
+    quarantined: dict[str, str]  # episode id -> quarantine reason
+    metrics: dict[str, float]
+
+
+def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num_minibatches: int,
+                  version: int) -> PreparedBatch:
+    """Quarantine, advantages over the whole batch, item advantages, and the mini-batch plan."""
+    metrics: dict[str, float] = collections.Counter()
+    episodes, group_index, kept_groups, quarantined = [], [], {}, {}
+    for g, group in enumerate(groups):
+        kept_groups[group.group_id] = []
+        for episode in group.episodes:
+            if episode.status is EpisodeStatus.QUARANTINED:
+                metrics[f"quarantine/{quarantine_kind(episode.quarantine_reason)}"] += 1
+                metrics["quarantine/total"] += 1
+                quarantined[episode.episode_id] = episode.quarantine_reason or ""
+                continue
+            episodes.append(episode)
+            group_index.append(g)
+            kept_groups[group.group_id].append(episode.episode_id)
+    num_groups = len(groups)
+    metrics = dict(metrics)
+    metrics.setdefault("quarantine/total", 0.0)
+    metrics["episodes/total"] = float(sum(len(g.episodes) for g in groups))
+    metrics["episodes/trained"] = float(len(episodes))
+    metrics["groups/total"] = float(num_groups)
+    metrics["groups/replayed"] = float(sum(g.replayed for g in groups))
+    if not episodes:
+        return PreparedBatch([], np.zeros(0, np.float32), {}, [], kept_groups, quarantined, metrics)
+
+    rewards = np.asarray([e.reward for e in episodes], np.float32)
+    status = np.asarray([STATUS_CODES[e.status] for e in episodes], np.int32)
+    group_ids = np.asarray(group_index, np.int32)
+    advantages = np.asarray(episode_advantages(rewards, status, group_ids, num_groups, settings.advantage))
+    success = np.asarray([e.status is EpisodeStatus.SUCCESS for e in episodes])
+    coverage = group_outcome_stats(success, group_ids, num_groups)
+    scored = np.asarray(score_terminal_rewards(rewards, status, settings.advantage.no_verdict_reward))
+
+    items, item_episode = [], []
+    for e, episode in enumerate(episodes):
+        for item in groups[group_index[e]].items[episode.episode_id]:
+            items.append(item)
+            item_episode.append(e)
+    item_episode = np.asarray(item_episode, np.int32)
+    spread = stepo_item_advantages if settings.config.advantage.item_advantages == "stepo" else broadcast_to_items
+    item_advantages = np.asarray(spread(advantages, item_episode), np.float32) if items else np.zeros(0, np.float32)
+
+    lags = [version - e.policy_version for e in episodes]
+    metrics.update({
+        "reward/mean": float(scored.mean()),
+        "success/rate": float(success.mean()),
+        "advantage/abs_mean": float(np.abs(advantages).mean()),
+        "groups/informative_fraction": float(coverage.informative_fraction),
+        "groups/all_pass_fraction": float(coverage.all_success_fraction),
+        "groups/all_fail_fraction": float(coverage.all_fail_fraction),
+        "episode/turns": float(np.mean([e.num_turns for e in episodes])),
+        "episode/response_tokens": float(np.mean([e.info.get("response_tokens", 0) for e in episodes])),
+        "episode/items": float(len(items) / len(episodes)),
+        "episode/no_verdict_fraction": float(np.mean(status == STATUS_CODES[EpisodeStatus.NO_VERDICT])),
+        "episode/invalid_actions": float(np.mean([e.info.get("invalid_actions", 0) for e in episodes])),
+        "policy/lag_mean": float(np.mean(lags)),
+        "policy/lag_max": float(np.max(lags)),
+        "batch/items": float(len(items)),
+    })
+    plan: list[list[int]] = []
+    if items:
+        order = group_order(items)
+        ids_in_order = [items[g[0]].group_id for g in order]
+        usable = min(num_minibatches, len(order))
+        plan = [[ids_in_order[k] for k in mb] for mb in whole_group_minibatches([len(g) for g in order], usable)]
+    return PreparedBatch(items, item_advantages, {e.episode_id: e for e in episodes}, plan, kept_groups, quarantined,
+                         metrics)
+
+
+def mean_metrics(records: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The mean of each metric over the updates of a step (extrema: min / max)."""
+    out: dict[str, float] = {}
+    for key in records[0]:
+        values = [r[key] for r in records]
+        out[key] = min(values) if key.endswith("_min") else max(values) if key.endswith("_max") else float(np.mean(values))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Rollout workers (in-process: one capsule runtime and one engine each)
+# ---------------------------------------------------------------------------------------
+
+EnvWrapper = Callable[[AgentEnvironment], AgentEnvironment]
+
+
+class LocalRolloutWorker:
+    """A capsule runtime, an engine and the train / eval agent loops, driven from one thread."""
+
+    def __init__(self, engine, segmenter, settings: TrainSettings, runtime_seed: int, env_wrapper: EnvWrapper | None):
+        from cua_jax.envs.capsules import CapsuleRuntime
+
+        self.engine = engine
+        self.settings = settings
+        self.train_loop = AgentLoop(engine, segmenter, settings.agent)
+        self.eval_loop = AgentLoop(engine, segmenter, settings.eval_agent)
+        self.runtime = CapsuleRuntime(include_dom_text=settings.config.env.include_dom_text, seed=runtime_seed)
+        self.env_wrapper = env_wrapper
+        self.envs: list[AgentEnvironment] = []
+
+    def _envs(self, n: int) -> list[AgentEnvironment]:
+        while len(self.envs) < n:  # capsules are reused across groups (reset builds a new generation)
+            env = MiniWoBEnvironment(self.runtime, time_limit_s=self.settings.config.env.time_limit_s)
+            self.envs.append(self.env_wrapper(env) if self.env_wrapper else env)
+        return self.envs[:n]
+
+    def run_groups(self, requests: Sequence[tuple[str, int, int]], n: int, *, evaluation: bool = False) -> list[list[Rollout]]:
+        """Groups of n episodes, one per (task, seed, group_id), all concurrently on one event
+        loop: every turn of every running episode shares one batched engine call."""
+        loop = self.eval_loop if evaluation else self.train_loop
+        envs = self._envs(n * len(requests))
+
+        async def run_all():
+            return await asyncio.gather(*(
+                loop.run_group(envs[k * n:(k + 1) * n], task, task_id=task, seed=seed, group_id=group_id)
+                for k, (task, seed, group_id) in enumerate(requests)
+            ))
+
+        return list(asyncio.run(run_all()))
+
+    def shutdown(self) -> None:
+        async def close_all():
+            await asyncio.gather(*(env.close() for env in self.envs))
+
+        if self.envs:
+            asyncio.run(close_all())
+            self.envs = []
+        self.runtime.shutdown()
+        self.engine.close()
+
+
+def build_policy(settings: TrainSettings, seed: int):
+    """The policy model a config names (random init) and its image processor / renderer."""
+    from flax import nnx
+
+    from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
+
+    name = settings.config.model.name
+    if name != "tiny_qwen3_vl":
+        raise ConfigError(f"config.model.name: {name!r} is not a known policy (known: 'tiny_qwen3_vl')")
+    overrides = {"num_hidden_layers": settings.config.model.num_layers} if settings.config.model.num_layers else {}
+    return Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(**overrides), rngs=nnx.Rngs(seed))
+
+
+class CanonicalOrderEngine(RolloutEngine):
+    """Serves every batch to `engine` in a canonical order of its requests (by prompt ids, then
+    images), and answers in the caller's order.
+
+    Prompts reach a shared engine in the order their environments answered, which varies from
+    run to run; the JAX sampler draws row r of a batch from key split r, so without a
+    canonical order the same prompts would get different samples in a resumed run.
+    """
+
+    def __init__(self, engine: RolloutEngine):
+        self.engine = engine
+
+    @staticmethod
+    def _key(request: GenerationRequest) -> tuple:
+        images = b"".join(hashlib.sha1(np.ascontiguousarray(image).tobytes()).digest() for image in request.images)
+        return (len(request.prompt_ids), request.prompt_ids.tobytes(), images)
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
+        order = sorted(range(len(requests)), key=lambda i: self._key(requests[i]))
+        served = self.engine.generate([requests[i] for i in order], sampling)
+        out: list[Generation | None] = [None] * len(requests)
+        for position, index in enumerate(order):
+            out[index] = served[position]
+        return out
+
+    def update_weights(self, params: Any, version: int) -> None:
+        self.engine.update_weights(params, version)
+
+    def health(self) -> EngineHealth:
+        return self.engine.health()
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _engine_call_count(engine) -> int:
+    # The JAX engine folds a call counter into its key; a resumed run restores it so sampling
+    # continues the uninterrupted run's stream.
+    return int(getattr(getattr(engine, "engine", engine), "_calls", 0))
+
+
+def _set_engine_call_count(engine, calls: int) -> None:
+    inner = getattr(engine, "engine", engine)
+    if hasattr(inner, "_calls"):
+        inner._calls = int(calls)
+
+
+# ---------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------
+
+
+class Trainer:
+    """Online RL of a computer-use policy on MiniWoB++ capsules (see the module doc).
+
+    config: an ml_collections.ConfigDict of experiments/configs/base.py's shape.
+    env_wrapper: wraps every environment (fault injection, added latency).
+    """
+
+    def __init__(self, config, *, env_wrapper: EnvWrapper | None = None):
+        from cua_jax.rollout.jax_engine import JaxSamplerEngine
+        from cua_jax.train.checkpoint import TrainCheckpointer
+
+        self.settings = TrainSettings.from_config(config)
+        self.config = config
+        c = config
+        self.workdir = c.workdir
+        os.makedirs(self.workdir, exist_ok=True)
+        self.base_key = jax.random.key(c.seed)
+        self.tokenizer, self.image_processor = load_processor(c.model.tokenizer_dir or None)
+        self.renderer = ChatRenderer(self.tokenizer, self.image_processor)
+        self.segmenter = make_segmenter(c.context.segmenter, self.renderer, **self.settings.segmenter_options)
+
+        from flax import nnx
+
+        policy = build_policy(self.settings, c.seed)
+        self.multimodal = MultimodalPositions.of(policy.config)
+        engine_models = [nnx.clone(policy) for _ in range(c.rollout.num_workers)]
+        mesh = make_mesh(self.settings.mesh, devices=jax.devices()[: self._mesh_size()])
+        self.learner = Learner(policy, self.settings.learner, mesh=mesh)
+        self.workers = [
+            LocalRolloutWorker(
+                CanonicalOrderEngine(JaxSamplerEngine(model, seed=c.seed * 1000 + w, image_processor=self.image_processor,
+                                                      pad_id=int(self.tokenizer.pad_token_id or 0))),
+                self.segmenter, self.settings, runtime_seed=c.seed * 1000 + w, env_wrapper=env_wrapper,
+            )
+            for w, model in enumerate(engine_models)
+        ]
+
+        tiers = list(c.env.task_tiers)
+        top = max(tiers)
+        tasks = [PoolTask(task, "miniwob", tier, True, {"kind": "miniwob", "task": task})
+                 for task, tier in zip(c.env.tasks, tiers) if not (c.env.drop_hardest_tier and tier == top and top > 0)]
+        self.pool = TaskPool(tasks)
+        kind = self.settings.sampler_kind
+        self.sampler = build_sampler(kind, self.pool, **{kind: self.settings.sampler_configs[kind]},
+                                     calibration=self.settings.calibration,
+                                     run_groups=self._run_outcome_groups if self.settings.calibration else None)
+        self.eval_tasks = tuple(c.eval.tasks) or tuple(t.task_id for t in tasks)
+
+        self.step = 0  # completed training steps
+        self.version = 0  # policy version the engines hold
+        self.next_group_id = 0
+        self.buffer: RolloutBuffer | None = None
+        self.last_batch: PreparedBatch | None = None
+        self.last_minibatch_item_counts: list[int] = []
+        self.history: list[dict[str, float]] = []
+        self.evaluations: dict[str, dict[str, float]] = {}
+        self._sampler_lock = threading.Lock()
+        self._rollout_threads: list[threading.Thread] = []
+        self._rollout_error: BaseException | None = None
+        self._stop = threading.Event()
+        self.checkpointer = TrainCheckpointer(os.path.join(self.workdir, "checkpoints"), keep=c.train.keep_checkpoints)
+        self._writer = None
+
+    def _mesh_size(self) -> int:
+        m = self.settings.mesh
+        return max(1, m.data) * max(1, m.fsdp) * max(1, m.tensor)
+
+    # -- metrics --------------------------------------------------------------------------
+
+    @property
+    def writer(self):
+        if self._writer is None:
+            from cua_jax.observe.metrics import MetricWriter
+
+            self._writer = MetricWriter(self.workdir)
+        return self._writer
+
+    def _log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.writer.write(step, metrics)
+        self.writer.flush()
+
+    # -- rollouts -------------------------------------------------------------------------
+
+    def _group_seeds(self, key: jax.Array, count: int) -> list[int]:
+        high = self.config.env.train_seed_max
+        return [int(x) for x in np.asarray(jax.random.randint(key, (count,), 0, high))]
+
+    def _run_groups(self, worker: LocalRolloutWorker, task_ids: Sequence[str], key: jax.Array) -> list[CollectedGroup]:
+        with self._sampler_lock:
+            first = self.next_group_id
+            self.next_group_id += len(task_ids)
+        requests = [(task_id, seed, first + k) for k, (task_id, seed)
+                    in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))]
+        results = worker.run_groups(requests, self.config.rollout.group_size)
+        return [group_from_rollouts(gid, task_id, rollouts) for (task_id, _, gid), rollouts in zip(requests, results)]
+
+    def _run_outcome_groups(self, task_ids: Sequence[str], group_size: int) -> list[GroupOutcome]:
+        """Calibration's rollouts (`RunGroups`): groups of `group_size`, outcomes only."""
+        key = jax.random.fold_in(jax.random.fold_in(self.base_key, 1_000_003), self.sampler.step)
+        requests = [(task_id, seed, -1 - k) for k, (task_id, seed)
+                    in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))]
+        results = self.workers[0].run_groups(requests, group_size)
+        return [group_outcome(group_from_rollouts(gid, task_id, rollouts), keep_success=False)
+                for (task_id, _, gid), rollouts in zip(requests, results)]
+
+    def collect(self, step: int, worker: LocalRolloutWorker | None = None) -> tuple[list[CollectedGroup], dict[str, float]]:
+        """One step's rollout groups: draw, run, replay; the sampler's statistics are updated."""
+        worker = worker or self.workers[0]
+        key = jax.random.fold_in(self.base_key, step)
+        draw_key, seed_key = jax.random.split(key)
+        keep_success = self.settings.sampler_kind == "dtac"
+        batch_tasks, n = self.config.rollout.batch_tasks, self.config.rollout.group_size
+        if self.settings.dynamic is not None:
+            ran: dict[str, CollectedGroup] = {}
+            rounds = [0]
+
+            def run_groups(task_ids, group_size):
+                rounds[0] += 1
+                groups = self._run_groups(worker, task_ids, jax.random.fold_in(seed_key, rounds[0]))
+                ran.update({g.task_id: g for g in groups})
+                return [group_outcome(g, keep_success) for g in groups]
+
+            with self._sampler_lock:
+                dynamic = collect_informative_groups(draw_key, self.sampler, run_groups, batch_tasks, n, self.settings.dynamic)
+            groups = [ran[o.task_id] for o in dynamic.groups]
+            for replay in dynamic.replays:
+                swap_in_replay(groups[replay.group_index], replay.trajectory)
+            extra = {"dapo/dropped_groups": float(len(dynamic.dropped)), "dapo/rounds": float(dynamic.rounds),
+                     "dapo/missing_groups": float(dynamic.missing), "dapo/rollouts": float(dynamic.rollouts)}
+            return groups, extra
+        with self._sampler_lock:
+            task_ids = self.sampler.sample(draw_key, batch_tasks)
+        groups = self._run_groups(worker, task_ids, seed_key)
+        outcomes = [group_outcome(g, keep_success) for g in groups]
+        with self._sampler_lock:
+            for replay in self.sampler.assign_replays(outcomes):
+                swap_in_replay(groups[replay.group_index], replay.trajectory)
+            self.sampler.update(outcomes)
+        return groups, {}
+
+    # -- learning -------------------------------------------------------------------------
+
+    def learn(self, groups: Sequence[CollectedGroup]) -> dict[str, float]:
+        """Quarantine, advantages, updates on `groups`, then weight sync. Returns the metrics."""
+        t0 = time.perf_counter()
+        batch = prepare_batch(groups, self.settings, self.config.learner.num_minibatches, self.version)
+        self.last_batch = batch
+        metrics = dict(batch.metrics)
+        if not batch.items:
+            metrics["learner/skipped"] = 1.0
+            metrics[TIMING_PREFIX + "learn_s"] = time.perf_counter() - t0
+            return metrics
+        pixel_patches = process_images(batch.items, batch.episodes, self.image_processor)
+        minibatches = make_minibatches(batch.items, batch.item_advantages, self.settings.batching,
+                                       len(batch.minibatch_groups), pixel_patches=pixel_patches,
+                                       multimodal=self.multimodal)
+        self.last_minibatch_item_counts = [int(sum(np.asarray(mb.item_valid).sum() for mb in micro)) for micro in minibatches]
+        updates = self.learner.train_on_batch(minibatches)
+        metrics.update({f"learner/{k}": v for k, v in mean_metrics(updates).items()})
+        metrics["learner/updates"] = float(len(updates))
+        t1 = time.perf_counter()
+        self.sync_weights()
+        metrics[TIMING_PREFIX + "learn_s"] = t1 - t0
+        metrics[TIMING_PREFIX + "sync_s"] = time.perf_counter() - t1
+        return metrics
+
+    def sync_weights(self) -> None:
+        """Pushes the learner's parameters to every engine as the next policy version."""
+        from flax import nnx
+
+        self.version += 1
+        state = nnx.state(self.learner.model)
+        for worker in self.workers:
+            # A copy per engine: the learner donates its own arrays to the next update.
+            worker.engine.update_weights(jax.tree.map(jnp.copy, state), self.version)
+
+    # -- on-policy ------------------------------------------------------------------------
+
+    def train_step(self) -> dict[str, float]:
+        """One strictly on-policy step: collect with the current policy, one update, sync."""
+        t0 = time.perf_counter()
+        groups, extra = self.collect(self.step)
+        rollout_s = time.perf_counter() - t0
+        metrics = self.learn(groups)
+        metrics.update(extra)
+        metrics[TIMING_PREFIX + "rollout_s"] = rollout_s
+        return self._finish_step(metrics)
+
+    def _finish_step(self, metrics: dict[str, float]) -> dict[str, float]:
+        metrics["policy/version"] = float(self.version)
+        if self.buffer is not None:
+            metrics["buffer/dropped_stale_groups"] = float(self.buffer.dropped_stale_groups)
+            metrics["buffer/dropped_stale_episodes"] = float(self.buffer.dropped_stale_episodes)
+        self._log(self.step, metrics)
+        self.history.append(metrics)
+        self.step += 1
+        return metrics
+
+    # -- asynchronous ---------------------------------------------------------------------
+
+    def start_rollouts(self) -> None:
+        """Starts one rollout thread per worker feeding the buffer (async mode)."""
+        c = self.config
+        capacity = c.train.buffer_groups or 2 * c.rollout.batch_tasks
+        if self.buffer is None:
+            self.buffer = RolloutBuffer(c.train.staleness_window, capacity)
+        self._stop.clear()
+        # Rollout draws take their own step numbers, after every learner step ever taken,
+        # so they never reuse a key; a thread's k-th batch uses draw index (worker, k).
+        for w, worker in enumerate(self.workers):
+            thread = threading.Thread(target=self._rollout_loop, args=(w, worker), daemon=True, name=f"rollout-{w}")
+            thread.start()
+            self._rollout_threads.append(thread)
+
+    def _rollout_loop(self, w: int, worker: LocalRolloutWorker) -> None:
+        draw = 0
+        try:
+            while not self._stop.is_set():
+                step_index = (self.step + draw) * len(self.workers) + w
+                draw += 1
+                groups, _ = self.collect(step_index, worker)
+                for group in groups:
+                    while not self._stop.is_set():
+                        try:
+                            self.buffer.put(group, timeout=0.5)
+                            break
+                        except TimeoutError:
+                            continue
+        except RuntimeError as error:
+            if not self._stop.is_set():
+                self._rollout_error = error
+        except BaseException as error:  # noqa: BLE001 - surfaced to the learner thread
+            self._rollout_error = error
+
+    def stop_rollouts(self) -> None:
+        self._stop.set()
+        if self.buffer is not None:
+            self.buffer.close()
+        for thread in self._rollout_threads:
+            thread.join()
+        self._rollout_threads = []
+        self.buffer = None
+
+    def async_step(self, timeout_s: float = 3600.0) -> dict[str, float]:
+        """One learner step of async mode: take fresh whole groups from the buffer, update, sync."""
+        if self.buffer is None:
+            raise RuntimeError("async_step needs start_rollouts() first")
+        t0 = time.perf_counter()
+        deadline = t0 + timeout_s
+        while True:
+            if self._rollout_error is not None:
+                raise RuntimeError("a rollout thread failed") from self._rollout_error
+            try:
+                groups = self.buffer.take(self.config.rollout.batch_tasks, self.version, timeout=1.0)
+                break
+            except TimeoutError:
+                if time.perf_counter() > deadline:
+                    raise
+        wait_s = time.perf_counter() - t0
+        metrics = self.learn(groups)
+        metrics[TIMING_PREFIX + "rollout_wait_s"] = wait_s
+        return self._finish_step(metrics)
+
+    # -- evaluation -----------------------------------------------------------------------
+
+    def evaluate(self, label: str) -> dict[str, float]:
+        """Success on held-out seeds of the evaluation tasks, with a Wilson interval; traces saved."""
+        c = self.config
+        worker = self.workers[0]
+        requests = [(task, c.env.eval_seed_start + s, -(1 + t * c.eval.num_seeds + s))
+                    for t, task in enumerate(self.eval_tasks) for s in range(c.eval.num_seeds)]
+        episodes: list[Episode] = []
+        for start in range(0, len(requests), c.eval.concurrent_groups):
+            results = worker.run_groups(requests[start:start + c.eval.concurrent_groups], c.eval.group_size, evaluation=True)
+            episodes.extend(r.episode for rollouts in results for r in rollouts)
+        scored = [e for e in episodes if e.status is not EpisodeStatus.QUARANTINED]
+        successes = sum(e.status is EpisodeStatus.SUCCESS for e in scored)
+        low, high = wilson_interval(successes, len(scored), c.eval.confidence)
+        result = {
+            "success_rate": successes / max(len(scored), 1), "ci_low": low, "ci_high": high,
+            "episodes": float(len(scored)), "quarantined": float(len(episodes) - len(scored)),
+            "turns": float(np.mean([e.num_turns for e in scored])) if scored else 0.0,
+        }
+        self.evaluations[label] = result
+        self._log(self.step, {f"eval_{label}/{k}": v for k, v in result.items()})
+        save_traces(os.path.join(self.workdir, "traces", label), episodes[: c.eval.num_traces])
+        return result
+
+    # -- the run --------------------------------------------------------------------------
+
+    def restore(self) -> bool:
+        """Loads the latest checkpoint of the workdir, if any. Returns whether one was loaded.
+
+        Metric records of steps after the checkpoint (written before a kill) are removed from
+        metrics.jsonl, since those steps run again."""
+        step = self.checkpointer.restore_latest(self)
+        if step is None:
+            return False
+        path = os.path.join(self.workdir, "metrics.jsonl")
+        if os.path.exists(path):
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            with open(path) as f:
+                lines = [line for line in f if line.strip() and json.loads(line)["step"] < self.step]
+            with open(path, "w") as f:
+                f.writelines(lines)
+        return True
+
+    def save(self) -> None:
+        self.checkpointer.save(self)
+
+    def run(self) -> dict[str, Any]:
+        """Evaluate, train config.train.num_steps steps (checkpointing), evaluate, plot."""
+        c = self.config
+        if c.eval.enabled and "before" not in self.evaluations and self.step == 0:
+            self.evaluate("before")
+        progress = None
+        if c.train.progress_bar:
+            from tqdm import tqdm
+
+            progress = tqdm(total=c.train.num_steps, initial=self.step, desc=c.name, unit="step")
+        asynchronous = c.train.mode == "async"
+        if asynchronous and self.step < c.train.num_steps:
+            self.start_rollouts()
+        try:
+            while self.step < c.train.num_steps:
+                metrics = self.async_step() if asynchronous else self.train_step()
+                if self.step % c.train.checkpoint_every == 0 or self.step == c.train.num_steps:
+                    self.save()
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}",
+                                         success=f"{metrics.get('success/rate', float('nan')):.2f}")
+        finally:
+            if asynchronous:
+                self.stop_rollouts()
+            if progress is not None:
+                progress.close()
+        if c.eval.enabled:
+            self.evaluate("after")
+        curve = self.plot()
+        summary = {"steps": self.step, "evaluations": self.evaluations, "curve": curve}
+        with open(os.path.join(self.workdir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        return summary
+
+    def plot(self) -> str | None:
+        from cua_jax.observe.plots import plot_curves
+
+        path = self.writer.jsonl_path
+        self.writer.flush()
+        keys = ["reward/mean", "success/rate", "groups/informative_fraction", "learner/loss", "learner/entropy"]
+        return plot_curves(path, keys, os.path.join(self.workdir, "learning_curve.png"), title=self.config.name)
+
+    def close(self) -> None:
+        self.stop_rollouts()
+        for worker in self.workers:
+            worker.shutdown()
+        self.workers = []
+        self.checkpointer.close()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def save_traces(directory: str, episodes: Sequence[Episode]) -> None:
+    """Each episode as <directory>/<k>/turn_<t>.png screenshots plus trace.json (actions, rewards)."""
+    from PIL import Image
+
+    for k, episode in enumerate(episodes):
+        folder = os.path.join(directory, f"{k:02d}")
+        os.makedirs(folder, exist_ok=True)
+        turns = []
+        for t, turn in enumerate(episode.turns):
+            shots = []
+            for i, image in enumerate(turn.images):
+                name = f"turn_{t:02d}_{i}.png"
+                Image.fromarray(np.asarray(image, np.uint8)).save(os.path.join(folder, name))
+                shots.append(name)
+            turns.append({"screenshots": shots, "observation_text": turn.observation_text,
+                          "response": turn.response_text, "action": repr(turn.action),
+                          "invalid_action": turn.info.get("invalid_action"), "reward": turn.reward})
+        record = {"episode_id": episode.episode_id, "task_id": episode.task_id, "instruction": episode.instruction,
+                  "status": episode.status.value, "reward": episode.reward,
+                  "quarantine_reason": episode.quarantine_reason, "turns": turns}
+        with open(os.path.join(folder, "trace.json"), "w") as f:
+            json.dump(record, f, indent=2)

@@ -1,0 +1,173 @@
+"""The one base of every training recipe: all field names and their defaults live here.
+
+A recipe file (`canopy.py`, `scalecua.py`, `evocua.py`, `default.py`) starts from
+`base_config()` and changes values only; it never adds a field, so a typo in a recipe or an
+override (`--config.loss.clip_eps_hgih=0.3`) is an error instead of a silently unused value.
+`cua_jax.train.trainer.TrainSettings.from_config` checks every value at start and names the
+field of any bad one.
+
+Conventions: a disabled optional number is 0 (e.g. `loss.dual_clip_c = 0.0` turns the dual
+clip off), so every field keeps one type and overrides from the command line type-check.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+# MiniWoB++ tasks the scripted oracle solves (cua_jax.envs.miniwob_oracle.ORACLE_TASKS): the
+# embedded run's pool, so the warm start has demonstrations for every task.
+MINIWOB_TASKS = ("click-button", "click-link", "focus-text", "click-dialog", "click-tab", "click-checkboxes", "enter-text")
+
+
+def base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.job = "train"  # a key of experiments.main.JOBS
+    c.name = "base"
+    c.workdir = "runs/base"
+    c.seed = 0  # base of every random stream of the run (task draws, seeds, sampling, init)
+
+    # The policy. "tiny_qwen3_vl": random init of cua_jax.models.qwen3_vl.tiny_qwen3_vl_config.
+    c.model = ml_collections.ConfigDict()
+    c.model.name = "tiny_qwen3_vl"
+    c.model.num_layers = 0  # decoder layers (0: the named model's own)
+    c.model.tokenizer_dir = ""  # "" : the shipped tiny tokenizer + image processor
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = 1
+    c.mesh.fsdp = 1
+    c.mesh.tensor = 1
+
+    # Tasks: MiniWoB++ in browser capsules.
+    c.env = ml_collections.ConfigDict()
+    c.env.kind = "miniwob"
+    c.env.tasks = MINIWOB_TASKS
+    c.env.task_tiers = (0,) * len(MINIWOB_TASKS)  # difficulty tier per task (0 easiest)
+    c.env.drop_hardest_tier = False  # CANOPY keeps the hardest tier (Table A1 "hardest tier kept")
+    c.env.include_dom_text = True  # MiniWoB's DOM as text beside the screenshot
+    c.env.time_limit_s = 600.0  # replaces MiniWoB's 10 s limit (a CPU-sampled turn is slower)
+    c.env.train_seed_max = 1_000_000  # training problem seeds are drawn from [0, train_seed_max)
+    c.env.eval_seed_start = 1_000_000  # held-out seeds: [eval_seed_start, + eval.num_seeds)
+
+    # Rollout: group size, batch of tasks, the agent loop's budgets and sampling.
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.engine = "jax"  # the built-in JAX sampler
+    c.rollout.num_workers = 1  # rollout workers (each: a capsule runtime + an engine)
+    c.rollout.group_size = 8  # n rollouts per task
+    c.rollout.batch_tasks = 4  # tasks per step (train batch)
+    c.rollout.max_turns = 15
+    c.rollout.max_new_tokens = 64  # per-turn generation cap
+    c.rollout.max_context_tokens = 4096  # prompt + response budget of one turn
+    c.rollout.max_response_tokens = 0  # whole-episode response cap (0: none); CANOPY 32,768
+    c.rollout.max_observation_tokens = 0  # observation cap (0: none); CANOPY 4,096
+    c.rollout.temperature = 1.0
+    c.rollout.top_p = 1.0
+    c.rollout.top_k = 0
+    c.rollout.batch_wait_s = 0.0  # 0: a generation batch waits for every running episode
+
+    # Context management (cua_jax.context.segment.make_segmenter).
+    c.context = ml_collections.ConfigDict()
+    c.context.segmenter = "sliding_window"  # sliding_window | step_wise | compact_context | whole_trajectory
+    c.context.keep = 5  # sliding_window K: images kept
+    c.context.min_removal = 5  # sliding_window Delta: images dropped at once
+    c.context.keep_images = 1  # step_wise: screenshots kept per step item
+    c.context.window = 3  # compact_context: recent turns kept in full
+
+    # Rewards and advantages.
+    c.advantage = ml_collections.ConfigDict()
+    c.advantage.estimator = "grpo"  # grpo | dr_grpo | rloo
+    c.advantage.std_eps = 1e-6
+    c.advantage.no_verdict_reward = -0.2  # incomplete episodes (turn / token budget ran out)
+    c.advantage.item_advantages = "broadcast"  # broadcast (ScaleCUA) | stepo (EvoCUA-1.5)
+    c.advantage.reward = "sparse"  # sparse {0, 1} verifier reward
+
+    # The policy loss (cua_jax.rl.losses.PolicyLossConfig).
+    c.loss = ml_collections.ConfigDict()
+    c.loss.clip_eps_low = 0.2
+    c.loss.clip_eps_high = 0.28
+    c.loss.dual_clip_c = 3.0  # 0: no dual clip
+    c.loss.kl_coef = 1e-4
+    c.loss.kl_estimator = "k3"
+    c.loss.entropy_coef = 0.0
+    c.loss.aggregation = "token_mean"
+    c.loss.fixed_denominator = 0.0  # 0: unset (only the fixed_denominator mode reads it)
+
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.learning_rate = 3e-6
+    c.optimizer.schedule = "constant"
+    c.optimizer.warmup_steps = 0
+    c.optimizer.decay_steps = 1000
+    c.optimizer.min_lr_ratio = 0.0
+    c.optimizer.b1 = 0.9
+    c.optimizer.b2 = 0.999
+    c.optimizer.eps = 1e-8
+    c.optimizer.weight_decay = 0.0
+    c.optimizer.max_grad_norm = 1.0  # 0: no clipping
+
+    # The learner and its batches.
+    c.learner = ml_collections.ConfigDict()
+    c.learner.old_logprobs = "current"  # current (strictly on-policy) | recompute | rollout
+    c.learner.freeze_vision = False
+    c.learner.num_minibatches = 1  # optimizer updates per rollout batch (whole groups each)
+    c.learner.rows = 4  # sequences per micro-batch (gradient accumulation only)
+    c.learner.length_multiple = 128
+    c.learner.max_length = 0  # longest item allowed (0: no limit); ScaleCUA 40,000
+    c.learner.seq_chunk = 256
+    c.learner.vocab_chunk = 32768
+
+    # The training loop.
+    c.train = ml_collections.ConfigDict()
+    c.train.mode = "on_policy"  # on_policy | async
+    c.train.num_steps = 10
+    c.train.staleness_window = 0  # async: a group of version v trains at version <= v + window
+    c.train.buffer_groups = 0  # async: rollout buffer capacity in groups (0: 2 x batch_tasks)
+    c.train.dapo = False  # DAPO dynamic sampling: keep informative groups only, draw more
+    c.train.dapo_max_rounds = 3
+    c.train.dapo_oversample = 1.0
+    c.train.checkpoint_every = 5  # steps between checkpoints (the last step is always saved)
+    c.train.keep_checkpoints = 2
+    c.train.progress_bar = True
+
+    # Task sampling (cua_jax.tasks.sampling.build_sampler).
+    c.sampler = ml_collections.ConfigDict()
+    c.sampler.kind = "uniform"  # uniform | frontier | dtac
+    c.sampler.ema_alpha = 0.2
+    c.sampler.mu = 0.5  # frontier: target success rate
+    c.sampler.sigma = 0.25  # frontier: bandwidth
+    c.sampler.gamma = 0.2  # frontier: random sample ratio
+    c.sampler.pool_factor = 3  # frontier: candidate pool = pool_factor x B
+    c.sampler.unknown_pass_rate = 0.5
+    c.sampler.p_low = 0.0  # dtac: positive-replay band
+    c.sampler.p_high = 0.5
+    c.sampler.max_replays_per_trajectory = 2
+    c.sampler.replay_cache_size = 4
+    c.sampler.rho_inf = 0.0  # dtac: infeasible share of the batch
+    c.sampler.calibration = False  # pilot filter / periodic pass-rate calibration
+    c.sampler.p_min = 0.0  # calibration band
+    c.sampler.p_max = 1.0
+    c.sampler.pilot = True
+    c.sampler.pilot_group_size = 8
+    c.sampler.calibrate_every = 0
+    c.sampler.calibration_sample_size = 64
+    c.sampler.calibration_group_size = 8
+
+    # Evaluation on held-out seeds, before and after training.
+    c.eval = ml_collections.ConfigDict()
+    c.eval.enabled = True
+    c.eval.tasks = ()  # () : the training tasks
+    c.eval.num_seeds = 4  # held-out problem seeds per task
+    c.eval.group_size = 1  # episodes per (task, seed)
+    c.eval.concurrent_groups = 8  # (task, seed) groups run at once
+    c.eval.max_turns = 15  # turn budget at evaluation (CANOPY raises it over training's)
+    c.eval.max_context_tokens = 4096
+    c.eval.temperature = 1.0
+    c.eval.top_p = 1.0
+    c.eval.top_k = 0
+    c.eval.confidence = 0.95  # Wilson interval level
+    c.eval.num_traces = 3  # episode traces saved per evaluation
+
+    # Supervised warm start on the MiniWoB oracle's demonstrations (the embedded run).
+    c.warm_start = ml_collections.ConfigDict()
+    c.warm_start.steps = 0  # 0: none
+    c.warm_start.demos_per_task = 8
+    c.warm_start.learning_rate = 1e-3
+    return c

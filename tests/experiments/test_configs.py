@@ -1,0 +1,125 @@
+"""The recipe configs: they load, pass the trainer's checks, carry their papers' numbers, and
+take command-line overrides; a malformed field is named in the error."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from cua_jax.train.trainer import ConfigError, TrainSettings
+from experiments.configs import base, canopy, default, evocua, scalecua
+
+RECIPES = {"default": default, "canopy": canopy, "scalecua": scalecua, "evocua": evocua}
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_recipe_passes_the_checks_and_adds_no_field(name):
+    config = RECIPES[name].get_config()
+    TrainSettings.from_config(config)
+    assert set(_flatten(config.to_dict())) == set(_flatten(base.base_config().to_dict()))
+
+
+def test_canopy_table_a1():
+    c = canopy.get_config()
+    s = TrainSettings.from_config(c)
+    assert c.rollout.group_size == 32 and c.train.mode == "on_policy" and c.learner.num_minibatches == 1
+    assert s.learner.old_logprobs == "current"
+    assert (s.learner.loss.clip_eps_low, s.learner.loss.clip_eps_high, s.learner.loss.dual_clip_c) == (0.2, 0.2, None)
+    assert (s.learner.loss.kl_coef, s.learner.loss.kl_estimator) == (1e-4, "k3")
+    assert s.learner.loss.aggregation == "token_mean" and s.learner.loss.entropy_coef == 0.0
+    assert s.learner.optimizer.learning_rate == 3e-6 and s.learner.optimizer.schedule == "constant"
+    assert c.advantage.reward == "sparse" and not c.env.drop_hardest_tier and max(c.env.task_tiers) > 0
+    assert s.eval_agent.max_turns > s.agent.max_turns
+    assert (c.eval.group_size, c.eval.temperature, c.eval.top_k, c.eval.top_p) == (4, 0.6, 20, 0.95)
+    assert s.agent.temperature == 0.9
+
+
+def test_scalecua_table_10():
+    c = scalecua.get_config()
+    s = TrainSettings.from_config(c)
+    loss = s.learner.loss
+    assert s.advantage.estimator == "grpo" and s.learner.optimizer.learning_rate == 3e-6
+    assert (loss.clip_eps_low, loss.clip_eps_high, loss.dual_clip_c, loss.kl_coef, loss.entropy_coef) == (0.2, 0.28, 3.0, 1e-4, 0.0)
+    assert (c.rollout.batch_tasks, c.rollout.group_size, c.train.num_steps) == (32, 8, 1000)
+    assert (s.agent.temperature, s.agent.max_turns, c.learner.max_length) == (0.8, 50, 40000)
+    assert s.advantage.no_verdict_reward == -0.2 and s.agent.no_verdict_reward == -0.2
+    frontier = s.sampler_configs["frontier"]
+    assert (frontier.mu, frontier.sigma, frontier.gamma, frontier.ema_alpha, frontier.pool_factor) == (0.5, 0.25, 0.2, 0.2, 3)
+    assert (c.sampler.p_min, c.sampler.p_max) == (0.0, 1.0)
+    assert s.segmenter_options == {"keep": 5, "min_removal": 5}
+    assert s.learner.freeze_vision and s.learner.optimizer.weight_decay == 0.0
+    assert c.train.checkpoint_every == 25
+
+
+def test_evocua_recipe():
+    c = evocua.get_config()
+    s = TrainSettings.from_config(c)
+    assert c.advantage.item_advantages == "stepo" and c.context.segmenter == "compact_context"
+    assert s.sampler_kind == "dtac" and c.train.mode == "async" and c.train.staleness_window == 1
+    assert c.learner.num_minibatches > 1 and s.learner.old_logprobs != "current"
+
+
+def _parse(*argv):
+    """Parses argv as experiments.main does (config_flags reads the overrides from sys.argv)."""
+    argv = ["main", *argv]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=values, lock_config=True)
+    saved, sys.argv = sys.argv, argv
+    try:
+        values(argv)
+    finally:
+        sys.argv = saved
+    return values.config
+
+
+def test_command_line_overrides_apply():
+    config = _parse("--config=experiments/configs/scalecua.py", "--config.rollout.batch_tasks=2",
+                    "--config.loss.clip_eps_high=0.3", "--config.train.mode=async", "--config.train.staleness_window=1")
+    assert config.rollout.batch_tasks == 2 and config.loss.clip_eps_high == 0.3
+    assert TrainSettings.from_config(config).learner.loss.clip_eps_high == 0.3
+
+
+def test_unknown_override_is_rejected():
+    with pytest.raises(Exception, match="clip_eps_hgih"):
+        _parse("--config=experiments/configs/scalecua.py", "--config.loss.clip_eps_hgih=0.3")
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("loss.clip_eps_low", 1.5, "config.loss.clip_eps_low"),
+    ("loss.kl_estimator", "k9", "config.loss.kl_estimator"),
+    ("optimizer.schedule", "linear", "config.optimizer.schedule"),
+    ("train.mode", "sync", "config.train.mode"),
+    ("learner.num_minibatches", 2, "config.learner.num_minibatches"),
+    ("rollout.group_size", 0, "config.rollout.group_size"),
+    ("sampler.gamma", 2.0, "config.sampler.gamma"),
+    ("advantage.estimator", "ppo", "config.advantage.estimator"),
+    ("env.eval_seed_start", 5, "config.env.eval_seed_start"),
+])
+def test_a_malformed_field_is_named(field, value, named):
+    config = canopy.get_config()
+    section, name = field.split(".")
+    config[section][name] = value
+    with pytest.raises(ConfigError) as error:
+        TrainSettings.from_config(config)
+    assert str(error.value).startswith(named), str(error.value)
+
+
+def test_an_unknown_task_is_named():
+    config = default.get_config()
+    config.env.tasks = ("click-button", "no-such-task")
+    config.env.task_tiers = (0, 0)
+    with pytest.raises(ConfigError, match=r"config\.env\.tasks: unknown MiniWoB task 'no-such-task'"):
+        TrainSettings.from_config(config)

@@ -1,0 +1,182 @@
+"""The trainer end to end on real MiniWoB++ capsules (system Chromium) with a tiny random Qwen3-VL.
+
+One on-policy trainer is shared by the on-policy, fault and resume tests (compiling a learner
+is the expensive part); the asynchronous trainer has its own. A tiny random policy never
+completes a task, so every episode ends NO_VERDICT and advantages are 0: an entropy bonus
+keeps the gradient non-zero, so a resume that lost the parameters or the optimizer state
+would show in the metrics.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from cua_jax.rollout.agent_loop import AgentEnvironment
+from cua_jax.train.trainer import TIMING_PREFIX, Trainer
+from cua_jax.types import EpisodeStatus
+from experiments.configs.base import base_config
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def tiny_config(workdir, **train):
+    c = base_config()
+    c.name = "tiny"
+    c.workdir = str(workdir)
+    c.model.num_layers = 2
+    c.env.tasks = ("click-button", "focus-text")
+    c.env.task_tiers = (0, 1)
+    c.env.include_dom_text = False  # short items: the test is about the loop, not learning
+    c.rollout.group_size = 2
+    c.rollout.batch_tasks = 2
+    c.rollout.max_turns = 1
+    c.rollout.max_new_tokens = 8
+    c.rollout.max_context_tokens = 1024
+    c.loss.entropy_coef = 1e-2
+    c.optimizer.learning_rate = 1e-3
+    c.learner.rows = 4
+    c.learner.length_multiple = 256
+    c.eval.enabled = False
+    c.train.progress_bar = False
+    for key, value in train.items():
+        section, name = key.split("__")
+        c[section][name] = value
+    return c
+
+
+class CapsuleClosingEnvironment(AgentEnvironment):
+    """A MiniWoB environment whose capsule is closed under the running episode when armed:
+    a real infrastructure fault (the runtime no longer knows the environment)."""
+
+    def __init__(self, env):
+        self.env = env
+        self.armed = False
+
+    async def reset(self, task, seed=None):
+        return await self.env.reset(task, seed)
+
+    async def step(self, action):
+        if not self.armed:
+            return await self.env.step(action)
+        self.armed = False
+        await self.env._call(self.env.runtime.aclose(self.env.env_id))
+        transition = await self.env.step(action)
+        self.env.env_id = None  # the next reset builds a fresh capsule
+        return transition
+
+    async def close(self):
+        await self.env.close()
+
+
+@pytest.fixture(scope="module")
+def on_policy(tmp_path_factory):
+    wrappers = []
+
+    def wrap(env):
+        wrappers.append(CapsuleClosingEnvironment(env))
+        return wrappers[-1]
+
+    trainer = Trainer(tiny_config(tmp_path_factory.mktemp("on_policy")), env_wrapper=wrap)
+    try:
+        yield trainer, wrappers
+    finally:
+        trainer.close()
+
+
+def without_timing(metrics):
+    return {k: v for k, v in metrics.items() if not k.startswith(TIMING_PREFIX)}
+
+
+def test_on_policy_step_has_ratio_one_and_no_clipping(on_policy):
+    trainer, _ = on_policy
+    metrics = trainer.train_step()
+    assert math.isfinite(metrics["learner/loss"])
+    assert metrics["learner/ratio_min"] == metrics["learner/ratio_max"] == metrics["learner/ratio_mean"] == 1.0
+    assert metrics["learner/clipfrac"] == 0.0 and metrics["learner/ppo_kl"] == 0.0
+    assert metrics["learner/updates"] == 1.0 and metrics["learner/num_tokens"] > 0
+    assert metrics["episodes/trained"] == 4 and metrics["policy/version"] == 1
+    assert trainer.workers[0].engine.health().policy_version == 1
+    for key in ("groups/informative_fraction", "groups/all_pass_fraction", "groups/all_fail_fraction",
+                "learner/grad_norm", "learner/entropy", "learner/ref_kl", "learner/rollout_logprob_gap",
+                "episode/response_tokens", "episode/items", "time/rollout_s", "time/learn_s", "time/sync_s"):
+        assert math.isfinite(metrics[key]), key
+    assert metrics["learner/grad_norm"] > 0  # the entropy bonus moves the policy
+
+
+def test_injected_fault_quarantines_one_episode_out_of_its_group(on_policy):
+    trainer, wrappers = on_policy
+    wrappers[0].armed = True
+    metrics = trainer.train_step()
+    batch = trainer.last_batch
+    assert all(e.status is not EpisodeStatus.QUARANTINED for e in batch.episodes.values())
+    assert metrics["quarantine/total"] == 1 and metrics["quarantine/server_unresponsive"] == 1
+    assert metrics["episodes/total"] == 4 and metrics["episodes/trained"] == 3
+    group_sizes = sorted(len(ids) for ids in batch.kept_groups.values())
+    assert group_sizes == [1, 2]
+    kept_ids = {i for ids in batch.kept_groups.values() for i in ids}
+    assert {item.episode_id for item in batch.items} == kept_ids
+    assert sum(trainer.last_minibatch_item_counts) == len(batch.items)
+    assert batch.quarantined and all(r.startswith("server unresponsive") for r in batch.quarantined.values())
+
+
+def test_resumed_run_reproduces_the_metrics_exactly(on_policy):
+    trainer, _ = on_policy
+    trainer.save()
+    saved_step = trainer.step
+    first = trainer.train_step()
+    params_first = jax.tree.map(np.asarray, trainer.learner.train_state()["params"])
+    assert trainer.restore() and trainer.step == saved_step
+    second = trainer.train_step()
+    assert without_timing(second) == without_timing(first)
+    for a, b in zip(jax.tree.leaves(params_first), jax.tree.leaves(trainer.learner.train_state()["params"])):
+        np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def _wait_for(predicate, what, limit_s=600.0):
+    """Blocks until predicate() holds (a readiness wait, not a timing assertion)."""
+    deadline = time.monotonic() + limit_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gave up waiting for {what}")
+        time.sleep(0.2)
+
+
+def _assert_whole_groups(trainer):
+    batch = trainer.last_batch
+    items_per_group = collections.Counter(item.group_id for item in batch.items)
+    plan = batch.minibatch_groups
+    assert len(plan) == 2
+    flat = [g for mb in plan for g in mb]
+    assert len(flat) == len(set(flat)) and set(flat) == set(items_per_group)
+    # Each mini-batch that reached the learner holds exactly the items of its whole groups.
+    assert trainer.last_minibatch_item_counts == [sum(items_per_group[g] for g in mb) for mb in plan]
+
+
+def test_async_mode_drops_stale_groups_and_keeps_groups_whole(tmp_path):
+    config = tiny_config(tmp_path, train__mode="async", train__staleness_window=1, train__buffer_groups=6,
+                         learner__num_minibatches=2, learner__old_logprobs="rollout", loss__kl_coef=0.0)
+    with Trainer(config) as trainer:
+        trainer.start_rollouts()
+        # Rollouts run ahead until the buffer is full: 6 groups of version 0.
+        _wait_for(lambda: len(trainer.buffer) == trainer.buffer.capacity, "a full rollout buffer")
+        steps = []
+        for _ in range(3):
+            steps.append(trainer.async_step())
+            _assert_whole_groups(trainer)
+        trainer.stop_rollouts()
+    first, second, third = steps
+    assert first["buffer/dropped_stale_groups"] == 0 and first["policy/lag_max"] == 0
+    assert second["policy/lag_max"] <= 1
+    # At version 2 the version-0 groups left in the buffer are older than the window: dropped, counted.
+    assert third["buffer/dropped_stale_groups"] >= 2
+    assert third["buffer/dropped_stale_episodes"] == 2 * third["buffer/dropped_stale_groups"]
+    assert third["policy/lag_max"] <= 1 and third["policy/version"] == 3
+    for metrics in steps:
+        assert metrics["learner/updates"] == 2 and math.isfinite(metrics["learner/loss"])
+        assert metrics["episodes/trained"] == 4

@@ -1,0 +1,109 @@
+"""The trainer's pure pieces: Wilson intervals, quarantine + advantages + the mini-batch plan."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cua_jax.rollout.agent_loop import Rollout
+from cua_jax.train.trainer import (
+    TrainSettings,
+    group_from_rollouts,
+    prepare_batch,
+    quarantine_kind,
+    wilson_interval,
+)
+from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
+from experiments.configs.base import base_config
+
+
+def wilson_reference(k, n, z):
+    """Wilson's interval written out in numpy (the textbook form)."""
+    p = k / n
+    centre = (p + z**2 / (2 * n)) / (1 + z**2 / n)
+    half = z / (1 + z**2 / n) * np.sqrt(p * (1 - p) / n + z**2 / (4 * n**2))
+    return centre - half, centre + half
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 500).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
+def test_wilson_interval_matches_reference_and_holds_the_estimate(kn):
+    k, n = kn
+    low, high = wilson_interval(k, n, 0.95)
+    ref_low, ref_high = wilson_reference(k, n, 1.959963984540054)
+    assert low == pytest.approx(max(ref_low, 0.0), abs=1e-12) and high == pytest.approx(min(ref_high, 1.0), abs=1e-12)
+    assert 0.0 <= low <= k / n <= high <= 1.0
+    wider_low, wider_high = wilson_interval(k, n, 0.99)
+    assert wider_low <= low + 1e-12 and wider_high >= high - 1e-12
+
+
+def test_wilson_interval_edges():
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    assert wilson_interval(10, 10)[1] == 1.0 and wilson_interval(0, 10)[0] == 0.0
+    with pytest.raises(ValueError, match="successes"):
+        wilson_interval(3, 2)
+
+
+def test_quarantine_kind_names_the_fault():
+    assert quarantine_kind("server unresponsive: capsule env-1: boom") == "server_unresponsive"
+    assert quarantine_kind("container exited: status 137") == "container_exited"
+    assert quarantine_kind("mystery") == "other" and quarantine_kind(None) == "other"
+
+
+def _rollout(task, group_id, k, status, reward, num_items):
+    turns = [Turn("", [], np.asarray([k, t], np.int32), np.zeros(2, np.float32)) for t in range(num_items)]
+    episode = Episode(f"{task}/g{group_id}/e{k}", task, group_id, "do it", turns, reward=reward, status=status,
+                      quarantine_reason="setup failed: no page" if status is EpisodeStatus.QUARANTINED else None,
+                      policy_version=3)
+    items = [TrainingItem(np.arange(4, dtype=np.int32), np.asarray([0, 0, 1, 1], np.int32), np.zeros(4, np.float32),
+                          [], episode.episode_id, group_id, (t,)) for t in range(num_items)]
+    return Rollout(episode, items)
+
+
+def _settings(**advantage):
+    config = base_config()
+    for key, value in advantage.items():
+        config.advantage[key] = value
+    return TrainSettings.from_config(config)
+
+
+S, F, Q = EpisodeStatus.SUCCESS, EpisodeStatus.FAILURE, EpisodeStatus.QUARANTINED
+
+
+def test_quarantined_episode_leaves_its_group_before_advantages():
+    groups = [
+        group_from_rollouts(0, "a", [_rollout("a", 0, 0, S, 1.0, 1), _rollout("a", 0, 1, F, 0.0, 1),
+                                     _rollout("a", 0, 2, Q, 0.0, 1)]),
+        group_from_rollouts(1, "b", [_rollout("b", 1, 0, S, 1.0, 2), _rollout("b", 1, 1, F, 0.0, 1)]),
+    ]
+    batch = prepare_batch(groups, _settings(), num_minibatches=2, version=4)
+    assert batch.metrics["quarantine/setup_failed"] == 1 and batch.metrics["quarantine/total"] == 1
+    assert list(batch.quarantined) == ["a/g0/e2"]
+    assert "a/g0/e2" not in {item.episode_id for item in batch.items}
+    assert sorted(batch.kept_groups[0]) == ["a/g0/e0", "a/g0/e1"]
+    # Group a, without its quarantined member, is one success and one failure: +-1 (GRPO).
+    adv = dict(zip([(i.episode_id, i.step_indices) for i in batch.items], batch.item_advantages))
+    assert adv[("a/g0/e0", (0,))] == pytest.approx(1.0, abs=1e-5)
+    assert adv[("a/g0/e1", (0,))] == pytest.approx(-1.0, abs=1e-5)
+    assert batch.metrics["groups/informative_fraction"] == 1.0 and batch.metrics["policy/lag_mean"] == 1.0
+    assert batch.minibatch_groups == [[0], [1]]
+
+
+def test_stepo_spreads_each_trajectory_over_its_steps():
+    groups = [group_from_rollouts(0, "a", [_rollout("a", 0, 0, S, 1.0, 4), _rollout("a", 0, 1, F, 0.0, 1)])]
+    batch = prepare_batch(groups, _settings(item_advantages="stepo"), num_minibatches=1, version=0)
+    per_episode = {}
+    for item, a in zip(batch.items, batch.item_advantages):
+        per_episode.setdefault(item.episode_id, []).append(a)
+    assert per_episode["a/g0/e0"] == pytest.approx([0.25] * 4, abs=1e-5)
+    assert math.fsum(batch.item_advantages) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_all_quarantined_batch_has_nothing_to_train():
+    groups = [group_from_rollouts(0, "a", [_rollout("a", 0, 0, Q, 0.0, 1)])]
+    batch = prepare_batch(groups, _settings(), num_minibatches=1, version=0)
+    assert batch.items == [] and batch.metrics["quarantine/total"] == 1
