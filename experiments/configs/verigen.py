@@ -43,7 +43,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.augment = ml_collections.ConfigDict()
     config.augment.composed = 6  # harder multi-objective tasks composed from verified tasks (0: none)
     config.augment.cluster_threshold = 0.6
-    config.augment.episodes = ""  # JSON lines of rollout episodes for failure sub-tasks ("" : none)
 
     config.audit = ml_collections.ConfigDict()
     config.audit.threshold = 0.90
