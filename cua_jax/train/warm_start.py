@@ -1,0 +1,543 @@
+"""Supervised warm start: the MiniWoB oracle's demonstrations, then token-mean NLL fine-tuning.
+
+A random policy never writes a parseable tool call, so online RL would start with no signal.
+The warm start teaches the reply format (and what the oracle does) before RL:
+
+    collect_demonstrations(tasks, seeds, runtime=..., segmenter=...)
+        the oracle (`OracleDemonstrator`, a RolloutEngine) plays through the real AgentLoop on
+        real MiniWoB capsules, so every demonstration token stream is exactly what an RL
+        rollout of the same episode would be: same system prompt, rendering, observations,
+        segmenter. Only successful episodes are kept; the others are listed with the reason.
+    supervised_fine_tune(model, demonstrations, config, image_processor)
+        AdamW (`learner.make_optimizer`) on the token-mean negative log-likelihood of the
+        items' loss-mask tokens (the oracle's replies); batches are `batching.collate`'s, one
+        jitted step per shape bucket. Returns the trained model and the loss curve.
+    evaluate_policy(model, tasks, seeds, ...)
+        the policy through the JAX sampler engine and the agent loop (greedy by default):
+        valid-action rate, first-turn valid-action rate, success rate.
+
+The demonstrator is a policy over the agent's own prompt: it reads the instruction and the
+page's DOM text (observations made with include_dom_text=True) back out of the prompt ids and
+answers one short reasoning line plus the oracle's tool call, e.g.
+
+    Click BUTTON 'ok'.
+    <tool_call>
+    {"name": "computer_use", "arguments": {"action": "left_click", "coordinate": [343, 538]}}
+    </tool_call>
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from cua_jax.context.segment import Segmenter
+from cua_jax.envs import actions as A
+from cua_jax.envs.miniwob import DomElement, MiniWoBObservation, dom_from_text
+from cua_jax.envs.miniwob_oracle import OracleError, oracle_action
+from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, MiniWoBEnvironment, Rollout
+from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.rollout.prompts import DOM_TEXT_HEADER
+from cua_jax.train.batching import (
+    BatchingConfig,
+    ImageKey,
+    MultimodalPositions,
+    TrainBatch,
+    bucket_count,
+    bucket_length,
+    collate,
+    process_images,
+)
+from cua_jax.train.learner import OptimizerConfig, make_optimizer
+from cua_jax.types import Episode, EpisodeStatus, TrainingItem
+
+# ------------------------------------------------------------------------------------
+# Reading the page back out of a prompt
+# ------------------------------------------------------------------------------------
+
+_USER_START = "<|im_start|>user\n"
+_TURN_END = "<|im_end|>"
+
+
+def observation_from_prompt(prompt_text: str, task: str, screenshot: np.ndarray) -> MiniWoBObservation:
+    """The MiniWoB observation an agent prompt shows: its first user message starts with the
+    instruction (the utterance); its last user message holds the page as DOM text."""
+    users = prompt_text.split(_USER_START)
+    if len(users) < 2:
+        raise ValueError("the prompt has no user message")
+    utterance = users[1].split("\n", 1)[0]
+    last = users[-1].split(_TURN_END, 1)[0]
+    if DOM_TEXT_HEADER not in last:
+        raise ValueError(
+            "the prompt's last observation holds no DOM text: demonstrations need observations made "
+            "with include_dom_text=True"
+        )
+    dom_text = last.split(DOM_TEXT_HEADER, 1)[1].rstrip("\n")
+    return MiniWoBObservation(task, utterance, screenshot, dom_from_text(dom_text))
+
+
+# ------------------------------------------------------------------------------------
+# The demonstrator
+# ------------------------------------------------------------------------------------
+
+
+def _element_at(observation: MiniWoBObservation, px: float, py: float) -> DomElement | None:
+    """The deepest named element (not a text fragment) whose box holds the point, if any."""
+    found = None
+    for element in observation.dom:
+        inside = element.left <= px <= element.left + element.width and element.top <= py <= element.top + element.height
+        if inside and element.tag != "t" and (found is None or element.depth >= found.depth):
+            found = element
+    return found
+
+
+def reasoning_line(action: A.Action, observation: MiniWoBObservation) -> str:
+    """One short sentence saying what the action does, in terms of the page (copied from the prompt)."""
+    if isinstance(action, A.Click):
+        width, height = observation.screen_size
+        target = _element_at(observation, *A.grid_to_pixels(action.x, action.y, width, height))
+        if target is None:
+            return "Click the page."
+        name = target.tag + (f"#{target.id}" if target.id else "")
+        return f"Click {name} {target.text!r}." if target.text else f"Click {name}."
+    if isinstance(action, A.Type):
+        return f"Type {action.text!r}."
+    if isinstance(action, A.Key):
+        return f"Press {'+'.join(action.keys)}."
+    return f"{type(action).__name__}."
+
+
+def demonstration_reply(observation: MiniWoBObservation, reasoning: bool = True) -> str:
+    """The oracle's reply to `observation`: a reasoning line (optional) and its tool call."""
+    action = oracle_action(observation)
+    call = A.render_action(action)
+    return f"{reasoning_line(action, observation)}\n{call}" if reasoning else call
+
+
+class OracleDemonstrator(RolloutEngine):
+    """The MiniWoB oracle as a deterministic policy (logprob 0 per token) for one task.
+
+    Each request's prompt is decoded, the observation read back (`observation_from_prompt`,
+    the last image is the current screenshot) and answered with `demonstration_reply` plus the
+    end-of-turn token. A page the oracle cannot read is answered with a FAIL call, which ends
+    the episode as a failure; the oracle's message is kept in `errors`.
+    """
+
+    def __init__(self, tokenizer, end_of_turn_id: int, task: str, *, reasoning: bool = True):
+        self.tokenizer = tokenizer
+        self.end_of_turn_id = int(end_of_turn_id)
+        self.task = task
+        self.reasoning = reasoning
+        self.errors: list[str] = []
+
+    def reply_text(self, request: GenerationRequest) -> str:
+        if not request.images:
+            raise ValueError("a demonstration request needs the current screenshot")
+        text = self.tokenizer.decode(request.prompt_ids.tolist(), skip_special_tokens=False)
+        observation = observation_from_prompt(text, self.task, request.images[-1])
+        try:
+            return demonstration_reply(observation, self.reasoning)
+        except OracleError as error:
+            self.errors.append(f"{self.task}: {error}")
+            return A.render_action(A.Fail())
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
+        out = []
+        for request in requests:
+            ids = self.tokenizer.encode(self.reply_text(request), add_special_tokens=False)
+            ids = np.asarray([*ids, self.end_of_turn_id], np.int32)
+            if len(ids) > sampling.max_new_tokens:
+                raise ValueError(
+                    f"{self.task}: the demonstration reply has {len(ids)} tokens, more than max_new_tokens "
+                    f"({sampling.max_new_tokens})"
+                )
+            out.append(Generation(ids, np.zeros(len(ids), np.float32), FinishReason.STOP, 0))
+        return out
+
+    def update_weights(self, params: Any, version: int) -> None:
+        raise NotImplementedError("the oracle demonstrator has no weights")
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(True, 0)
+
+
+@dataclasses.dataclass
+class Demonstrations:
+    """Successful oracle rollouts (episodes with their training items) and the rejected ones.
+
+    rejected: (episode_id, status, reason) of every episode not kept; oracle_errors: the
+    oracle's messages for pages it could not read.
+    """
+
+    rollouts: list[Rollout]
+    rejected: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    oracle_errors: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def items(self) -> list[TrainingItem]:
+        return [item for rollout in self.rollouts for item in rollout.items]
+
+    @property
+    def episodes(self) -> dict[str, Episode]:
+        return {rollout.episode.episode_id: rollout.episode for rollout in self.rollouts}
+
+    @property
+    def num_response_tokens(self) -> int:
+        return int(sum(int(np.sum(item.loss_mask)) for item in self.items))
+
+
+async def _run_bounded(jobs, concurrency: int, runtime, time_limit_s: float | None) -> list[Rollout]:
+    """Runs (loop, task, seed, group_id) jobs, at most `concurrency` at once, each on one capsule
+    environment that is reused for the next job."""
+    queue: asyncio.Queue = asyncio.Queue()
+    for index, job in enumerate(jobs):
+        queue.put_nowait((index, job))
+    results: list[Rollout | None] = [None] * len(jobs)
+
+    async def worker():
+        env = MiniWoBEnvironment(runtime, time_limit_s=time_limit_s)
+        try:
+            while not queue.empty():
+                index, (loop, task, seed, group_id) = queue.get_nowait()
+                results[index] = await loop.run_episode(
+                    env, task, task_id=task, seed=seed, group_id=group_id, episode_id=f"{task}/s{seed}"
+                )
+        finally:
+            await env.close()
+
+    await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(jobs))))))
+    return [r for r in results if r is not None]
+
+
+def collect_demonstrations(
+    tasks: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    runtime,
+    segmenter: Segmenter,
+    agent_config: AgentConfig = AgentConfig(max_turns=15, max_new_tokens=64, max_context_tokens=4096),
+    time_limit_s: float | None = 600.0,
+    concurrency: int = 4,
+    reasoning: bool = True,
+) -> Demonstrations:
+    """The oracle's episodes on every (task, seed), through the real agent loop.
+
+    runtime: a `CapsuleRuntime` made with include_dom_text=True. segmenter: the context
+    strategy of the RL run (so items match RL rollouts exactly). time_limit_s replaces
+    MiniWoB's per-task limit. Episodes run `concurrency` at a time; each (task, seed) is its
+    own group (group_id = its index). Only SUCCESS episodes are kept.
+    """
+    from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
+
+    unknown = [task for task in tasks if task not in ORACLE_TASKS]
+    if unknown:
+        raise ValueError(f"the oracle has no script for {unknown}; it solves {list(ORACLE_TASKS)}")
+    if not seeds:
+        raise ValueError("collect_demonstrations needs at least one seed")
+    renderer = segmenter.renderer
+    demonstrators = {task: OracleDemonstrator(renderer.tokenizer, renderer.end_of_turn_id, task, reasoning=reasoning)
+                     for task in tasks}
+    loops = {task: AgentLoop(engine, segmenter, agent_config) for task, engine in demonstrators.items()}
+    jobs = [(loops[task], task, int(seed), g) for g, (task, seed) in enumerate((t, s) for t in tasks for s in seeds)]
+    rollouts = asyncio.run(_run_bounded(jobs, concurrency, runtime, time_limit_s))
+    kept, rejected = [], []
+    for rollout in rollouts:
+        episode = rollout.episode
+        if episode.status is EpisodeStatus.SUCCESS and rollout.items:
+            kept.append(rollout)
+        else:
+            reason = episode.quarantine_reason or episode.info.get("end_reason") or episode.info.get("budget") or ""
+            rejected.append((episode.episode_id, episode.status.value, str(reason)))
+    errors = [message for engine in demonstrators.values() for message in engine.errors]
+    return Demonstrations(kept, rejected, errors)
+
+
+# ------------------------------------------------------------------------------------
+# Supervised fine-tuning
+# ------------------------------------------------------------------------------------
+
+
+def token_mean_nll(logprobs: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(mean of -logprobs over the masked tokens, number of masked tokens).
+
+    logprobs float [B, L] (aligned with the ids, as `score_sequences` gives them); loss_mask
+    [B, L], nonzero on trained tokens. The mean is 0 when no token is masked.
+    """
+    mask = (loss_mask != 0).astype(jnp.float32)
+    count = jnp.sum(mask)
+    total = -jnp.sum(logprobs.astype(jnp.float32) * mask)
+    return jnp.where(count > 0, total / jnp.maximum(count, 1.0), 0.0), count
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartConfig:
+    """The supervised fine-tuning run.
+
+    steps: optimizer steps. rows: items per step (the batch). learning_rate / warmup_steps /
+    weight_decay / max_grad_norm: AdamW as `learner.OptimizerConfig` (constant schedule after
+    the warmup). length_multiple: item lengths are padded to a multiple of it (one compiled
+    step per distinct (length, image count) bucket). seed: batch order.
+    seq_chunk / vocab_chunk: chunking of the log-softmax (`cua_jax.models.scoring`).
+    """
+
+    steps: int = 200
+    rows: int = 4
+    learning_rate: float = 1e-3
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0
+    length_multiple: int = 256
+    seed: int = 0
+    seq_chunk: int = 256
+    vocab_chunk: int = 32768
+
+    def __post_init__(self):
+        if self.steps < 0:
+            raise ValueError(f"WarmStartConfig.steps must be >= 0, got {self.steps}")
+        if self.rows < 1:
+            raise ValueError(f"WarmStartConfig.rows must be >= 1, got {self.rows}")
+
+    def optimizer(self) -> OptimizerConfig:
+        return OptimizerConfig(
+            learning_rate=self.learning_rate, warmup_steps=self.warmup_steps,
+            weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
+        )
+
+
+@dataclasses.dataclass
+class WarmStartResult:
+    """The fine-tuned model (the one passed in, updated in place) and its loss curve (one NLL per step)."""
+
+    model: nnx.Module
+    losses: list[float]
+    seconds: float
+    compiled_shapes: int
+
+
+class DemonstrationData:
+    """Items and their image patches, batched by shape bucket.
+
+    Items are grouped by (padded length, padded image count); a batch holds items of one
+    group only, so each batch shape is one of a few compiled programs.
+    """
+
+    def __init__(self, items: Sequence[TrainingItem], episodes: Mapping[str, Episode], image_processor,
+                 multimodal: MultimodalPositions | None, rows: int, length_multiple: int, pad_id: int = 0):
+        if not items:
+            raise ValueError("no demonstration items to train on")
+        self.items = list(items)
+        self.rows = rows
+        self.multimodal = multimodal
+        self.batching = BatchingConfig(rows=rows, length_multiple=length_multiple, pad_id=pad_id)
+        self.patches: dict[ImageKey, np.ndarray] = process_images(self.items, episodes, image_processor)
+        self.buckets: dict[tuple[int, int], list[int]] = {}
+        for i, item in enumerate(self.items):
+            key = (bucket_length(len(item), length_multiple), bucket_count(len(item.images)))
+            self.buckets.setdefault(key, []).append(i)
+
+    def batch(self, indices: Sequence[int]) -> TrainBatch:
+        chosen = [self.items[i] for i in indices]
+        length = max(bucket_length(len(item), self.batching.length_multiple) for item in chosen)
+        return collate(chosen, np.ones(len(chosen), np.float32), self.batching,
+                       pixel_patches=self.patches, multimodal=self.multimodal, length=length)
+
+    def epoch(self, rng: np.random.Generator) -> list[list[int]]:
+        """Every item once: shuffled within its bucket, cut into batches of `rows`, batches shuffled."""
+        batches = []
+        for indices in self.buckets.values():
+            order = rng.permutation(indices).tolist()
+            batches.extend(order[i:i + self.rows] for i in range(0, len(order), self.rows))
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+    def all_batches(self) -> Iterator[TrainBatch]:
+        for indices in self.buckets.values():
+            for i in range(0, len(indices), self.rows):
+                yield self.batch(indices[i:i + self.rows])
+
+
+def _nll_fn(graphdef, seq_chunk: int, vocab_chunk: int):
+    from cua_jax.models.scoring import score_sequences
+
+    def nll(params, rest, batch: TrainBatch):
+        model = nnx.merge(graphdef, params, rest)
+        logp, _ = score_sequences(model, batch.ids, batch.segment_ids, batch.positions,
+                                  seq_chunk=seq_chunk, vocab_chunk=vocab_chunk, **batch.model_inputs())
+        return token_mean_nll(logp, batch.loss_mask)
+
+    return nll
+
+
+@functools.lru_cache(maxsize=8)
+def _jitted_nll(graphdef, seq_chunk: int, vocab_chunk: int):
+    """One compiled NLL per model structure, shared by every evaluation of it (before / after training)."""
+    return jax.jit(_nll_fn(graphdef, seq_chunk, vocab_chunk))
+
+
+def demonstration_nll(model: nnx.Module, data: DemonstrationData, config: WarmStartConfig = WarmStartConfig()) -> float:
+    """The token-mean NLL of `model` over every loss-mask token of `data` (held-out demonstrations)."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    nll = _jitted_nll(graphdef, config.seq_chunk, config.vocab_chunk)
+    total, count = 0.0, 0.0
+    for batch in data.all_batches():
+        mean, n = jax.device_get(nll(params, rest, batch))
+        total += float(mean) * float(n)
+        count += float(n)
+    return total / count if count else 0.0
+
+
+def supervised_fine_tune(model: nnx.Module, data: DemonstrationData, config: WarmStartConfig = WarmStartConfig()) -> WarmStartResult:
+    """`config.steps` AdamW steps on the token-mean NLL of the demonstrations' response tokens.
+
+    The model's trainable parameters (`model.trainable_filter()`, else every Param) are
+    updated in place; the rest (a frozen vision tower) is left untouched.
+    """
+    start = time.perf_counter()
+    trainable = model.trainable_filter() if hasattr(model, "trainable_filter") else nnx.Param
+    graphdef, params, rest = nnx.split(model, trainable, ...)
+    tx = make_optimizer(config.optimizer())
+    opt_state = tx.init(params)
+    nll = _nll_fn(graphdef, config.seq_chunk, config.vocab_chunk)
+
+    @jax.jit
+    def step(params, opt_state, rest, batch):
+        (loss, _), grads = jax.value_and_grad(nll, has_aux=True)(params, rest, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    rng = np.random.default_rng(config.seed)
+    losses: list[float] = []
+    pending: list[int] = []
+    shapes = set()
+    while len(losses) < config.steps:
+        if not pending:
+            pending = data.epoch(rng)
+        batch = data.batch(pending.pop())
+        shapes.add((batch.length, None if batch.image_grid is None else len(batch.image_grid.thw)))
+        params, opt_state, loss = step(params, opt_state, rest, batch)
+        losses.append(float(loss))
+        if not math.isfinite(losses[-1]):
+            raise FloatingPointError(f"warm start step {len(losses)}: the loss is {losses[-1]}")
+    nnx.update(model, params)
+    return WarmStartResult(model, losses, time.perf_counter() - start, len(shapes))
+
+
+# ------------------------------------------------------------------------------------
+# Evaluation through the JAX sampler engine
+# ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class PolicyEvaluation:
+    """A policy's episodes on held-out (task, seed) pairs and their rates.
+
+    valid_action_rate: parsed actions / turns. first_turn_valid_rate: episodes whose first
+    reply parsed / episodes with a turn. success_rate: SUCCESS / non-quarantined episodes.
+    """
+
+    episodes: list[Episode]
+
+    def _scored(self) -> list[Episode]:
+        return [e for e in self.episodes if e.status is not EpisodeStatus.QUARANTINED]
+
+    @property
+    def turns(self) -> int:
+        return sum(e.num_turns for e in self._scored())
+
+    @property
+    def valid_action_rate(self) -> float:
+        turns = [t for e in self._scored() for t in e.turns]
+        return sum(t.action is not None for t in turns) / max(len(turns), 1)
+
+    @property
+    def first_turn_valid_rate(self) -> float:
+        firsts = [e.turns[0] for e in self._scored() if e.turns]
+        return sum(t.action is not None for t in firsts) / max(len(firsts), 1)
+
+    @property
+    def success_rate(self) -> float:
+        scored = self._scored()
+        return sum(e.status is EpisodeStatus.SUCCESS for e in scored) / max(len(scored), 1)
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "episodes": float(len(self._scored())),
+            "quarantined": float(len(self.episodes) - len(self._scored())),
+            "turns": float(self.turns),
+            "valid_action_rate": self.valid_action_rate,
+            "first_turn_valid_rate": self.first_turn_valid_rate,
+            "success_rate": self.success_rate,
+        }
+
+
+def evaluate_policy(
+    model: nnx.Module,
+    tasks: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    runtime,
+    segmenter: Segmenter,
+    agent_config: AgentConfig = AgentConfig(max_turns=4, max_new_tokens=64, max_context_tokens=4096, temperature=0.0),
+    time_limit_s: float | None = 600.0,
+    concurrency: int = 4,
+    engine_seed: int = 0,
+) -> PolicyEvaluation:
+    """`model` (a Qwen3-VL policy) on every (task, seed) through `JaxSamplerEngine` and the agent
+    loop; greedy unless agent_config says otherwise. Episodes of `concurrency` environments share
+    each batched engine call."""
+    from cua_jax.rollout.jax_engine import JaxSamplerEngine
+
+    renderer = segmenter.renderer
+    engine = JaxSamplerEngine(model, seed=engine_seed, image_processor=renderer.image_processor,
+                              pad_id=int(renderer.tokenizer.pad_token_id or 0))
+    loop = AgentLoop(engine, segmenter, agent_config)
+    jobs = [(loop, task, int(seed), g) for g, (task, seed) in enumerate((t, s) for t in tasks for s in seeds)]
+    rollouts = asyncio.run(_run_bounded(jobs, concurrency, runtime, time_limit_s))
+    return PolicyEvaluation([r.episode for r in rollouts])
+
+
+# ------------------------------------------------------------------------------------
+# The whole warm start
+# ------------------------------------------------------------------------------------
+
+
+def warm_start(
+    model: nnx.Module,
+    tasks: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    runtime,
+    segmenter: Segmenter,
+    config: WarmStartConfig = WarmStartConfig(),
+    agent_config: AgentConfig = AgentConfig(max_turns=15, max_new_tokens=64, max_context_tokens=4096),
+    time_limit_s: float | None = 600.0,
+    concurrency: int = 4,
+    reasoning: bool = True,
+) -> tuple[WarmStartResult, Demonstrations]:
+    """Demonstrations of every (task, seed), then `supervised_fine_tune` of `model` (in place) on them.
+
+    agent_config must be the RL run's (its budgets shape the token streams); the segmenter's
+    renderer gives the image processor. Returns the SFT result and the demonstrations.
+    """
+    demonstrations = collect_demonstrations(
+        tasks, seeds, runtime=runtime, segmenter=segmenter, agent_config=agent_config,
+        time_limit_s=time_limit_s, concurrency=concurrency, reasoning=reasoning,
+    )
+    if not demonstrations.rollouts:
+        raise RuntimeError(f"the oracle succeeded on no episode of {list(tasks)}: {demonstrations.rejected[:5]}")
+    multimodal = MultimodalPositions.of(model.config) if hasattr(model, "visual") else None
+    data = DemonstrationData(
+        demonstrations.items, demonstrations.episodes, segmenter.renderer.image_processor, multimodal,
+        config.rows, config.length_multiple, pad_id=int(segmenter.renderer.tokenizer.pad_token_id or 0),
+    )
+    return supervised_fine_tune(model, data, config), demonstrations
