@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ast
 import difflib
 import functools
 import io
@@ -258,6 +259,56 @@ def dom_to_text(dom: tuple[DomElement, ...]) -> str:
         parts.append(f"@{e.left:.0f},{e.top:.0f} {e.width:.0f}x{e.height:.0f}")
         lines.append(" ".join(parts))
     return "\n".join(lines)
+
+
+_DOM_LINE = re.compile(
+    r"^(?P<indent> *)\[(?P<ref>-?\d+)\] (?P<name>\S+)(?P<rest>.*?) "
+    r"@(?P<left>-?[\d.]+),(?P<top>-?[\d.]+) (?P<width>[\d.]+)x(?P<height>[\d.]+)$"
+)
+
+
+def _leading_literal(text: str) -> tuple[Any, str]:
+    """The Python literal (a repr) at the start of `text`, and what follows it."""
+    for end in range(1, len(text) + 1):
+        if end == len(text) or text[end] == " ":
+            try:
+                return ast.literal_eval(text[:end]), text[end:].strip()
+            except (ValueError, SyntaxError):
+                continue
+    raise ValueError(f"no literal at the start of {text!r}")
+
+
+def dom_from_text(text: str) -> tuple[DomElement, ...]:
+    """The inverse of `cua_jax.envs.miniwob.dom_to_text` (positions as printed: whole pixels)."""
+    elements: list[DomElement] = []
+    parents: list[int] = []
+    for line in text.splitlines():
+        match = _DOM_LINE.match(line)
+        if match is None:
+            raise ValueError(f"not a DOM text line: {line!r}")
+        depth = len(match["indent"]) // 2
+        head, *classes = match["name"].split(".")
+        tag, _, element_id = head.partition("#")
+        rest, label, value, focused = match["rest"].strip(), "", None, False
+        if rest.endswith("focused"):
+            rest, focused = rest[: -len("focused")].strip(), True
+        if rest[:1] in ("'", '"'):
+            label, rest = _leading_literal(rest)
+        if rest.startswith("value="):
+            value, rest = _leading_literal(rest[len("value="):])
+        if rest:
+            raise ValueError(f"unexpected {rest!r} in the DOM text line {line!r}")
+        del parents[depth:]
+        ref = int(match["ref"])
+        elements.append(
+            DomElement(
+                ref=ref, parent=parents[-1] if parents else None, depth=depth, tag=tag, text=label,
+                left=float(match["left"]), top=float(match["top"]), width=float(match["width"]),
+                height=float(match["height"]), id=element_id, classes=" ".join(classes), value=value, focused=focused,
+            )
+        )
+        parents.append(ref)
+    return tuple(elements)
 
 
 def _flatten_dom(info: dict[str, Any] | None) -> tuple[DomElement, ...]:

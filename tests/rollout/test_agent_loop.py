@@ -9,10 +9,8 @@ tokens (logprob 0: a deterministic policy).
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import os
-import re
 import signal
 import threading
 
@@ -24,11 +22,12 @@ from cua_jax.context.segment import SlidingWindow, WholeTrajectory
 from cua_jax.context.tokenizer import load_processor
 from cua_jax.envs import actions as A
 from cua_jax.envs.capsules import CapsuleRuntime
-from cua_jax.envs.miniwob import DomElement, MiniWoBObservation, UnknownTaskError
+from cua_jax.envs.miniwob import UnknownTaskError, dom_from_text
 from cua_jax.envs.miniwob_oracle import oracle_action
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, MiniWoBEnvironment
 from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, RolloutEngine
 from cua_jax.rollout.prompts import DOM_TEXT_HEADER, INVALID_ACTION_PREFIX, system_prompt
+from cua_jax.train.warm_start import observation_from_prompt
 from cua_jax.types import EpisodeStatus
 
 pytestmark = pytest.mark.browser
@@ -39,53 +38,6 @@ LONG_TIME_LIMIT_S = 600.0  # MiniWoB's 10 s limit is shorter than a CPU-sampled 
 # ------------------------------------------------------------------------------------
 # Engines used by the tests
 # ------------------------------------------------------------------------------------
-
-_DOM_LINE = re.compile(
-    r"^(?P<indent> *)\[(?P<ref>-?\d+)\] (?P<name>\S+)(?P<rest>.*?) "
-    r"@(?P<left>-?[\d.]+),(?P<top>-?[\d.]+) (?P<width>[\d.]+)x(?P<height>[\d.]+)$"
-)
-
-
-def _leading_literal(text: str) -> tuple[object, str]:
-    """The Python literal (a repr) at the start of `text`, and what follows it."""
-    for end in range(1, len(text) + 1):
-        if end == len(text) or text[end] == " ":
-            try:
-                return ast.literal_eval(text[:end]), text[end:].strip()
-            except (ValueError, SyntaxError):
-                continue
-    raise ValueError(f"no literal at the start of {text!r}")
-
-
-def parse_dom_text(text: str) -> tuple[DomElement, ...]:
-    """The inverse of miniwob.dom_to_text (positions rounded to whole pixels, as printed)."""
-    elements, parents = [], []
-    for line in text.splitlines():
-        match = _DOM_LINE.match(line)
-        if match is None:
-            raise ValueError(f"not a DOM text line: {line!r}")
-        depth = len(match["indent"]) // 2
-        head, *classes = match["name"].split(".")
-        tag, _, element_id = head.partition("#")
-        rest, label, value, focused = match["rest"].strip(), "", None, False
-        if rest.endswith("focused"):
-            rest, focused = rest[: -len("focused")].strip(), True
-        if rest[:1] in ("'", '"'):
-            label, rest = _leading_literal(rest)
-        if rest.startswith("value="):
-            value, rest = _leading_literal(rest[len("value="):])
-        del parents[depth:]
-        ref = int(match["ref"])
-        elements.append(
-            DomElement(
-                ref=ref, parent=parents[-1] if parents else None, depth=depth, tag=tag, text=label,
-                left=float(match["left"]), top=float(match["top"]), width=float(match["width"]),
-                height=float(match["height"]), id=element_id, classes=" ".join(classes), value=value, focused=focused,
-            )
-        )
-        parents.append(ref)
-    return tuple(elements)
-
 
 class ScriptedOracleEngine(RolloutEngine):
     """A scripted policy for tests: the MiniWoB oracle's next action, read off the prompt.
@@ -107,11 +59,7 @@ class ScriptedOracleEngine(RolloutEngine):
         out = []
         for request in requests:
             text = self.tokenizer.decode(request.prompt_ids.tolist(), skip_special_tokens=False)
-            users = text.split("<|im_start|>user\n")
-            utterance = users[1].split("\n", 1)[0]
-            last = users[-1].split("<|im_end|>", 1)[0]
-            dom_text = last.split(DOM_TEXT_HEADER, 1)[1]
-            observation = MiniWoBObservation(self.task, utterance, request.images[-1], parse_dom_text(dom_text))
+            observation = observation_from_prompt(text, self.task, request.images[-1])
             ids = self.tokenizer.encode(A.render_action(oracle_action(observation)), add_special_tokens=False)
             ids = np.asarray([*ids, self.end_of_turn_id], np.int32)
             out.append(Generation(ids, np.zeros(len(ids), np.float32), FinishReason.STOP, self.version))
@@ -278,13 +226,13 @@ def test_config_rejects_impossible_budgets():
         AgentConfig(max_new_tokens=64, max_context_tokens=64)
 
 
-def test_parse_dom_text_inverts_dom_to_text(runtime):
+def test_dom_from_text_inverts_dom_to_text(runtime):
     from cua_jax.envs.miniwob import dom_to_text
 
     env_id = runtime.create("click-checkboxes", seed=5)
     try:
         observation = runtime.observe(env_id)
-        assert dom_to_text(parse_dom_text(observation.dom_text)) == observation.dom_text
+        assert dom_to_text(dom_from_text(observation.dom_text)) == observation.dom_text
     finally:
         runtime.close(env_id)
 
