@@ -4,7 +4,6 @@ against one real desktop container."""
 import io
 import random
 import string
-import subprocess
 
 import pytest
 from PIL import Image

@@ -4,7 +4,6 @@ One engine serves the whole module (start-up takes a minute on CPU). Tests that 
 its weights put the original ones back.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
