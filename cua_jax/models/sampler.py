@@ -12,6 +12,12 @@ and then the top-p nucleus and renormalised. With temperature == 0 (greedy) the 
 is the argmax and its logprob is taken under the plain model distribution
 (temperature 1, no filtering), which is what a learner scoring at temperature 1 sees.
 
+Banned tokens (`SamplingParams.banned_token_ids`, e.g. the vision placeholders a reply must
+never hold) get logit -inf before anything else, so they are never sampled and every
+logprob above is taken under the distribution renormalised over the allowed tokens; a
+learner compares against it by scoring with the same ids banned
+(`cua_jax.models.scoring.score_sequences(..., banned_token_ids=...)`).
+
 The model interface (`DecoderLM`): any NNX module with
   hidden_states(input_ids, *, positions, segment_ids, kv_cache, **extras) -> (hidden [B, T, E], cache)
   logits(hidden [..., E]) -> float32 [..., V]
@@ -33,7 +39,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+# Prompt lengths pad up to the next bucket: steps of 1.5x and 2x alternate above 256, so a
+# prompt pays at most ~1.5x its length (each bucket is one compiled program per batch bucket).
+DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288,
+                          16384, 24576, 32768)
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_NEW_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -51,15 +60,18 @@ class DecoderLM(Protocol):
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 = greedy; top_k 0 = off; top_p 1 = off. Generation stops at any of
-    `stop_token_ids` (the stop token is included in the output) or after max_new_tokens."""
+    `stop_token_ids` (the stop token is included in the output) or after max_new_tokens.
+    banned_token_ids are never sampled (see the module doc); kept sorted and unique."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 64
     stop_token_ids: tuple[int, ...] = ()
+    banned_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "banned_token_ids", normalized_token_ids(self.banned_token_ids, "banned_token_ids"))
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -78,6 +90,31 @@ class SampleOutput:
     tokens: list[np.ndarray]
     logprobs: list[np.ndarray]
     finish_reasons: list[str]
+
+
+def normalized_token_ids(ids, what: str) -> tuple[int, ...]:
+    """`ids` (any iterable of integers) as a sorted tuple of unique non-negative ints."""
+    ids = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids).reshape(-1)
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"{what} must be integer token ids, got {ids.dtype}")
+    if (ids < 0).any():
+        raise ValueError(f"{what} must be non-negative token ids, got {sorted(int(t) for t in ids[ids < 0])}")
+    return tuple(sorted({int(t) for t in ids}))
+
+
+def ban_tokens(logits: jax.Array, banned_token_ids: tuple[int, ...] | jax.Array) -> jax.Array:
+    """logits [..., V] with the columns `banned_token_ids` set to -inf.
+
+    banned_token_ids: a static tuple (checked to lie in [0, V)) or an int array [N] (may be
+    traced; ids outside [0, V) are dropped, so check them beforehand).
+    """
+    if isinstance(banned_token_ids, tuple):
+        if not banned_token_ids:
+            return logits
+        if min(banned_token_ids) < 0 or max(banned_token_ids) >= logits.shape[-1]:
+            raise ValueError(f"banned token ids {banned_token_ids} are outside the vocabulary [0, {logits.shape[-1]})")
+    ids = jnp.asarray(banned_token_ids, jnp.int32)
+    return logits.at[..., ids].set(-jnp.inf, mode="drop")
 
 
 def sampling_log_probs(logits: jax.Array, temperature, top_p=1.0, *, top_k: int = 0, apply_top_p: bool = True) -> jax.Array:
@@ -111,12 +148,16 @@ class _StaticSampling:
     top_k: int
     apply_top_p: bool
     stop_token_ids: tuple[int, ...]
+    banned_token_ids: tuple[int, ...] = ()
 
 
 def sample_tokens(
-    key: jax.Array, logits: jax.Array, temperature, top_p, *, greedy: bool, top_k: int, apply_top_p: bool
+    key: jax.Array, logits: jax.Array, temperature, top_p, *, greedy: bool, top_k: int, apply_top_p: bool,
+    banned_token_ids: tuple[int, ...] | jax.Array = (),
 ) -> tuple[jax.Array, jax.Array]:
-    """(token int32 [B], its logprob float32 [B]) for logits [B, V] (see module doc)."""
+    """(token int32 [B], its logprob float32 [B]) for logits [B, V] (see module doc);
+    banned_token_ids (`ban_tokens`) are masked out first."""
+    logits = ban_tokens(logits, banned_token_ids)
     if greedy:
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
@@ -166,6 +207,7 @@ def _generate(
         token, logp = sample_tokens(
             sub, last_logits, temperature, top_p,
             greedy=static.greedy, top_k=static.top_k, apply_top_p=static.apply_top_p,
+            banned_token_ids=static.banned_token_ids,
         )
         token = jnp.where(done, 0, token)
         logp = jnp.where(done, 0.0, logp)
@@ -247,7 +289,9 @@ class Sampler:
         stop_ids = tuple(int(t) for t in params.stop_token_ids)
         # One compiled program per bucket and filter kind: the token budget, temperature
         # and top_p travel as traced scalars.
-        static = _StaticSampling(params.temperature == 0, params.top_k, params.top_p < 1.0, stop_ids)
+        static = _StaticSampling(
+            params.temperature == 0, params.top_k, params.top_p < 1.0, stop_ids, params.banned_token_ids
+        )
         graphdef, state = nnx.split(self.model)
         tokens, logprobs, steps = _generate(
             graphdef,

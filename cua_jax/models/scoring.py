@@ -10,6 +10,12 @@ bounded for gradients too.
 Alignment: out[:, t] describes the prediction of ids[:, t] from ids[:, :t]; position 0,
 padding (segment 0) and the first token of each packed segment get 0, as they have no
 prediction. This matches `TrainingItem.rollout_logprobs`, aligned with `ids`.
+
+Banned tokens: with `banned_token_ids` (the ids a sampler masked to -inf, see
+`cua_jax.models.sampler`), the log-normaliser and the entropy run over the allowed tokens
+only, so a sampled token's logprob is the one the masked sampler reported. A banned
+target (only ever a prompt token, e.g. an image placeholder, never a trained one) gets its
+logit minus that normaliser: finite, so masked-out positions cannot turn a loss into NaN.
 """
 
 from __future__ import annotations
@@ -21,8 +27,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 
-def _chunk_stats(h: jax.Array, w: jax.Array, targets: jax.Array, temperature: float, vocab_chunk: int):
-    """For h [B, C, E], w [E, V], targets [B, C]: (target logprob, entropy), each [B, C]."""
+def _chunk_stats(
+    h: jax.Array, w: jax.Array, targets: jax.Array, temperature: float, vocab_chunk: int,
+    banned: jax.Array | None = None,
+):
+    """For h [B, C, E], w [E, V], targets [B, C]: (target logprob, entropy), each [B, C],
+    normalised over the columns < V that are not in `banned` (int [N], or None: none)."""
     e, v = w.shape
     n = -(-v // vocab_chunk)
     w = jnp.pad(w, ((0, 0), (0, n * vocab_chunk - v)))
@@ -40,16 +50,21 @@ def _chunk_stats(h: jax.Array, w: jax.Array, targets: jax.Array, temperature: fl
         w_c, index = inputs
         logits = jnp.einsum("bce,ev->bcv", h, w_c.astype(h.dtype), preferred_element_type=jnp.float32) / temperature
         column = index * vocab_chunk + jnp.arange(vocab_chunk)
-        logits = jnp.where(column < v, logits, -jnp.inf)
-        new_m = jnp.maximum(m, jnp.max(logits, axis=-1))
-        p = jnp.exp(logits - new_m[..., None])
-        finite_logits = jnp.where(column < v, logits, 0.0)
-        rescale = jnp.exp(m - new_m)
-        s = s * rescale + jnp.sum(p, axis=-1)
-        u = u * rescale + jnp.sum(p * finite_logits, axis=-1)
+        allowed = column < v
+        if banned is not None:
+            allowed = allowed & ~jnp.isin(column, banned)
         local = targets - index * vocab_chunk
         in_chunk = (local >= 0) & (local < vocab_chunk)
         picked = jnp.take_along_axis(logits, jnp.clip(local, 0, vocab_chunk - 1)[..., None], axis=-1)[..., 0]
+        logits = jnp.where(allowed, logits, -jnp.inf)
+        new_m = jnp.maximum(m, jnp.max(logits, axis=-1))
+        # A chunk with no allowed column (all banned) leaves the running max at -inf.
+        shift = new_m if banned is None else jnp.where(jnp.isfinite(new_m), new_m, 0.0)
+        p = jnp.exp(logits - shift[..., None])
+        finite_logits = jnp.where(allowed, logits, 0.0)
+        rescale = jnp.exp(m - shift)
+        s = s * rescale + jnp.sum(p, axis=-1)
+        u = u * rescale + jnp.sum(p * finite_logits, axis=-1)
         tgt = jnp.where(in_chunk, picked, tgt)
         return (new_m, s, u, tgt), None
 
@@ -66,11 +81,14 @@ def token_logprobs_from_hidden(
     temperature: float | jax.Array = 1.0,
     seq_chunk: int = 256,
     vocab_chunk: int = 32768,
+    banned_token_ids: tuple[int, ...] | jax.Array = (),
 ) -> tuple[jax.Array, jax.Array]:
     """log softmax(hidden @ W / temperature)[target] and the entropy of that softmax.
 
     hidden [B, T, E] (the state that predicts targets[:, t]); output_projection W [E, V];
-    targets int [B, T]. Returns (logprobs, entropy), float32 [B, T].
+    targets int [B, T]; banned_token_ids: columns left out of the softmax (module doc), a
+    static tuple (checked to lie in [0, V)) or an int array [N] (may be traced).
+    Returns (logprobs, entropy), float32 [B, T].
     """
     b, t, e = hidden.shape
     n = -(-t // seq_chunk)
@@ -80,9 +98,20 @@ def token_logprobs_from_hidden(
     h_chunks = hidden.reshape(b, n, seq_chunk, e).transpose(1, 0, 2, 3)
     t_chunks = targets.reshape(b, n, seq_chunk).transpose(1, 0, 2)
     vocab_chunk = min(vocab_chunk, output_projection.shape[1])
+    banned = None
+    if isinstance(banned_token_ids, tuple | list):
+        vocab = output_projection.shape[1]
+        if any(not 0 <= int(t) < vocab for t in banned_token_ids):
+            raise ValueError(f"banned_token_ids {tuple(banned_token_ids)} must lie in the vocabulary [0, {vocab})")
+        if banned_token_ids:
+            banned = jnp.asarray(banned_token_ids, jnp.int32)
+    else:
+        banned = jnp.asarray(banned_token_ids, jnp.int32).reshape(-1)
     stats = jax.checkpoint(functools.partial(_chunk_stats, vocab_chunk=vocab_chunk))
     temperature = jnp.asarray(temperature, jnp.float32)
-    logp, ent = jax.lax.map(lambda xs: stats(xs[0], output_projection, xs[1], temperature), (h_chunks, t_chunks))
+    logp, ent = jax.lax.map(
+        lambda xs: stats(xs[0], output_projection, xs[1], temperature, banned=banned), (h_chunks, t_chunks)
+    )
     logp = logp.transpose(1, 0, 2).reshape(b, n * seq_chunk)[:, :t]
     ent = ent.transpose(1, 0, 2).reshape(b, n * seq_chunk)[:, :t]
     return logp, ent
@@ -97,20 +126,22 @@ def score_sequences(
     temperature: float = 1.0,
     seq_chunk: int = 256,
     vocab_chunk: int = 32768,
+    banned_token_ids: tuple[int, ...] = (),
     **model_inputs,
 ) -> tuple[jax.Array, jax.Array]:
     """(logprobs, entropy) float32 [B, T] of `ids` int [B, T] under `model` (a DecoderLM
     with `hidden_states` and `output_projection`), aligned with ids (see module doc).
 
     segment_ids int [B, T] (0 = padding, several ids = packed sequences), positions and
-    model_inputs (e.g. image inputs) go to the model's forward. Differentiable.
+    model_inputs (e.g. image inputs) go to the model's forward. banned_token_ids (static):
+    the sampler's banned ids, left out of every softmax (module doc). Differentiable.
     """
     if segment_ids is None:
         segment_ids = jnp.ones(ids.shape, jnp.int32)
     hidden, _ = model.hidden_states(ids, positions=positions, segment_ids=segment_ids, **model_inputs)
     logp, ent = token_logprobs_from_hidden(
         hidden[:, :-1], model.output_projection(), ids[:, 1:],
-        temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk,
+        temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk, banned_token_ids=banned_token_ids,
     )
     valid = (segment_ids[:, 1:] != 0) & (segment_ids[:, 1:] == segment_ids[:, :-1])
     zeros = jnp.zeros((ids.shape[0], 1), jnp.float32)
@@ -119,4 +150,4 @@ def score_sequences(
     return logp, ent
 
 
-score_sequences_jit = nnx.jit(score_sequences, static_argnames=("seq_chunk", "vocab_chunk"))
+score_sequences_jit = nnx.jit(score_sequences, static_argnames=("seq_chunk", "vocab_chunk", "banned_token_ids"))

@@ -14,8 +14,10 @@ and it ends (`faults.episode_outcome`) as
 
     SUCCESS / FAILURE  the environment's verdict (MiniWoB's JS reward, a desktop judge), which
                        also covers a declared done / FAIL and the task's own time limit;
-    NO_VERDICT         the turn budget (`max_turns`) or the token budget (prompt +
-                       `max_new_tokens` over `max_context_tokens`) ran out first;
+    NO_VERDICT         a budget ran out first (`Episode.info["budget"]` says which): the
+                       turns ("turns", `max_turns`), the context ("tokens": prompt +
+                       `max_new_tokens` over `max_context_tokens`) or the episode's
+                       responses ("response_tokens", `max_response_tokens`, below);
     QUARANTINED        the environment reported an infrastructure fault (browser crashed,
                        container exited, setup failed); `Episode.quarantine_reason` says which.
 
@@ -25,7 +27,27 @@ one task against n environments runs concurrently on one event loop. Invalid act
 raise: they count as a turn and the environment's feedback reaches the agent next turn.
 A reply holding a vision placeholder token (RESERVED_TOKENS) cannot re-enter a rendered
 history; it ends the episode as the policy's FAILURE (the reply is kept in
-`Episode.info["rejected_response"]`, outside the turns and items).
+`Episode.info["rejected_response"]`, outside the turns and items). The JAX sampler never
+samples them when built with `reserved_token_ids(renderer)` as its banned ids (and the
+learner scores with the same ids banned); engines that can still emit them (vLLM) end here.
+
+Episode budgets (CANOPY, Table A1: 32,768 response tokens per episode, 4,096 per observation):
+
+* `max_response_tokens` caps the sum of generated tokens over all turns. Each turn's
+  generation is limited to min(max_new_tokens, what the episode has left); once nothing is
+  left and the episode has not ended, it ends NO_VERDICT with `Episode.info["budget"] ==
+  "response_tokens"` before the next observation enters the context (the last, possibly
+  cut, reply is still performed; a budget running out on the last allowed turn reads
+  "turns"). The prompt-length check keeps using `max_new_tokens`, so every prompt of a
+  batch fits the engine whatever the other episodes' budgets. (CANOPY has no per-turn cap:
+  a large max_new_tokens leaves the episode's budget as the only bound.)
+* `max_observation_tokens` caps one observation's text, counted in tokens of the episode's
+  tokenizer: a longer text keeps its first tokens (at most the cap, cut at a token
+  boundary) followed by OBSERVATION_TRUNCATED_MARKER, so the policy knows. The text is cut
+  before the context renders it, so observations still enter the token stream as diffs,
+  and `Turn.observation_text` holds what the agent saw (a replay renders the same ids).
+  Screenshots are untouched. `Episode.info["truncated_observations"]` counts the cut ones.
+* None (the default) switches a cap off.
 
 The returned `Episode` holds, per turn, the engine's exact ids and logprobs, the text and
 screenshots the agent saw, and the policy version; the segmenter's training items come from
@@ -53,7 +75,7 @@ import numpy as np
 from cua_jax.context.segment import EpisodeContext, Segmenter
 from cua_jax.envs import actions as A
 from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, episode_outcome
-from cua_jax.rollout.engine import Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.rollout.engine import FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.rollout.prompts import INVALID_ACTION_PREFIX, observation_text, system_prompt
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
 
@@ -147,6 +169,8 @@ class AgentConfig:
     max_batch: the most prompts sent to the engine in one generate call (None: all waiting).
     batch_wait_s: how long a batch may wait for the group's other episodes to reach the
         engine (None: until all do); see GenerationBatcher.
+    max_response_tokens: whole-episode cap on generated tokens (None: none); see the module doc.
+    max_observation_tokens: cap on one observation's text in tokens (None: none); module doc.
     """
 
     max_turns: int = 15
@@ -160,6 +184,8 @@ class AgentConfig:
     oom_is_agent_fault: bool = False
     max_batch: int | None = None
     batch_wait_s: float | None = 0.5
+    max_response_tokens: int | None = None
+    max_observation_tokens: int | None = None
 
     def __post_init__(self):
         if self.max_turns < 1:
@@ -174,6 +200,15 @@ class AgentConfig:
             raise ValueError(f"max_batch must be >= 1 or None, got {self.max_batch}")
         if self.batch_wait_s is not None and self.batch_wait_s < 0:
             raise ValueError(f"batch_wait_s must be >= 0 or None, got {self.batch_wait_s}")
+        if self.max_response_tokens is not None and self.max_response_tokens < 1:
+            raise ValueError(
+                f"max_response_tokens (the episode's response budget) must be >= 1 or None, got {self.max_response_tokens}"
+            )
+        if self.max_observation_tokens is not None and self.max_observation_tokens < 1:
+            raise ValueError(
+                f"max_observation_tokens (one observation's text budget) must be >= 1 or None, "
+                f"got {self.max_observation_tokens}"
+            )
 
     @property
     def attribution(self) -> Attribution:
@@ -212,7 +247,12 @@ class GenerationBatcher:
     first: waiting for the group's slower environments buys one batched engine call per turn
     instead of one call per episode; the bound keeps a long-tailed environment from stalling
     the others (None: always wait for every running episode). The engine runs in a worker
-    thread, so environments keep stepping meanwhile. One sampling config for every request.
+    thread, so environments keep stepping meanwhile. One sampling config for every request,
+    except that a request may ask for fewer new tokens (an episode's remaining response
+    budget): the batch is sampled with the largest budget among its requests and each
+    generation is cut to its own (finish reason LENGTH when the cut drops its end). Tokens
+    are drawn one after another, so the cut reply is distributed as one sampled with the
+    smaller budget.
     """
 
     def __init__(
@@ -227,7 +267,7 @@ class GenerationBatcher:
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.running_episodes = 0
-        self._waiting: list[tuple[GenerationRequest, asyncio.Future]] = []
+        self._waiting: list[tuple[GenerationRequest, int, asyncio.Future]] = []
         self._changed: asyncio.Event | None = None
         self._runner: asyncio.Task | None = None
         self.batch_sizes: list[int] = []
@@ -251,9 +291,16 @@ class GenerationBatcher:
         target = max(1, self.running_episodes)
         return target if self.max_batch is None else min(target, self.max_batch)
 
-    async def generate(self, request: GenerationRequest) -> Generation:
+    async def generate(self, request: GenerationRequest, max_new_tokens: int | None = None) -> Generation:
+        """The engine's generation for `request`, at most `max_new_tokens` long (None: the
+        sampling config's max_new_tokens, which also bounds it)."""
+        budget = self.sampling.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        if not 1 <= budget <= self.sampling.max_new_tokens:
+            raise ValueError(
+                f"max_new_tokens must lie in [1, {self.sampling.max_new_tokens}] (the sampling config's), got {budget}"
+            )
         future = asyncio.get_running_loop().create_future()
-        self._waiting.append((request, future))
+        self._waiting.append((request, budget, future))
         if self._changed is None:
             self._changed = asyncio.Event()
         self._poke()
@@ -281,16 +328,20 @@ class GenerationBatcher:
             await self._gather()
             size = len(self._waiting) if self.max_batch is None else min(self.max_batch, len(self._waiting))
             batch, self._waiting = self._waiting[:size], self._waiting[size:]
-            batch = [(request, future) for request, future in batch if not future.cancelled()]
+            batch = [entry for entry in batch if not entry[2].cancelled()]
             if not batch:
                 continue
+            largest = max(budget for _, budget, _ in batch)
+            sampling = self.sampling
+            if largest != sampling.max_new_tokens:
+                sampling = dataclasses.replace(sampling, max_new_tokens=largest)
             start = time.perf_counter()
             try:
-                generations = await asyncio.to_thread(self.engine.generate, [r for r, _ in batch], self.sampling)
+                generations = await asyncio.to_thread(self.engine.generate, [r for r, _, _ in batch], sampling)
                 if len(generations) != len(batch):
                     raise RuntimeError(f"the engine returned {len(generations)} generations for {len(batch)} requests")
             except BaseException as error:  # every waiting episode learns of the engine's failure
-                for _, future in batch:
+                for _, _, future in batch:
                     if not future.done():
                         future.set_exception(error)
                 if not isinstance(error, Exception):
@@ -299,9 +350,21 @@ class GenerationBatcher:
             finally:
                 self.engine_seconds += time.perf_counter() - start
             self.batch_sizes.append(len(batch))
-            for (_, future), generation in zip(batch, generations):
+            for (_, budget, future), generation in zip(batch, generations):
                 if not future.done():
-                    future.set_result(generation)
+                    future.set_result(_cut(generation, budget))
+
+
+def _cut(generation: Generation, max_new_tokens: int) -> Generation:
+    """`generation` with at most its first max_new_tokens tokens (LENGTH when some are dropped)."""
+    if len(generation.token_ids) <= max_new_tokens:
+        return generation
+    return dataclasses.replace(
+        generation,
+        token_ids=generation.token_ids[:max_new_tokens],
+        logprobs=generation.logprobs[:max_new_tokens],
+        finish_reason=FinishReason.LENGTH,
+    )
 
 
 # ------------------------------------------------------------------------------------
@@ -310,6 +373,37 @@ class GenerationBatcher:
 
 # Vision placeholders: a reply holding one cannot be put back into a rendered history.
 RESERVED_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+# Appended to an observation text cut to `max_observation_tokens`, so the policy knows.
+OBSERVATION_TRUNCATED_MARKER = "\n[observation truncated]"
+
+
+def reserved_token_ids(renderer) -> tuple[int, ...]:
+    """The ids of RESERVED_TOKENS in `renderer`'s tokenizer and its image placeholder, sorted:
+    what a reply must never hold (the sampler's and the learner's banned_token_ids)."""
+    vocab = renderer.tokenizer.get_vocab()
+    return tuple(sorted({vocab[t] for t in RESERVED_TOKENS if t in vocab} | {int(renderer.image_pad_id)}))
+
+
+def truncate_observation(text: str, tokenizer, max_tokens: int) -> tuple[str, bool]:
+    """(text, False) when `text` holds at most max_tokens tokens of `tokenizer`; otherwise
+    (its longest prefix ending at a token boundary that holds at most max_tokens tokens,
+    followed by OBSERVATION_TRUNCATED_MARKER; True). Needs a tokenizer with offset mappings
+    (a fast tokenizer)."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    offsets = encoded["offset_mapping"]
+    if len(offsets) <= max_tokens:
+        return text, False
+    # Cut where the first dropped token starts; a character split over several byte-level
+    # tokens goes whole. Re-encoding a prefix may merge differently, so check and back off.
+    keep = max_tokens
+    while True:
+        kept = text[: offsets[keep][0]]
+        if keep == 0 or len(tokenizer.encode(kept, add_special_tokens=False)) <= max_tokens:
+            return kept + OBSERVATION_TRUNCATED_MARKER, True
+        keep -= 1
 
 
 class AgentLoop:
@@ -333,10 +427,7 @@ class AgentLoop:
         self.system_prompt_for = system_prompt_for
         self.end_of_turn_id = int(segmenter.renderer.end_of_turn_id)
         # Tokens a reply must not hold: rendered again, they would stand for images.
-        vocab = segmenter.renderer.tokenizer.get_vocab()
-        self.reserved_ids = np.asarray(
-            [vocab[t] for t in RESERVED_TOKENS if t in vocab] + [segmenter.renderer.image_pad_id], np.int32
-        )
+        self.reserved_ids = np.asarray(reserved_token_ids(segmenter.renderer), np.int32)
         self.sampling = config.sampling((self.end_of_turn_id,))
         self._batchers: dict[asyncio.AbstractEventLoop, GenerationBatcher] = {}
         self._rng = random.Random(config.seed)  # draws group seeds when none is given
@@ -418,9 +509,23 @@ class AgentLoop:
         generations: list[Generation] = []
         outcome: Outcome | None = None
         unanswered = False  # the context holds an observation without its response
+        response_budget = self.config.max_response_tokens  # what the episode may still generate
+        truncated_observations = 0
         for t in range(self.config.max_turns):
+            turn_budget = self.config.max_new_tokens
+            if response_budget is not None:
+                if response_budget <= 0:
+                    episode.info["budget"] = "response_tokens"
+                    break
+                turn_budget = min(turn_budget, response_budget)
             images = [np.asarray(image) for image in observation.images]
-            context.observe(t, observation.text, images)
+            text = observation.text
+            if self.config.max_observation_tokens is not None:
+                text, truncated = truncate_observation(
+                    text, self.segmenter.renderer.tokenizer, self.config.max_observation_tokens
+                )
+                truncated_observations += truncated
+            context.observe(t, text, images)
             prompt = context.prompt()
             prompt_tokens = int(len(prompt.ids))
             if prompt_tokens + self.config.max_new_tokens > self.config.max_context_tokens:
@@ -433,7 +538,7 @@ class AgentLoop:
             seen = {s: turn.images for s, turn in enumerate(episode.turns)} | {t: images}
             request = GenerationRequest(prompt.ids, [seen[span.turn][span.index] for span in prompt.images])
             with clock("generation"):
-                generation = await batcher.generate(request)
+                generation = await batcher.generate(request, turn_budget)
             reserved = generation.token_ids[np.isin(generation.token_ids, self.reserved_ids)]
             if len(reserved):
                 # A placeholder token in the reply would be read as an image when the history
@@ -450,11 +555,13 @@ class AgentLoop:
                 unanswered = True
                 break
             generations.append(generation)
+            if response_budget is not None:
+                response_budget -= len(generation.token_ids)
             context.respond(t, generation.token_ids, generation.logprobs)
             response_text = context.response_text(generation.token_ids)
             action = A.parse_action(response_text)
             turn = Turn(
-                observation_text=observation.text,
+                observation_text=text,
                 images=images,
                 response_ids=np.asarray(generation.token_ids, np.int32),
                 response_logprobs=np.asarray(generation.logprobs, np.float32),
@@ -483,7 +590,7 @@ class AgentLoop:
             episode.info["budget"] = "turns"
         if outcome is None:
             outcome = episode_outcome(budget_exhausted=True, rule=self.config.attribution)
-        return self._finish(episode, context, outcome, clock, generations, unanswered)
+        return self._finish(episode, context, outcome, clock, generations, unanswered, truncated_observations)
 
     def _finish(
         self,
@@ -493,6 +600,7 @@ class AgentLoop:
         clock: "_Clock",
         generations: list[Generation],
         unanswered: bool = False,
+        truncated_observations: int = 0,
     ) -> Rollout:
         episode.status = outcome.status
         episode.reward = float(outcome.reward)
@@ -510,6 +618,7 @@ class AgentLoop:
             response_tokens=int(response_tokens),
             prompt_tokens=[turn.info["prompt_tokens"] for turn in episode.turns],
             invalid_actions=sum("invalid_action" in turn.info for turn in episode.turns),
+            truncated_observations=int(truncated_observations),
             policy_versions=sorted(set(int(v) for v in versions)),
         )
         if context is None or not episode.turns:

@@ -9,6 +9,9 @@ environment for engines in Ray actors.
 import numpy as np
 import pytest
 
+from cua_jax.context.render import ChatRenderer
+from cua_jax.context.tokenizer import load_processor
+
 ENGINE_ENV = (("OMP_NUM_THREADS", "1"), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"), ("JAX_PLATFORMS", "cpu"))
 
 # Prompts of different lengths: vLLM batches them unpadded, the JAX sampler left-pads.
@@ -68,3 +71,19 @@ def qwen3_checkpoint(tmp_path_factory):
     directory = tmp_path_factory.mktemp("qwen3_export")
     export_qwen3(model, directory)
     return model, str(directory)
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    """The shipped tiny tokenizer and image processor's chat renderer."""
+    tokenizer, image_processor = load_processor()
+    return ChatRenderer(tokenizer, image_processor)
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    """A capsule runtime (one shared Chromium) whose observations carry the DOM as text."""
+    from cua_jax.envs.capsules import CapsuleRuntime
+
+    with CapsuleRuntime(include_dom_text=True, seed=0) as capsules:
+        yield capsules

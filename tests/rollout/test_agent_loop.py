@@ -149,18 +149,6 @@ class BrowserKillingEngine(RolloutEngine):
 
 
 @pytest.fixture(scope="module")
-def renderer():
-    tokenizer, image_processor = load_processor()
-    return ChatRenderer(tokenizer, image_processor)
-
-
-@pytest.fixture(scope="module")
-def runtime():
-    with CapsuleRuntime(include_dom_text=True, seed=0) as capsules:
-        yield capsules
-
-
-@pytest.fixture(scope="module")
 def tiny_vl_engine(renderer):
     from flax import nnx
 
