@@ -5,18 +5,24 @@
 distribution for greedy), so this adapter only translates requests, keys and versions.
 Images (Qwen3-VL) go through the model directory's image processor and the VL model's
 prefill extras.
+
+`JaxEngineFactory` builds the engine from picklable parts (model class, config, host
+parameters), so a Ray actor can build its own copy in its own process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from typing import Any, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cua_jax.models.sampler import Sampler, SamplingParams
+from cua_jax.models.sampler import Sampler, SamplingParams, normalized_token_ids
 from cua_jax.rollout.engine import (
     EngineHealth,
     FinishReason,
@@ -32,8 +38,13 @@ class JaxSamplerEngine(RolloutEngine):
 
     model: a `DecoderLM` (Qwen3ForCausalLM, Qwen3VLForConditionalGeneration).
     seed: base of the PRNG stream; calls without `SamplingConfig.seed` fold in a
-    call counter, so successive calls draw fresh randomness.
+    call counter, so successive calls draw fresh randomness. The counter is the engine's
+    sampling state (`sampling_state` / `load_sampling_state`): a resumed run restores it
+    and samples what the uninterrupted run would have.
     image_processor: needed only for requests with images (VL models).
+    banned_token_ids: ids never sampled (`SamplingParams.banned_token_ids`): pass
+    `agent_loop.reserved_token_ids(renderer)` so no reply holds a vision placeholder, and
+    the same ids to the learner (`LearnerConfig.banned_token_ids`) so its logprobs match.
     """
 
     def __init__(
@@ -43,9 +54,11 @@ class JaxSamplerEngine(RolloutEngine):
         seed: int = 0,
         image_processor: Any = None,
         initial_version: int = 0,
+        banned_token_ids: Sequence[int] = (),
         **sampler_kwargs: Any,
     ):
         self._sampler = Sampler(model, **sampler_kwargs)
+        self.banned_token_ids = normalized_token_ids(banned_token_ids, "banned_token_ids")
         self._base_key = jax.random.key(seed)
         self._calls = 0
         self._image_processor = image_processor
@@ -81,6 +94,7 @@ class JaxSamplerEngine(RolloutEngine):
             top_k=max(sampling.top_k, 0),
             max_new_tokens=sampling.max_new_tokens,
             stop_token_ids=tuple(int(t) for t in sampling.stop_token_ids),
+            banned_token_ids=self.banned_token_ids,
         )
         with self._lock:
             if sampling.seed is not None:
@@ -103,11 +117,65 @@ class JaxSamplerEngine(RolloutEngine):
         ]
 
     def update_weights(self, params: Any, version: int) -> None:
-        """params: an NNX module of the same architecture, or its `nnx.State`."""
+        """params: an NNX module of the same architecture, or its `nnx.State`; host (numpy)
+        leaves, as a Ray actor receives them, are moved to the default device."""
         state = params if isinstance(params, nnx.State) else nnx.state(params)
         with self._lock:
-            nnx.update(self.model, state)
+            nnx.update(self.model, _on_device(state))
             self._version = version
+
+    def sampling_state(self) -> dict[str, int]:
+        """{"calls": unseeded generate calls so far} (folded into the base key)."""
+        with self._lock:
+            return {"calls": self._calls}
+
+    def load_sampling_state(self, state: Mapping[str, int]) -> None:
+        """Continues the PRNG stream from a `sampling_state()`."""
+        if set(state) != {"calls"} or int(state["calls"]) < 0:
+            raise ValueError(f"a JAX engine's sampling state is {{'calls': count >= 0}}, got {dict(state)}")
+        with self._lock:
+            self._calls = int(state["calls"])
 
     def health(self) -> EngineHealth:
         return EngineHealth(healthy=True, policy_version=self._version)
+
+
+def _on_device(state: nnx.State) -> nnx.State:
+    """`state` with its host (numpy) leaves moved to the default device."""
+    return jax.tree.map(lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x, state)
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxEngineFactory:
+    """Builds a `JaxSamplerEngine` in the calling process (picklable: send it to a Ray actor).
+
+    model_class / model_config: the policy's NNX class and its config (`model_class(config,
+    rngs=...)`). params: the policy's `nnx.State`, host numpy leaves (what crosses a process
+    boundary) or device arrays (copied, so the caller may donate its own). seed / pad_id /
+    initial_version / banned_token_ids: as `JaxSamplerEngine`'s. tokenizer_dir: where the
+    image processor comes from (None: the shipped tiny one).
+    """
+
+    model_class: type
+    model_config: Any
+    params: Any
+    seed: int = 0
+    pad_id: int = 0
+    tokenizer_dir: str | None = None
+    initial_version: int = 0
+    banned_token_ids: tuple[int, ...] = ()
+
+    def __call__(self) -> JaxSamplerEngine:
+        from cua_jax.context.tokenizer import load_processor
+
+        # The structure alone (no random init): every value comes from params.
+        model = nnx.eval_shape(lambda: self.model_class(self.model_config, rngs=nnx.Rngs(0)))
+        copies = jax.tree.map(lambda x: jnp.array(x, copy=True), self.params)
+        nnx.update(model, copies)
+        missing = sum(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(nnx.state(model)))
+        if missing:
+            raise ValueError(f"params lack {missing} of the {self.model_class.__name__} parameters")
+        _, image_processor = load_processor(self.tokenizer_dir)
+        return JaxSamplerEngine(model, seed=self.seed, image_processor=image_processor,
+                                initial_version=self.initial_version, pad_id=self.pad_id,
+                                banned_token_ids=self.banned_token_ids)

@@ -6,13 +6,16 @@ holds three items:
   train_state  the learner's parameters, optimizer state and step (sharded arrays,
                `StandardSave`; restored onto the learner's own shardings);
   host_state   numpy arrays: the run's base PRNG key data, the policy version, the next group
-               id, each engine's sampling-call counter, and the task pool + sampler state
-               (pickled into a uint8 array, so it is written in the same atomic commit);
+               id, and, pickled into uint8 arrays (so they are written in the same atomic
+               commit), each rollout worker's engine sampling state (the JAX sampler's call
+               counter; read and set through the workers, in-process or Ray actors alike) and
+               the task pool + sampler state;
   config       the run's config as JSON (what was trained, for the record).
 
 Every random draw of the trainer is a function of (base key, step) or of the engines'
 call counters, so restoring these and the parameters makes a resumed run on CPU reproduce
-the uninterrupted run's metrics exactly (tests/train/test_trainer_resume.py).
+the uninterrupted run's metrics exactly (tests/train/test_trainer.py). A vLLM engine has no
+sampling state to save: its resumed samples differ from the uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -54,14 +57,12 @@ class TrainCheckpointer:
 
     @staticmethod
     def host_state(trainer: "Trainer") -> dict[str, np.ndarray]:
-        from cua_jax.train.trainer import _engine_call_count
-
         return {
             "base_key": np.asarray(jax.random.key_data(trainer.base_key)),
             "step": np.asarray(trainer.step, np.int64),
             "version": np.asarray(trainer.version, np.int64),
             "next_group_id": np.asarray(trainer.next_group_id, np.int64),
-            "engine_calls": np.asarray([_engine_call_count(w.engine) for w in trainer.workers], np.int64),
+            "engine_sampling": _pack([worker.sampling_state() for worker in trainer.workers]),
             "sampler": _pack(trainer.sampler.state_dict()),
             "evaluations": _pack(trainer.evaluations),
         }
@@ -83,8 +84,6 @@ class TrainCheckpointer:
 
         Returns its step, or None when the directory holds no checkpoint.
         """
-        from cua_jax.train.trainer import _set_engine_call_count
-
         step = self.manager.latest_step()
         if step is None:
             return None
@@ -107,10 +106,10 @@ class TrainCheckpointer:
                 f"checkpoint {self.directory}/{step} was written with another seed; "
                 "resume with the config it was trained with (config.seed)"
             )
-        calls = np.asarray(host["engine_calls"])
-        if calls.shape[0] != len(trainer.workers):
+        sampling = _unpack(host["engine_sampling"])
+        if len(sampling) != len(trainer.workers):
             raise ValueError(
-                f"checkpoint {self.directory}/{step} has {calls.shape[0]} rollout workers' state, "
+                f"checkpoint {self.directory}/{step} has {len(sampling)} rollout workers' state, "
                 f"the config asks for {len(trainer.workers)} (config.rollout.num_workers)"
             )
         trainer.learner.load_train_state(restored["train_state"])
@@ -120,8 +119,8 @@ class TrainCheckpointer:
         trainer.evaluations = _unpack(host["evaluations"])
         trainer.version = int(host["version"]) - 1
         trainer.sync_weights()  # engines get the restored parameters at the saved version
-        for worker, count in zip(trainer.workers, calls):
-            _set_engine_call_count(worker.engine, int(count))
+        for worker, state in zip(trainer.workers, sampling):
+            worker.load_sampling_state(state)
         return step
 
     def close(self) -> None:
