@@ -53,9 +53,15 @@ def _run_training(config) -> None:
             else:
                 logging.info("--resume: no checkpoint in %s, starting fresh", config.workdir)
         summary = trainer.run()
-    for label, result in summary["evaluations"].items():
-        print(f"held-out success {label}: {result['success_rate']:.3f} "
-              f"[{result['ci_low']:.3f}, {result['ci_high']:.3f}] over {int(result['episodes'])} episodes")
+    evaluations = dict(summary["evaluations"])
+    gain = evaluations.pop("gain", None)
+    level = f"{100 * config.eval.confidence:g}%"
+    for label, result in evaluations.items():
+        print(f"held-out success {label}: {result['success_rate']:.3f} ({int(result['successes'])}/"
+              f"{int(result['episodes'])} episodes), Wilson {level} [{result['ci_low']:.3f}, {result['ci_high']:.3f}]")
+    if gain is not None:
+        print(f"held-out success after - before: {gain['difference']:+.3f}, Newcombe {level} "
+              f"[{gain['ci_low']:+.3f}, {gain['ci_high']:+.3f}]")
     print(json.dumps({"workdir": os.path.abspath(config.workdir), "steps": summary["steps"],
                       "curve": summary["curve"]}))
 

@@ -244,8 +244,24 @@ class EpisodeState:
         return self.done and self.raw_reward > 0
 
 
+def click_point(element: DomElement, width: int = TASK_WIDTH, height: int = TASK_HEIGHT) -> tuple[int, int] | None:
+    """The action-grid point (`actions.GRID` per axis) at the centre of the part of `element`
+    inside the width x height task region, or None when no part of it is inside."""
+    left, top = max(0.0, element.left), max(0.0, element.top)
+    right, bottom = min(float(width), element.left + element.width), min(float(height), element.top + element.height)
+    if right <= left or bottom <= top:
+        return None
+    return A.pixels_to_grid(int((left + right) / 2), int((top + bottom) / 2), width, height)
+
+
 def dom_to_text(dom: tuple[DomElement, ...]) -> str:
-    """One line per element, indented by depth: `[ref] TAG#id.classes "text" value=.. @x,y wxh`."""
+    """One line per element, indented by depth:
+    `[ref] TAG#id.classes "text" value=.. focused @x,y wxh click=[gx, gy]`.
+
+    @x,y wxh is the box in page pixels; click=[gx, gy] (elements with a visible part only) is
+    its visible centre on the action grid, in the same form as a tool call's "coordinate", so
+    a policy can ground an action by reading it off the page rather than by arithmetic.
+    """
     lines = []
     for e in dom:
         name = e.tag + (f"#{e.id}" if e.id else "") + "".join(f".{c}" for c in e.classes.split())
@@ -257,13 +273,16 @@ def dom_to_text(dom: tuple[DomElement, ...]) -> str:
         if e.focused:
             parts.append("focused")
         parts.append(f"@{e.left:.0f},{e.top:.0f} {e.width:.0f}x{e.height:.0f}")
+        point = click_point(e)
+        if point is not None:
+            parts.append(f"click=[{point[0]}, {point[1]}]")
         lines.append(" ".join(parts))
     return "\n".join(lines)
 
 
 _DOM_LINE = re.compile(
     r"^(?P<indent> *)\[(?P<ref>-?\d+)\] (?P<name>\S+)(?P<rest>.*?) "
-    r"@(?P<left>-?[\d.]+),(?P<top>-?[\d.]+) (?P<width>[\d.]+)x(?P<height>[\d.]+)$"
+    r"@(?P<left>-?[\d.]+),(?P<top>-?[\d.]+) (?P<width>[\d.]+)x(?P<height>[\d.]+)(?: click=\[\d+, \d+\])?$"
 )
 
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 
 from cua_jax.envs import actions as A
-from cua_jax.envs.miniwob import DomElement, MiniWoBObservation
+from cua_jax.envs.miniwob import DomElement, MiniWoBObservation, click_point
 
 
 class OracleError(RuntimeError):
@@ -30,13 +30,12 @@ class OracleUnsupportedError(OracleError):
 
 
 def click_element(element: DomElement, width: int, height: int) -> A.Click:
-    """A left click at the centre of the part of `element` inside the width x height region."""
-    left, top = max(0.0, element.left), max(0.0, element.top)
-    right, bottom = min(float(width), element.left + element.width), min(float(height), element.top + element.height)
-    if right <= left or bottom <= top:
+    """A left click at the centre of the part of `element` inside the width x height region
+    (`miniwob.click_point`: the point the DOM text shows as click=[x, y])."""
+    point = click_point(element, width, height)
+    if point is None:
         raise OracleError(f"element {element.tag} {element.text!r} lies outside the {width}x{height} task region")
-    x, y = A.pixels_to_grid(int((left + right) / 2), int((top + bottom) / 2), width, height)
-    return A.Click("left_click", x, y)
+    return A.Click("left_click", *point)
 
 
 def _quoted(utterance: str) -> str:

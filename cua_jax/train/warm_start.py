@@ -33,7 +33,7 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -396,11 +396,13 @@ def demonstration_nll(model: nnx.Module, data: DemonstrationData, config: WarmSt
     return total / count if count else 0.0
 
 
-def supervised_fine_tune(model: nnx.Module, data: DemonstrationData, config: WarmStartConfig = WarmStartConfig()) -> WarmStartResult:
+def supervised_fine_tune(model: nnx.Module, data: DemonstrationData, config: WarmStartConfig = WarmStartConfig(),
+                         on_step: Callable[[int, float], None] | None = None) -> WarmStartResult:
     """`config.steps` AdamW steps on the token-mean NLL of the demonstrations' response tokens.
 
     The model's trainable parameters (`model.trainable_filter()`, else every Param) are
-    updated in place; the rest (a frozen vision tower) is left untouched.
+    updated in place; the rest (a frozen vision tower) is left untouched. on_step(step, loss)
+    is called after every step (a progress bar).
     """
     start = time.perf_counter()
     trainable = model.trainable_filter() if hasattr(model, "trainable_filter") else nnx.Param
@@ -428,6 +430,8 @@ def supervised_fine_tune(model: nnx.Module, data: DemonstrationData, config: War
         losses.append(float(loss))
         if not math.isfinite(losses[-1]):
             raise FloatingPointError(f"warm start step {len(losses)}: the loss is {losses[-1]}")
+        if on_step is not None:
+            on_step(len(losses), losses[-1])
     nnx.update(model, params)
     return WarmStartResult(model, losses, time.perf_counter() - start, len(shapes))
 
@@ -523,6 +527,7 @@ def warm_start(
     time_limit_s: float | None = 600.0,
     concurrency: int = 4,
     reasoning: bool = True,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> tuple[WarmStartResult, Demonstrations]:
     """Demonstrations of every (task, seed), then `supervised_fine_tune` of `model` (in place) on them.
 
@@ -540,4 +545,4 @@ def warm_start(
         demonstrations.items, demonstrations.episodes, segmenter.renderer.image_processor, multimodal,
         config.rows, config.length_multiple, pad_id=int(segmenter.renderer.tokenizer.pad_token_id or 0),
     )
-    return supervised_fine_tune(model, data, config), demonstrations
+    return supervised_fine_tune(model, data, config, on_step), demonstrations

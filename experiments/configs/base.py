@@ -52,6 +52,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout = ml_collections.ConfigDict()
     c.rollout.engine = "jax"  # the built-in JAX sampler
     c.rollout.num_workers = 1  # rollout workers (each: a capsule runtime + an engine)
+    c.rollout.worker_backend = "local"  # local: in the trainer's process | ray: one Ray actor each
+    c.rollout.worker_cpus = 1.0  # ray: logical CPUs each worker actor reserves
+    c.rollout.ray_object_store_mb = 256  # ray: object store of the local Ray the trainer starts
     c.rollout.group_size = 8  # n rollouts per task
     c.rollout.batch_tasks = 4  # tasks per step (train batch)
     c.rollout.max_turns = 15
@@ -165,9 +168,16 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.confidence = 0.95  # Wilson interval level
     c.eval.num_traces = 3  # episode traces saved per evaluation
 
-    # Supervised warm start on the MiniWoB oracle's demonstrations (the embedded run).
+    # Supervised warm start on the MiniWoB oracle's demonstrations, before RL (and before the
+    # "before" evaluation): cua_jax.train.warm_start. Needs env.include_dom_text (the oracle
+    # reads the page back out of the prompt) and tasks the oracle solves. Its demonstrations use
+    # training seeds 0 .. demos_per_task - 1 (never held-out ones). The KL reference is the
+    # warm-started policy. A resumed run skips it (the checkpoint holds its result).
     c.warm_start = ml_collections.ConfigDict()
-    c.warm_start.steps = 0  # 0: none
+    c.warm_start.steps = 0  # SFT optimizer steps (0: no warm start)
     c.warm_start.demos_per_task = 8
-    c.warm_start.learning_rate = 1e-3
+    c.warm_start.rows = 2  # demonstration items per SFT step
+    c.warm_start.learning_rate = 3e-3
+    c.warm_start.warmup_steps = 10
+    c.warm_start.concurrency = 4  # oracle episodes run at once
     return c

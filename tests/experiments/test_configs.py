@@ -10,9 +10,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from cua_jax.train.trainer import ConfigError, TrainSettings
-from experiments.configs import base, canopy, default, evocua, scalecua
+from experiments.configs import base, canopy, default, evocua, scalecua, tiny
 
-RECIPES = {"default": default, "canopy": canopy, "scalecua": scalecua, "evocua": evocua}
+RECIPES = {"default": default, "canopy": canopy, "scalecua": scalecua, "evocua": evocua, "tiny": tiny}
 
 
 def _flatten(d, prefix=""):

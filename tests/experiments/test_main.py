@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -12,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def run_main(*args, workdir):
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
     return subprocess.run([sys.executable, "-m", "experiments.main", *args, f"--workdir={workdir}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=900)
 
 
 def test_a_malformed_field_stops_the_run_naming_it(tmp_path):
@@ -25,3 +28,32 @@ def test_a_malformed_field_stops_the_run_naming_it(tmp_path):
 def test_an_unknown_job_is_named(tmp_path):
     result = run_main("--config=experiments/configs/default.py", "--config.job=nope", workdir=tmp_path)
     assert result.returncode != 0 and "config.job='nope' is not one of" in result.stderr
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
+    """The README's main job, shrunk by overrides only: warm start, evaluation before, one RL
+    step, evaluation after with the gain's interval, and every artefact in the workdir."""
+    workdir = tmp_path / "run"
+    overrides = [
+        "--config.env.tasks=('click-button',)", "--config.env.task_tiers=(0,)", "--config.model.num_layers=2",
+        "--config.warm_start.steps=2", "--config.warm_start.demos_per_task=1", "--config.rollout.group_size=2",
+        "--config.rollout.batch_tasks=1", "--config.rollout.max_turns=1", "--config.eval.num_seeds=2",
+        "--config.eval.max_turns=1", "--config.train.num_steps=1", "--config.train.progress_bar=False",
+    ]
+    result = run_main("--config=experiments/configs/default.py", *overrides, workdir=workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "held-out success before:" in result.stdout and "held-out success after:" in result.stdout
+    assert "held-out success after - before:" in result.stdout and "Newcombe 95%" in result.stdout
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["steps"] == 1 and summary["warm_start"]["warm_start/demonstrations"] == 1
+    gain = summary["evaluations"]["gain"]
+    assert gain["ci_low"] <= gain["difference"] <= gain["ci_high"]
+    for path in ("metrics.jsonl", "learning_curve.png", "warm_start.json", "traces/before/00/trace.json",
+                 "traces/after/00/trace.json", "checkpoints"):
+        assert (workdir / path).exists(), path
+    assert any((workdir / "tensorboard").iterdir())
+    # A workdir that holds checkpoints is not trained over without --resume.
+    again = run_main("--config=experiments/configs/default.py", *overrides, workdir=workdir)
+    assert again.returncode != 0 and "pass --resume" in again.stderr

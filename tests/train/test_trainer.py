@@ -20,30 +20,15 @@ import pytest
 from cua_jax.rollout.agent_loop import AgentEnvironment
 from cua_jax.train.trainer import TIMING_PREFIX, Trainer
 from cua_jax.types import EpisodeStatus
-from experiments.configs.base import base_config
+from experiments.configs import tiny
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def tiny_config(workdir, **train):
-    c = base_config()
-    c.name = "tiny"
+    """experiments/configs/tiny.py in `workdir`, with section__field=value overrides."""
+    c = tiny.get_config()
     c.workdir = str(workdir)
-    c.model.num_layers = 2
-    c.env.tasks = ("click-button", "focus-text")
-    c.env.task_tiers = (0, 1)
-    c.env.include_dom_text = False  # short items: the test is about the loop, not learning
-    c.rollout.group_size = 2
-    c.rollout.batch_tasks = 2
-    c.rollout.max_turns = 1
-    c.rollout.max_new_tokens = 8
-    c.rollout.max_context_tokens = 1024
-    c.loss.entropy_coef = 1e-2
-    c.optimizer.learning_rate = 1e-3
-    c.learner.rows = 4
-    c.learner.length_multiple = 256
-    c.eval.enabled = False
-    c.train.progress_bar = False
     for key, value in train.items():
         section, name = key.split("__")
         c[section][name] = value

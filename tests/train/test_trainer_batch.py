@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from cua_jax.rollout.agent_loop import Rollout
 from cua_jax.train.trainer import (
     TrainSettings,
+    difference_interval,
     group_from_rollouts,
     prepare_batch,
     quarantine_kind,
@@ -46,6 +47,31 @@ def test_wilson_interval_edges():
     assert wilson_interval(10, 10)[1] == 1.0 and wilson_interval(0, 10)[0] == 0.0
     with pytest.raises(ValueError, match="successes"):
         wilson_interval(3, 2)
+
+
+@pytest.mark.parametrize("a, b, expected", [
+    # Newcombe (1998), Table II, method 10 (hybrid score without continuity correction).
+    ((48, 80), (56, 70), (0.0524, 0.3339)),
+    ((3, 10), (9, 10), (0.1705, 0.8090)),
+    ((0, 29), (5, 56), (-0.0381, 0.1926)),
+])
+def test_difference_interval_matches_newcombes_published_values(a, b, expected):
+    difference, low, high = difference_interval(*a, *b, confidence=0.95)
+    assert difference == pytest.approx(b[0] / b[1] - a[0] / a[1])
+    assert (round(low, 4), round(high, 4)) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 300).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))),
+       st.integers(1, 300).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
+def test_difference_interval_holds_the_estimate_and_is_antisymmetric(a, b):
+    difference, low, high = difference_interval(*a, *b)
+    assert -1.0 <= low <= difference <= high <= 1.0
+    swapped, swapped_low, swapped_high = difference_interval(*b, *a)
+    assert swapped == pytest.approx(-difference)
+    assert (swapped_low, swapped_high) == pytest.approx((-high, -low))
+    # The interval of a difference is wider than either rate's own interval's half-width.
+    assert high - low >= max(np.diff(wilson_interval(*a))[0], np.diff(wilson_interval(*b))[0]) - 1e-12
 
 
 def test_quarantine_kind_names_the_fault():

@@ -88,6 +88,23 @@ def test_dom_from_text_inverts_dom_to_text(specs):
     ]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.tuples(*(st.integers(-40, 300) for _ in range(2)), *(st.integers(0, 300) for _ in range(2))))
+def test_dom_text_click_point_is_where_the_oracle_clicks(box):
+    from cua_jax.envs.miniwob_oracle import OracleError, click_element
+
+    left, top, width, height = box
+    element = DomElement(ref=1, parent=None, depth=0, tag="BUTTON", text="ok", left=float(left), top=float(top),
+                         width=float(width), height=float(height))
+    line = dom_to_text((element,))
+    try:
+        click = click_element(element, 160, 210)
+    except OracleError:
+        assert "click=" not in line  # nothing of it is inside the task region
+    else:
+        assert line.endswith(f" click=[{click.x}, {click.y}]")
+
+
 def test_dom_from_text_names_a_bad_line():
     with pytest.raises(ValueError, match="not a DOM text line"):
         dom_from_text("[1] BODY @0,0 500x210\nnonsense")

@@ -1,0 +1,89 @@
+"""The trainer's supervised warm start on real MiniWoB++ capsules: it runs before the learner,
+the KL reference and the engines copy the policy, it is checkpointed with the reference, and a
+resumed run skips it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from cua_jax.train.trainer import ConfigError, Trainer, TrainSettings, build_policy
+from experiments.configs import tiny
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def warm_config(workdir):
+    """The tiny run on click-button with DOM text (the oracle reads it), a KL reference and a
+    3-step warm start on 2 demonstrations."""
+    c = tiny.get_config()
+    c.name = "warm"
+    c.workdir = str(workdir)
+    c.env.tasks = ("click-button",)
+    c.env.task_tiers = (0,)
+    c.env.include_dom_text = True
+    c.rollout.batch_tasks = 1
+    c.rollout.max_new_tokens = 64  # an oracle reply is ~50 tokens
+    c.rollout.max_context_tokens = 4096
+    c.loss.kl_coef = 1e-3
+    c.eval.max_turns = 2
+    c.warm_start.steps = 3
+    c.warm_start.demos_per_task = 2
+    c.warm_start.concurrency = 2
+    return c
+
+
+def leaves(state):
+    return [np.asarray(x) for x in jax.tree.leaves(state)]
+
+
+def test_warm_start_config_errors_name_the_field():
+    c = warm_config("/tmp/unused")
+    c.env.include_dom_text = False
+    with pytest.raises(ConfigError, match=r"config\.warm_start\.steps: .*include_dom_text"):
+        TrainSettings.from_config(c)
+    c = warm_config("/tmp/unused")
+    c.env.tasks = ("click-button", "book-flight")
+    c.env.task_tiers = (0, 0)
+    with pytest.raises(ConfigError, match=r"config\.warm_start\.steps: the oracle has no demonstrations for \['book-flight'\]"):
+        TrainSettings.from_config(c)
+    c = warm_config("/tmp/unused")
+    c.warm_start.demos_per_task = 0
+    with pytest.raises(ConfigError, match=r"config\.warm_start\.demos_per_task"):
+        TrainSettings.from_config(c)
+
+
+def test_warm_start_feeds_learner_and_reference_and_is_resumed_not_rerun(tmp_path):
+    config = warm_config(tmp_path)
+    with Trainer(config) as trainer:
+        metrics = trainer.warm_start_metrics
+        assert metrics["warm_start/demonstrations"] == 2 and metrics["warm_start/rejected"] == 0
+        assert math.isfinite(metrics["warm_start/loss_first"]) and math.isfinite(metrics["warm_start/loss_last10"])
+        record = json.load(open(os.path.join(tmp_path, "warm_start.json")))
+        assert len(record["losses"]) == 3 and record["demonstrations"] == 2
+        logged = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]
+        assert any("warm_start/loss_first" in r for r in logged)
+
+        random_init = build_policy(trainer.settings, config.seed)
+        from flax import nnx
+
+        random_params = leaves(nnx.split(random_init, random_init.trainable_filter(), ...)[1])
+        learner_params = leaves(trainer.learner.params)
+        # The learner starts from the warm-started policy, and the KL reference is that policy.
+        assert [a.shape for a in random_params] == [a.shape for a in learner_params]
+        assert sum(not np.array_equal(a, b) for a, b in zip(learner_params, random_params)) > len(random_params) // 2
+        for a, b in zip(learner_params, leaves(trainer.learner.reference_params)):
+            np.testing.assert_array_equal(a, b)
+        reference = leaves(trainer.learner.reference_params)
+        trainer.save()
+
+    with Trainer(config) as resumed:  # the workdir holds a checkpoint: no second warm start
+        assert resumed.warm_start_metrics == {}
+        assert resumed.restore()
+        for a, b in zip(reference, leaves(resumed.learner.reference_params)):
+            np.testing.assert_array_equal(a, b)
