@@ -272,8 +272,11 @@ def dom_to_text(dom: tuple[DomElement, ...]) -> str:
             parts.append(f"value={e.value!r}")
         if e.focused:
             parts.append("focused")
-        parts.append(f"@{e.left:.0f},{e.top:.0f} {e.width:.0f}x{e.height:.0f}")
-        point = click_point(e)
+        box = [f"{value:.0f}" for value in (e.left, e.top, e.width, e.height)]
+        parts.append(f"@{box[0]},{box[1]} {box[2]}x{box[3]}")
+        # The point of the box as printed, so a reader of the text (the demonstrator) clicks it.
+        left, top, width, height = (float(value) for value in box)
+        point = click_point(dataclasses.replace(e, left=left, top=top, width=width, height=height))
         if point is not None:
             parts.append(f"click=[{point[0]}, {point[1]}]")
         lines.append(" ".join(parts))
