@@ -236,18 +236,17 @@ class TrainSettings:
                          max_length=c.learner.max_length or None)
         advantage = build("advantage", AdvantageConfig, estimator=c.advantage.estimator, std_eps=c.advantage.std_eps,
                           no_verdict_reward=c.advantage.no_verdict_reward)
-        agent = build("rollout", AgentConfig, max_turns=c.rollout.max_turns, max_new_tokens=c.rollout.max_new_tokens,
-                      max_context_tokens=c.rollout.max_context_tokens, temperature=c.rollout.temperature,
-                      top_p=c.rollout.top_p, top_k=c.rollout.top_k, no_verdict_reward=c.advantage.no_verdict_reward,
+        # Budgets and sampling both loops share; turns, context and sampling have eval's own fields.
+        shared = dict(max_new_tokens=c.rollout.max_new_tokens, no_verdict_reward=c.advantage.no_verdict_reward,
                       batch_wait_s=c.rollout.batch_wait_s or None,
                       max_response_tokens=c.rollout.max_response_tokens or None,
                       max_observation_tokens=c.rollout.max_observation_tokens or None)
-        eval_agent = build("eval", AgentConfig, max_turns=c.eval.max_turns, max_new_tokens=c.rollout.max_new_tokens,
+        agent = build("rollout", AgentConfig, max_turns=c.rollout.max_turns,
+                      max_context_tokens=c.rollout.max_context_tokens, temperature=c.rollout.temperature,
+                      top_p=c.rollout.top_p, top_k=c.rollout.top_k, **shared)
+        eval_agent = build("eval", AgentConfig, max_turns=c.eval.max_turns,
                            max_context_tokens=c.eval.max_context_tokens, temperature=c.eval.temperature,
-                           top_p=c.eval.top_p, top_k=c.eval.top_k, no_verdict_reward=c.advantage.no_verdict_reward,
-                           batch_wait_s=c.rollout.batch_wait_s or None,
-                           max_response_tokens=c.rollout.max_response_tokens or None,
-                           max_observation_tokens=c.rollout.max_observation_tokens or None)
+                           top_p=c.eval.top_p, top_k=c.eval.top_k, **shared)
         mesh = build("mesh", MeshConfig, data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
         s = c.sampler
         sampler_configs = {
