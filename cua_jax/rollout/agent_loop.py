@@ -65,6 +65,7 @@ import abc
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import random
 import time
 from collections.abc import Coroutine, Sequence
@@ -76,7 +77,7 @@ from cua_jax.context.segment import EpisodeContext, Segmenter
 from cua_jax.envs import actions as A
 from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, episode_outcome
 from cua_jax.rollout.engine import FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
-from cua_jax.rollout.prompts import INVALID_ACTION_PREFIX, observation_text, system_prompt
+from cua_jax.rollout.prompts import INVALID_ACTION_PREFIX, PROMPT_STYLES, observation_text, system_prompt
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
 
 # ------------------------------------------------------------------------------------
@@ -171,6 +172,7 @@ class AgentConfig:
         engine (None: until all do); see GenerationBatcher.
     max_response_tokens: whole-episode cap on generated tokens (None: none); see the module doc.
     max_observation_tokens: cap on one observation's text in tokens (None: none); module doc.
+    prompt_style: how the system prompt lists the action space (`prompts.PROMPT_STYLES`).
     """
 
     max_turns: int = 15
@@ -186,8 +188,11 @@ class AgentConfig:
     batch_wait_s: float | None = 0.5
     max_response_tokens: int | None = None
     max_observation_tokens: int | None = None
+    prompt_style: str = "tool_schema"
 
     def __post_init__(self):
+        if self.prompt_style not in PROMPT_STYLES:
+            raise ValueError(f"prompt_style {self.prompt_style!r} is unknown; choose one of {PROMPT_STYLES}")
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.max_new_tokens < 1:
@@ -411,7 +416,8 @@ class AgentLoop:
 
     segmenter: the context strategy; its EpisodeContext builds every engine prompt.
     system_prompt_for: (width, height) of the first screenshot -> system prompt; default
-        `prompts.system_prompt` (the action space rendered from cua_jax.envs.actions).
+        `prompts.system_prompt` in `config.prompt_style` (the action space rendered from
+        cua_jax.envs.actions).
     """
 
     def __init__(
@@ -419,12 +425,12 @@ class AgentLoop:
         engine: RolloutEngine,
         segmenter: Segmenter,
         config: AgentConfig = AgentConfig(),
-        system_prompt_for=system_prompt,
+        system_prompt_for=None,
     ):
         self.engine = engine
         self.segmenter = segmenter
         self.config = config
-        self.system_prompt_for = system_prompt_for
+        self.system_prompt_for = system_prompt_for or functools.partial(system_prompt, style=config.prompt_style)
         self.end_of_turn_id = int(segmenter.renderer.end_of_turn_id)
         # Tokens a reply must not hold: rendered again, they would stand for images.
         self.reserved_ids = np.asarray(reserved_token_ids(segmenter.renderer), np.int32)

@@ -2,7 +2,13 @@
 
 The action space in the system prompt is rendered from `cua_jax.envs.actions` (the tool
 schema `tool_description` and an example call made by `render_action`), so the prompt
-always describes exactly what the parser accepts.
+always describes exactly what the parser accepts. Two styles (`PROMPT_STYLES`):
+
+* "tool_schema": the tool's JSON schema, as Qwen's chat template lists tools (562 tokens
+  of the shipped tiny tokenizer at 160x210).
+* "compact": the same actions and arguments in one line each, about a third as long. Every
+  prompt of an episode starts with the system prompt, so on a small policy it is a large
+  share of the tokens every rollout prefill and every learner pass pays for.
 """
 
 from __future__ import annotations
@@ -16,21 +22,46 @@ INVALID_ACTION_PREFIX = "Invalid action: "
 DOM_TEXT_HEADER = "Page elements:\n"
 
 
-def system_prompt(screen_width: int, screen_height: int) -> str:
+PROMPT_STYLES = ("tool_schema", "compact")
+
+# The compact style's lines: action names (as `parse_action` spells them) -> their arguments.
+_COMPACT_ACTIONS = (
+    ("|".join(A.CLICK_KINDS + ("mouse_move",)), "coordinate"),
+    ("left_click_drag", "coordinate, start_coordinate?"),
+    ("left_mouse_down|left_mouse_up", "coordinate?"),
+    ("key", "keys"),
+    ("hold_key", "keys, duration"),
+    ("type|answer", "text"),
+    ("scroll", f"direction ({'|'.join(A.SCROLL_DIRECTIONS)}), amount, coordinate?"),
+    ("wait", "time"),
+    ("write_file", "path, content"),
+    ("screenshot|cursor_position|done|DONE|FAIL|WAIT", ""),
+)
+
+
+def system_prompt(screen_width: int, screen_height: int, style: str = "tool_schema") -> str:
     """The system prompt of a computer-use agent acting on a screen_width x screen_height screen.
 
-    Holds the computer-use tool's JSON schema (compact) and one example call in the exact
-    syntax `parse_action` reads.
+    Holds the computer-use tool's action space in `style` (see the module doc) and one
+    example call in the exact syntax `parse_action` reads.
     """
     if screen_width < 1 or screen_height < 1:
         raise ValueError(f"screen size must be positive, got {screen_width}x{screen_height}")
-    schema = json.dumps(A.tool_description(screen_width, screen_height)["function"], separators=(",", ":"))
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"unknown system prompt style {style!r}; choose one of {PROMPT_STYLES}")
     example = A.render_action(A.Click("left_click", A.GRID // 2, A.GRID // 2))
-    return (
+    intro = (
         "You operate a computer to complete the user's task. Each turn you see a screenshot; "
         "think briefly, then reply with exactly one tool call.\n"
-        f"Tool: {schema}\n"
-        f"Example reply:\n{example}"
+    )
+    if style == "tool_schema":
+        schema = json.dumps(A.tool_description(screen_width, screen_height)["function"], separators=(",", ":"))
+        return f"{intro}Tool: {schema}\nExample reply:\n{example}"
+    lines = "\n".join(f"{names} {arguments}".rstrip() for names, arguments in _COMPACT_ACTIONS)
+    return (
+        f"{intro}Tool {A.TOOL_NAME} on a {screen_width}x{screen_height} screen; [x, y] on a "
+        f"{A.GRID}x{A.GRID} grid, [0, 0] top-left. Actions and arguments (? optional):\n"
+        f"{lines}\nExample reply:\n{example}"
     )
 
 

@@ -26,7 +26,7 @@ from cua_jax.envs.miniwob import UnknownTaskError, dom_from_text
 from cua_jax.envs.miniwob_oracle import oracle_action
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, MiniWoBEnvironment
 from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, RolloutEngine
-from cua_jax.rollout.prompts import DOM_TEXT_HEADER, INVALID_ACTION_PREFIX, system_prompt
+from cua_jax.rollout.prompts import DOM_TEXT_HEADER, INVALID_ACTION_PREFIX
 from cua_jax.train.warm_start import observation_from_prompt
 from cua_jax.types import EpisodeStatus
 
@@ -197,14 +197,6 @@ def _assert_items_equal(left, right):
 # ------------------------------------------------------------------------------------
 # Tests
 # ------------------------------------------------------------------------------------
-
-
-def test_system_prompt_renders_the_parsers_action_space():
-    prompt = system_prompt(160, 210)
-    for name in ("left_click", "type", "key", "scroll", "done", "FAIL", "160x210"):
-        assert name in prompt
-    example = prompt.split("Example reply:\n", 1)[1]
-    assert A.parse_action(example) == A.Click("left_click", A.GRID // 2, A.GRID // 2)
 
 
 def test_config_rejects_impossible_budgets():

@@ -1,0 +1,56 @@
+"""The system prompt's action space in both styles, and the agent loop's choice of style."""
+
+from __future__ import annotations
+
+import pytest
+
+from cua_jax.context.render import ChatRenderer
+from cua_jax.context.segment import SlidingWindow
+from cua_jax.context.tokenizer import load_processor
+from cua_jax.envs import actions as A
+from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop
+from cua_jax.rollout.prompts import PROMPT_STYLES, system_prompt
+
+# Every action the parser accepts except Qwen's `terminate`, which it reads as DONE / FAIL
+# and the tool schema does not list either.
+LISTED_ACTIONS = [name for name in A._ACTION_NAMES if name != "terminate"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_processor()[0]
+
+
+@pytest.mark.parametrize("style", PROMPT_STYLES)
+def test_system_prompt_lists_every_action_and_a_parsable_example(style):
+    prompt = system_prompt(160, 210, style)
+    assert "160x210" in prompt and f"{A.GRID}x{A.GRID}" in prompt
+    for name in LISTED_ACTIONS:
+        assert name in prompt, f"{style} prompt does not list {name!r}"
+    for argument in ("coordinate", "start_coordinate", "keys", "duration", "text", "direction", "amount",
+                     "time", "path", "content", *A.SCROLL_DIRECTIONS):
+        assert argument in prompt, f"{style} prompt does not name the argument {argument!r}"
+    example = prompt.split("Example reply:\n", 1)[1]
+    assert A.parse_action(example) == A.Click("left_click", A.GRID // 2, A.GRID // 2)
+
+
+def test_compact_prompt_is_under_half_the_schema_in_tokens(tokenizer):
+    lengths = {style: len(tokenizer(system_prompt(160, 210, style))["input_ids"]) for style in PROMPT_STYLES}
+    assert lengths["compact"] < lengths["tool_schema"] / 2, lengths
+
+
+def test_unknown_style_and_screen_size_are_named():
+    with pytest.raises(ValueError, match="style 'json'"):
+        system_prompt(160, 210, "json")
+    with pytest.raises(ValueError, match="screen size"):
+        system_prompt(0, 210)
+    with pytest.raises(ValueError, match="prompt_style 'json'"):
+        AgentConfig(prompt_style="json")
+
+
+@pytest.mark.parametrize("style", PROMPT_STYLES)
+def test_agent_loop_prompts_in_its_configured_style(style):
+    tokenizer, image_processor = load_processor()
+    segmenter = SlidingWindow(ChatRenderer(tokenizer, image_processor), keep=2, min_removal=1)
+    loop = AgentLoop(engine=None, segmenter=segmenter, config=AgentConfig(prompt_style=style))
+    assert loop.system_prompt_for(160, 210) == system_prompt(160, 210, style)
