@@ -240,7 +240,8 @@ class TrainSettings:
         shared = dict(max_new_tokens=c.rollout.max_new_tokens, no_verdict_reward=c.advantage.no_verdict_reward,
                       batch_wait_s=c.rollout.batch_wait_s or None,
                       max_response_tokens=c.rollout.max_response_tokens or None,
-                      max_observation_tokens=c.rollout.max_observation_tokens or None)
+                      max_observation_tokens=c.rollout.max_observation_tokens or None,
+                      prompt_style=c.rollout.prompt_style)
         agent = build("rollout", AgentConfig, max_turns=c.rollout.max_turns,
                       max_context_tokens=c.rollout.max_context_tokens, temperature=c.rollout.temperature,
                       top_p=c.rollout.top_p, top_k=c.rollout.top_k, **shared)
@@ -274,6 +275,7 @@ class TrainSettings:
 
             warm_start = build("warm_start", WarmStartConfig, steps=c.warm_start.steps, rows=c.warm_start.rows,
                                learning_rate=c.warm_start.learning_rate, warmup_steps=c.warm_start.warmup_steps,
+                               schedule=c.warm_start.schedule, min_lr_ratio=c.warm_start.min_lr_ratio,
                                length_multiple=c.learner.length_multiple, seed=c.seed,
                                seq_chunk=c.learner.seq_chunk, vocab_chunk=c.learner.vocab_chunk)
         options = {name: c.context[name] for name in SEGMENTER_OPTIONS[c.context.segmenter]}
@@ -632,7 +634,9 @@ class Trainer:
         self.last_minibatch_item_counts: list[int] = []
         self.history: list[dict[str, float]] = []
         self.evaluations: dict[str, dict[str, float]] = {}
-        self._sampler_lock = threading.Lock()
+        # Reentrant: under DAPO, collect() holds it across its rounds, whose group runs take it
+        # again for group ids.
+        self._sampler_lock = threading.RLock()
         self._rollout_threads: list[threading.Thread] = []
         self._rollout_error: BaseException | None = None
         self._stop = threading.Event()

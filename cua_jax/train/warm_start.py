@@ -59,7 +59,7 @@ from cua_jax.train.batching import (
     collate,
     process_images,
 )
-from cua_jax.train.learner import OptimizerConfig, make_optimizer
+from cua_jax.train.learner import SCHEDULES, OptimizerConfig, make_optimizer
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem
 
 # ------------------------------------------------------------------------------------
@@ -285,8 +285,8 @@ class WarmStartConfig:
     """The supervised fine-tuning run.
 
     steps: optimizer steps. rows: items per step (the batch). learning_rate / warmup_steps /
-    weight_decay / max_grad_norm: AdamW as `learner.OptimizerConfig` (constant schedule after
-    the warmup). length_multiple: item lengths are padded to a multiple of it (one compiled
+    weight_decay / max_grad_norm: AdamW as `learner.OptimizerConfig`. schedule: after the
+    warmup, "constant" or "cosine" (decay to min_lr_ratio x learning_rate at the last step). length_multiple: item lengths are padded to a multiple of it (one compiled
     step per distinct (length, image count) bucket). seed: batch order.
     seq_chunk / vocab_chunk: chunking of the log-softmax (`cua_jax.models.scoring`).
     """
@@ -297,6 +297,8 @@ class WarmStartConfig:
     warmup_steps: int = 10
     weight_decay: float = 0.0
     max_grad_norm: float | None = 1.0
+    schedule: str = "constant"
+    min_lr_ratio: float = 0.0
     length_multiple: int = 256
     seed: int = 0
     seq_chunk: int = 256
@@ -307,11 +309,15 @@ class WarmStartConfig:
             raise ValueError(f"WarmStartConfig.steps must be >= 0, got {self.steps}")
         if self.rows < 1:
             raise ValueError(f"WarmStartConfig.rows must be >= 1, got {self.rows}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"WarmStartConfig.schedule {self.schedule!r} is unknown; choose one of {SCHEDULES}")
 
     def optimizer(self) -> OptimizerConfig:
         return OptimizerConfig(
             learning_rate=self.learning_rate, warmup_steps=self.warmup_steps,
             weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
+            schedule=self.schedule, decay_steps=max(self.steps - self.warmup_steps, 1),
+            min_lr_ratio=self.min_lr_ratio,
         )
 
 

@@ -62,6 +62,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.max_context_tokens = 4096  # prompt + response budget of one turn
     c.rollout.max_response_tokens = 0  # whole-episode response cap (0: none); CANOPY 32,768
     c.rollout.max_observation_tokens = 0  # observation cap (0: none); CANOPY 4,096
+    # How the system prompt lists the action space: "tool_schema" (the JSON schema, as Qwen's
+    # template lists tools) or "compact" (one line per action, ~half the tokens).
+    c.rollout.prompt_style = "tool_schema"
     c.rollout.temperature = 1.0
     c.rollout.top_p = 1.0
     c.rollout.top_k = 0
@@ -179,5 +182,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.warm_start.rows = 2  # demonstration items per SFT step
     c.warm_start.learning_rate = 3e-3
     c.warm_start.warmup_steps = 10
+    c.warm_start.schedule = "constant"  # after the warmup: "constant" or "cosine" (to min_lr_ratio x lr)
+    c.warm_start.min_lr_ratio = 0.0
     c.warm_start.concurrency = 4  # oracle episodes run at once
     return c

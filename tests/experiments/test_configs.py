@@ -107,6 +107,7 @@ def test_unknown_override_is_rejected():
     ("sampler.gamma", 2.0, "config.sampler.gamma"),
     ("advantage.estimator", "ppo", "config.advantage.estimator"),
     ("env.eval_seed_start", 5, "config.env.eval_seed_start"),
+    ("rollout.prompt_style", "json", "config.rollout.prompt_style"),
 ])
 def test_a_malformed_field_is_named(field, value, named):
     config = canopy.get_config()
@@ -115,6 +116,14 @@ def test_a_malformed_field_is_named(field, value, named):
     with pytest.raises(ConfigError) as error:
         TrainSettings.from_config(config)
     assert str(error.value).startswith(named), str(error.value)
+
+
+def test_a_malformed_warm_start_field_is_named():
+    config = default.get_config()
+    config.warm_start.schedule = "linear"
+    with pytest.raises(ConfigError) as error:
+        TrainSettings.from_config(config)
+    assert str(error.value).startswith("config.warm_start.schedule"), str(error.value)
 
 
 def test_an_unknown_task_is_named():

@@ -116,9 +116,23 @@ def test_observation_from_prompt_needs_dom_text():
         W.observation_from_prompt(prompt, TASK, np.zeros((210, 160, 3), np.uint8))
 
 
+def test_cosine_warm_start_decays_to_its_floor_at_the_last_step():
+    from cua_jax.train.learner import learning_rate_schedule
+
+    config = W.WarmStartConfig(steps=50, learning_rate=3e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1)
+    lr = learning_rate_schedule(config.optimizer())
+    assert float(lr(10)) == pytest.approx(3e-3)
+    assert float(lr(30)) == pytest.approx(3e-3 * (0.1 + 0.9 * 0.5), rel=1e-5)
+    assert float(lr(50)) == pytest.approx(3e-4, rel=1e-5)
+    constant = learning_rate_schedule(W.WarmStartConfig(steps=50, learning_rate=3e-3, warmup_steps=10).optimizer())
+    assert float(constant(50)) == pytest.approx(3e-3)
+
+
 def test_config_and_task_errors():
     with pytest.raises(ValueError, match="rows"):
         W.WarmStartConfig(rows=0)
+    with pytest.raises(ValueError, match="schedule"):
+        W.WarmStartConfig(schedule="linear")
     with pytest.raises(ValueError, match="no script"):
         W.collect_demonstrations(["click-pie"], [0], runtime=None, segmenter=None)
 
