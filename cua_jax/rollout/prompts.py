@@ -6,7 +6,7 @@ always describes exactly what the parser accepts. Two styles (`PROMPT_STYLES`):
 
 * "tool_schema": the tool's JSON schema, as Qwen's chat template lists tools (562 tokens
   of the shipped tiny tokenizer at 160x210).
-* "compact": the same actions and arguments in one line each, about a third as long. Every
+* "compact": the same actions and arguments in one line each, under half as long. Every
   prompt of an episode starts with the system prompt, so on a small policy it is a large
   share of the tokens every rollout prefill and every learner pass pays for.
 """
