@@ -17,8 +17,8 @@ LISTED_ACTIONS = [name for name in A._ACTION_NAMES if name != "terminate"]
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return load_processor()[0]
+def processor():
+    return load_processor()
 
 
 @pytest.mark.parametrize("style", PROMPT_STYLES)
@@ -34,7 +34,8 @@ def test_system_prompt_lists_every_action_and_a_parsable_example(style):
     assert A.parse_action(example) == A.Click("left_click", A.GRID // 2, A.GRID // 2)
 
 
-def test_compact_prompt_is_under_half_the_schema_in_tokens(tokenizer):
+def test_compact_prompt_is_under_half_the_schema_in_tokens(processor):
+    tokenizer = processor[0]
     lengths = {style: len(tokenizer(system_prompt(160, 210, style))["input_ids"]) for style in PROMPT_STYLES}
     assert lengths["compact"] < lengths["tool_schema"] / 2, lengths
 
@@ -49,8 +50,8 @@ def test_unknown_style_and_screen_size_are_named():
 
 
 @pytest.mark.parametrize("style", PROMPT_STYLES)
-def test_agent_loop_prompts_in_its_configured_style(style):
-    tokenizer, image_processor = load_processor()
+def test_agent_loop_prompts_in_its_configured_style(style, processor):
+    tokenizer, image_processor = processor
     segmenter = SlidingWindow(ChatRenderer(tokenizer, image_processor), keep=2, min_removal=1)
     loop = AgentLoop(engine=None, segmenter=segmenter, config=AgentConfig(prompt_style=style))
     assert loop.system_prompt_for(160, 210) == system_prompt(160, 210, style)
