@@ -61,7 +61,11 @@ def _run_training(config) -> None:
               f"{int(result['episodes'])} episodes), Wilson {level} [{result['ci_low']:.3f}, {result['ci_high']:.3f}]")
     if gain is not None:
         print(f"held-out success after - before: {gain['difference']:+.3f}, Newcombe {level} "
-              f"[{gain['ci_low']:+.3f}, {gain['ci_high']:+.3f}]")
+              f"[{gain['ci_low']:+.3f}, {gain['ci_high']:+.3f}] (independent samples)")
+        if "paired_difference" in gain:
+            print(f"paired by seed ({int(gain['paired_episodes'])} seeds, {int(gain['gained'])} gained, "
+                  f"{int(gain['lost'])} lost): {gain['paired_difference']:+.3f}, Newcombe {level} "
+                  f"[{gain['paired_ci_low']:+.3f}, {gain['paired_ci_high']:+.3f}]")
     print(json.dumps({"workdir": os.path.abspath(config.workdir), "steps": summary["steps"],
                       "curve": summary["curve"]}))
 

@@ -12,6 +12,10 @@ and then the top-p nucleus and renormalised. With temperature == 0 (greedy) the 
 is the argmax and its logprob is taken under the plain model distribution
 (temperature 1, no filtering), which is what a learner scoring at temperature 1 sees.
 
+Randomness: one key per call, from which the whole batch draws; or, with `row_seeds`, one
+stream per prompt (`jax.random.key(seed)` split once per decode step), so a seeded prompt
+draws the same random numbers whatever batch it shares and wherever it sits in it.
+
 Banned tokens (`SamplingParams.banned_token_ids`, e.g. the vision placeholders a reply must
 never hold) get logit -inf before anything else, so they are never sampled and every
 logprob above is taken under the distribution renormalised over the allowed tokens; a
@@ -156,14 +160,18 @@ def sample_tokens(
     banned_token_ids: tuple[int, ...] | jax.Array = (),
 ) -> tuple[jax.Array, jax.Array]:
     """(token int32 [B], its logprob float32 [B]) for logits [B, V] (see module doc);
-    banned_token_ids (`ban_tokens`) are masked out first."""
+    banned_token_ids (`ban_tokens`) are masked out first. key: one key for the batch, or
+    keys [B] (one per row: row b's token depends on keys[b] and its own logits only)."""
     logits = ban_tokens(logits, banned_token_ids)
     if greedy:
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     else:
         logp = sampling_log_probs(logits, temperature, top_p, top_k=top_k, apply_top_p=apply_top_p)
-        token = jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
+        if key.ndim == 1:
+            token = jax.vmap(jax.random.categorical)(key, logp).astype(jnp.int32)
+        else:
+            token = jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
     return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
 
 
@@ -203,7 +211,11 @@ def _generate(
 
     def body(carry):
         step, cache, last_logits, key, tokens, logprobs, done, next_pos = carry
-        key, sub = jax.random.split(key)
+        if key.ndim == 1:  # one stream per row
+            pairs = jax.vmap(jax.random.split)(key)
+            key, sub = pairs[:, 0], pairs[:, 1]
+        else:
+            key, sub = jax.random.split(key)
         token, logp = sample_tokens(
             sub, last_logits, temperature, top_p,
             greedy=static.greedy, top_k=static.top_k, apply_top_p=static.apply_top_p,
@@ -273,14 +285,24 @@ class Sampler:
         key: jax.Array,
         *,
         prefill_extras: Callable[[np.ndarray, np.ndarray], dict[str, Any]] | None = None,
+        row_seeds: Sequence[int | None] | None = None,
     ) -> SampleOutput:
         """Samples one continuation per prompt.
 
         prefill_extras(padded_ids, segment_ids) -> dict of extra model inputs for the
         prefill (arrays laid out over the padded [B, P] prompt); a "positions" entry
         replaces the default text positions (e.g. [3, B, P] multimodal positions).
+        row_seeds: one entry per prompt; a prompt with a seed samples from its own stream
+        `jax.random.key(seed)`, one without from `jax.random.fold_in(key, row)` (see the
+        module doc). None: the batch draws from `key`.
         """
         ids, segments = self.pad_prompts(prompts)
+        if row_seeds is not None:
+            if len(row_seeds) != len(prompts):
+                raise ValueError(f"row_seeds has {len(row_seeds)} entries for {len(prompts)} prompts")
+            seeds = list(row_seeds) + [None] * (ids.shape[0] - len(prompts))
+            key = jnp.stack([jax.random.fold_in(key, row) if seed is None else jax.random.key(int(seed))
+                             for row, seed in enumerate(seeds)])
         extras = dict(prefill_extras(ids, segments)) if prefill_extras is not None else {}
         positions = extras.pop("positions", None)
         if positions is None:

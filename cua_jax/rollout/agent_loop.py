@@ -66,6 +66,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import random
 import time
 from collections.abc import Coroutine, Sequence
@@ -164,7 +165,12 @@ class AgentConfig:
         is not generated and the episode ends NO_VERDICT (keep it within the engine's
         context length).
     temperature / top_p / top_k / seed: sampling (`SamplingConfig`); seed None draws fresh
-        randomness on every engine call.
+        randomness on every engine call (with seed_per_turn, seed is the per-turn seeds' base).
+    seed_per_turn: give every request its own sampling stream (`GenerationRequest.seed`),
+        `turn_sampling_seed(seed, episode id, environment seed, turn)`: two runs over the same
+        episodes (same group ids and environment seeds) draw the same random numbers at the
+        same turns whatever batches their requests share, so comparing two policies on them
+        uses common random numbers (evaluation before / after training).
     no_verdict_reward: terminal reward of a NO_VERDICT episode (ScaleCUA: -0.2).
     oom_is_agent_fault: CANOPY's rule for an OOM-killed environment (see faults.Attribution).
     max_batch: the most prompts sent to the engine in one generate call (None: all waiting).
@@ -182,6 +188,7 @@ class AgentConfig:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    seed_per_turn: bool = False
     no_verdict_reward: float = 0.0
     oom_is_agent_fault: bool = False
     max_batch: int | None = None
@@ -228,6 +235,13 @@ class AgentConfig:
             stop_token_ids=tuple(int(t) for t in stop_token_ids),
             seed=self.seed,
         )
+
+
+def turn_sampling_seed(base: int | None, episode_id: str, env_seed: int | None, turn: int) -> int:
+    """The sampling seed of one turn of one episode, in [0, 2**31): a stable hash (unlike
+    Python's salted `hash`) of the base seed, the episode id, its environment seed and the turn."""
+    text = f"{0 if base is None else base}/{episode_id}/{env_seed}/{turn}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF
 
 
 @dataclasses.dataclass
@@ -542,7 +556,10 @@ class AgentLoop:
                 unanswered = True
                 break
             seen = {s: turn.images for s, turn in enumerate(episode.turns)} | {t: images}
-            request = GenerationRequest(prompt.ids, [seen[span.turn][span.index] for span in prompt.images])
+            request = GenerationRequest(
+                prompt.ids, [seen[span.turn][span.index] for span in prompt.images],
+                seed=turn_sampling_seed(self.config.seed, episode_id, seed, t) if self.config.seed_per_turn else None,
+            )
             with clock("generation"):
                 generation = await batcher.generate(request, turn_budget)
             reserved = generation.token_ids[np.isin(generation.token_ids, self.reserved_ids)]

@@ -68,11 +68,14 @@ class GenerationRequest:
 
     prompt_ids: int32 [P], already rendered by the chat template (image-pad tokens
     included for multimodal models). images: uint8 [H, W, 3] screenshots, in the order
-    their placeholders appear in prompt_ids.
+    their placeholders appear in prompt_ids. seed: this request's own sampling stream
+    (in [0, 2**31)), independent of the batch it lands in and of `SamplingConfig.seed`;
+    None: the engine's stream for the call.
     """
 
     prompt_ids: np.ndarray
     images: list[np.ndarray] = dataclasses.field(default_factory=list)
+    seed: int | None = None
 
     def __post_init__(self):
         ids = np.asarray(self.prompt_ids)
@@ -83,6 +86,8 @@ class GenerationRequest:
         if (ids < 0).any():
             raise ValueError("prompt_ids must be non-negative token ids")
         self.prompt_ids = ids.astype(np.int32)
+        if self.seed is not None and not 0 <= int(self.seed) < 2**31:
+            raise ValueError(f"seed must be in [0, 2**31), got {self.seed}")
         for i, image in enumerate(self.images):
             if image.ndim != 3 or image.shape[-1] != 3 or image.dtype != np.uint8:
                 raise ValueError(

@@ -103,8 +103,10 @@ class JaxSamplerEngine(RolloutEngine):
                 key = jax.random.fold_in(self._base_key, self._calls)
                 self._calls += 1
             version = self._version
+            seeds = [r.seed for r in requests]
             out = self._sampler.generate(
-                [r.prompt_ids for r in requests], params, key, prefill_extras=self._prefill_extras(requests)
+                [r.prompt_ids for r in requests], params, key, prefill_extras=self._prefill_extras(requests),
+                row_seeds=None if all(s is None for s in seeds) else seeds,
             )
         return [
             Generation(

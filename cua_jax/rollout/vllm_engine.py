@@ -355,7 +355,7 @@ class VllmEngine(RolloutEngine):
 
     # -- generation ------------------------------------------------------------------
 
-    def _vllm_sampling(self, sampling: SamplingConfig, index: int):
+    def _vllm_sampling(self, sampling: SamplingConfig, index: int, seed: int | None = None):
         import vllm
 
         return vllm.SamplingParams(
@@ -366,7 +366,7 @@ class VllmEngine(RolloutEngine):
             top_k=sampling.top_k if sampling.top_k > 0 else -1,
             stop_token_ids=[int(t) for t in sampling.stop_token_ids],
             ignore_eos=True,
-            seed=None if sampling.seed is None else sampling.seed + index,
+            seed=seed if seed is not None else None if sampling.seed is None else sampling.seed + index,
             logprobs=0,  # the sampled token's logprob only
             detokenize=False,
             skip_special_tokens=False,
@@ -399,7 +399,7 @@ class VllmEngine(RolloutEngine):
             version = self._version
             outputs = self._llm.generate(
                 [self._prompt(r) for r in requests],
-                [self._vllm_sampling(sampling, i) for i in range(len(requests))],
+                [self._vllm_sampling(sampling, i, request.seed) for i, request in enumerate(requests)],
                 use_tqdm=False,
             )
         return [_to_generation(out, version) for out in outputs]

@@ -247,7 +247,8 @@ class TrainSettings:
                       top_p=c.rollout.top_p, top_k=c.rollout.top_k, **shared)
         eval_agent = build("eval", AgentConfig, max_turns=c.eval.max_turns,
                            max_context_tokens=c.eval.max_context_tokens, temperature=c.eval.temperature,
-                           top_p=c.eval.top_p, top_k=c.eval.top_k, **shared)
+                           top_p=c.eval.top_p, top_k=c.eval.top_k, seed_per_turn=c.eval.seed_per_turn,
+                           seed=c.seed if c.eval.seed_per_turn else None, **shared)
         mesh = build("mesh", MeshConfig, data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
         s = c.sampler
         sampler_configs = {
@@ -316,7 +317,7 @@ def difference_interval(successes_a: int, trials_a: int, successes_b: int, trial
 
     Returns (difference, low, high) in [-1, 1]. The interval excludes 0 when the two rates
     differ at the given confidence. Applied to before / after evaluations on the same seeds it
-    ignores the pairing, which only widens the interval.
+    ignores the pairing; `paired_difference_interval` uses it.
     """
     p_a = successes_a / trials_a if trials_a else 0.0
     p_b = successes_b / trials_b if trials_b else 0.0
@@ -325,6 +326,48 @@ def difference_interval(successes_a: int, trials_a: int, successes_b: int, trial
     difference = p_b - p_a
     low = difference - math.sqrt((p_b - low_b) ** 2 + (high_a - p_a) ** 2)
     high = difference + math.sqrt((high_b - p_b) ** 2 + (p_a - low_a) ** 2)
+    return difference, max(-1.0, low), min(1.0, high)
+
+
+def paired_difference_interval(both: int, first_only: int, second_only: int, neither: int,
+                               confidence: float = 0.95) -> tuple[float, float, float]:
+    """The difference of two success rates measured on the same units (before / after on the
+    same held-out seeds), p_second - p_first, with Newcombe's square-and-add interval for
+    paired data (Newcombe 1998, "Improved confidence intervals for the difference between
+    binomial proportions based on paired data", method 10).
+
+    The four counts are the 2x2 table of (first, second) outcomes per unit: both succeeded,
+    only the first, only the second, neither. Each rate's Wilson interval is combined with the
+    estimated correlation phi of the two outcomes (shrunk towards 0 by N/2 when positive, as in
+    the method), so outcomes that agree across the pair narrow the interval.
+
+    Returns (difference, low, high) in [-1, 1].
+    """
+    counts = (both, first_only, second_only, neither)
+    if min(counts) < 0:
+        raise ValueError(f"paired counts must be non-negative, got {counts}")
+    n = sum(counts)
+    if n == 0:
+        return 0.0, -1.0, 1.0
+    first, second = both + first_only, both + second_only
+    p_first, p_second = first / n, second / n
+    low_first, high_first = wilson_interval(first, n, confidence)
+    low_second, high_second = wilson_interval(second, n, confidence)
+    margins = first * (n - first) * second * (n - second)
+    agreement = both * neither - first_only * second_only
+    if margins == 0 or 0 <= agreement <= n / 2:
+        phi = 0.0
+    elif agreement > n / 2:
+        phi = (agreement - n / 2) / math.sqrt(margins)
+    else:
+        phi = agreement / math.sqrt(margins)
+    difference = p_second - p_first
+
+    def half_width(down_second: float, up_first: float) -> float:
+        return math.sqrt(max(down_second**2 + up_first**2 - 2 * phi * down_second * up_first, 0.0))
+
+    low = difference - half_width(p_second - low_second, high_first - p_first)
+    high = difference + half_width(high_second - p_second, p_first - low_first)
     return difference, max(-1.0, low), min(1.0, high)
 
 
@@ -933,8 +976,11 @@ class Trainer:
         for task in self.eval_tasks:
             of_task = [e for e in scored if e.task_id == task]
             result[f"success/{task}"] = sum(e.status is EpisodeStatus.SUCCESS for e in of_task) / max(len(of_task), 1)
-        self.evaluations[label] = result
         self._log(self.step, {f"eval_{label}/{k}": v for k, v in result.items()})
+        # Per-episode outcomes by episode id ("task/g<id>/e<k>": the same ids on the same seeds
+        # in every evaluation), for the paired comparison of two evaluations.
+        result["outcomes"] = {e.episode_id: int(e.status is EpisodeStatus.SUCCESS) for e in scored}
+        self.evaluations[label] = result
         # Traces spread over the evaluation tasks (requests are ordered task by task).
         stride = max(1, len(episodes) // max(c.eval.num_traces, 1))
         save_traces(os.path.join(self.workdir, "traces", label), episodes[::stride][: c.eval.num_traces])
@@ -942,13 +988,27 @@ class Trainer:
 
     def compare_evaluations(self, first: str = "before", second: str = "after") -> dict[str, float] | None:
         """The gain in held-out success from evaluation `first` to `second`, with Newcombe's
-        interval (`difference_interval`); stored as evaluations["gain"] and logged."""
+        interval for independent samples (`difference_interval`) and, when both evaluations ran
+        one episode per held-out seed, the interval paired by seed
+        (`paired_difference_interval`, on the episodes scored in both; "gained" / "lost" count
+        the seeds that changed outcome). Stored as evaluations["gain"] and logged."""
         if first not in self.evaluations or second not in self.evaluations:
             return None
         a, b = self.evaluations[first], self.evaluations[second]
+        confidence = self.config.eval.confidence
         difference, low, high = difference_interval(int(a["successes"]), int(a["episodes"]), int(b["successes"]),
-                                                    int(b["episodes"]), self.config.eval.confidence)
-        gain = {"difference": difference, "ci_low": low, "ci_high": high, "confidence": self.config.eval.confidence}
+                                                    int(b["episodes"]), confidence)
+        gain = {"difference": difference, "ci_low": low, "ci_high": high, "confidence": confidence}
+        # Paired by seed: one episode per (task, seed) (eval.group_size 1), scored in both.
+        # Episodes of one seed would share its difficulty, so larger groups are not paired.
+        if self.config.eval.group_size == 1 and "outcomes" in a and "outcomes" in b:
+            common = sorted(set(a["outcomes"]) & set(b["outcomes"]))
+            table = collections.Counter((a["outcomes"][k], b["outcomes"][k]) for k in common)
+            counts = (table[1, 1], table[1, 0], table[0, 1], table[0, 0])
+            paired, paired_low, paired_high = paired_difference_interval(*counts, confidence)
+            gain.update({"paired_episodes": float(len(common)), "paired_difference": paired,
+                         "paired_ci_low": paired_low, "paired_ci_high": paired_high,
+                         "lost": float(counts[1]), "gained": float(counts[2])})
         self.evaluations["gain"] = gain
         self._log(self.step, {f"eval_gain/{k}": v for k, v in gain.items()})
         return gain

@@ -168,6 +168,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.temperature = 1.0
     c.eval.top_p = 1.0
     c.eval.top_k = 0
+    # Each evaluation turn samples from its own stream, seeded by (config.seed, episode id, seed,
+    # turn): evaluations before and after training share their random numbers, so the gain
+    # paired by seed measures the policy change, not the sampling noise.
+    c.eval.seed_per_turn = True
     c.eval.confidence = 0.95  # Wilson interval level
     c.eval.num_traces = 3  # episode traces saved per evaluation
 

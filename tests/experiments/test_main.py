@@ -50,6 +50,12 @@ def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
     assert summary["steps"] == 1 and summary["warm_start"]["warm_start/demonstrations"] == 1
     gain = summary["evaluations"]["gain"]
     assert gain["ci_low"] <= gain["difference"] <= gain["ci_high"]
+    # One episode per held-out seed: the gain is also paired by seed, over the same episodes.
+    assert "paired by seed (2 seeds," in result.stdout
+    assert gain["paired_episodes"] == 2 and gain["paired_difference"] == pytest.approx(gain["difference"])
+    assert gain["paired_ci_low"] <= gain["paired_difference"] <= gain["paired_ci_high"]
+    outcomes = summary["evaluations"]["before"]["outcomes"]
+    assert sorted(outcomes) == ["click-button/g-1/e0", "click-button/g-2/e0"] and set(outcomes.values()) <= {0, 1}
     for path in ("metrics.jsonl", "learning_curve.png", "warm_start.json", "traces/before/00/trace.json",
                  "traces/after/00/trace.json", "checkpoints"):
         assert (workdir / path).exists(), path

@@ -267,3 +267,26 @@ def test_bad_requests_are_refused(sampler):
     assert SamplingParams(banned_token_ids=[7, 3, 7]).banned_token_ids == (3, 7)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         sampler.generate([[1, 2]], SamplingParams(max_new_tokens=NEW, banned_token_ids=(10**6,)), jax.random.key(0))
+
+
+def test_a_seeded_prompt_samples_the_same_in_any_batch(our_qwen3, sampler):
+    """row_seeds: a prompt with a seed draws from its own stream, so neither its row nor its
+    batch-mates change what it samples; unseeded rows still draw from the call's key."""
+    model, _ = our_qwen3
+    params = SamplingParams(temperature=1.0, max_new_tokens=NEW)
+    alone = sampler.generate([PROMPTS[2]], params, jax.random.key(0), row_seeds=[7])
+    batched = sampler.generate(PROMPTS[::-1], params, jax.random.key(5), row_seeds=[7, None, 11])
+    assert batched.tokens[0].tolist() == alone.tokens[0].tolist()
+    np.testing.assert_allclose(batched.logprobs[0], alone.logprobs[0], atol=1e-5, rtol=0)
+    scored, _ = score(model, PROMPTS[2], alone.tokens[0], 1.0)
+    np.testing.assert_allclose(alone.logprobs[0], scored, atol=1e-5, rtol=0)
+    # Another seed is another stream; the unseeded row follows the call's key.
+    other = sampler.generate([PROMPTS[2]], params, jax.random.key(0), row_seeds=[8])
+    assert other.tokens[0].tolist() != alone.tokens[0].tolist()
+    again = sampler.generate(PROMPTS[::-1], params, jax.random.key(5), row_seeds=[7, None, 11])
+    assert [t.tolist() for t in again.tokens] == [t.tolist() for t in batched.tokens]
+    moved = sampler.generate(PROMPTS[::-1], params, jax.random.key(6), row_seeds=[7, None, 11])
+    assert moved.tokens[2].tolist() == batched.tokens[2].tolist()  # seeded
+    assert moved.tokens[1].tolist() != batched.tokens[1].tolist()  # the call's key
+    with pytest.raises(ValueError, match="row_seeds has 1 entries for 3 prompts"):
+        sampler.generate(PROMPTS, params, jax.random.key(0), row_seeds=[1])

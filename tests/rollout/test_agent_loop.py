@@ -24,7 +24,7 @@ from cua_jax.envs import actions as A
 from cua_jax.envs.capsules import CapsuleRuntime
 from cua_jax.envs.miniwob import UnknownTaskError, dom_from_text
 from cua_jax.envs.miniwob_oracle import oracle_action
-from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, MiniWoBEnvironment
+from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, MiniWoBEnvironment, turn_sampling_seed
 from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, RolloutEngine
 from cua_jax.rollout.prompts import DOM_TEXT_HEADER, INVALID_ACTION_PREFIX
 from cua_jax.train.warm_start import observation_from_prompt
@@ -274,6 +274,33 @@ def test_tiny_model_group_runs_concurrently_with_exact_tokens(runtime, renderer,
     # The prompts the engine saw were exactly the context's (token-in, token-out).
     for request, _ in engine.records:
         assert request.images and request.images[-1].shape == (210, 160, 3)
+
+
+def test_seed_per_turn_samples_an_episode_the_same_in_any_batch(runtime, renderer, tiny_vl_engine):
+    """seed_per_turn: each request carries turn_sampling_seed(seed, episode id, env seed, turn),
+    so an episode alone samples what it sampled batched with its group (common random
+    numbers across evaluations), while the group's episodes still differ."""
+    engine = RecordingEngine(tiny_vl_engine)
+    config = AgentConfig(max_turns=2, max_new_tokens=16, max_context_tokens=4096, seed=3, seed_per_turn=True,
+                         batch_wait_s=None)
+    loop = AgentLoop(engine, SlidingWindow(renderer, keep=0, min_removal=1), config)
+
+    def group(size):
+        return run(_with_envs(runtime, size, lambda envs: loop.run_group(envs, "click-button", seed=11, group_id=7),
+                              time_limit_s=LONG_TIME_LIMIT_S))
+
+    pair = group(2)
+    assert engine.batch_sizes == [2, 2]
+    alone = group(1)
+    first, second = pair[0].episode, pair[1].episode
+    assert first.episode_id == alone[0].episode.episode_id == "click-button/g7/e0"
+    for t, (batched, single) in enumerate(zip(first.turns, alone[0].episode.turns, strict=True)):
+        np.testing.assert_array_equal(batched.response_ids, single.response_ids)
+        np.testing.assert_allclose(batched.response_logprobs, single.response_logprobs, atol=1e-5, rtol=0)
+    assert not np.array_equal(first.turns[0].response_ids, second.turns[0].response_ids)
+    seeds = sorted(request.seed for request, _ in engine.records[:4])
+    assert seeds == sorted(turn_sampling_seed(3, f"click-button/g7/e{k}", 11, t) for k in range(2) for t in range(2))
+    assert turn_sampling_seed(3, "click-button/g7/e0", 11, 0) != turn_sampling_seed(4, "click-button/g7/e0", 11, 0)
 
 
 def test_scripted_oracle_policy_earns_reward(runtime, renderer):

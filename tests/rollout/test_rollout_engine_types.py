@@ -23,6 +23,10 @@ def test_requests_and_sampling_reject_bad_input():
         GenerationRequest(np.array([3, -1]))
     with pytest.raises(ValueError, match="uint8"):
         GenerationRequest(np.array([1]), images=[np.zeros((4, 4), np.uint8)])
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*31\), got -1"):
+        GenerationRequest(np.array([1]), seed=-1)
+    with pytest.raises(ValueError, match="seed must be in"):
+        GenerationRequest(np.array([1]), seed=2**31)
     with pytest.raises(ValueError, match="max_new_tokens"):
         SamplingConfig(max_new_tokens=0)
     with pytest.raises(ValueError, match="top_p"):

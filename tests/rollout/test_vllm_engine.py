@@ -83,6 +83,16 @@ def test_same_seed_same_samples(engine):
         np.testing.assert_array_equal(a.token_ids, b.token_ids)
 
 
+def test_a_seeded_request_samples_the_same_in_any_batch(engine):
+    """GenerationRequest.seed is the request's own stream: its position and batch-mates do not
+    change its tokens (the JAX sampler's `row_seeds` behave the same)."""
+    sampling = SamplingConfig(max_new_tokens=8, temperature=1.0)
+    seeded = GenerationRequest(PROMPTS[0], seed=21)
+    alone = engine.generate([seeded], sampling)[0]
+    batched = engine.generate([GenerationRequest(p) for p in PROMPTS[1:]] + [seeded], sampling)[-1]
+    np.testing.assert_array_equal(alone.token_ids, batched.token_ids)
+
+
 def test_stop_token_ends_generation(engine, qwen3_checkpoint):
     model, _ = qwen3_checkpoint
     full = jax_greedy(model)[0].token_ids

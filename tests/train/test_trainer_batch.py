@@ -14,6 +14,7 @@ from cua_jax.train.trainer import (
     TrainSettings,
     difference_interval,
     group_from_rollouts,
+    paired_difference_interval,
     prepare_batch,
     quarantine_kind,
     wilson_interval,
@@ -72,6 +73,57 @@ def test_difference_interval_holds_the_estimate_and_is_antisymmetric(a, b):
     assert (swapped_low, swapped_high) == pytest.approx((-high, -low))
     # The interval of a difference is wider than either rate's own interval's half-width.
     assert high - low >= max(np.diff(wilson_interval(*a))[0], np.diff(wilson_interval(*b))[0]) - 1e-12
+
+
+def paired_reference(table, z):
+    """Newcombe's paired square-and-add interval for p_row - p_col of a 2x2 numpy table
+    (rows: first outcome success / failure; columns: second), written from the paper."""
+    n = table.sum()
+    p1, p2 = table[0].sum() / n, table[:, 0].sum() / n
+    l1, u1 = wilson_reference(table[0].sum(), n, z)
+    l2, u2 = wilson_reference(table[:, 0].sum(), n, z)
+    margins = np.prod([table[0].sum(), table[1].sum(), table[:, 0].sum(), table[:, 1].sum()], dtype=np.float64)
+    a = table[0, 0] * table[1, 1] - table[0, 1] * table[1, 0]
+    psi = 0.0 if margins == 0 else (a - n / 2) / np.sqrt(margins) if a > n / 2 else 0.0 if a >= 0 else a / np.sqrt(margins)
+    d = p1 - p2
+    low = d - np.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * psi * (p1 - l1) * (u2 - p2))
+    high = d + np.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * psi * (p2 - l2) * (u1 - p1))
+    return d, low, high
+
+
+def test_paired_difference_interval_matches_the_published_value():
+    # Fagerland, Lydersen & Laake, "Statistical Analysis of Contingency Tables", ch. 8: complete
+    # response before / after consolidation therapy (Cavo et al., 2012), table [[59, 6], [16, 80]]:
+    # p_before - p_after = -0.0621, Newcombe square-and-add 95% CI (-0.1186, -0.0046).
+    difference, low, high = paired_difference_interval(59, 6, 16, 80)
+    assert (round(difference, 4), round(low, 4), round(high, 4)) == (0.0621, 0.0046, 0.1186)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=4, max_size=4).filter(lambda c: sum(c) > 0))
+def test_paired_difference_interval_matches_reference_and_is_antisymmetric(counts):
+    both, first_only, second_only, neither = counts
+    difference, low, high = paired_difference_interval(*counts)
+    ref_d, ref_low, ref_high = paired_reference(np.array([[both, first_only], [second_only, neither]]), 1.959963984540054)
+    # The reference is oriented first - second: negate it.
+    assert difference == pytest.approx(-ref_d, abs=1e-12)
+    assert low == pytest.approx(max(-ref_high, -1.0), abs=1e-9) and high == pytest.approx(min(-ref_low, 1.0), abs=1e-9)
+    assert -1.0 <= low <= difference <= high <= 1.0
+    swapped, swapped_low, swapped_high = paired_difference_interval(both, second_only, first_only, neither)
+    assert swapped == pytest.approx(-difference) and (swapped_low, swapped_high) == pytest.approx((-high, -low))
+    # Agreeing outcomes (positive correlation) make the paired interval no wider than the
+    # independent-samples one on the same margins.
+    n = sum(counts)
+    _, free_low, free_high = difference_interval(both + first_only, n, both + second_only, n)
+    if both * neither - first_only * second_only >= 0:
+        assert high - low <= free_high - free_low + 1e-12
+
+
+def test_paired_difference_interval_edges():
+    assert paired_difference_interval(0, 0, 0, 0) == (0.0, -1.0, 1.0)
+    assert paired_difference_interval(10, 0, 0, 0)[0] == 0.0
+    with pytest.raises(ValueError, match="non-negative"):
+        paired_difference_interval(1, -1, 0, 0)
 
 
 def test_quarantine_kind_names_the_fault():
