@@ -178,6 +178,11 @@ class TrainSettings:
             _require(task in known, "env.tasks" if task in c.env.tasks else "eval.tasks", f"unknown MiniWoB task {task!r}")
         _require(len(c.env.task_tiers) == len(c.env.tasks), "env.task_tiers",
                  f"has {len(c.env.task_tiers)} entries for {len(c.env.tasks)} tasks")
+        pool = task_pool(c.env.tasks, c.env.task_tiers, c.env.drop_hardest_tier)
+        # A batch draws distinct tasks: caught here, not after the warm start and evaluation.
+        _require(c.rollout.batch_tasks <= len(pool), "rollout.batch_tasks",
+                 f"{c.rollout.batch_tasks} distinct tasks per batch, but the task pool holds {len(pool)} "
+                 f"({', '.join(task for task, _ in pool)}); raise env.tasks or lower rollout.batch_tasks")
         _require(c.env.train_seed_max >= 1, "env.train_seed_max", f"must be >= 1, got {c.env.train_seed_max}")
         _require(c.env.eval_seed_start >= c.env.train_seed_max, "env.eval_seed_start",
                  f"{c.env.eval_seed_start} overlaps the training seeds [0, {c.env.train_seed_max}): not held out")
@@ -327,6 +332,13 @@ def difference_interval(successes_a: int, trials_a: int, successes_b: int, trial
     low = difference - math.sqrt((p_b - low_b) ** 2 + (high_a - p_a) ** 2)
     high = difference + math.sqrt((high_b - p_b) ** 2 + (p_a - low_a) ** 2)
     return difference, max(-1.0, low), min(1.0, high)
+
+
+def task_pool(tasks: Sequence[str], tiers: Sequence[int], drop_hardest_tier: bool) -> list[tuple[str, int]]:
+    """(task, tier) of a run's task pool: `tasks` with their tiers, less the hardest tier
+    (when above 0) if `drop_hardest_tier`."""
+    top = max(tiers, default=0)
+    return [(task, int(tier)) for task, tier in zip(tasks, tiers) if not (drop_hardest_tier and tier == top and top > 0)]
 
 
 def paired_difference_interval(both: int, first_only: int, second_only: int, neither: int,
@@ -688,12 +700,9 @@ class Trainer:
             self._log(0, self.warm_start_metrics)
 
     def training_tasks(self) -> list[tuple[str, int]]:
-        """(task, tier) of the run's task pool: env.tasks, less the hardest tier if dropped."""
+        """(task, tier) of the run's task pool (`task_pool`)."""
         c = self.config
-        tiers = list(c.env.task_tiers)
-        top = max(tiers)
-        return [(task, tier) for task, tier in zip(c.env.tasks, tiers)
-                if not (c.env.drop_hardest_tier and tier == top and top > 0)]
+        return task_pool(c.env.tasks, c.env.task_tiers, c.env.drop_hardest_tier)
 
     def _warm_start(self, policy) -> dict[str, float]:
         """Supervised fine-tuning of `policy` (in place) on the oracle's demonstrations of the

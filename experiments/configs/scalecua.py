@@ -10,6 +10,16 @@ importance ratio is against the rollout policy's logprobs (eq. 3).
 
 from experiments.configs.base import base_config
 
+# 32 tasks per iteration need a pool of at least 32 (a batch draws distinct tasks): MiniWoB++
+# tasks of clicking, typing, menus, widgets and forms, all tier 0 (Frontier Sampling adapts).
+SCALECUA_TASKS = (
+    "click-button", "click-button-sequence", "click-checkboxes", "click-checkboxes-soft", "click-collapsible",
+    "click-collapsible-2", "click-color", "click-dialog", "click-dialog-2", "click-link", "click-menu",
+    "click-option", "click-scroll-list", "click-shades", "click-shape", "click-tab", "click-tab-2", "click-test",
+    "click-test-2", "click-widget", "enter-date", "enter-password", "enter-text", "enter-text-2", "enter-time",
+    "focus-text", "focus-text-2", "identify-shape", "login-user", "navigate-tree", "use-autocomplete", "use-slider",
+)
+
 
 def get_config():
     c = base_config()
@@ -26,6 +36,8 @@ def get_config():
     c.loss.kl_estimator = "k3"
     c.loss.entropy_coef = 0.0
     c.loss.aggregation = "token_mean"
+    c.env.tasks = SCALECUA_TASKS
+    c.env.task_tiers = (0,) * len(SCALECUA_TASKS)
     c.rollout.batch_tasks = 32  # tasks per iteration (16 for ablations)
     c.rollout.group_size = 8  # rollouts per task n
     c.train.num_steps = 1000  # max iterations

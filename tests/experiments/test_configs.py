@@ -132,3 +132,19 @@ def test_an_unknown_task_is_named():
     config.env.task_tiers = (0, 0)
     with pytest.raises(ConfigError, match=r"config\.env\.tasks: unknown MiniWoB task 'no-such-task'"):
         TrainSettings.from_config(config)
+
+
+def test_more_tasks_per_batch_than_the_pool_holds_is_named():
+    """A batch draws distinct tasks; asking for more than the pool holds fails at start."""
+    config = default.get_config()
+    config.rollout.batch_tasks = len(config.env.tasks) + 1
+    with pytest.raises(ConfigError, match=r"config\.rollout\.batch_tasks: 4 distinct tasks per batch, but the task "
+                                          r"pool holds 3 \(click-button, click-link, focus-text\)"):
+        TrainSettings.from_config(config)
+    # The dropped hardest tier leaves the pool too.
+    config = canopy.get_config()
+    tiers = tuple(config.env.task_tiers)
+    config.env.drop_hardest_tier = True
+    config.rollout.batch_tasks = sum(tier != max(tiers) for tier in tiers) + 1
+    with pytest.raises(ConfigError, match=r"config\.rollout\.batch_tasks"):
+        TrainSettings.from_config(config)
