@@ -186,6 +186,8 @@ class TrainSettings:
         _require(c.env.train_seed_max >= 1, "env.train_seed_max", f"must be >= 1, got {c.env.train_seed_max}")
         _require(c.env.eval_seed_start >= c.env.train_seed_max, "env.eval_seed_start",
                  f"{c.env.eval_seed_start} overlaps the training seeds [0, {c.env.train_seed_max}): not held out")
+        outside = [seed for seed in c.env.train_seeds if not 0 <= int(seed) < c.env.train_seed_max]
+        _require(not outside, "env.train_seeds", f"{outside} lie outside the training seeds [0, {c.env.train_seed_max})")
         _require(c.advantage.item_advantages in ITEM_ADVANTAGES, "advantage.item_advantages",
                  f"{c.advantage.item_advantages!r} is not one of {ITEM_ADVANTAGES}")
         _require(c.advantage.reward == "sparse", "advantage.reward", f"{c.advantage.reward!r}: only 'sparse' verifier rewards")
@@ -332,6 +334,15 @@ def difference_interval(successes_a: int, trials_a: int, successes_b: int, trial
     low = difference - math.sqrt((p_b - low_b) ** 2 + (high_a - p_a) ** 2)
     high = difference + math.sqrt((high_b - p_b) ** 2 + (p_a - low_a) ** 2)
     return difference, max(-1.0, low), min(1.0, high)
+
+
+def draw_group_seeds(key: jax.Array, count: int, train_seeds: Sequence[int], train_seed_max: int) -> list[int]:
+    """Problem seeds of `count` training groups: uniformly from `train_seeds` when given
+    (fixed pages), else from [0, train_seed_max)."""
+    fixed = tuple(int(seed) for seed in train_seeds)
+    if fixed:
+        return [fixed[int(i)] for i in np.asarray(jax.random.randint(key, (count,), 0, len(fixed)))]
+    return [int(x) for x in np.asarray(jax.random.randint(key, (count,), 0, train_seed_max))]
 
 
 def task_pool(tasks: Sequence[str], tiers: Sequence[int], drop_hardest_tier: bool) -> list[tuple[str, int]]:
@@ -776,8 +787,7 @@ class Trainer:
     # -- rollouts -------------------------------------------------------------------------
 
     def _group_seeds(self, key: jax.Array, count: int) -> list[int]:
-        high = self.config.env.train_seed_max
-        return [int(x) for x in np.asarray(jax.random.randint(key, (count,), 0, high))]
+        return draw_group_seeds(key, count, self.config.env.train_seeds, self.config.env.train_seed_max)
 
     def _run_groups(self, worker: RolloutWorker | RemoteRolloutWorker, task_ids: Sequence[str], key: jax.Array) -> list[CollectedGroup]:
         with self._sampler_lock:

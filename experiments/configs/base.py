@@ -46,6 +46,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.include_dom_text = True  # MiniWoB's DOM as text beside the screenshot
     c.env.time_limit_s = 600.0  # replaces MiniWoB's 10 s limit (a CPU-sampled turn is slower)
     c.env.train_seed_max = 1_000_000  # training problem seeds are drawn from [0, train_seed_max)
+    # Or from these fixed seeds (() : the range above): RL on a few fixed pages is the check
+    # that the loop learns what it is rewarded for, before asking it to transfer.
+    c.env.train_seeds = ()
     c.env.eval_seed_start = 1_000_000  # held-out seeds: [eval_seed_start, + eval.num_seeds)
 
     # Rollout: group size, batch of tasks, the agent loop's budgets and sampling.

@@ -108,6 +108,7 @@ def test_unknown_override_is_rejected():
     ("advantage.estimator", "ppo", "config.advantage.estimator"),
     ("env.eval_seed_start", 5, "config.env.eval_seed_start"),
     ("rollout.prompt_style", "json", "config.rollout.prompt_style"),
+    ("env.train_seeds", (3, 2_000_000), "config.env.train_seeds"),
 ])
 def test_a_malformed_field_is_named(field, value, named):
     config = canopy.get_config()

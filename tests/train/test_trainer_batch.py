@@ -13,6 +13,7 @@ from cua_jax.rollout.agent_loop import Rollout
 from cua_jax.train.trainer import (
     TrainSettings,
     difference_interval,
+    draw_group_seeds,
     group_from_rollouts,
     paired_difference_interval,
     prepare_batch,
@@ -124,6 +125,17 @@ def test_paired_difference_interval_edges():
     assert paired_difference_interval(10, 0, 0, 0)[0] == 0.0
     with pytest.raises(ValueError, match="non-negative"):
         paired_difference_interval(1, -1, 0, 0)
+
+
+def test_group_seeds_come_from_the_fixed_pages_when_given():
+    import jax
+
+    key = jax.random.key(3)
+    fixed = draw_group_seeds(key, 64, (7, 100, 12), 1_000_000)
+    assert set(fixed) == {7, 100, 12}  # every fixed page drawn over 64 groups, nothing else
+    drawn = draw_group_seeds(key, 64, (), 1_000)
+    assert all(0 <= seed < 1_000 for seed in drawn) and len(set(drawn)) > 32
+    assert draw_group_seeds(key, 64, (), 1_000) == drawn  # a function of the key
 
 
 def test_quarantine_kind_names_the_fault():
