@@ -366,7 +366,7 @@ class VllmEngine(RolloutEngine):
             top_k=sampling.top_k if sampling.top_k > 0 else -1,
             stop_token_ids=[int(t) for t in sampling.stop_token_ids],
             ignore_eos=True,
-            seed=seed if seed is not None else None if sampling.seed is None else sampling.seed + index,
+            seed=seed if seed is not None else (None if sampling.seed is None else sampling.seed + index),
             logprobs=0,  # the sampled token's logprob only
             detokenize=False,
             skip_special_tokens=False,

@@ -286,8 +286,9 @@ class WarmStartConfig:
 
     steps: optimizer steps. rows: items per step (the batch). learning_rate / warmup_steps /
     weight_decay / max_grad_norm: AdamW as `learner.OptimizerConfig`. schedule: after the
-    warmup, "constant" or "cosine" (decay to min_lr_ratio x learning_rate at the last step). length_multiple: item lengths are padded to a multiple of it (one compiled
-    step per distinct (length, image count) bucket). seed: batch order.
+    warmup, "constant" or "cosine" (decay to min_lr_ratio x learning_rate at the last step).
+    length_multiple: item lengths are padded to a multiple of it (one compiled step per
+    distinct (length, image count) bucket). seed: batch order.
     seq_chunk / vocab_chunk: chunking of the log-softmax (`cua_jax.models.scoring`).
     """
 

@@ -14,7 +14,8 @@ Qwen3-VL-architecture policy on MiniWoB++, on two CPU cores in about 12 minutes 
    -0.2 for no verdict, no entropy bonus) with ScaleCUA's frozen vision tower. MiniWoB's DOM
    is text beside the screenshot, each element with its click point on the action grid; the
    screenshots still go through the (frozen) vision tower and sliding-window segmentation.
-4. Held-out evaluation "after", and the gain with Newcombe's interval; metrics, checkpoints,
+4. Held-out evaluation "after" (on the same seeds and per-turn sampling seeds as "before"),
+   and the gain with Newcombe's intervals, unpaired and paired by seed; metrics, checkpoints,
    the learning curve and episode traces go to the workdir.
 
 CPU-scale choices, each a field to override:
