@@ -53,6 +53,11 @@ def _run_training(config) -> None:
             else:
                 logging.info("--resume: no checkpoint in %s, starting fresh", config.workdir)
         summary = trainer.run()
+    warm = summary["warm_start"]
+    if "warm_start/held_out_click_nll" in warm:
+        print(f"warm start, held-out pages: {warm['warm_start/held_out_nll']:.3f} nats per reply token; "
+              f"click-point digits {warm['warm_start/held_out_click_nll']:.3f} nats each, against "
+              f"{warm['warm_start/click_prior_nll']:.3f} for a page-blind prior (0 if read off the page)")
     evaluations = dict(summary["evaluations"])
     gain = evaluations.pop("gain", None)
     level = f"{100 * config.eval.confidence:g}%"

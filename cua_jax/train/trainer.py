@@ -225,6 +225,8 @@ class TrainSettings:
                      f"[0, {c.env.train_seed_max})")
             _require(c.warm_start.concurrency >= 1, "warm_start.concurrency",
                      f"must be >= 1, got {c.warm_start.concurrency}")
+            _require(c.warm_start.held_out_seeds >= 0, "warm_start.held_out_seeds",
+                     f"must be >= 0, got {c.warm_start.held_out_seeds}")
         _require(0 < c.eval.confidence < 1, "eval.confidence", f"must lie in (0, 1), got {c.eval.confidence}")
         _require(c.model.num_layers >= 0, "model.num_layers", f"must be >= 0, got {c.model.num_layers}")
         for name in ("num_seeds", "group_size", "concurrent_groups"):
@@ -721,7 +723,7 @@ class Trainer:
         runtime of its own. Returns the warm start's metrics; the loss curve goes to
         <workdir>/warm_start.json."""
         from cua_jax.envs.capsules import CapsuleRuntime
-        from cua_jax.train.warm_start import warm_start
+        from cua_jax.train.warm_start import collect_demonstrations, held_out_report, warm_start
 
         c = self.config
         tasks = [task for task, _ in self.training_tasks()]
@@ -739,6 +741,7 @@ class Trainer:
                 progress.set_postfix(nll=f"{loss:.3f}")
 
         start = time.perf_counter()
+        held_out = {}
         try:
             with CapsuleRuntime(include_dom_text=True, seed=c.seed) as runtime:
                 result, demonstrations = warm_start(
@@ -746,6 +749,15 @@ class Trainer:
                     config=self.settings.warm_start, agent_config=agent, time_limit_s=c.env.time_limit_s,
                     concurrency=c.warm_start.concurrency, on_step=on_step,
                 )
+                if c.warm_start.held_out_seeds:
+                    # Past the evaluation seeds: outside training's range and unseen by "before".
+                    first = c.env.eval_seed_start + c.eval.num_seeds
+                    unseen = collect_demonstrations(
+                        tasks, range(first, first + c.warm_start.held_out_seeds), runtime=runtime,
+                        segmenter=self.segmenter, agent_config=agent, time_limit_s=c.env.time_limit_s,
+                        concurrency=c.warm_start.concurrency)
+                    if unseen.rollouts:
+                        held_out = held_out_report(policy, demonstrations, unseen, self.renderer, self.settings.warm_start)
         finally:
             if progress is not None:
                 progress.close()
@@ -753,7 +765,8 @@ class Trainer:
         record = {"losses": result.losses, "demonstrations": len(demonstrations.rollouts),
                   "items": len(demonstrations.items), "response_tokens": demonstrations.num_response_tokens,
                   "rejected": demonstrations.rejected, "oracle_errors": demonstrations.oracle_errors,
-                  "sft_seconds": result.seconds, "wall_seconds": wall, "compiled_shapes": result.compiled_shapes}
+                  "sft_seconds": result.seconds, "wall_seconds": wall, "compiled_shapes": result.compiled_shapes,
+                  **held_out}
         with open(os.path.join(self.workdir, "warm_start.json"), "w") as f:
             json.dump(record, f, indent=2)
         tail = result.losses[-10:]
@@ -763,6 +776,7 @@ class Trainer:
             "warm_start/items": float(len(demonstrations.items)),
             "warm_start/loss_first": result.losses[0],
             "warm_start/loss_last10": float(np.mean(tail)),
+            **{f"warm_start/{name}": value for name, value in held_out.items()},
             TIMING_PREFIX + "warm_start_s": wall,
         }
 

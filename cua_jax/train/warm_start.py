@@ -32,6 +32,7 @@ import asyncio
 import dataclasses
 import functools
 import math
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -441,6 +442,92 @@ def supervised_fine_tune(model: nnx.Module, data: DemonstrationData, config: War
             on_step(len(losses), losses[-1])
     nnx.update(model, params)
     return WarmStartResult(model, losses, time.perf_counter() - start, len(shapes))
+
+
+# ------------------------------------------------------------------------------------
+# Does the policy read its click points off the page?
+# ------------------------------------------------------------------------------------
+
+# The numbers of a tool call's click point, as `actions.render_action` writes them.
+_COORDINATE = re.compile(r'"coordinate": \[([^\]]*)\]')
+
+
+def click_point_items(items: Sequence[TrainingItem], tokenizer) -> list[TrainingItem]:
+    """The items with their loss mask narrowed to the digit tokens of the replies' click points
+    (inside a tool call's `"coordinate": [x, y]`); items with no click point are dropped.
+
+    `demonstration_nll` over these is the policy's NLL per click-point digit of the oracle's
+    replies. The page lists every element's click point (`miniwob.dom_to_text`), so a policy
+    that reads its target's point off the page drives it towards 0, and one that guesses
+    points from where targets usually are stays near `click_point_prior_nll`.
+    """
+    narrowed = []
+    for item in items:
+        trained = np.flatnonzero(item.loss_mask)
+        pieces = [tokenizer.decode([int(item.ids[i])]) for i in trained]
+        starts = np.cumsum([0] + [len(piece) for piece in pieces[:-1]])
+        text = "".join(pieces)
+        mask = np.zeros_like(item.loss_mask)
+        for match in _COORDINATE.finditer(text):
+            inside = (starts >= match.start(1)) & (starts < match.end(1))
+            digits = np.array([piece.strip().isdigit() for piece in pieces], dtype=bool)
+            mask[trained[inside & digits]] = 1
+        if mask.any():
+            narrowed.append(dataclasses.replace(item, loss_mask=mask))
+    return narrowed
+
+
+def click_points(demonstrations: Demonstrations) -> list[tuple[int, int]]:
+    """The grid points the oracle clicked, every click of every demonstration."""
+    return [(turn.action.x, turn.action.y) for rollout in demonstrations.rollouts
+            for turn in rollout.episode.turns if isinstance(turn.action, A.Click)]
+
+
+def click_point_prior_nll(train: Sequence[tuple[int, int]], held_out: Sequence[tuple[int, int]]) -> float:
+    """Nats per digit of the held-out click points under a page-blind prior fitted to the
+    training ones: each digit's frequency at its place (axis, number of digits, position),
+    add-one smoothed over the ten digits. The number of digits is given, as a policy's digit
+    NLL does not count the tokens that end a number; a policy whose click-point NLL is not
+    clearly below this does not read its points off the page."""
+    if not held_out:
+        raise ValueError("click_point_prior_nll needs at least one held-out point")
+    counts: dict[tuple[int, int, int], np.ndarray] = {}
+    for point in train:
+        for axis, value in enumerate(point):
+            digits = str(int(value))
+            for place, digit in enumerate(digits):
+                counts.setdefault((axis, len(digits), place), np.zeros(10))[int(digit)] += 1
+    total, n = 0.0, 0
+    for point in held_out:
+        for axis, value in enumerate(point):
+            digits = str(int(value))
+            for place, digit in enumerate(digits):
+                seen = counts.get((axis, len(digits), place), np.zeros(10))
+                total -= math.log((seen[int(digit)] + 1.0) / (seen.sum() + 10.0))
+                n += 1
+    return total / n
+
+
+def held_out_report(model: nnx.Module, train: Demonstrations, held_out: Demonstrations, renderer,
+                    config: WarmStartConfig = WarmStartConfig()) -> dict[str, float]:
+    """How `model` scores the oracle's replies on held-out pages (never trained on):
+    held_out_nll (nats per reply token), held_out_click_nll (nats per click-point digit,
+    `click_point_items`) and click_prior_nll (the same digits under the page-blind prior fitted
+    to `train`'s clicks, `click_point_prior_nll`). A click-point NLL near the prior's says the
+    policy guesses where targets usually are instead of reading them off the page."""
+    multimodal = MultimodalPositions.of(model.config) if hasattr(model, "visual") else None
+    pad_id = int(renderer.tokenizer.pad_token_id or 0)
+
+    def data(items):
+        return DemonstrationData(items, held_out.episodes, renderer.image_processor, multimodal, config.rows,
+                                 config.length_multiple, pad_id=pad_id)
+
+    report = {"held_out_nll": demonstration_nll(model, data(held_out.items), config)}
+    clicks = click_point_items(held_out.items, renderer.tokenizer)
+    if clicks:
+        report["held_out_click_nll"] = demonstration_nll(model, data(clicks), config)
+        report["click_prior_nll"] = click_point_prior_nll(click_points(train), click_points(held_out))
+    return report
 
 
 # ------------------------------------------------------------------------------------

@@ -192,4 +192,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.warm_start.schedule = "constant"  # after the warmup: "constant" or "cosine" (to min_lr_ratio x lr)
     c.warm_start.min_lr_ratio = 0.0
     c.warm_start.concurrency = 4  # oracle episodes run at once
+    # Oracle demonstrations on this many held-out seeds per task (after the evaluation seeds,
+    # never trained on), scored after the warm start: held-out NLL, and NLL per click-point
+    # digit against a page-blind prior (does the policy read its clicks off the page?).
+    c.warm_start.held_out_seeds = 0
     return c

@@ -7,6 +7,9 @@ Qwen3-VL-architecture policy on MiniWoB++, on two CPU cores in about 12 minutes 
    task through the real agent loop on browser capsules; the policy is fine-tuned on those
    token streams (token-mean NLL of the oracle's replies, cosine learning-rate decay) so it
    writes valid tool calls.
+   The oracle's replies on `warm_start.held_out_seeds` unseen pages per task are then
+   scored: NLL per reply token, and per click-point digit against a page-blind prior (does
+   the policy read its clicks off the page, or guess where targets usually are?).
 2. Held-out evaluation "before": `eval.num_seeds` seeds per task that no training or
    demonstration episode uses, sampled as in training.
 3. Online RL at CPU scale: strictly on-policy GRPO (CANOPY: one update per rollout batch,
@@ -86,4 +89,5 @@ def get_config():
     c.warm_start.learning_rate = 3e-3
     c.warm_start.schedule = "cosine"
     c.warm_start.min_lr_ratio = 0.05
+    c.warm_start.held_out_seeds = 8
     return c

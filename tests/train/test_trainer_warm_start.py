@@ -56,16 +56,26 @@ def test_warm_start_config_errors_name_the_field():
     c.warm_start.demos_per_task = 0
     with pytest.raises(ConfigError, match=r"config\.warm_start\.demos_per_task"):
         TrainSettings.from_config(c)
+    c = warm_config("/tmp/unused")
+    c.warm_start.held_out_seeds = -1
+    with pytest.raises(ConfigError, match=r"config\.warm_start\.held_out_seeds"):
+        TrainSettings.from_config(c)
 
 
 def test_warm_start_feeds_learner_and_reference_and_is_resumed_not_rerun(tmp_path):
     config = warm_config(tmp_path)
+    config.warm_start.held_out_seeds = 2
     with Trainer(config) as trainer:
         metrics = trainer.warm_start_metrics
         assert metrics["warm_start/demonstrations"] == 2 and metrics["warm_start/rejected"] == 0
         assert math.isfinite(metrics["warm_start/loss_first"]) and math.isfinite(metrics["warm_start/loss_last10"])
+        # Scored on held-out pages: every reply token, and the click-point digits against the
+        # page-blind prior (3 steps leave the policy far from reading either).
+        for name in ("held_out_nll", "held_out_click_nll", "click_prior_nll"):
+            assert 0 < metrics[f"warm_start/{name}"] < 20, (name, metrics)
         record = json.load(open(os.path.join(tmp_path, "warm_start.json")))
         assert len(record["losses"]) == 3 and record["demonstrations"] == 2
+        assert record["held_out_click_nll"] == metrics["warm_start/held_out_click_nll"]
         logged = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]
         assert any("warm_start/loss_first" in r for r in logged)
 

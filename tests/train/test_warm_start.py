@@ -137,6 +137,76 @@ def test_config_and_task_errors():
         W.collect_demonstrations(["click-pie"], [0], runtime=None, segmenter=None)
 
 
+def _prior_reference(train, held_out):
+    """click_point_prior_nll by counting strings, independently of the library's arrays."""
+    import collections
+    import math
+
+    seen = collections.Counter()
+    for point in train:
+        for axis, value in enumerate(point):
+            for place, digit in enumerate(str(value)):
+                seen[axis, len(str(value)), place, digit] += 1
+    nats = []
+    for point in held_out:
+        for axis, value in enumerate(point):
+            for place, digit in enumerate(str(value)):
+                total = sum(seen[axis, len(str(value)), place, d] for d in "0123456789")
+                nats.append(-math.log((seen[axis, len(str(value)), place, digit] + 1) / (total + 10)))
+    return sum(nats) / len(nats)
+
+
+_POINTS = st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 1000)), min_size=1, max_size=12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_POINTS, _POINTS)
+def test_click_point_prior_nll_matches_counting(train, held_out):
+    assert W.click_point_prior_nll(train, held_out) == pytest.approx(_prior_reference(train, held_out), rel=1e-12)
+
+
+def test_click_point_prior_nll_values():
+    # Each digit seen once at its place: p = (1 + 1) / (1 + 10) for every held-out digit.
+    assert W.click_point_prior_nll([(119, 753)], [(119, 753)]) == pytest.approx(-np.log(2 / 11))
+    # A number length never seen in training: the uniform digit, log 10 nats.
+    assert W.click_point_prior_nll([(119, 753)], [(5, 7)]) == pytest.approx(np.log(10))
+    with pytest.raises(ValueError, match="held-out"):
+        W.click_point_prior_nll([(1, 2)], [])
+
+
+def test_click_point_items_keep_exactly_the_click_point_digits(renderer):
+    """The prompt's click points and the reply's other digits stay out of the narrowed mask;
+    both replies of a two-turn item count; an item whose replies click nothing is dropped."""
+    from cua_jax.types import TrainingItem
+
+    tokenizer = renderer.tokenizer
+
+    def encode(text):
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    def item(parts):
+        ids = [i for text, _ in parts for i in encode(text)]
+        mask = [int(trained) for text, trained in parts for _ in encode(text)]
+        return TrainingItem(np.array(ids, np.int32), np.array(mask, np.int32), np.zeros(len(ids), np.float32),
+                            [], "e", 0, (0,))
+
+    click = A.render_action(A.Click(kind="left_click", x=119, y=753))
+    again = A.render_action(A.Click(kind="left_click", x=8, y=1000))
+    typing = A.render_action(A.Type(text="42"))
+    items = [
+        item([("page: [10] BUTTON 'No' @2,148 34x21 click=[119, 753]\n", False),
+              (f"Click BUTTON 'No' 2.\n{click}", True), ("next page click=[5, 6]\n", False), (again, True)]),
+        item([("page\n", False), (typing, True)]),
+    ]
+    narrowed = W.click_point_items(items, tokenizer)
+    assert len(narrowed) == 1
+    kept = narrowed[0].ids[narrowed[0].loss_mask == 1]
+    assert tokenizer.decode(kept.tolist()) == "119753" + "81000"
+    assert set(np.flatnonzero(narrowed[0].loss_mask)) <= set(np.flatnonzero(items[0].loss_mask))
+
+
+
+
 # ------------------------------------------------------------------------------------
 # Against real capsules
 # ------------------------------------------------------------------------------------
@@ -202,6 +272,20 @@ def test_demonstrations_train_exactly_the_oracles_replies(demonstrations, segmen
             np.testing.assert_array_equal(item.loss_mask, again.loss_mask)
     clicks = [r.episode.turns[0].response_text for r in train.rollouts]
     assert all(text.startswith("Click BUTTON '") for text in clicks)
+
+
+@pytest.mark.browser
+def test_click_point_items_of_real_demonstrations(demonstrations, renderer):
+    """On the oracle's click-button replies, the narrowed mask is the clicked point's digits."""
+    train, _, _ = demonstrations
+    narrowed = W.click_point_items(train.items, renderer.tokenizer)
+    assert len(narrowed) == len(train.items)
+    for item in narrowed:
+        episode = train.episodes[item.episode_id]
+        clicks = [t.action for t in episode.turns if isinstance(t.action, A.Click)]
+        kept = renderer.tokenizer.decode(item.ids[item.loss_mask == 1].tolist())
+        assert kept == "".join(f"{c.x}{c.y}" for c in clicks)
+    assert len(W.click_points(train)) == len(train.rollouts)
 
 
 @pytest.mark.browser
