@@ -723,7 +723,11 @@ class Trainer:
         runtime of its own. Returns the warm start's metrics; the loss curve goes to
         <workdir>/warm_start.json."""
         from cua_jax.envs.capsules import CapsuleRuntime
-        from cua_jax.train.warm_start import collect_demonstrations, held_out_report, warm_start
+        from cua_jax.train.warm_start import (
+            collect_demonstrations,
+            held_out_report,
+            warm_start,
+        )
 
         c = self.config
         tasks = [task for task, _ in self.training_tasks()]
