@@ -228,6 +228,7 @@ class Learner:
         self.step = jax.device_put(jnp.zeros((), jnp.int32), replicated)
         self._copy_params = jax.jit(lambda s: jax.tree.map(jnp.copy, s), out_shardings=self._param_shardings)
         self._copy_opt_state = jax.jit(lambda s: jax.tree.map(jnp.copy, s), out_shardings=self._opt_shardings)
+        self._copy_frozen = jax.jit(lambda s: jax.tree.map(jnp.copy, s), out_shardings=self._frozen_shardings)
         self.reference_params = self._copy_params(self.params) if config.loss.kl_coef > 0 else None
         self.reference_scoring_passes = 0  # micro-batches scored by the reference, for accounting
         self._zero_accumulator = jax.jit(
@@ -392,20 +393,25 @@ class Learner:
         return grads, {k: float(v) for k, v in jax.device_get(out).items()}
 
     def train_state(self) -> dict[str, Any]:
-        """The state a resumed run needs: {"params", "opt_state", "step"} (the learner's own arrays;
-        they are donated to the next update, so copy or save them before it), plus
-        "reference_params" when there is a KL reference (it is the policy the learner started
-        from, e.g. a warm-started one, which a resumed run cannot rebuild)."""
-        state = {"params": self.params, "opt_state": self.opt_state, "step": self.step}
+        """The state a resumed run needs: {"params", "frozen", "opt_state", "step"} (the learner's
+        own arrays; params are donated to the next update, so copy or save them before it), plus
+        "reference_params" when there is a KL reference. The frozen part (a frozen vision tower)
+        and the reference are the policy the learner started from, e.g. a warm-started one,
+        which a resumed run cannot rebuild."""
+        state = {"params": self.params, "frozen": self.frozen, "opt_state": self.opt_state, "step": self.step}
         if self.reference_params is not None:
             state["reference_params"] = self.reference_params
         return state
 
     def load_train_state(self, state: Mapping[str, Any]) -> None:
-        """Sets params, optimizer state, step (and the reference, when `state` has one) from
-        `state` (as `train_state` returns, or loaded from a checkpoint), copied onto the
-        learner's shardings; `state` stays valid."""
+        """Sets params, frozen parameters, optimizer state, step (and the reference, when
+        `state` has one) from `state` (as `train_state` returns, or loaded from a checkpoint),
+        copied onto the learner's shardings; `state` stays valid."""
+        if "frozen" not in state:
+            raise ValueError("the train state has no 'frozen' parameters (written by an older version); "
+                             "a resumed run would keep freshly initialised frozen weights")
         self.params = self._copy_params(state["params"])
+        self.frozen = self._copy_frozen(state["frozen"])
         self.opt_state = self._copy_opt_state(state["opt_state"])
         self.step = jax.device_put(jnp.asarray(state["step"], jnp.int32).copy(), self._replicated)
         if self.reference_params is not None and "reference_params" in state:

@@ -65,6 +65,8 @@ def test_warm_start_config_errors_name_the_field():
 def test_warm_start_feeds_learner_and_reference_and_is_resumed_not_rerun(tmp_path):
     config = warm_config(tmp_path)
     config.warm_start.held_out_seeds = 2
+    # The warm start trains the vision tower, RL keeps it frozen: the checkpoint must hold it.
+    config.learner.freeze_vision = True
     with Trainer(config) as trainer:
         metrics = trainer.warm_start_metrics
         assert metrics["warm_start/demonstrations"] == 2 and metrics["warm_start/rejected"] == 0
@@ -80,6 +82,7 @@ def test_warm_start_feeds_learner_and_reference_and_is_resumed_not_rerun(tmp_pat
         assert any("warm_start/loss_first" in r for r in logged)
 
         random_init = build_policy(trainer.settings, config.seed)
+        random_init.freeze_vision = True  # the learner's split: trainable params without the tower
         from flax import nnx
 
         random_params = leaves(nnx.split(random_init, random_init.trainable_filter(), ...)[1])
@@ -90,10 +93,18 @@ def test_warm_start_feeds_learner_and_reference_and_is_resumed_not_rerun(tmp_pat
         for a, b in zip(learner_params, leaves(trainer.learner.reference_params)):
             np.testing.assert_array_equal(a, b)
         reference = leaves(trainer.learner.reference_params)
+        tower = leaves(trainer.learner.frozen)
+        assert tower and sum(a.size for a in tower) > 0
+        served = leaves(nnx.state(trainer.workers[0].engine.engine.model))
         trainer.save()
 
     with Trainer(config) as resumed:  # the workdir holds a checkpoint: no second warm start
         assert resumed.warm_start_metrics == {}
         assert resumed.restore()
         for a, b in zip(reference, leaves(resumed.learner.reference_params)):
+            np.testing.assert_array_equal(a, b)
+        # The warm-started frozen tower comes back too, in the learner and in the engine.
+        for a, b in zip(tower, leaves(resumed.learner.frozen), strict=True):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(served, leaves(nnx.state(resumed.workers[0].engine.engine.model)), strict=True):
             np.testing.assert_array_equal(a, b)
