@@ -466,11 +466,10 @@ def click_point_items(items: Sequence[TrainingItem], tokenizer) -> list[Training
         trained = np.flatnonzero(item.loss_mask)
         pieces = [tokenizer.decode([int(item.ids[i])]) for i in trained]
         starts = np.cumsum([0] + [len(piece) for piece in pieces[:-1]])
-        text = "".join(pieces)
+        digits = np.array([piece.strip().isdigit() for piece in pieces], dtype=bool)
         mask = np.zeros_like(item.loss_mask)
-        for match in _COORDINATE.finditer(text):
+        for match in _COORDINATE.finditer("".join(pieces)):
             inside = (starts >= match.start(1)) & (starts < match.end(1))
-            digits = np.array([piece.strip().isdigit() for piece in pieces], dtype=bool)
             mask[trained[inside & digits]] = 1
         if mask.any():
             narrowed.append(dataclasses.replace(item, loss_mask=mask))
