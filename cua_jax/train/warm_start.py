@@ -29,6 +29,7 @@ answers one short reasoning line plus the oracle's tool call, e.g.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import functools
 import math
@@ -490,21 +491,18 @@ def click_point_prior_nll(train: Sequence[tuple[int, int]], held_out: Sequence[t
     clearly below this does not read its points off the page."""
     if not held_out:
         raise ValueError("click_point_prior_nll needs at least one held-out point")
-    counts: dict[tuple[int, int, int], np.ndarray] = {}
-    for point in train:
-        for axis, value in enumerate(point):
-            digits = str(int(value))
-            for place, digit in enumerate(digits):
-                counts.setdefault((axis, len(digits), place), np.zeros(10))[int(digit)] += 1
-    total, n = 0.0, 0
-    for point in held_out:
-        for axis, value in enumerate(point):
-            digits = str(int(value))
-            for place, digit in enumerate(digits):
-                seen = counts.get((axis, len(digits), place), np.zeros(10))
-                total -= math.log((seen[int(digit)] + 1.0) / (seen.sum() + 10.0))
-                n += 1
-    return total / n
+
+    def placed_digits(points):  # ((axis, number of digits, position), digit) of every digit
+        for point in points:
+            for axis, value in enumerate(point):
+                digits = str(int(value))
+                yield from (((axis, len(digits), place), int(digit)) for place, digit in enumerate(digits))
+
+    counts: collections.defaultdict = collections.defaultdict(lambda: np.zeros(10))
+    for place, digit in placed_digits(train):
+        counts[place][digit] += 1
+    nats = [-math.log((counts[place][digit] + 1.0) / (counts[place].sum() + 10.0)) for place, digit in placed_digits(held_out)]
+    return sum(nats) / len(nats)
 
 
 def held_out_report(model: nnx.Module, train: Demonstrations, held_out: Demonstrations, renderer,
