@@ -29,6 +29,15 @@ missing closing tag is tolerated (generation often stops on it). Arguments by ac
     write_file          path "...", content "..."
     DONE | FAIL | WAIT  OSWorld's special actions (WAIT waits WAIT_SECONDS); Qwen's
                         `terminate` with status "success"/"failure" means DONE / FAIL.
+    click_element       element N (an id the page lists: set-of-marks)
+    fill_element        element N, text "..." (replaces the element's contents)
+
+Element-reference actions name an element by the id its observation gives it (BrowserGym's
+`bid`, WebArena's `[id]`, OSWorld's `som`); the environment resolves the id to the centre of
+the element's visible part and acts there. An action space (`ACTION_SPACES`) says which
+pointer actions a run allows: "coordinates" (grid points only), "elements" (element ids
+only; keys, typing, scrolling in place and the terminal actions stay) or "both".
+`parse_action(text, action_space)` turns an action outside the space into an InvalidAction.
 
 Coordinates live on a relative GRID x GRID (1000 x 1000) grid, integers or numbers in
 [0, GRID]; `grid_to_pixels` rescales them to any screen or page size (1280 x 800 for the
@@ -61,6 +70,7 @@ MAX_TEXT_CHARS = 20_000
 MAX_KEYS = 6
 
 SCROLL_DIRECTIONS = ("up", "down", "left", "right")
+ACTION_SPACES = ("coordinates", "elements", "both")
 CLICK_KINDS = ("left_click", "right_click", "middle_click", "double_click", "triple_click")
 
 
@@ -206,11 +216,27 @@ class WriteFile:
     content: str
 
 
+@dataclasses.dataclass(frozen=True)
+class ClickElement:
+    """A left click at the centre of the visible part of the element the page numbers `element`."""
+
+    element: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FillElement:
+    """Replace the contents of the element numbered `element` with `text` (click it, select all, type)."""
+
+    element: int
+    text: str
+
+
 Action = Union[
     Click, MouseMove, LeftClickDrag, LeftMouseDown, LeftMouseUp, Key, HoldKey, Type, Scroll,
-    Wait, Screenshot, CursorPosition, Done, Fail, Answer, WriteFile,
+    Wait, Screenshot, CursorPosition, Done, Fail, Answer, WriteFile, ClickElement, FillElement,
 ]
 TERMINAL_ACTIONS = (Done, Fail, Answer)  # actions that end the episode
+ELEMENT_ACTIONS = (ClickElement, FillElement)  # actions that name an element by its id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +249,35 @@ class InvalidAction:
 
 def is_terminal(action: Action | InvalidAction) -> bool:
     return isinstance(action, TERMINAL_ACTIONS)
+
+
+def uses_coordinates(action: Action | InvalidAction) -> bool:
+    """Whether the action places the pointer at a grid point."""
+    if isinstance(action, (Click, MouseMove, LeftClickDrag)):
+        return True
+    return isinstance(action, (LeftMouseDown, LeftMouseUp, Scroll)) and action.x is not None
+
+
+def check_action_space(action_space: str) -> str:
+    if action_space not in ACTION_SPACES:
+        raise ValueError(f"unknown action space {action_space!r}; choose one of {', '.join(ACTION_SPACES)}")
+    return action_space
+
+
+def outside_action_space(action: Action | InvalidAction, action_space: str) -> str | None:
+    """Why `action` is not allowed in `action_space` (None when it is)."""
+    check_action_space(action_space)
+    if action_space == "elements" and uses_coordinates(action):
+        return (
+            f"'{action_arguments(action)['action']}' at a grid point is not available: this run acts on "
+            "elements by id (click_element, fill_element)"
+        )
+    if action_space == "coordinates" and isinstance(action, ELEMENT_ACTIONS):
+        return (
+            f"'{action_arguments(action)['action']}' is not available: this run acts at grid points "
+            f"(coordinate [x, y] on the 0-{GRID} grid)"
+        )
+    return None
 
 
 # ------------------------------------------------------------------------------------
@@ -299,6 +354,10 @@ def action_arguments(action: Action) -> dict[str, Any]:
         return {"action": "answer", "text": action.text}
     if isinstance(action, WriteFile):
         return {"action": "write_file", "path": action.path, "content": action.content}
+    if isinstance(action, ClickElement):
+        return {"action": "click_element", "element": action.element}
+    if isinstance(action, FillElement):
+        return {"action": "fill_element", "element": action.element, "text": action.text}
     raise TypeError(f"not an action: {action!r}")
 
 
@@ -322,8 +381,9 @@ _ACTION_NAMES = (
     CLICK_KINDS
     + ("mouse_move", "left_click_drag", "left_mouse_down", "left_mouse_up", "key", "hold_key",
        "type", "scroll", "wait", "screenshot", "cursor_position", "done", "answer",
-       "write_file", "DONE", "FAIL", "WAIT", "terminate")
+       "write_file", "click_element", "fill_element", "DONE", "FAIL", "WAIT", "terminate")
 )
+ELEMENT_ACTION_NAMES = ("click_element", "fill_element")
 
 
 def _is_number(value: Any) -> bool:
@@ -350,6 +410,15 @@ def _number(args: dict[str, Any], field: str, low: float, high: float, default=N
         raise _Malformed(f"'{args['action']}' needs '{field}' (a number in ({low}, {high}])")
     if not _is_number(value) or not (low < value <= high):
         raise _Malformed(f"'{field}' must be a number in ({low}, {high}], got {_short(value)}")
+    return value
+
+
+def _element(args: dict[str, Any]) -> int:
+    value = args.get("element")
+    if value is None:
+        raise _Malformed(f"'{args['action']}' needs 'element': the id of an element the page lists")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _Malformed(f"'element' must be a positive integer id, got {_short(value)}")
     return value
 
 
@@ -443,6 +512,10 @@ def _build(args: dict[str, Any]) -> Action:
         return Answer(_string(args, "text", allow_empty=True))
     if name == "write_file":
         return WriteFile(_string(args, "path"), _string(args, "content", allow_empty=True))
+    if name == "click_element":
+        return ClickElement(_element(args))
+    if name == "fill_element":
+        return FillElement(_element(args), _string(args, "text", allow_empty=True))
     raise AssertionError(name)  # every name in _ACTION_NAMES is handled above
 
 
@@ -460,21 +533,32 @@ def _call_json(text: str) -> str:
     return body if end < 0 else body[:end]
 
 
-def parse_arguments(args: Any) -> Action | InvalidAction:
-    """Validate a tool-call `arguments` object (already decoded JSON) into an action."""
+def _build_in(args: dict[str, Any], action_space: str) -> Action:
+    action = _build(args)
+    problem = outside_action_space(action, action_space)
+    if problem is not None:
+        raise _Malformed(problem)
+    return action
+
+
+def parse_arguments(args: Any, action_space: str = "both") -> Action | InvalidAction:
+    """Validate a tool-call `arguments` object (already decoded JSON) into an action of `action_space`."""
+    check_action_space(action_space)
     try:
         if not isinstance(args, dict):
             raise _Malformed(f"'arguments' must be a JSON object, got {_short(args)}")
-        return _build(args)
+        return _build_in(args, action_space)
     except _Malformed as error:
         return InvalidAction(str(error), json.dumps(args, default=repr)[:2000] if isinstance(args, dict) else "")
 
 
-def parse_action(text: Any) -> Action | InvalidAction:
-    """Parse the policy's reply into one action, or an InvalidAction explaining what is wrong.
+def parse_action(text: Any, action_space: str = "both") -> Action | InvalidAction:
+    """Parse the policy's reply into one action of `action_space`, or an InvalidAction
+    explaining what is wrong (an action outside the space included).
 
-    Never raises, whatever `text` holds.
+    Never raises, whatever `text` holds (an unknown `action_space` is the caller's error).
     """
+    check_action_space(action_space)
     if not isinstance(text, str):
         return InvalidAction(f"expected text, got {type(text).__name__}")
     try:
@@ -489,7 +573,7 @@ def parse_action(text: Any) -> Action | InvalidAction:
             raise _Malformed(f"unknown tool {_short(call.get('name'))}; the tool is '{TOOL_NAME}'")
         if not isinstance(call.get("arguments"), dict):
             raise _Malformed("the tool call needs 'arguments': a JSON object with an 'action'")
-        return _build(call["arguments"])
+        return _build_in(call["arguments"], action_space)
     except _Malformed as error:
         return InvalidAction(str(error), text[-2000:])
 
@@ -499,36 +583,63 @@ def parse_action(text: Any) -> Action | InvalidAction:
 # ------------------------------------------------------------------------------------
 
 
-def tool_description(width: int = DEFAULT_SCREEN_SIZE[0], height: int = DEFAULT_SCREEN_SIZE[1]) -> dict[str, Any]:
-    """The function schema of the computer-use tool (Qwen `tools=[...]` format)."""
+COORDINATE_ACTION_NAMES = CLICK_KINDS + ("mouse_move", "left_click_drag")  # need a grid point
+
+
+def action_names(action_space: str = "coordinates") -> tuple[str, ...]:
+    """The action names a prompt lists for `action_space` (Qwen's `terminate` is accepted, not listed)."""
+    check_action_space(action_space)
+    names = tuple(name for name in _ACTION_NAMES if name != "terminate")
+    if action_space == "coordinates":
+        return tuple(name for name in names if name not in ELEMENT_ACTION_NAMES)
+    if action_space == "elements":
+        return tuple(name for name in names if name not in COORDINATE_ACTION_NAMES)
+    return names
+
+
+def tool_description(
+    width: int = DEFAULT_SCREEN_SIZE[0], height: int = DEFAULT_SCREEN_SIZE[1], action_space: str = "coordinates"
+) -> dict[str, Any]:
+    """The function schema of the computer-use tool (Qwen `tools=[...]` format) for `action_space`."""
     coordinate = {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}
+    properties: dict[str, Any] = {"action": {"type": "string", "enum": list(action_names(action_space))}}
+    if action_space != "elements":
+        properties |= {"coordinate": coordinate, "start_coordinate": coordinate}
+    else:
+        properties["coordinate"] = coordinate  # scroll and mouse down / up still take an optional point
+    if action_space != "coordinates":
+        properties["element"] = {"type": "integer"}
+    properties |= {
+        "keys": {"type": "array", "items": {"type": "string"}},
+        "duration": {"type": "number"},
+        "text": {"type": "string"},
+        "direction": {"type": "string", "enum": list(SCROLL_DIRECTIONS)},
+        "amount": {"type": "integer"},
+        "time": {"type": "number"},
+        "path": {"type": "string"},
+        "content": {"type": "string"},
+    }
+    where = {
+        "coordinates": (
+            f"Coordinates are on a relative {GRID}x{GRID} grid: [0, 0] is the top-left corner, "
+            f"[{GRID}, {GRID}] the bottom-right. "
+        ),
+        "elements": "Elements are named by the ids the page lists and marks. ",
+        "both": (
+            f"Coordinates are on a relative {GRID}x{GRID} grid: [0, 0] is the top-left corner, "
+            f"[{GRID}, {GRID}] the bottom-right; elements are named by the ids the page lists and marks. "
+        ),
+    }[action_space]
     return {
         "type": "function",
         "function": {
             "name": TOOL_NAME,
             "description": (
                 f"Use a mouse and keyboard to interact with a {width}x{height} screen, seen through "
-                f"screenshots. Coordinates are on a relative {GRID}x{GRID} grid: [0, 0] is the top-left "
-                f"corner, [{GRID}, {GRID}] the bottom-right. Emit exactly one call per turn. "
+                f"screenshots. {where}Emit exactly one call per turn. "
                 "Call `done` when the task is complete, `FAIL` when it cannot be done, and `answer` to "
                 "submit a value."
             ),
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "action": {"type": "string", "enum": list(_ACTION_NAMES[:-1])},
-                    "coordinate": coordinate,
-                    "start_coordinate": coordinate,
-                    "keys": {"type": "array", "items": {"type": "string"}},
-                    "duration": {"type": "number"},
-                    "text": {"type": "string"},
-                    "direction": {"type": "string", "enum": list(SCROLL_DIRECTIONS)},
-                    "amount": {"type": "integer"},
-                    "time": {"type": "number"},
-                    "path": {"type": "string"},
-                    "content": {"type": "string"},
-                },
-                "required": ["action"],
-            },
+            "parameters": {"type": "object", "properties": properties, "required": ["action"]},
         },
     }

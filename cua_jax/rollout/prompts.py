@@ -28,6 +28,8 @@ PROMPT_STYLES = ("tool_schema", "compact")
 _COMPACT_ACTIONS = (
     ("|".join(A.CLICK_KINDS + ("mouse_move",)), "coordinate"),
     ("left_click_drag", "coordinate, start_coordinate?"),
+    ("click_element", "element"),
+    ("fill_element", "element, text"),
     ("left_mouse_down|left_mouse_up", "coordinate?"),
     ("key", "keys"),
     ("hold_key", "keys, duration"),
@@ -39,29 +41,51 @@ _COMPACT_ACTIONS = (
 )
 
 
-def system_prompt(screen_width: int, screen_height: int, style: str = "tool_schema") -> str:
+def _compact_lines(action_space: str) -> str:
+    allowed = set(A.action_names(action_space))
+    lines = []
+    for names, arguments in _COMPACT_ACTIONS:
+        kept = [name for name in names.split("|") if name in allowed]
+        if kept:
+            if action_space == "elements":  # no pointer placement by grid point in this space
+                arguments = arguments.replace(", coordinate?", "").replace("coordinate?", "")
+            lines.append(f"{'|'.join(kept)} {arguments}".rstrip())
+    return "\n".join(lines)
+
+
+def system_prompt(
+    screen_width: int, screen_height: int, style: str = "tool_schema", action_space: str = "coordinates"
+) -> str:
     """The system prompt of a computer-use agent acting on a screen_width x screen_height screen.
 
-    Holds the computer-use tool's action space in `style` (see the module doc) and one
-    example call in the exact syntax `parse_action` reads.
+    Holds the computer-use tool's actions of `action_space` (`actions.ACTION_SPACES`) in `style`
+    (see the module doc) and one example call in the exact syntax `parse_action` reads.
     """
     if screen_width < 1 or screen_height < 1:
         raise ValueError(f"screen size must be positive, got {screen_width}x{screen_height}")
     if style not in PROMPT_STYLES:
         raise ValueError(f"unknown system prompt style {style!r}; choose one of {PROMPT_STYLES}")
-    example = A.render_action(A.Click("left_click", A.GRID // 2, A.GRID // 2))
+    A.check_action_space(action_space)
+    if action_space == "elements":
+        example = A.render_action(A.ClickElement(1))
+    else:
+        example = A.render_action(A.Click("left_click", A.GRID // 2, A.GRID // 2))
     intro = (
         "You operate a computer to complete the user's task. Each turn you see a screenshot; "
         "think briefly, then reply with exactly one tool call.\n"
     )
     if style == "tool_schema":
-        schema = json.dumps(A.tool_description(screen_width, screen_height)["function"], separators=(",", ":"))
+        description = A.tool_description(screen_width, screen_height, action_space)["function"]
+        schema = json.dumps(description, separators=(",", ":"))
         return f"{intro}Tool: {schema}\nExample reply:\n{example}"
-    lines = "\n".join(f"{names} {arguments}".rstrip() for names, arguments in _COMPACT_ACTIONS)
+    where = {
+        "coordinates": f"[x, y] on a {A.GRID}x{A.GRID} grid, [0, 0] top-left",
+        "elements": "elements by the ids the page lists",
+        "both": f"[x, y] on a {A.GRID}x{A.GRID} grid, [0, 0] top-left, or elements by the ids the page lists",
+    }[action_space]
     return (
-        f"{intro}Tool {A.TOOL_NAME} on a {screen_width}x{screen_height} screen; [x, y] on a "
-        f"{A.GRID}x{A.GRID} grid, [0, 0] top-left. Actions and arguments (? optional):\n"
-        f"{lines}\nExample reply:\n{example}"
+        f"{intro}Tool {A.TOOL_NAME} on a {screen_width}x{screen_height} screen; {where}. "
+        f"Actions and arguments (? optional):\n{_compact_lines(action_space)}\nExample reply:\n{example}"
     )
 
 
