@@ -149,11 +149,25 @@ ORACLES: dict[str, Callable[[MiniWoBObservation], A.Action]] = {
 ORACLE_TASKS = tuple(ORACLES)
 
 
-def oracle_action(observation: MiniWoBObservation) -> A.Action:
-    """The scripted next action for `observation` (its task must be one of ORACLE_TASKS)."""
+def _by_element(action: A.Action, observation: MiniWoBObservation) -> A.Action:
+    """The same action by element id: a click becomes a click on the element it lands on."""
+    if not isinstance(action, A.Click):
+        return action
+    width, height = observation.screen_size
+    point = A.grid_to_pixels(action.x, action.y, width, height)
+    for element in observation.dom:
+        if element.tag != "t" and click_point(element, width, height) == (action.x, action.y):
+            return A.ClickElement(element.ref)
+    raise OracleError(f"{observation.task}: no element has its click point at {point}")
+
+
+def oracle_action(observation: MiniWoBObservation, action_space: str = "coordinates") -> A.Action:
+    """The scripted next action for `observation` (its task must be one of ORACLE_TASKS) in
+    `action_space` (`actions.ACTION_SPACES`; "both" acts by element id)."""
     script = ORACLES.get(observation.task)
     if script is None:
         raise OracleUnsupportedError(
             f"no oracle for MiniWoB task {observation.task!r}; scripted tasks: {', '.join(ORACLE_TASKS)}"
         )
-    return script(observation)
+    action = script(observation)
+    return action if A.check_action_space(action_space) == "coordinates" else _by_element(action, observation)
