@@ -232,6 +232,14 @@ class TrainSettings:
                      f"must be >= 0, got {c.warm_start.held_out_seeds}")
         _require(0 < c.eval.confidence < 1, "eval.confidence", f"must lie in (0, 1), got {c.eval.confidence}")
         _require(c.model.num_layers >= 0, "model.num_layers", f"must be >= 0, got {c.model.num_layers}")
+        _require(c.model.name in POLICIES, "model.name", f"{c.model.name!r} is not a known policy {POLICIES}")
+        if c.model.name == "qwen3_vl":
+            _require(bool(c.model.init_from), "model.init_from",
+                     "model.name 'qwen3_vl' loads a Hugging Face Qwen3-VL directory: set model.init_from")
+            _require(c.model.num_layers == 0, "model.num_layers", "a loaded checkpoint keeps its own layers; leave it 0")
+        else:
+            _require(not c.model.init_from, "model.init_from",
+                     f"model.name {c.model.name!r} is a random init; set model.name = 'qwen3_vl' to load a checkpoint")
         for name in ("num_seeds", "group_size", "concurrent_groups"):
             _require(c.eval[name] >= 1, f"eval.{name}", f"must be >= 1, got {c.eval[name]}")
 
@@ -579,17 +587,50 @@ WORKER_BACKENDS = ("local", "ray")
 RolloutWorkers = list[RolloutWorker] | list[RemoteRolloutWorker]
 
 
+POLICIES = ("tiny_qwen3_vl", "qwen3_vl")
+
+
+def tokenizer_dir(config) -> str | None:
+    """Where the run's tokenizer and image processor come from: model.tokenizer_dir, else the
+    checkpoint in model.init_from, else None (the shipped tiny pair)."""
+    return config.model.tokenizer_dir or config.model.init_from or None
+
+
 def build_policy(settings: TrainSettings, seed: int):
-    """The policy model a config names (random init) and its image processor / renderer."""
+    """The policy model a config names: a random init of the tiny Qwen3-VL, or the Qwen3-VL
+    checkpoint in model.init_from (`cua_jax.models.qwen3_vl.load_qwen3_vl`)."""
     from flax import nnx
 
-    from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
+    from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, load_qwen3_vl, tiny_qwen3_vl_config
 
-    name = settings.config.model.name
-    if name != "tiny_qwen3_vl":
-        raise ConfigError(f"config.model.name: {name!r} is not a known policy (known: 'tiny_qwen3_vl')")
-    overrides = {"num_hidden_layers": settings.config.model.num_layers} if settings.config.model.num_layers else {}
+    model = settings.config.model
+    if model.name == "qwen3_vl":
+        return load_qwen3_vl(model.init_from)[0]
+    overrides = {"num_hidden_layers": model.num_layers} if model.num_layers else {}
     return Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(**overrides), rngs=nnx.Rngs(seed))
+
+
+def check_init_from(directory: str, tokenizer) -> None:
+    """Raise ConfigError naming model.init_from unless it holds a Qwen3-VL checkpoint whose
+    vocabulary fits `tokenizer`."""
+    from cua_jax.models.checkpoint import read_hf_config
+
+    where = f"config.model.init_from: {directory!r}"
+    if not os.path.isdir(directory):
+        raise ConfigError(f"{where} is not a directory")
+    try:
+        hf = read_hf_config(directory)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{where} has no readable config.json ({error})") from None
+    architectures = hf.get("architectures") or []
+    if hf.get("model_type") != "qwen3_vl" and "Qwen3VLForConditionalGeneration" not in architectures:
+        raise ConfigError(f"{where} holds a {hf.get('model_type') or architectures or 'unknown'} model; "
+                          "the trainer's policy is a Qwen3-VL (Qwen3VLForConditionalGeneration)")
+    if not any(name.endswith(".safetensors") for name in os.listdir(directory)):
+        raise ConfigError(f"{where} holds no safetensors weights")
+    vocab = (hf.get("text_config") or hf).get("vocab_size")
+    if vocab is not None and len(tokenizer) > int(vocab):
+        raise ConfigError(f"{where}: the tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary ({vocab})")
 
 
 def rollout_worker_config(settings: TrainSettings, worker: int) -> RolloutWorkerConfig:
@@ -601,7 +642,7 @@ def rollout_worker_config(settings: TrainSettings, worker: int) -> RolloutWorker
     return RolloutWorkerConfig(
         agent=settings.agent, eval_agent=settings.eval_agent, segmenter=c.context.segmenter,
         segmenter_options=tuple(sorted(settings.segmenter_options.items())),
-        tokenizer_dir=c.model.tokenizer_dir or None, include_dom_text=c.env.include_dom_text,
+        tokenizer_dir=tokenizer_dir(c), include_dom_text=c.env.include_dom_text,
         time_limit_s=c.env.time_limit_s, runtime_seed=c.seed * 1000 + worker, canonical_order=True,
     )
 
@@ -620,7 +661,7 @@ def build_rollout_workers(settings: TrainSettings, policy, pad_id: int, env_wrap
     params = jax.tree.map(np.asarray, state) if remote else state  # the local factory copies it
     specs = [
         (JaxEngineFactory(type(policy), policy.config, params, seed=c.seed * 1000 + w, pad_id=pad_id,
-                          tokenizer_dir=c.model.tokenizer_dir or None, banned_token_ids=banned_token_ids),
+                          tokenizer_dir=tokenizer_dir(c), banned_token_ids=banned_token_ids),
          rollout_worker_config(settings, w))
         for w in range(c.rollout.num_workers)
     ]
@@ -658,7 +699,9 @@ class Trainer:
         self.workdir = c.workdir
         os.makedirs(self.workdir, exist_ok=True)
         self.base_key = jax.random.key(c.seed)
-        self.tokenizer, self.image_processor = load_processor(c.model.tokenizer_dir or None)
+        self.tokenizer, self.image_processor = load_processor(tokenizer_dir(c))
+        if c.model.name == "qwen3_vl":
+            check_init_from(c.model.init_from, self.tokenizer)
         self.renderer = ChatRenderer(self.tokenizer, self.image_processor)
         self.segmenter = make_segmenter(c.context.segmenter, self.renderer, **self.settings.segmenter_options)
         # Vision placeholders can never be part of a reply: the engines never sample them and the

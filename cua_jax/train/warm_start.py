@@ -419,44 +419,87 @@ def demonstration_nll(model: nnx.Module, data: DemonstrationData, config: WarmSt
     return total / count if count else 0.0
 
 
-def supervised_fine_tune(model: nnx.Module, data: DemonstrationData, config: WarmStartConfig = WarmStartConfig(),
-                         on_step: Callable[[int, float], None] | None = None) -> WarmStartResult:
-    """`config.steps` AdamW steps on the token-mean NLL of the demonstrations' response tokens.
+class SupervisedTrainer:
+    """AdamW on the token-mean NLL of demonstration reply tokens, one step at a time, with a
+    state that can be saved and restored (a resumed run continues exactly: same parameters,
+    optimizer state, batch order and step count).
 
     The model's trainable parameters (`model.trainable_filter()`, else every Param) are
-    updated in place; the rest (a frozen vision tower) is left untouched. on_step(step, loss)
-    is called after every step (a progress bar).
+    trained; the rest (a frozen vision tower) is left untouched. `sync_model()` writes the
+    trained parameters back into the model (in place).
     """
-    start = time.perf_counter()
-    trainable = model.trainable_filter() if hasattr(model, "trainable_filter") else nnx.Param
-    graphdef, params, rest = nnx.split(model, trainable, ...)
-    tx = make_optimizer(config.optimizer())
-    opt_state = tx.init(params)
-    nll = _nll_fn(graphdef, config.seq_chunk, config.vocab_chunk)
 
-    @jax.jit
-    def step(params, opt_state, rest, batch):
-        (loss, _), grads = jax.value_and_grad(nll, has_aux=True)(params, rest, batch)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    def __init__(self, model: nnx.Module, data: DemonstrationData, config: WarmStartConfig = WarmStartConfig()):
+        self.model, self.data, self.config = model, data, config
+        trainable = model.trainable_filter() if hasattr(model, "trainable_filter") else nnx.Param
+        self.graphdef, self.params, self.rest = nnx.split(model, trainable, ...)
+        tx = make_optimizer(config.optimizer())
+        self.opt_state = tx.init(self.params)
+        nll = _nll_fn(self.graphdef, config.seq_chunk, config.vocab_chunk)
 
-    rng = np.random.default_rng(config.seed)
-    losses: list[float] = []
-    pending: list[int] = []
-    shapes = set()
-    while len(losses) < config.steps:
-        if not pending:
-            pending = data.epoch(rng)
-        batch = data.batch(pending.pop())
-        shapes.add((batch.length, None if batch.image_grid is None else len(batch.image_grid.thw)))
-        params, opt_state, loss = step(params, opt_state, rest, batch)
-        losses.append(float(loss))
-        if not math.isfinite(losses[-1]):
-            raise FloatingPointError(f"warm start step {len(losses)}: the loss is {losses[-1]}")
-        if on_step is not None:
-            on_step(len(losses), losses[-1])
-    nnx.update(model, params)
-    return WarmStartResult(model, losses, time.perf_counter() - start, len(shapes))
+        @jax.jit
+        def step(params, opt_state, rest, batch):
+            (loss, _), grads = jax.value_and_grad(nll, has_aux=True)(params, rest, batch)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss
+
+        self._step = step
+        self.rng = np.random.default_rng(config.seed)
+        self.losses: list[float] = []
+        self.pending: list[list[int]] = []
+        self.shapes: set = set()
+        self.seconds = 0.0
+
+    @property
+    def step(self) -> int:
+        return len(self.losses)
+
+    def run(self, until: int, on_step: Callable[[int, float], None] | None = None) -> None:
+        """Train until `until` steps are done in all (no-op when already there)."""
+        start = time.perf_counter()
+        while len(self.losses) < until:
+            if not self.pending:
+                self.pending = self.data.epoch(self.rng)
+            batch = self.data.batch(self.pending.pop())
+            self.shapes.add((batch.length, None if batch.image_grid is None else len(batch.image_grid.thw)))
+            self.params, self.opt_state, loss = self._step(self.params, self.opt_state, self.rest, batch)
+            self.losses.append(float(loss))
+            if not math.isfinite(self.losses[-1]):
+                raise FloatingPointError(f"supervised step {len(self.losses)}: the loss is {self.losses[-1]}")
+            if on_step is not None:
+                on_step(len(self.losses), self.losses[-1])
+        self.seconds += time.perf_counter() - start
+
+    def sync_model(self) -> nnx.Module:
+        nnx.update(self.model, self.params)
+        return self.model
+
+    def state_dict(self) -> dict[str, Any]:
+        """Host copies of everything a resumed run needs (picklable)."""
+        return {
+            "params": jax.device_get(self.params), "opt_state": jax.device_get(self.opt_state),
+            "rng": self.rng.bit_generator.state, "losses": list(self.losses),
+            "pending": [list(b) for b in self.pending], "seconds": self.seconds,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.params = jax.tree.map(jnp.asarray, state["params"])
+        self.opt_state = jax.tree.map(jnp.asarray, state["opt_state"])
+        self.rng.bit_generator.state = state["rng"]
+        self.losses = list(state["losses"])
+        self.pending = [list(b) for b in state["pending"]]
+        self.seconds = float(state["seconds"])
+        self.sync_model()
+
+
+def supervised_fine_tune(model: nnx.Module, data: DemonstrationData, config: WarmStartConfig = WarmStartConfig(),
+                         on_step: Callable[[int, float], None] | None = None) -> WarmStartResult:
+    """`config.steps` AdamW steps on the token-mean NLL of the demonstrations' response tokens
+    (`SupervisedTrainer`); the model is updated in place. on_step(step, loss) is called after
+    every step (a progress bar)."""
+    trainer = SupervisedTrainer(model, data, config)
+    trainer.run(config.steps, on_step)
+    return WarmStartResult(trainer.sync_model(), trainer.losses, trainer.seconds, len(trainer.shapes))
 
 
 # ------------------------------------------------------------------------------------

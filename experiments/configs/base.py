@@ -17,6 +17,9 @@ import ml_collections
 # MiniWoB++ tasks the scripted oracle solves (cua_jax.envs.miniwob_oracle.ORACLE_TASKS): the
 # embedded run's pool, so the warm start has demonstrations for every task.
 MINIWOB_TASKS = ("click-button", "click-link", "focus-text", "click-dialog", "click-tab", "click-checkboxes", "enter-text")
+# Tasks the oracle solves on at least 95% of 100 seeds in both action spaces
+# (experiments/benchmarks/oracle_coverage.py): the pretraining set of the shipped base.
+ORACLE_BOTH_SPACES = MINIWOB_TASKS + ("click-option",)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -26,11 +29,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.workdir = "runs/base"
     c.seed = 0  # base of every random stream of the run (task draws, seeds, sampling, init)
 
-    # The policy. "tiny_qwen3_vl": random init of cua_jax.models.qwen3_vl.tiny_qwen3_vl_config.
+    # The policy. "tiny_qwen3_vl": random init of cua_jax.models.qwen3_vl.tiny_qwen3_vl_config;
+    # "qwen3_vl": the Qwen3-VL checkpoint (Qwen3VLForConditionalGeneration) in model.init_from,
+    # a Hugging Face directory: config.json, safetensors, and its tokenizer and processor files.
     c.model = ml_collections.ConfigDict()
     c.model.name = "tiny_qwen3_vl"
-    c.model.num_layers = 0  # decoder layers (0: the named model's own)
-    c.model.tokenizer_dir = ""  # "" : the shipped tiny tokenizer + image processor
+    c.model.init_from = ""
+    c.model.num_layers = 0  # decoder layers (0: the named model's own; random init only)
+    c.model.tokenizer_dir = ""  # "" : model.init_from's tokenizer + processor, else the shipped tiny pair
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = 1
@@ -199,4 +205,14 @@ def base_config() -> ml_collections.ConfigDict:
     # never trained on), scored after the warm start: held-out NLL, and NLL per click-point
     # digit against a page-blind prior (does the policy read its clicks off the page?).
     c.warm_start.held_out_seeds = 0
+
+    # Pretraining a base policy (python -m experiments.pretrain): the warm start's supervised
+    # learning (warm_start.steps, rows, learning_rate, schedule, demos_per_task, held_out_seeds)
+    # run long, resumable, scored on held-out pages as it goes, and exported as a Hugging Face
+    # directory that model.init_from loads.
+    c.pretrain = ml_collections.ConfigDict()
+    c.pretrain.checkpoint_every = 100  # SFT steps between resumable state saves
+    c.pretrain.eval_every = 250  # SFT steps between held-out NLL scores (0: only at the end)
+    c.pretrain.eval_seeds = 10  # held-out pages per task for the final greedy success
+    c.pretrain.export_dir = ""  # "" : <workdir>/base
     return c

@@ -1,0 +1,309 @@
+"""Pretraining a base policy: supervised learning on the MiniWoB oracle's demonstrations across
+many tasks, long and resumable, scored on held-out pages as it goes, exported as a Hugging
+Face directory that a training run loads with `model.init_from`.
+
+    python -m experiments.pretrain --config=experiments/configs/pretrain.py [--workdir=DIR]
+
+It is the warm start (`cua_jax.train.warm_start`) at the scale of a base model:
+
+1. Demonstrations: the oracle plays `warm_start.demos_per_task` training seeds of every task
+   in `env.tasks` through the real agent loop (the run's prompt style, action space and
+   segmenter), and `warm_start.held_out_seeds` seeds past the evaluation seeds for scoring.
+   They are written once to <workdir>/demonstrations.pkl.gz (token streams and screenshots),
+   so a resumed run, or one on a machine without a browser, reads them instead.
+2. Supervised learning (`SupervisedTrainer`): token-mean NLL of the oracle's replies. Its
+   whole state is saved every `pretrain.checkpoint_every` steps (<workdir>/sft_state.pkl),
+   and a rerun with the same workdir continues from there, exactly.
+3. Every `pretrain.eval_every` steps: NLL per reply token and per click-target digit (grid
+   point or element id) on the held-out pages, against a page-blind prior; metrics.jsonl,
+   TensorBoard and pretrain_curve.png.
+4. At the end: greedy success on `pretrain.eval_seeds` held-out pages per task, then the HF
+   directory (config.json, model.safetensors, tokenizer, processor) with manifest.json: the
+   recipe, the commit, the demonstration seeds, the held-out metrics and the wall time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import pickle
+import subprocess
+import time
+from typing import Any
+
+import numpy as np
+
+from cua_jax.types import EpisodeStatus
+from cua_jax.train.warm_start import (
+    DemonstrationData,
+    Demonstrations,
+    SupervisedTrainer,
+    click_point_items,
+    click_point_prior_nll,
+    click_points,
+    collect_demonstrations,
+    demonstration_nll,
+    evaluate_policy,
+)
+
+DEMONSTRATIONS_FILE = "demonstrations.pkl.gz"
+STATE_FILE = "sft_state.pkl"
+MANIFEST_FILE = "manifest.json"
+
+
+def _atomic_write(path: str, payload: bytes) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(payload)
+    os.replace(tmp, path)
+
+
+def save_demonstrations(path: str, demonstrations: dict[str, Demonstrations], meta: dict[str, Any]) -> None:
+    """Both sets (and what made them) as one gzip'd pickle; MiniWoB screenshots compress well."""
+    _atomic_write(path, gzip.compress(pickle.dumps({"meta": meta, **demonstrations}, pickle.HIGHEST_PROTOCOL), 6))
+
+
+def load_demonstrations(path: str) -> tuple[dict[str, Demonstrations], dict[str, Any]]:
+    with gzip.open(path, "rb") as f:
+        payload = pickle.load(f)
+    meta = payload.pop("meta")
+    return payload, meta
+
+
+def git_commit(root: str | None = None) -> str:
+    """The checkout's commit (with "+changes" when the tree differs from it), or "unknown"."""
+    root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return head + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+@dataclasses.dataclass
+class HeldOutScorer:
+    """NLL of the oracle's replies on held-out pages: per reply token and per click-target digit,
+    with the page-blind prior of the click targets fitted to the training demonstrations."""
+
+    replies: DemonstrationData
+    clicks: DemonstrationData | None
+    prior_nll: float | None
+
+    @classmethod
+    def build(cls, train: Demonstrations, held_out: Demonstrations, renderer, multimodal, config) -> "HeldOutScorer":
+        pad_id = int(renderer.tokenizer.pad_token_id or 0)
+
+        def data(items):
+            return DemonstrationData(items, held_out.episodes, renderer.image_processor, multimodal, config.rows,
+                                     config.length_multiple, pad_id=pad_id)
+
+        clicks = click_point_items(held_out.items, renderer.tokenizer)
+        prior = click_point_prior_nll(click_points(train), click_points(held_out)) if clicks else None
+        return cls(data(held_out.items), data(clicks) if clicks else None, prior)
+
+    def __call__(self, model, config) -> dict[str, float]:
+        report = {"held_out_nll": demonstration_nll(model, self.replies, config)}
+        if self.clicks is not None:
+            report["held_out_click_nll"] = demonstration_nll(model, self.clicks, config)
+            report["click_prior_nll"] = float(self.prior_nll)
+        return report
+
+
+class Pretrainer:
+    """One pretraining run in `config.workdir` (see the module doc); `run()` does all of it and
+    returns the manifest."""
+
+    def __init__(self, config):
+        from cua_jax.context.render import ChatRenderer
+        from cua_jax.context.segment import make_segmenter
+        from cua_jax.context.tokenizer import load_processor
+        from cua_jax.train.trainer import ConfigError, TrainSettings, build_policy, check_init_from, tokenizer_dir
+
+        c = config
+        self.config = c
+        self.settings = TrainSettings.from_config(c)
+        if self.settings.warm_start is None:
+            raise ConfigError("config.warm_start.steps: pretraining needs supervised steps (> 0)")
+        for name in ("checkpoint_every", "eval_seeds"):
+            if c.pretrain[name] < 1:
+                raise ConfigError(f"config.pretrain.{name}: must be >= 1, got {c.pretrain[name]}")
+        if c.pretrain.eval_every < 0:
+            raise ConfigError(f"config.pretrain.eval_every: must be >= 0, got {c.pretrain.eval_every}")
+        if c.warm_start.held_out_seeds < 1:
+            raise ConfigError("config.warm_start.held_out_seeds: pretraining scores held-out pages; set it >= 1")
+        self.workdir = c.workdir
+        os.makedirs(self.workdir, exist_ok=True)
+        self.tokenizer, self.image_processor = load_processor(tokenizer_dir(c))
+        if c.model.name == "qwen3_vl":
+            check_init_from(c.model.init_from, self.tokenizer)
+        self.renderer = ChatRenderer(self.tokenizer, self.image_processor)
+        self.segmenter = make_segmenter(c.context.segmenter, self.renderer, **self.settings.segmenter_options)
+        self.policy = build_policy(self.settings, c.seed)
+        self.tasks = list(c.env.tasks)
+        self.train_seeds = range(c.warm_start.demos_per_task)
+        # Past the main run's evaluation seeds: held out from training and from its evaluations.
+        first = c.env.eval_seed_start + c.eval.num_seeds
+        self.held_out_seeds = range(first, first + c.warm_start.held_out_seeds)
+        self.eval_seeds = range(self.held_out_seeds.stop, self.held_out_seeds.stop + c.pretrain.eval_seeds)
+        # The demonstrations' budgets: training's and evaluation's, whichever is larger.
+        self.agent = dataclasses.replace(self.settings.agent, max_turns=max(c.rollout.max_turns, c.eval.max_turns))
+        self._writer = None
+
+    # -- demonstrations ---------------------------------------------------------------------
+
+    def _runtime(self):
+        from cua_jax.envs.capsules import CapsuleRuntime
+
+        return CapsuleRuntime(include_dom_text=True, action_space=self.config.env.action_space, seed=self.config.seed)
+
+    def demonstrations(self) -> dict[str, Demonstrations]:
+        path = os.path.join(self.workdir, DEMONSTRATIONS_FILE)
+        meta = {"tasks": self.tasks, "train_seeds": [self.train_seeds.start, self.train_seeds.stop],
+                "held_out_seeds": [self.held_out_seeds.start, self.held_out_seeds.stop],
+                "action_space": self.config.env.action_space, "prompt_style": self.config.rollout.prompt_style,
+                "segmenter": self.config.context.segmenter}
+        if os.path.exists(path):
+            sets, saved = load_demonstrations(path)
+            if saved != meta:
+                raise ValueError(f"{path} was made for {saved}, not this config's {meta}: use another workdir")
+            print(f"pretrain: read {len(sets['train'].rollouts)} + {len(sets['held_out'].rollouts)} demonstrations from {path}")
+            return sets
+        start = time.perf_counter()
+        with self._runtime() as runtime:
+            common = dict(runtime=runtime, segmenter=self.segmenter, agent_config=self.agent,
+                          time_limit_s=self.config.env.time_limit_s, concurrency=self.config.warm_start.concurrency)
+            sets = {"train": collect_demonstrations(self.tasks, self.train_seeds, **common),
+                    "held_out": collect_demonstrations(self.tasks, self.held_out_seeds, **common)}
+        save_demonstrations(path, sets, meta)
+        print(f"pretrain: {len(sets['train'].rollouts)} training and {len(sets['held_out'].rollouts)} held-out "
+              f"demonstrations ({len(sets['train'].items)} items) in {time.perf_counter() - start:.0f} s -> {path}")
+        return sets
+
+    # -- the run ----------------------------------------------------------------------------
+
+    @property
+    def writer(self):
+        if self._writer is None:
+            from cua_jax.observe.metrics import MetricWriter
+
+            self._writer = MetricWriter(self.workdir)
+        return self._writer
+
+    def _save_state(self, trainer: SupervisedTrainer) -> None:
+        _atomic_write(os.path.join(self.workdir, STATE_FILE), pickle.dumps(trainer.state_dict(), pickle.HIGHEST_PROTOCOL))
+
+    def run(self) -> dict[str, Any]:
+        from cua_jax.train.batching import MultimodalPositions
+
+        c, config = self.config, self.settings.warm_start
+        start = time.perf_counter()
+        sets = self.demonstrations()
+        train, held_out = sets["train"], sets["held_out"]
+        if not train.rollouts or not held_out.rollouts:
+            raise RuntimeError(f"the oracle succeeded on no training or no held-out episode: {train.rejected[:3]} {held_out.rejected[:3]}")
+        multimodal = MultimodalPositions.of(self.policy.config)
+        data = DemonstrationData(train.items, train.episodes, self.image_processor, multimodal, config.rows,
+                                 config.length_multiple, pad_id=int(self.tokenizer.pad_token_id or 0))
+        scorer = HeldOutScorer.build(train, held_out, self.renderer, multimodal, config)
+        trainer = SupervisedTrainer(self.policy, data, config)
+        state_path = os.path.join(self.workdir, STATE_FILE)
+        if os.path.exists(state_path):
+            with open(state_path, "rb") as f:
+                trainer.load_state_dict(pickle.load(f))
+            print(f"pretrain: resumed at step {trainer.step} of {config.steps}")
+
+        progress, on_step = None, None
+        if c.train.progress_bar:
+            from tqdm import tqdm
+
+            progress = tqdm(total=config.steps, initial=trainer.step, desc=f"{c.name} pretrain", unit="step")
+
+            def on_step(step: int, loss: float) -> None:
+                progress.update(1)
+                progress.set_postfix(nll=f"{loss:.3f}")
+        history: list[dict[str, float]] = []
+        try:
+            while trainer.step < config.steps:
+                marks = [config.steps, (trainer.step // c.pretrain.checkpoint_every + 1) * c.pretrain.checkpoint_every]
+                if c.pretrain.eval_every:
+                    marks.append((trainer.step // c.pretrain.eval_every + 1) * c.pretrain.eval_every)
+                until = min(marks)
+                losses_before = trainer.step
+                trainer.run(until, on_step)
+                metrics = {"pretrain/loss": float(np.mean(trainer.losses[losses_before:])), "pretrain/seconds": trainer.seconds}
+                if until == config.steps or (c.pretrain.eval_every and until % c.pretrain.eval_every == 0):
+                    report = scorer(trainer.sync_model(), config)
+                    metrics.update({f"pretrain/{k}": v for k, v in report.items()})
+                    history.append({"step": trainer.step, **report})
+                self.writer.write(trainer.step, metrics)
+                self._save_state(trainer)
+        finally:
+            if progress is not None:
+                progress.close()
+        self.writer.flush()
+        model = trainer.sync_model()
+        report = scorer(model, config)
+        evaluation = self._evaluate(model)
+        manifest = {
+            "recipe": c.to_dict(),
+            "commit": git_commit(),
+            "tasks": self.tasks,
+            "action_space": c.env.action_space,
+            "demonstration_seeds": {"train": [self.train_seeds.start, self.train_seeds.stop],
+                                    "held_out_scoring": [self.held_out_seeds.start, self.held_out_seeds.stop],
+                                    "held_out_success": [self.eval_seeds.start, self.eval_seeds.stop]},
+            "demonstrations": {"train": len(train.rollouts), "items": len(train.items), "held_out": len(held_out.rollouts),
+                               "rejected": len(train.rejected)},
+            "steps": trainer.step,
+            "final_loss": float(np.mean(trainer.losses[-50:])),
+            "held_out": report,
+            "held_out_success": evaluation,
+            "history": history,
+            "sft_seconds": trainer.seconds,
+            "wall_seconds": time.perf_counter() - start,
+        }
+        self._export(model, manifest)
+        self._plot()
+        return manifest
+
+    def _evaluate(self, model) -> dict[str, Any]:
+        """Greedy success per task on pages no demonstration used."""
+        agent = dataclasses.replace(self.settings.eval_agent, temperature=0.0, seed_per_turn=False, seed=None)
+        with self._runtime() as runtime:
+            result = evaluate_policy(model, self.tasks, self.eval_seeds, runtime=runtime, segmenter=self.segmenter,
+                                     agent_config=agent, time_limit_s=self.config.env.time_limit_s,
+                                     concurrency=self.config.eval.concurrent_groups)
+        per_task: dict[str, list[bool]] = {}
+        for episode in result.episodes:
+            per_task.setdefault(episode.task_id, []).append(episode.status is EpisodeStatus.SUCCESS)
+        return {"success_rate": result.success_rate, "valid_action_rate": result.valid_action_rate,
+                "episodes": len(result.episodes),
+                "per_task": {task: float(np.mean(v)) for task, v in sorted(per_task.items())}}
+
+    def export_dir(self) -> str:
+        return self.config.pretrain.export_dir or os.path.join(self.workdir, "base")
+
+    def _export(self, model, manifest: dict[str, Any]) -> None:
+        from cua_jax.models.qwen3_vl import export_qwen3_vl
+
+        directory = self.export_dir()
+        tokenizer = self.tokenizer if self.config.model.tokenizer_dir or self.config.model.init_from else None
+        export_qwen3_vl(model, directory, tokenizer=tokenizer, image_processor=self.image_processor)
+        with open(os.path.join(directory, MANIFEST_FILE), "w") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    def _plot(self) -> None:
+        from cua_jax.observe.plots import plot_curves
+
+        plot_curves(self.writer.jsonl_path, ["pretrain/loss", "pretrain/held_out_nll", "pretrain/held_out_click_nll",
+                                             "pretrain/click_prior_nll"],
+                    os.path.join(self.workdir, "pretrain_curve.png"), title=f"{self.config.name}: pretraining")
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

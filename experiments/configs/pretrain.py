@@ -1,0 +1,35 @@
+"""Pretraining the shipped base policy (python -m experiments.pretrain, cua_jax.train.pretrain).
+
+The policy interface is the embedded default run's (experiments/configs/default.py): the same
+prompt style, action space, observation (screenshot + DOM text) and context, so the base
+exported here is what `bash launch/main.sh` loads with model.init_from. Only the tasks and
+the supervised budget differ: every task the oracle solves in both action spaces, many
+demonstrations each, a long cosine schedule.
+"""
+
+from experiments.configs import default
+from experiments.configs.base import ORACLE_BOTH_SPACES
+
+
+def get_config():
+    c = default.get_config()
+    c.name = "pretrain"
+    c.workdir = "runs/pretrain"
+    c.model.name = "tiny_qwen3_vl"
+    c.model.init_from = ""
+    c.env.tasks = ORACLE_BOTH_SPACES
+    c.env.task_tiers = (0,) * len(ORACLE_BOTH_SPACES)
+    c.rollout.batch_tasks = 1
+    c.warm_start.demos_per_task = 40
+    c.warm_start.held_out_seeds = 4
+    c.warm_start.steps = 3000
+    c.warm_start.rows = 4
+    c.warm_start.learning_rate = 2e-3
+    c.warm_start.warmup_steps = 50
+    c.warm_start.schedule = "cosine"
+    c.warm_start.min_lr_ratio = 0.05
+    c.warm_start.concurrency = 4
+    c.pretrain.checkpoint_every = 100
+    c.pretrain.eval_every = 250
+    c.pretrain.eval_seeds = 10
+    return c
