@@ -17,8 +17,13 @@ from __future__ import annotations
 import json
 import os
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+# XLA's C++ INFO lines; set before JAX loads (the jobs import it lazily).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from cua_jax.observe.logs import quiet_library_logging  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/default.py", "Experiment configuration file.", lock_config=True
@@ -84,6 +89,7 @@ JOBS = {
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
+    quiet_library_logging()  # the run's own INFO lines; libraries' warnings and errors only
     config = _CONFIG.value
     if _WORKDIR.value:
         config.workdir = _WORKDIR.value

@@ -3,7 +3,8 @@
 #
 #   1. Debian packages from launch/debian-packages.txt (installed only when missing).
 #   2. A virtualenv outside the checkout, cached by a hash of the requirement files,
-#      so a second run (or a fresh clone on the same machine) installs nothing.
+#      so a second run (or a fresh clone on the same machine) installs nothing; matplotlib's
+#      font cache, built once with it (not by the first plot of a run).
 #   3. dockerd, started when it is not running.
 #   4. Environment images (launch/images/build.sh), built when their content hash is new.
 #
@@ -62,6 +63,19 @@ CUA_JAX_PYTHON="$CUA_JAX_VENV/bin/python"
 export CUA_JAX_ROOT CUA_JAX_CACHE CUA_JAX_VENV CUA_JAX_PYTHON
 export PYTHONPATH="$CUA_JAX_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$CUA_JAX_VENV/bin:$PATH"
+
+# ---- 2b. matplotlib's font cache ------------------------------------------------------
+# Built here once rather than by a run's first plot (minutes on a machine with many fonts).
+# The stamp names the cache file this venv's matplotlib wrote; checking it costs no import.
+_mpl_dir="${MPLCONFIGDIR:-${XDG_CACHE_HOME:-$HOME/.cache}/matplotlib}"
+_mpl_stamp="$CUA_JAX_VENV/.mpl-fontlist"
+if [ ! -f "$_mpl_stamp" ] || [ "$(dirname "$(cat "$_mpl_stamp")")" != "$_mpl_dir" ] || [ ! -f "$(cat "$_mpl_stamp")" ]; then
+  _log "building matplotlib's font cache in $_mpl_dir"
+  "$CUA_JAX_PYTHON" -c "
+import os, matplotlib, matplotlib.font_manager as fm
+print(os.path.join(matplotlib.get_cachedir(), f'fontlist-v{fm.FontManager.__version__}.json'))" > "$_mpl_stamp.tmp" \
+    && mv "$_mpl_stamp.tmp" "$_mpl_stamp"
+fi
 
 # ---- 3-4. dockerd and environment images ------------------------------------------------
 if [ "${CUA_JAX_SETUP_NO_DOCKER:-0}" != 1 ]; then
