@@ -8,9 +8,14 @@ with a manifest (cua_jax.train.pretrain). --config.x.y=value overrides any field
 from __future__ import annotations
 
 import json
+import os
 
-from absl import app, flags
-from ml_collections import config_flags
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # XLA's C++ INFO lines
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from cua_jax.observe.logs import quiet_library_logging  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/pretrain.py", "Pretraining configuration file.", lock_config=True
@@ -24,6 +29,7 @@ def main(argv: list[str]) -> None:
 
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
+    quiet_library_logging()  # the run's own lines; libraries' warnings and errors only
     config = _CONFIG.value
     if _WORKDIR.value:
         config.workdir = _WORKDIR.value
