@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import jax
 import numpy as np
@@ -108,3 +109,32 @@ def test_warm_start_feeds_learner_and_reference_and_is_resumed_not_rerun(tmp_pat
             np.testing.assert_array_equal(a, b)
         for a, b in zip(served, leaves(nnx.state(resumed.workers[0].engine.engine.model)), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_elements_action_space_reaches_demonstrations_rollouts_and_the_learner(tmp_path):
+    """env.action_space = "elements" through the whole run: the oracle demonstrates by element id,
+    the policy's prompt offers element actions only, its observations carry marks and ids, and
+    an RL step trains on those episodes."""
+    from cua_jax.envs.miniwob import MARK_COLOR
+
+    config = warm_config(tmp_path)
+    config.env.action_space = "elements"
+    config.rollout.prompt_style = "compact"
+    config.train.num_steps = 1
+    config.loss.kl_coef = 0.0
+    with Trainer(config) as trainer:
+        assert trainer.warm_start_metrics["warm_start/demonstrations"] == 2
+        demonstrated = json.load(open(os.path.join(tmp_path, "warm_start.json")))
+        assert demonstrated["rejected"] == [] and demonstrated["oracle_errors"] == []
+        trainer.train_step()
+        batch = trainer.last_batch
+        assert batch.items and batch.episodes
+        decoded = trainer.tokenizer.decode(batch.items[0].ids.tolist(), skip_special_tokens=False)
+        assert "click_element" in decoded and "left_click" not in decoded.split("Example reply:")[0]
+        for episode in batch.episodes.values():
+            assert re.search(r"^\s*\[\d+\] BUTTON", episode.turns[0].observation_text, flags=re.M)
+            assert "click=" not in episode.turns[0].observation_text
+        runtime = trainer.workers[0].runtime
+        assert runtime.action_space == "elements"
+        observation = runtime.observe(runtime.create("click-button", seed=3))
+        assert np.all(observation.screenshot == MARK_COLOR, axis=-1).any()
