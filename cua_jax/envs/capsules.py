@@ -69,6 +69,7 @@ from cua_jax.envs.miniwob import (
     MiniWoBPage,
     MiniWoBServer,
     check_task,
+    InvalidElementError,
     unsupported_reason,
 )
 from cua_jax.types import EpisodeStatus
@@ -390,7 +391,9 @@ class CapsuleRuntime:
         runtime_of(env_id), generation_of(env_id), quarantine_reason(env_id), pids()
 
     time_limit_s replaces MiniWoB's per-task episode limits (None keeps them), for every
-    generation: created, reset, forked or restored.
+    generation: created, reset, forked or restored. action_space (`actions.ACTION_SPACES`)
+    says which pointer actions steps accept; other than "coordinates", screenshots show the
+    element ids (set-of-marks) and `click_element` / `fill_element` act by id.
 
     Every step is bounded by step_timeout_s (plus the action's own wait) and every build by
     build_timeout_s: a hung page quarantines its capsule instead of hanging the caller.
@@ -401,6 +404,7 @@ class CapsuleRuntime:
         backend: RuntimeBackend | None = None,
         *,
         include_dom_text: bool = False,
+        action_space: str = "coordinates",
         seed: int = 0,
         call_timeout_s: float = 300.0,
         step_timeout_s: float = 60.0,
@@ -411,6 +415,7 @@ class CapsuleRuntime:
             raise ValueError(f"time_limit_s must be positive (or None for MiniWoB's own limits), got {time_limit_s}")
         self.backend = backend or SharedBrowserBackend()
         self.include_dom_text = include_dom_text
+        self.action_space = A.check_action_space(action_space)
         self.time_limit_s = time_limit_s
         self.call_timeout_s = call_timeout_s
         self.step_timeout_s = step_timeout_s
@@ -496,6 +501,7 @@ class CapsuleRuntime:
             await driver.load(self.backend.task_url(self._server, task))
             await driver.begin_episode(seed, None if self.time_limit_s is None else self.time_limit_s * 1000)
             for action in actions:
+                await driver.number_elements()  # where the original episode observed the page
                 await driver.perform(action)
             if elapsed_ms is not None:
                 await driver.set_elapsed_ms(elapsed_ms)
@@ -559,7 +565,7 @@ class CapsuleRuntime:
         check_task(task)
         seed = self._rng.randrange(2**31) if seed is None else int(seed)
         generation = await self._transaction(route, "reset", lambda: self._build(task, seed))
-        return await generation.driver.observe(self.include_dom_text)
+        return await generation.driver.observe(self.include_dom_text, self.action_space)
 
     async def asnapshot(self, env_id: str) -> CapsuleSnapshot:
         route = self._route(env_id)
@@ -601,7 +607,7 @@ class CapsuleRuntime:
         generation = await self._transaction(
             route, "restore", lambda: self._build(snapshot.task, snapshot.seed, snapshot.actions, snapshot.elapsed_ms)
         )
-        return await generation.driver.observe(self.include_dom_text)
+        return await generation.driver.observe(self.include_dom_text, self.action_space)
 
     async def aclose(self, env_id: str) -> None:
         route = self._route(env_id)
@@ -644,7 +650,7 @@ class CapsuleRuntime:
             if route.quarantine_reason is not None:
                 raise CapsuleError(f"environment {env_id!r} is quarantined: {route.quarantine_reason}")
             async with generation.lock:
-                return await asyncio.wait_for(generation.driver.observe(self.include_dom_text), self.step_timeout_s)
+                return await asyncio.wait_for(generation.driver.observe(self.include_dom_text, self.action_space), self.step_timeout_s)
         finally:
             self._leave(route)
 
@@ -661,7 +667,7 @@ class CapsuleRuntime:
 
     async def astep(self, env_id: str, action: A.Action | A.InvalidAction | str) -> StepResult:
         if isinstance(action, str):
-            action = A.parse_action(action)
+            action = A.parse_action(action, self.action_space)
         route, generation = self._admit(env_id)
         try:
             if route.quarantine_reason is not None:
@@ -689,12 +695,15 @@ class CapsuleRuntime:
 
     async def _step_page(self, generation: _Generation, action: A.Action | A.InvalidAction) -> StepResult:
         driver = generation.driver
-        invalid = action.message if isinstance(action, A.InvalidAction) else unsupported_reason(action)
+        invalid = action.message if isinstance(action, A.InvalidAction) else unsupported_reason(action, self.action_space)
         state = await driver.state()
         if invalid is None and not state.done:  # a time limit may have ended it since the last step
-            await driver.perform(action)
-            generation.actions.append(action)
-        observation, state = await driver.observe_with_state(self.include_dom_text)
+            try:
+                await driver.perform(action)
+                generation.actions.append(action)
+            except InvalidElementError as error:  # an id the page cannot act on: the agent's mistake
+                invalid = str(error)
+        observation, state = await driver.observe_with_state(self.include_dom_text, self.action_space)
         status = None
         if state.done:
             generation.ended = True

@@ -95,7 +95,7 @@ class DesktopEpisode:
         """Parse the policy's text, perform the action, return the next observation."""
         if self.done:
             raise RuntimeError("the episode is over")
-        action = A.parse_action(text)
+        action = A.parse_action(text, "coordinates")  # a desktop lists no element ids
         if isinstance(action, A.InvalidAction):
             return self._record(text, action, f"Invalid action: {action.message}", None)
         try:

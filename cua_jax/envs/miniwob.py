@@ -15,6 +15,14 @@ Observation: the 160 x 210 task region as MiniWoB crops it (uint8 [210, 160, 3])
 utterance, the visible DOM as flat `DomElement`s (MiniWoB's `core.getDOMInfo`) and,
 optionally, that DOM as text. Actions are `cua_jax.envs.actions`; their 1000-grid
 coordinates map onto the 160 x 210 region, which is the page's top-left corner.
+
+Element ids (set-of-marks): every visible element keeps the ref MiniWoB gives it the first
+time it is observed in an episode (`[ref]` in the DOM text), so an id stays valid while its
+element is on the page. With an action space other than "coordinates" the screenshot shows
+the ids of interactive elements (`draw_marks`), and `click_element` / `fill_element` act at
+the centre of the element's visible part. An id never given out, an id whose element has
+left the page, and an element that is hidden or outside the task region are refused with a
+message (`InvalidElementError`), never acted on.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import ast
 import difflib
 import functools
 import io
+import math
 import pathlib
 import re
 import subprocess
@@ -64,6 +73,10 @@ class UnknownTaskError(ValueError):
 
 class EpisodeEndedError(RuntimeError):
     """An action sent to an episode that has already ended; reset it first."""
+
+
+class InvalidElementError(ValueError):
+    """An element action whose id names no visible element of the page; the message says why."""
 
 
 def html_dir() -> pathlib.Path:
@@ -254,13 +267,15 @@ def click_point(element: DomElement, width: int = TASK_WIDTH, height: int = TASK
     return A.pixels_to_grid(int((left + right) / 2), int((top + bottom) / 2), width, height)
 
 
-def dom_to_text(dom: tuple[DomElement, ...]) -> str:
+def dom_to_text(dom: tuple[DomElement, ...], geometry: bool = True) -> str:
     """One line per element, indented by depth:
     `[ref] TAG#id.classes "text" value=.. focused @x,y wxh click=[gx, gy]`.
 
-    @x,y wxh is the box in page pixels; click=[gx, gy] (elements with a visible part only) is
-    its visible centre on the action grid, in the same form as a tool call's "coordinate", so
-    a policy can ground an action by reading it off the page rather than by arithmetic.
+    [ref] is the element's id for element actions. @x,y wxh is the box in page pixels;
+    click=[gx, gy] (elements with a visible part only) is its visible centre on the action
+    grid, in the same form as a tool call's "coordinate", so a policy can ground an action by
+    reading it off the page rather than by arithmetic. geometry=False leaves both out (a policy
+    that acts by element id needs neither, and the prompt is shorter).
     """
     lines = []
     for e in dom:
@@ -272,6 +287,9 @@ def dom_to_text(dom: tuple[DomElement, ...]) -> str:
             parts.append(f"value={e.value!r}")
         if e.focused:
             parts.append("focused")
+        if not geometry:
+            lines.append(" ".join(parts))
+            continue
         box = [f"{value:.0f}" for value in (e.left, e.top, e.width, e.height)]
         parts.append(f"@{box[0]},{box[1]} {box[2]}x{box[3]}")
         # The point of the box as printed, so a reader of the text (the demonstrator) clicks it.
@@ -284,8 +302,8 @@ def dom_to_text(dom: tuple[DomElement, ...]) -> str:
 
 
 _DOM_LINE = re.compile(
-    r"^(?P<indent> *)\[(?P<ref>-?\d+)\] (?P<name>\S+)(?P<rest>.*?) "
-    r"@(?P<left>-?[\d.]+),(?P<top>-?[\d.]+) (?P<width>[\d.]+)x(?P<height>[\d.]+)(?: click=\[\d+, \d+\])?$"
+    r"^(?P<indent> *)\[(?P<ref>-?\d+)\] (?P<name>\S+)(?P<rest>.*?)"
+    r"(?: @(?P<left>-?[\d.]+),(?P<top>-?[\d.]+) (?P<width>[\d.]+)x(?P<height>[\d.]+)(?: click=\[\d+, \d+\])?)?$"
 )
 
 
@@ -300,8 +318,13 @@ def _leading_literal(text: str) -> tuple[Any, str]:
     raise ValueError(f"no literal at the start of {text!r}")
 
 
+def _position(printed: str | None) -> float:
+    return math.nan if printed is None else float(printed)
+
+
 def dom_from_text(text: str) -> tuple[DomElement, ...]:
-    """The inverse of `cua_jax.envs.miniwob.dom_to_text` (positions as printed: whole pixels)."""
+    """The inverse of `cua_jax.envs.miniwob.dom_to_text` (positions as printed: whole pixels;
+    NaN when the text was written without geometry)."""
     elements: list[DomElement] = []
     parents: list[int] = []
     for line in text.splitlines():
@@ -325,8 +348,8 @@ def dom_from_text(text: str) -> tuple[DomElement, ...]:
         elements.append(
             DomElement(
                 ref=ref, parent=parents[-1] if parents else None, depth=depth, tag=tag, text=label,
-                left=float(match["left"]), top=float(match["top"]), width=float(match["width"]),
-                height=float(match["height"]), id=element_id, classes=" ".join(classes), value=value, focused=focused,
+                left=_position(match["left"]), top=_position(match["top"]), width=_position(match["width"]),
+                height=_position(match["height"]), id=element_id, classes=" ".join(classes), value=value, focused=focused,
             )
         )
         parents.append(ref)
@@ -385,19 +408,89 @@ _STATE_JS = (
 )
 
 
-# MiniWoB numbers elements the first time it sees them and text fragments on every call, so
-# its refs depend on how often the page was observed. Renumbering on each observation makes
-# the observation a function of the page alone (a fork, which replays without observing,
-# then sees the same refs as its parent).
-_RENUMBER_JS = """
+# MiniWoB gives an element its ref the first time it observes it in an episode (the element's
+# id for element actions, stable while it stays on the page) and renumbers text fragments on
+# every call. Text refs restart at -1 on each observation so that they are a function of the
+# page alone. A replay (fork, restore) numbers the page where the original episode observed
+# it, before each action, so that it hands out the same element ids.
+_NUMBER_JS = "core.nextTextRefCode = -1; var dom = core.getDOMInfo();"
+_OBSERVE_JS = (
+    "() => { " + _NUMBER_JS + " var state = (" + _STATE_JS + ")();"
+    " return {utterance: core.getUtterance(), dom: dom, state: state}; }"
+)
+_NUMBER_ONLY_JS = "() => { " + _NUMBER_JS + " return null; }"
+# A fresh episode numbers its elements from 1.
+_RESET_NUMBERING_JS = """
   document.querySelectorAll('[data-wob_ref]').forEach(function (e) { delete e.dataset.wob_ref; });
   core.nextRefCode = 1;
   core.nextTextRefCode = -1;
 """
-_OBSERVE_JS = (
-    "() => { " + _RENUMBER_JS + " var dom = core.getDOMInfo(); var state = (" + _STATE_JS + ")();"
-    " return {utterance: core.getUtterance(), dom: dom, state: state}; }"
-)
+# Where the element with id `ref` is, or why it cannot be acted on.
+_RESOLVE_ELEMENT_JS = """(ref) => {
+  var element = document.querySelector('[data-wob_ref="' + ref + '"]');
+  if (element === null || element.dataset.wob_eps !== 'e' + WOB_EPISODE_ID) {
+    return {status: ref < core.nextRefCode ? 'gone' : 'unknown'};
+  }
+  var rect = element.getBoundingClientRect(), style = window.getComputedStyle(element);
+  var visible = rect.width > 0 && rect.height > 0 && style.visibility !== 'hidden'
+    && (typeof element.checkVisibility !== 'function' || element.checkVisibility());
+  var editable = element instanceof HTMLTextAreaElement || element.isContentEditable
+    || (element instanceof HTMLInputElement
+        && ['text', 'password', 'email', 'search', 'tel', 'url', 'number', ''].indexOf(element.type) >= 0);
+  return {status: visible ? 'ok' : 'hidden', tag: element.tagName, editable: editable,
+          left: rect.left, top: rect.top, width: rect.width, height: rect.height};
+}"""
+
+# Set-of-marks: which elements get their id drawn on the screenshot (every element keeps its
+# id in the DOM text). Interactive tags, and leaves with text or a value (MiniWoB's widgets
+# are often bare spans and divs with click handlers).
+_MARKED_TAGS = frozenset({"BUTTON", "A", "SELECT", "TEXTAREA", "LABEL", "OPTION", "LI", "SPAN", "TD", "H3"})
+MARK_COLOR = (255, 0, 255)  # magenta boxes: rare in MiniWoB pages, visible on white and grey
+MARK_TEXT_COLOR = (255, 255, 255)
+
+
+def marked_elements(dom: tuple[DomElement, ...]) -> list[DomElement]:
+    """The elements whose ids `draw_marks` draws: inputs, interactive tags, and leaf elements with text."""
+    parents = {e.parent for e in dom if e.tag != "t"}
+    marked = []
+    for e in dom:
+        if e.tag == "t" or e.width <= 0 or e.height <= 0:
+            continue
+        leaf = e.ref not in parents
+        if e.tag.startswith("INPUT") or (e.tag in _MARKED_TAGS and (leaf or e.tag in ("BUTTON", "A", "SELECT"))) or (leaf and e.text):
+            marked.append(e)
+    return marked
+
+
+@functools.lru_cache(maxsize=1)
+def _mark_font():
+    from PIL import ImageFont
+
+    return ImageFont.load_default(size=8)
+
+
+def draw_marks(screenshot: np.ndarray, dom: tuple[DomElement, ...]) -> np.ndarray:
+    """The screenshot (uint8 [H, W, 3]) with each marked element's id in a filled box at its
+    top-left corner and its outline drawn, as set-of-marks prompting shows them. Pure: returns a new array."""
+    from PIL import ImageDraw
+
+    image = Image.fromarray(screenshot)
+    draw = ImageDraw.Draw(image)
+    font = _mark_font()
+    height, width = screenshot.shape[:2]
+    for e in marked_elements(dom):
+        left, top = max(0.0, e.left), max(0.0, e.top)
+        right, bottom = min(float(width), e.left + e.width) - 1, min(float(height), e.top + e.height) - 1
+        if right <= left or bottom <= top:
+            continue
+        draw.rectangle((left, top, right, bottom), outline=MARK_COLOR)
+        label = str(e.ref)
+        box = draw.textbbox((0, 0), label, font=font)
+        label_width, label_height = box[2] - box[0] + 2, box[3] - box[1] + 2
+        x0, y0 = min(left, width - label_width), min(top, height - label_height)
+        draw.rectangle((x0, y0, x0 + label_width - 1, y0 + label_height - 1), fill=MARK_COLOR)
+        draw.text((x0 + 1 - box[0], y0 + 1 - box[1]), label, fill=MARK_TEXT_COLOR, font=font)
+    return np.asarray(image, dtype=np.uint8)
 
 
 def _episode_state(s: dict[str, Any]) -> EpisodeState:
@@ -409,11 +502,11 @@ def playwright_key(key: str) -> str:
     return _PLAYWRIGHT_KEYS.get(key, key)
 
 
-def unsupported_reason(action: A.Action) -> str | None:
-    """Why `action` cannot act on a MiniWoB page (None when it can)."""
+def unsupported_reason(action: A.Action, action_space: str = "both") -> str | None:
+    """Why `action` cannot act on a MiniWoB page in `action_space` (None when it can)."""
     if isinstance(action, A.WriteFile):
         return "write_file is not available in a web page; MiniWoB tasks are solved in the page itself"
-    return None
+    return A.outside_action_space(action, action_space)
 
 
 class MiniWoBPage:
@@ -448,7 +541,9 @@ class MiniWoBPage:
               if (limit !== null) core.EPISODE_MAX_TIME = limit;
               Math.seedrandom(seed);
               core.setDataMode('train');
-              core.startEpisodeReal();
+              core.startEpisodeReal();"""
+            + _RESET_NUMBERING_JS
+            + """
               return [WOB_TASK_READY === true, core.EPISODE_MAX_TIME];
             }""",
             [seed, time_limit_ms],
@@ -481,23 +576,35 @@ class MiniWoBPage:
     async def state(self) -> EpisodeState:
         return _episode_state(await self.page.evaluate(_STATE_JS))
 
-    async def observe(self, include_dom_text: bool = False) -> MiniWoBObservation:
-        return (await self.observe_with_state(include_dom_text))[0]
+    async def observe(self, include_dom_text: bool = False, action_space: str = "coordinates") -> MiniWoBObservation:
+        return (await self.observe_with_state(include_dom_text, action_space))[0]
 
-    async def observe_with_state(self, include_dom_text: bool = False) -> tuple[MiniWoBObservation, EpisodeState]:
-        """The observation and the episode state, read in one round trip plus the screenshot."""
+    async def number_elements(self) -> None:
+        """Give ids to the elements now on the page, as an observation would (for replays)."""
+        await self.page.evaluate(_NUMBER_ONLY_JS)
+
+    async def observe_with_state(
+        self, include_dom_text: bool = False, action_space: str = "coordinates"
+    ) -> tuple[MiniWoBObservation, EpisodeState]:
+        """The observation and the episode state, read in one round trip plus the screenshot.
+
+        With an action space that acts on elements the screenshot shows the element ids
+        (`draw_marks`); the DOM text leaves out geometry when only element actions are allowed.
+        """
         page_info = await self.page.evaluate(_OBSERVE_JS)
         png = await self.page.screenshot(
             clip={"x": 0, "y": 0, "width": TASK_WIDTH, "height": TASK_HEIGHT}, type="png", animations="disabled"
         )
         image = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.uint8)
         dom = _flatten_dom(page_info["dom"])
+        if A.check_action_space(action_space) != "coordinates":
+            image = draw_marks(image, dom)
         observation = MiniWoBObservation(
             task=self.task,
             utterance=str(page_info["utterance"]),
             screenshot=image,
             dom=dom,
-            dom_text=dom_to_text(dom) if include_dom_text else None,
+            dom_text=dom_to_text(dom, geometry=action_space != "elements") if include_dom_text else None,
         )
         return observation, _episode_state(page_info["state"])
 
@@ -508,8 +615,27 @@ class MiniWoBPage:
             "(reason) => core.endEpisode(-1.0, false, reason)", f"agent ended the episode with {name}"
         )
 
+    async def element_point(self, ref: int, fill: bool = False) -> tuple[int, int]:
+        """The page pixel at the centre of the visible part of element `ref` (inside the task
+        region). Raises InvalidElementError when the id names no element the agent can act on."""
+        found = await self.page.evaluate(_RESOLVE_ELEMENT_JS, ref)
+        if found["status"] == "unknown":
+            raise InvalidElementError(f"element {ref} does not exist: use an id the page lists")
+        if found["status"] == "gone":
+            raise InvalidElementError(f"element {ref} is no longer on the page: use an id from the current page")
+        name = f"element {ref} ({found['tag']})"
+        left, top = max(0.0, found["left"]), max(0.0, found["top"])
+        right = min(float(TASK_WIDTH), found["left"] + found["width"])
+        bottom = min(float(TASK_HEIGHT), found["top"] + found["height"])
+        if found["status"] == "hidden" or right - left < 1 or bottom - top < 1:
+            raise InvalidElementError(f"{name} is hidden: it cannot be acted on until it is shown")
+        if fill and not found["editable"]:
+            raise InvalidElementError(f"{name} cannot be filled: fill_element takes a text field or text area")
+        return int((left + right) / 2), int((top + bottom) / 2)
+
     async def perform(self, action: A.Action) -> None:
-        """Carry out one action of the grammar on the page (coordinates: 1000-grid -> 160 x 210)."""
+        """Carry out one action of the grammar on the page (coordinates: 1000-grid -> 160 x 210;
+        element ids: `element_point`, whose InvalidElementError leaves the page untouched)."""
         page, mouse = self.page, self.page.mouse
 
         def px(x: float, y: float) -> tuple[int, int]:
@@ -518,6 +644,15 @@ class MiniWoBPage:
         if isinstance(action, A.Click):
             button, count = _CLICKS[action.kind]
             await mouse.click(*px(action.x, action.y), button=button, click_count=count)
+        elif isinstance(action, A.ClickElement):
+            await mouse.click(*await self.element_point(action.element))
+        elif isinstance(action, A.FillElement):
+            await mouse.click(*await self.element_point(action.element, fill=True))
+            await page.keyboard.press("Control+A")
+            if action.text:
+                await page.keyboard.type(action.text)
+            else:
+                await page.keyboard.press("Backspace")
         elif isinstance(action, A.MouseMove):
             await mouse.move(*px(action.x, action.y))
         elif isinstance(action, A.LeftClickDrag):

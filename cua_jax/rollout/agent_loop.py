@@ -179,6 +179,9 @@ class AgentConfig:
     max_response_tokens: whole-episode cap on generated tokens (None: none); see the module doc.
     max_observation_tokens: cap on one observation's text in tokens (None: none); module doc.
     prompt_style: how the system prompt lists the action space (`prompts.PROMPT_STYLES`).
+    action_space: which pointer actions the prompt lists and the parser accepts
+        (`actions.ACTION_SPACES`: grid points, element ids, or both); a reply outside it is
+        an invalid action. The environment must show element ids for "elements" / "both".
     """
 
     max_turns: int = 15
@@ -196,10 +199,13 @@ class AgentConfig:
     max_response_tokens: int | None = None
     max_observation_tokens: int | None = None
     prompt_style: str = "tool_schema"
+    action_space: str = "coordinates"
 
     def __post_init__(self):
         if self.prompt_style not in PROMPT_STYLES:
             raise ValueError(f"prompt_style {self.prompt_style!r} is unknown; choose one of {PROMPT_STYLES}")
+        if self.action_space not in A.ACTION_SPACES:
+            raise ValueError(f"action_space {self.action_space!r} is unknown; choose one of {A.ACTION_SPACES}")
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.max_new_tokens < 1:
@@ -444,7 +450,9 @@ class AgentLoop:
         self.engine = engine
         self.segmenter = segmenter
         self.config = config
-        self.system_prompt_for = system_prompt_for or functools.partial(system_prompt, style=config.prompt_style)
+        self.system_prompt_for = system_prompt_for or functools.partial(
+            system_prompt, style=config.prompt_style, action_space=config.action_space
+        )
         self.end_of_turn_id = int(segmenter.renderer.end_of_turn_id)
         # Tokens a reply must not hold: rendered again, they would stand for images.
         self.reserved_ids = np.asarray(reserved_token_ids(segmenter.renderer), np.int32)
@@ -582,7 +590,7 @@ class AgentLoop:
                 response_budget -= len(generation.token_ids)
             context.respond(t, generation.token_ids, generation.logprobs)
             response_text = context.response_text(generation.token_ids)
-            action = A.parse_action(response_text)
+            action = A.parse_action(response_text, self.config.action_space)
             turn = Turn(
                 observation_text=text,
                 images=images,

@@ -154,7 +154,10 @@ class RolloutWorker:
         self.engine = CanonicalOrderEngine(engine) if config.canonical_order else engine
         self.train_loop = AgentLoop(self.engine, self.segmenter, config.agent)
         self.eval_loop = AgentLoop(self.engine, self.segmenter, config.eval_agent or config.agent)
-        self.runtime = CapsuleRuntime(include_dom_text=config.include_dom_text, seed=config.runtime_seed)
+        # The capsules show element ids (marks, DOM text) as the agent's action space needs.
+        self.runtime = CapsuleRuntime(
+            include_dom_text=config.include_dom_text, action_space=config.agent.action_space, seed=config.runtime_seed
+        )
         self.env_wrapper = env_wrapper
         self.envs: list[AgentEnvironment] = []
         # One batch of groups at a time: the environments are shared between calls.

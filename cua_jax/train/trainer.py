@@ -48,6 +48,7 @@ import numpy as np
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import make_segmenter
 from cua_jax.context.tokenizer import load_processor
+from cua_jax.envs.actions import ACTION_SPACES
 from cua_jax.envs.faults import FaultKind
 from cua_jax.models.sharding import MeshConfig, make_mesh
 from cua_jax.rl.advantages import (
@@ -183,6 +184,8 @@ class TrainSettings:
         _require(c.rollout.batch_tasks <= len(pool), "rollout.batch_tasks",
                  f"{c.rollout.batch_tasks} distinct tasks per batch, but the task pool holds {len(pool)} "
                  f"({', '.join(task for task, _ in pool)}); raise env.tasks or lower rollout.batch_tasks")
+        _require(c.env.action_space in ACTION_SPACES, "env.action_space",
+                 f"{c.env.action_space!r} is not one of {ACTION_SPACES}")
         _require(c.env.train_seed_max >= 1, "env.train_seed_max", f"must be >= 1, got {c.env.train_seed_max}")
         _require(c.env.eval_seed_start >= c.env.train_seed_max, "env.eval_seed_start",
                  f"{c.env.eval_seed_start} overlaps the training seeds [0, {c.env.train_seed_max}): not held out")
@@ -250,7 +253,7 @@ class TrainSettings:
                       batch_wait_s=c.rollout.batch_wait_s or None,
                       max_response_tokens=c.rollout.max_response_tokens or None,
                       max_observation_tokens=c.rollout.max_observation_tokens or None,
-                      prompt_style=c.rollout.prompt_style)
+                      prompt_style=c.rollout.prompt_style, action_space=c.env.action_space)
         agent = build("rollout", AgentConfig, max_turns=c.rollout.max_turns,
                       max_context_tokens=c.rollout.max_context_tokens, temperature=c.rollout.temperature,
                       top_p=c.rollout.top_p, top_k=c.rollout.top_k, **shared)
@@ -747,7 +750,7 @@ class Trainer:
         start = time.perf_counter()
         held_out = {}
         try:
-            with CapsuleRuntime(include_dom_text=True, seed=c.seed) as runtime:
+            with CapsuleRuntime(include_dom_text=True, action_space=c.env.action_space, seed=c.seed) as runtime:
                 result, demonstrations = warm_start(
                     policy, tasks, range(c.warm_start.demos_per_task), runtime=runtime, segmenter=self.segmenter,
                     config=self.settings.warm_start, agent_config=agent, time_limit_s=c.env.time_limit_s,

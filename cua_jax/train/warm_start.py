@@ -104,14 +104,25 @@ def _element_at(observation: MiniWoBObservation, px: float, py: float) -> DomEle
     return found
 
 
+def _element_name(element: DomElement) -> str:
+    return element.tag + (f"#{element.id}" if element.id else "")
+
+
 def reasoning_line(action: A.Action, observation: MiniWoBObservation) -> str:
     """One short sentence saying what the action does, in terms of the page (copied from the prompt)."""
+    if isinstance(action, (A.ClickElement, A.FillElement)):
+        target = next((e for e in observation.dom if e.ref == action.element), None)
+        name = "the page" if target is None else _element_name(target)
+        label = f" {target.text!r}" if target is not None and target.text else ""
+        if isinstance(action, A.FillElement):
+            return f"Fill {name}{label} with {action.text!r}."
+        return f"Click {name}{label}."
     if isinstance(action, A.Click):
         width, height = observation.screen_size
         target = _element_at(observation, *A.grid_to_pixels(action.x, action.y, width, height))
         if target is None:
             return "Click the page."
-        name = target.tag + (f"#{target.id}" if target.id else "")
+        name = _element_name(target)
         return f"Click {name} {target.text!r}." if target.text else f"Click {name}."
     if isinstance(action, A.Type):
         return f"Type {action.text!r}."
@@ -120,9 +131,9 @@ def reasoning_line(action: A.Action, observation: MiniWoBObservation) -> str:
     return f"{type(action).__name__}."
 
 
-def demonstration_reply(observation: MiniWoBObservation, reasoning: bool = True) -> str:
-    """The oracle's reply to `observation`: a reasoning line (optional) and its tool call."""
-    action = oracle_action(observation)
+def demonstration_reply(observation: MiniWoBObservation, reasoning: bool = True, action_space: str = "coordinates") -> str:
+    """The oracle's reply to `observation` in `action_space`: a reasoning line (optional) and its tool call."""
+    action = oracle_action(observation, action_space)
     call = A.render_action(action)
     return f"{reasoning_line(action, observation)}\n{call}" if reasoning else call
 
@@ -136,11 +147,12 @@ class OracleDemonstrator(RolloutEngine):
     the episode as a failure; the oracle's message is kept in `errors`.
     """
 
-    def __init__(self, tokenizer, end_of_turn_id: int, task: str, *, reasoning: bool = True):
+    def __init__(self, tokenizer, end_of_turn_id: int, task: str, *, reasoning: bool = True, action_space: str = "coordinates"):
         self.tokenizer = tokenizer
         self.end_of_turn_id = int(end_of_turn_id)
         self.task = task
         self.reasoning = reasoning
+        self.action_space = A.check_action_space(action_space)
         self.errors: list[str] = []
 
     def reply_text(self, request: GenerationRequest) -> str:
@@ -149,7 +161,7 @@ class OracleDemonstrator(RolloutEngine):
         text = self.tokenizer.decode(request.prompt_ids.tolist(), skip_special_tokens=False)
         observation = observation_from_prompt(text, self.task, request.images[-1])
         try:
-            return demonstration_reply(observation, self.reasoning)
+            return demonstration_reply(observation, self.reasoning, self.action_space)
         except OracleError as error:
             self.errors.append(f"{self.task}: {error}")
             return A.render_action(A.Fail())
@@ -235,7 +247,8 @@ def collect_demonstrations(
 ) -> Demonstrations:
     """The oracle's episodes on every (task, seed), through the real agent loop.
 
-    runtime: a `CapsuleRuntime` made with include_dom_text=True. segmenter: the context
+    runtime: a `CapsuleRuntime` made with include_dom_text=True and the action space of
+    `agent_config` (the oracle acts in it). segmenter: the context
     strategy of the RL run (so items match RL rollouts exactly). time_limit_s replaces
     MiniWoB's per-task limit. Episodes run `concurrency` at a time; each (task, seed) is its
     own group (group_id = its index). Only SUCCESS episodes are kept.
@@ -248,7 +261,8 @@ def collect_demonstrations(
     if not seeds:
         raise ValueError("collect_demonstrations needs at least one seed")
     renderer = segmenter.renderer
-    demonstrators = {task: OracleDemonstrator(renderer.tokenizer, renderer.end_of_turn_id, task, reasoning=reasoning)
+    demonstrators = {task: OracleDemonstrator(renderer.tokenizer, renderer.end_of_turn_id, task, reasoning=reasoning,
+                                              action_space=agent_config.action_space)
                      for task in tasks}
     loops = {task: AgentLoop(engine, segmenter, agent_config) for task, engine in demonstrators.items()}
     jobs = [(loops[task], task, int(seed), g) for g, (task, seed) in enumerate((t, s) for t in tasks for s in seeds)]
@@ -449,13 +463,15 @@ def supervised_fine_tune(model: nnx.Module, data: DemonstrationData, config: War
 # Does the policy read its click points off the page?
 # ------------------------------------------------------------------------------------
 
-# The numbers of a tool call's click point, as `actions.render_action` writes them.
-_COORDINATE = re.compile(r'"coordinate": \[([^\]]*)\]')
+# The numbers of a tool call's click target, as `actions.render_action` writes them: a grid
+# point, or an element id (element actions).
+_COORDINATE = re.compile(r'"coordinate": \[([^\]]*)\]|"element": (\d+)')
 
 
 def click_point_items(items: Sequence[TrainingItem], tokenizer) -> list[TrainingItem]:
     """The items with their loss mask narrowed to the digit tokens of the replies' click points
-    (inside a tool call's `"coordinate": [x, y]`); items with no click point are dropped.
+    (inside a tool call's `"coordinate": [x, y]`, or its `"element": id` in element actions);
+    items with no click point are dropped.
 
     `demonstration_nll` over these is the policy's NLL per click-point digit of the oracle's
     replies. The page lists every element's click point (`miniwob.dom_to_text`), so a policy
@@ -470,20 +486,28 @@ def click_point_items(items: Sequence[TrainingItem], tokenizer) -> list[Training
         digits = np.array([piece.strip().isdigit() for piece in pieces], dtype=bool)
         mask = np.zeros_like(item.loss_mask)
         for match in _COORDINATE.finditer("".join(pieces)):
-            inside = (starts >= match.start(1)) & (starts < match.end(1))
+            group = 1 if match.group(1) is not None else 2
+            inside = (starts >= match.start(group)) & (starts < match.end(group))
             mask[trained[inside & digits]] = 1
         if mask.any():
             narrowed.append(dataclasses.replace(item, loss_mask=mask))
     return narrowed
 
 
-def click_points(demonstrations: Demonstrations) -> list[tuple[int, int]]:
-    """The grid points the oracle clicked, every click of every demonstration."""
-    return [(turn.action.x, turn.action.y) for rollout in demonstrations.rollouts
-            for turn in rollout.episode.turns if isinstance(turn.action, A.Click)]
+def click_points(demonstrations: Demonstrations) -> list[tuple[int, ...]]:
+    """The grid points (x, y) or element ids (id,) the oracle clicked or filled, every one of
+    every demonstration."""
+    points: list[tuple[int, ...]] = []
+    for rollout in demonstrations.rollouts:
+        for turn in rollout.episode.turns:
+            if isinstance(turn.action, A.Click):
+                points.append((turn.action.x, turn.action.y))
+            elif isinstance(turn.action, (A.ClickElement, A.FillElement)):
+                points.append((turn.action.element,))
+    return points
 
 
-def click_point_prior_nll(train: Sequence[tuple[int, int]], held_out: Sequence[tuple[int, int]]) -> float:
+def click_point_prior_nll(train: Sequence[tuple[int, ...]], held_out: Sequence[tuple[int, ...]]) -> float:
     """Nats per digit of the held-out click points under a page-blind prior fitted to the
     training ones: each digit's frequency at its place (axis, number of digits, position),
     add-one smoothed over the ten digits. The number of digits is given, as a policy's digit

@@ -44,6 +44,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.task_tiers = (0,) * len(MINIWOB_TASKS)  # difficulty tier per task (0 easiest)
     c.env.drop_hardest_tier = False  # CANOPY keeps the hardest tier (Table A1 "hardest tier kept")
     c.env.include_dom_text = True  # MiniWoB's DOM as text beside the screenshot
+    # How the policy points: "coordinates" (grid points), "elements" (element ids, drawn on the
+    # screenshot as set-of-marks and listed in the DOM text) or "both".
+    c.env.action_space = "coordinates"
     c.env.time_limit_s = 600.0  # replaces MiniWoB's 10 s limit (a CPU-sampled turn is slower)
     c.env.train_seed_max = 1_000_000  # training problem seeds are drawn from [0, train_seed_max)
     # Or from these fixed seeds (() : the range above): RL on a few fixed pages is the check

@@ -30,6 +30,8 @@ valid_actions = st.one_of(
     st.just(A.Screenshot()), st.just(A.CursorPosition()), st.just(A.Done()), st.just(A.Fail()),
     st.builds(A.Answer, st.text(max_size=40)),
     st.builds(A.WriteFile, text, st.text(max_size=80)),
+    st.builds(A.ClickElement, st.integers(1, 10_000)),
+    st.builds(A.FillElement, st.integers(1, 10_000), st.text(max_size=40)),
 )
 
 
@@ -160,3 +162,38 @@ def test_tool_description_lists_every_action():
     names = A.tool_description()["function"]["parameters"]["properties"]["action"]["enum"]
     for a in (A.Click("triple_click", 0, 0), A.HoldKey(("a",), 1), A.WriteFile("p", "")):
         assert A.action_arguments(a)["action"] in names
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"action": "click_element"}, "needs 'element'"),
+        ({"action": "click_element", "element": 0}, "positive integer"),
+        ({"action": "click_element", "element": -3}, "positive integer"),
+        ({"action": "click_element", "element": "4"}, "positive integer"),
+        ({"action": "click_element", "element": True}, "positive integer"),
+        ({"action": "click_element", "element": 2.5}, "positive integer"),
+        ({"action": "fill_element", "element": 4}, "needs 'text'"),
+    ],
+)
+def test_malformed_element_actions_are_invalid_with_a_message(arguments, message):
+    parsed = A.parse_action(call(**arguments))
+    assert isinstance(parsed, A.InvalidAction) and message in parsed.message
+
+
+@given(valid_actions, st.sampled_from(A.ACTION_SPACES))
+def test_action_spaces_admit_exactly_their_pointer_actions(action, action_space):
+    parsed = A.parse_action(A.render_action(action), action_space)
+    refused = (action_space == "coordinates" and isinstance(action, A.ELEMENT_ACTIONS)) or (
+        action_space == "elements" and A.uses_coordinates(action))
+    if refused:
+        assert isinstance(parsed, A.InvalidAction) and "not available" in parsed.message
+        assert isinstance(A.parse_arguments(A.action_arguments(action), action_space), A.InvalidAction)
+    else:
+        assert parsed == action
+        assert A.parse_arguments(A.action_arguments(action), action_space) == action
+
+
+def test_unknown_action_space_is_the_callers_error():
+    with pytest.raises(ValueError, match="action space 'pixels'"):
+        A.parse_action("", "pixels")

@@ -331,10 +331,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def action(self) -> None:
         body = self._body()
+        # A desktop has no element ids: it acts at grid points only.
         if "text" in body:
-            action = A.parse_action(body["text"])
+            action = A.parse_action(body["text"], "coordinates")
         else:
-            action = A.parse_arguments(body.get("action"))
+            action = A.parse_arguments(body.get("action"), "coordinates")
         if isinstance(action, A.InvalidAction):
             raise BadRequest(action.message)
         try:
