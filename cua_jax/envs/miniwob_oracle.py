@@ -23,6 +23,7 @@ raises OracleError naming what it looked for.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable
 
@@ -455,12 +456,12 @@ _LINE_PX, _SECTION_EXTRA_PX = 11, 3
 
 
 def _accordion_moving(page: _Page) -> bool:
-    """Whether a section is still sliding open or shut (reads geometry: coordinates mode).
+    """Whether a section is still sliding open or shut.
 
     At rest, exactly the active header's section shows, right after it, holding its contents
-    whole. Right after a click the classes have moved but the sections not yet; while they
-    slide, two may show, or one cuts off its contents; a section of bare text is at rest only
-    at a whole number of lines."""
+    whole. Right after a click the classes have moved but the sections not yet (this needs no
+    geometry); with geometry (coordinates mode), a section that cuts off its contents is
+    sliding, and so is a section of bare text at no whole number of lines."""
     for area in page.all(lambda e: "ui-accordion" in _classes(e)):
         parts = page.children(area)
         for i, part in enumerate(parts):
@@ -468,7 +469,7 @@ def _accordion_moving(page: _Page) -> bool:
             after_active = i > 0 and "ui-accordion-header-active" in _classes(parts[i - 1])
             if is_panel != after_active:
                 return True  # a shown section under an inactive header, or an active one without its section
-            if not is_panel:
+            if not is_panel or page.elements or not math.isfinite(part.height):
                 continue
             inside = [d for d in page.descendants(part) if d.height > 0]
             if inside:
@@ -485,14 +486,14 @@ def _click_collapsible(page: _Page) -> A.Action:
         raise page.error("no section header")
     if "ui-accordion-header-active" not in _classes(header):
         return page.click(header)
-    if not page.elements and _accordion_moving(page):
+    if _accordion_moving(page):
         return A.Wait(SETTLE_SECONDS)  # the button slides down while the section opens
     return page.click(_submit(page))
 
 
 def _click_collapsible_2(page: _Page) -> A.Action:
     target = page.quoted()
-    if not page.elements and _accordion_moving(page):
+    if _accordion_moving(page):
         return A.Wait(SETTLE_SECONDS)  # links and headers move until the slide ends
     link = _visible_link(page, target)
     if link is not None:
