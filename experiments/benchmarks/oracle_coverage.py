@@ -30,7 +30,7 @@ import time
 
 from cua_jax.envs import actions as A
 from cua_jax.envs.capsules import CapsuleRuntime
-from cua_jax.envs.miniwob import MiniWoBObservation, dom_from_text
+from cua_jax.envs.miniwob import MiniWoBObservation, dom_from_text, dom_to_text
 from cua_jax.envs.miniwob_oracle import ORACLE_TASKS, OracleError, oracle_action
 
 DEFAULT_MAX_STEPS = 20
@@ -57,9 +57,12 @@ def make_runtime(action_space: str, **kwargs) -> CapsuleRuntime:
     return CapsuleRuntime(include_dom_text=True, **kwargs)
 
 
-def as_demonstrated(observation: MiniWoBObservation) -> MiniWoBObservation:
+def as_demonstrated(observation: MiniWoBObservation, action_space: str = "coordinates") -> MiniWoBObservation:
     """The observation as the demonstrator reads it back from a prompt: the DOM parsed from its
-    text (`dom_from_text`: positions in whole pixels, as printed)."""
+    text (`dom_from_text`: positions in whole pixels, as printed; none at all for "elements",
+    whose DOM text leaves geometry out)."""
+    if action_space == "elements":
+        return dataclasses.replace(observation, dom=dom_from_text(dom_to_text(observation.dom, geometry=False)))
     if observation.dom_text is None:
         return observation
     return dataclasses.replace(observation, dom=dom_from_text(observation.dom_text))
@@ -72,7 +75,7 @@ async def oracle_episode(
     observation = await runtime.areset(env_id, seed=seed, task=task)
     for step in range(1, max_steps + 1):
         try:
-            action = oracle_action(as_demonstrated(observation), action_space)
+            action = oracle_action(as_demonstrated(observation, action_space), action_space)
         except OracleError as error:
             return Episode(task, seed, action_space, False, step - 1, f"oracle: {error}")
         # Through the text form, as a policy's action would come.
