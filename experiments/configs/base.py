@@ -19,7 +19,11 @@ import ml_collections
 MINIWOB_TASKS = ("click-button", "click-link", "focus-text", "click-dialog", "click-tab", "click-checkboxes", "enter-text")
 # Tasks the oracle solves on at least 95% of 100 seeds in both action spaces
 # (experiments/benchmarks/oracle_coverage.py): the pretraining set of the shipped base.
-ORACLE_BOTH_SPACES = MINIWOB_TASKS + ("click-option",)
+ORACLE_BOTH_SPACES = MINIWOB_TASKS + (
+    "click-option", "click-test", "click-test-2", "click-button-sequence", "click-dialog-2", "use-autocomplete",
+    "click-collapsible", "enter-text-2", "focus-text-2", "enter-password", "login-user", "click-widget",
+    "unicode-test", "multi-orderings", "multi-layouts", "enter-text-dynamic", "click-tab-2-easy",
+)
 
 
 def base_config() -> ml_collections.ConfigDict:

@@ -20,6 +20,9 @@ def get_config():
     c.env.tasks = ORACLE_BOTH_SPACES
     c.env.task_tiers = (0,) * len(ORACLE_BOTH_SPACES)
     c.rollout.batch_tasks = 1
+    # Demonstrations run to the oracle's longest episode on these tasks (login-user: 5 steps).
+    c.rollout.max_turns = 6
+    c.eval.max_turns = 6
     c.warm_start.demos_per_task = 40
     c.warm_start.held_out_seeds = 4
     c.warm_start.steps = 3000
