@@ -151,6 +151,7 @@ def test_grid_corners_map_to_screen_corners():
     assert A.grid_to_pixels(500, 500, 160, 210) == (80, 105)
 
 
+@settings(deadline=None)  # a loaded machine can pause any example past the default 200 ms
 @given(st.integers(1, 1000), st.integers(1, 1000), st.data())
 def test_pixels_to_grid_inverts_on_small_screens(width, height, data):
     px = data.draw(st.integers(0, width - 1))
@@ -181,6 +182,7 @@ def test_malformed_element_actions_are_invalid_with_a_message(arguments, message
     assert isinstance(parsed, A.InvalidAction) and message in parsed.message
 
 
+@settings(deadline=None)
 @given(valid_actions, st.sampled_from(A.ACTION_SPACES))
 def test_action_spaces_admit_exactly_their_pointer_actions(action, action_space):
     parsed = A.parse_action(A.render_action(action), action_space)
