@@ -5,7 +5,9 @@ Full logits [B, T, V] in float32 are the largest tensor of a forward pass (8k to
 projected chunk by chunk over the sequence (`seq_chunk` positions at a time) and, inside
 a chunk, over the vocabulary (`vocab_chunk` columns at a time) with an online
 log-sum-exp. Each sequence chunk is rematerialised in the backward pass, so memory stays
-bounded for gradients too.
+bounded for gradients too. Small problems (logits of at most UNCHUNKED_LOGITS_BYTES, e.g. a
+tiny vocabulary) are scored in one chunk without remat: bounding memory is moot there, and
+the remat's extra LM-head forward would be pure cost.
 
 Alignment: out[:, t] describes the prediction of ids[:, t] from ids[:, :t]; position 0,
 padding (segment 0) and the first token of each packed segment get 0, as they have no
@@ -26,15 +28,22 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+# score_sequences' default: full logits up to this size are built at once (one chunk, no remat).
+UNCHUNKED_LOGITS_BYTES = 64 << 20
+
 
 def _chunk_stats(
-    h: jax.Array, w: jax.Array, targets: jax.Array, temperature: float, vocab_chunk: int,
+    h: jax.Array, w: jax.Array, targets: jax.Array, inv_temperature: jax.Array, vocab_chunk: int,
     banned: jax.Array | None = None,
 ):
     """For h [B, C, E], w [E, V], targets [B, C]: (target logprob, entropy), each [B, C],
-    normalised over the columns < V that are not in `banned` (int [N], or None: none)."""
+    of softmax(h @ w * inv_temperature) normalised over the columns < V that are not in
+    `banned` (int [N], or None: none)."""
     e, v = w.shape
     n = -(-v // vocab_chunk)
+    # Scaling h [B, C, E] rather than the logits [B, C, V]: E multiplies instead of V.
+    h = h * inv_temperature.astype(h.dtype)
+    padded = n * vocab_chunk != v
     w = jnp.pad(w, ((0, 0), (0, n * vocab_chunk - v)))
     w_chunks = w.reshape(e, n, vocab_chunk).transpose(1, 0, 2)
     b, c = targets.shape
@@ -48,27 +57,33 @@ def _chunk_stats(
     def step(carry, inputs):
         m, s, u, tgt = carry
         w_c, index = inputs
-        logits = jnp.einsum("bce,ev->bcv", h, w_c.astype(h.dtype), preferred_element_type=jnp.float32) / temperature
-        column = index * vocab_chunk + jnp.arange(vocab_chunk)
-        allowed = column < v
-        if banned is not None:
-            allowed = allowed & ~jnp.isin(column, banned)
+        logits = jnp.einsum("bce,ev->bcv", h, w_c.astype(h.dtype), preferred_element_type=jnp.float32)
         local = targets - index * vocab_chunk
         in_chunk = (local >= 0) & (local < vocab_chunk)
         picked = jnp.take_along_axis(logits, jnp.clip(local, 0, vocab_chunk - 1)[..., None], axis=-1)[..., 0]
-        logits = jnp.where(allowed, logits, -jnp.inf)
+        # Masking costs a pass over [B, C, vocab_chunk]; only padded or banned columns need it.
+        masked = padded or banned is not None
+        if masked:
+            column = index * vocab_chunk + jnp.arange(vocab_chunk)
+            allowed = column < v
+            if banned is not None:
+                allowed = allowed & ~jnp.isin(column, banned)
+            logits = jnp.where(allowed, logits, -jnp.inf)
         new_m = jnp.maximum(m, jnp.max(logits, axis=-1))
         # A chunk with no allowed column (all banned) leaves the running max at -inf.
         shift = new_m if banned is None else jnp.where(jnp.isfinite(new_m), new_m, 0.0)
         p = jnp.exp(logits - shift[..., None])
-        finite_logits = jnp.where(allowed, logits, 0.0)
+        finite_logits = jnp.where(allowed, logits, 0.0) if masked else logits
         rescale = jnp.exp(m - shift)
         s = s * rescale + jnp.sum(p, axis=-1)
         u = u * rescale + jnp.sum(p * finite_logits, axis=-1)
         tgt = jnp.where(in_chunk, picked, tgt)
         return (new_m, s, u, tgt), None
 
-    (m, s, u, tgt), _ = jax.lax.scan(step, init, (w_chunks, jnp.arange(n)))
+    if n == 1:  # no loop: XLA fuses the single chunk with its neighbours
+        m, s, u, tgt = step(init, (w_chunks[0], jnp.zeros((), jnp.int32)))[0]
+    else:
+        (m, s, u, tgt), _ = jax.lax.scan(step, init, (w_chunks, jnp.arange(n)))
     log_z = m + jnp.log(s)
     return tgt - log_z, log_z - u / s
 
@@ -82,38 +97,48 @@ def token_logprobs_from_hidden(
     seq_chunk: int = 256,
     vocab_chunk: int = 32768,
     banned_token_ids: tuple[int, ...] | jax.Array = (),
+    unchunked_logits_bytes: int = 0,
 ) -> tuple[jax.Array, jax.Array]:
     """log softmax(hidden @ W / temperature)[target] and the entropy of that softmax.
 
     hidden [B, T, E] (the state that predicts targets[:, t]); output_projection W [E, V];
     targets int [B, T]; banned_token_ids: columns left out of the softmax (module doc), a
     static tuple (checked to lie in [0, V)) or an int array [N] (may be traced).
+    seq_chunk: at most this many positions per sequence chunk; chunks are balanced (equal
+    sizes, less than one position of padding per chunk). unchunked_logits_bytes: when the
+    float32 logits [B, T, V] take at most this many bytes, the sequence is one chunk and
+    nothing is rematerialised (remat only pays when it bounds memory).
     Returns (logprobs, entropy), float32 [B, T].
     """
     b, t, e = hidden.shape
-    n = -(-t // seq_chunk)
-    pad = n * seq_chunk - t
-    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(targets, ((0, 0), (0, pad)))
-    h_chunks = hidden.reshape(b, n, seq_chunk, e).transpose(1, 0, 2, 3)
-    t_chunks = targets.reshape(b, n, seq_chunk).transpose(1, 0, 2)
-    vocab_chunk = min(vocab_chunk, output_projection.shape[1])
+    vocab = output_projection.shape[1]
+    n = 1 if 4 * b * t * vocab <= unchunked_logits_bytes else -(-t // seq_chunk)
+    chunk = -(-t // n)
+    pad = n * chunk - t
+    vocab_chunk = min(vocab_chunk, vocab)
     banned = None
     if isinstance(banned_token_ids, tuple | list):
-        vocab = output_projection.shape[1]
         if any(not 0 <= int(t) < vocab for t in banned_token_ids):
             raise ValueError(f"banned_token_ids {tuple(banned_token_ids)} must lie in the vocabulary [0, {vocab})")
         if banned_token_ids:
             banned = jnp.asarray(banned_token_ids, jnp.int32)
     else:
         banned = jnp.asarray(banned_token_ids, jnp.int32).reshape(-1)
-    stats = jax.checkpoint(functools.partial(_chunk_stats, vocab_chunk=vocab_chunk))
-    temperature = jnp.asarray(temperature, jnp.float32)
+    stats = functools.partial(_chunk_stats, vocab_chunk=vocab_chunk)
+    inv_temperature = 1.0 / jnp.asarray(temperature, jnp.float32)
+    if n == 1:
+        # One chunk: rematerialising it would add a forward of the LM head and save no memory.
+        return stats(hidden, output_projection, targets, inv_temperature, banned=banned)
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    h_chunks = hidden.reshape(b, n, chunk, e).transpose(1, 0, 2, 3)
+    t_chunks = targets.reshape(b, n, chunk).transpose(1, 0, 2)
+    stats = jax.checkpoint(stats)
     logp, ent = jax.lax.map(
-        lambda xs: stats(xs[0], output_projection, xs[1], temperature, banned=banned), (h_chunks, t_chunks)
+        lambda xs: stats(xs[0], output_projection, xs[1], inv_temperature, banned=banned), (h_chunks, t_chunks)
     )
-    logp = logp.transpose(1, 0, 2).reshape(b, n * seq_chunk)[:, :t]
-    ent = ent.transpose(1, 0, 2).reshape(b, n * seq_chunk)[:, :t]
+    logp = logp.transpose(1, 0, 2).reshape(b, n * chunk)[:, :t]
+    ent = ent.transpose(1, 0, 2).reshape(b, n * chunk)[:, :t]
     return logp, ent
 
 
@@ -127,6 +152,7 @@ def score_sequences(
     seq_chunk: int = 256,
     vocab_chunk: int = 32768,
     banned_token_ids: tuple[int, ...] = (),
+    unchunked_logits_bytes: int = UNCHUNKED_LOGITS_BYTES,
     **model_inputs,
 ) -> tuple[jax.Array, jax.Array]:
     """(logprobs, entropy) float32 [B, T] of `ids` int [B, T] under `model` (a DecoderLM
@@ -134,7 +160,8 @@ def score_sequences(
 
     segment_ids int [B, T] (0 = padding, several ids = packed sequences), positions and
     model_inputs (e.g. image inputs) go to the model's forward. banned_token_ids (static):
-    the sampler's banned ids, left out of every softmax (module doc). Differentiable.
+    the sampler's banned ids, left out of every softmax (module doc). unchunked_logits_bytes
+    (static): see `token_logprobs_from_hidden`. Differentiable.
     """
     if segment_ids is None:
         segment_ids = jnp.ones(ids.shape, jnp.int32)
@@ -142,6 +169,7 @@ def score_sequences(
     logp, ent = token_logprobs_from_hidden(
         hidden[:, :-1], model.output_projection(), ids[:, 1:],
         temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk, banned_token_ids=banned_token_ids,
+        unchunked_logits_bytes=unchunked_logits_bytes,
     )
     valid = (segment_ids[:, 1:] != 0) & (segment_ids[:, 1:] == segment_ids[:, :-1])
     zeros = jnp.zeros((ids.shape[0], 1), jnp.float32)
@@ -150,4 +178,4 @@ def score_sequences(
     return logp, ent
 
 
-score_sequences_jit = nnx.jit(score_sequences, static_argnames=("seq_chunk", "vocab_chunk", "banned_token_ids"))
+score_sequences_jit = nnx.jit(score_sequences, static_argnames=("seq_chunk", "vocab_chunk", "banned_token_ids", "unchunked_logits_bytes"))

@@ -1,16 +1,26 @@
 """Qwen3 model step: our JAX model vs transformers' PyTorch model, same process, same
-config, same weights, same batch.
+config, same weights, same batch, float32, the same number of threads on both sides.
 
 Prints tokens/s and the ratio (ours / transformers) for
-  * forward + backward of the next-token cross-entropy (training step without optimizer);
+  * forward + backward of the token-mean next-token NLL over the same tokens (a training
+    step without the optimizer). Ours is the Learner's own scoring path (state split once
+    outside the jitted pure function, `score_sequences` with the learner's chunking);
+    transformers runs eagerly and, where it works, under torch.compile;
+  * for information: the Learner's full update (`Learner.update`: reference scoring for the
+    KL term, clipped policy loss with k3 KL, gradient, AdamW) on items of realistic, varied
+    lengths (second half of each trained), in real (unpadded) tokens/s;
   * greedy decoding: our KV-cache sampler vs transformers `generate`.
 
-    python -m experiments.benchmarks.model_step [--batch 4 --seq 128 --new-tokens 64]
+Both default sizes run (hidden 256 / 4 layers / batch 4 x 128 and hidden 512 / 8 layers /
+batch 4 x 256) unless --hidden is given. Timings are the best of --iters runs after warm-up.
+
+    python -m experiments.benchmarks.model_step [--threads 2] [--hidden 256 --layers 4 --batch 4 --seq 128]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 
@@ -25,10 +35,14 @@ from cua_jax.models.configs import tiny_qwen3_config
 from cua_jax.models.qwen3 import Qwen3ForCausalLM
 from cua_jax.models.sampler import Sampler, SamplingParams
 
+# (hidden, layers, batch, seq) of the default runs.
+SIZES = ((256, 4, 4, 128), (512, 8, 4, 256))
 
-def best_time(fn, iters: int) -> float:
-    """Seconds of the fastest of `iters` runs (after one warm-up run)."""
-    fn()
+
+def best_time(fn, iters: int, warmup: int = 2) -> float:
+    """Seconds of the fastest of `iters` runs (after `warmup` runs)."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(iters):
         start = time.perf_counter()
@@ -37,75 +51,188 @@ def best_time(fn, iters: int) -> float:
     return min(times)
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=4096)
-    parser.add_argument("--iters", type=int, default=3)
-    args = parser.parse_args(argv)
+def set_threads(threads: int | None) -> int:
+    """Pins the process to `threads` CPUs (XLA sizes its CPU thread pool from the affinity
+    mask when its backend starts) and gives torch as many intra-op threads. Call before the
+    first JAX computation. Returns the thread count."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if threads is not None:
+        if threads > len(cpus):
+            raise ValueError(f"--threads {threads}: only {len(cpus)} CPUs are available")
+        cpus = cpus[:threads]
+        os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(len(cpus))
+    return len(cpus)
 
+
+def make_config(hidden: int, layers: int, vocab: int):
+    return tiny_qwen3_config(
+        hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers, vocab_size=vocab,
+        num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128),
+    )
+
+
+def forward_backward(config, ids: np.ndarray, iters: int, compile_torch: bool) -> None:
+    """Token-mean NLL of ids[:, 1:] given ids[:, :-1], forward + backward, both sides."""
     import transformers
 
-    config = tiny_qwen3_config(
-        hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=args.layers,
-        vocab_size=args.vocab, num_attention_heads=args.hidden // 64, num_key_value_heads=max(1, args.hidden // 128),
-    )
-    model = Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
+    from cua_jax.train.learner import Learner, LearnerConfig
+
+    learner = Learner(Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)), LearnerConfig())
     with tempfile.TemporaryDirectory() as directory:
-        export_qwen3(model, directory, tokenizer_files=False)
+        export_qwen3(learner.model, directory, tokenizer_files=False)
         hf = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    print(f"config: hidden {config.hidden_size}, layers {config.num_hidden_layers}, heads "
-          f"{config.num_attention_heads}/{config.num_key_value_heads}, vocab {config.vocab_size}; "
-          f"batch {args.batch} x seq {args.seq}; JAX on {jax.devices()[0].platform}, torch on cpu "
-          f"({torch.get_num_threads()} threads)")
+    b, t = ids.shape
+    tokens = b * (t - 1)
 
-    ids = np.random.default_rng(0).integers(3, config.vocab_size, (args.batch, args.seq))
+    def nll(params, frozen, batch):
+        logp = learner._logprobs(params, frozen, batch)[0]  # [B, T], 0 at position 0
+        return -jnp.sum(logp) / tokens
 
-    # ---- forward + backward
-    def loss_fn(m, ids):
-        logits, _ = m(ids[:, :-1])
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1))
-
-    grad_step = nnx.jit(nnx.value_and_grad(loss_fn))
-    jax_ids = jnp.asarray(ids)
-    ours_s = best_time(lambda: jax.block_until_ready(grad_step(model, jax_ids)), args.iters)
+    batch = _nll_batch(ids)
+    grad_step = jax.jit(jax.value_and_grad(nll))
+    ours_loss, _ = grad_step(learner.params, learner.frozen, batch)
+    ours_s = best_time(lambda: jax.block_until_ready(grad_step(learner.params, learner.frozen, batch)), iters)
 
     hf.train()
     torch_ids = torch.as_tensor(ids)
 
-    def torch_step():
+    def torch_loss(module):
+        logits = module(torch_ids[:, :-1]).logits
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch_ids[:, 1:].reshape(-1))
+
+    def torch_step(module):
         hf.zero_grad(set_to_none=True)
-        out = hf(torch_ids, labels=torch_ids)
-        out.loss.backward()
+        loss = torch_loss(module)
+        loss.backward()
+        return loss.detach()
 
-    hf_s = best_time(torch_step, args.iters)
-    tokens = args.batch * (args.seq - 1)
-    print(f"forward+backward tokens/s: ours {tokens / ours_s:,.0f}  transformers {tokens / hf_s:,.0f}  "
-          f"ratio {hf_s / ours_s:.2f}x")
+    hf_loss = float(torch_step(hf))
+    hf_s = best_time(lambda: torch_step(hf), iters)
+    print(f"  forward+backward tokens/s (token-mean NLL, loss ours {float(ours_loss):.4f} / torch {hf_loss:.4f}): "
+          f"ours {tokens / ours_s:,.0f}  transformers eager {tokens / hf_s:,.0f}  ratio {hf_s / ours_s:.2f}x")
+    if compile_torch:
+        try:
+            compiled = torch.compile(hf)
+            torch_step(compiled)
+            compiled_s = best_time(lambda: torch_step(compiled), iters)
+            print(f"  forward+backward tokens/s: transformers torch.compile {tokens / compiled_s:,.0f}  "
+                  f"ratio ours / compiled {compiled_s / ours_s:.2f}x")
+        except Exception as error:  # inductor needs a working C++ toolchain, absent on some CPU builds
+            print(f"  torch.compile: does not work here ({type(error).__name__}: {str(error).splitlines()[0][:160]})")
 
-    # ---- greedy decode
+
+def _nll_batch(ids: np.ndarray):
+    """A TrainBatch holding ids as unpacked, unpadded rows (the learner's scoring input)."""
+    from cua_jax.train.batching import TrainBatch
+
+    b, t = ids.shape
+    zeros = jnp.zeros((b, t), jnp.float32)
+    return TrainBatch(
+        ids=jnp.asarray(ids, jnp.int32), segment_ids=jnp.ones((b, t), jnp.int32),
+        positions=jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), loss_mask=jnp.ones((b, t), jnp.float32),
+        rollout_logprobs=zeros, advantages=zeros, item_valid=jnp.ones((b,), bool),
+    )
+
+
+def learner_update(config, rows: int, seq: int, iters: int) -> None:
+    """Learner.update on fresh micro-batches: reference scoring + policy loss with KL + AdamW."""
+    from cua_jax.rl.losses import PolicyLossConfig
+    from cua_jax.train.batching import BatchingConfig, collate
+    from cua_jax.train.learner import Learner, LearnerConfig, OptimizerConfig
+    from cua_jax.types import TrainingItem
+
+    learner = Learner(Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)),
+                      LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-5),
+                                    loss=PolicyLossConfig(kl_coef=1e-2)))
+    rng = np.random.default_rng(1)
+    batching = BatchingConfig(rows=rows, length_multiple=64)
+
+    def fresh_batch():
+        items = []
+        for k in range(rows):
+            n = int(rng.integers(seq // 2, seq + 1))
+            mask = np.zeros(n, np.int32)
+            mask[n // 2:] = 1
+            logp = np.where(mask > 0, rng.uniform(-9.0, -7.0, n), 0.0).astype(np.float32)
+            items.append(TrainingItem(rng.integers(3, config.vocab_size, n).astype(np.int32), mask, logp, [],
+                                      f"ep{k}", k // 2, (0,)))
+        advantages = rng.normal(size=rows).astype(np.float32)
+        return [collate(items, advantages, batching, length=seq)], sum(len(i) for i in items)
+
+    batches = [fresh_batch() for _ in range(iters + 2)]
+    times = []
+    for i, (micro, _) in enumerate(batches):
+        start = time.perf_counter()
+        learner.update(micro)  # returns host floats: synchronous
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    tokens = np.mean([n for _, n in batches])
+    print(f"  learner update tokens/s (reference scoring + policy loss with KL + AdamW, {rows} rows of "
+          f"{seq // 2}..{seq} real tokens padded to {seq}): ours {tokens / min(times):,.0f}")
+
+
+def decode(config, ids: np.ndarray, new_tokens: int, iters: int) -> None:
+    import transformers
+
+    model = Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
+    with tempfile.TemporaryDirectory() as directory:
+        export_qwen3(model, directory, tokenizer_files=False)
+        hf = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
     hf.eval()
+    batch = ids.shape[0]
     prompt_len = 32
     prompts = [list(map(int, row[:prompt_len])) for row in ids]
-    sampler = Sampler(model, prompt_buckets=(prompt_len,), batch_buckets=(args.batch,), new_token_buckets=(args.new_tokens,))
-    params = SamplingParams(temperature=0, max_new_tokens=args.new_tokens)
-    ours_s = best_time(lambda: sampler.generate(prompts, params, jax.random.key(0)), args.iters)
-    prompt_tensor = torch.as_tensor([p for p in prompts])
+    sampler = Sampler(model, prompt_buckets=(prompt_len,), batch_buckets=(batch,), new_token_buckets=(new_tokens,))
+    params = SamplingParams(temperature=0, max_new_tokens=new_tokens)
+    ours_s = best_time(lambda: sampler.generate(prompts, params, jax.random.key(0)), iters, warmup=1)
+    prompt_tensor = torch.as_tensor(prompts)
 
     def torch_generate():
         with torch.no_grad():
-            hf.generate(prompt_tensor, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+            hf.generate(prompt_tensor, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                         do_sample=False, eos_token_id=None, pad_token_id=0)
 
-    hf_s = best_time(torch_generate, args.iters)
-    new = args.batch * args.new_tokens
-    print(f"decode tokens/s (prefill {prompt_len} + {args.new_tokens} new, batch {args.batch}): ours {new / ours_s:,.0f}  "
+    hf_s = best_time(torch_generate, iters, warmup=1)
+    new = batch * new_tokens
+    print(f"  decode tokens/s (prefill {prompt_len} + {new_tokens} new, batch {batch}): ours {new / ours_s:,.0f}  "
           f"transformers {new / hf_s:,.0f}  ratio {hf_s / ours_s:.2f}x")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=None, help="with --hidden: rows (default 4)")
+    parser.add_argument("--seq", type=int, default=None, help="with --hidden: tokens per row (default 128)")
+    parser.add_argument("--hidden", type=int, default=None, help="one custom size instead of the defaults")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="CPUs for both sides (default: all available)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
+    parser.add_argument("--no-decode", action="store_true", help="skip the decoding row")
+    parser.add_argument("--no-update", action="store_true", help="skip the learner-update row")
+    args = parser.parse_args(argv)
+
+    threads = set_threads(args.threads)
+    if args.hidden is not None:
+        sizes = ((args.hidden, args.layers, args.batch or 4, args.seq or 128),)
+    else:
+        sizes = SIZES
+    print(f"threads: torch intra-op {torch.get_num_threads()} (interop {torch.get_num_interop_threads()}), "
+          f"XLA CPU pool over {threads} pinned CPUs; JAX {jax.__version__} on {jax.devices()[0].platform}, "
+          f"torch {torch.__version__}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; float32 both sides")
+    for hidden, layers, batch, seq in sizes:
+        config = make_config(hidden, layers, args.vocab)
+        print(f"config: hidden {config.hidden_size}, layers {config.num_hidden_layers}, heads "
+              f"{config.num_attention_heads}/{config.num_key_value_heads}, vocab {config.vocab_size}; "
+              f"batch {batch} x seq {seq}")
+        ids = np.random.default_rng(0).integers(3, config.vocab_size, (batch, seq))
+        forward_backward(config, ids, args.iters, compile_torch=not args.no_compile)
+        if not args.no_update:
+            learner_update(config, batch, seq, args.iters)
+        if not args.no_decode:
+            decode(config, ids, args.new_tokens, args.iters)
 
 
 if __name__ == "__main__":
