@@ -156,8 +156,9 @@ def main(argv: list[str] | None = None) -> None:
                 done = runtime.run_async(run_episodes(
                     runtime, [(task, s) for s in range(args.seeds)], space, args.concurrency, args.max_steps))
                 episodes.extend(done)
-                rate = sum(e.success for e in done) / len(done)
-                print(f"{space:<12} {task:<28} {rate:6.1%}  ({time.perf_counter() - t0:.0f} s)", flush=True)
+                cell = summarize(done)[task][space]
+                print(f"{space:<12} {task:<28} {cell['success']:6.1%}  steps {cell['mean_steps']:.1f}/{cell['max_steps']}"
+                      f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
                 for e in [e for e in done if not e.success][: args.failures]:
                     print(f"    seed {e.seed}: {e.steps} steps, {e.reason[:160]}", flush=True)
         finally:
