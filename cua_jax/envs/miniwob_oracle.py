@@ -13,8 +13,9 @@ Action spaces (`actions.ACTION_SPACES`):
   "elements", "both"  `click_element` / `fill_element` by the element's ref (the `[ref]` of
                  the DOM text). These scripts read refs, tags, text, classes, ids, parents,
                  values and focus only, never geometry.
-Both spaces also use `key` where a page needs the keyboard (use-autocomplete opens its
-menu with the down arrow).
+Both spaces also use `key` where a page needs the keyboard (use-autocomplete leaves its
+field with Tab) and `wait` for the page's own delays: a jQuery UI accordion's slide
+(click-collapsible, click-collapsible-2), an autocomplete menu (use-autocomplete).
 
 TASK_TABLE
 Others raise OracleUnsupportedError; a page the oracle cannot read (no matching element)
@@ -398,6 +399,10 @@ def _movie_search(page: _Page) -> A.Action:
 
 
 def _use_autocomplete(page: _Page) -> A.Action:
+    """Type the start; wait for the menu that typing opens (after 300 ms; the down arrow would
+    race it, and in an open menu it picks the first item); enter the whole name of an item that fits (typed: the menu's items are rebuilt as it
+    searches and may lie outside the task region); leave the field with Tab (which closes the
+    menu that typing opened over the button); submit."""
     match = page.match(r'Enter an item that starts with "(.*?)"(?: and ends with "(.*?)")?\.')
     start, end = match.group(1), match.group(2) or ""
 
@@ -408,21 +413,13 @@ def _use_autocomplete(page: _Page) -> A.Action:
     value = field.value or ""
     items = page.all(lambda e: "ui-menu-item-wrapper" in _classes(e))
     if fits(value):
-        if not items:
-            return page.click(_submit(page))
-        same = next((item for item in items if item.text == value), None)
-        if same is not None:  # choosing the value itself closes the menu over the button
-            return page.click(same)
-        return page.click(page.find("label 'Tags:'", lambda e: e.tag == "LABEL"))  # leaving the field closes it
+        return A.Key(("tab",)) if items else page.click(_submit(page))
     fitting = next((item for item in items if fits(item.text)), None)
     if fitting is not None:
-        if page.elements or click_point(fitting, *page.obs.screen_size) is not None:
-            return page.click(fitting)
-        if fitting.text.startswith(value) and field.focused:
-            return A.Type(fitting.text[len(value):])
-    if value == start and field.focused and not items:
-        return A.Key(("down",))  # the menu opens at once (typing opens it after a delay)
-    return page.fill(field, start) or A.Key(("down",))
+        return page.fill(field, fitting.text)
+    if value == start and (field.focused or page.elements) and not items:
+        return A.Wait(SETTLE_SECONDS)
+    return page.fill(field, start) or A.Wait(SETTLE_SECONDS)
 
 
 # ---- tabs, sections, trees ------------------------------------------------------------
