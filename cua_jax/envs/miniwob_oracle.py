@@ -77,11 +77,12 @@ agent needs.
 seeds: 0 to 99 (or 0 to 29) under MiniWoB's own time limits (10 s; 20 s for multi-layouts,
 multi-orderings), or * under a 60 s limit (`--time_limit_s 60`), which keeps a busy
 machine's slowness out of the rate. With load averages of 30-60 on 2 cores, the failures
-under the tasks' own limits were time limits (click-collapsible-2 87% / 84%, use-autocomplete
-80% / 98%, login-user elements 92%, click-tab-2 coordinates 99%), but for one stale element id (use-autocomplete,
-elements) and these: elements, click-test-2 and click-button-sequence, where the other
-button covers the centre of the one to click: click_element (which acts at the centre of
-the element's visible part) lands on the other one; coordinates pick a point not covered.
+under the tasks' own limits were time limits (click-collapsible-2 87% / 84%,
+use-autocomplete 80% / 98%, login-user elements 92%, click-tab-2 coordinates 99%), but for
+one stale element id (use-autocomplete, elements) and these: elements, click-test-2 and
+click-button-sequence, where the other button covers the centre of the one to click:
+click_element (which acts at the centre of the element's visible part) lands on the other
+one; coordinates pick a point not covered.
 
 Others raise OracleUnsupportedError; a page the oracle cannot read (no matching element)
 raises OracleError naming what it looked for.
