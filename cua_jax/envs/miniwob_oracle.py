@@ -13,10 +13,77 @@ Action spaces (`actions.ACTION_SPACES`):
   "elements", "both"  `click_element` / `fill_element` by the element's ref (the `[ref]` of
                  the DOM text). These scripts read refs, tags, text, classes, ids, parents,
                  values and focus only, never geometry.
-Both spaces also use `key` where a page needs the keyboard (use-autocomplete opens its
-menu with the down arrow).
+Both spaces also use `key` where a page needs the keyboard (use-autocomplete leaves its
+field with Tab) and `wait` for the page's own delays: a jQuery UI accordion's slide
+(click-collapsible, click-collapsible-2), an autocomplete menu (use-autocomplete).
 
-TASK_TABLE
+Scripts (ORACLE_TASKS):
+  one click          click-test, click-test-2, click-button, unicode-test, click-link,
+                     click-dialog, click-dialog-2, click-widget, focus-text, focus-text-2,
+                     click-tab, grid-coordinate (the circle's id), identify-shape (the
+                     figure's SVG tag, or its text: digit or letter)
+  clicks in order    click-button-sequence (a clicked button keeps the focus: the trace of
+                     the first click); click-checkboxes(-large, -transfer), click-option
+                     (toggle each box whose state is wrong, then submit)
+  search and click   click-tab-2(-easy, -medium), click-collapsible-2: open the tab or
+                     section after the open one until the link shows, then click it;
+                     navigate-tree: open closed folders until the name shows;
+                     click-collapsible: open the section, then submit
+  fill and submit    enter-text(-2, -dynamic), enter-password, login-user, multi-layouts,
+                     multi-orderings (a field's label: the nearest ancestor with text),
+                     use-autocomplete (type the start, wait for the menu, enter an item
+                     that fits, Tab out of the field, submit)
+
+Measured with `python -m experiments.benchmarks.oracle_coverage` (pages read back from their
+DOM text as the demonstrator reads them, on a busy 2-core machine): the share of seeds solved,
+and the actions an episode takes (mean / max over the solved ones), which bound the turns an
+agent needs.
+
+                              coordinates               elements
+  task                        solved  steps  seeds      solved  steps  seeds
+  click-button                 100%  1.0/1  100        100%  1.0/1  100
+  click-link                   100%  1.0/1  100        100%  1.0/1  100
+  click-checkboxes             100%  2.9/6  100         99%  2.9/6  100
+  click-option                 100%  2.0/2  100        100%  2.0/2  100*
+  enter-text                   100%  3.0/3  100        100%  2.0/2  100*
+  focus-text                   100%  1.0/1  100        100%  1.0/1  100*
+  click-tab                    100%  1.0/1  100        100%  1.0/1  100*
+  click-dialog                 100%  1.0/1  100        100%  1.0/1  100*
+  click-test                   100%  1.0/1  100        100%  1.0/1  100
+  click-test-2                 100%  1.0/1  100         94%  1.0/1  100
+  click-button-sequence        100%  2.0/2  100         94%  2.0/2  100
+  click-dialog-2               100%  1.0/1  100        100%  1.0/1  100
+  click-checkboxes-large       100%  9.2/13 100        100%  9.2/13 100
+  click-checkboxes-transfer    100%  2.4/4  100        100%  2.4/4  100
+  click-collapsible            100%  2.9/5  100        100%  2.0/4  100
+  click-collapsible-2          100%  4.8/7  100*       100%  4.4/9  100*
+  click-tab-2                   99%  1.9/3  100        100%  1.9/3  100*
+  click-tab-2-easy             100%  1.0/1   30*       100%  1.0/1   30*
+  click-tab-2-medium           100%  1.0/1   30*       100%  1.0/1   30*
+  click-widget                 100%  1.0/1   30*       100%  1.0/1   30*
+  unicode-test                 100%  1.0/1   30*       100%  1.0/1   30*
+  identify-shape               100%  1.0/1   30*       100%  1.0/1   30*
+  grid-coordinate              100%  1.0/1   30*       100%  1.0/1   30*
+  navigate-tree                100%  1.5/4   30*       100%  1.5/4   30*
+  enter-text-2                 100%  3.0/3   30*       100%  2.0/2   30*
+  enter-text-dynamic           100%  3.0/3   30*       100%  2.0/2   30*
+  focus-text-2                 100%  1.0/1   30*       100%  1.0/1   30*
+  enter-password               100%  5.0/5   30*       100%  3.0/3   30*
+  login-user                   100%  5.0/5  100*       100%  3.0/3  100*
+  multi-layouts                100%  7.0/7  100        100%  4.0/4  100
+  multi-orderings              100%  7.0/7  100        100%  4.0/4  100
+  use-autocomplete             100%  5.1/6   30*       100%  4.1/5   30*
+
+seeds: 0 to 99 (or 0 to 29) under MiniWoB's own time limits (10 s; 20 s for multi-layouts,
+multi-orderings), or * under a 60 s limit (`--time_limit_s 60`), which keeps a busy
+machine's slowness out of the rate. With load averages of 30-60 on 2 cores, the failures
+under the tasks' own limits were time limits (click-collapsible-2 87% / 84%,
+use-autocomplete 80% / 98%, login-user elements 92%, click-tab-2 coordinates 99%), but for
+one stale element id (use-autocomplete, elements) and these: elements, click-test-2 and
+click-button-sequence, where the other button covers the centre of the one to click:
+click_element (which acts at the centre of the element's visible part) lands on the other
+one; coordinates pick a point not covered.
+
 Others raise OracleUnsupportedError; a page the oracle cannot read (no matching element)
 raises OracleError naming what it looked for.
 """
@@ -398,6 +465,10 @@ def _movie_search(page: _Page) -> A.Action:
 
 
 def _use_autocomplete(page: _Page) -> A.Action:
+    """Type the start; wait for the menu that typing opens (after 300 ms; the down arrow would
+    race it, and in an open menu it picks the first item); enter the whole name of an item that fits (typed: the menu's items are rebuilt as it
+    searches and may lie outside the task region); leave the field with Tab (which closes the
+    menu that typing opened over the button); submit."""
     match = page.match(r'Enter an item that starts with "(.*?)"(?: and ends with "(.*?)")?\.')
     start, end = match.group(1), match.group(2) or ""
 
@@ -408,21 +479,13 @@ def _use_autocomplete(page: _Page) -> A.Action:
     value = field.value or ""
     items = page.all(lambda e: "ui-menu-item-wrapper" in _classes(e))
     if fits(value):
-        if not items:
-            return page.click(_submit(page))
-        same = next((item for item in items if item.text == value), None)
-        if same is not None:  # choosing the value itself closes the menu over the button
-            return page.click(same)
-        return page.click(page.find("label 'Tags:'", lambda e: e.tag == "LABEL"))  # leaving the field closes it
+        return A.Key(("tab",)) if items else page.click(_submit(page))
     fitting = next((item for item in items if fits(item.text)), None)
     if fitting is not None:
-        if page.elements or click_point(fitting, *page.obs.screen_size) is not None:
-            return page.click(fitting)
-        if fitting.text.startswith(value) and field.focused:
-            return A.Type(fitting.text[len(value):])
-    if value == start and field.focused and not items:
-        return A.Key(("down",))  # the menu opens at once (typing opens it after a delay)
-    return page.fill(field, start) or A.Key(("down",))
+        return page.fill(field, fitting.text)
+    if value == start and (field.focused or page.elements) and not items:
+        return A.Wait(SETTLE_SECONDS)
+    return page.fill(field, start) or A.Wait(SETTLE_SECONDS)
 
 
 # ---- tabs, sections, trees ------------------------------------------------------------

@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--action_spaces", nargs="+", default=["coordinates", "elements"], choices=A.ACTION_SPACES)
     parser.add_argument("--concurrency", type=int, default=4, help="episodes at once (MiniWoB's limits are wall-clock)")
     parser.add_argument("--max_steps", type=int, default=DEFAULT_MAX_STEPS)
+    parser.add_argument("--time_limit_s", type=float, default=None,
+                        help="episode time limit for every task (default: MiniWoB's own, 10 s for most tasks); "
+                             "a generous one keeps a busy machine's slowness out of the oracle's rate")
     parser.add_argument("--failures", type=int, default=3, help="failed episodes to print per task and action space")
     parser.add_argument("--out", default="", help="write the episodes and the table as JSON here")
     args = parser.parse_args(argv)
@@ -149,15 +152,17 @@ def main(argv: list[str] | None = None) -> None:
             unavailable.append(space)
             print(f"{space}: this CapsuleRuntime cannot carry out element actions; not measured", flush=True)
             continue
-        runtime = make_runtime(space, call_timeout_s=3600)
+        runtime = make_runtime(space, call_timeout_s=3600, time_limit_s=args.time_limit_s)
         try:
             for task in args.tasks:
                 t0 = time.perf_counter()
                 done = runtime.run_async(run_episodes(
                     runtime, [(task, s) for s in range(args.seeds)], space, args.concurrency, args.max_steps))
                 episodes.extend(done)
-                rate = sum(e.success for e in done) / len(done)
-                print(f"{space:<12} {task:<28} {rate:6.1%}  ({time.perf_counter() - t0:.0f} s)", flush=True)
+                cell = summarize(done)[task][space]
+                late = sum(e.reason == "timed out" for e in done)
+                print(f"{space:<12} {task:<28} {cell['success']:6.1%}  steps {cell['mean_steps']:.1f}/{cell['max_steps']}"
+                      f"  ({time.perf_counter() - t0:.0f} s; {late} timed out)", flush=True)
                 for e in [e for e in done if not e.success][: args.failures]:
                     print(f"    seed {e.seed}: {e.steps} steps, {e.reason[:160]}", flush=True)
         finally:
