@@ -425,20 +425,38 @@ _RESET_NUMBERING_JS = """
   core.nextRefCode = 1;
   core.nextTextRefCode = -1;
 """
-# Where the element with id `ref` is, or why it cannot be acted on.
-_RESOLVE_ELEMENT_JS = """(ref) => {
+# Where to act on the element with id `ref`, or why it cannot be acted on. The point is the
+# centre of the element's part inside the task region (width x height) when the element (or
+# one of its descendants) is what a click there hits, else the hit point nearest that centre
+# on a 2-pixel lattice: an element partly covered by another is clicked where it shows.
+_RESOLVE_ELEMENT_JS = """([ref, width, height]) => {
   var element = document.querySelector('[data-wob_ref="' + ref + '"]');
   if (element === null || element.dataset.wob_eps !== 'e' + WOB_EPISODE_ID) {
     return {status: ref < core.nextRefCode ? 'gone' : 'unknown'};
   }
   var rect = element.getBoundingClientRect(), style = window.getComputedStyle(element);
-  var visible = rect.width > 0 && rect.height > 0 && style.visibility !== 'hidden'
-    && (typeof element.checkVisibility !== 'function' || element.checkVisibility());
   var editable = element instanceof HTMLTextAreaElement || element.isContentEditable
     || (element instanceof HTMLInputElement
         && ['text', 'password', 'email', 'search', 'tel', 'url', 'number', ''].indexOf(element.type) >= 0);
-  return {status: visible ? 'ok' : 'hidden', tag: element.tagName, editable: editable,
-          left: rect.left, top: rect.top, width: rect.width, height: rect.height};
+  var found = {status: 'hidden', tag: element.tagName, editable: editable};
+  var visible = rect.width > 0 && rect.height > 0 && style.visibility !== 'hidden'
+    && (typeof element.checkVisibility !== 'function' || element.checkVisibility());
+  var left = Math.max(0, rect.left), top = Math.max(0, rect.top);
+  var right = Math.min(width, rect.right), bottom = Math.min(height, rect.bottom);
+  if (!visible || right - left < 1 || bottom - top < 1) return found;
+  var cx = Math.floor((left + right) / 2), cy = Math.floor((top + bottom) / 2);
+  var hits = function (x, y) { var at = document.elementFromPoint(x + 0.5, y + 0.5); return at !== null && element.contains(at); };
+  var best = null, bestDistance = Infinity;
+  if (hits(cx, cy)) best = [cx, cy];
+  for (var y = Math.ceil(top); best === null && y < bottom; y += 2) {
+    for (var x = Math.ceil(left); x < right; x += 2) {
+      var d = (x - cx) * (x - cx) + (y - cy) * (y - cy);
+      if (d < bestDistance && hits(x, y)) { bestDistance = d; found.x = x; found.y = y; }
+    }
+  }
+  if (best !== null) { found.x = best[0]; found.y = best[1]; }
+  found.status = found.x === undefined ? 'covered' : 'ok';
+  return found;
 }"""
 
 # Set-of-marks: which elements get their id drawn on the screenshot (every element keeps its
@@ -616,22 +634,22 @@ class MiniWoBPage:
         )
 
     async def element_point(self, ref: int, fill: bool = False) -> tuple[int, int]:
-        """The page pixel at the centre of the visible part of element `ref` (inside the task
-        region). Raises InvalidElementError when the id names no element the agent can act on."""
-        found = await self.page.evaluate(_RESOLVE_ELEMENT_JS, ref)
+        """The page pixel where a click reaches element `ref`: the centre of its part inside the
+        task region, or the nearest point to it not covered by other elements. Raises
+        InvalidElementError when the id names no element the agent can act on."""
+        found = await self.page.evaluate(_RESOLVE_ELEMENT_JS, [ref, TASK_WIDTH, TASK_HEIGHT])
         if found["status"] == "unknown":
             raise InvalidElementError(f"element {ref} does not exist: use an id the page lists")
         if found["status"] == "gone":
             raise InvalidElementError(f"element {ref} is no longer on the page: use an id from the current page")
         name = f"element {ref} ({found['tag']})"
-        left, top = max(0.0, found["left"]), max(0.0, found["top"])
-        right = min(float(TASK_WIDTH), found["left"] + found["width"])
-        bottom = min(float(TASK_HEIGHT), found["top"] + found["height"])
-        if found["status"] == "hidden" or right - left < 1 or bottom - top < 1:
+        if found["status"] == "hidden":
             raise InvalidElementError(f"{name} is hidden: it cannot be acted on until it is shown")
+        if found["status"] == "covered":
+            raise InvalidElementError(f"{name} is covered by other elements: no click would reach it")
         if fill and not found["editable"]:
             raise InvalidElementError(f"{name} cannot be filled: fill_element takes a text field or text area")
-        return int((left + right) / 2), int((top + bottom) / 2)
+        return int(found["x"]), int(found["y"])
 
     async def perform(self, action: A.Action) -> None:
         """Carry out one action of the grammar on the page (coordinates: 1000-grid -> 160 x 210;

@@ -137,6 +137,8 @@ class Pretrainer:
             raise ConfigError("config.warm_start.held_out_seeds: pretraining scores held-out pages; set it >= 1")
         self.workdir = c.workdir
         os.makedirs(self.workdir, exist_ok=True)
+        if c.model.name == "qwen3_vl":
+            check_init_from(c.model.init_from)
         self.tokenizer, self.image_processor = load_processor(tokenizer_dir(c))
         if c.model.name == "qwen3_vl":
             check_init_from(c.model.init_from, self.tokenizer)
@@ -193,8 +195,9 @@ class Pretrainer:
             self._writer = MetricWriter(self.workdir)
         return self._writer
 
-    def _save_state(self, trainer: SupervisedTrainer) -> None:
-        _atomic_write(os.path.join(self.workdir, STATE_FILE), pickle.dumps(trainer.state_dict(), pickle.HIGHEST_PROTOCOL))
+    def _save_state(self, trainer: SupervisedTrainer, history: list[dict[str, float]]) -> None:
+        state = {"sft": trainer.state_dict(), "history": history}
+        _atomic_write(os.path.join(self.workdir, STATE_FILE), pickle.dumps(state, pickle.HIGHEST_PROTOCOL))
 
     def run(self) -> dict[str, Any]:
         from cua_jax.train.batching import MultimodalPositions
@@ -211,9 +214,12 @@ class Pretrainer:
         scorer = HeldOutScorer.build(train, held_out, self.renderer, multimodal, config)
         trainer = SupervisedTrainer(self.policy, data, config)
         state_path = os.path.join(self.workdir, STATE_FILE)
+        history: list[dict[str, float]] = []  # the held-out scores so far, kept across resumes
         if os.path.exists(state_path):
             with open(state_path, "rb") as f:
-                trainer.load_state_dict(pickle.load(f))
+                state = pickle.load(f)
+            trainer.load_state_dict(state["sft"])
+            history = state["history"]
             print(f"pretrain: resumed at step {trainer.step} of {config.steps}")
 
         progress, on_step = None, None
@@ -225,7 +231,6 @@ class Pretrainer:
             def on_step(step: int, loss: float) -> None:
                 progress.update(1)
                 progress.set_postfix(nll=f"{loss:.3f}")
-        history: list[dict[str, float]] = []
         try:
             while trainer.step < config.steps:
                 marks = [config.steps, (trainer.step // c.pretrain.checkpoint_every + 1) * c.pretrain.checkpoint_every]
@@ -240,7 +245,7 @@ class Pretrainer:
                     metrics.update({f"pretrain/{k}": v for k, v in report.items()})
                     history.append({"step": trainer.step, **report})
                 self.writer.write(trainer.step, metrics)
-                self._save_state(trainer)
+                self._save_state(trainer, history)
         finally:
             if progress is not None:
                 progress.close()

@@ -610,9 +610,9 @@ def build_policy(settings: TrainSettings, seed: int):
     return Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(**overrides), rngs=nnx.Rngs(seed))
 
 
-def check_init_from(directory: str, tokenizer) -> None:
-    """Raise ConfigError naming model.init_from unless it holds a Qwen3-VL checkpoint whose
-    vocabulary fits `tokenizer`."""
+def check_init_from(directory: str, tokenizer=None) -> None:
+    """Raise ConfigError naming model.init_from unless it holds a Qwen3-VL checkpoint (whose
+    vocabulary fits `tokenizer`, when given)."""
     from cua_jax.models.checkpoint import read_hf_config
 
     where = f"config.model.init_from: {directory!r}"
@@ -629,7 +629,7 @@ def check_init_from(directory: str, tokenizer) -> None:
     if not any(name.endswith(".safetensors") for name in os.listdir(directory)):
         raise ConfigError(f"{where} holds no safetensors weights")
     vocab = (hf.get("text_config") or hf).get("vocab_size")
-    if vocab is not None and len(tokenizer) > int(vocab):
+    if tokenizer is not None and vocab is not None and len(tokenizer) > int(vocab):
         raise ConfigError(f"{where}: the tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary ({vocab})")
 
 
@@ -699,6 +699,8 @@ class Trainer:
         self.workdir = c.workdir
         os.makedirs(self.workdir, exist_ok=True)
         self.base_key = jax.random.key(c.seed)
+        if c.model.name == "qwen3_vl":
+            check_init_from(c.model.init_from)  # before its tokenizer is read from it
         self.tokenizer, self.image_processor = load_processor(tokenizer_dir(c))
         if c.model.name == "qwen3_vl":
             check_init_from(c.model.init_from, self.tokenizer)

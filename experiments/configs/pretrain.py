@@ -1,10 +1,11 @@
 """Pretraining the shipped base policy (python -m experiments.pretrain, cua_jax.train.pretrain).
 
 The policy interface is the embedded default run's (experiments/configs/default.py): the same
-prompt style, action space, observation (screenshot + DOM text) and context, so the base
-exported here is what `bash launch/main.sh` loads with model.init_from. Only the tasks and
-the supervised budget differ: every task the oracle solves in both action spaces, many
-demonstrations each, a long cosine schedule.
+prompt style, observation (screenshot + DOM text) and context, in the `elements` action space
+(element ids drawn on the screenshot and listed in the DOM text), so a run with those settings
+and model.init_from=<the export> continues from the base. Only the tasks and the supervised
+budget differ: every task the oracle solves in both action spaces, many demonstrations each, a
+long cosine schedule.
 """
 
 from experiments.configs import default
@@ -17,6 +18,7 @@ def get_config():
     c.workdir = "runs/pretrain"
     c.model.name = "tiny_qwen3_vl"
     c.model.init_from = ""
+    c.env.action_space = "elements"
     c.env.tasks = ORACLE_BOTH_SPACES
     c.env.task_tiers = (0,) * len(ORACLE_BOTH_SPACES)
     c.rollout.batch_tasks = 1

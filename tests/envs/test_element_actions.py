@@ -143,6 +143,29 @@ def test_unknown_gone_and_hidden_ids_are_refused_and_change_nothing(runtime):
     runtime.close(env)
 
 
+_COVER_JS = """([ref, fraction]) => {
+  var r = document.querySelector('[data-wob_ref="' + ref + '"]').getBoundingClientRect();
+  var cover = document.createElement('div');
+  cover.style.cssText = 'position:fixed;background:#888;z-index:99;left:' + r.left + 'px;top:' + r.top
+    + 'px;width:' + r.width + 'px;height:' + (r.height * fraction) + 'px';
+  document.body.appendChild(cover);
+}"""
+
+
+def test_a_partly_covered_element_is_clicked_where_it_shows_and_a_covered_one_is_refused(runtime):
+    env = runtime.create("click-button", seed=5)
+    target = _target_button(runtime.observe(env))
+    runtime.evaluate(env, _COVER_JS, [target.ref, 0.7])  # hides the centre, leaves the bottom
+    result = runtime.step(env, A.ClickElement(target.ref))
+    assert result.done and result.success, result.invalid_action
+    runtime.close(env)
+    env = runtime.create("click-button", seed=5)
+    assert _target_button(runtime.observe(env)).ref == target.ref  # ids are handed out by observing
+    runtime.evaluate(env, _COVER_JS, [target.ref, 1.0])
+    _unchanged_after(runtime, env, A.ClickElement(target.ref), "is covered")
+    runtime.close(env)
+
+
 def _inactive_tab(obs):
     return next(e for e in obs.dom if e.tag == "A" and "ui-tabs-anchor" in e.classes
                 and not any(p.ref == e.parent and "ui-tabs-active" in p.classes for p in obs.dom))

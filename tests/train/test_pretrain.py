@@ -16,16 +16,17 @@ from flax import nnx
 from cua_jax.models.qwen3_vl import load_qwen3_vl
 from cua_jax.train.pretrain import DEMONSTRATIONS_FILE, MANIFEST_FILE, STATE_FILE, Pretrainer
 from cua_jax.train.trainer import ConfigError, Trainer, TrainSettings
+from cua_jax.train.warm_start import SupervisedTrainer
 from experiments.configs import pretrain
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def small_config(workdir, steps):
-    """The pretrain recipe on two tasks in the elements space, a few steps of a 1-layer policy."""
+    """The pretrain recipe on two tasks in the elements space, a few steps of a 2-layer policy."""
     c = pretrain.get_config()
     c.workdir = str(workdir)
-    c.model.num_layers = 1
+    c.model.num_layers = 2
     c.env.tasks = ("click-button", "focus-text")
     c.env.task_tiers = (0, 0)
     c.warm_start.demos_per_task = 2
@@ -53,11 +54,22 @@ def run(config):
         pretrainer.close()
 
 
-def test_pretrain_resumes_exactly_and_exports_a_base_that_a_run_starts_from(tmp_path):
-    # An interrupted run (4 of 6 steps), continued by the same command.
+def test_pretrain_resumes_exactly_and_exports_a_base_that_a_run_starts_from(tmp_path, monkeypatch):
+    # A run killed after its step-4 save (of 6 steps), continued by the same command.
     interrupted = tmp_path / "interrupted"
-    run(small_config(interrupted, steps=4))
+    train = SupervisedTrainer.run
+
+    def killed_after_step_4(self, until, on_step=None):
+        if until > 4:
+            raise KeyboardInterrupt
+        return train(self, until, on_step)
+
+    monkeypatch.setattr(SupervisedTrainer, "run", killed_after_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        run(small_config(interrupted, steps=6))
+    monkeypatch.undo()
     assert os.path.exists(interrupted / STATE_FILE) and os.path.exists(interrupted / DEMONSTRATIONS_FILE)
+    assert not os.path.exists(interrupted / "base")
     resumed, manifest = run(small_config(interrupted, steps=6))
     # The uninterrupted run reads the same demonstrations (so both train on the same items).
     straight = tmp_path / "straight"
