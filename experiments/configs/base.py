@@ -17,7 +17,7 @@ import ml_collections
 # MiniWoB++ tasks the scripted oracle solves (cua_jax.envs.miniwob_oracle.ORACLE_TASKS): the
 # embedded run's pool, so the warm start has demonstrations for every task.
 MINIWOB_TASKS = ("click-button", "click-link", "focus-text", "click-dialog", "click-tab", "click-checkboxes", "enter-text")
-# Tasks the oracle solves in both action spaces in at most 6 actions (success rates and seed
+# Tasks the oracle solves in both action spaces, in at most 6 actions by element id (success rates and seed
 # counts per space: cua_jax/envs/miniwob_oracle.py's docstring, measured by
 # experiments/benchmarks/oracle_coverage.py): the pretraining set of a base policy.
 ORACLE_BOTH_SPACES = MINIWOB_TASKS + (
