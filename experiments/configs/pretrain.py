@@ -25,6 +25,9 @@ def get_config():
     # Demonstrations run to the oracle's longest episode on these tasks (login-user: 5 steps).
     c.rollout.max_turns = 6
     c.eval.max_turns = 6
+    # Replies that type a whole value (use-autocomplete, login-user) run past the default's 64
+    # tokens; a run that starts from this base needs the same budget.
+    c.rollout.max_new_tokens = 128
     c.warm_start.demos_per_task = 40
     c.warm_start.held_out_seeds = 4
     c.warm_start.steps = 3000
