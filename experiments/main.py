@@ -17,13 +17,10 @@ from __future__ import annotations
 import json
 import os
 
-# XLA's C++ INFO lines; set before JAX loads (the jobs import it lazily).
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from cua_jax.observe.logs import quiet_library_logging  # noqa: E402
+from cua_jax.observe.logs import quiet_library_logging
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/default.py", "Experiment configuration file.", lock_config=True

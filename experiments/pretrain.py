@@ -8,14 +8,11 @@ with a manifest (cua_jax.train.pretrain). --config.x.y=value overrides any field
 from __future__ import annotations
 
 import json
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # XLA's C++ INFO lines
+from absl import app, flags
+from ml_collections import config_flags
 
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from cua_jax.observe.logs import quiet_library_logging  # noqa: E402
+from cua_jax.observe.logs import quiet_library_logging
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/pretrain.py", "Pretraining configuration file.", lock_config=True
@@ -24,12 +21,12 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (replaces config.
 
 
 def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
+    quiet_library_logging()  # the run's own lines; libraries' warnings and errors (before JAX loads)
     from cua_jax.train.pretrain import Pretrainer
     from cua_jax.train.trainer import ConfigError
 
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
-    quiet_library_logging()  # the run's own lines; libraries' warnings and errors only
     config = _CONFIG.value
     if _WORKDIR.value:
         config.workdir = _WORKDIR.value

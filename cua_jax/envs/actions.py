@@ -33,8 +33,8 @@ missing closing tag is tolerated (generation often stops on it). Arguments by ac
     fill_element        element N, text "..." (replaces the element's contents)
 
 Element-reference actions name an element by the id its observation gives it (BrowserGym's
-`bid`, WebArena's `[id]`, OSWorld's `som`); the environment resolves the id to the centre of
-the element's visible part and acts there. An action space (`ACTION_SPACES`) says which
+`bid`, WebArena's `[id]`, OSWorld's `som`); the environment resolves the id to a point where
+a click reaches the element and acts there. An action space (`ACTION_SPACES`) says which
 pointer actions a run allows: "coordinates" (grid points only), "elements" (element ids
 only; keys, typing, scrolling in place and the terminal actions stay) or "both".
 `parse_action(text, action_space)` turns an action outside the space into an InvalidAction.
@@ -218,7 +218,7 @@ class WriteFile:
 
 @dataclasses.dataclass(frozen=True)
 class ClickElement:
-    """A left click at the centre of the visible part of the element the page numbers `element`."""
+    """A left click on the element the page numbers `element` (where a click reaches it)."""
 
     element: int
 
@@ -603,10 +603,9 @@ def tool_description(
     """The function schema of the computer-use tool (Qwen `tools=[...]` format) for `action_space`."""
     coordinate = {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}
     properties: dict[str, Any] = {"action": {"type": "string", "enum": list(action_names(action_space))}}
+    properties["coordinate"] = coordinate  # in "elements" too: scroll and mouse down / up take an optional point
     if action_space != "elements":
-        properties |= {"coordinate": coordinate, "start_coordinate": coordinate}
-    else:
-        properties["coordinate"] = coordinate  # scroll and mouse down / up still take an optional point
+        properties["start_coordinate"] = coordinate
     if action_space != "coordinates":
         properties["element"] = {"type": "integer"}
     properties |= {
@@ -619,17 +618,12 @@ def tool_description(
         "path": {"type": "string"},
         "content": {"type": "string"},
     }
-    where = {
-        "coordinates": (
-            f"Coordinates are on a relative {GRID}x{GRID} grid: [0, 0] is the top-left corner, "
-            f"[{GRID}, {GRID}] the bottom-right. "
-        ),
-        "elements": "Elements are named by the ids the page lists and marks. ",
-        "both": (
-            f"Coordinates are on a relative {GRID}x{GRID} grid: [0, 0] is the top-left corner, "
-            f"[{GRID}, {GRID}] the bottom-right; elements are named by the ids the page lists and marks. "
-        ),
-    }[action_space]
+    grid = (
+        f"Coordinates are on a relative {GRID}x{GRID} grid: [0, 0] is the top-left corner, "
+        f"[{GRID}, {GRID}] the bottom-right. "
+    )
+    ids = "Elements are named by the ids the page lists and marks. "
+    where = {"coordinates": grid, "elements": ids, "both": grid + ids}[action_space]
     return {
         "type": "function",
         "function": {

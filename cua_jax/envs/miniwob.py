@@ -19,10 +19,10 @@ coordinates map onto the 160 x 210 region, which is the page's top-left corner.
 Element ids (set-of-marks): every visible element keeps the ref MiniWoB gives it the first
 time it is observed in an episode (`[ref]` in the DOM text), so an id stays valid while its
 element is on the page. With an action space other than "coordinates" the screenshot shows
-the ids of interactive elements (`draw_marks`), and `click_element` / `fill_element` act at
-the centre of the element's visible part. An id never given out, an id whose element has
-left the page, and an element that is hidden or outside the task region are refused with a
-message (`InvalidElementError`), never acted on.
+the ids of interactive elements (`draw_marks`), and `click_element` / `fill_element` act where
+a click reaches the element (`MiniWoBPage.element_point`). An id never given out, an id whose
+element has left the page, and an element that is hidden, outside the task region or wholly
+covered are refused with a message (`InvalidElementError`), never acted on.
 """
 
 from __future__ import annotations
@@ -446,15 +446,14 @@ _RESOLVE_ELEMENT_JS = """([ref, width, height]) => {
   if (!visible || right - left < 1 || bottom - top < 1) return found;
   var cx = Math.floor((left + right) / 2), cy = Math.floor((top + bottom) / 2);
   var hits = function (x, y) { var at = document.elementFromPoint(x + 0.5, y + 0.5); return at !== null && element.contains(at); };
-  var best = null, bestDistance = Infinity;
-  if (hits(cx, cy)) best = [cx, cy];
-  for (var y = Math.ceil(top); best === null && y < bottom; y += 2) {
+  var point = hits(cx, cy) ? [cx, cy] : null, nearest = Infinity;
+  for (var y = Math.ceil(top); point === null && y < bottom; y += 2) {
     for (var x = Math.ceil(left); x < right; x += 2) {
       var d = (x - cx) * (x - cx) + (y - cy) * (y - cy);
-      if (d < bestDistance && hits(x, y)) { bestDistance = d; found.x = x; found.y = y; }
+      if (d < nearest && hits(x, y)) { nearest = d; found.x = x; found.y = y; }
     }
   }
-  if (best !== null) { found.x = best[0]; found.y = best[1]; }
+  if (point !== null) { found.x = point[0]; found.y = point[1]; }
   found.status = found.x === undefined ? 'covered' : 'ok';
   return found;
 }"""

@@ -34,7 +34,10 @@ class OwnInfoFilter(logging.Filter):
 
 def quiet_library_logging(roots: Sequence[str] = OWN_ROOTS) -> OwnInfoFilter:
     """Installs an `OwnInfoFilter` on every handler of the root logger and absl's handler
-    (idempotent: a handler keeps one such filter). Returns the filter."""
+    (idempotent: a handler keeps one such filter), and keeps XLA's C++ INFO lines out unless
+    TF_CPP_MIN_LOG_LEVEL says otherwise (read when JAX loads: call this before importing it).
+    Returns the filter."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     handlers = list(logging.getLogger().handlers)
     try:
         from absl import logging as absl_logging

@@ -78,11 +78,8 @@ def system_prompt(
         description = A.tool_description(screen_width, screen_height, action_space)["function"]
         schema = json.dumps(description, separators=(",", ":"))
         return f"{intro}Tool: {schema}\nExample reply:\n{example}"
-    where = {
-        "coordinates": f"[x, y] on a {A.GRID}x{A.GRID} grid, [0, 0] top-left",
-        "elements": "elements by the ids the page lists",
-        "both": f"[x, y] on a {A.GRID}x{A.GRID} grid, [0, 0] top-left, or elements by the ids the page lists",
-    }[action_space]
+    grid, ids = f"[x, y] on a {A.GRID}x{A.GRID} grid, [0, 0] top-left", "elements by the ids the page lists"
+    where = {"coordinates": grid, "elements": ids, "both": f"{grid}, or {ids}"}[action_space]
     return (
         f"{intro}Tool {A.TOOL_NAME} on a {screen_width}x{screen_height} screen; {where}. "
         f"Actions and arguments (? optional):\n{_compact_lines(action_space)}\nExample reply:\n{example}"

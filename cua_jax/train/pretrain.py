@@ -39,12 +39,9 @@ from cua_jax.types import EpisodeStatus
 from cua_jax.train.warm_start import (
     DemonstrationData,
     Demonstrations,
+    HeldOutScorer,
     SupervisedTrainer,
-    click_point_items,
-    click_point_prior_nll,
-    click_points,
     collect_demonstrations,
-    demonstration_nll,
     evaluate_policy,
 )
 
@@ -84,35 +81,6 @@ def git_commit(root: str | None = None) -> str:
         return "unknown"
 
 
-@dataclasses.dataclass
-class HeldOutScorer:
-    """NLL of the oracle's replies on held-out pages: per reply token and per click-target digit,
-    with the page-blind prior of the click targets fitted to the training demonstrations."""
-
-    replies: DemonstrationData
-    clicks: DemonstrationData | None
-    prior_nll: float | None
-
-    @classmethod
-    def build(cls, train: Demonstrations, held_out: Demonstrations, renderer, multimodal, config) -> "HeldOutScorer":
-        pad_id = int(renderer.tokenizer.pad_token_id or 0)
-
-        def data(items):
-            return DemonstrationData(items, held_out.episodes, renderer.image_processor, multimodal, config.rows,
-                                     config.length_multiple, pad_id=pad_id)
-
-        clicks = click_point_items(held_out.items, renderer.tokenizer)
-        prior = click_point_prior_nll(click_points(train), click_points(held_out)) if clicks else None
-        return cls(data(held_out.items), data(clicks) if clicks else None, prior)
-
-    def __call__(self, model, config) -> dict[str, float]:
-        report = {"held_out_nll": demonstration_nll(model, self.replies, config)}
-        if self.clicks is not None:
-            report["held_out_click_nll"] = demonstration_nll(model, self.clicks, config)
-            report["click_prior_nll"] = float(self.prior_nll)
-        return report
-
-
 class Pretrainer:
     """One pretraining run in `config.workdir` (see the module doc); `run()` does all of it and
     returns the manifest."""
@@ -120,8 +88,7 @@ class Pretrainer:
     def __init__(self, config):
         from cua_jax.context.render import ChatRenderer
         from cua_jax.context.segment import make_segmenter
-        from cua_jax.context.tokenizer import load_processor
-        from cua_jax.train.trainer import ConfigError, TrainSettings, build_policy, check_init_from, tokenizer_dir
+        from cua_jax.train.trainer import ConfigError, TrainSettings, build_policy, load_run_processor
 
         c = config
         self.config = c
@@ -137,11 +104,7 @@ class Pretrainer:
             raise ConfigError("config.warm_start.held_out_seeds: pretraining scores held-out pages; set it >= 1")
         self.workdir = c.workdir
         os.makedirs(self.workdir, exist_ok=True)
-        if c.model.name == "qwen3_vl":
-            check_init_from(c.model.init_from)
-        self.tokenizer, self.image_processor = load_processor(tokenizer_dir(c))
-        if c.model.name == "qwen3_vl":
-            check_init_from(c.model.init_from, self.tokenizer)
+        self.tokenizer, self.image_processor = load_run_processor(c)
         self.renderer = ChatRenderer(self.tokenizer, self.image_processor)
         self.segmenter = make_segmenter(c.context.segmenter, self.renderer, **self.settings.segmenter_options)
         self.policy = build_policy(self.settings, c.seed)
@@ -251,7 +214,11 @@ class Pretrainer:
                 progress.close()
         self.writer.flush()
         model = trainer.sync_model()
-        report = scorer(model, config)
+        # The loop scores its last step; a rerun of a finished run has that score in its history.
+        if history and history[-1]["step"] == trainer.step:
+            report = {name: value for name, value in history[-1].items() if name != "step"}
+        else:
+            report = scorer(model, config)
         evaluation = self._evaluate(model)
         manifest = {
             "recipe": c.to_dict(),
@@ -296,7 +263,10 @@ class Pretrainer:
         from cua_jax.models.qwen3_vl import export_qwen3_vl
 
         directory = self.export_dir()
-        tokenizer = self.tokenizer if self.config.model.tokenizer_dir or self.config.model.init_from else None
+        from cua_jax.train.trainer import tokenizer_dir
+
+        # The shipped tokenizer is copied byte for byte; any other is written by its own save.
+        tokenizer = self.tokenizer if tokenizer_dir(self.config) else None
         export_qwen3_vl(model, directory, tokenizer=tokenizer, image_processor=self.image_processor)
         with open(os.path.join(directory, MANIFEST_FILE), "w") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)

@@ -610,9 +610,9 @@ def build_policy(settings: TrainSettings, seed: int):
     return Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(**overrides), rngs=nnx.Rngs(seed))
 
 
-def check_init_from(directory: str, tokenizer=None) -> None:
-    """Raise ConfigError naming model.init_from unless it holds a Qwen3-VL checkpoint (whose
-    vocabulary fits `tokenizer`, when given)."""
+def check_init_from(directory: str) -> int | None:
+    """Raise ConfigError naming model.init_from unless it holds a Qwen3-VL checkpoint; returns
+    the model's vocabulary size (None when its config does not say)."""
     from cua_jax.models.checkpoint import read_hf_config
 
     where = f"config.model.init_from: {directory!r}"
@@ -629,8 +629,18 @@ def check_init_from(directory: str, tokenizer=None) -> None:
     if not any(name.endswith(".safetensors") for name in os.listdir(directory)):
         raise ConfigError(f"{where} holds no safetensors weights")
     vocab = (hf.get("text_config") or hf).get("vocab_size")
-    if tokenizer is not None and vocab is not None and len(tokenizer) > int(vocab):
-        raise ConfigError(f"{where}: the tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary ({vocab})")
+    return None if vocab is None else int(vocab)
+
+
+def load_run_processor(config):
+    """The run's (tokenizer, image processor) (`tokenizer_dir`), with model.init_from checked
+    first when the policy is loaded from it: a Qwen3-VL whose vocabulary holds the tokenizer's."""
+    vocab = check_init_from(config.model.init_from) if config.model.name == "qwen3_vl" else None
+    tokenizer, image_processor = load_processor(tokenizer_dir(config))
+    if vocab is not None and len(tokenizer) > vocab:
+        raise ConfigError(f"config.model.init_from: {config.model.init_from!r}: the tokenizer has {len(tokenizer)} "
+                          f"tokens, more than the model's vocabulary ({vocab})")
+    return tokenizer, image_processor
 
 
 def rollout_worker_config(settings: TrainSettings, worker: int) -> RolloutWorkerConfig:
@@ -699,11 +709,7 @@ class Trainer:
         self.workdir = c.workdir
         os.makedirs(self.workdir, exist_ok=True)
         self.base_key = jax.random.key(c.seed)
-        if c.model.name == "qwen3_vl":
-            check_init_from(c.model.init_from)  # before its tokenizer is read from it
-        self.tokenizer, self.image_processor = load_processor(tokenizer_dir(c))
-        if c.model.name == "qwen3_vl":
-            check_init_from(c.model.init_from, self.tokenizer)
+        self.tokenizer, self.image_processor = load_run_processor(c)
         self.renderer = ChatRenderer(self.tokenizer, self.image_processor)
         self.segmenter = make_segmenter(c.context.segmenter, self.renderer, **self.settings.segmenter_options)
         # Vision placeholders can never be part of a reply: the engines never sample them and the

@@ -110,7 +110,7 @@ def _element_name(element: DomElement) -> str:
 
 def reasoning_line(action: A.Action, observation: MiniWoBObservation) -> str:
     """One short sentence saying what the action does, in terms of the page (copied from the prompt)."""
-    if isinstance(action, (A.ClickElement, A.FillElement)):
+    if isinstance(action, A.ELEMENT_ACTIONS):
         target = next((e for e in observation.dom if e.ref == action.element), None)
         name = "the page" if target is None else _element_name(target)
         label = f" {target.text!r}" if target is not None and target.text else ""
@@ -508,7 +508,7 @@ def supervised_fine_tune(model: nnx.Module, data: DemonstrationData, config: War
 
 # The numbers of a tool call's click target, as `actions.render_action` writes them: a grid
 # point, or an element id (element actions).
-_COORDINATE = re.compile(r'"coordinate": \[([^\]]*)\]|"element": (\d+)')
+_CLICK_TARGET = re.compile(r'"coordinate": \[([^\]]*)\]|"element": (\d+)')
 
 
 def click_point_items(items: Sequence[TrainingItem], tokenizer) -> list[TrainingItem]:
@@ -528,7 +528,7 @@ def click_point_items(items: Sequence[TrainingItem], tokenizer) -> list[Training
         starts = np.cumsum([0] + [len(piece) for piece in pieces[:-1]])
         digits = np.array([piece.strip().isdigit() for piece in pieces], dtype=bool)
         mask = np.zeros_like(item.loss_mask)
-        for match in _COORDINATE.finditer("".join(pieces)):
+        for match in _CLICK_TARGET.finditer("".join(pieces)):
             group = 1 if match.group(1) is not None else 2
             inside = (starts >= match.start(group)) & (starts < match.end(group))
             mask[trained[inside & digits]] = 1
@@ -545,7 +545,7 @@ def click_points(demonstrations: Demonstrations) -> list[tuple[int, ...]]:
         for turn in rollout.episode.turns:
             if isinstance(turn.action, A.Click):
                 points.append((turn.action.x, turn.action.y))
-            elif isinstance(turn.action, (A.ClickElement, A.FillElement)):
+            elif isinstance(turn.action, A.ELEMENT_ACTIONS):
                 points.append((turn.action.element,))
     return points
 
@@ -572,26 +572,46 @@ def click_point_prior_nll(train: Sequence[tuple[int, ...]], held_out: Sequence[t
     return sum(nats) / len(nats)
 
 
+@dataclasses.dataclass
+class HeldOutScorer:
+    """How a policy scores the oracle's replies on held-out pages (never trained on), with the
+    pages' data built once so that a long run can score them again and again:
+    held_out_nll (nats per reply token), held_out_click_nll (nats per click-target digit,
+    `click_point_items`) and click_prior_nll (the same digits under the page-blind prior fitted
+    to the training demonstrations' clicks, `click_point_prior_nll`). A click-target NLL near
+    the prior's says the policy guesses where targets usually are instead of reading them off
+    the page."""
+
+    replies: DemonstrationData
+    clicks: DemonstrationData | None
+    prior_nll: float | None
+
+    @classmethod
+    def build(cls, train: Demonstrations, held_out: Demonstrations, renderer, multimodal: MultimodalPositions | None,
+              config: WarmStartConfig = WarmStartConfig()) -> "HeldOutScorer":
+        pad_id = int(renderer.tokenizer.pad_token_id or 0)
+
+        def data(items):
+            return DemonstrationData(items, held_out.episodes, renderer.image_processor, multimodal, config.rows,
+                                     config.length_multiple, pad_id=pad_id)
+
+        clicks = click_point_items(held_out.items, renderer.tokenizer)
+        prior = click_point_prior_nll(click_points(train), click_points(held_out)) if clicks else None
+        return cls(data(held_out.items), data(clicks) if clicks else None, prior)
+
+    def __call__(self, model: nnx.Module, config: WarmStartConfig = WarmStartConfig()) -> dict[str, float]:
+        report = {"held_out_nll": demonstration_nll(model, self.replies, config)}
+        if self.clicks is not None:
+            report["held_out_click_nll"] = demonstration_nll(model, self.clicks, config)
+            report["click_prior_nll"] = float(self.prior_nll)
+        return report
+
+
 def held_out_report(model: nnx.Module, train: Demonstrations, held_out: Demonstrations, renderer,
                     config: WarmStartConfig = WarmStartConfig()) -> dict[str, float]:
-    """How `model` scores the oracle's replies on held-out pages (never trained on):
-    held_out_nll (nats per reply token), held_out_click_nll (nats per click-point digit,
-    `click_point_items`) and click_prior_nll (the same digits under the page-blind prior fitted
-    to `train`'s clicks, `click_point_prior_nll`). A click-point NLL near the prior's says the
-    policy guesses where targets usually are instead of reading them off the page."""
+    """`model` scored once on `held_out` (`HeldOutScorer`)."""
     multimodal = MultimodalPositions.of(model.config) if hasattr(model, "visual") else None
-    pad_id = int(renderer.tokenizer.pad_token_id or 0)
-
-    def data(items):
-        return DemonstrationData(items, held_out.episodes, renderer.image_processor, multimodal, config.rows,
-                                 config.length_multiple, pad_id=pad_id)
-
-    report = {"held_out_nll": demonstration_nll(model, data(held_out.items), config)}
-    clicks = click_point_items(held_out.items, renderer.tokenizer)
-    if clicks:
-        report["held_out_click_nll"] = demonstration_nll(model, data(clicks), config)
-        report["click_prior_nll"] = click_point_prior_nll(click_points(train), click_points(held_out))
-    return report
+    return HeldOutScorer.build(train, held_out, renderer, multimodal, config)(model, config)
 
 
 # ------------------------------------------------------------------------------------
