@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cua_jax.models.configs import Qwen3Config, RopeConfig, tiny_qwen3_config
-from cua_jax.models.qwen3 import RMSNorm, attention_mask, dot_product_attention
+from cua_jax.models.qwen3 import RMSNorm, attention_mask, dot_product_attention, project
 from cua_jax.models.rope import apply_rotary, rope_cos_sin, rope_inv_freq
 
 small = settings(max_examples=10, deadline=None)
@@ -108,6 +108,28 @@ def test_grouped_attention_and_mask_match_numpy(seed, groups):
     for query_chunk in (0, 4):  # 4 does not divide 6: the padded last block is dropped
         ours = jax.jit(dot_product_attention, static_argnums=(4, 5))(q, k, v, jnp.asarray(mask), 0.35, query_chunk)
         np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-5)
+
+
+def test_fully_masked_query_attends_uniformly_and_grad_is_finite():
+    # A padding query sees no slot: it gets the mean of the values, and no NaN reaches the gradient.
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 3, 2, 8)), jnp.float32) for _ in range(3))
+    mask = jnp.asarray([[[True, False, False], [True, True, False], [False, False, False]]])
+    out = jax.jit(dot_product_attention, static_argnums=(4,))(q, k, v, mask, 0.35)
+    np.testing.assert_allclose(np.asarray(out[0, 2]), np.asarray(v[0].mean(0)), atol=1e-6)
+    grad = jax.grad(lambda q: jnp.sum(dot_product_attention(q, k, v, mask, 0.35)))(q)
+    assert np.isfinite(np.asarray(grad)).all()
+
+
+def test_project_is_the_linear_layer_over_the_last_axis():
+    from flax import nnx
+
+    linear = nnx.Linear(8, 5, use_bias=True, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 3, 8)), jnp.float32)
+    ref = np.einsum("bte,eo->bto", np.asarray(x), np.asarray(linear.kernel[...])) + np.asarray(linear.bias[...])
+    out = nnx.jit(project)(linear, x)
+    assert out.shape == (2, 3, 5)
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_config_round_trips_through_hf_dict_and_rejects_bad_input():
