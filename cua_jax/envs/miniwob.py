@@ -267,44 +267,52 @@ def click_point(element: DomElement, width: int = TASK_WIDTH, height: int = TASK
     return A.pixels_to_grid(int((left + right) / 2), int((top + bottom) / 2), width, height)
 
 
+def dom_line(e: DomElement, geometry: bool = True) -> str:
+    """One element's line of `dom_to_text`, without its indentation."""
+    name = e.tag + (f"#{e.id}" if e.id else "") + "".join(f".{c}" for c in e.classes.split())
+    parts = [name]
+    if e.text:
+        parts.append(repr(e.text))
+    if e.value is not None and e.value != "":
+        parts.append(f"value={e.value!r}")
+    if e.focused:
+        parts.append("focused")
+    if not geometry:
+        return " ".join(parts + [f"[{e.ref}]"])
+    box = [f"{value:.0f}" for value in (e.left, e.top, e.width, e.height)]
+    parts.append(f"@{box[0]},{box[1]} {box[2]}x{box[3]}")
+    # The point of the box as printed, so a reader of the text (the demonstrator) clicks it.
+    left, top, width, height = (float(value) for value in box)
+    point = click_point(dataclasses.replace(e, left=left, top=top, width=width, height=height))
+    if point is not None:
+        parts.append(f"click=[{point[0]}, {point[1]}]")
+    return " ".join([f"[{e.ref}]"] + parts)
+
+
 def dom_to_text(dom: tuple[DomElement, ...], geometry: bool = True) -> str:
     """One line per element, indented by depth:
-    `[ref] TAG#id.classes "text" value=.. focused @x,y wxh click=[gx, gy]`.
+    `[ref] TAG#id.classes "text" value=.. focused @x,y wxh click=[gx, gy]`, or without
+    geometry `TAG#id.classes "text" value=.. focused [ref]`.
 
     [ref] is the element's id for element actions. @x,y wxh is the box in page pixels;
     click=[gx, gy] (elements with a visible part only) is its visible centre on the action
     grid, in the same form as a tool call's "coordinate", so a policy can ground an action by
     reading it off the page rather than by arithmetic. geometry=False leaves both out (a policy
-    that acts by element id needs neither, and the prompt is shorter).
+    that acts by element id needs neither, and the prompt is shorter) and puts the id last,
+    after what identifies the element: a reply that names its target as the page does
+    (`warm_start.reasoning_line`) then reaches the id by continuing a copied span, the lookup
+    small transformers learn first (an induction head), instead of looking back from the text
+    to the start of its line.
     """
-    lines = []
-    for e in dom:
-        name = e.tag + (f"#{e.id}" if e.id else "") + "".join(f".{c}" for c in e.classes.split())
-        parts = [f"{'  ' * e.depth}[{e.ref}] {name}"]
-        if e.text:
-            parts.append(repr(e.text))
-        if e.value is not None and e.value != "":
-            parts.append(f"value={e.value!r}")
-        if e.focused:
-            parts.append("focused")
-        if not geometry:
-            lines.append(" ".join(parts))
-            continue
-        box = [f"{value:.0f}" for value in (e.left, e.top, e.width, e.height)]
-        parts.append(f"@{box[0]},{box[1]} {box[2]}x{box[3]}")
-        # The point of the box as printed, so a reader of the text (the demonstrator) clicks it.
-        left, top, width, height = (float(value) for value in box)
-        point = click_point(dataclasses.replace(e, left=left, top=top, width=width, height=height))
-        if point is not None:
-            parts.append(f"click=[{point[0]}, {point[1]}]")
-        lines.append(" ".join(parts))
-    return "\n".join(lines)
+    return "\n".join("  " * e.depth + dom_line(e, geometry) for e in dom)
 
 
 _DOM_LINE = re.compile(
     r"^(?P<indent> *)\[(?P<ref>-?\d+)\] (?P<name>\S+)(?P<rest>.*?)"
     r"(?: @(?P<left>-?[\d.]+),(?P<top>-?[\d.]+) (?P<width>[\d.]+)x(?P<height>[\d.]+)(?: click=\[\d+, \d+\])?)?$"
 )
+# A line written without geometry: the id last.
+_DOM_LINE_ID_LAST = re.compile(r"^(?P<indent> *)(?P<name>[^\s\[]\S*)(?P<rest>.*?) \[(?P<ref>-?\d+)\]$")
 
 
 def _leading_literal(text: str) -> tuple[Any, str]:
@@ -328,9 +336,10 @@ def dom_from_text(text: str) -> tuple[DomElement, ...]:
     elements: list[DomElement] = []
     parents: list[int] = []
     for line in text.splitlines():
-        match = _DOM_LINE.match(line)
+        match = _DOM_LINE.match(line) or _DOM_LINE_ID_LAST.match(line)
         if match is None:
             raise ValueError(f"not a DOM text line: {line!r}")
+        match = {"left": None, "top": None, "width": None, "height": None, **match.groupdict()}
         depth = len(match["indent"]) // 2
         head, *classes = match["name"].split(".")
         tag, _, element_id = head.partition("#")

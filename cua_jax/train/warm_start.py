@@ -46,7 +46,7 @@ from flax import nnx
 
 from cua_jax.context.segment import Segmenter
 from cua_jax.envs import actions as A
-from cua_jax.envs.miniwob import DomElement, MiniWoBObservation, dom_from_text
+from cua_jax.envs.miniwob import DomElement, MiniWoBObservation, dom_from_text, dom_line
 from cua_jax.envs.miniwob_oracle import OracleError, oracle_action
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, MiniWoBEnvironment, Rollout
 from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
@@ -111,12 +111,13 @@ def _element_name(element: DomElement) -> str:
 def reasoning_line(action: A.Action, observation: MiniWoBObservation) -> str:
     """One short sentence saying what the action does, in terms of the page (copied from the prompt)."""
     if isinstance(action, A.ELEMENT_ACTIONS):
+        # The target's line of the id-last DOM text, copied whole: the id comes last, after the
+        # span that picks the element out (`miniwob.dom_to_text`).
         target = next((e for e in observation.dom if e.ref == action.element), None)
-        name = "the page" if target is None else _element_name(target)
-        label = f" {target.text!r}" if target is not None and target.text else ""
+        line = f"[{action.element}]" if target is None else dom_line(target, geometry=False)
         if isinstance(action, A.FillElement):
-            return f"Fill {name}{label} with {action.text!r}."
-        return f"Click {name}{label}."
+            return f"Fill {line} with {action.text!r}."
+        return f"Click {line}."
     if isinstance(action, A.Click):
         width, height = observation.screen_size
         target = _element_at(observation, *A.grid_to_pixels(action.x, action.y, width, height))
@@ -506,15 +507,17 @@ def supervised_fine_tune(model: nnx.Module, data: DemonstrationData, config: War
 # Does the policy read its click points off the page?
 # ------------------------------------------------------------------------------------
 
-# The numbers of a tool call's click target, as `actions.render_action` writes them: a grid
-# point, or an element id (element actions).
-_CLICK_TARGET = re.compile(r'"coordinate": \[([^\]]*)\]|"element": (\d+)')
+# The numbers of a reply's click target: a tool call's grid point (`actions.render_action`),
+# or an element id, either the tool call's or the reasoning line's `[id]` (`reasoning_line`).
+_CLICK_TARGET = re.compile(r'"coordinate": \[([^\]]*)\]|"element": (\d+)|\[(\d+)\]')
 
 
 def click_point_items(items: Sequence[TrainingItem], tokenizer) -> list[TrainingItem]:
     """The items with their loss mask narrowed to the digit tokens of the replies' click points
-    (inside a tool call's `"coordinate": [x, y]`, or its `"element": id` in element actions);
-    items with no click point are dropped.
+    (inside a tool call's `"coordinate": [x, y]`; in element actions, the id where a reply first
+    writes it: the reasoning line's `[id]`, or else the tool call's `"element": id`, as a later
+    copy of the id in the same reply says nothing about reading the page); items with no click
+    point are dropped.
 
     `demonstration_nll` over these is the policy's NLL per click-point digit of the oracle's
     replies. The page lists every element's click point (`miniwob.dom_to_text`), so a policy
@@ -528,8 +531,16 @@ def click_point_items(items: Sequence[TrainingItem], tokenizer) -> list[Training
         starts = np.cumsum([0] + [len(piece) for piece in pieces[:-1]])
         digits = np.array([piece.strip().isdigit() for piece in pieces], dtype=bool)
         mask = np.zeros_like(item.loss_mask)
-        for match in _CLICK_TARGET.finditer("".join(pieces)):
-            group = 1 if match.group(1) is not None else 2
+        text = "".join(pieces)
+        reply_starts = [0] + [m.end() for m in re.finditer(r"<\|im_end\|>|</tool_call>", text)]
+        id_seen = set()  # replies (by start offset) whose element id was already scored
+        for match in _CLICK_TARGET.finditer(text):
+            group = next(g for g in (1, 2, 3) if match.group(g) is not None)
+            if group > 1:
+                reply = max(start for start in reply_starts if start <= match.start())
+                if reply in id_seen:
+                    continue
+                id_seen.add(reply)
             inside = (starts >= match.start(group)) & (starts < match.end(group))
             mask[trained[inside & digits]] = 1
         if mask.any():

@@ -30,7 +30,7 @@ def get_config():
     c.rollout.max_new_tokens = 128
     c.warm_start.demos_per_task = 40
     c.warm_start.held_out_seeds = 4
-    c.warm_start.steps = 3000
+    c.warm_start.steps = 2400
     c.warm_start.rows = 4
     c.warm_start.learning_rate = 2e-3
     c.warm_start.warmup_steps = 50

@@ -71,7 +71,7 @@ def test_dom_text_without_geometry_lists_ids_and_reads_back():
         _element(3, "INPUT_text", 20, 100, 100, 20, parent=1, depth=1, value="abc", focused=True),
     )
     text = dom_to_text(dom, geometry=False)
-    assert text.splitlines() == ["[1] DIV#area", "  [2] BUTTON \"ok 'go'\"", "  [3] INPUT_text value='abc' focused"]
+    assert text.splitlines() == ["DIV#area [1]", "  BUTTON \"ok 'go'\" [2]", "  INPUT_text value='abc' focused [3]"]
     back = dom_from_text(text)
     assert [(e.ref, e.parent, e.tag, e.text, e.value, e.focused) for e in back] == [
         (e.ref, e.parent, e.tag, e.text, e.value, e.focused) for e in dom]
@@ -85,7 +85,7 @@ def test_dom_text_without_geometry_lists_ids_and_reads_back():
 def test_observation_lists_ids_and_marks_them_on_the_screenshot(runtime):
     env = runtime.create("click-button", seed=3)
     obs = runtime.observe(env)
-    listed = {int(ref) for ref in re.findall(r"^\s*\[(\d+)\]", obs.dom_text, flags=re.M)}
+    listed = {int(ref) for ref in re.findall(r"\[(\d+)\]$", obs.dom_text, flags=re.M)}
     assert listed == {e.ref for e in obs.dom if e.tag != "t"}
     magenta = np.all(obs.screenshot == MARK_COLOR, axis=-1)
     for e in marked_elements(obs.dom):
