@@ -144,8 +144,9 @@ class OracleDemonstrator(RolloutEngine):
 
     Each request's prompt is decoded, the observation read back (`observation_from_prompt`,
     the last image is the current screenshot) and answered with `demonstration_reply` plus the
-    end-of-turn token. A page the oracle cannot read is answered with a FAIL call, which ends
-    the episode as a failure; the oracle's message is kept in `errors`.
+    end-of-turn token. A page the oracle cannot read, or a reply longer than the run's
+    max_new_tokens (a policy could not write it), is answered with a FAIL call, which ends the
+    episode as a failure (rejected, not demonstrated); the message is kept in `errors`.
     """
 
     def __init__(self, tokenizer, end_of_turn_id: int, task: str, *, reasoning: bool = True, action_space: str = "coordinates"):
@@ -173,10 +174,10 @@ class OracleDemonstrator(RolloutEngine):
             ids = self.tokenizer.encode(self.reply_text(request), add_special_tokens=False)
             ids = np.asarray([*ids, self.end_of_turn_id], np.int32)
             if len(ids) > sampling.max_new_tokens:
-                raise ValueError(
-                    f"{self.task}: the demonstration reply has {len(ids)} tokens, more than max_new_tokens "
-                    f"({sampling.max_new_tokens})"
-                )
+                self.errors.append(f"{self.task}: the demonstration reply has {len(ids)} tokens, more than "
+                                   f"max_new_tokens ({sampling.max_new_tokens})")
+                ids = np.asarray([*self.tokenizer.encode(A.render_action(A.Fail()), add_special_tokens=False),
+                                  self.end_of_turn_id], np.int32)
             out.append(Generation(ids, np.zeros(len(ids), np.float32), FinishReason.STOP, 0))
         return out
 

@@ -314,6 +314,12 @@ def test_unreadable_page_fails_the_episode_and_is_reported(runtime, renderer, se
     episode = asyncio.run(one()).episode
     assert episode.status is EpisodeStatus.FAILURE and episode.turns[0].action == A.Fail()
     assert len(engine.errors) == 1 and "no link" in engine.errors[0]
+    # A reply longer than max_new_tokens (a policy could not write it) fails its episode too.
+    engine = W.OracleDemonstrator(renderer.tokenizer, renderer.end_of_turn_id, TASK)
+    loop = AgentLoop(engine, segmenter, AgentConfig(max_turns=2, max_new_tokens=20))
+    episode = asyncio.run(one()).episode
+    assert episode.status is EpisodeStatus.FAILURE and episode.turns[0].action == A.Fail()
+    assert len(engine.errors) == 1 and "more than max_new_tokens (20)" in engine.errors[0]
 
 
 @pytest.fixture(scope="module")
