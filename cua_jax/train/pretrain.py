@@ -167,6 +167,7 @@ class Pretrainer:
 
         c, config = self.config, self.settings.warm_start
         start = time.perf_counter()
+        commit = git_commit()  # the code this run starts with, not what the checkout holds when it ends
         sets = self.demonstrations()
         train, held_out = sets["train"], sets["held_out"]
         if not train.rollouts or not held_out.rollouts:
@@ -219,10 +220,10 @@ class Pretrainer:
             report = {name: value for name, value in history[-1].items() if name != "step"}
         else:
             report = scorer(model, config)
-        evaluation = self._evaluate(model)
+        evaluation = self.greedy_success(model)
         manifest = {
             "recipe": c.to_dict(),
-            "commit": git_commit(),
+            "commit": commit,
             "tasks": self.tasks,
             "action_space": c.env.action_space,
             "demonstration_seeds": {"train": [self.train_seeds.start, self.train_seeds.stop],
@@ -242,7 +243,7 @@ class Pretrainer:
         self._plot()
         return manifest
 
-    def _evaluate(self, model) -> dict[str, Any]:
+    def greedy_success(self, model) -> dict[str, Any]:
         """Greedy success per task on pages no demonstration used."""
         agent = dataclasses.replace(self.settings.eval_agent, temperature=0.0, seed_per_turn=False, seed=None)
         with self._runtime() as runtime:

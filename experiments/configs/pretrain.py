@@ -28,6 +28,8 @@ def get_config():
     # Replies that type a whole value (use-autocomplete, login-user) run past the default's 64
     # tokens; a run that starts from this base needs the same budget.
     c.rollout.max_new_tokens = 128
+    # Held-out pages start past the first 16 evaluation seeds (as for the shipped base).
+    c.eval.num_seeds = 16
     c.warm_start.demos_per_task = 40
     c.warm_start.held_out_seeds = 4
     c.warm_start.steps = 2400

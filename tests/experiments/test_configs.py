@@ -140,7 +140,7 @@ def test_more_tasks_per_batch_than_the_pool_holds_is_named():
     config = default.get_config()
     config.rollout.batch_tasks = len(config.env.tasks) + 1
     with pytest.raises(ConfigError, match=r"config\.rollout\.batch_tasks: 4 distinct tasks per batch, but the task "
-                                          r"pool holds 3 \(click-button, click-link, focus-text\)"):
+                                          r"pool holds 3 \(click-button, click-widget, click-tab\)"):
         TrainSettings.from_config(config)
     # The dropped hardest tier leaves the pool too.
     config = canopy.get_config()

@@ -33,12 +33,12 @@ def test_an_unknown_job_is_named(tmp_path):
 @pytest.mark.browser
 @pytest.mark.slow
 def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
-    """The README's main job, shrunk by overrides only: warm start, evaluation before, one RL
-    step, evaluation after with the gain's interval, and every artefact in the workdir."""
+    """The README's main job, shrunk by overrides only: the shipped base loaded, evaluation
+    before, one RL step, evaluation after with the gain's interval, and every artefact in the
+    workdir."""
     workdir = tmp_path / "run"
     overrides = [
-        "--config.env.tasks=('click-button',)", "--config.env.task_tiers=(0,)", "--config.model.num_layers=2",
-        "--config.warm_start.steps=2", "--config.warm_start.demos_per_task=1", "--config.rollout.group_size=2",
+        "--config.env.tasks=('click-button',)", "--config.env.task_tiers=(0,)", "--config.rollout.group_size=2",
         "--config.rollout.batch_tasks=1", "--config.rollout.max_turns=1", "--config.eval.num_seeds=2",
         "--config.eval.max_turns=1", "--config.train.num_steps=1", "--config.train.progress_bar=False",
     ]
@@ -47,7 +47,7 @@ def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
     assert "held-out success before:" in result.stdout and "held-out success after:" in result.stdout
     assert "held-out success after - before:" in result.stdout and "Newcombe 95%" in result.stdout
     summary = json.loads((workdir / "summary.json").read_text())
-    assert summary["steps"] == 1 and summary["warm_start"]["warm_start/demonstrations"] == 1
+    assert summary["steps"] == 1 and not summary["warm_start"]  # the base needs none
     gain = summary["evaluations"]["gain"]
     assert gain["ci_low"] <= gain["difference"] <= gain["ci_high"]
     # One episode per held-out seed: the gain is also paired by seed, over the same episodes.
@@ -56,7 +56,7 @@ def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
     assert gain["paired_ci_low"] <= gain["paired_difference"] <= gain["paired_ci_high"]
     outcomes = summary["evaluations"]["before"]["outcomes"]
     assert sorted(outcomes) == ["click-button/g-1/e0", "click-button/g-2/e0"] and set(outcomes.values()) <= {0, 1}
-    for path in ("metrics.jsonl", "learning_curve.png", "warm_start.json", "traces/before/00/trace.json",
+    for path in ("metrics.jsonl", "learning_curve.png", "traces/before/00/trace.json",
                  "traces/after/00/trace.json", "checkpoints"):
         assert (workdir / path).exists(), path
     assert any((workdir / "tensorboard").iterdir())
