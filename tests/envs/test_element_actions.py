@@ -85,7 +85,7 @@ def test_dom_text_without_geometry_lists_ids_and_reads_back():
 def test_observation_lists_ids_and_marks_them_on_the_screenshot(runtime):
     env = runtime.create("click-button", seed=3)
     obs = runtime.observe(env)
-    listed = {int(ref) for ref in re.findall(r"\[(\d+)\]$", obs.dom_text, flags=re.M)}
+    listed = {int(ref) for ref in re.findall(r"^\s*\[(\d+)\]", obs.dom_text, flags=re.M)}  # "both": id first
     assert listed == {e.ref for e in obs.dom if e.tag != "t"}
     magenta = np.all(obs.screenshot == MARK_COLOR, axis=-1)
     for e in marked_elements(obs.dom):

@@ -10,7 +10,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from cua_jax.train.trainer import ConfigError, TrainSettings
-from experiments.configs import base, canopy, default, evocua, scalecua, tiny
+from experiments.configs import base, canopy, default, evocua, pretrain, scalecua, tiny
 
 RECIPES = {"default": default, "canopy": canopy, "scalecua": scalecua, "evocua": evocua, "tiny": tiny}
 
@@ -120,7 +120,7 @@ def test_a_malformed_field_is_named(field, value, named):
 
 
 def test_a_malformed_warm_start_field_is_named():
-    config = default.get_config()
+    config = pretrain.get_config()  # a config with supervised steps
     config.warm_start.schedule = "linear"
     with pytest.raises(ConfigError) as error:
         TrainSettings.from_config(config)

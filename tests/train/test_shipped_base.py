@@ -34,7 +34,7 @@ def test_the_base_is_complete_small_and_loads_with_the_runs_tokenizer():
     for field in ("recipe", "commit", "demonstration_seeds", "held_out", "held_out_success", "wall_seconds"):
         assert field in m, field
     # Grounded: the held-out element-id digits score well below the page-blind prior.
-    assert m["held_out"]["pretrain/held_out_click_nll"] < 0.5 * m["held_out"]["pretrain/click_prior_nll"]
+    assert m["held_out"]["held_out_click_nll"] < 0.5 * m["held_out"]["click_prior_nll"]
     config = default.get_config()
     settings = TrainSettings.from_config(config)  # checks model.init_from
     assert settings.config.model.init_from == default.BASE

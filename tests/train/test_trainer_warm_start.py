@@ -132,7 +132,7 @@ def test_elements_action_space_reaches_demonstrations_rollouts_and_the_learner(t
         decoded = trainer.tokenizer.decode(batch.items[0].ids.tolist(), skip_special_tokens=False)
         assert "click_element" in decoded and "left_click" not in decoded.split("Example reply:")[0]
         for episode in batch.episodes.values():
-            assert re.search(r"^\s*\[\d+\] BUTTON", episode.turns[0].observation_text, flags=re.M)
+            assert re.search(r"^\s*BUTTON .*\[\d+\]$", episode.turns[0].observation_text, flags=re.M)  # id last
             assert "click=" not in episode.turns[0].observation_text
         runtime = trainer.workers[0].runtime
         assert runtime.action_space == "elements"
