@@ -262,10 +262,9 @@ class Pretrainer:
 
     def _export(self, model, manifest: dict[str, Any]) -> None:
         from cua_jax.models.qwen3_vl import export_qwen3_vl
-
-        directory = self.export_dir()
         from cua_jax.train.trainer import tokenizer_dir
 
+        directory = self.export_dir()
         # The shipped tokenizer is copied byte for byte; any other is written by its own save.
         tokenizer = self.tokenizer if tokenizer_dir(self.config) else None
         export_qwen3_vl(model, directory, tokenizer=tokenizer, image_processor=self.image_processor)

@@ -29,6 +29,7 @@ answers one short reasoning line plus the oracle's tool call, e.g.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import dataclasses
 import functools
@@ -533,15 +534,15 @@ def click_point_items(items: Sequence[TrainingItem], tokenizer) -> list[Training
         digits = np.array([piece.strip().isdigit() for piece in pieces], dtype=bool)
         mask = np.zeros_like(item.loss_mask)
         text = "".join(pieces)
-        reply_starts = [0] + [m.end() for m in re.finditer(r"<\|im_end\|>|</tool_call>", text)]
-        id_seen = set()  # replies (by start offset) whose element id was already scored
+        reply_ends = [m.end() for m in re.finditer(r"<\|im_end\|>|</tool_call>", text)]
+        id_scored = set()  # replies (by index) whose element id was already scored
         for match in _CLICK_TARGET.finditer(text):
             group = next(g for g in (1, 2, 3) if match.group(g) is not None)
             if group > 1:
-                reply = max(start for start in reply_starts if start <= match.start())
-                if reply in id_seen:
+                reply = bisect.bisect_right(reply_ends, match.start())
+                if reply in id_scored:
                     continue
-                id_seen.add(reply)
+                id_scored.add(reply)
             inside = (starts >= match.start(group)) & (starts < match.end(group))
             mask[trained[inside & digits]] = 1
         if mask.any():

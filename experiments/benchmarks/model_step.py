@@ -104,7 +104,8 @@ def profile_step(step, args, runs: int = 10, top: int = 15) -> None:
         with jax.profiler.trace(directory, create_perfetto_trace=True):
             for _ in range(runs):
                 jax.block_until_ready(step(*args))
-        trace = json.load(gzip.open(glob.glob(f"{directory}/**/*.trace.json.gz", recursive=True)[0]))
+        with gzip.open(glob.glob(f"{directory}/**/*.trace.json.gz", recursive=True)[0]) as f:
+            trace = json.load(f)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     ms = collections.Counter()
     for event in events:

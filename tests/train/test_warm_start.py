@@ -28,7 +28,7 @@ from cua_jax.types import EpisodeStatus
 TASK = "click-button"  # one turn, one length bucket: one compiled train step
 TRAIN_SEEDS = tuple(range(12))
 HELD_OUT_SEEDS = (1000, 1001, 1002, 1003)
-SFT = W.WarmStartConfig(steps=200, rows=2, learning_rate=3e-3, warmup_steps=5, length_multiple=256,
+SFT = W.WarmStartConfig(steps=300, rows=2, learning_rate=3e-3, warmup_steps=5, length_multiple=256,
                          schedule="cosine", min_lr_ratio=0.05)
 
 
@@ -365,7 +365,8 @@ def test_warm_started_greedy_policy_acts_validly_on_held_out_seeds(warm_started,
     replies = [e.turns[0].response_text for e in evaluation.episodes]
     # The format is learned on every page: the reasoning line, then one tool call.
     assert all(re.fullmatch(r"Click .*\.\n<tool_call>\n.*\n</tool_call>", r, flags=re.S) for r in replies), replies
-    # Whether the click point's digits come out in range is chaotic at 200 steps on 12 pages:
-    # 7 of 12 and 3 of 12 valid after changes that move gradients by 1e-6 (float reassociation).
-    assert evaluation.first_turn_valid_rate >= 2 / len(seeds), replies
+    # Measured: 9 of 12 first replies valid after 300 steps. At 200 steps whether the click
+    # point's digits come out in range was chaotic: 7 of 12 and 3 of 12 after changes that move
+    # gradients by 1e-6 (float reassociation).
+    assert evaluation.first_turn_valid_rate >= 0.5, replies
     print("warm-started greedy policy on held-out seeds:", evaluation.summary())
