@@ -374,20 +374,79 @@ def load_processor(path: str | os.PathLike | None = None):
     return load_tokenizer(path), load_image_processor(path)
 
 
-def save_tokenizer_and_processor(out_dir: str | os.PathLike, tokenizer=None, image_processor=None) -> pathlib.Path:
-    """Write tokenizer files, chat template and preprocessor_config.json into `out_dir` (a HF model directory).
+# The files of a HF model directory that make up its tokenizer (with the chat template) and its
+# image processor; `save_tokenizer_and_processor` copies these from a source directory.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "merges.txt", "chat_template.jinja", "chat_template.json",
+)
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
 
-    Defaults to the shipped tokenizer (its files are copied byte for byte) and `build_image_processor()`.
+
+def save_tokenizer_and_processor(out_dir: str | os.PathLike, tokenizer=None, image_processor=None, *,
+                                 chat_template: str | None = None) -> pathlib.Path:
+    """Write tokenizer files, chat template and preprocessor_config.json into `out_dir` (a HF model directory),
+    so that `load_processor(out_dir)` gives back the same tokenizer, chat template and image processor.
+
+    tokenizer: a transformers tokenizer (written with its `save_pretrained`), or a directory whose
+      tokenizer files (`TOKENIZER_FILES`) are copied byte for byte; default the shipped tokenizer's directory.
+    image_processor: written with its `save_pretrained`; default the one `load_image_processor` finds for
+      the tokenizer: a directory's processor files (`PROCESSOR_FILES`) copied byte for byte, else
+      `build_image_processor()`.
+    chat_template: replaces the tokenizer's chat template (and the processor's chat_template.json, when
+      one was copied).
     """
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if tokenizer is None:
-        for name in sorted(os.listdir(SHIPPED_TOKENIZER_DIR)):
-            shutil.copyfile(SHIPPED_TOKENIZER_DIR / name, out / name)
+    source = None
+    if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+        source = pathlib.Path(tokenizer) if tokenizer is not None else SHIPPED_TOKENIZER_DIR
+        if not (source / "tokenizer.json").is_file() and not (source / "tokenizer_config.json").is_file():
+            raise FileNotFoundError(f"no tokenizer files (tokenizer.json / tokenizer_config.json) in {source}")
+        _replace_files(source, out, TOKENIZER_FILES)
     else:
+        _remove_files(out, TOKENIZER_FILES)
         tokenizer.save_pretrained(str(out))
-    (image_processor if image_processor is not None else build_image_processor()).save_pretrained(str(out))
+    if chat_template is not None:
+        from transformers import AutoTokenizer
+
+        # Through transformers, so every file that carries a template agrees with the new one.
+        written = AutoTokenizer.from_pretrained(str(out))
+        written.chat_template = chat_template
+        written.save_pretrained(str(out))
+        if (out / "chat_template.json").is_file():
+            _write_json(out / "chat_template.json", {"chat_template": chat_template})
+    if image_processor is None and source is not None and (source / "preprocessor_config.json").is_file():
+        _replace_files(source, out, PROCESSOR_FILES)
+    else:
+        _remove_files(out, PROCESSOR_FILES)
+        (image_processor if image_processor is not None else build_image_processor()).save_pretrained(str(out))
     return out
+
+
+def _remove_files(directory: pathlib.Path, names: tuple[str, ...]) -> None:
+    """Deletes `names` from `directory`: a file left by an earlier export (an old chat_template.jinja
+    outranks the template in tokenizer_config.json) must not change what loads from it."""
+    for name in names:
+        (directory / name).unlink(missing_ok=True)
+
+
+def _replace_files(source: pathlib.Path, out: pathlib.Path, names: tuple[str, ...]) -> None:
+    """`out`'s files among `names` become exactly `source`'s (copied byte for byte)."""
+    if source.resolve() == out.resolve():
+        return
+    _remove_files(out, names)
+    for name in names:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, out / name)
+
+
+def pixel_bounds(image_processor) -> tuple[int, int]:
+    """(min_pixels, max_pixels) an image is resized within, from the processor's `size`."""
+    size = image_processor.size
+    min_pixels = size["shortest_edge"] if "shortest_edge" in size else size["min_pixels"]
+    max_pixels = size["longest_edge"] if "longest_edge" in size else size["max_pixels"]
+    return int(min_pixels), int(max_pixels)
 
 
 def merged_token_count(grid_thw: tuple[int, int, int], merge_size: int) -> int:
@@ -405,9 +464,7 @@ def image_grid_thw(image_processor, height: int, width: int) -> tuple[int, int, 
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     factor = image_processor.patch_size * image_processor.merge_size
-    size = image_processor.size
-    min_pixels = size["shortest_edge"] if "shortest_edge" in size else size["min_pixels"]
-    max_pixels = size["longest_edge"] if "longest_edge" in size else size["max_pixels"]
+    min_pixels, max_pixels = pixel_bounds(image_processor)
     resized_h, resized_w = smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
     return (1, resized_h // image_processor.patch_size, resized_w // image_processor.patch_size)
 

@@ -34,6 +34,7 @@ class FaultKind(str, enum.Enum):
     SERVER_ERROR = "server error"
     SETUP_FAILED = "setup failed"
     JUDGE_FAILED = "judge failed"
+    ENGINE_FAILED = "engine failed"  # the rollout engine died mid-episode
 
 
 @dataclasses.dataclass(frozen=True)

@@ -302,13 +302,17 @@ def export_hf_checkpoint(
     tokenizer_files: bool = True,
     tokenizer=None,
     image_processor=None,
+    chat_template: str | None = None,
 ) -> pathlib.Path:
     """Writes `model` as a HF directory: config.json, safetensors (sharded with an index
     past `max_shard_bytes`), and tokenizer + processor files.
 
     dtype: the tensors' on-disk dtype (e.g. "bfloat16"); default each parameter's own.
-    tokenizer / image_processor: written by `cua_jax.context.tokenizer.save_tokenizer_and_processor`
-    (its defaults, the shipped tokenizer, when None); tokenizer_files=False skips them.
+    tokenizer / image_processor / chat_template: written by
+    `cua_jax.context.tokenizer.save_tokenizer_and_processor` (a tokenizer object or a directory
+    to copy the files from; its defaults, the shipped tokenizer and the default processor, when
+    None; `cua_jax.models.hf_policy.export_policy` always names the policy's own);
+    tokenizer_files=False skips them.
     Tensors travel to the host one at a time (gathered across hosts when sharded over
     several); only process 0 writes files.
     """
@@ -366,7 +370,8 @@ def export_hf_checkpoint(
     if writer and tokenizer_files:
         from cua_jax.context.tokenizer import save_tokenizer_and_processor
 
-        save_tokenizer_and_processor(directory, tokenizer=tokenizer, image_processor=image_processor)
+        save_tokenizer_and_processor(directory, tokenizer=tokenizer, image_processor=image_processor,
+                                     chat_template=chat_template)
     return directory
 
 

@@ -15,6 +15,23 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn")
+# Parameter and compute dtypes a model config accepts, by name.
+MODEL_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def model_dtype(value: Any, field: str) -> Any:
+    """The jnp dtype `value` names ("float32" / "bfloat16", or the dtype itself); a ValueError
+    naming `field` for anything else."""
+    if isinstance(value, str):
+        name = value
+    else:
+        try:
+            name = jnp.dtype(value).name
+        except TypeError:
+            name = None
+    if name not in MODEL_DTYPES:
+        raise ValueError(f"{field} {value!r} is not supported; choose one of {tuple(MODEL_DTYPES)}")
+    return MODEL_DTYPES[name]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +95,15 @@ class Qwen3Config:
     """The fields of HF's Qwen3Config that determine the computation.
 
     `dtype` is the activation/compute dtype, `param_dtype` the dtype parameters are
-    stored in (float32 for training; bfloat16 halves memory for inference).
+    stored in, each "float32" or "bfloat16" (a name or the jnp dtype; stored as the jnp
+    dtype). Softmaxes, norms and logits are computed in float32 whatever `dtype` is.
+    Training with bfloat16 parameters keeps float32 master weights in the optimizer
+    (`cua_jax.train.learner.make_optimizer`).
     `attention_query_chunk` bounds attention-score memory for long sequences (queries
-    per block; 0 = all at once). These three are ours, not HF fields.
+    per block; 0 = all at once). `remat`: rematerialise each decoder layer (and each
+    vision block of a Qwen3-VL) in the backward pass instead of keeping its activations,
+    so activation memory is one layer's plus a [B, T, E] residual per layer. These four
+    are ours, not HF fields.
     """
 
     vocab_size: int
@@ -102,8 +125,13 @@ class Qwen3Config:
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     attention_query_chunk: int = 1024
+    remat: bool = False
 
     def __post_init__(self):
+        object.__setattr__(self, "dtype", model_dtype(self.dtype, "Qwen3Config.dtype"))
+        object.__setattr__(self, "param_dtype", model_dtype(self.param_dtype, "Qwen3Config.param_dtype"))
+        if not isinstance(self.remat, bool):
+            raise ValueError(f"Qwen3Config.remat must be a bool, got {self.remat!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "

@@ -236,6 +236,19 @@ class DecoderLayer(nnx.Module):
         return constrain(x, (BATCH, LENGTH, EMBED)), new_cache
 
 
+def checkpointed(module: nnx.Module, *args, **static):
+    """module(*args, **static) under jax.checkpoint: the backward pass recomputes the
+    module's forward from `args` instead of keeping its activations (attention scores, MLP
+    hidden) alive. `args` are arrays (or None); `static` holds Python values such as shapes.
+    The module's state is only read, never written back (its layers hold no mutable state)."""
+    graphdef, state = nnx.split(module)
+
+    def run(state, *args):
+        return nnx.merge(graphdef, state)(*args, **static)
+
+    return jax.checkpoint(run)(state, *args)
+
+
 class Qwen3Model(nnx.Module):
     """Token embeddings, decoder layers and the final norm (HF `Qwen3Model`)."""
 
@@ -303,7 +316,10 @@ class Qwen3Model(nnx.Module):
         new_keys, new_values = [], []
         for i, layer in enumerate(self.layers):
             layer_cache = None if kv_cache is None else (kv_cache.keys[i], kv_cache.values[i], start)
-            x, update = layer(x, cos, sin, mask, layer_cache)
+            if self.config.remat:
+                x, update = checkpointed(layer, x, cos, sin, mask, layer_cache)
+            else:
+                x, update = layer(x, cos, sin, mask, layer_cache)
             if update is not None:
                 new_keys.append(update[0])
                 new_values.append(update[1])

@@ -377,7 +377,7 @@ class Qwen3VLForConditionalGeneration(nnx.Module):
         self.config = config
         self.freeze_vision = freeze_vision
         self.visual = VisionTower(config.vision, rngs=rngs, dtype=config.text.dtype,
-                                  param_dtype=config.text.param_dtype)
+                                  param_dtype=config.text.param_dtype, remat=config.text.remat)
         self.language_model = Qwen3ForCausalLM(config.text, rngs=rngs)
 
     # -- parameter groups ------------------------------------------------------------------

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cua_jax.models.qwen3 import checkpointed
 from cua_jax.models.rope import apply_rotary
 
 GridTHW = tuple[tuple[int, int, int], ...]
@@ -396,14 +397,18 @@ class PatchMerger(nnx.Module):
 class VisionTower(nnx.Module):
     """Pixels to LLM-width image tokens plus DeepStack features.
 
+    remat: rematerialise each vision block in the backward pass (`Qwen3Config.remat`).
+
     __call__(pixel_values [N, C*T*P*P], grid_thw static tuple of (t, h, w)) returns
     (image_embeds [M, out_hidden], deepstack tuple of len(deepstack_visual_indexes) arrays
     [M, out_hidden]), M = N / spatial_merge_size^2, images concatenated in grid order.
     """
 
-    def __init__(self, cfg: VisionConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+    def __init__(self, cfg: VisionConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32,
+                 remat: bool = False):
         self.cfg = cfg
         self.dtype = dtype
+        self.remat = remat
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.patch_embed = PatchEmbed(cfg, **kw)
         self.pos_embed = nnx.Param(
@@ -438,7 +443,7 @@ class VisionTower(nnx.Module):
 
         deepstack = []
         for layer, block in enumerate(self.blocks):
-            x = block(x, cos, sin, runs)
+            x = checkpointed(block, x, cos, sin, runs=runs) if self.remat else block(x, cos, sin, runs)
             if layer in cfg.deepstack_visual_indexes:
                 merger = self.deepstack_merger_list[cfg.deepstack_visual_indexes.index(layer)]
                 deepstack.append(merger(x))

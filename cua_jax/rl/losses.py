@@ -29,6 +29,17 @@ the full batch's denominator (which the caller may also compute up front with
 where m is the loss mask and n_b = sum_t m of item b. For the seq-mean modes, the denominator
 of the whole accumulation is therefore the number of sequences of the full batch, not of one
 micro-batch. Items with an empty mask (padding rows) count in no denominator.
+
+Truncated importance sampling (TIS; verl, AReaL). The inference engine that sampled the tokens
+and the learner disagree on their log-probs (kernels, precision, batching), so the tokens are
+samples of the engine's policy, not of the policy the learner takes as the behaviour policy
+(`old_logp`). With `tis_cap` > 0, the policy-gradient term of each token is multiplied by
+
+  w = min(exp(old_logp - rollout_logp), tis_cap)                  (a constant: stop_gradient)
+
+which corrects the expectation from the engine's distribution to the learner's; the cap bounds
+the variance. Only pg is weighted; the KL and entropy terms are the learner's own. When the old
+log-probs are the engine's (the learner's "rollout" mode) w is exactly 1.
 """
 
 from __future__ import annotations
@@ -42,6 +53,8 @@ import jax.numpy as jnp
 from cua_jax.rl.kl import KL_ESTIMATORS
 
 AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "fixed_denominator")
+# The quantile of the rollout-vs-learner log-prob gap that the metrics report.
+GAP_QUANTILE = 0.99
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +68,10 @@ class PolicyLossConfig:
     entropy_coef: weight of the entropy bonus; with entropy_coef > 0, `entropy` must be given.
     aggregation: one of AGGREGATION_MODES.
     fixed_denominator: the per-item constant D of the "fixed_denominator" mode.
+    tis_cap: truncated importance sampling of the engine-vs-learner mismatch (see the module
+      docstring): 0 turns it off, else the cap (>= 1) on the per-token weight
+      exp(old_logp - rollout_logp); `rollout_logp` must then be given. With old_logp equal to
+      rollout_logp the weight is exactly 1.
     """
 
     clip_eps_low: float = 0.2
@@ -65,6 +82,7 @@ class PolicyLossConfig:
     entropy_coef: float = 0.0
     aggregation: str = "token_mean"
     fixed_denominator: float | None = None
+    tis_cap: float = 0.0
 
     def __post_init__(self):
         if not 0 <= self.clip_eps_low < 1:
@@ -90,6 +108,14 @@ class PolicyLossConfig:
                 "PolicyLossConfig.aggregation 'fixed_denominator' needs fixed_denominator > 0, "
                 f"got {self.fixed_denominator}"
             )
+        # A cap below 1 would down-weight even tokens the engine and the learner agree on.
+        if not (self.tis_cap == 0 or self.tis_cap >= 1):
+            raise ValueError(f"PolicyLossConfig.tis_cap must be 0 (off) or >= 1, got {self.tis_cap}")
+
+
+# PolicyLossMetrics fields that combine across micro-batches by max / min (the rest add up).
+_MERGED_BY_MAX = ("ratio_max", "logprob_gap_max", "logprob_gap_p99")
+_MERGED_BY_MIN = ("ratio_min",)
 
 
 class PolicyLossMetrics(NamedTuple):
@@ -97,6 +123,10 @@ class PolicyLossMetrics(NamedTuple):
 
     Sums and counts add across micro-batches and extrema combine with min/max (`merge`);
     `summary()` turns them into the logged means. All fields are scalars.
+
+    logprob_gap_p99 is a quantile, which does not combine exactly: merged, it is the largest
+    of the micro-batches' own GAP_QUANTILE quantiles (exact for one micro-batch; at most
+    logprob_gap_max always).
     """
 
     num_tokens: jax.Array
@@ -110,20 +140,33 @@ class PolicyLossMetrics(NamedTuple):
     entropy_sum: jax.Array
     ref_kl_sum: jax.Array
     logprob_gap_sum: jax.Array  # sum |rollout_logp - logp|
+    logprob_gap_max: jax.Array  # max |rollout_logp - logp| (0 without tokens: the gap is >= 0)
+    logprob_gap_p99: jax.Array  # GAP_QUANTILE quantile of |rollout_logp - logp|, see above
+    tis_capped: jax.Array  # tokens whose TIS weight exp(old_logp - rollout_logp) exceeded tis_cap
+    tis_weight_sum: jax.Array  # sum of the applied TIS weights (1 per token when TIS is off)
+
+    @classmethod
+    def empty(cls) -> "PolicyLossMetrics":
+        """The identity of `merge`: the statistics of no token at all."""
+        fields = {name: jnp.zeros((), jnp.float32) for name in cls._fields}
+        fields["ratio_min"] = jnp.full((), jnp.inf, jnp.float32)
+        fields["ratio_max"] = jnp.full((), -jnp.inf, jnp.float32)
+        return cls(**fields)
 
     def merge(self, other: "PolicyLossMetrics") -> "PolicyLossMetrics":
         """The statistics of both micro-batches together."""
-        combined = {
-            name: a + b for name, a, b in zip(self._fields, self, other)
-        }
-        combined["ratio_min"] = jnp.minimum(self.ratio_min, other.ratio_min)
-        combined["ratio_max"] = jnp.maximum(self.ratio_max, other.ratio_max)
+        combined = {name: a + b for name, a, b in zip(self._fields, self, other)}
+        for name in _MERGED_BY_MAX:
+            combined[name] = jnp.maximum(getattr(self, name), getattr(other, name))
+        for name in _MERGED_BY_MIN:
+            combined[name] = jnp.minimum(getattr(self, name), getattr(other, name))
         return PolicyLossMetrics(**combined)
 
     def summary(self) -> dict[str, jax.Array]:
         """Logged scalars: fractions and means over masked tokens.
 
-        With no masked token, fractions and means are 0 and the ratio statistics 1.
+        With no masked token, fractions, means and gaps are 0 and the ratio and TIS weight
+        statistics 1.
         """
         n = jnp.maximum(self.num_tokens, 1.0)
         some = self.num_tokens > 0
@@ -139,6 +182,10 @@ class PolicyLossMetrics(NamedTuple):
             "entropy": self.entropy_sum / n,
             "ref_kl": self.ref_kl_sum / n,
             "rollout_logprob_gap": self.logprob_gap_sum / n,
+            "rollout_logprob_gap_p99": self.logprob_gap_p99,
+            "rollout_logprob_gap_max": self.logprob_gap_max,
+            "tis_capped_frac": self.tis_capped / n,
+            "tis_weight_mean": jnp.where(some, self.tis_weight_sum / n, 1.0),
             "num_tokens": self.num_tokens,
         }
 
@@ -184,6 +231,58 @@ def loss_denominator(loss_mask: jax.Array, config: PolicyLossConfig) -> jax.Arra
     return nonempty_items
 
 
+def masked_quantile(x: jax.Array, mask: jax.Array, q: float, empty: float = 0.0) -> jax.Array:
+    """The q-quantile of the entries of `x` where `mask` is nonzero, as `np.quantile` (its
+    default "linear" interpolation) of those entries; `empty` when no entry is selected.
+
+    Args:
+      x: float [...], finite on the selected entries (anything elsewhere).
+      mask: [...], the same shape as x; nonzero selects.
+      q: the quantile, in [0, 1].
+      empty: the value for an empty selection.
+
+    Returns:
+      float32 (or wider) scalar, not differentiated (a statistic).
+    """
+    x = jax.lax.stop_gradient(jnp.asarray(x))
+    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    mask = jnp.asarray(mask)
+    if mask.shape != x.shape:
+        raise ValueError(f"masked_quantile: mask has shape {mask.shape}, expected {x.shape} like x")
+    if isinstance(q, (int, float)) and not 0 <= q <= 1:
+        raise ValueError(f"masked_quantile: q must lie in [0, 1], got {q}")
+    selected = (mask != 0).ravel()
+    size = selected.shape[0]
+    # Unselected entries sort first as -inf, so the n selected values are the last n.
+    ordered = jnp.sort(jnp.where(selected, x.ravel(), -jnp.inf))
+    n = jnp.sum(selected.astype(jnp.int32))
+    position = q * jnp.maximum(n - 1, 0).astype(x.dtype)  # in the sorted selection
+    below = jnp.floor(position)
+    fraction = position - below
+    lo = size - n + below.astype(jnp.int32)
+    hi = jnp.minimum(lo + 1, size - 1)
+    a, b = ordered[jnp.minimum(lo, size - 1)], ordered[hi]
+    value = jnp.where(fraction > 0, a + fraction * (b - a), a)
+    return jnp.where(n > 0, value, jnp.asarray(empty, x.dtype))
+
+
+def truncated_importance_weight(
+    old_logp: jax.Array, rollout_logp: jax.Array, cap: float
+) -> tuple[jax.Array, jax.Array]:
+    """Per-token TIS weights min(exp(old_logp - rollout_logp), cap), under stop_gradient.
+
+    Args:
+      old_logp: float [...], the behaviour policy the learner assumes.
+      rollout_logp: float [...], the engine's log-probs of the same tokens.
+      cap: the truncation, >= 1.
+
+    Returns:
+      (weight float [...], capped bool [...]: where exp(old_logp - rollout_logp) > cap).
+    """
+    raw = jnp.exp(jax.lax.stop_gradient(old_logp - rollout_logp))  # may be inf: capped below
+    return jnp.minimum(raw, cap), raw > cap
+
+
 def _aggregate_numerator(per_token: jax.Array, mask: jax.Array, aggregation: str) -> jax.Array:
     masked = per_token * mask
     if aggregation == "seq_mean_token_mean":
@@ -214,7 +313,8 @@ def policy_loss(
       config: PolicyLossConfig (static under jit).
       ref_logp: optional float [B, T], log pi_ref; required when config.kl_coef > 0.
       rollout_logp: optional float [B, T], the inference engine's log-probs, for the
-        rollout-vs-learner gap metric (0 when absent).
+        rollout-vs-learner gap metrics (0 when absent) and the TIS weight; required when
+        config.tis_cap > 0.
       entropy: optional float [B, T], the policy's per-token entropy (differentiated when
         entropy_coef > 0); required when config.entropy_coef > 0.
 
@@ -241,6 +341,8 @@ def policy_loss(
         raise ValueError("policy_loss: kl_coef > 0 needs ref_logp")
     if config.entropy_coef > 0 and entropy is None:
         raise ValueError("policy_loss: entropy_coef > 0 needs entropy")
+    if config.tis_cap > 0 and rollout_logp is None:
+        raise ValueError("policy_loss: tis_cap > 0 needs rollout_logp")
 
     # Masked-out positions may hold anything (padding, -inf log-probs). Replace them before any
     # arithmetic, not after: a NaN in an unselected `where` branch still poisons the gradient.
@@ -262,6 +364,15 @@ def policy_loss(
         dual_binding = negative & (ratio > config.dual_clip_c)
     else:
         dual_binding = jnp.zeros(shape, dtype=bool)
+
+    if rollout_logp is not None:
+        rollout_logp = clean(_check_token_array("rollout_logp", rollout_logp, shape))
+    if config.tis_cap > 0:
+        tis_weight, tis_capped = truncated_importance_weight(old_logp, rollout_logp, config.tis_cap)
+        # After the clips (as verl): the weight reweights the whole clipped term's sample.
+        pg = pg * tis_weight
+    else:
+        tis_weight, tis_capped = jnp.ones(shape, logp.dtype), jnp.zeros(shape, dtype=bool)
 
     per_token = pg
     if ref_logp is not None:
@@ -289,8 +400,7 @@ def policy_loss(
 
     ratio_seen = jax.lax.stop_gradient(ratio)
     if rollout_logp is not None:
-        rollout_logp = _check_token_array("rollout_logp", rollout_logp, shape)
-        gap = jnp.abs(clean(rollout_logp) - logp)
+        gap = jax.lax.stop_gradient(jnp.abs(rollout_logp - logp))
     else:
         gap = jnp.zeros(shape, logp.dtype)
     metrics = PolicyLossMetrics(
@@ -305,5 +415,9 @@ def policy_loss(
         entropy_sum=masked_sum(entropy),
         ref_kl_sum=masked_sum(ref_kl),
         logprob_gap_sum=masked_sum(gap),
+        logprob_gap_max=jnp.max(jnp.where(on, gap, 0.0)),
+        logprob_gap_p99=masked_quantile(gap, on, GAP_QUANTILE),
+        tis_capped=count(tis_capped),
+        tis_weight_sum=masked_sum(tis_weight),
     )
     return PolicyLossOutput(numerator=numerator, denominator=denominator, metrics=metrics)

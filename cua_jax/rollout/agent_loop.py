@@ -77,7 +77,7 @@ import numpy as np
 from cua_jax.context.segment import EpisodeContext, Segmenter
 from cua_jax.envs import actions as A
 from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, episode_outcome
-from cua_jax.rollout.engine import FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.rollout.engine import EngineFault, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.rollout.prompts import INVALID_ACTION_PREFIX, PROMPT_STYLES, observation_text, system_prompt
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
 
@@ -96,10 +96,15 @@ class EnvObservation:
 
 @dataclasses.dataclass(frozen=True)
 class EnvReset:
-    """The start of an episode: the task's instruction and the first observation."""
+    """The start of an episode: the task's instruction and the first observation.
+
+    screen_size: (width, height) of the screen the coordinates refer to; None: the first
+    screenshot's. A text-only observation (no screenshot) must give it.
+    """
 
     instruction: str
     observation: EnvObservation
+    screen_size: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -527,9 +532,12 @@ class AgentLoop:
             outcome = episode_outcome(fault=error.fault, rule=self.config.attribution)
             return self._finish(episode, None, outcome, clock, generations=[])
         first = start.observation
-        if not first.images:
-            raise ValueError(f"{episode_id}: the first observation has no screenshot")
-        height, width = first.images[0].shape[:2]
+        if start.screen_size is not None:
+            width, height = start.screen_size
+        elif first.images:
+            height, width = first.images[0].shape[:2]
+        else:
+            raise ValueError(f"{episode_id}: the first observation has no screenshot and the reset no screen_size")
         episode.instruction = start.instruction
         episode.system_prompt = self.system_prompt_for(width, height)
         context = self.segmenter.start(episode_id, group_id, episode.system_prompt, episode.instruction)
@@ -569,7 +577,14 @@ class AgentLoop:
                 seed=turn_sampling_seed(self.config.seed, episode_id, seed, t) if self.config.seed_per_turn else None,
             )
             with clock("generation"):
-                generation = await batcher.generate(request, turn_budget)
+                try:
+                    generation = await batcher.generate(request, turn_budget)
+                except EngineFault as error:
+                    # The engine serving this turn died (the router restarts it): no verdict
+                    # about the policy, so the episode is quarantined, not failed.
+                    outcome = episode_outcome(fault=Fault(FaultKind.ENGINE_FAILED, str(error)), rule=self.config.attribution)
+                    unanswered = True
+                    break
             reserved = generation.token_ids[np.isin(generation.token_ids, self.reserved_ids)]
             if len(reserved):
                 # A placeholder token in the reply would be read as an image when the history
@@ -703,13 +718,18 @@ class MiniWoBEnvironment(AgentEnvironment):
     sampled on a small CPU cannot meet; the time-scaled reward follows the new limit.
     A quarantined capsule (browser crash, page failure) ends the episode QUARANTINED with
     the runtime's reason; the next reset builds a fresh capsule generation.
+    screenshots=False: text-only observations (the DOM text, for a text-only policy); the
+    reset still reports the task region's size, which coordinates refer to.
     """
 
-    def __init__(self, runtime: Any, *, time_limit_s: float | None = None):
+    def __init__(self, runtime: Any, *, time_limit_s: float | None = None, screenshots: bool = True):
         if time_limit_s is not None and time_limit_s <= 0:
             raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
+        if not screenshots and not getattr(runtime, "include_dom_text", True):
+            raise ValueError("text-only MiniWoB observations need a runtime made with include_dom_text=True")
         self.runtime = runtime
         self.time_limit_s = time_limit_s
+        self.screenshots = screenshots
         self.env_id: str | None = None
 
     async def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
@@ -725,7 +745,8 @@ class MiniWoBEnvironment(AgentEnvironment):
             raise
 
     def _observation(self, observation: Any, feedback: str = "") -> EnvObservation:
-        return EnvObservation((observation.screenshot,), observation_text(feedback=feedback, dom_text=observation.dom_text))
+        images = (observation.screenshot,) if self.screenshots else ()
+        return EnvObservation(images, observation_text(feedback=feedback, dom_text=observation.dom_text))
 
     async def reset(self, task: str, seed: int | None = None) -> EnvReset:
         from cua_jax.envs.miniwob import check_task
@@ -743,7 +764,8 @@ class MiniWoBEnvironment(AgentEnvironment):
                     await self._call(self.runtime.aevaluate(self.env_id, _SET_TIME_LIMIT_JS, self.time_limit_s * 1000))
         except Exception as error:  # noqa: BLE001 - the capsule could not be set up: infrastructure
             raise EnvironmentFault(Fault(FaultKind.SETUP_FAILED, f"MiniWoB {task}: {type(error).__name__}: {error}")) from error
-        return EnvReset(observation.utterance, self._observation(observation))
+        height, width = observation.screenshot.shape[:2]
+        return EnvReset(observation.utterance, self._observation(observation), screen_size=(width, height))
 
     async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
         from cua_jax.envs.miniwob import EpisodeEndedError

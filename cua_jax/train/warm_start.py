@@ -62,7 +62,7 @@ from cua_jax.train.batching import (
     collate,
     process_images,
 )
-from cua_jax.train.learner import SCHEDULES, OptimizerConfig, make_optimizer
+from cua_jax.train.learner import SCHEDULES, OptimizerConfig, make_optimizer, needs_master_weights
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem
 
 # ------------------------------------------------------------------------------------
@@ -436,7 +436,7 @@ class SupervisedTrainer:
         self.model, self.data, self.config = model, data, config
         trainable = model.trainable_filter() if hasattr(model, "trainable_filter") else nnx.Param
         self.graphdef, self.params, self.rest = nnx.split(model, trainable, ...)
-        tx = make_optimizer(config.optimizer())
+        tx = make_optimizer(config.optimizer(), master_weights=needs_master_weights(self.params))
         self.opt_state = tx.init(self.params)
         nll = _nll_fn(self.graphdef, config.seq_chunk, config.vocab_chunk)
 

@@ -34,14 +34,23 @@ def base_config() -> ml_collections.ConfigDict:
     c.workdir = "runs/base"
     c.seed = 0  # base of every random stream of the run (task draws, seeds, sampling, init)
 
-    # The policy. "tiny_qwen3_vl": random init of cua_jax.models.qwen3_vl.tiny_qwen3_vl_config;
-    # "qwen3_vl": the Qwen3-VL checkpoint (Qwen3VLForConditionalGeneration) in model.init_from,
-    # a Hugging Face directory: config.json, safetensors, and its tokenizer and processor files.
+    # The policy. "tiny_qwen3_vl" / "tiny_qwen3": random inits of the tiny Qwen3-VL / text-only
+    # Qwen3 (with the shipped tokenizer); "qwen3_vl" / "qwen3": the Qwen3-VL
+    # (Qwen3VLForConditionalGeneration) / Qwen3 (Qwen3ForCausalLM) checkpoint in model.init_from,
+    # a Hugging Face directory: config.json, safetensors (sharded or not), and its tokenizer, chat
+    # template and (Qwen3-VL) processor files, which the run then uses. A text-only policy reads
+    # the page as text: env.observation = "text".
     c.model = ml_collections.ConfigDict()
     c.model.name = "tiny_qwen3_vl"
     c.model.init_from = ""
     c.model.num_layers = 0  # decoder layers (0: the named model's own; random init only)
     c.model.tokenizer_dir = ""  # "" : model.init_from's tokenizer + processor, else the shipped tiny pair
+    # Precision (float32 | bfloat16). param_dtype: how the policy's weights are stored (bfloat16: the
+    # optimizer keeps float32 master weights and moments). compute_dtype: activations and matmul
+    # inputs; softmaxes, norms, logits, logprobs and the loss stay float32 either way.
+    c.model.param_dtype = "float32"
+    c.model.compute_dtype = "float32"
+    c.model.remat = False  # recompute each decoder layer / vision block in the backward pass (less memory)
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = 1
@@ -51,6 +60,9 @@ def base_config() -> ml_collections.ConfigDict:
     # Tasks: MiniWoB++ in browser capsules.
     c.env = ml_collections.ConfigDict()
     c.env.kind = "miniwob"
+    # What the policy is shown: "screenshot" (the task region, plus the DOM as text when
+    # env.include_dom_text) or "text" (the DOM as text only: text-only policies, web agents).
+    c.env.observation = "screenshot"
     c.env.tasks = MINIWOB_TASKS
     c.env.task_tiers = (0,) * len(MINIWOB_TASKS)  # difficulty tier per task (0 easiest)
     c.env.drop_hardest_tier = False  # CANOPY keeps the hardest tier (Table A1 "hardest tier kept")
@@ -67,7 +79,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     # Rollout: group size, batch of tasks, the agent loop's budgets and sampling.
     c.rollout = ml_collections.ConfigDict()
-    c.rollout.engine = "jax"  # the built-in JAX sampler
+    c.rollout.engine = "jax"  # "jax": the built-in JAX sampler | "vllm": vLLM engines in Ray actors
     c.rollout.num_workers = 1  # rollout workers (each: a capsule runtime + an engine)
     c.rollout.worker_backend = "local"  # local: in the trainer's process | ray: one Ray actor each
     c.rollout.worker_cpus = 1.0  # ray: logical CPUs each worker actor reserves
@@ -86,6 +98,22 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.top_p = 1.0
     c.rollout.top_k = 0
     c.rollout.batch_wait_s = 0.0  # 0: a generation batch waits for every running episode
+    # rollout.engine = "vllm": each rollout worker sends its generations through a Router to
+    # `engines` vLLM engines, each in a Ray actor of its own, serving the policy exported to
+    # <workdir>/engine_model; weights are synced after every update.
+    c.rollout.vllm = ml_collections.ConfigDict()
+    c.rollout.vllm.engines = 1  # engine actors per rollout worker
+    c.rollout.vllm.cpus_per_engine = 1.0  # Ray CPUs each engine actor reserves
+    c.rollout.vllm.gpus_per_engine = 0.0
+    c.rollout.vllm.dtype = "float32"
+    c.rollout.vllm.kv_cache_mb = 256  # KV cache per engine (host memory on CPU); 0: sized by vLLM
+    c.rollout.vllm.gpu_memory_utilization = 0.5  # GPU: the share of the device an engine may take
+    c.rollout.vllm.max_num_seqs = 32
+    c.rollout.vllm.max_retries = 0  # retries of a dead engine's requests before their episodes are quarantined
+    c.rollout.vllm.threads = 1  # OMP threads per engine on CPU
+    # vLLM's log level in the engine actors (their output reaches the run's): its INFO lines
+    # and a CPU-backend thread warning repeated per call would bury the run's own output.
+    c.rollout.vllm.log_level = "ERROR"
 
     # Context management (cua_jax.context.segment.make_segmenter).
     c.context = ml_collections.ConfigDict()
@@ -113,6 +141,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.loss.entropy_coef = 0.0
     c.loss.aggregation = "token_mean"
     c.loss.fixed_denominator = 0.0  # 0: unset (only the fixed_denominator mode reads it)
+    c.loss.tis_cap = 0.0  # truncated importance sampling of engine-vs-learner logprobs: cap >= 1 (0: off)
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.learning_rate = 3e-6

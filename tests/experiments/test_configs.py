@@ -10,9 +10,10 @@ from absl import flags
 from ml_collections import config_flags
 
 from cua_jax.train.trainer import ConfigError, TrainSettings
-from experiments.configs import base, canopy, default, evocua, pretrain, scalecua, tiny
+from experiments.configs import base, canopy, default, evocua, pretrain, qwen3_vl_gpu, scalecua, text_vllm, tiny
 
-RECIPES = {"default": default, "canopy": canopy, "scalecua": scalecua, "evocua": evocua, "tiny": tiny}
+RECIPES = {"default": default, "canopy": canopy, "scalecua": scalecua, "evocua": evocua, "tiny": tiny,
+           "text_vllm": text_vllm}
 
 
 def _flatten(d, prefix=""):
@@ -29,6 +30,17 @@ def _flatten(d, prefix=""):
 def test_recipe_passes_the_checks_and_adds_no_field(name):
     config = RECIPES[name].get_config()
     TrainSettings.from_config(config)
+    assert set(_flatten(config.to_dict())) == set(_flatten(base.base_config().to_dict()))
+
+
+def test_gpu_recipe_needs_its_checkpoint_and_then_passes():
+    config = qwen3_vl_gpu.get_config()
+    with pytest.raises(ConfigError, match="config.model.init_from"):
+        TrainSettings.from_config(config)
+    config.model.init_from = "/models/Qwen3-VL-2B-Instruct"
+    settings = TrainSettings.from_config(config)
+    assert config.rollout.engine == "vllm" and config.model.param_dtype == "bfloat16" and config.model.remat
+    assert settings.learner.loss.tis_cap == 2.0
     assert set(_flatten(config.to_dict())) == set(_flatten(base.base_config().to_dict()))
 
 
@@ -109,6 +121,9 @@ def test_unknown_override_is_rejected():
     ("env.eval_seed_start", 5, "config.env.eval_seed_start"),
     ("rollout.prompt_style", "json", "config.rollout.prompt_style"),
     ("env.train_seeds", (3, 2_000_000), "config.env.train_seeds"),
+    ("loss.tis_cap", 0.5, "config.loss.tis_cap"),
+    ("env.observation", "pixels", "config.env.observation"),
+    ("rollout.engine", "sglang", "config.rollout.engine"),
 ])
 def test_a_malformed_field_is_named(field, value, named):
     config = canopy.get_config()

@@ -63,3 +63,33 @@ def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
     # A workdir that holds checkpoints is not trained over without --resume.
     again = run_main("--config=experiments/configs/default.py", *overrides, workdir=workdir)
     assert again.returncode != 0 and "pass --resume" in again.stderr
+
+
+@pytest.mark.browser
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_text_policy_on_vllm_through_the_entrypoint_then_exported(tmp_path):
+    """experiments/configs/text_vllm.py shrunk by overrides: a text-only Qwen3 whose rollouts
+    come from a vLLM engine in a Ray actor, trained one step, evaluated, then exported by
+    `python -m experiments.export` into a directory transformers loads."""
+    workdir = tmp_path / "run"
+    overrides = [
+        "--config.env.tasks=('click-button',)", "--config.env.task_tiers=(0,)", "--config.rollout.group_size=2",
+        "--config.rollout.batch_tasks=1", "--config.rollout.max_turns=1", "--config.rollout.max_new_tokens=16",
+        "--config.eval.num_seeds=1", "--config.eval.max_turns=1", "--config.train.num_steps=1",
+        "--config.train.progress_bar=False",
+    ]
+    result = run_main("--config=experiments/configs/text_vllm.py", *overrides, workdir=workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "held-out success after:" in result.stdout
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in records if "learner/rollout_logprob_gap" in r)
+    assert step["learner/rollout_logprob_gap"] < 1e-3 and "learner/rollout_logprob_gap_max" in step
+    out = tmp_path / "export"
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    exported = subprocess.run([sys.executable, "-m", "experiments.export", f"--workdir={workdir}", f"--out={out}"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    from transformers import AutoModelForCausalLM
+
+    assert type(AutoModelForCausalLM.from_pretrained(str(out))).__name__ == "Qwen3ForCausalLM"

@@ -14,11 +14,14 @@ from hypothesis import strategies as st
 from cua_jax.rl.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
 from cua_jax.rl.losses import (
     AGGREGATION_MODES,
+    GAP_QUANTILE,
     PolicyLossConfig,
     PolicyLossMetrics,
     loss_denominator,
+    masked_quantile,
     normalize,
     policy_loss,
+    truncated_importance_weight,
 )
 
 PROPERTY = settings(max_examples=30, deadline=None)
@@ -44,6 +47,10 @@ CONFIGS = {
 PG_ONLY = {
     mode: dataclasses.replace(config, kl_coef=0.0, entropy_coef=0.0) for mode, config in CONFIGS.items()
 }
+# Truncated importance sampling on top of each, at the tightest cap and a typical one.
+TIS_CAPS = (1.0, 2.0)
+TIS = {(mode, cap): dataclasses.replace(config, tis_cap=cap) for mode, config in CONFIGS.items() for cap in TIS_CAPS}
+TIS_PG_ONLY = {(mode, cap): dataclasses.replace(config, tis_cap=cap) for mode, config in PG_ONLY.items() for cap in TIS_CAPS}
 
 
 def floats(low, high, shape):
@@ -92,7 +99,18 @@ def jitted_numerator_grad(config):
     return jax.jit(jax.value_and_grad(numerator, has_aux=True))
 
 
-def reference_per_token(logp, old_logp, adv, ref_logp, entropy, config):
+def reference_tis_weight(old_logp, rollout_logp, cap):
+    """(weight, capped) of truncated importance sampling, in float64."""
+    raw = np.exp(np.asarray(old_logp, np.float64) - np.asarray(rollout_logp, np.float64))
+    return np.minimum(raw, cap), raw > cap
+
+
+def reference_quantile(values, mask, q, empty=0.0):
+    selected = np.asarray(values, np.float64)[np.asarray(mask) != 0]
+    return float(np.quantile(selected, q)) if selected.size else empty
+
+
+def reference_per_token(logp, old_logp, adv, ref_logp, entropy, config, tis_weight=1.0):
     logp, old_logp, ref_logp, entropy = (
         np.asarray(x, np.float64) for x in (logp, old_logp, ref_logp, entropy)
     )
@@ -103,6 +121,7 @@ def reference_per_token(logp, old_logp, adv, ref_logp, entropy, config):
     )
     if config.dual_clip_c is not None:
         surrogate = np.where(adv < 0, np.maximum(surrogate, config.dual_clip_c * adv), surrogate)
+    surrogate = surrogate * tis_weight
     r = ref_logp - logp
     kl = {"k1": -r, "k2": 0.5 * r**2, "k3": np.exp(r) - r - 1}[config.kl_estimator]
     return -surrogate + config.kl_coef * kl - config.entropy_coef * entropy, ratio, adv, kl
@@ -163,6 +182,13 @@ def test_policy_loss_matches_reference(logp, delta, ref_delta, entropy, adv, mas
     np.testing.assert_allclose(metrics["ratio_min"], seen.min(), rtol=1e-5)
     np.testing.assert_allclose(metrics["ratio_max"], seen.max(), rtol=1e-5)
     assert float(metrics["num_tokens"]) == on.sum()
+    gap = 0.5 * np.abs(delta.astype(np.float64))
+    np.testing.assert_allclose(metrics["rollout_logprob_gap_max"], gap[on].max() if on.any() else 0.0, rtol=1e-5)
+    np.testing.assert_allclose(
+        metrics["rollout_logprob_gap_p99"], reference_quantile(gap, on, GAP_QUANTILE), rtol=1e-5, atol=1e-6
+    )
+    # TIS is off: every token has weight 1.
+    assert float(metrics["tis_capped_frac"]) == 0.0 and float(metrics["tis_weight_mean"]) == 1.0
 
 
 @PROPERTY
@@ -179,6 +205,12 @@ def test_on_policy_ratio_is_one_nothing_clips_and_gradient_is_plain_policy_gradi
 
     _, grad = jitted_loss_grad(config)(logp, old_logp, adv, mask, None, None, None)
     # Plain policy gradient of the same aggregation: d/dlogp [-A logp] weighted per token.
+    want = -adv[:, None] * reference_token_weights(mask, mode)
+    np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-7)
+
+
+def reference_token_weights(mask, mode):
+    """[B, T]: d loss / d (per-token loss) under each aggregation (0 off the mask)."""
     m = mask.astype(np.float64)
     tokens = m.sum(axis=1)
     rows = max((tokens > 0).sum(), 1)
@@ -188,7 +220,7 @@ def test_on_policy_ratio_is_one_nothing_clips_and_gradient_is_plain_policy_gradi
         "seq_mean_token_sum": np.full(B, 1 / rows),
         "fixed_denominator": np.full(B, 1 / (rows * MAX_TOKENS)),
     }[mode]
-    np.testing.assert_allclose(grad, -adv[:, None] * m * weight[:, None], rtol=1e-5, atol=1e-7)
+    return m * weight[:, None]
 
 
 @PROPERTY
@@ -221,7 +253,13 @@ def test_micro_batch_accumulation_equals_full_batch(
     np.testing.assert_allclose(denominator, loss_denominator_jit[mode](mask), rtol=1e-6)
     full_metrics, merged = full_out.metrics.summary(), metrics.summary()
     for name, value in full_metrics.items():
-        np.testing.assert_allclose(merged[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+        if name != "rollout_logprob_gap_p99":
+            np.testing.assert_allclose(merged[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    # A quantile does not combine: merged, it is the largest micro-batch quantile.
+    gap, size = 0.5 * np.abs(delta.astype(np.float64)), B // num_micro
+    per_micro = [reference_quantile(gap[s : s + size], mask[s : s + size], GAP_QUANTILE) for s in range(0, B, size)]
+    np.testing.assert_allclose(merged["rollout_logprob_gap_p99"], max(per_micro), rtol=1e-5, atol=1e-6)
+    assert float(merged["rollout_logprob_gap_p99"]) <= float(merged["rollout_logprob_gap_max"])
 
 
 loss_denominator_jit = {
@@ -280,6 +318,144 @@ def test_dual_clip_zeroes_the_gradient_past_the_cap():
     assert np.all(np.asarray(grad) > 0)
 
 
+# Truncated importance sampling and the rollout-vs-learner gap.
+
+masked_quantile_jit = jax.jit(masked_quantile)  # q traced: one program for every q
+tis_weight_jit = jax.jit(truncated_importance_weight, static_argnames="cap")
+
+
+@PROPERTY
+@given(x=floats(-5, 5, (B, T)), mask=MASK, q=st.sampled_from([0.0, 0.25, 0.5, GAP_QUANTILE, 1.0]))
+def test_masked_quantile_matches_numpy_on_the_selected_entries(x, mask, q):
+    dirty = np.where(mask > 0, x, np.nan)  # unselected entries may hold anything
+    got = masked_quantile_jit(dirty, mask, q)
+    np.testing.assert_allclose(got, reference_quantile(x, mask, q), rtol=1e-5, atol=1e-6)
+
+
+def test_masked_quantile_of_no_entry_is_the_empty_value_and_bad_arguments_raise():
+    x = jnp.arange(6.0).reshape(2, 3)
+    nothing = jnp.zeros((2, 3))
+    assert float(masked_quantile_jit(x, nothing, 0.5)) == 0.0
+    assert float(jax.jit(functools.partial(masked_quantile, q=0.5, empty=-1.0))(x, nothing)) == -1.0
+    one = nothing.at[1, 2].set(1)
+    assert float(masked_quantile_jit(x, one, GAP_QUANTILE)) == 5.0
+    with pytest.raises(ValueError, match="q must lie in"):
+        masked_quantile(x, one, 99)
+    with pytest.raises(ValueError, match="mask has shape"):
+        masked_quantile(x, jnp.zeros(6), 0.5)
+
+
+@PROPERTY
+@given(old=LOGP, delta=floats(-3, 3, (B, T)), cap=st.sampled_from([1.0, 1.5, 2.0, 10.0]))
+def test_truncated_importance_weight_matches_reference(old, delta, cap):
+    rollout = old - delta
+    weight, capped = tis_weight_jit(old, rollout, cap=cap)
+    want, want_capped = reference_tis_weight(old, rollout, cap)
+    np.testing.assert_allclose(weight, want, rtol=1e-5)
+    assert np.all(np.asarray(weight) <= cap)
+    # float32 and float64 may fall on either side of a cap the weight (nearly) equals.
+    sure = ~np.isclose(np.exp(old.astype(np.float64) - rollout), cap, rtol=1e-5, atol=0)
+    np.testing.assert_array_equal(np.asarray(capped)[sure], want_capped[sure])
+
+
+def test_truncated_importance_weight_is_a_constant_and_caps_overflow():
+    grads = jax.jit(jax.grad(lambda o, r: jnp.sum(truncated_importance_weight(o, r, 2.0)[0]), argnums=(0, 1)))
+    old, rollout = jnp.zeros(4), jnp.array([-1.0, -0.1, 0.0, 1.0])
+    for g in grads(old, rollout):
+        assert np.all(np.asarray(g) == 0.0)
+    weight, capped = tis_weight_jit(jnp.zeros(2), jnp.array([-1000.0, 0.0]), cap=2.0)  # exp(1000) overflows
+    assert np.asarray(weight).tolist() == [2.0, 1.0] and np.asarray(capped).tolist() == [True, False]
+
+
+@PROPERTY
+@given(
+    logp=LOGP, delta=DELTA, rollout_delta=DELTA, ref_delta=DELTA, entropy=ENTROPY, adv=ITEM_ADV, mask=MASK,
+    mode=st.sampled_from(AGGREGATION_MODES), cap=st.sampled_from(TIS_CAPS),
+)
+def test_tis_weighted_loss_matches_reference(logp, delta, rollout_delta, ref_delta, entropy, adv, mask, mode, cap):
+    config = TIS[mode, cap]
+    old_logp, ref_logp = logp - delta, logp + ref_delta
+    rollout_logp = old_logp - rollout_delta
+    loss, out = jitted_loss(config)(logp, old_logp, adv, mask, ref_logp, rollout_logp, entropy)
+    weight, capped = reference_tis_weight(old_logp, rollout_logp, cap)
+    per_token, *_ = reference_per_token(logp, old_logp, adv, ref_logp, entropy, config, tis_weight=weight)
+    np.testing.assert_allclose(loss, reference_aggregate(per_token, mask, config), rtol=2e-5, atol=2e-5)
+
+    on = mask > 0
+    n = max(on.sum(), 1)
+    metrics = out.metrics.summary()
+    raw = np.exp(old_logp.astype(np.float64) - rollout_logp)
+    unsure = np.sum(on & np.isclose(raw, cap, rtol=1e-5, atol=0))
+    np.testing.assert_allclose(metrics["tis_capped_frac"], np.sum(on & capped) / n, atol=unsure / n + 1e-7)
+    np.testing.assert_allclose(metrics["tis_weight_mean"], weight[on].mean() if on.any() else 1.0, rtol=1e-5)
+    gap = np.abs(rollout_logp.astype(np.float64) - logp)
+    np.testing.assert_allclose(metrics["rollout_logprob_gap"], np.sum(gap * on) / n, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(metrics["rollout_logprob_gap_max"], gap[on].max() if on.any() else 0.0,
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(metrics["rollout_logprob_gap_p99"], reference_quantile(gap, on, GAP_QUANTILE),
+                               rtol=1e-5, atol=1e-6)
+
+
+@PROPERTY
+@given(
+    logp=LOGP, delta=DELTA, rollout_delta=DELTA, ref_delta=DELTA, entropy=ENTROPY, adv=ITEM_ADV, mask=MASK,
+    mode=st.sampled_from(AGGREGATION_MODES),
+)
+def test_tis_off_or_at_agreeing_logprobs_leaves_loss_and_gradient_unchanged(
+    logp, delta, rollout_delta, ref_delta, entropy, adv, mask, mode
+):
+    old_logp = logp - delta
+    args = (old_logp, adv, mask, logp + ref_delta)
+    plain = jitted_loss_grad(CONFIGS[mode])(logp, *args, None, entropy)
+    # Off (tis_cap = 0): the engine's log-probs feed the metrics only.
+    off = jitted_loss_grad(CONFIGS[mode])(logp, *args, old_logp - rollout_delta, entropy)
+    # On, with the engine's log-probs equal to old_logp (old_logprobs="rollout"): every weight is 1.
+    agreeing = jitted_loss_grad(TIS[mode, 2.0])(logp, *args, old_logp, entropy)
+    for name, got in (("off", off), ("agreeing", agreeing)):
+        for a, b in zip(got, plain):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+
+
+@PROPERTY
+@given(
+    logp=LOGP, delta=DELTA, rollout_delta=DELTA, adv=ITEM_ADV, mask=MASK,
+    mode=st.sampled_from(AGGREGATION_MODES), cap=st.sampled_from(TIS_CAPS),
+)
+def test_tis_scales_each_token_gradient_by_its_weight(logp, delta, rollout_delta, adv, mask, mode, cap):
+    old_logp = logp - delta
+    rollout_logp = old_logp - rollout_delta
+    _, plain = jitted_loss_grad(PG_ONLY[mode])(logp, old_logp, adv, mask, None, None, None)
+    _, weighted = jitted_loss_grad(TIS_PG_ONLY[mode, cap])(logp, old_logp, adv, mask, None, rollout_logp, None)
+    weight, _ = reference_tis_weight(old_logp, rollout_logp, cap)
+    np.testing.assert_allclose(weighted, weight * plain, rtol=1e-5, atol=1e-7)
+
+
+@functools.cache
+def jitted_on_policy_loss_grad(config):
+    """((loss, metrics), grad wrt logp) with old_logp = stop_gradient(logp): the learner's
+    "current" mode."""
+    def value(logp, advantages, mask, rollout_logp):
+        out = policy_loss(logp, jax.lax.stop_gradient(logp), advantages, mask, config, rollout_logp=rollout_logp)
+        return normalize(out.numerator, out.denominator), out.metrics.summary()
+
+    return jax.jit(jax.value_and_grad(value, has_aux=True))
+
+
+@PROPERTY
+@given(logp=LOGP, rollout_delta=DELTA, adv=ITEM_ADV, mask=MASK, mode=st.sampled_from(AGGREGATION_MODES),
+       cap=st.sampled_from(TIS_CAPS))
+def test_on_policy_tis_weights_the_plain_policy_gradient(logp, rollout_delta, adv, mask, mode, cap):
+    config = TIS_PG_ONLY[mode, cap]
+    rollout_logp = logp - rollout_delta
+    (loss, metrics), grad = jitted_on_policy_loss_grad(config)(logp, adv, mask, rollout_logp)
+    # The ratio is exactly 1; the weight is the learner-vs-engine correction alone.
+    assert float(metrics["ratio_min"]) == float(metrics["ratio_max"]) == 1.0 and float(metrics["clipfrac"]) == 0.0
+    weight, _ = reference_tis_weight(logp, rollout_logp, cap)
+    token_weights = reference_token_weights(mask, mode)
+    np.testing.assert_allclose(grad, -adv[:, None] * weight * token_weights, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(loss, np.sum(-adv[:, None] * weight * token_weights), rtol=1e-5, atol=1e-6)
+
+
 kl_jit = {name: jax.jit(fn) for name, fn in KL_ESTIMATORS.items()}
 
 
@@ -330,8 +506,14 @@ def test_metrics_merge_and_summary_under_jit():
     assert float(merged["num_tokens"]) == 4.0
     assert float(merged["ratio_min"]) == 1.0 and float(merged["ratio_max"]) == 3.0
     assert float(merged["ratio_mean"]) == 1.0  # (1 + 3) / 4 tokens
-    empty = jax.jit(lambda s: s.summary())(stats(0.0)._replace(ratio_min=jnp.inf, ratio_max=-jnp.inf))
+    assert float(merged["rollout_logprob_gap_max"]) == 3.0 and float(merged["rollout_logprob_gap_p99"]) == 3.0
+    assert float(merged["tis_capped_frac"]) == 1.0 and float(merged["tis_weight_mean"]) == 1.0
+    empty = jax.jit(lambda s: s.summary())(PolicyLossMetrics.empty())
     assert float(empty["ratio_min"]) == 1.0 and float(empty["clipfrac"]) == 0.0
+    assert float(empty["tis_weight_mean"]) == 1.0 and float(empty["rollout_logprob_gap_max"]) == 0.0
+    # The empty statistics are the identity of merge.
+    once = jax.jit(lambda a: PolicyLossMetrics.empty().merge(a))(stats(2.0))
+    assert all(float(x) == 2.0 for x in once)
 
 
 @pytest.mark.parametrize(
@@ -343,6 +525,9 @@ def test_metrics_merge_and_summary_under_jit():
         ({"kl_estimator": "k4"}, "kl_estimator.*k3"),
         ({"aggregation": "mean"}, "aggregation.*token_mean"),
         ({"aggregation": "fixed_denominator"}, "fixed_denominator > 0"),
+        ({"tis_cap": 0.5}, "tis_cap must be 0 .off. or >= 1, got 0.5"),
+        ({"tis_cap": -1.0}, "tis_cap"),
+        ({"tis_cap": float("nan")}, "tis_cap"),
     ],
 )
 def test_policy_loss_config_rejects_bad_values(kwargs, message):
@@ -362,3 +547,7 @@ def test_policy_loss_rejects_bad_shapes_and_missing_inputs():
         policy_loss(x, x, jnp.zeros(2), x, PolicyLossConfig(kl_coef=0.1))
     with pytest.raises(ValueError, match="needs entropy"):
         policy_loss(x, x, jnp.zeros(2), x, PolicyLossConfig(kl_coef=0.0, entropy_coef=0.1))
+    with pytest.raises(ValueError, match="tis_cap > 0 needs rollout_logp"):
+        policy_loss(x, x, jnp.zeros(2), x, PolicyLossConfig(kl_coef=0.0, tis_cap=2.0))
+    with pytest.raises(ValueError, match="rollout_logp has shape"):
+        policy_loss(x, x, jnp.zeros(2), x, PolicyLossConfig(kl_coef=0.0), rollout_logp=jnp.zeros((3, 2)))

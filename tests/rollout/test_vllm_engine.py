@@ -143,3 +143,22 @@ def test_bad_input_is_refused_with_a_clear_error(engine, qwen3_checkpoint):
     with pytest.raises(ValueError, match="missing.*model.norm.weight"):
         engine.update_weights(weights, version=9)
     assert engine.policy_version != 9
+
+
+def test_a_policy_written_by_export_policy_serves_our_tokens_and_logprobs(engine_env, qwen3_checkpoint, tmp_path):
+    """A text-only Qwen3 exported by `export_policy` with its tokenizer directory: vLLM loads the
+    directory (tokenizer files included) and its greedy tokens and logprobs are ours."""
+    from cua_jax.context.tokenizer import SHIPPED_TOKENIZER_DIR
+    from cua_jax.models.hf_policy import export_policy
+
+    model = perturbed(qwen3_checkpoint[0], seed=3)
+    policy = export_policy(model, tmp_path, tokenizer=SHIPPED_TOKENIZER_DIR)
+    assert policy.kind == "qwen3" and policy.has_tokenizer
+    served = VllmEngine(VllmEngineConfig(str(tmp_path), max_model_len=256))
+    try:
+        outputs = served.generate(REQUESTS, GREEDY)
+    finally:
+        served.close()
+    for request, got, want in zip(REQUESTS, outputs, jax_greedy(model)):
+        np.testing.assert_array_equal(got.token_ids, want.token_ids)
+        np.testing.assert_allclose(got.logprobs, jax_scores(model, request.prompt_ids, got.token_ids), atol=LOGPROB_ATOL)

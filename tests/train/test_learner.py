@@ -15,7 +15,7 @@ from flax import nnx
 from cua_jax.models.configs import tiny_qwen3_config
 from cua_jax.models.qwen3 import Qwen3ForCausalLM
 from cua_jax.models.sharding import MeshConfig, make_mesh
-from cua_jax.rl.losses import AGGREGATION_MODES, PolicyLossConfig
+from cua_jax.rl.losses import AGGREGATION_MODES, GAP_QUANTILE, PolicyLossConfig
 from cua_jax.train.batching import BatchingConfig, MultimodalPositions, collate, make_minibatches
 from cua_jax.train.learner import Learner, LearnerConfig, OptimizerConfig, learning_rate_schedule
 from cua_jax.types import ImageSpan, TrainingItem
@@ -134,8 +134,9 @@ def test_microbatch_accumulation_equals_full_batch_update(aggregation, token_mea
 
 
 def test_on_policy_step_has_ratio_exactly_one_and_no_clipping(batch_items):
+    # TIS on: it weights tokens but leaves the ratio (current / current) exactly 1.
     config = LearnerConfig(optimizer=optimizer(), old_logprobs="current",
-                           loss=PolicyLossConfig(kl_coef=1e-4, aggregation="token_mean"))
+                           loss=PolicyLossConfig(kl_coef=1e-4, aggregation="token_mean", tis_cap=1.5))
     learner = Learner(small_model(seed=3), config)
     items, adv = batch_items
     [micro] = make_minibatches(items, adv * 10.0, BatchingConfig(rows=ROWS, length_multiple=LENGTH), 1)
@@ -146,6 +147,64 @@ def test_on_policy_step_has_ratio_exactly_one_and_no_clipping(batch_items):
         assert m["clipfrac_dual"] == 0.0 and m["ppo_kl"] == 0.0
         assert np.isfinite(m["loss"]) and m["grad_norm"] > 0
         assert m["rollout_logprob_gap"] > 0  # the items' logprobs are not the model's
+        assert m["rollout_logprob_gap"] < m["rollout_logprob_gap_p99"] <= m["rollout_logprob_gap_max"]
+        # The items' logprobs (uniform in [-5.5, -4]) straddle the model's (~log 1/128 = -4.85),
+        # so some weights exp(current - rollout) pass the cap 1.5 and others do not.
+        assert 0 < m["tis_capped_frac"] < 1 and 0 < m["tis_weight_mean"] < 1.5
+
+
+TIS_CAP = 1.05
+
+
+def test_rollout_mismatch_metrics_and_tis_weights_against_the_learners_own_logprobs(batch_items):
+    """With the engine's logprobs equal to the learner's, the gap is ~0 and every TIS weight is
+    1; perturbed by known amounts, the reported gap statistics and weights are those amounts'."""
+    config = LearnerConfig(optimizer=optimizer(), old_logprobs="recompute",
+                           loss=PolicyLossConfig(kl_coef=0.0, aggregation="token_mean", tis_cap=TIS_CAP))
+    learner = Learner(small_model(seed=6), config)
+    items, adv = batch_items
+    [micro] = make_minibatches(items, adv, BatchingConfig(rows=ROWS, length_multiple=LENGTH), 1)
+    micro = learner.prepare(micro)  # old_logprobs: the learner's own
+    assert len(micro) == 2
+    masks = [np.asarray(b.loss_mask) > 0 for b in micro]
+    olds = [np.asarray(b.old_logprobs) for b in micro]
+
+    def with_rollout(deltas):
+        return [b.replace(rollout_logprobs=jnp.asarray(np.where(m, o + d, 0.0).astype(np.float32)))
+                for b, m, o, d in zip(micro, masks, olds, deltas)]
+
+    _, same = learner.gradients(with_rollout([0.0, 0.0]))
+    # The scoring and the gradient programs round differently, by ~1e-6.
+    for key in ("rollout_logprob_gap", "rollout_logprob_gap_p99", "rollout_logprob_gap_max"):
+        assert 0 <= same[key] < 1e-5, key
+    # The weight compares the old logprobs with the engine's: the same arrays here.
+    assert same["tis_capped_frac"] == 0.0 and same["tis_weight_mean"] == 1.0
+
+    # Perturbations away from the cap's threshold log(1.05) = 0.049, and one of 0.5 in the
+    # second micro-batch: the maximum is taken across micro-batches.
+    rng = np.random.default_rng(7)
+    deltas = [np.where(m, rng.choice([-0.1, -0.02, 0.02, 0.1], size=m.shape), 0.0) for m in masks]
+    row, col = np.argwhere(masks[1])[0]
+    deltas[1][row, col] = -0.5
+    _, perturbed = learner.gradients(with_rollout(deltas))
+    on = np.concatenate([m.ravel() for m in masks])
+    delta = np.concatenate([d.ravel() for d in deltas])[on]
+    np.testing.assert_allclose(perturbed["rollout_logprob_gap_max"], 0.5, atol=1e-5)
+    np.testing.assert_allclose(perturbed["rollout_logprob_gap"], np.abs(delta).mean(), atol=1e-5)
+    p99 = max(np.quantile(np.abs(d)[m], GAP_QUANTILE) for d, m in zip(deltas, masks))
+    np.testing.assert_allclose(perturbed["rollout_logprob_gap_p99"], p99, atol=1e-5)
+    # TIS weight exp(old - rollout) = exp(-delta), capped at 1.05: the -0.1 and -0.5 tokens.
+    raw = np.exp(-delta)
+    weight = np.minimum(raw, TIS_CAP)
+    assert 0 < np.mean(raw > TIS_CAP) < 1
+    np.testing.assert_allclose(perturbed["tis_capped_frac"], np.mean(raw > TIS_CAP), rtol=1e-6)
+    np.testing.assert_allclose(perturbed["tis_weight_mean"], weight.mean(), rtol=1e-5)
+    # The weights multiply the policy-gradient terms: with the ratio 1 (to rounding; the params
+    # are the old ones) and no KL or entropy term, the token-mean loss is mean(-A w).
+    adv_tok = np.concatenate([np.asarray(b.advantages).ravel() for b in micro])[on]
+    np.testing.assert_allclose(same["loss"], np.mean(-adv_tok), atol=1e-5)
+    np.testing.assert_allclose(perturbed["loss"], np.mean(-adv_tok * weight), atol=1e-5)
+    assert abs(np.mean(adv_tok * (weight - 1))) > 1e-4  # so the check above tells weighted from not
 
 
 def test_reference_and_recomputed_old_logprobs_are_computed_once_per_rollout_batch(batch_items):
@@ -218,6 +277,9 @@ def test_config_errors_name_the_problem():
         LearnerConfig.from_dict({"optimizer": {"lr": 1.0}})
     cfg = LearnerConfig.from_dict({"optimizer": {"learning_rate": 3e-6}, "loss": {"kl_coef": 0.0}, "old_logprobs": "current"})
     assert cfg.optimizer.learning_rate == 3e-6 and cfg.loss.kl_coef == 0.0
+    with pytest.raises(ValueError, match="tis_cap must be 0 .off. or >= 1"):
+        LearnerConfig.from_dict({"loss": {"tis_cap": 0.5}})
+    assert LearnerConfig.from_dict({"loss": {"tis_cap": 2.0}}).loss.tis_cap == 2.0
     with pytest.raises(ValueError, match="no vision tower"):
         Learner(small_model(), LearnerConfig(freeze_vision=True))
 
@@ -263,3 +325,90 @@ def test_frozen_vision_tower_is_bit_identical_after_a_step():
         np.testing.assert_array_equal(a, np.asarray(b))
     text_after = nnx.state(learner.model.language_model, nnx.Param)
     assert any(not np.array_equal(a, np.asarray(b)) for a, b in zip(jax.tree.leaves(text_before), jax.tree.leaves(text_after)))
+
+
+def test_bfloat16_step_keeps_float32_master_weights_and_follows_the_float32_update(batch_items):
+    """bfloat16 parameters and compute, layers rematerialised: the step's loss is finite, the
+    optimizer state (master weights, Adam moments) is float32, the parameters stay bfloat16 and
+    are exactly the rounded master weights, and the update points where the float32 one does
+    from the same (bfloat16-rounded) start."""
+    from cua_jax.train.learner import MasterWeightsState
+
+    fp32 = small_model()
+    bf16 = Qwen3ForCausalLM(tiny_qwen3_config(**SMALL, dtype="bfloat16", param_dtype="bfloat16", remat=True),
+                            rngs=nnx.Rngs(0))
+    rounded = jax.tree.map(lambda a: a.astype(jnp.bfloat16), nnx.state(fp32, nnx.Param))
+    nnx.update(bf16, rounded)
+    nnx.update(fp32, jax.tree.map(lambda a: a.astype(jnp.float32), rounded))
+    config = LearnerConfig(optimizer=optimizer(), loss=PolicyLossConfig(aggregation="token_mean", kl_coef=1e-2))
+    items, adv = batch_items
+    [micro] = make_minibatches(items, adv, BatchingConfig(rows=ROWS, length_multiple=LENGTH), 1)
+    steps, metrics = {}, {}
+    for name, model in (("float32", fp32), ("bfloat16", bf16)):
+        learner = Learner(model, config)
+        start = [np.asarray(a, np.float32) for a in jax.tree.leaves(learner.params)]
+        metrics[name] = learner.update(micro)
+        state = learner.opt_state
+        if name == "float32":
+            assert not isinstance(state, MasterWeightsState)
+            after = learner.params
+        else:
+            assert isinstance(state, MasterWeightsState)
+            assert {a.dtype for a in jax.tree.leaves(learner.params)} == {jnp.dtype(jnp.bfloat16)}
+            assert {a.dtype for a in jax.tree.leaves(learner.reference_params)} == {jnp.dtype(jnp.bfloat16)}
+            floats = {a.dtype for a in jax.tree.leaves(state) if jnp.issubdtype(a.dtype, jnp.floating)}
+            assert floats == {jnp.dtype(jnp.float32)}
+            # master, Adam's two moments: three float32 copies of the trainable parameters
+            trainable = sum(a.size for a in jax.tree.leaves(learner.params))
+            assert 3 * trainable <= sum(a.size for a in jax.tree.leaves(state)) < 3 * trainable + 16
+            for p, m in zip(jax.tree.leaves(learner.params), jax.tree.leaves(state.master)):
+                np.testing.assert_array_equal(np.asarray(p), np.asarray(m.astype(jnp.bfloat16)))
+            after = state.master
+        steps[name] = np.concatenate([(np.asarray(a) - s).ravel() for a, s in zip(jax.tree.leaves(after), start)])
+    assert np.isfinite(metrics["bfloat16"]["loss"]) and metrics["bfloat16"]["grad_norm"] > 0
+    np.testing.assert_allclose(metrics["bfloat16"]["loss"], metrics["float32"]["loss"], rtol=0.05, atol=1e-3)
+    a, b = steps["float32"], steps["bfloat16"]
+    assert np.linalg.norm(a) > 1e-3
+    assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.99
+
+
+def test_master_weights_keep_updates_below_bfloat16_resolution():
+    """SGD steps of 1e-3 on a bfloat16 weight of 1.0 (spacing 2^-8 just below it): each rounds away
+    without master weights; with them, ten steps accumulate to 0.99, rounded 0.98828125 (253 / 256)."""
+    import optax
+
+    from cua_jax.train.learner import MasterWeightsState, make_optimizer, with_float32_master_weights
+
+    params = {"w": jnp.ones((4,), jnp.bfloat16)}
+    grads = {"w": jnp.ones((4,), jnp.bfloat16)}
+    plain, master = optax.sgd(1e-3), with_float32_master_weights(optax.sgd(1e-3))
+    p_plain, s_plain = params, plain.init(params)
+    p_master, s_master = params, master.init(params)
+    for _ in range(10):
+        u, s_plain = plain.update(grads, s_plain, p_plain)
+        p_plain = optax.apply_updates(p_plain, u)
+        u, s_master = master.update(grads, s_master, p_master)
+        p_master = optax.apply_updates(p_master, u)
+    np.testing.assert_array_equal(np.asarray(p_plain["w"], np.float32), 1.0)
+    np.testing.assert_allclose(np.asarray(s_master.master["w"]), 0.99, rtol=1e-6)
+    assert p_master["w"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(p_master["w"], np.float32), 0.98828125)
+    with pytest.raises(ValueError, match="needs the current params"):
+        master.update(grads, s_master)
+    # The learner's optimizer: clipping and AdamW inside the wrapper, state on the float32 copy.
+    state = make_optimizer(OptimizerConfig(), master_weights=True).init(params)
+    assert isinstance(state, MasterWeightsState)
+    assert all(a.dtype != jnp.bfloat16 for a in jax.tree.leaves(state))
+
+
+def test_run_config_tis_cap_reaches_the_loss_and_a_bad_one_is_named():
+    from experiments.configs.base import base_config
+    from cua_jax.train.trainer import ConfigError, TrainSettings
+
+    config = base_config()
+    assert TrainSettings.from_config(config).learner.loss.tis_cap == 0.0  # off by default
+    config.loss.tis_cap = 2.0
+    assert TrainSettings.from_config(config).learner.loss.tis_cap == 2.0
+    config.loss.tis_cap = 0.5
+    with pytest.raises(ConfigError, match=r"config\.loss\.tis_cap: .*must be 0 \(off\) or >= 1"):
+        TrainSettings.from_config(config)

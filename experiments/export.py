@@ -1,0 +1,156 @@
+"""Export a trained run's policy as a Hugging Face directory:
+
+    python -m experiments.export --workdir=RUN --out=DIR [--step=N] [--dtype=bfloat16]
+
+Reads checkpoint N (default: the latest) under <RUN>/checkpoints, as the trainer's
+`TrainCheckpointer` wrote it. Its `config` item is the run's config: it names the policy
+(`build_policy`, built abstractly here for its structure) and where the run's tokenizer and
+image processor come from (`tokenizer_dir`: model.tokenizer_dir, else model.init_from, else the
+shipped pair). The policy's parameters (the `params` and `frozen` parts of the checkpoint's
+train state; not the optimizer state) are restored onto the host CPU and written by
+`cua_jax.models.hf_policy.export_policy` with that tokenizer, chat template and image processor.
+The directory loads in transformers, vLLM and `cua_jax.models.hf_policy.load_policy`.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+from absl import app, flags
+
+CHECKPOINTS = "checkpoints"
+DTYPES = ("float32", "bfloat16")
+
+
+def _manager(workdir: str | os.PathLike):
+    import orbax.checkpoint as ocp
+
+    directory = pathlib.Path(workdir).resolve() / CHECKPOINTS
+    if not directory.is_dir():
+        raise ValueError(f"{workdir} is not a training run's workdir: it has no {CHECKPOINTS}/ directory")
+    return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
+
+
+def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
+    """The steps checkpointed under <workdir>/checkpoints, ascending."""
+    manager = _manager(workdir)
+    try:
+        return sorted(manager.all_steps())
+    finally:
+        manager.close()
+
+
+def resolve_step(workdir: str | os.PathLike, step: int | None) -> int:
+    """`step`, or the latest checkpointed step when None; ValueError listing the steps present
+    when that step has no checkpoint."""
+    steps = checkpoint_steps(workdir)
+    if not steps:
+        raise ValueError(f"{workdir}/{CHECKPOINTS} holds no checkpoint")
+    if step is None:
+        return steps[-1]
+    if step not in steps:
+        raise ValueError(f"{workdir}/{CHECKPOINTS} has no checkpoint of step {step}; steps present: {steps}")
+    return step
+
+
+def read_run_config(workdir: str | os.PathLike, step: int):
+    """The run's config as the trainer saved it with checkpoint `step` (the checkpoint's `config`
+    item, JSON of `config.to_dict()`), as an ml_collections.ConfigDict."""
+    import ml_collections
+    import orbax.checkpoint as ocp
+
+    manager = _manager(workdir)
+    try:
+        restored = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
+    finally:
+        manager.close()
+    return ml_collections.ConfigDict(restored["config"])
+
+
+def restore_policy(workdir: str | os.PathLike, step: int, config):
+    """The run's policy with the parameters of checkpoint `step`, on the host CPU.
+
+    The policy's structure comes from `build_policy` under `nnx.eval_shape` (no parameters are
+    initialised); the checkpoint's train state holds the trainable `params` and the `frozen` rest,
+    split as the learner splits them (`trainable_filter`, with learner.freeze_vision)."""
+    import jax
+    import orbax.checkpoint as ocp
+    from flax import nnx
+    from jax.sharding import SingleDeviceSharding
+
+    from cua_jax.train.trainer import TrainSettings, build_policy
+
+    settings = TrainSettings.from_config(config)
+    abstract = nnx.eval_shape(lambda: build_policy(settings, config.seed))
+    if settings.learner.freeze_vision:
+        abstract.freeze_vision = True
+    trainable = abstract.trainable_filter() if hasattr(abstract, "trainable_filter") else nnx.Param
+    graphdef, params, frozen = nnx.split(abstract, trainable, ...)
+    target = {"params": params, "frozen": frozen}
+    host = SingleDeviceSharding(jax.devices("cpu")[0])
+    restore_args = jax.tree.map(
+        lambda leaf: ocp.ArrayRestoreArgs(sharding=host, global_shape=leaf.shape, dtype=leaf.dtype), target)
+    manager = _manager(workdir)
+    try:
+        restored = manager.restore(step, args=ocp.args.Composite(train_state=ocp.args.PyTreeRestore(
+            item=target, restore_args=restore_args, partial_restore=True)))
+    finally:
+        manager.close()
+    state = restored["train_state"]
+    return nnx.merge(graphdef, state["params"], state["frozen"])
+
+
+def export_run(workdir: str | os.PathLike, out: str | os.PathLike, step: int | None = None,
+               dtype: str | None = None):
+    """Exports the policy of checkpoint `step` (default the latest) of the run in `workdir` to
+    `out` (which must not exist or be empty), with the run's tokenizer, chat template and image
+    processor. Returns (step, the written directory's `PolicyDirectory`)."""
+    from cua_jax.context.tokenizer import SHIPPED_TOKENIZER_DIR
+    from cua_jax.models.hf_policy import export_policy
+    from cua_jax.train.trainer import tokenizer_dir
+
+    out = pathlib.Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out {out} exists and is not an empty directory; choose a new one")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r} is not one of {DTYPES}")
+    step = resolve_step(workdir, step)
+    config = read_run_config(workdir, step)
+    source = tokenizer_dir(config) or SHIPPED_TOKENIZER_DIR
+    if not pathlib.Path(source).is_dir():
+        raise ValueError(f"the run's tokenizer directory {str(source)!r} (config.model.tokenizer_dir, else "
+                         "config.model.init_from) is not a directory")
+    model = restore_policy(workdir, step, config)
+    return step, export_policy(model, out, tokenizer=source, dtype=dtype)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
+    from cua_jax.observe.logs import quiet_library_logging
+
+    quiet_library_logging()
+    FLAGS = flags.FLAGS
+    try:
+        step, policy = export_run(FLAGS.workdir, FLAGS.out, FLAGS.step, FLAGS.dtype)
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
+    if policy is not None:  # the writing process
+        print(f"exported step {step} of {FLAGS.workdir} to {policy.directory}: a {policy.architecture} with "
+              f"{policy.vocab_size} vocabulary entries in {len(policy.safetensors)} safetensors file(s)")
+
+
+def define_flags() -> None:
+    """The command line's flags (defined only when run as a program, so importing this module
+    next to another entrypoint defining --workdir does not clash)."""
+    flags.DEFINE_string("workdir", None, "The training run's directory (holds checkpoints/).", required=True)
+    flags.DEFINE_string("out", None, "Directory to write the Hugging Face policy into (new or empty).",
+                        required=True)
+    flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest).")
+    flags.DEFINE_enum("dtype", None, DTYPES, "On-disk dtype of the weights (default: the parameters' own).")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
