@@ -56,16 +56,18 @@ def resolve_step(workdir: str | os.PathLike, step: int | None) -> int:
 
 def read_run_config(workdir: str | os.PathLike, step: int):
     """The run's config as the trainer saved it with checkpoint `step` (the checkpoint's `config`
-    item, JSON of `config.to_dict()`), as an ml_collections.ConfigDict."""
-    import ml_collections
+    item, JSON of `config.to_dict()`), on today's base config (`config_from_dict`: fields added
+    since the run keep their defaults)."""
     import orbax.checkpoint as ocp
+
+    from experiments.configs.base import config_from_dict
 
     manager = _manager(workdir)
     try:
         restored = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
     finally:
         manager.close()
-    return ml_collections.ConfigDict(restored["config"])
+    return config_from_dict(restored["config"])
 
 
 def restore_policy(workdir: str | os.PathLike, step: int, config):

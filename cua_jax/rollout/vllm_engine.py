@@ -401,9 +401,6 @@ class VllmEngine(RolloutEngine):
 
         ids = request.prompt_ids
         if request.images:
-            ids = collapse_image_placeholders(ids, self._image_token_id, len(request.images))
-        prompt = TokensPrompt(prompt_token_ids=ids.tolist())
-        if request.images:
             if not self.config.limit_images_per_prompt:
                 raise ValueError("this engine serves a text-only model; the request has images")
             if len(request.images) > self.config.limit_images_per_prompt:
@@ -411,6 +408,9 @@ class VllmEngine(RolloutEngine):
                     f"request has {len(request.images)} images; the engine allows "
                     f"{self.config.limit_images_per_prompt} per prompt"
                 )
+            ids = collapse_image_placeholders(ids, self._image_token_id, len(request.images))
+        prompt = TokensPrompt(prompt_token_ids=ids.tolist())
+        if request.images:
             from PIL import Image
 
             prompt["multi_modal_data"] = {"image": [Image.fromarray(im) for im in request.images]}

@@ -250,3 +250,24 @@ def base_config() -> ml_collections.ConfigDict:
     c.pretrain.eval_seeds = 10  # held-out pages per task for the final greedy success
     c.pretrain.export_dir = ""  # "" : <workdir>/base
     return c
+
+
+def config_from_dict(saved: dict) -> ml_collections.ConfigDict:
+    """A config saved as a dict (a run's checkpoint, a base's manifest recipe), on today's base:
+    fields the dict lacks (added since it was saved) keep their defaults, lists become the
+    tuples the base declares, and a field the base does not know is an error naming it."""
+    config = base_config()
+
+    def merge(target: ml_collections.ConfigDict, values: dict, prefix: str) -> None:
+        for key, value in values.items():
+            if key not in target:
+                raise KeyError(f"config.{prefix}{key}: not a field of experiments/configs/base.py")
+            if isinstance(target[key], ml_collections.ConfigDict):
+                merge(target[key], value, f"{prefix}{key}.")
+            elif isinstance(target[key], tuple) and isinstance(value, list):
+                target[key] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+            else:
+                target[key] = value
+
+    merge(config, saved, "")
+    return config

@@ -164,3 +164,17 @@ def test_more_tasks_per_batch_than_the_pool_holds_is_named():
     config.rollout.batch_tasks = sum(tier != max(tiers) for tier in tiers) + 1
     with pytest.raises(ConfigError, match=r"config\.rollout\.batch_tasks"):
         TrainSettings.from_config(config)
+
+
+def test_a_saved_config_loads_on_todays_base():
+    """A run's or a base's saved config (JSON: tuples as lists) from an older commit: fields
+    added since keep their defaults; a field today's base does not know is named."""
+    saved = default.get_config().to_dict()
+    del saved["env"]["observation"]  # a field added after the save
+    saved["env"]["tasks"] = list(saved["env"]["tasks"])
+    config = base.config_from_dict(saved)
+    assert config.env.observation == "screenshot" and config.env.tasks == default.TASKS
+    TrainSettings.from_config(config)
+    saved["env"]["no_such_field"] = 1
+    with pytest.raises(KeyError, match="config.env.no_such_field"):
+        base.config_from_dict(saved)

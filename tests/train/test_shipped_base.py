@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 
-import ml_collections
 import pytest
 
 from cua_jax.models.qwen3_vl import load_qwen3_vl
 from cua_jax.train.pretrain import MANIFEST_FILE, Pretrainer
 from cua_jax.train.trainer import TrainSettings, load_run_processor
 from experiments.configs import default
+from experiments.configs.base import config_from_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE = os.path.join(ROOT, default.BASE)
@@ -47,7 +47,7 @@ def test_the_base_is_complete_small_and_loads_with_the_runs_tokenizer():
 @pytest.mark.slow
 def test_the_base_succeeds_on_its_held_out_pages_as_its_manifest_says(tmp_path):
     m = manifest()
-    config = ml_collections.ConfigDict(m["recipe"])
+    config = config_from_dict(m["recipe"])  # the recipe of its commit, on today's base
     config.workdir = str(tmp_path)
     config.env.tasks = tuple(default.TASKS)  # the tasks the default run trains on
     config.env.task_tiers = (0,) * len(default.TASKS)
