@@ -15,6 +15,9 @@ provoked but the infrastructure reports (say, an application the agent opened th
 exhausted the container's memory) is quarantined. CANOPY scores an episode whose own
 allocation exhausts its budget as a failure; `Attribution.oom_is_agent_fault` selects
 that rule, and the default follows this project's issue (OOM-kill quarantines).
+
+Environment faults quarantine; library bugs raise. `classify_environment_error` is the one
+rule that tells them apart for an exception caught around an environment call.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class FaultKind(str, enum.Enum):
     SETUP_FAILED = "setup failed"
     JUDGE_FAILED = "judge failed"
     ENGINE_FAILED = "engine failed"  # the rollout engine died mid-episode
+    BROWSER_CRASHED = "browser crashed"  # the (shared) browser process died under the episode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +50,68 @@ class Fault:
     def reason(self) -> str:
         """The quarantine reason recorded on the episode, e.g. 'container exited: status 137'."""
         return f"{self.kind.value}: {self.detail}" if self.detail else self.kind.value
+
+
+class FaultError(Exception):
+    """An error that names the infrastructure fault behind it (a crashed browser, a quarantined
+    capsule, a runtime that is shut down); `classify_environment_error` takes that fault as is.
+    Subclasses set `fault_kind`; the message is the fault's detail."""
+
+    fault_kind: FaultKind = FaultKind.SERVER_ERROR
+
+    @property
+    def fault(self) -> Fault:
+        return Fault(self.fault_kind, str(self))
+
+
+def _playwright_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from playwright.async_api import Error  # TimeoutError and TargetClosedError derive from it
+    except ImportError:  # an installation without browsers raises no Playwright errors
+        return ()
+    return (Error,)
+
+
+def _is_timeout(error: BaseException) -> bool:
+    if isinstance(error, TimeoutError):  # asyncio.TimeoutError is TimeoutError since Python 3.11
+        return True
+    try:
+        from playwright.async_api import TimeoutError as PlaywrightTimeoutError
+    except ImportError:
+        return False
+    return isinstance(error, PlaywrightTimeoutError)
+
+
+def classify_environment_error(error: BaseException, *, setup: bool = False) -> Fault | None:
+    """The infrastructure fault behind `error`, or None when it is a bug that must raise.
+
+    The error and then its chain of causes (`raise ... from`) are read in turn, so a wrapper
+    such as a failed lifecycle transaction is judged by what failed it; the first link that
+    is an infrastructure error decides:
+
+        FaultError (crashed browser, quarantined capsule, shut-down runtime)   its own fault
+        timeouts (TimeoutError, asyncio's and Playwright's)      SERVER_UNRESPONSIVE
+        ConnectionError (refused, reset, BrokenPipeError)       SERVER_UNRESPONSIVE
+        other Playwright errors (closed target, crashed page)   SERVER_ERROR
+        other OSError                                           SERVER_ERROR
+
+    With setup=True (the error came while setting a task up) every kind but a FaultError's
+    is SETUP_FAILED. A chain with no infrastructure error (TypeError, AttributeError,
+    KeyError, AssertionError, ValueError, ...) is a library bug: None.
+    """
+    detail = f"{type(error).__name__}: {error}"  # the outermost error says where it failed
+    link: BaseException | None = error
+    seen: set[int] = set()
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, FaultError):
+            return link.fault
+        if _is_timeout(link) or isinstance(link, ConnectionError):
+            return Fault(FaultKind.SETUP_FAILED if setup else FaultKind.SERVER_UNRESPONSIVE, detail)
+        if isinstance(link, (*_playwright_errors(), OSError)):
+            return Fault(FaultKind.SETUP_FAILED if setup else FaultKind.SERVER_ERROR, detail)
+        link = link.__cause__
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

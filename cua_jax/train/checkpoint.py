@@ -5,12 +5,16 @@ holds three items:
 
   train_state  the learner's parameters, optimizer state and step (sharded arrays,
                `StandardSave`; restored onto the learner's own shardings);
-  host_state   numpy arrays: the run's base PRNG key data, the policy version, the next group
-               id, and, pickled into uint8 arrays (so they are written in the same atomic
-               commit), each rollout worker's engine sampling state (the JAX sampler's call
-               counter; read and set through the workers, in-process or Ray actors alike) and
-               the task pool + sampler state;
-  config       the run's config as JSON (what was trained, for the record).
+  host_state   the trainer's `TrainerState` record as numpy arrays: the run's base PRNG key
+               data, the step, the policy version, the next group id, and, pickled into uint8
+               arrays (so they are written in the same atomic commit), each rollout worker's
+               engine sampling state (the JAX sampler's call counter), the task pool +
+               sampler state and the evaluations so far;
+  config       the run's config as JSON (what was trained; `experiments.export` reads it).
+
+The checkpointer only moves records: the trainer makes its `TrainerState` and applies a
+restored one (`Trainer.trainer_state` / `Trainer.load_trainer_state`), so no field of the
+trainer is written from here.
 
 Every random draw of the trainer is a function of (base key, step) or of the engines'
 call counters, so restoring these and the parameters makes a resumed run on CPU reproduce
@@ -20,16 +24,59 @@ sampling state to save: its resumed samples differ from the uninterrupted run's.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-if TYPE_CHECKING:
-    from cua_jax.train.trainer import Trainer
+
+@dataclasses.dataclass(frozen=True)
+class TrainerState:
+    """What a trainer holds besides the learner's arrays.
+
+    base_key: the run's base PRNG key data (uint32 array; a check that the seed matches).
+    step: completed training steps. version: the policy version the engines hold.
+    next_group_id: the next rollout group's id. engine_sampling: each rollout worker's engine
+    sampling state. sampler: the task sampler's state dict. evaluations: held-out results so far.
+    """
+
+    base_key: np.ndarray
+    step: int
+    version: int
+    next_group_id: int
+    engine_sampling: list[dict[str, int]]
+    sampler: dict[str, Any]
+    evaluations: dict[str, Any]
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "base_key": np.asarray(self.base_key),
+            "step": np.asarray(self.step, np.int64),
+            "version": np.asarray(self.version, np.int64),
+            "next_group_id": np.asarray(self.next_group_id, np.int64),
+            "engine_sampling": _pack(self.engine_sampling),
+            "sampler": _pack(self.sampler),
+            "evaluations": _pack(self.evaluations),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], where: str) -> "TrainerState":
+        missing = {field.name for field in dataclasses.fields(cls)} - set(arrays)
+        if missing:
+            raise ValueError(f"checkpoint {where} lacks host state {sorted(missing)}")
+        return cls(
+            base_key=np.asarray(arrays["base_key"]),
+            step=int(arrays["step"]),
+            version=int(arrays["version"]),
+            next_group_id=int(arrays["next_group_id"]),
+            engine_sampling=_unpack(arrays["engine_sampling"]),
+            sampler=_unpack(arrays["sampler"]),
+            evaluations=_unpack(arrays["evaluations"]),
+        )
 
 
 def _pack(obj: Any) -> np.ndarray:
@@ -41,7 +88,8 @@ def _unpack(array: np.ndarray) -> Any:
 
 
 class TrainCheckpointer:
-    """Saves and restores a `Trainer` under `directory`, keeping the newest `keep` steps."""
+    """Saves and restores (learner train state, `TrainerState`, config) under `directory`,
+    keeping the newest `keep` steps."""
 
     def __init__(self, directory: str, keep: int = 2):
         if keep < 1:
@@ -55,40 +103,25 @@ class TrainCheckpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    @staticmethod
-    def host_state(trainer: "Trainer") -> dict[str, np.ndarray]:
-        return {
-            "base_key": np.asarray(jax.random.key_data(trainer.base_key)),
-            "step": np.asarray(trainer.step, np.int64),
-            "version": np.asarray(trainer.version, np.int64),
-            "next_group_id": np.asarray(trainer.next_group_id, np.int64),
-            "engine_sampling": _pack([worker.sampling_state() for worker in trainer.workers]),
-            "sampler": _pack(trainer.sampler.state_dict()),
-            "evaluations": _pack(trainer.evaluations),
-        }
-
-    def save(self, trainer: "Trainer") -> None:
-        """Writes the trainer's state as checkpoint `trainer.step` and waits for it to land."""
+    def save(self, train_state: Any, state: TrainerState, config: dict[str, Any]) -> None:
+        """Writes checkpoint `state.step` and waits for it to land."""
         self.manager.save(
-            trainer.step,
+            state.step,
             args=ocp.args.Composite(
-                train_state=ocp.args.StandardSave(trainer.learner.train_state()),
-                host_state=ocp.args.StandardSave(self.host_state(trainer)),
-                config=ocp.args.JsonSave(trainer.config.to_dict()),
+                train_state=ocp.args.StandardSave(train_state),
+                host_state=ocp.args.StandardSave(state.to_arrays()),
+                config=ocp.args.JsonSave(config),
             ),
         )
         self.manager.wait_until_finished()
 
-    def restore_latest(self, trainer: "Trainer") -> int | None:
-        """Loads the newest checkpoint into `trainer` (learner, engines, sampler, counters).
-
-        Returns its step, or None when the directory holds no checkpoint.
-        """
+    def restore_latest(self, train_state_like: Any) -> tuple[Any, TrainerState] | None:
+        """(train state, TrainerState) of the newest checkpoint, the arrays placed like
+        `train_state_like` (the learner's own); None when the directory holds no checkpoint."""
         step = self.manager.latest_step()
         if step is None:
             return None
-        target = jax.tree.map(ocp.utils.to_shape_dtype_struct, trainer.learner.train_state())
-        host_target = self.host_state(trainer)
+        target = jax.tree.map(ocp.utils.to_shape_dtype_struct, train_state_like)
         restored = self.manager.restore(
             step,
             args=ocp.args.Composite(
@@ -96,32 +129,7 @@ class TrainCheckpointer:
                 host_state=ocp.args.StandardRestore(),
             ),
         )
-        host = restored["host_state"]
-        missing = set(host_target) - set(host)
-        if missing:
-            raise ValueError(f"checkpoint {self.directory}/{step} lacks host state {sorted(missing)}")
-        saved_key = np.asarray(host["base_key"])
-        if not np.array_equal(saved_key, host_target["base_key"]):
-            raise ValueError(
-                f"checkpoint {self.directory}/{step} was written with another seed; "
-                "resume with the config it was trained with (config.seed)"
-            )
-        sampling = _unpack(host["engine_sampling"])
-        if len(sampling) != len(trainer.workers):
-            raise ValueError(
-                f"checkpoint {self.directory}/{step} has {len(sampling)} rollout workers' state, "
-                f"the config asks for {len(trainer.workers)} (config.rollout.num_workers)"
-            )
-        trainer.learner.load_train_state(restored["train_state"])
-        trainer.step = int(host["step"])
-        trainer.next_group_id = int(host["next_group_id"])
-        trainer.sampler.load_state_dict(_unpack(host["sampler"]))
-        trainer.evaluations = _unpack(host["evaluations"])
-        trainer.version = int(host["version"]) - 1
-        trainer.sync_weights()  # engines get the restored parameters at the saved version
-        for worker, state in zip(trainer.workers, sampling):
-            worker.load_sampling_state(state)
-        return step
+        return restored["train_state"], TrainerState.from_arrays(restored["host_state"], f"{self.directory}/{step}")
 
     def close(self) -> None:
         self.manager.close()

@@ -90,6 +90,7 @@ from cua_jax.train.batching import (
     process_images,
 )
 from cua_jax.train.buffer import RolloutBuffer, RolloutGroup, whole_group_minibatches
+from cua_jax.train.checkpoint import TrainCheckpointer, TrainerState
 from cua_jax.train.learner import Learner, LearnerConfig, OptimizerConfig
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem
 
@@ -830,7 +831,6 @@ class Trainer:
     """
 
     def __init__(self, config, *, env_wrapper: EnvWrapper | None = None):
-        from cua_jax.train.checkpoint import TrainCheckpointer
 
         self.settings = TrainSettings.from_config(config)
         self.config = config
@@ -1073,11 +1073,16 @@ class Trainer:
         return metrics
 
     def sync_weights(self) -> None:
-        """Pushes the learner's parameters to every engine as the next policy version: a device
-        copy per in-process worker, one host (numpy) copy shared by the Ray actors."""
+        """Pushes the learner's parameters to every engine as the next policy version."""
+        self.version += 1
+        self._push_weights()
+
+    def _push_weights(self) -> None:
+        """The learner's parameters to every engine as policy `self.version`: a device copy per
+        in-process JAX engine, one host (numpy) copy shared by Ray actors, the state itself to
+        vLLM routers (they convert it to host arrays at once)."""
         from flax import nnx
 
-        self.version += 1
         state = nnx.state(self.learner.model)
         if self.config.rollout.engine == "vllm":
             # The router turns the parameters into host arrays before returning.
@@ -1248,9 +1253,10 @@ class Trainer:
 
         Metric records of steps after the checkpoint (written before a kill) are removed from
         metrics.jsonl, since those steps run again."""
-        step = self.checkpointer.restore_latest(self)
-        if step is None:
+        restored = self.checkpointer.restore_latest(self.learner.train_state())
+        if restored is None:
             return False
+        self.load_trainer_state(*restored)
         path = os.path.join(self.workdir, "metrics.jsonl")
         if os.path.exists(path):
             if self._writer is not None:
@@ -1263,7 +1269,32 @@ class Trainer:
         return True
 
     def save(self) -> None:
-        self.checkpointer.save(self)
+        self.checkpointer.save(self.learner.train_state(), self.trainer_state(), self.config.to_dict())
+
+    def trainer_state(self) -> TrainerState:
+        """The run's state besides the learner's arrays (what a checkpoint's host_state holds)."""
+        return TrainerState(
+            base_key=np.asarray(jax.random.key_data(self.base_key)), step=self.step, version=self.version,
+            next_group_id=self.next_group_id, engine_sampling=[worker.sampling_state() for worker in self.workers],
+            sampler=self.sampler.state_dict(), evaluations=self.evaluations,
+        )
+
+    def load_trainer_state(self, train_state: Any, state: TrainerState) -> None:
+        """Continues from a checkpoint: the learner's arrays, the counters, the sampler, and the
+        engines' weights (pushed at the saved policy version) and sampling state."""
+        if not np.array_equal(state.base_key, np.asarray(jax.random.key_data(self.base_key))):
+            raise ValueError(f"the checkpoint of step {state.step} was written with another seed; "
+                             "resume with the config it was trained with (config.seed)")
+        if len(state.engine_sampling) != len(self.workers):
+            raise ValueError(f"the checkpoint of step {state.step} has {len(state.engine_sampling)} rollout workers' "
+                             f"state, the config asks for {len(self.workers)} (config.rollout.num_workers)")
+        self.learner.load_train_state(train_state)
+        self.step, self.version, self.next_group_id = state.step, state.version, state.next_group_id
+        self.sampler.load_state_dict(state.sampler)
+        self.evaluations = state.evaluations
+        self._push_weights()
+        for worker, sampling in zip(self.workers, state.engine_sampling):
+            worker.load_sampling_state(sampling)
 
     def run(self) -> dict[str, Any]:
         """Evaluate, train config.train.num_steps steps (checkpointing), evaluate, plot."""

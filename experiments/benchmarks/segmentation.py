@@ -12,12 +12,28 @@ For K = Delta in {1, 3, 5, 8, 10, 15} it prints, per strategy: training items, t
 10^6). Step-wise items see the last K screenshots (the context the rollout used), so both
 strategies give the policy the same visual window. Whole trajectory does not depend on K.
 
-    python -m experiments.benchmarks.segmentation
+Token counts are not training time (ScaleCUA's 2.83x step-wise/sliding-window figure is end-to-end
+time), so with --learner (the default) it also times real learner updates. The tiny random
+Qwen3-VL (`tiny_qwen3_vl_config`) trains on the items each segmenter cuts from the same synthetic
+episodes, whose turns carry 160x210 (MiniWoB-size) random screenshots that go through the vision
+tower (the default small-screen processor: a 14x10 patch grid, 35 image tokens each). Every
+segmenter's items are batched as the trainer batches them (`make_minibatches` with the base
+config's micro-batch shape, pixel patches and Qwen3-VL multimodal positions) and trained with
+`Learner.train_on_batch` (the base config's loss, old_logprobs="current"): one untimed call
+compiles every shape, then the same number of timed calls per segmenter. It prints the learner
+seconds per episode and the step-wise / sliding-window ratio of learner time beside the token and
+attention-cost ratios of those same items.
+
+    python -m experiments.benchmarks.segmentation                 # all T, learner timing at K=Delta=5
+    python -m experiments.benchmarks.segmentation --no-learner    # token counts only (seconds)
+    python -m experiments.benchmarks.segmentation --learner-turns 10 30 --repeats 3
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import sys
 import time
 
 import numpy as np
@@ -33,6 +49,14 @@ SCREEN = (800, 1280)  # height, width
 # Qwen3-VL's preprocessor_config pixel bounds.
 QWEN3_VL_MIN_PIXELS = 65_536
 QWEN3_VL_MAX_PIXELS = 16_777_216
+# Learner timing: the tiny policy on MiniWoB-size screenshots, at ScaleCUA's K = Delta = 5.
+LEARNER_TURNS = (10, 30, 50)
+LEARNER_WINDOW = 5
+LEARNER_SCREEN = (210, 160)  # height, width
+LEARNER_REPEATS = 2
+# The base config's micro-batch shape (experiments/configs/base.py: learner.rows, learner.length_multiple).
+LEARNER_BATCHING_ROWS = 4
+LEARNER_LENGTH_MULTIPLE = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +71,17 @@ class Cost:
         return cls(len(lengths), int(lengths.sum()), int((lengths**2).sum()))
 
 
-def synthetic_episode(renderer: ChatRenderer, num_turns: int, seed: int = 0) -> Episode:
-    """An episode of `num_turns` turns, each a 1280x800 screenshot and a reasoning + tool-call response."""
+def synthetic_episode(
+    renderer: ChatRenderer, num_turns: int, seed: int = 0, screen: tuple[int, int] = SCREEN, pixels: bool = False
+) -> Episode:
+    """An episode of `num_turns` turns, each a `screen` (height, width) screenshot and a reasoning +
+    tool-call response. Without `pixels` every turn shares one blank screenshot (only its shape is
+    counted); with it each turn gets its own random image, for the vision tower to encode."""
     rng = np.random.default_rng(seed)
-    screenshot = np.zeros((*SCREEN, 3), np.uint8)  # only its shape matters; shared by every turn
+    blank = np.zeros((*screen, 3), np.uint8)
     turns = []
     for t in range(num_turns):
+        screenshot = rng.integers(0, 256, size=(*screen, 3), dtype=np.uint8) if pixels else blank
         x, y = rng.integers(0, 1000, size=2)
         response = (
             f"<think>The page after step {t} shows the dialog; the next control to use is at ({x}, {y}). "
@@ -72,14 +101,136 @@ def synthetic_episode(renderer: ChatRenderer, num_turns: int, seed: int = 0) -> 
     )
 
 
-def main() -> None:
+@dataclasses.dataclass(frozen=True)
+class LearnerTiming:
+    """One segmenter's items of one episode and the learner's time to train on them."""
+
+    cost: Cost
+    microbatches: int
+    seconds: float  # mean over the timed calls of one train_on_batch over the episode's items
+
+
+class LearnerBench:
+    """Times `Learner.train_on_batch` on segmenter output, batched the way the trainer batches it.
+
+    One learner serves every segmenter and episode (its compiled programs are per batch shape, so a
+    shape compiled for one run is reused by the next; the untimed first call of each run compiles
+    the rest). Every segmenter gets the same batching config and the same call counts.
+    """
+
+    def __init__(self, tokenizer, seed: int = 0):
+        from cua_jax.context.tokenizer import build_image_processor as small_screen_processor
+        from cua_jax.models.qwen3_vl import tiny_qwen3_vl_config
+        from cua_jax.train.batching import BatchingConfig, MultimodalPositions
+
+        self.processor = small_screen_processor()  # the default small-screen bounds the tiny policy trains with
+        self.renderer = ChatRenderer(tokenizer, self.processor)
+        self.model_config = tiny_qwen3_vl_config()
+        self.multimodal = MultimodalPositions.of(self.model_config)
+        self.batching = BatchingConfig(rows=LEARNER_BATCHING_ROWS, length_multiple=LEARNER_LENGTH_MULTIPLE,
+                                       pad_id=int(tokenizer.pad_token_id or 0))
+        self.learner = self._learner(seed)
+
+    def image_tokens(self) -> int:
+        return self.renderer.image_token_count(*LEARNER_SCREEN)
+
+    def episode(self, num_turns: int) -> Episode:
+        return synthetic_episode(self.renderer, num_turns, screen=LEARNER_SCREEN, pixels=True)
+
+    def _learner(self, seed: int):
+        from flax import nnx
+
+        from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration
+        from cua_jax.train.learner import Learner, LearnerConfig
+
+        model = Qwen3VLForConditionalGeneration(self.model_config, rngs=nnx.Rngs(seed))
+        return Learner(model, LearnerConfig(old_logprobs="current"))
+
+    def time(self, segmenter: Segmenter, episode: Episode, repeats: int) -> LearnerTiming:
+        from cua_jax.train.batching import make_minibatches, process_images
+
+        items = segmenter.segment(episode)
+        patches = process_images(items, {episode.episode_id: episode}, self.processor)
+        # One rollout group per episode, one update; the advantage's value does not change the work.
+        minibatches = make_minibatches(items, np.ones(len(items), np.float32), self.batching, 1,
+                                       pixel_patches=patches, multimodal=self.multimodal)
+        learner = self.learner
+        learner.train_on_batch(minibatches)  # compiles every (rows, length, images) shape: untimed
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            learner.train_on_batch(minibatches)  # returns host floats, so the work is done
+            seconds.append(time.perf_counter() - start)
+        lengths = np.asarray([len(item) for item in items], dtype=np.int64)
+        cost = Cost(len(lengths), int(lengths.sum()), int((lengths**2).sum()))
+        return LearnerTiming(cost, sum(len(micro) for micro in minibatches), float(np.mean(seconds)))
+
+
+def learner_table(tokenizer, turns: tuple[int, ...], repeats: int) -> dict[int, tuple[float, float, float]]:
+    """Prints the learner-time table; returns (tokens, attention, learner-time) step/sliding ratios by T."""
+    bench = LearnerBench(tokenizer)
+    k = LEARNER_WINDOW
+    print(
+        f"\nlearner time per episode: tiny random Qwen3-VL, {LEARNER_SCREEN[1]}x{LEARNER_SCREEN[0]} random screenshot = "
+        f"{bench.image_tokens()} image tokens through the vision tower, K=D={k}; items batched by make_minibatches "
+        f"(rows {bench.batching.rows}, length multiple {bench.batching.length_multiple}, 1 update), "
+        f"Learner.train_on_batch: compile untimed, mean of {repeats} timed calls; attn = sum(len^2) / 1e6"
+    )
+    header = (
+        f"{'T':>3} | {'sliding: items':>14} {'tokens':>7} {'attn':>7} {'micro':>5} {'learner s':>9} | "
+        f"{'step-wise: items':>16} {'tokens':>7} {'attn':>7} {'micro':>5} {'learner s':>9} | "
+        f"{'step/sliding tokens':>19} {'attn':>6} {'learner':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    ratios = {}
+    for num_turns in turns:
+        episode = bench.episode(num_turns)  # the same episode for both segmenters
+        sliding = bench.time(SlidingWindow(bench.renderer, keep=k, min_removal=k), episode, repeats)
+        step = bench.time(StepWise(bench.renderer, keep_images=k), episode, repeats)
+        ratios[num_turns] = (
+            step.cost.tokens / sliding.cost.tokens,
+            step.cost.attention / sliding.cost.attention,
+            step.seconds / sliding.seconds,
+        )
+        cells = []
+        for timing in (sliding, step):
+            cells.append(f"{timing.cost.tokens:>7} {timing.cost.attention / 1e6:>7.2f} {timing.microbatches:>5} {timing.seconds:>9.3f}")
+        print(
+            f"{num_turns:>3} | {sliding.cost.items:>14} {cells[0]} | {step.cost.items:>16} {cells[1]} | "
+            f"{ratios[num_turns][0]:>19.2f} {ratios[num_turns][1]:>6.2f} {ratios[num_turns][2]:>7.2f}",
+            flush=True,
+        )
+    return ratios
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--turns", type=int, nargs="+", default=list(TURNS),
+                        help="episode lengths T of the token-count table (default: %(default)s)")
+    parser.add_argument("--learner", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time real learner updates (--no-learner: token counts only)")
+    parser.add_argument("--learner-turns", type=int, nargs="+", default=list(LEARNER_TURNS),
+                        help="episode lengths T of the learner-time table (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=LEARNER_REPEATS,
+                        help="timed train_on_batch calls per segmenter and T, after one compiling call (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if min(args.turns + args.learner_turns) < 1 or args.repeats < 1:
+        parser.error("--turns, --learner-turns and --repeats must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """argv: the benchmark's flags (None: the defaults, as the segmentation_benchmark job runs it)."""
+    args = parse_args([] if argv is None else argv)
+    turns = tuple(args.turns)
     start = time.perf_counter()
     tokenizer = load_tokenizer()
     processor = build_image_processor(min_pixels=QWEN3_VL_MIN_PIXELS, max_pixels=QWEN3_VL_MAX_PIXELS)
     renderer = ChatRenderer(tokenizer, processor)
     image_tokens = renderer.image_token_count(*SCREEN)
-    episodes = {t: synthetic_episode(renderer, t) for t in TURNS}
-    response_tokens = np.mean([len(turn.response_ids) for turn in episodes[TURNS[0]].turns])
+    episodes = {t: synthetic_episode(renderer, t) for t in turns}
+    response_tokens = np.mean([len(turn.response_ids) for turn in episodes[turns[0]].turns])
     print(
         f"segmentation cost per episode: {SCREEN[1]}x{SCREEN[0]} screenshot = {image_tokens} image tokens "
         f"(grid {renderer.grid_thw(*SCREEN)}), ~{response_tokens:.0f} response tokens per turn; "
@@ -93,7 +244,7 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     ratios = {}
-    for num_turns in TURNS:
+    for num_turns in turns:
         episode = episodes[num_turns]
         whole = Cost.of(WholeTrajectory(renderer), episode)
         for k in WINDOWS:
@@ -107,9 +258,21 @@ def main() -> None:
                 f"{ratios[num_turns, k][0]:>19.2f} {ratios[num_turns, k][1]:>6.2f}"
             )
     print(f"({time.perf_counter() - start:.1f}s)")
-    print(f"attention-cost ratio step-wise/sliding-window (T=50, K=5): {ratios[50, 5][1]:.2f}")
-    print(f"ratio step-wise/sliding-window (T=50, K=5): {ratios[50, 5][0]:.2f}")
+    longest = max(turns)
+    print(f"attention-cost ratio step-wise/sliding-window (T={longest}, K=5): {ratios[longest, 5][1]:.2f}")
+    print(f"ratio step-wise/sliding-window (T={longest}, K=5): {ratios[longest, 5][0]:.2f}")
+    if not args.learner:
+        return
+    learner_start = time.perf_counter()
+    learner_ratios = learner_table(tokenizer, tuple(args.learner_turns), args.repeats)
+    print(f"({time.perf_counter() - learner_start:.1f}s)")
+    longest = max(args.learner_turns)
+    tokens, attention, seconds = learner_ratios[longest]
+    print(
+        f"learner-time ratio step-wise/sliding-window (T={longest}, K={LEARNER_WINDOW}): {seconds:.2f} "
+        f"(tokens {tokens:.2f}, attention cost {attention:.2f})"
+    )
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -10,6 +10,7 @@ would show in the metrics.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import time
 
@@ -141,6 +142,18 @@ def _assert_whole_groups(trainer):
     assert len(flat) == len(set(flat)) and set(flat) == set(items_per_group)
     # Each mini-batch that reached the learner holds exactly the items of its whole groups.
     assert trainer.last_minibatch_item_counts == [sum(items_per_group[g] for g in mb) for mb in plan]
+
+
+def test_a_checkpoint_of_another_seed_or_worker_count_is_refused_before_anything_changes(on_policy):
+    trainer, _ = on_policy
+    state = trainer.trainer_state()
+    assert state.step == trainer.step and state.version == trainer.version
+    for bad, message in ((dataclasses.replace(state, base_key=state.base_key + 1), "config.seed"),
+                         (dataclasses.replace(state, engine_sampling=state.engine_sampling * 2),
+                          "config.rollout.num_workers")):
+        with pytest.raises(ValueError, match=message):
+            trainer.load_trainer_state(trainer.learner.train_state(), bad)
+    assert trainer.trainer_state().step == state.step and trainer.version == state.version
 
 
 def test_async_mode_drops_stale_groups_and_keeps_groups_whole(tmp_path):
