@@ -50,6 +50,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -404,6 +405,12 @@ class Learner:
             return self._compiled("score", self.batch_shardings(batch))(params, self.frozen, batch)
 
     # -- public API ------------------------------------------------------------------------------
+
+    def score(self, batch: TrainBatch, params: nnx.State | None = None) -> np.ndarray:
+        """float32 [B, L] logprobs of a micro-batch's tokens (aligned with its ids, as the loss
+        sees them) under `params` (a copy of `train_state()["params"]`; default the current ones)."""
+        batch = jax.device_put(batch, self.batch_shardings(batch))
+        return np.asarray(self._score(self.params if params is None else params, batch))
 
     def prepare(self, microbatches: Sequence[TrainBatch]) -> list[TrainBatch]:
         """Places micro-batches on the mesh and fills what the loss compares against, once.

@@ -87,9 +87,11 @@ def test_on_policy_step_has_ratio_one_and_no_clipping(on_policy):
     assert metrics["learner/clipfrac"] == 0.0 and metrics["learner/ppo_kl"] == 0.0
     assert metrics["learner/updates"] == 1.0 and metrics["learner/num_tokens"] > 0
     assert metrics["episodes/trained"] == 4 and metrics["policy/version"] == 1
+    assert metrics["quarantine/total"] == 0  # the normal path loses no episode
     assert trainer.workers[0].engine.health().policy_version == 1
     for key in ("groups/informative_fraction", "groups/all_pass_fraction", "groups/all_fail_fraction",
                 "learner/grad_norm", "learner/entropy", "learner/ref_kl", "learner/rollout_logprob_gap",
+                "learner/rollout_logprob_gap_p99", "learner/rollout_logprob_gap_max", "learner/tis_weight_mean",
                 "episode/response_tokens", "episode/items", "time/rollout_s", "time/learn_s", "time/sync_s"):
         assert math.isfinite(metrics[key]), key
     assert metrics["learner/grad_norm"] > 0  # the entropy bonus moves the policy

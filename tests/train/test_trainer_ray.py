@@ -51,6 +51,7 @@ def test_on_policy_step_through_an_actor_has_ratio_one_and_syncs_the_actor(ray_t
     assert metrics["learner/ratio_min"] == metrics["learner/ratio_max"] == metrics["learner/ratio_mean"] == 1.0
     assert metrics["learner/clipfrac"] == 0.0 and math.isfinite(metrics["learner/loss"])
     assert metrics["episodes/trained"] == 4 and metrics["learner/num_tokens"] > 0
+    assert metrics["quarantine/total"] == 0
     assert metrics["policy/version"] == 1
     assert trainer.workers[0].health().policy_version == 1  # the actor's engine holds the new weights
     assert trainer.workers[0].sampling_state() == {"calls": 1}  # one turn: one batched call

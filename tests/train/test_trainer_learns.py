@@ -1,0 +1,97 @@
+"""A non-zero advantage travels through the trainer: one episode per group succeeds, and the
+update raises the policy's logprob of what that episode did.
+
+The tiny random Qwen3-VL never finishes a task, so every other trainer test sees all-zero
+advantages. Here the MiniWoB oracle answers the first request of every distinct prompt in a
+batch: at a group's first turn its episodes' prompts are identical (one task instance), so
+exactly one episode per group plays the oracle's reply, through the engine interface, on a
+real capsule. Its verdict is a success; the others fail. After one strictly on-policy update,
+the learner scores the oracle episode's reply tokens higher than before, and no episode was
+quarantined.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cua_jax.rollout.engine import Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.train.batching import make_minibatches, process_images
+from cua_jax.train.trainer import Trainer
+from cua_jax.train.warm_start import OracleDemonstrator
+from tests.train.test_trainer import tiny_config
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+TASK = "click-button"
+
+
+class OracleForFirstOfEachPrompt(RolloutEngine):
+    """Serves the first request of each distinct prompt in a batch with the oracle's reply, the
+    rest with the policy's engine; remembers the oracle's replies."""
+
+    def __init__(self, engine: RolloutEngine, oracle: OracleDemonstrator):
+        self.engine = engine
+        self.oracle = oracle
+        self.oracle_replies: list[np.ndarray] = []
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
+        seen: set[bytes] = set()
+        first = []
+        for request in requests:
+            key = request.prompt_ids.tobytes()
+            first.append(key not in seen)
+            seen.add(key)
+        policy = self.engine.generate([r for r, f in zip(requests, first) if not f], sampling)
+        oracle = self.oracle.generate([r for r, f in zip(requests, first) if f], sampling)
+        self.oracle_replies.extend(g.token_ids for g in oracle)
+        policy_iter, oracle_iter = iter(policy), iter(oracle)
+        return [next(oracle_iter) if f else next(policy_iter) for f in first]
+
+    def update_weights(self, params: Any, version: int) -> None:
+        self.engine.update_weights(params, version)
+
+    def health(self):
+        return self.engine.health()
+
+
+def test_a_successful_episode_per_group_raises_its_reply_logprob(tmp_path):
+    config = tiny_config(
+        tmp_path, env__include_dom_text=True, env__action_space="elements", rollout__group_size=4,
+        rollout__batch_tasks=1, rollout__max_new_tokens=48, rollout__prompt_style="compact",
+        optimizer__learning_rate=1e-3,
+    )
+    config.env.tasks = (TASK,)
+    config.env.task_tiers = (0,)
+    config.loss.entropy_coef = 0.0  # only the verdicts move the policy
+    with Trainer(config) as trainer:
+        worker = trainer.workers[0]
+        oracle = OracleDemonstrator(trainer.tokenizer, trainer.renderer.end_of_turn_id, TASK, reasoning=False,
+                                    action_space="elements")
+        mixed = OracleForFirstOfEachPrompt(worker.train_loop.engine, oracle)
+        worker.train_loop.engine = mixed
+        before = jax.tree.map(jnp.copy, trainer.learner.params)
+        metrics = trainer.train_step()
+        assert not oracle.errors, oracle.errors
+        assert metrics["quarantine/total"] == 0
+        assert metrics["success/rate"] == pytest.approx(0.25)  # the oracle's episode, one of four
+        assert metrics["groups/informative_fraction"] == 1.0 and metrics["advantage/abs_mean"] > 0
+
+        batch = trainer.last_batch
+        replies = {r.tobytes() for r in mixed.oracle_replies}
+        chosen = [k for k, item in enumerate(batch.items)
+                  if np.asarray(item.ids)[np.asarray(item.loss_mask) != 0].tobytes() in replies]
+        assert len(chosen) == 1
+        items = [batch.items[k] for k in chosen]
+        assert batch.item_advantages[chosen[0]] > 0
+        patches = process_images(items, batch.episodes, trainer.image_processor)
+        micro = make_minibatches(items, batch.item_advantages[chosen], trainer.settings.batching, 1,
+                                 pixel_patches=patches, multimodal=trainer.multimodal)[0][0]
+        mask = np.asarray(micro.loss_mask) != 0
+        logp_before = trainer.learner.score(micro, params=before)[mask]
+        logp_after = trainer.learner.score(micro)[mask]
+        assert logp_after.mean() > logp_before.mean(), (logp_before.mean(), logp_after.mean())
