@@ -81,7 +81,8 @@ def restore_policy(workdir: str | os.PathLike, step: int, config):
     from flax import nnx
     from jax.sharding import SingleDeviceSharding
 
-    from cua_jax.train.trainer import TrainSettings, build_policy
+    from cua_jax.train.build import build_policy
+    from cua_jax.train.settings import TrainSettings
 
     settings = TrainSettings.from_config(config)
     abstract = nnx.eval_shape(lambda: build_policy(settings, config.seed))
@@ -110,7 +111,7 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, step: int | N
     processor. Returns (step, the written directory's `PolicyDirectory`)."""
     from cua_jax.context.tokenizer import SHIPPED_TOKENIZER_DIR
     from cua_jax.models.hf_policy import export_policy
-    from cua_jax.train.trainer import tokenizer_dir
+    from cua_jax.train.build import tokenizer_dir
 
     out = pathlib.Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

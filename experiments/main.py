@@ -36,7 +36,8 @@ def _run_segmentation_benchmark(config) -> None:
 
 
 def _run_training(config) -> None:
-    from cua_jax.train.trainer import ConfigError, TrainSettings, Trainer
+    from cua_jax.train.settings import ConfigError, TrainSettings
+    from cua_jax.train.trainer import Trainer
 
     try:
         TrainSettings.from_config(config)  # every field checked before anything starts

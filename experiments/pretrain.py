@@ -25,7 +25,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
     quiet_library_logging()  # the run's own lines; libraries' warnings and errors (before JAX loads)
     from cua_jax.train.pretrain import Pretrainer
-    from cua_jax.train.trainer import ConfigError
+    from cua_jax.train.settings import ConfigError
 
     config = _CONFIG.value
     if _WORKDIR.value:

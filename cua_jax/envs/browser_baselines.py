@@ -34,6 +34,7 @@ from cua_jax.envs.capsules import (
     CapsuleError,
     CrashCallback,
     RuntimeBackend,
+    RuntimeStartError,
     Slot,
     find_browser_pid,
     launch_browser,
@@ -228,7 +229,7 @@ class ContainerPerEnvironmentBackend(RuntimeBackend):
                 capture_output=True, text=True,
             )
             if run.returncode != 0:
-                raise CapsuleError(f"docker run {self.image} failed: {run.stderr.strip()[:500]}")
+                raise RuntimeStartError(f"docker run {self.image} failed: {run.stderr.strip()[:500]}")
             entry["id"] = run.stdout.strip()
             version = await asyncio.to_thread(self._wait_ready, entry, socket_path)
             relay = UnixSocketRelay(socket_path)
@@ -267,9 +268,9 @@ class ContainerPerEnvironmentBackend(RuntimeBackend):
             )
             if state.stdout.strip() != "true":
                 logs = subprocess.run(["docker", "logs", "--tail", "20", entry["id"]], capture_output=True, text=True)
-                raise CapsuleError(f"container {entry['name']} exited while starting: {(logs.stdout + logs.stderr)[-500:]}")
+                raise RuntimeStartError(f"container {entry['name']} exited while starting: {(logs.stdout + logs.stderr)[-500:]}")
             time.sleep(0.1)
-        raise CapsuleError(f"container {entry['name']}: Chromium's DevTools socket not ready ({last_error})")
+        raise RuntimeStartError(f"container {entry['name']}: Chromium's DevTools socket not ready ({last_error})")
 
     def _disconnected(self, runtime_id: str) -> None:
         entry = self._containers.get(runtime_id)

@@ -34,12 +34,18 @@ targets) come back at the same seed and inputs but not the same animation phase.
 from an environment or a snapshot; `restore` replaces an environment's generation by one.
 
 Faults: when the shared browser disconnects (crash, killed process), every capsule on it is
-quarantined with the reason (steps return EpisodeStatus.QUARANTINED and the reason) and the
-backend relaunches the runtime; `reset` (or `restore`) of a quarantined environment builds
-a fresh generation on the new runtime. A Playwright error or timeout inside one capsule
-quarantines only that capsule. Malformed action text becomes an invalid-action step; an
-action after the episode ended raises EpisodeEndedError; unknown tasks raise
-UnknownTaskError; unknown environment ids raise UnknownEnvironmentError.
+quarantined as "browser crashed: ..." (steps return EpisodeStatus.QUARANTINED with that
+`fault`) and the backend relaunches the runtime; `reset` (or `restore`) of a quarantined
+environment builds a fresh generation on the new runtime. The runtime remembers which
+runtimes died, and asks the backend whether a runtime's browser still lives, so a request
+that fails because its browser died (even before the disconnect is reported), and a build
+that fails until the browser is back, also carry the browser crash (CapsuleFaultError,
+BrowserCrashedError) rather than a setup or page failure. A Playwright error or timeout
+inside one capsule whose browser lives quarantines only that capsule. An exception that
+`faults.classify_environment_error` does not call an infrastructure fault is a bug in this
+library and raises. Malformed action text becomes an invalid-action step; an action after
+the episode ended raises EpisodeEndedError; unknown tasks raise UnknownTaskError; unknown
+environment ids raise UnknownEnvironmentError.
 
 The runtime is generic over a `RuntimeBackend` that hands out browser pages: the shared
 browser here, and one browser or one container per environment in
@@ -60,6 +66,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from cua_jax.envs import actions as A
+from cua_jax.envs.faults import Fault, FaultError, FaultKind, classify_environment_error
 from cua_jax.envs.miniwob import (
     CHROMIUM_ARGS,
     VIEWPORT,
@@ -81,8 +88,46 @@ class CapsuleError(RuntimeError):
     """Base of the errors the capsule runtime raises about environments."""
 
 
-class UnknownEnvironmentError(CapsuleError, LookupError):
-    """An environment id that no route holds (never created, or closed)."""
+class UnknownEnvironmentError(CapsuleError, LookupError, FaultError):
+    """An environment id that no route holds (never created, or closed). To an episode that
+    holds the id, its capsule was closed under it: the runtime no longer serves it."""
+
+    fault_kind = FaultKind.SERVER_UNRESPONSIVE
+
+
+class BrowserCrashedError(CapsuleError, FaultError):
+    """The browser runtime a capsule needs died (crash, killed process) and is not back yet."""
+
+    fault_kind = FaultKind.BROWSER_CRASHED
+
+
+class RuntimeStartError(CapsuleError, FaultError):
+    """A runtime a capsule needs (a browser, a container) could not be started."""
+
+    fault_kind = FaultKind.SETUP_FAILED
+
+
+class RuntimeShutDownError(CapsuleError, FaultError):
+    """A request reached a runtime that has been shut down."""
+
+    fault_kind = FaultKind.SERVER_UNRESPONSIVE
+
+
+class CapsuleFaultError(CapsuleError, FaultError):
+    """A request failed on a fault the runtime attributes: its capsule is quarantined, or the
+    runtime serving it died or is shutting down."""
+
+    def __init__(self, fault: Fault):
+        super().__init__(fault.reason)
+        self._fault = fault
+
+    @property
+    def fault(self) -> Fault:
+        return self._fault
+
+
+class BuildTimeoutError(CapsuleError, TimeoutError):
+    """Building a capsule generation took longer than the runtime's build_timeout_s."""
 
 
 class CapsuleFrozenError(CapsuleError):
@@ -119,6 +164,7 @@ class StepResult:
     episode (then `quarantine_reason` says why), None while the episode runs.
     invalid_action: the parser's or the environment's message when the action was not
     performed (the page is unchanged). generation: the capsule generation that served it.
+    fault: the infrastructure fault behind a quarantine; `quarantine_reason` is its reason.
     """
 
     observation: MiniWoBObservation | None
@@ -131,6 +177,7 @@ class StepResult:
     invalid_action: str | None = None
     quarantine_reason: str | None = None
     reason: str | None = None  # MiniWoB's reason for the reward, e.g. "timed out"
+    fault: Fault | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +227,11 @@ class RuntimeBackend(abc.ABC):
     def pids(self) -> list[int]:
         """Root processes of the runtimes (their descendants belong to them too)."""
 
+    def runtime_alive(self, runtime_id: str) -> bool:
+        """False when the runtime is known to be gone. A backend that cannot tell answers True
+        and relies on `on_crash` alone."""
+        return True
+
     serves_over_http = True  # pages load tasks from the runtime's MiniWoBServer
 
     def task_url(self, server: MiniWoBServer, task: str) -> str:
@@ -228,6 +280,7 @@ class SharedBrowserBackend(RuntimeBackend):
         self._on_crash: CrashCallback | None = None
         self._browser: Any = None
         self._marker = ""
+        self._pid: int | None = None
         self._runtime_id = ""
         self._ready: asyncio.Future | None = None
         self._closing = False
@@ -254,6 +307,7 @@ class SharedBrowserBackend(RuntimeBackend):
         runtime_id = f"shared-browser-{next(self._launches)}"
         browser.on("disconnected", lambda _: self._disconnected(runtime_id))
         self._browser, self._runtime_id = browser, runtime_id
+        self._pid = find_browser_pid(self._marker)
 
     def _disconnected(self, runtime_id: str) -> None:
         if self._closing or runtime_id != self._runtime_id:
@@ -264,17 +318,39 @@ class SharedBrowserBackend(RuntimeBackend):
         self._restarts += 1
         self._ready = asyncio.ensure_future(self._launch())
 
+    def runtime_alive(self, runtime_id: str) -> bool:
+        # A runtime replaced by a relaunch is dead; the current one lives while its browser is
+        # connected and its process runs (a killed process is gone before Playwright reports it).
+        if runtime_id != self._runtime_id or self._browser is None or not self._browser.is_connected():
+            return False
+        return self._pid is None or process_alive(self._pid)
+
     async def open_slot(self) -> Slot:
         assert self._ready is not None, "start() the backend first"
-        await self._ready
+        launch = self._ready
+        try:
+            await launch
+        except Exception as error:
+            if self._restarts == 0 or self._closing:
+                raise  # the first launch failed: there was no crash
+            if self._ready is launch:  # the relaunch after a crash failed: the next slot tries again
+                self._ready = asyncio.ensure_future(self._launch())
+            raise BrowserCrashedError(f"shared browser runtime crashed and its relaunch failed: {error}") from error
         browser, runtime_id = self._browser, self._runtime_id
         if browser is None:
-            raise CapsuleError(f"shared browser runtime {runtime_id} is down")
-        context = await browser.new_context(viewport=VIEWPORT)
+            raise BrowserCrashedError(f"shared browser runtime {runtime_id} is down")
+        try:
+            context = await browser.new_context(viewport=VIEWPORT)
+        except Exception as error:
+            if not self.runtime_alive(runtime_id):
+                raise BrowserCrashedError(f"shared browser runtime {runtime_id} died: {error}") from error
+            raise
         try:
             page = await context.new_page()
-        except BaseException:
-            await context.close()
+        except BaseException as error:
+            await _close_quietly(context.close)
+            if isinstance(error, Exception) and not self.runtime_alive(runtime_id):
+                raise BrowserCrashedError(f"shared browser runtime {runtime_id} died: {error}") from error
             raise
         return Slot(runtime_id, context, page, context.close)
 
@@ -297,6 +373,16 @@ class SharedBrowserBackend(RuntimeBackend):
 # ------------------------------------------------------------------------------------
 # Processes and memory
 # ------------------------------------------------------------------------------------
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs: it exists and is not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def process_tree(roots: Iterable[int]) -> list[int]:
@@ -363,12 +449,16 @@ class _Route:
     env_id: str
     generation: _Generation | None = None
     frozen: str | None = None  # the operation holding the freeze
-    quarantine_reason: str | None = None
+    fault: Fault | None = None  # set: the published generation is quarantined
     in_flight: int = 0
     idle: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self.idle.set()
+
+    @property
+    def quarantine_reason(self) -> str | None:
+        return None if self.fault is None else self.fault.reason
 
 
 class CapsuleRuntime:
@@ -422,6 +512,9 @@ class CapsuleRuntime:
         self.build_timeout_s = build_timeout_s
         self.publications: list[PublicationRecord] = []
         self.crashes: list[tuple[str, str]] = []  # (runtime id, reason)
+        self._crash_faults: dict[str, Fault] = {}  # runtime id -> its crash, for every runtime that died
+        self._shutting_down = False
+        self._stopped = False
         self._rng = random.Random(seed)
         self._routes: dict[str, _Route] = {}
         self._generation_ids = itertools.count(1)
@@ -449,6 +542,9 @@ class CapsuleRuntime:
         """Run `coro` on the runtime's loop and wait for its result (bounded by call_timeout_s)."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("blocking call from the runtime's own loop; await the a-method instead")
+        if self._stopped:
+            coro.close()
+            raise RuntimeShutDownError("the capsule runtime is shut down")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.call_timeout_s)
 
     async def _start(self) -> None:
@@ -460,9 +556,35 @@ class CapsuleRuntime:
 
     def _runtime_crashed(self, runtime_id: str, reason: str) -> None:
         self.crashes.append((runtime_id, reason))
+        fault = Fault(FaultKind.BROWSER_CRASHED, reason)
+        self._crash_faults[runtime_id] = fault
         for route in self._routes.values():
             if route.generation is not None and route.generation.slot.runtime_id == runtime_id:
-                route.quarantine_reason = reason
+                route.fault = fault
+
+    def _runtime_down(self, runtime_id: str) -> Fault | None:
+        """Why the runtime `runtime_id` no longer serves, if it does not: shut down or crashed."""
+        if self._shutting_down:
+            return Fault(FaultKind.SERVER_UNRESPONSIVE, "the capsule runtime is shut down")
+        if runtime_id in self._crash_faults:
+            return self._crash_faults[runtime_id]
+        if not self.backend.runtime_alive(runtime_id):  # dead, though the disconnect is not reported yet
+            return Fault(FaultKind.BROWSER_CRASHED, f"runtime {runtime_id} died (its browser process is gone)")
+        return None
+
+    def _environment_fault(self, runtime_id: str, error: Exception) -> Fault | None:
+        """The fault behind an error from a capsule on `runtime_id`: its runtime's death or
+        shutdown when it has happened, else the error's own class; None for a bug."""
+        fault = classify_environment_error(error)
+        if fault is None:
+            return None
+        return self._runtime_down(runtime_id) or fault
+
+    def _raise_if_runtime_down(self, runtime_id: str, error: Exception) -> None:
+        """Raise CapsuleFaultError when `error` is an infrastructure error and the runtime
+        `runtime_id` has died or is shutting down: that, not the page, is why it failed."""
+        if classify_environment_error(error) is not None and (down := self._runtime_down(runtime_id)) is not None:
+            raise CapsuleFaultError(down) from error
 
     def _route(self, env_id: str) -> _Route:
         route = self._routes.get(env_id)
@@ -492,7 +614,7 @@ class CapsuleRuntime:
         try:
             return await asyncio.wait_for(self._build_unbounded(task, seed, actions, elapsed_ms), self.build_timeout_s)
         except asyncio.TimeoutError:
-            raise CapsuleError(f"building a {task} capsule took longer than {self.build_timeout_s:.0f}s") from None
+            raise BuildTimeoutError(f"building a {task} capsule took longer than {self.build_timeout_s:.0f}s") from None
 
     async def _build_unbounded(self, task: str, seed: int, actions: tuple[A.Action, ...], elapsed_ms: float | None) -> _Generation:
         slot = await self.backend.open_slot()
@@ -507,8 +629,10 @@ class CapsuleRuntime:
                 await driver.set_elapsed_ms(elapsed_ms)
             ended = (await driver.state()).done
             return _Generation(next(self._generation_ids), slot, driver, seed, list(actions), ended=ended)
-        except BaseException:
+        except BaseException as error:
             await _release_quietly(slot)
+            if isinstance(error, Exception):
+                self._raise_if_runtime_down(slot.runtime_id, error)
             raise
 
     async def _transaction(self, route: _Route, operation: str, build: Callable[[], Coroutine[Any, Any, _Generation]]) -> _Generation:
@@ -528,7 +652,7 @@ class CapsuleRuntime:
                 PublicationRecord(route.env_id, operation, old.number if old else None, successor.number, route.in_flight)
             )
             route.generation = successor
-            route.quarantine_reason = None
+            route.fault = None
         finally:
             route.frozen = None
         if old is not None:
@@ -571,7 +695,7 @@ class CapsuleRuntime:
         route = self._route(env_id)
         if route.frozen is not None:
             raise CapsuleFrozenError(f"environment {env_id!r} is frozen by {route.frozen}; retry after it publishes")
-        if route.quarantine_reason is not None:
+        if route.fault is not None:
             raise LifecycleError(f"cannot snapshot quarantined environment {env_id!r}: {route.quarantine_reason}")
         route.frozen = "snapshot"
         try:
@@ -641,36 +765,38 @@ class CapsuleRuntime:
     def _quarantined(self, route: _Route, generation: _Generation) -> StepResult:
         return StepResult(
             None, 0.0, 0.0, True, False, EpisodeStatus.QUARANTINED, generation.number,
-            quarantine_reason=route.quarantine_reason,
+            quarantine_reason=route.quarantine_reason, fault=route.fault,
         )
 
-    async def aobserve(self, env_id: str) -> MiniWoBObservation:
+    async def _page_request(self, env_id: str, request: Callable[[_Generation], Coroutine[Any, Any, Any]]) -> Any:
+        """A bounded request to the capsule's page that does not change its episode. A quarantined
+        capsule, or one whose runtime died under the request, raises CapsuleFaultError."""
         route, generation = self._admit(env_id)
         try:
-            if route.quarantine_reason is not None:
-                raise CapsuleError(f"environment {env_id!r} is quarantined: {route.quarantine_reason}")
+            if route.fault is not None:
+                raise CapsuleFaultError(route.fault)
             async with generation.lock:
-                return await asyncio.wait_for(generation.driver.observe(self.include_dom_text, self.action_space), self.step_timeout_s)
+                try:
+                    return await asyncio.wait_for(request(generation), self.step_timeout_s)
+                except Exception as error:
+                    self._raise_if_runtime_down(generation.slot.runtime_id, error)
+                    raise
         finally:
             self._leave(route)
+
+    async def aobserve(self, env_id: str) -> MiniWoBObservation:
+        return await self._page_request(env_id, lambda g: g.driver.observe(self.include_dom_text, self.action_space))
 
     async def aevaluate(self, env_id: str, expression: str, arg: Any = None) -> Any:
         """Evaluate JavaScript in the capsule's page (for evaluators and tests; not an agent action)."""
-        route, generation = self._admit(env_id)
-        try:
-            if route.quarantine_reason is not None:
-                raise CapsuleError(f"environment {env_id!r} is quarantined: {route.quarantine_reason}")
-            async with generation.lock:
-                return await asyncio.wait_for(generation.driver.page.evaluate(expression, arg), self.step_timeout_s)
-        finally:
-            self._leave(route)
+        return await self._page_request(env_id, lambda g: g.driver.page.evaluate(expression, arg))
 
     async def astep(self, env_id: str, action: A.Action | A.InvalidAction | str) -> StepResult:
         if isinstance(action, str):
             action = A.parse_action(action, self.action_space)
         route, generation = self._admit(env_id)
         try:
-            if route.quarantine_reason is not None:
+            if route.fault is not None:
                 return self._quarantined(route, generation)
             async with generation.lock:
                 if generation.ended:
@@ -680,15 +806,15 @@ class CapsuleRuntime:
                 budget = self.step_timeout_s + _action_seconds(action)
                 try:
                     return await asyncio.wait_for(self._step_page(generation, action), budget)
-                except EpisodeEndedError:
-                    raise
-                except asyncio.TimeoutError:  # a hung page must not hang its caller or the route
-                    if route.quarantine_reason is None:
-                        route.quarantine_reason = f"environment {env_id!r} did not answer a step within {budget:.0f}s"
-                    return self._quarantined(route, generation)
-                except Exception as error:  # the page or its browser failed: infrastructure
-                    if route.quarantine_reason is None:
-                        route.quarantine_reason = f"environment {env_id!r} failed during a step: {type(error).__name__}: {error}"
+                except Exception as error:
+                    fault = self._environment_fault(generation.slot.runtime_id, error)
+                    if fault is None:
+                        raise  # a bug in this library, not the environment's fault
+                    if fault.kind is FaultKind.SERVER_UNRESPONSIVE and isinstance(error, asyncio.TimeoutError):
+                        # a hung page must not hang its caller or the route
+                        fault = Fault(fault.kind, f"environment {env_id!r} did not answer a step within {budget:.0f}s")
+                    if route.fault is None:
+                        route.fault = fault
                     return self._quarantined(route, generation)
         finally:
             self._leave(route)
@@ -783,6 +909,7 @@ class CapsuleRuntime:
             self._server.close()
 
     async def _shutdown(self) -> None:
+        self._shutting_down = True  # requests failing from here on fail because of the shutdown
         for route in list(self._routes.values()):
             if route.generation is not None:
                 await _release_quietly(route.generation.slot)
@@ -794,6 +921,7 @@ class CapsuleRuntime:
                 await self._playwright_cm.__aexit__(None, None, None)
 
     def _stop_loop(self) -> None:
+        self._stopped = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
 
@@ -815,7 +943,13 @@ def _action_seconds(action: A.Action | A.InvalidAction) -> float:
 
 async def _release_quietly(slot: Slot) -> None:
     """Free a slot whose runtime may already be gone (crashed, killed): nothing left to free then."""
+    await _close_quietly(slot.release)
+
+
+async def _close_quietly(release: Callable[[], Coroutine[Any, Any, None]]) -> None:
     try:
-        await asyncio.wait_for(slot.release(), timeout=30)
-    except Exception:  # noqa: BLE001 - a dead runtime's context cannot be closed; it died with it
-        pass
+        await asyncio.wait_for(release(), timeout=30)
+    except Exception as error:
+        if classify_environment_error(error) is None:
+            raise  # a bug in this library, not a dead runtime
+        # a dead runtime's context cannot be closed; it died with it

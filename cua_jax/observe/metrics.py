@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 
+# Metrics that measure wall-clock time: everything else is a function of the config and seed.
+TIMING_PREFIX = "time/"
+
 
 def _to_float(value: Any) -> float:
     arr = np.asarray(value)

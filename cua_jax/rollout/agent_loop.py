@@ -76,7 +76,7 @@ import numpy as np
 
 from cua_jax.context.segment import EpisodeContext, Segmenter
 from cua_jax.envs import actions as A
-from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, episode_outcome
+from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, classify_environment_error, episode_outcome
 from cua_jax.rollout.engine import EngineFault, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.rollout.prompts import INVALID_ACTION_PREFIX, PROMPT_STYLES, observation_text, system_prompt
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
@@ -717,7 +717,9 @@ class MiniWoBEnvironment(AgentEnvironment):
     time_limit_s replaces MiniWoB's per-task time limit (10 s by default), which a policy
     sampled on a small CPU cannot meet; the time-scaled reward follows the new limit.
     A quarantined capsule (browser crash, page failure) ends the episode QUARANTINED with
-    the runtime's reason; the next reset builds a fresh capsule generation.
+    the runtime's fault; the next reset builds a fresh capsule generation. Exceptions from the
+    runtime go through `faults.classify_environment_error`: infrastructure faults quarantine
+    (a reset raises EnvironmentFault, a step ends QUARANTINED), anything else is a bug and raises.
     screenshots=False: text-only observations (the DOM text, for a text-only policy); the
     reset still reports the task region's size, which coordinates refer to.
     """
@@ -734,7 +736,12 @@ class MiniWoBEnvironment(AgentEnvironment):
 
     async def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Await a coroutine of the runtime on the runtime's own event loop (Playwright lives there)."""
+        from cua_jax.envs.capsules import RuntimeShutDownError
+
         runtime_loop = self.runtime.loop
+        if not runtime_loop.is_running():  # shut down: nothing would ever run the coroutine
+            coro.close()
+            raise RuntimeShutDownError("the capsule runtime is shut down")
         if asyncio.get_running_loop() is runtime_loop:
             return await asyncio.wait_for(coro, self.runtime.call_timeout_s)
         future = asyncio.run_coroutine_threadsafe(coro, runtime_loop)
@@ -762,25 +769,26 @@ class MiniWoBEnvironment(AgentEnvironment):
                 observation = await self._call(self.runtime.areset(self.env_id, seed, task))
                 if self.time_limit_s is not None:
                     await self._call(self.runtime.aevaluate(self.env_id, _SET_TIME_LIMIT_JS, self.time_limit_s * 1000))
-        except Exception as error:  # noqa: BLE001 - the capsule could not be set up: infrastructure
-            raise EnvironmentFault(Fault(FaultKind.SETUP_FAILED, f"MiniWoB {task}: {type(error).__name__}: {error}")) from error
+        except Exception as error:
+            fault = classify_environment_error(error, setup=True)
+            if fault is None:
+                raise  # a bug in this library, not the environment's fault
+            raise EnvironmentFault(Fault(fault.kind, f"MiniWoB {task}: {fault.detail}")) from error
         height, width = observation.screenshot.shape[:2]
         return EnvReset(observation.utterance, self._observation(observation), screen_size=(width, height))
 
     async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
-        from cua_jax.envs.miniwob import EpisodeEndedError
-
         if self.env_id is None:
             raise RuntimeError("step() before reset()")
         try:
             result = await self._call(self.runtime.astep(self.env_id, action))
-        except EpisodeEndedError:
-            raise  # the loop stepped an ended episode: a bug, not a fault
-        except Exception as error:  # noqa: BLE001 - no answer from the runtime: infrastructure
-            fault = Fault(FaultKind.SERVER_UNRESPONSIVE, f"capsule {self.env_id}: {type(error).__name__}: {error}")
-            return EnvTransition(None, 0.0, episode_outcome(fault=fault))
+        except Exception as error:
+            fault = classify_environment_error(error)
+            if fault is None:
+                raise  # a bug in this library (stepping an ended episode too), not the environment's fault
+            return EnvTransition(None, 0.0, episode_outcome(fault=Fault(fault.kind, f"capsule {self.env_id}: {fault.detail}")))
         if result.status is EpisodeStatus.QUARANTINED:
-            fault = Fault(FaultKind.SERVER_ERROR, result.quarantine_reason or f"capsule {self.env_id} quarantined")
+            fault = result.fault or Fault(FaultKind.SERVER_ERROR, result.quarantine_reason or f"capsule {self.env_id} quarantined")
             return EnvTransition(None, 0.0, episode_outcome(fault=fault))
         info = {"raw_reward": result.reward, "env_reward": result.env_reward}
         if result.reason is not None:
@@ -797,8 +805,10 @@ class MiniWoBEnvironment(AgentEnvironment):
             env_id, self.env_id = self.env_id, None
             try:
                 await self._call(self.runtime.aclose(env_id))
-            except Exception:  # noqa: BLE001 - the runtime may be gone already (shut down, crashed)
-                pass
+            except Exception as error:
+                if classify_environment_error(error) is None:
+                    raise  # a bug in this library
+                # the runtime may be gone already (shut down, crashed): nothing left to close
 
 
 class DesktopEnvironment(AgentEnvironment):

@@ -88,7 +88,8 @@ class Pretrainer:
     def __init__(self, config):
         from cua_jax.context.render import ChatRenderer
         from cua_jax.context.segment import make_segmenter
-        from cua_jax.train.trainer import ConfigError, TrainSettings, build_policy, load_run_processor
+        from cua_jax.train.build import build_policy, load_run_processor
+        from cua_jax.train.settings import ConfigError, TrainSettings
 
         c = config
         self.config = c
@@ -262,7 +263,7 @@ class Pretrainer:
 
     def _export(self, model, manifest: dict[str, Any]) -> None:
         from cua_jax.models.qwen3_vl import export_qwen3_vl
-        from cua_jax.train.trainer import tokenizer_dir
+        from cua_jax.train.build import tokenizer_dir
 
         directory = self.export_dir()
         # The shipped tokenizer is copied byte for byte; any other is written by its own save.

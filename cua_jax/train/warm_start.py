@@ -33,7 +33,9 @@ import bisect
 import collections
 import dataclasses
 import functools
+import json
 import math
+import os
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -737,3 +739,67 @@ def warm_start(
         config.rows, config.length_multiple, pad_id=int(segmenter.renderer.tokenizer.pad_token_id or 0),
     )
     return supervised_fine_tune(model, data, config, on_step), demonstrations
+
+
+def run_warm_start(policy, tasks: Sequence[str], config, settings, segmenter, renderer, workdir: str) -> dict[str, float]:
+    """A training run's warm start: supervised fine-tuning of `policy` (in place) on the
+    oracle's demonstrations of `tasks` (config.warm_start.demos_per_task training seeds),
+    collected through the run's agent loop and segmenter on a capsule runtime of its own, and
+    scored on held-out pages when config.warm_start.held_out_seeds. Returns the warm start's
+    metrics; the loss curve and the record go to <workdir>/warm_start.json."""
+    from cua_jax.envs.capsules import CapsuleRuntime
+    from cua_jax.observe.metrics import TIMING_PREFIX
+
+    c = config
+    # The demonstrations' budgets are the larger of training's and evaluation's, so a
+    # multi-step oracle episode is not cut short; the token stream is the same either way.
+    agent = dataclasses.replace(settings.agent, max_turns=max(c.rollout.max_turns, c.eval.max_turns))
+    progress, on_step = None, None
+    if c.train.progress_bar:
+        from tqdm import tqdm
+
+        progress = tqdm(total=c.warm_start.steps, desc=f"{c.name} warm start", unit="step")
+
+        def on_step(step: int, loss: float) -> None:
+            progress.update(1)
+            progress.set_postfix(nll=f"{loss:.3f}")
+
+    start = time.perf_counter()
+    held_out = {}
+    try:
+        with CapsuleRuntime(include_dom_text=True, action_space=c.env.action_space, seed=c.seed) as runtime:
+            result, demonstrations = warm_start(
+                policy, tasks, range(c.warm_start.demos_per_task), runtime=runtime, segmenter=segmenter,
+                config=settings.warm_start, agent_config=agent, time_limit_s=c.env.time_limit_s,
+                concurrency=c.warm_start.concurrency, on_step=on_step,
+            )
+            if c.warm_start.held_out_seeds:
+                # Past the evaluation seeds: outside training's range and unseen by "before".
+                first = c.env.eval_seed_start + c.eval.num_seeds
+                unseen = collect_demonstrations(
+                    tasks, range(first, first + c.warm_start.held_out_seeds), runtime=runtime,
+                    segmenter=segmenter, agent_config=agent, time_limit_s=c.env.time_limit_s,
+                    concurrency=c.warm_start.concurrency)
+                if unseen.rollouts:
+                    held_out = held_out_report(policy, demonstrations, unseen, renderer, settings.warm_start)
+    finally:
+        if progress is not None:
+            progress.close()
+    wall = time.perf_counter() - start
+    record = {"losses": result.losses, "demonstrations": len(demonstrations.rollouts),
+              "items": len(demonstrations.items), "response_tokens": demonstrations.num_response_tokens,
+              "rejected": demonstrations.rejected, "oracle_errors": demonstrations.oracle_errors,
+              "sft_seconds": result.seconds, "wall_seconds": wall, "compiled_shapes": result.compiled_shapes,
+              **held_out}
+    with open(os.path.join(workdir, "warm_start.json"), "w") as f:
+        json.dump(record, f, indent=2)
+    tail = result.losses[-10:]
+    return {
+        "warm_start/demonstrations": float(len(demonstrations.rollouts)),
+        "warm_start/rejected": float(len(demonstrations.rejected)),
+        "warm_start/items": float(len(demonstrations.items)),
+        "warm_start/loss_first": result.losses[0],
+        "warm_start/loss_last10": float(np.mean(tail)),
+        **{f"warm_start/{name}": value for name, value in held_out.items()},
+        TIMING_PREFIX + "warm_start_s": wall,
+    }

@@ -36,7 +36,8 @@ import tempfile
 
 import numpy as np
 
-from cua_jax.train.trainer import TIMING_PREFIX, Trainer
+from cua_jax.observe.metrics import TIMING_PREFIX
+from cua_jax.train.trainer import Trainer
 from experiments.configs import default
 
 ENGINES = ("jax", "vllm")

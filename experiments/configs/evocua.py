@@ -5,7 +5,10 @@ asynchronous training with a staleness window of 1 and whole-group mini-batches.
 
 The paper leaves most constants unpublished (DTAC's band and replay cap are ours, as in
 cua_jax.tasks.sampling.DTACConfig). MiniWoB has no infeasible tasks, so DTAC's infeasible
-share rho_inf is 0 here.
+share rho_inf is 0 here. Policy-aware filtering (§2.3): a pilot of 8 rollouts per task with the
+current policy keeps the tasks whose pass rate lies in the learnable band [0.05, 0.95], and
+every 20 steps 16 tasks of the whole pool are re-estimated and re-filtered (a task can
+re-enter the band as the policy changes).
 """
 
 from experiments.configs.base import base_config
@@ -25,6 +28,14 @@ def get_config():
     c.sampler.max_replays_per_trajectory = 2
     c.sampler.replay_cache_size = 4
     c.sampler.rho_inf = 0.0
+    c.sampler.calibration = True
+    c.sampler.p_min = 0.05
+    c.sampler.p_max = 0.95
+    c.sampler.pilot = True
+    c.sampler.pilot_group_size = 8
+    c.sampler.calibrate_every = 20
+    c.sampler.calibration_sample_size = 16
+    c.sampler.calibration_group_size = 8
     c.train.mode = "async"
     c.train.staleness_window = 1
     c.train.buffer_groups = 8

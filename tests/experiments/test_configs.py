@@ -9,7 +9,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from cua_jax.train.trainer import ConfigError, TrainSettings
+from cua_jax.train.settings import ConfigError, TrainSettings
 from experiments.configs import base, canopy, default, evocua, pretrain, qwen3_vl_gpu, scalecua, text_vllm, tiny
 
 RECIPES = {"default": default, "canopy": canopy, "scalecua": scalecua, "evocua": evocua, "tiny": tiny,
@@ -82,6 +82,8 @@ def test_evocua_recipe():
     assert c.advantage.item_advantages == "stepo" and c.context.segmenter == "compact_context"
     assert s.sampler_kind == "dtac" and c.train.mode == "async" and c.train.staleness_window == 1
     assert c.learner.num_minibatches > 1 and s.learner.old_logprobs != "current"
+    assert s.calibration is not None and s.calibration.pilot and s.calibration.every_k_steps == 20
+    assert (s.calibration.p_min, s.calibration.p_max) == (0.05, 0.95)
 
 
 def _parse(*argv):

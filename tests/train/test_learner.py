@@ -403,7 +403,7 @@ def test_master_weights_keep_updates_below_bfloat16_resolution():
 
 def test_run_config_tis_cap_reaches_the_loss_and_a_bad_one_is_named():
     from experiments.configs.base import base_config
-    from cua_jax.train.trainer import ConfigError, TrainSettings
+    from cua_jax.train.settings import ConfigError, TrainSettings
 
     config = base_config()
     assert TrainSettings.from_config(config).learner.loss.tis_cap == 0.0  # off by default

@@ -15,7 +15,8 @@ from flax import nnx
 
 from cua_jax.models.qwen3_vl import load_qwen3_vl
 from cua_jax.train.pretrain import DEMONSTRATIONS_FILE, MANIFEST_FILE, STATE_FILE, Pretrainer
-from cua_jax.train.trainer import ConfigError, Trainer, TrainSettings
+from cua_jax.train.settings import ConfigError, TrainSettings
+from cua_jax.train.trainer import Trainer
 from cua_jax.train.warm_start import SupervisedTrainer
 from experiments.configs import pretrain
 

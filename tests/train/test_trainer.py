@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from cua_jax.rollout.agent_loop import AgentEnvironment
-from cua_jax.train.trainer import TIMING_PREFIX, Trainer
+from cua_jax.observe.metrics import TIMING_PREFIX
+from cua_jax.train.trainer import Trainer
 from cua_jax.types import EpisodeStatus
 from experiments.configs import tiny
 

@@ -22,7 +22,9 @@ import pytest
 
 from cua_jax.context.tokenizer import VOCAB_SIZE, save_tokenizer_and_processor
 from cua_jax.rollout.agent_loop import AgentEnvironment
-from cua_jax.train.trainer import ENGINE_MODEL_DIR, ConfigError, Trainer, TrainSettings
+from cua_jax.train.build import ENGINE_MODEL_DIR
+from cua_jax.train.settings import ConfigError, TrainSettings
+from cua_jax.train.trainer import Trainer
 from tests.train.test_trainer import tiny_config
 
 pytestmark = [pytest.mark.browser, pytest.mark.vllm, pytest.mark.slow]

@@ -13,7 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-from cua_jax.train.trainer import ConfigError, Trainer, TrainSettings, build_policy
+from cua_jax.train.build import build_policy
+from cua_jax.train.settings import ConfigError, TrainSettings
+from cua_jax.train.trainer import Trainer
 from experiments.configs import tiny
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

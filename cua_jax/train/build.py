@@ -1,0 +1,225 @@
+"""What a run is built from: its policy (a random init, or a Hugging Face directory in
+model.init_from), its tokenizer and image processor, and its rollout workers (capsules, agent
+loops and an engine: the JAX sampler in process or in a Ray actor, or vLLM engines in Ray
+actors behind a router)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+from cua_jax.context.tokenizer import load_processor
+from cua_jax.rollout.jax_engine import JaxEngineFactory
+from cua_jax.rollout.rollout_worker import (
+    EnvWrapper,
+    RemoteRolloutWorker,
+    RolloutWorker,
+    RolloutWorkerConfig,
+    start_remote_workers,
+)
+from cua_jax.train.settings import LOADED_POLICIES, ConfigError, TrainSettings, _require
+
+RolloutWorkers = list[RolloutWorker] | list[RemoteRolloutWorker]
+
+
+def tokenizer_dir(config) -> str | None:
+    """Where the run's tokenizer and image processor come from: model.tokenizer_dir, else the
+    checkpoint in model.init_from, else None (the shipped tiny pair)."""
+    return config.model.tokenizer_dir or config.model.init_from or None
+
+
+def build_policy(settings: TrainSettings, seed: int):
+    """The policy model a config names: a random init of the tiny Qwen3-VL or Qwen3, or the
+    Qwen3-VL / Qwen3 checkpoint in model.init_from (`cua_jax.models.hf_policy.load_policy`)."""
+    from flax import nnx
+
+    from cua_jax.models.hf_policy import load_policy
+    from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
+
+    model = settings.config.model
+    precision = dict(dtype=model.compute_dtype, param_dtype=model.param_dtype, remat=model.remat)
+    if model.name in LOADED_POLICIES:
+        return load_policy(model.init_from, **precision)[0]
+    if model.name == "tiny_qwen3":
+        from cua_jax.context.tokenizer import VOCAB_SIZE
+        from cua_jax.models.configs import tiny_qwen3_config
+        from cua_jax.models.qwen3 import Qwen3ForCausalLM
+
+        overrides = {"num_hidden_layers": model.num_layers} if model.num_layers else {}
+        return Qwen3ForCausalLM(tiny_qwen3_config(vocab_size=VOCAB_SIZE, **overrides, **precision), rngs=nnx.Rngs(seed))
+    overrides = {"num_hidden_layers": model.num_layers} if model.num_layers else {}
+    return Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(**overrides, **precision), rngs=nnx.Rngs(seed))
+
+
+def check_init_from(config) -> None:
+    """Raise ConfigError naming model.init_from unless it holds a checkpoint of the kind
+    model.name says (`cua_jax.models.hf_policy.check_policy_directory`: config, shards,
+    architecture, a tokenizer that fits the vocabulary)."""
+    from cua_jax.models.hf_policy import check_policy_directory
+
+    where = f"config.model.init_from: {config.model.init_from!r}"
+    try:
+        found = check_policy_directory(config.model.init_from)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{where}: {error}") from None
+    if found.kind != config.model.name:
+        raise ConfigError(f"{where} holds a {found.architecture} ({found.kind!r}), but model.name is "
+                          f"{config.model.name!r}")
+
+
+def load_run_processor(config):
+    """The run's (tokenizer, image processor) (`tokenizer_dir`), with model.init_from checked
+    first when the policy is loaded from it: a checkpoint whose vocabulary holds the tokenizer's."""
+    from cua_jax.models.hf_policy import token_id_bound
+
+    if config.model.name in LOADED_POLICIES:
+        check_init_from(config)
+    tokenizer, image_processor = load_processor(tokenizer_dir(config))
+    if config.model.name in LOADED_POLICIES and config.model.tokenizer_dir:
+        from cua_jax.models.hf_policy import check_policy_directory
+
+        vocab = check_policy_directory(config.model.init_from).vocab_size
+        if token_id_bound(tokenizer) > vocab:
+            raise ConfigError(f"config.model.tokenizer_dir: {config.model.tokenizer_dir!r}: its tokenizer's ids reach "
+                              f"{token_id_bound(tokenizer)}, past model.init_from's vocabulary ({vocab})")
+    return tokenizer, image_processor
+
+
+def rollout_worker_config(settings: TrainSettings, worker: int) -> RolloutWorkerConfig:
+    """Worker `worker`'s agent loops, segmenter and capsules, as the run's config names them.
+
+    The engine is served in canonical request order: the JAX sampler draws row r of a batch
+    from key split r, so this makes a resumed run sample what the uninterrupted one did."""
+    c = settings.config
+    return RolloutWorkerConfig(
+        agent=settings.agent, eval_agent=settings.eval_agent, segmenter=c.context.segmenter,
+        segmenter_options=tuple(sorted(settings.segmenter_options.items())),
+        tokenizer_dir=tokenizer_dir(c), include_dom_text=c.env.include_dom_text,
+        screenshots=c.env.observation == "screenshot", time_limit_s=c.env.time_limit_s, runtime_seed=c.seed * 1000 + worker, canonical_order=True,
+    )
+
+
+ENGINE_MODEL_DIR = "engine_model"  # under the workdir: the policy as the vLLM engines load it
+
+
+def export_engine_model(policy, workdir: str, tokenizer, image_processor) -> str:
+    """Writes the policy, with the run's tokenizer, chat template and image processor, as the
+    Hugging Face directory the vLLM engines start from (<workdir>/engine_model); later
+    policy versions reach them by weight sync."""
+    from cua_jax.models.hf_policy import export_policy
+
+    directory = os.path.join(workdir, ENGINE_MODEL_DIR)
+    export_policy(policy, directory, tokenizer=tokenizer, image_processor=image_processor)
+    return directory
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmRouterFactory:
+    """Builds one rollout worker's engine: a `Router` over rollout.vllm.engines vLLM engines,
+    each in a Ray actor of its own, serving `model_dir` (Ray must be running)."""
+
+    model_dir: str
+    engine: Any  # cua_jax.rollout.vllm_engine.VllmEngineConfig
+    router: Any  # cua_jax.rollout.workers.RouterConfig
+
+    def __call__(self):
+        from cua_jax.rollout.vllm_engine import VllmEngineFactory
+        from cua_jax.rollout.workers import Router, vllm_host_weights
+
+        return Router(VllmEngineFactory(self.engine), self.router, host_weights=vllm_host_weights(self.model_dir))
+
+
+def vllm_router_factory(settings: TrainSettings, model_dir: str, multimodal: bool, worker: int,
+                        banned_token_ids: tuple[int, ...] = ()) -> VllmRouterFactory:
+    """Worker `worker`'s `VllmRouterFactory`, as config.rollout.vllm names it; its engines never
+    sample `banned_token_ids`."""
+    from cua_jax.rollout.vllm_engine import VllmEngineConfig
+    from cua_jax.rollout.workers import RouterConfig
+
+    from cua_jax.models.checkpoint import read_hf_config
+
+    c = settings.config
+    v = c.rollout.vllm
+    hf = read_hf_config(model_dir)
+    positions = (hf.get("text_config") or hf).get("max_position_embeddings")
+    contexts = {"rollout.max_context_tokens": c.rollout.max_context_tokens}
+    if c.eval.enabled:
+        contexts["eval.max_context_tokens"] = c.eval.max_context_tokens
+    for field, tokens in contexts.items():
+        # vLLM refuses a longer context than the model's positions.
+        _require(positions is None or tokens <= positions, field,
+                 f"{tokens} tokens exceed the policy's max_position_embeddings ({positions}), vLLM's longest context")
+    engine = VllmEngineConfig(
+        model_dir, dtype=v.dtype, max_model_len=max(contexts.values()),
+        kv_cache_bytes=int(v.kv_cache_mb) * 2**20 or None, gpu_memory_utilization=v.gpu_memory_utilization,
+        seed=c.seed * 1000 + worker, max_num_seqs=v.max_num_seqs, banned_token_ids=tuple(banned_token_ids),
+        # A prompt never holds more screenshots than an episode has turns.
+        limit_images_per_prompt=max(c.rollout.max_turns, c.eval.max_turns) if multimodal else 0,
+    )
+    threads = str(int(v.threads))
+    router = RouterConfig(
+        num_engines=v.engines, cpus_per_engine=v.cpus_per_engine, gpus_per_engine=v.gpus_per_engine,
+        max_retries=v.max_retries,
+        env_vars=(("OMP_NUM_THREADS", threads), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+                  ("JAX_PLATFORMS", "cpu"), ("TOKENIZERS_PARALLELISM", "false"), ("VLLM_LOGGING_LEVEL", v.log_level)),
+    )
+    return VllmRouterFactory(model_dir, engine, router)
+
+
+def ray_cpus_needed(config) -> float:
+    """Logical CPUs the run's Ray actors reserve (0: the run needs no Ray)."""
+    c = config
+    if c.rollout.engine == "vllm":
+        return c.rollout.num_workers * c.rollout.vllm.engines * c.rollout.vllm.cpus_per_engine
+    if c.rollout.worker_backend == "ray":
+        return c.rollout.num_workers * c.rollout.worker_cpus
+    return 0.0
+
+
+def build_rollout_workers(settings: TrainSettings, policy, pad_id: int, env_wrapper: EnvWrapper | None,
+                          banned_token_ids: tuple[int, ...] = (), engine_model_dir: str | None = None) -> RolloutWorkers:
+    """config.rollout.num_workers workers. With rollout.engine "jax", each holds a JAX sampler
+    engine with a copy of `policy` (seeded c.seed * 1000 + worker) that never samples
+    `banned_token_ids`: in this process ("local"), or each in a Ray actor ("ray") that builds
+    its engine from the policy's parameters as host arrays. With "vllm", each (in this process)
+    routes its generations to vLLM engines in Ray actors serving `engine_model_dir`
+    (`export_engine_model`). Ray must be running for both: `ensure_local_ray`."""
+    from flax import nnx
+
+    c = settings.config
+    if c.rollout.engine == "vllm":
+        if engine_model_dir is None:
+            raise ValueError("rollout.engine 'vllm' needs the exported engine model directory")
+        multimodal = hasattr(policy, "encode_images") and c.env.observation == "screenshot"
+        specs = [(vllm_router_factory(settings, engine_model_dir, multimodal, w, banned_token_ids),
+                  rollout_worker_config(settings, w))
+                 for w in range(c.rollout.num_workers)]
+        return _local_workers(specs, env_wrapper)
+    remote = c.rollout.worker_backend == "ray"
+    state = nnx.state(policy)
+    params = jax.tree.map(np.asarray, state) if remote else state  # the local factory copies it
+    specs = [
+        (JaxEngineFactory(type(policy), policy.config, params, seed=c.seed * 1000 + w, pad_id=pad_id,
+                          tokenizer_dir=tokenizer_dir(c), banned_token_ids=banned_token_ids),
+         rollout_worker_config(settings, w))
+        for w in range(c.rollout.num_workers)
+    ]
+    if remote:
+        return start_remote_workers(specs, env_wrapper, num_cpus=c.rollout.worker_cpus)
+    return _local_workers(specs, env_wrapper)
+
+
+def _local_workers(specs, env_wrapper: EnvWrapper | None) -> list[RolloutWorker]:
+    workers: list[RolloutWorker] = []
+    try:
+        for factory, worker_config in specs:
+            workers.append(RolloutWorker(factory, worker_config, env_wrapper))
+    except BaseException:
+        for worker in workers:
+            worker.shutdown()
+        raise
+    return workers

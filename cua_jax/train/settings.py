@@ -1,0 +1,263 @@
+"""A run's config checked once: `TrainSettings.from_config` names the field of any bad value
+(`ConfigError: config.loss.clip_eps_low: ...`) before anything starts, and turns the config
+into the typed settings the learner, agent loops, samplers and warm start take."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+
+from cua_jax.envs.actions import ACTION_SPACES
+from cua_jax.models.sharding import MeshConfig
+from cua_jax.rl.advantages import AdvantageConfig
+from cua_jax.rl.losses import PolicyLossConfig
+from cua_jax.rollout.agent_loop import AgentConfig
+from cua_jax.tasks.sampling import (
+    CalibrationConfig,
+    DTACConfig,
+    DynamicSamplingConfig,
+    FrontierConfig,
+    UniformConfig,
+)
+from cua_jax.train.batching import BatchingConfig
+from cua_jax.train.learner import LearnerConfig, OptimizerConfig
+
+MODES = ("on_policy", "async")
+ITEM_ADVANTAGES = ("broadcast", "stepo")
+SEGMENTER_OPTIONS = {
+    "sliding_window": ("keep", "min_removal"),
+    "step_wise": ("keep_images",),
+    "compact_context": ("window",),
+    "whole_trajectory": (),
+}
+WORKER_BACKENDS = ("local", "ray")
+# Random inits (the shipped tokenizer) and Hugging Face checkpoints (model.init_from).
+LOADED_POLICIES = ("qwen3_vl", "qwen3")
+POLICIES = ("tiny_qwen3_vl", "tiny_qwen3") + LOADED_POLICIES
+TEXT_POLICIES = ("tiny_qwen3", "qwen3")
+OBSERVATIONS = ("screenshot", "text")
+
+
+def task_pool(tasks: Sequence[str], tiers: Sequence[int], drop_hardest_tier: bool) -> list[tuple[str, int]]:
+    """(task, tier) of a run's task pool: `tasks` with their tiers, less the hardest tier
+    (when above 0) if `drop_hardest_tier`."""
+    top = max(tiers, default=0)
+    return [(task, int(tier)) for task, tier in zip(tasks, tiers) if not (drop_hardest_tier and tier == top and top > 0)]
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message starts with the field's full name (config.x.y)."""
+
+
+def _field_error(section: str, fields: Sequence[str], error: Exception) -> ConfigError:
+    """Names the field of `section` that `error`'s message talks about (the earliest mentioned)."""
+    message = str(error)
+    mentioned = [(message.find(name), name) for name in fields if name in message]
+    where = f"config.{section}" + (f".{min(mentioned)[1]}" if mentioned else "")
+    return ConfigError(f"{where}: {message}")
+
+
+def _require(ok: bool, field: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"config.{field}: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    """The checked form of a run's config (see experiments/configs/base.py for the fields)."""
+
+    config: Any  # the ml_collections.ConfigDict it came from
+    learner: LearnerConfig
+    batching: BatchingConfig
+    advantage: AdvantageConfig
+    agent: AgentConfig
+    eval_agent: AgentConfig
+    mesh: MeshConfig
+    sampler_kind: str
+    sampler_configs: dict
+    calibration: CalibrationConfig | None
+    dynamic: DynamicSamplingConfig | None
+    segmenter_options: dict
+    warm_start: Any = None  # cua_jax.train.warm_start.WarmStartConfig, or None (no warm start)
+
+    @classmethod
+    def from_config(cls, config) -> "TrainSettings":
+        c = config
+
+        def build(section: str, kind, **values):
+            try:
+                return kind(**values)
+            except (ValueError, TypeError) as error:
+                raise _field_error(section, list(values), error) from error
+
+        _require(c.train.mode in MODES, "train.mode", f"{c.train.mode!r} is not one of {MODES}")
+        _require(c.train.num_steps >= 0, "train.num_steps", f"must be >= 0, got {c.train.num_steps}")
+        _require(c.rollout.group_size >= 1, "rollout.group_size", f"must be >= 1, got {c.rollout.group_size}")
+        _require(c.rollout.batch_tasks >= 1, "rollout.batch_tasks", f"must be >= 1, got {c.rollout.batch_tasks}")
+        _require(c.rollout.num_workers >= 1, "rollout.num_workers", f"must be >= 1, got {c.rollout.num_workers}")
+        _require(c.rollout.engine in ("jax", "vllm"), "rollout.engine", f"{c.rollout.engine!r} is not one of ('jax', 'vllm')")
+        if c.rollout.engine == "vllm":
+            _require(c.rollout.worker_backend == "local", "rollout.worker_backend",
+                     "with rollout.engine 'vllm' the rollout workers run in the trainer's process and the vLLM "
+                     "engines in Ray actors (rollout.vllm.engines per worker); set 'local'")
+            for name in ("engines", "max_num_seqs", "threads"):
+                _require(c.rollout.vllm[name] >= 1, f"rollout.vllm.{name}", f"must be >= 1, got {c.rollout.vllm[name]}")
+            _require(c.rollout.vllm.max_retries >= 0, "rollout.vllm.max_retries",
+                     f"must be >= 0, got {c.rollout.vllm.max_retries}")
+            _require(c.rollout.vllm.kv_cache_mb >= 0, "rollout.vllm.kv_cache_mb", f"must be >= 0, got {c.rollout.vllm.kv_cache_mb}")
+            _require(c.rollout.vllm.log_level in ("DEBUG", "INFO", "WARNING", "ERROR"), "rollout.vllm.log_level",
+                     f"{c.rollout.vllm.log_level!r} is not one of ('DEBUG', 'INFO', 'WARNING', 'ERROR')")
+            _require(c.rollout.vllm.dtype in ("float32", "bfloat16"), "rollout.vllm.dtype",
+                     f"{c.rollout.vllm.dtype!r} is not one of ('float32', 'bfloat16')")
+        _require(c.env.observation in OBSERVATIONS, "env.observation", f"{c.env.observation!r} is not one of {OBSERVATIONS}")
+        if c.env.observation == "text":
+            _require(c.env.include_dom_text, "env.include_dom_text",
+                     "env.observation 'text' shows the page as DOM text only: set it True")
+        elif c.model.name in TEXT_POLICIES:
+            _require(False, "env.observation",
+                     f"model.name {c.model.name!r} is a text-only policy: set env.observation = 'text'")
+        _require(c.rollout.worker_backend in WORKER_BACKENDS, "rollout.worker_backend",
+                 f"{c.rollout.worker_backend!r} is not one of {WORKER_BACKENDS}")
+        _require(c.rollout.worker_cpus > 0, "rollout.worker_cpus", f"must be > 0, got {c.rollout.worker_cpus}")
+        _require(c.rollout.ray_object_store_mb >= 80, "rollout.ray_object_store_mb",
+                 f"Ray needs an object store of at least 80 MiB, got {c.rollout.ray_object_store_mb}")
+        _require(c.env.kind == "miniwob", "env.kind", f"{c.env.kind!r}: the trainer's environments are 'miniwob'")
+        _require(len(c.env.tasks) >= 1, "env.tasks", "needs at least one task")
+        from cua_jax.envs.miniwob import task_names
+
+        known = set(task_names())
+        for task in tuple(c.env.tasks) + tuple(c.eval.tasks):
+            _require(task in known, "env.tasks" if task in c.env.tasks else "eval.tasks", f"unknown MiniWoB task {task!r}")
+        _require(len(c.env.task_tiers) == len(c.env.tasks), "env.task_tiers",
+                 f"has {len(c.env.task_tiers)} entries for {len(c.env.tasks)} tasks")
+        pool = task_pool(c.env.tasks, c.env.task_tiers, c.env.drop_hardest_tier)
+        # A batch draws distinct tasks: caught here, not after the warm start and evaluation.
+        _require(c.rollout.batch_tasks <= len(pool), "rollout.batch_tasks",
+                 f"{c.rollout.batch_tasks} distinct tasks per batch, but the task pool holds {len(pool)} "
+                 f"({', '.join(task for task, _ in pool)}); raise env.tasks or lower rollout.batch_tasks")
+        _require(c.env.action_space in ACTION_SPACES, "env.action_space",
+                 f"{c.env.action_space!r} is not one of {ACTION_SPACES}")
+        _require(c.env.train_seed_max >= 1, "env.train_seed_max", f"must be >= 1, got {c.env.train_seed_max}")
+        _require(c.env.eval_seed_start >= c.env.train_seed_max, "env.eval_seed_start",
+                 f"{c.env.eval_seed_start} overlaps the training seeds [0, {c.env.train_seed_max}): not held out")
+        outside = [seed for seed in c.env.train_seeds if not 0 <= int(seed) < c.env.train_seed_max]
+        _require(not outside, "env.train_seeds", f"{outside} lie outside the training seeds [0, {c.env.train_seed_max})")
+        _require(c.advantage.item_advantages in ITEM_ADVANTAGES, "advantage.item_advantages",
+                 f"{c.advantage.item_advantages!r} is not one of {ITEM_ADVANTAGES}")
+        _require(c.advantage.reward == "sparse", "advantage.reward", f"{c.advantage.reward!r}: only 'sparse' verifier rewards")
+        _require(c.context.segmenter in SEGMENTER_OPTIONS, "context.segmenter",
+                 f"{c.context.segmenter!r} is not one of {sorted(SEGMENTER_OPTIONS)}")
+        _require(c.learner.num_minibatches >= 1, "learner.num_minibatches", f"must be >= 1, got {c.learner.num_minibatches}")
+        _require(c.learner.num_minibatches <= c.rollout.batch_tasks, "learner.num_minibatches",
+                 f"{c.learner.num_minibatches} mini-batches of whole groups need at least as many tasks per batch "
+                 f"(rollout.batch_tasks = {c.rollout.batch_tasks})")
+        if c.train.mode == "on_policy":
+            _require(c.train.staleness_window == 0, "train.staleness_window", "must be 0 in on_policy mode")
+            _require(c.learner.num_minibatches == 1, "learner.num_minibatches",
+                     "on_policy mode takes exactly one update per rollout batch; set 1")
+        else:
+            _require(c.train.staleness_window >= 0, "train.staleness_window", f"must be >= 0, got {c.train.staleness_window}")
+            _require(not c.train.dapo, "train.dapo", "DAPO filtering is supported in on_policy mode only")
+            _require(c.train.buffer_groups >= 0, "train.buffer_groups", f"must be >= 0, got {c.train.buffer_groups}")
+        if c.learner.old_logprobs == "current":
+            _require(c.train.mode == "on_policy" and c.learner.num_minibatches == 1, "learner.old_logprobs",
+                     "'current' equals the sampling policy only strictly on-policy; use 'recompute' or 'rollout'")
+        _require(c.train.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {c.train.checkpoint_every}")
+        _require(c.warm_start.steps >= 0, "warm_start.steps", f"must be >= 0, got {c.warm_start.steps}")
+        if c.warm_start.steps > 0:
+            from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
+
+            _require(c.env.include_dom_text, "warm_start.steps",
+                     "the warm start's oracle reads the page as DOM text: set env.include_dom_text = True")
+            unsolved = [task for task in c.env.tasks if task not in ORACLE_TASKS]
+            _require(not unsolved, "warm_start.steps",
+                     f"the oracle has no demonstrations for {unsolved} (it solves {sorted(ORACLE_TASKS)})")
+            _require(c.warm_start.demos_per_task >= 1, "warm_start.demos_per_task",
+                     f"must be >= 1, got {c.warm_start.demos_per_task}")
+            _require(c.warm_start.demos_per_task <= c.env.train_seed_max, "warm_start.demos_per_task",
+                     f"{c.warm_start.demos_per_task} demonstration seeds do not fit in the training seeds "
+                     f"[0, {c.env.train_seed_max})")
+            _require(c.warm_start.concurrency >= 1, "warm_start.concurrency",
+                     f"must be >= 1, got {c.warm_start.concurrency}")
+            _require(c.warm_start.held_out_seeds >= 0, "warm_start.held_out_seeds",
+                     f"must be >= 0, got {c.warm_start.held_out_seeds}")
+        _require(0 < c.eval.confidence < 1, "eval.confidence", f"must lie in (0, 1), got {c.eval.confidence}")
+        _require(c.model.num_layers >= 0, "model.num_layers", f"must be >= 0, got {c.model.num_layers}")
+        _require(c.model.name in POLICIES, "model.name", f"{c.model.name!r} is not a known policy {POLICIES}")
+        from cua_jax.models.configs import MODEL_DTYPES
+
+        for name in ("param_dtype", "compute_dtype"):
+            _require(c.model[name] in MODEL_DTYPES, f"model.{name}", f"{c.model[name]!r} is not one of {tuple(MODEL_DTYPES)}")
+        _require(isinstance(c.model.remat, bool), "model.remat", f"must be True or False, got {c.model.remat!r}")
+        if c.model.name in LOADED_POLICIES:
+            _require(bool(c.model.init_from), "model.init_from",
+                     f"model.name {c.model.name!r} loads a Hugging Face directory: set model.init_from")
+            _require(c.model.num_layers == 0, "model.num_layers", "a loaded checkpoint keeps its own layers; leave it 0")
+        else:
+            _require(not c.model.init_from, "model.init_from",
+                     f"model.name {c.model.name!r} is a random init; set model.name to one of {LOADED_POLICIES} "
+                     "to load a checkpoint")
+        for name in ("num_seeds", "group_size", "concurrent_groups"):
+            _require(c.eval[name] >= 1, f"eval.{name}", f"must be >= 1, got {c.eval[name]}")
+
+        loss = build("loss", PolicyLossConfig, **{
+            **c.loss.to_dict(),
+            "dual_clip_c": c.loss.dual_clip_c or None,
+            "fixed_denominator": c.loss.fixed_denominator or None,
+        })
+        optimizer = build("optimizer", OptimizerConfig, **{**c.optimizer.to_dict(), "max_grad_norm": c.optimizer.max_grad_norm or None})
+        learner = build("learner", LearnerConfig, optimizer=optimizer, loss=loss, old_logprobs=c.learner.old_logprobs,
+                        freeze_vision=c.learner.freeze_vision, temperature=c.rollout.temperature or 1.0,
+                        seq_chunk=c.learner.seq_chunk, vocab_chunk=c.learner.vocab_chunk)
+        batching = build("learner", BatchingConfig, rows=c.learner.rows, length_multiple=c.learner.length_multiple,
+                         max_length=c.learner.max_length or None)
+        advantage = build("advantage", AdvantageConfig, estimator=c.advantage.estimator, std_eps=c.advantage.std_eps,
+                          no_verdict_reward=c.advantage.no_verdict_reward)
+        # Budgets and sampling both loops share; turns, context and sampling have eval's own fields.
+        shared = dict(max_new_tokens=c.rollout.max_new_tokens, no_verdict_reward=c.advantage.no_verdict_reward,
+                      batch_wait_s=c.rollout.batch_wait_s or None,
+                      max_response_tokens=c.rollout.max_response_tokens or None,
+                      max_observation_tokens=c.rollout.max_observation_tokens or None,
+                      prompt_style=c.rollout.prompt_style, action_space=c.env.action_space)
+        agent = build("rollout", AgentConfig, max_turns=c.rollout.max_turns,
+                      max_context_tokens=c.rollout.max_context_tokens, temperature=c.rollout.temperature,
+                      top_p=c.rollout.top_p, top_k=c.rollout.top_k, **shared)
+        eval_agent = build("eval", AgentConfig, max_turns=c.eval.max_turns,
+                           max_context_tokens=c.eval.max_context_tokens, temperature=c.eval.temperature,
+                           top_p=c.eval.top_p, top_k=c.eval.top_k, seed_per_turn=c.eval.seed_per_turn,
+                           seed=c.seed if c.eval.seed_per_turn else None, **shared)
+        mesh = build("mesh", MeshConfig, data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
+        s = c.sampler
+        sampler_configs = {
+            "uniform": build("sampler", UniformConfig, ema_alpha=s.ema_alpha),
+            "frontier": build("sampler", FrontierConfig, ema_alpha=s.ema_alpha, mu=s.mu, sigma=s.sigma, gamma=s.gamma,
+                              pool_factor=s.pool_factor, unknown_pass_rate=s.unknown_pass_rate),
+            "dtac": build("sampler", DTACConfig, ema_alpha=s.ema_alpha, p_low=s.p_low, p_high=s.p_high,
+                          max_replays_per_trajectory=s.max_replays_per_trajectory,
+                          replay_cache_size=s.replay_cache_size, rho_inf=s.rho_inf,
+                          unknown_pass_rate=s.unknown_pass_rate),
+        }
+        _require(s.kind in sampler_configs, "sampler.kind", f"{s.kind!r} is not one of {sorted(sampler_configs)}")
+        calibration = None
+        if s.calibration:
+            calibration = build("sampler", CalibrationConfig, p_min=s.p_min, p_max=s.p_max, pilot=s.pilot,
+                                pilot_group_size=s.pilot_group_size, every_k_steps=s.calibrate_every,
+                                sample_size=s.calibration_sample_size, group_size=s.calibration_group_size)
+        dynamic = None
+        if c.train.dapo:
+            dynamic = build("train", DynamicSamplingConfig, max_rounds=c.train.dapo_max_rounds,
+                            oversample=c.train.dapo_oversample)
+        warm_start = None
+        if c.warm_start.steps > 0:
+            from cua_jax.train.warm_start import WarmStartConfig
+
+            warm_start = build("warm_start", WarmStartConfig, steps=c.warm_start.steps, rows=c.warm_start.rows,
+                               learning_rate=c.warm_start.learning_rate, warmup_steps=c.warm_start.warmup_steps,
+                               schedule=c.warm_start.schedule, min_lr_ratio=c.warm_start.min_lr_ratio,
+                               length_multiple=c.learner.length_multiple, seed=c.seed,
+                               seq_chunk=c.learner.seq_chunk, vocab_chunk=c.learner.vocab_chunk)
+        options = {name: c.context[name] for name in SEGMENTER_OPTIONS[c.context.segmenter]}
+        return cls(config, learner, batching, advantage, agent, eval_agent, mesh, s.kind,
+                   {s.kind: sampler_configs[s.kind]}, calibration, dynamic, options, warm_start)
