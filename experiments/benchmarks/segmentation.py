@@ -1,6 +1,6 @@
 """Training cost of context segmentation: sliding window (ScaleCUA §3.4) vs step-wise vs whole trajectory.
 
-Synthetic episodes of T = 10, 30, 50 turns, one 1280x800 screenshot per turn. The screenshot's
+Synthetic episodes of T = 10, 30, 50 turns (--turns), one 1280x800 screenshot per turn. The screenshot's
 token count is the real Qwen3-VL one: transformers' Qwen-VL image processor with Qwen3-VL's
 geometry and default pixel bounds (patch 16, merge 2, 65,536..16,777,216 pixels) gives a 50x80
 patch grid = 1,000 image tokens. Every number is counted on the items the real segmenters produce
@@ -13,20 +13,22 @@ For K = Delta in {1, 3, 5, 8, 10, 15} it prints, per strategy: training items, t
 strategies give the policy the same visual window. Whole trajectory does not depend on K.
 
 Token counts are not training time (ScaleCUA's 2.83x step-wise/sliding-window figure is end-to-end
-time), so with --learner (the default) it also times real learner updates. The tiny random
-Qwen3-VL (`tiny_qwen3_vl_config`) trains on the items each segmenter cuts from the same synthetic
-episodes, whose turns carry 160x210 (MiniWoB-size) random screenshots that go through the vision
-tower (the default small-screen processor: a 14x10 patch grid, 35 image tokens each). Every
-segmenter's items are batched as the trainer batches them (`make_minibatches` with the base
-config's micro-batch shape, pixel patches and Qwen3-VL multimodal positions) and trained with
-`Learner.train_on_batch` (the base config's loss, old_logprobs="current"): one untimed call
-compiles every shape, then the same number of timed calls per segmenter. It prints the learner
-seconds per episode and the step-wise / sliding-window ratio of learner time beside the token and
-attention-cost ratios of those same items.
+time), so with --learner (the default) it also times real learner updates at K = Delta = 5. The
+tiny random Qwen3-VL (`tiny_qwen3_vl_config`) trains on the items each segmenter cuts from the same
+synthetic episodes, whose turns carry 160x210 (MiniWoB-size) random screenshots that go through the
+vision tower (the default small-screen processor: a 14x10 patch grid, 35 image tokens each). Each
+segmenter's items are batched as `Trainer.learn` batches them (`make_minibatches` with the base
+config's micro-batch shape, pixel patches and Qwen3-VL multimodal positions, one update) and
+trained by `Learner.train_on_batch` (the base config's loss, old_logprobs="current"): one untimed
+call compiles every shape, then the same number of timed calls per segmenter, alternating between
+them. It prints the learner seconds per episode and the step-wise / sliding-window ratio of learner
+time beside the token, attention-cost and padded-token ratios of those same items. With one episode
+per batch (--episodes 1, the default) a segmenter's last micro-batch is padded with empty rows that
+a real rollout batch would fill with other episodes' items; the padded column counts that work.
 
-    python -m experiments.benchmarks.segmentation                 # all T, learner timing at K=Delta=5
-    python -m experiments.benchmarks.segmentation --no-learner    # token counts only (seconds)
-    python -m experiments.benchmarks.segmentation --learner-turns 10 30 --repeats 3
+    python -m experiments.benchmarks.segmentation                          # learner timing at T = 10, 30
+    python -m experiments.benchmarks.segmentation --no-learner             # token counts only (seconds)
+    python -m experiments.benchmarks.segmentation --learner-turns 10 30 50 --repeats 3 --episodes 4
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ SCREEN = (800, 1280)  # height, width
 QWEN3_VL_MIN_PIXELS = 65_536
 QWEN3_VL_MAX_PIXELS = 16_777_216
 # Learner timing: the tiny policy on MiniWoB-size screenshots, at ScaleCUA's K = Delta = 5.
-LEARNER_TURNS = (10, 30, 50)
+LEARNER_TURNS = (10, 30)  # T=50 (--learner-turns 10 30 50) takes several more minutes on 2 cores
 LEARNER_WINDOW = 5
 LEARNER_SCREEN = (210, 160)  # height, width
 LEARNER_REPEATS = 2
@@ -101,104 +103,122 @@ def synthetic_episode(
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class LearnerTiming:
-    """One segmenter's items of one episode and the learner's time to train on them."""
+@dataclasses.dataclass
+class LearnerRun:
+    """One segmenter's items of the same episodes, batched for the learner, and its timed calls."""
 
-    cost: Cost
-    microbatches: int
-    seconds: float  # mean over the timed calls of one train_on_batch over the episode's items
+    cost: Cost  # of the items, per episode
+    padded_tokens: int  # rows x length summed over the micro-batches, per episode
+    minibatches: list
+    seconds: list[float] = dataclasses.field(default_factory=list)  # timed train_on_batch calls
 
 
 class LearnerBench:
     """Times `Learner.train_on_batch` on segmenter output, batched the way the trainer batches it.
 
-    One learner serves every segmenter and episode (its compiled programs are per batch shape, so a
-    shape compiled for one run is reused by the next; the untimed first call of each run compiles
-    the rest). Every segmenter gets the same batching config and the same call counts.
+    One learner serves every segmenter and episode length: its compiled programs are per batch
+    shape, so a shape compiled once is reused, and an untimed first call per run compiles the rest.
+    Every segmenter gets the same batching config and the same number of timed calls, taken in
+    turns (sliding, step-wise, sliding, ...) so that a load change on the machine hits both alike.
     """
 
-    def __init__(self, tokenizer, seed: int = 0):
-        from cua_jax.context.tokenizer import build_image_processor as small_screen_processor
-        from cua_jax.models.qwen3_vl import tiny_qwen3_vl_config
-        from cua_jax.train.batching import BatchingConfig, MultimodalPositions
+    def __init__(self, tokenizer, episodes_per_batch: int = 1, seed: int = 0):
+        from flax import nnx
 
-        self.processor = small_screen_processor()  # the default small-screen bounds the tiny policy trains with
+        from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
+        from cua_jax.train.batching import BatchingConfig, MultimodalPositions
+        from cua_jax.train.learner import Learner, LearnerConfig
+
+        self.processor = build_image_processor()  # the default small-screen bounds the tiny policy trains with
         self.renderer = ChatRenderer(tokenizer, self.processor)
-        self.model_config = tiny_qwen3_vl_config()
-        self.multimodal = MultimodalPositions.of(self.model_config)
+        model_config = tiny_qwen3_vl_config()
+        self.multimodal = MultimodalPositions.of(model_config)
         self.batching = BatchingConfig(rows=LEARNER_BATCHING_ROWS, length_multiple=LEARNER_LENGTH_MULTIPLE,
                                        pad_id=int(tokenizer.pad_token_id or 0))
-        self.learner = self._learner(seed)
+        self.episodes_per_batch = episodes_per_batch
+        model = Qwen3VLForConditionalGeneration(model_config, rngs=nnx.Rngs(seed))
+        self.learner = Learner(model, LearnerConfig(old_logprobs="current"))
 
     def image_tokens(self) -> int:
         return self.renderer.image_token_count(*LEARNER_SCREEN)
 
-    def episode(self, num_turns: int) -> Episode:
-        return synthetic_episode(self.renderer, num_turns, screen=LEARNER_SCREEN, pixels=True)
+    def episodes(self, num_turns: int) -> list[Episode]:
+        """One rollout group of `episodes_per_batch` episodes with MiniWoB-size random screenshots."""
+        return [dataclasses.replace(synthetic_episode(self.renderer, num_turns, seed=seed, screen=LEARNER_SCREEN, pixels=True),
+                                    episode_id=f"synthetic-{num_turns}-{seed}")
+                for seed in range(self.episodes_per_batch)]
 
-    def _learner(self, seed: int):
-        from flax import nnx
-
-        from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration
-        from cua_jax.train.learner import Learner, LearnerConfig
-
-        model = Qwen3VLForConditionalGeneration(self.model_config, rngs=nnx.Rngs(seed))
-        return Learner(model, LearnerConfig(old_logprobs="current"))
-
-    def time(self, segmenter: Segmenter, episode: Episode, repeats: int) -> LearnerTiming:
+    def batch(self, segmenter: Segmenter, episodes: list[Episode]) -> LearnerRun:
+        """The segmenter's items of `episodes` as one update's micro-batches (as `Trainer.learn` builds them)."""
         from cua_jax.train.batching import make_minibatches, process_images
 
-        items = segmenter.segment(episode)
-        patches = process_images(items, {episode.episode_id: episode}, self.processor)
-        # One rollout group per episode, one update; the advantage's value does not change the work.
+        items = [item for episode in episodes for item in segmenter.segment(episode)]
+        patches = process_images(items, {episode.episode_id: episode for episode in episodes}, self.processor)
+        # The advantage's value does not change the work.
         minibatches = make_minibatches(items, np.ones(len(items), np.float32), self.batching, 1,
                                        pixel_patches=patches, multimodal=self.multimodal)
-        learner = self.learner
-        learner.train_on_batch(minibatches)  # compiles every (rows, length, images) shape: untimed
-        seconds = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            learner.train_on_batch(minibatches)  # returns host floats, so the work is done
-            seconds.append(time.perf_counter() - start)
         lengths = np.asarray([len(item) for item in items], dtype=np.int64)
-        cost = Cost(len(lengths), int(lengths.sum()), int((lengths**2).sum()))
-        return LearnerTiming(cost, sum(len(micro) for micro in minibatches), float(np.mean(seconds)))
+        n = len(episodes)
+        cost = Cost(round(len(lengths) / n), round(lengths.sum() / n), round((lengths**2).sum() / n))
+        padded = sum(batch.rows * batch.length for micro in minibatches for batch in micro)
+        return LearnerRun(cost, round(padded / n), minibatches)
+
+    def train(self, run: LearnerRun) -> float:
+        """Seconds of one train_on_batch over the run's micro-batches (it returns host floats, so the work is done)."""
+        start = time.perf_counter()
+        self.learner.train_on_batch(run.minibatches)
+        return time.perf_counter() - start
+
+    def time(self, runs: list[LearnerRun], repeats: int) -> list[float]:
+        """Learner seconds per episode of each run: the mean of `repeats` timed calls after one compiling call."""
+        for run in runs:
+            self.train(run)  # compiles every (rows, length, images) shape not seen yet: untimed
+        for _ in range(repeats):
+            for run in runs:
+                run.seconds.append(self.train(run))
+        return [float(np.mean(run.seconds)) / self.episodes_per_batch for run in runs]
 
 
-def learner_table(tokenizer, turns: tuple[int, ...], repeats: int) -> dict[int, tuple[float, float, float]]:
-    """Prints the learner-time table; returns (tokens, attention, learner-time) step/sliding ratios by T."""
-    bench = LearnerBench(tokenizer)
+def learner_table(tokenizer, turns: tuple[int, ...], repeats: int, episodes_per_batch: int = 1
+                  ) -> dict[int, tuple[float, float, float, float]]:
+    """Prints the learner-time table; returns the step-wise/sliding-window ratios of (tokens,
+    attention cost, padded tokens, learner time) by T."""
+    bench = LearnerBench(tokenizer, episodes_per_batch)
     k = LEARNER_WINDOW
     print(
         f"\nlearner time per episode: tiny random Qwen3-VL, {LEARNER_SCREEN[1]}x{LEARNER_SCREEN[0]} random screenshot = "
-        f"{bench.image_tokens()} image tokens through the vision tower, K=D={k}; items batched by make_minibatches "
-        f"(rows {bench.batching.rows}, length multiple {bench.batching.length_multiple}, 1 update), "
-        f"Learner.train_on_batch: compile untimed, mean of {repeats} timed calls; attn = sum(len^2) / 1e6"
+        f"{bench.image_tokens()} image tokens through the vision tower, K=D={k}; the items of {episodes_per_batch} "
+        f"episode(s) batched by make_minibatches (rows {bench.batching.rows}, length multiple "
+        f"{bench.batching.length_multiple}, 1 update) and trained by Learner.train_on_batch, compile untimed, "
+        f"mean of {repeats} timed call(s); per episode: tokens, attn = sum(len^2) / 1e6, padded = rows x length "
+        "of the micro-batches"
     )
     header = (
-        f"{'T':>3} | {'sliding: items':>14} {'tokens':>7} {'attn':>7} {'micro':>5} {'learner s':>9} | "
-        f"{'step-wise: items':>16} {'tokens':>7} {'attn':>7} {'micro':>5} {'learner s':>9} | "
-        f"{'step/sliding tokens':>19} {'attn':>6} {'learner':>7}"
+        f"{'T':>3} | {'sliding: items':>14} {'tokens':>7} {'attn':>7} {'padded':>7} {'learner s':>9} | "
+        f"{'step-wise: items':>16} {'tokens':>7} {'attn':>7} {'padded':>7} {'learner s':>9} | "
+        f"{'step/sliding tokens':>19} {'attn':>6} {'padded':>6} {'learner':>7}"
     )
     print(header)
     print("-" * len(header))
     ratios = {}
     for num_turns in turns:
-        episode = bench.episode(num_turns)  # the same episode for both segmenters
-        sliding = bench.time(SlidingWindow(bench.renderer, keep=k, min_removal=k), episode, repeats)
-        step = bench.time(StepWise(bench.renderer, keep_images=k), episode, repeats)
+        episodes = bench.episodes(num_turns)  # the same episodes for both segmenters
+        sliding = bench.batch(SlidingWindow(bench.renderer, keep=k, min_removal=k), episodes)
+        step = bench.batch(StepWise(bench.renderer, keep_images=k), episodes)
+        sliding_s, step_s = bench.time([sliding, step], repeats)
         ratios[num_turns] = (
             step.cost.tokens / sliding.cost.tokens,
             step.cost.attention / sliding.cost.attention,
-            step.seconds / sliding.seconds,
+            step.padded_tokens / sliding.padded_tokens,
+            step_s / sliding_s,
         )
-        cells = []
-        for timing in (sliding, step):
-            cells.append(f"{timing.cost.tokens:>7} {timing.cost.attention / 1e6:>7.2f} {timing.microbatches:>5} {timing.seconds:>9.3f}")
+        cells = [
+            f"{run.cost.tokens:>7} {run.cost.attention / 1e6:>7.2f} {run.padded_tokens:>7} {seconds:>9.3f}"
+            for run, seconds in ((sliding, sliding_s), (step, step_s))
+        ]
         print(
             f"{num_turns:>3} | {sliding.cost.items:>14} {cells[0]} | {step.cost.items:>16} {cells[1]} | "
-            f"{ratios[num_turns][0]:>19.2f} {ratios[num_turns][1]:>6.2f} {ratios[num_turns][2]:>7.2f}",
+            + " ".join(f"{r:>{w}.2f}" for r, w in zip(ratios[num_turns], (19, 6, 6, 7))),
             flush=True,
         )
     return ratios
@@ -214,9 +234,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="episode lengths T of the learner-time table (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=LEARNER_REPEATS,
                         help="timed train_on_batch calls per segmenter and T, after one compiling call (default: %(default)s)")
+    parser.add_argument("--episodes", type=int, default=1,
+                        help="episodes per learner batch (one group); more fill the micro-batches as a real "
+                             "rollout batch does, at proportionally more time (default: %(default)s)")
     args = parser.parse_args(argv)
-    if min(args.turns + args.learner_turns) < 1 or args.repeats < 1:
-        parser.error("--turns, --learner-turns and --repeats must be >= 1")
+    if min(args.turns + args.learner_turns) < 1 or args.repeats < 1 or args.episodes < 1:
+        parser.error("--turns, --learner-turns, --repeats and --episodes must be >= 1")
     return args
 
 
@@ -264,13 +287,13 @@ def main(argv: list[str] | None = None) -> None:
     if not args.learner:
         return
     learner_start = time.perf_counter()
-    learner_ratios = learner_table(tokenizer, tuple(args.learner_turns), args.repeats)
+    learner_ratios = learner_table(tokenizer, tuple(args.learner_turns), args.repeats, args.episodes)
     print(f"({time.perf_counter() - learner_start:.1f}s)")
     longest = max(args.learner_turns)
-    tokens, attention, seconds = learner_ratios[longest]
+    tokens, attention, padded, seconds = learner_ratios[longest]
     print(
         f"learner-time ratio step-wise/sliding-window (T={longest}, K={LEARNER_WINDOW}): {seconds:.2f} "
-        f"(tokens {tokens:.2f}, attention cost {attention:.2f})"
+        f"(tokens {tokens:.2f}, attention cost {attention:.2f}, padded tokens {padded:.2f})"
     )
 
 
