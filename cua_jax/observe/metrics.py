@@ -86,3 +86,14 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
                 raise ValueError(f"{path}:{line_number}: not a JSON object: {e}") from e
             records.append({k: (math.nan if v is None else v) for k, v in record.items()})
     return records
+
+
+def drop_records_from(path: str, step: int) -> None:
+    """Removes the records of steps >= `step` from a JSON-lines metrics file (a resumed run
+    repeats the steps after its checkpoint); a missing file is left missing."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = [line for line in f if line.strip() and json.loads(line)["step"] < step]
+    with open(path, "w") as f:
+        f.writelines(lines)

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from cua_jax.context.tokenizer import load_processor
@@ -19,6 +20,7 @@ from cua_jax.rollout.rollout_worker import (
     RemoteRolloutWorker,
     RolloutWorker,
     RolloutWorkerConfig,
+    broadcast_weights,
     start_remote_workers,
 )
 from cua_jax.train.settings import LOADED_POLICIES, ConfigError, TrainSettings, _require
@@ -223,3 +225,19 @@ def _local_workers(specs, env_wrapper: EnvWrapper | None) -> list[RolloutWorker]
             worker.shutdown()
         raise
     return workers
+
+
+def push_weights(workers: RolloutWorkers, config, state, version: int) -> None:
+    """The learner's parameters (an nnx.State) to every worker's engine as policy `version`: a
+    device copy per in-process JAX engine (the learner donates its own arrays to the next
+    update), one host (numpy) copy shared by Ray actors, the state itself to vLLM routers
+    (they turn it into host arrays before returning)."""
+    if config.rollout.engine == "vllm":
+        for worker in workers:
+            worker.update_weights(state, version)
+        return
+    if config.rollout.worker_backend == "ray":
+        broadcast_weights(workers, jax.tree.map(np.asarray, state), version)
+        return
+    for worker in workers:
+        worker.update_weights(jax.tree.map(jnp.copy, state), version)

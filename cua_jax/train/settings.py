@@ -14,13 +14,9 @@ from cua_jax.models.sharding import MeshConfig
 from cua_jax.rl.advantages import AdvantageConfig
 from cua_jax.rl.losses import PolicyLossConfig
 from cua_jax.rollout.agent_loop import AgentConfig
-from cua_jax.tasks.sampling import (
-    CalibrationConfig,
-    DTACConfig,
-    DynamicSamplingConfig,
-    FrontierConfig,
-    UniformConfig,
-)
+from cua_jax.tasks.calibration import CalibrationConfig
+from cua_jax.tasks.dynamic_sampling import DynamicSamplingConfig
+from cua_jax.tasks.samplers import DTACConfig, FrontierConfig, UniformConfig
 from cua_jax.train.batching import BatchingConfig
 from cua_jax.train.learner import LearnerConfig, OptimizerConfig
 

@@ -39,28 +39,29 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import make_segmenter
 from cua_jax.eval.held_out import run_held_out, save_traces, success_gain, success_summary
 from cua_jax.models.sharding import make_mesh
-from cua_jax.observe.metrics import TIMING_PREFIX
+from cua_jax.observe.metrics import TIMING_PREFIX, drop_records_from
 from cua_jax.rollout.agent_loop import reserved_token_ids
 from cua_jax.rollout.rollout_worker import (
     EnvWrapper,
     RemoteRolloutWorker,
     RolloutWorker,
-    broadcast_weights,
     ensure_local_ray,
 )
 from cua_jax.tasks.pool import GroupOutcome, PoolTask, TaskPool
-from cua_jax.tasks.sampling import build_sampler, collect_informative_groups
+from cua_jax.tasks.dynamic_sampling import collect_informative_groups
+from cua_jax.tasks.samplers import build_sampler
 from cua_jax.train.batching import MultimodalPositions, make_minibatches, process_images
+from cua_jax.train.async_rollouts import RolloutFeeder
 from cua_jax.train.buffer import RolloutBuffer
 from cua_jax.train.build import (
     RolloutWorkers,
+    push_weights,
     build_policy,
     build_rollout_workers,
     export_engine_model,
@@ -147,7 +148,7 @@ class Trainer:
         self.step = 0  # completed training steps
         self.version = 0  # policy version the engines hold
         self.next_group_id = 0
-        self.buffer: RolloutBuffer | None = None
+        self.feeder: RolloutFeeder | None = None  # async mode's rollout threads
         self.last_batch: PreparedBatch | None = None
         self.last_minibatch_item_counts: list[int] = []
         self.history: list[dict[str, float]] = []
@@ -155,9 +156,6 @@ class Trainer:
         # Reentrant: under DAPO, collect() holds it across its rounds, whose group runs take it
         # again for group ids.
         self._sampler_lock = threading.RLock()
-        self._rollout_threads: list[threading.Thread] = []
-        self._rollout_error: BaseException | None = None
-        self._stop = threading.Event()
         self._writer = None
         if self.warm_start_metrics:
             self._log(0, self.warm_start_metrics)
@@ -283,23 +281,10 @@ class Trainer:
         self._push_weights()
 
     def _push_weights(self) -> None:
-        """The learner's parameters to every engine as policy `self.version`: a device copy per
-        in-process JAX engine, one host (numpy) copy shared by Ray actors, the state itself to
-        vLLM routers (they convert it to host arrays at once)."""
+        """The learner's parameters to every engine as policy `self.version` (`push_weights`)."""
         from flax import nnx
 
-        state = nnx.state(self.learner.model)
-        if self.config.rollout.engine == "vllm":
-            # The router turns the parameters into host arrays before returning.
-            for worker in self.workers:
-                worker.update_weights(state, self.version)
-            return
-        if self.config.rollout.worker_backend == "ray":
-            broadcast_weights(self.workers, jax.tree.map(np.asarray, state), self.version)
-            return
-        for worker in self.workers:
-            # A copy per engine: the learner donates its own arrays to the next update.
-            worker.update_weights(jax.tree.map(jnp.copy, state), self.version)
+        push_weights(self.workers, self.config, nnx.state(self.learner.model), self.version)
 
     # -- on-policy ------------------------------------------------------------------------
 
@@ -326,64 +311,26 @@ class Trainer:
     # -- asynchronous ---------------------------------------------------------------------
 
     def start_rollouts(self) -> None:
-        """Starts one rollout thread per worker feeding the buffer (async mode)."""
+        """Starts one rollout thread per worker feeding the buffer (async mode: `RolloutFeeder`)."""
         c = self.config
-        capacity = c.train.buffer_groups or 2 * c.rollout.batch_tasks
-        if self.buffer is None:
-            self.buffer = RolloutBuffer(c.train.staleness_window, capacity)
-        self._stop.clear()
-        # Rollout draws take their own step numbers, after every learner step ever taken,
-        # so they never reuse a key; a thread's k-th batch uses draw index (worker, k).
-        for w, worker in enumerate(self.workers):
-            thread = threading.Thread(target=self._rollout_loop, args=(w, worker), daemon=True, name=f"rollout-{w}")
-            thread.start()
-            self._rollout_threads.append(thread)
-
-    def _rollout_loop(self, w: int, worker: RolloutWorker | RemoteRolloutWorker) -> None:
-        draw = 0
-        try:
-            while not self._stop.is_set():
-                step_index = (self.step + draw) * len(self.workers) + w
-                draw += 1
-                groups, _ = self.collect(step_index, worker)
-                for group in groups:
-                    while not self._stop.is_set():
-                        try:
-                            self.buffer.put(group, timeout=0.5)
-                            break
-                        except TimeoutError:
-                            continue
-        except RuntimeError as error:
-            if not self._stop.is_set():
-                self._rollout_error = error
-        except BaseException as error:  # noqa: BLE001 - surfaced to the learner thread
-            self._rollout_error = error
+        if self.feeder is None:
+            self.feeder = RolloutFeeder(c.train.staleness_window, c.train.buffer_groups or 2 * c.rollout.batch_tasks)
+        self.feeder.start(self.workers, self.collect, lambda: self.step)
 
     def stop_rollouts(self) -> None:
-        self._stop.set()
-        if self.buffer is not None:
-            self.buffer.close()
-        for thread in self._rollout_threads:
-            thread.join()
-        self._rollout_threads = []
-        self.buffer = None
+        if self.feeder is not None:
+            self.feeder.stop()
+            self.feeder = None
+
+    @property
+    def buffer(self) -> RolloutBuffer | None:
+        return None if self.feeder is None else self.feeder.buffer
 
     def async_step(self, timeout_s: float = 3600.0) -> dict[str, float]:
         """One learner step of async mode: take fresh whole groups from the buffer, update, sync."""
-        if self.buffer is None:
+        if self.feeder is None:
             raise RuntimeError("async_step needs start_rollouts() first")
-        t0 = time.perf_counter()
-        deadline = t0 + timeout_s
-        while True:
-            if self._rollout_error is not None:
-                raise RuntimeError("a rollout thread failed") from self._rollout_error
-            try:
-                groups = self.buffer.take(self.config.rollout.batch_tasks, self.version, timeout=1.0)
-                break
-            except TimeoutError:
-                if time.perf_counter() > deadline:
-                    raise
-        wait_s = time.perf_counter() - t0
+        groups, wait_s = self.feeder.take(self.config.rollout.batch_tasks, self.version, timeout_s)
         metrics = self.learn(groups)
         metrics[TIMING_PREFIX + "rollout_wait_s"] = wait_s
         return self._finish_step(metrics)
@@ -426,15 +373,10 @@ class Trainer:
         if restored is None:
             return False
         self.load_trainer_state(*restored)
-        path = os.path.join(self.workdir, "metrics.jsonl")
-        if os.path.exists(path):
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
-            with open(path) as f:
-                lines = [line for line in f if line.strip() and json.loads(line)["step"] < self.step]
-            with open(path, "w") as f:
-                f.writelines(lines)
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        drop_records_from(os.path.join(self.workdir, "metrics.jsonl"), self.step)
         return True
 
     def save(self) -> None:

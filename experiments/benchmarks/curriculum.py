@@ -37,14 +37,14 @@ import numpy as np  # noqa: E402
 
 from cua_jax.rl.coverage import signal_coverage  # noqa: E402
 from cua_jax.tasks.pool import TaskPool  # noqa: E402
-from cua_jax.tasks.sampling import (  # noqa: E402
-    CalibrationConfig,
+from cua_jax.tasks.calibration import CalibrationConfig  # noqa: E402
+from cua_jax.tasks.dynamic_sampling import (  # noqa: E402
     DynamicSamplingConfig,
-    TaskSampler,
-    build_sampler,
     collect_informative_groups,
     outcome_stats,
 )
+from cua_jax.tasks.sampler_interface import TaskSampler  # noqa: E402
+from cua_jax.tasks.samplers import build_sampler  # noqa: E402
 from cua_jax.tasks.simulator import SimulatorConfig, TaskPoolSimulator  # noqa: E402
 
 SAMPLERS = ("uniform", "dapo", "frontier", "dtac")

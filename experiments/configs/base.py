@@ -179,7 +179,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.keep_checkpoints = 2
     c.train.progress_bar = True
 
-    # Task sampling (cua_jax.tasks.sampling.build_sampler).
+    # Task sampling (cua_jax.tasks.samplers.build_sampler).
     c.sampler = ml_collections.ConfigDict()
     c.sampler.kind = "uniform"  # uniform | frontier | dtac
     c.sampler.ema_alpha = 0.2

@@ -4,7 +4,7 @@ asynchronous training with a staleness window of 1 and whole-group mini-batches.
     python -m experiments.main --config=experiments/configs/evocua.py
 
 The paper leaves most constants unpublished (DTAC's band and replay cap are ours, as in
-cua_jax.tasks.sampling.DTACConfig). MiniWoB has no infeasible tasks, so DTAC's infeasible
+cua_jax.tasks.samplers.DTACConfig). MiniWoB has no infeasible tasks, so DTAC's infeasible
 share rho_inf is 0 here. Policy-aware filtering (§2.3): a pilot of 8 rollouts per task with the
 current policy keeps the tasks whose pass rate lies in the learnable band [0.05, 0.95], and
 every 20 steps 16 tasks of the whole pool are re-estimated and re-filtered (a task can

@@ -8,14 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cua_jax.tasks.pool import GroupOutcome, PoolTask, TaskPool, load_state, save_state
-from cua_jax.tasks.sampling import (
-    CalibrationConfig,
+from cua_jax.tasks.calibration import CalibrationConfig
+from cua_jax.tasks.dynamic_sampling import collect_informative_groups
+from cua_jax.tasks.samplers import (
     DTACConfig,
     DTACSampler,
     FrontierConfig,
     FrontierSampler,
     build_sampler,
-    collect_informative_groups,
+)
+from cua_jax.tasks.selection import (
     dtac_select,
     frontier_select,
     frontier_weights,
