@@ -582,7 +582,7 @@ class AgentLoop:
                 except EngineFault as error:
                     # The engine serving this turn died (the router restarts it): no verdict
                     # about the policy, so the episode is quarantined, not failed.
-                    outcome = episode_outcome(fault=Fault(FaultKind.ENGINE_FAILED, str(error)), rule=self.config.attribution)
+                    outcome = episode_outcome(fault=error.fault, rule=self.config.attribution)
                     unanswered = True
                     break
             reserved = generation.token_ids[np.isin(generation.token_ids, self.reserved_ids)]

@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from cua_jax.envs.faults import FaultError, FaultKind
+
 
 class FinishReason(str, enum.Enum):
     """Why a generation ended: a stop token was sampled, or the token budget ran out."""
@@ -127,9 +129,11 @@ class EngineHealth:
     detail: str = ""
 
 
-class EngineFault(RuntimeError):
+class EngineFault(FaultError, RuntimeError):
     """The engine (a process or actor serving the policy) died while serving a request: an
-    infrastructure fault, which quarantines the episodes waiting on it."""
+    infrastructure fault (`fault`: ENGINE_FAILED), which quarantines the episodes waiting on it."""
+
+    fault_kind = FaultKind.ENGINE_FAILED
 
 
 class RolloutEngine(abc.ABC):

@@ -112,8 +112,8 @@ class RolloutWorkerConfig:
     `agent`). segmenter / segmenter_options: `make_segmenter`'s name and keyword options (e.g.
     (("keep", 5), ("min_removal", 5))). tokenizer_dir: a tokenizer + processor directory
     (None: the shipped tiny pair). include_dom_text / screenshots / time_limit_s: the MiniWoB
-    observation (DOM text, screenshots) and time limit (see MiniWoBEnvironment). runtime_seed seeds the capsule runtime's draws of
-    unseeded episodes. canonical_order: serve the engine through `CanonicalOrderEngine`, so
+    observation (DOM text, screenshots) and time limit (see MiniWoBEnvironment). runtime_seed
+    seeds the capsule runtime's draws of unseeded episodes. canonical_order: serve the engine through `CanonicalOrderEngine`, so
     the samples of a batch do not depend on the order its prompts arrived in."""
 
     agent: AgentConfig = AgentConfig()

@@ -312,10 +312,11 @@ class VllmEngine(RolloutEngine):
         import vllm
 
         self.config = config
-        self._key_table = key_table_for_directory(config.model_dir)
         from cua_jax.models.checkpoint import read_hf_config
 
-        self._image_token_id = read_hf_config(config.model_dir).get("image_token_id")
+        hf_config = read_hf_config(config.model_dir)
+        self._key_table = key_table_for_directory(config.model_dir)
+        self._image_token_id = hf_config.get("image_token_id")
         self._version = initial_version
         self._lock = threading.Lock()
         self._expected_names = {
@@ -346,12 +347,10 @@ class VllmEngine(RolloutEngine):
             else None,
         )
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        from cua_jax.models.checkpoint import read_hf_config
-
         # Without torchvision, vLLM's Qwen3-VL is served through an import hook of this
         # process (cua_jax.rollout.vllm_qwen3_vl): the engine core must run here too.
         in_process = config.weight_transport == "dlpack"
-        if needs_image_only_qwen3_vl(read_hf_config(config.model_dir).get("architectures")):
+        if needs_image_only_qwen3_vl(hf_config.get("architectures")):
             if config.tensor_parallel_size != 1:
                 raise ValueError(
                     f"{config.model_dir}: Qwen3-VL without torchvision is served in-process, by one worker; "

@@ -188,13 +188,12 @@ class Router(RolloutEngine):
                         del pending[i]
                     except ray.exceptions.RayActorError as error:
                         attempts[i] += 1
+                        self._start_recovery(actor_index)
                         if attempts[i] > self.config.max_retries:
-                            self._start_recovery(actor_index)
                             raise EngineFault(
                                 f"engine actor {actor_index} died serving requests {chunks[i]} "
                                 f"(attempt {attempts[i]}): {type(error).__name__}"
                             ) from error
-                        self._start_recovery(actor_index)
                         target = self._wait_available()[0]
                         pending[i] = (target, self._submit(target, requests, sampling, chunks[i]))
             return [g for i in range(len(chunks)) for g in results[i]]

@@ -57,10 +57,10 @@ def build_policy(settings: TrainSettings, seed: int):
     return Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(**overrides, **precision), rngs=nnx.Rngs(seed))
 
 
-def check_init_from(config) -> None:
-    """Raise ConfigError naming model.init_from unless it holds a checkpoint of the kind
-    model.name says (`cua_jax.models.hf_policy.check_policy_directory`: config, shards,
-    architecture, a tokenizer that fits the vocabulary)."""
+def check_init_from(config):
+    """model.init_from's `PolicyDirectory`; ConfigError naming model.init_from unless it holds a
+    checkpoint of the kind model.name says (`cua_jax.models.hf_policy.check_policy_directory`:
+    config, shards, architecture, a tokenizer that fits the vocabulary)."""
     from cua_jax.models.hf_policy import check_policy_directory
 
     where = f"config.model.init_from: {config.model.init_from!r}"
@@ -71,6 +71,7 @@ def check_init_from(config) -> None:
     if found.kind != config.model.name:
         raise ConfigError(f"{where} holds a {found.architecture} ({found.kind!r}), but model.name is "
                           f"{config.model.name!r}")
+    return found
 
 
 def load_run_processor(config):
@@ -78,16 +79,12 @@ def load_run_processor(config):
     first when the policy is loaded from it: a checkpoint whose vocabulary holds the tokenizer's."""
     from cua_jax.models.hf_policy import token_id_bound
 
-    if config.model.name in LOADED_POLICIES:
-        check_init_from(config)
+    policy = check_init_from(config) if config.model.name in LOADED_POLICIES else None
     tokenizer, image_processor = load_processor(tokenizer_dir(config))
-    if config.model.name in LOADED_POLICIES and config.model.tokenizer_dir:
-        from cua_jax.models.hf_policy import check_policy_directory
-
-        vocab = check_policy_directory(config.model.init_from).vocab_size
-        if token_id_bound(tokenizer) > vocab:
-            raise ConfigError(f"config.model.tokenizer_dir: {config.model.tokenizer_dir!r}: its tokenizer's ids reach "
-                              f"{token_id_bound(tokenizer)}, past model.init_from's vocabulary ({vocab})")
+    # A tokenizer from init_from itself was checked against its vocabulary with the directory.
+    if policy is not None and config.model.tokenizer_dir and token_id_bound(tokenizer) > policy.vocab_size:
+        raise ConfigError(f"config.model.tokenizer_dir: {config.model.tokenizer_dir!r}: its tokenizer's ids reach "
+                          f"{token_id_bound(tokenizer)}, past model.init_from's vocabulary ({policy.vocab_size})")
     return tokenizer, image_processor
 
 
@@ -135,14 +132,14 @@ class VllmRouterFactory:
         return Router(VllmEngineFactory(self.engine), self.router, host_weights=vllm_host_weights(self.model_dir))
 
 
-def vllm_router_factory(settings: TrainSettings, model_dir: str, multimodal: bool, worker: int,
-                        banned_token_ids: tuple[int, ...] = ()) -> VllmRouterFactory:
-    """Worker `worker`'s `VllmRouterFactory`, as config.rollout.vllm names it; its engines never
-    sample `banned_token_ids`."""
+def vllm_router_factories(settings: TrainSettings, model_dir: str, multimodal: bool,
+                          banned_token_ids: tuple[int, ...] = ()) -> list[VllmRouterFactory]:
+    """One `VllmRouterFactory` per rollout worker, as config.rollout.vllm names them (engine
+    seeds c.seed * 1000 + worker); the engines never sample `banned_token_ids`. A context
+    budget past the policy's positions is a ConfigError naming the field."""
+    from cua_jax.models.checkpoint import read_hf_config
     from cua_jax.rollout.vllm_engine import VllmEngineConfig
     from cua_jax.rollout.workers import RouterConfig
-
-    from cua_jax.models.checkpoint import read_hf_config
 
     c = settings.config
     v = c.rollout.vllm
@@ -158,7 +155,7 @@ def vllm_router_factory(settings: TrainSettings, model_dir: str, multimodal: boo
     engine = VllmEngineConfig(
         model_dir, dtype=v.dtype, max_model_len=max(contexts.values()),
         kv_cache_bytes=int(v.kv_cache_mb) * 2**20 or None, gpu_memory_utilization=v.gpu_memory_utilization,
-        seed=c.seed * 1000 + worker, max_num_seqs=v.max_num_seqs, banned_token_ids=tuple(banned_token_ids),
+        max_num_seqs=v.max_num_seqs, banned_token_ids=tuple(banned_token_ids),
         # A prompt never holds more screenshots than an episode has turns.
         limit_images_per_prompt=max(c.rollout.max_turns, c.eval.max_turns) if multimodal else 0,
     )
@@ -169,7 +166,8 @@ def vllm_router_factory(settings: TrainSettings, model_dir: str, multimodal: boo
         env_vars=(("OMP_NUM_THREADS", threads), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
                   ("JAX_PLATFORMS", "cpu"), ("TOKENIZERS_PARALLELISM", "false"), ("VLLM_LOGGING_LEVEL", v.log_level)),
     )
-    return VllmRouterFactory(model_dir, engine, router)
+    return [VllmRouterFactory(model_dir, dataclasses.replace(engine, seed=c.seed * 1000 + w), router)
+            for w in range(c.rollout.num_workers)]
 
 
 def ray_cpus_needed(config) -> float:
@@ -197,9 +195,8 @@ def build_rollout_workers(settings: TrainSettings, policy, pad_id: int, env_wrap
         if engine_model_dir is None:
             raise ValueError("rollout.engine 'vllm' needs the exported engine model directory")
         multimodal = hasattr(policy, "encode_images") and c.env.observation == "screenshot"
-        specs = [(vllm_router_factory(settings, engine_model_dir, multimodal, w, banned_token_ids),
-                  rollout_worker_config(settings, w))
-                 for w in range(c.rollout.num_workers)]
+        factories = vllm_router_factories(settings, engine_model_dir, multimodal, banned_token_ids)
+        specs = [(factory, rollout_worker_config(settings, w)) for w, factory in enumerate(factories)]
         return _local_workers(specs, env_wrapper)
     remote = c.rollout.worker_backend == "ray"
     state = nnx.state(policy)
