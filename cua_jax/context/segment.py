@@ -21,6 +21,9 @@ Strategies:
 * `CompactContext(window=w)`: one item per turn; turns older than w collapse into a text action
   history and the last w turns stay in full (EvoCUA-1.5 eq. 4).
 
+Each strategy is registered in SEGMENTERS under its config name; `make_segmenter(name, renderer,
+**options)` builds one, and SEGMENTER_OPTIONS lists the config options each takes.
+
 Every item's response tokens are the engine's ids and logprobs, untouched (token-in, token-out).
 """
 
@@ -33,6 +36,7 @@ import numpy as np
 
 from cua_jax.context.render import ChatRenderer, History, ImageRef, action_text
 from cua_jax.context.token_stream import Prompt, TokenStream, TokenStreamBuilder
+from cua_jax.registry import Registry
 from cua_jax.types import Episode, ImageSpan, TrainingItem
 
 ImageLike = np.ndarray | tuple[int, int]  # a screenshot [H, W, 3], or just its (height, width)
@@ -205,9 +209,13 @@ class _StepContext(EpisodeContext):
 
 
 class Segmenter(abc.ABC):
-    """episode -> list[TrainingItem]; `start` gives the same context to a live rollout."""
+    """episode -> list[TrainingItem]; `start` gives the same context to a live rollout.
 
-    name: str
+    options: the constructor's keyword arguments that a run's config sets (by the same names);
+    the others (e.g. a callable) keep their defaults there.
+    """
+
+    options: tuple[str, ...] = ()
 
     def __init__(self, renderer: ChatRenderer):
         self.renderer = renderer
@@ -225,10 +233,14 @@ class Segmenter(abc.ABC):
         return context.finish()
 
 
+SEGMENTERS: Registry[type[Segmenter]] = Registry("segmenter")
+
+
+@SEGMENTERS.register("sliding_window")
 class SlidingWindow(Segmenter):
     """ScaleCUA Visual Context Segmentation: keep K screenshots, drop at least Delta when over K + Delta."""
 
-    name = "sliding_window"
+    options = ("keep", "min_removal")
 
     def __init__(self, renderer: ChatRenderer, keep: int = 5, min_removal: int | None = None):
         super().__init__(renderer)
@@ -242,19 +254,19 @@ class SlidingWindow(Segmenter):
         return _StreamContext(self.renderer, episode_id, group_id, system_prompt, instruction, self.keep, self.min_removal)
 
 
+@SEGMENTERS.register("whole_trajectory")
 class WholeTrajectory(Segmenter):
     """One item per episode: the whole conversation as one diff-grown token stream."""
-
-    name = "whole_trajectory"
 
     def start(self, episode_id, group_id, system_prompt, instruction):
         return _StreamContext(self.renderer, episode_id, group_id, system_prompt, instruction, None, 1)
 
 
+@SEGMENTERS.register("step_wise")
 class StepWise(Segmenter):
     """One item per turn; context = full history, or its last `keep_images` screenshots when set."""
 
-    name = "step_wise"
+    options = ("keep_images",)
 
     def __init__(self, renderer: ChatRenderer, keep_images: int | None = None):
         super().__init__(renderer)
@@ -266,10 +278,11 @@ class StepWise(Segmenter):
         return _StepContext(self.renderer, episode_id, group_id, system_prompt, instruction, self.keep_images, None, action_text)
 
 
+@SEGMENTERS.register("compact_context")
 class CompactContext(Segmenter):
     """One item per turn (EvoCUA-1.5 eq. 4): turns older than `window` as a text action history, the rest in full."""
 
-    name = "compact_context"
+    options = ("window",)
 
     def __init__(self, renderer: ChatRenderer, window: int = 3, action_summary: Callable[[str], str] = action_text):
         super().__init__(renderer)
@@ -282,14 +295,11 @@ class CompactContext(Segmenter):
         return _StepContext(self.renderer, episode_id, group_id, system_prompt, instruction, None, self.window, self.action_summary)
 
 
-SEGMENTERS: dict[str, type[Segmenter]] = {
-    cls.name: cls for cls in (SlidingWindow, WholeTrajectory, StepWise, CompactContext)
-}
+# Each registered segmenter's config options, by name (the segmenters above are all registered).
+SEGMENTER_OPTIONS: dict[str, tuple[str, ...]] = {name: cls.options for name, cls in SEGMENTERS.items()}
 
 
 def make_segmenter(name: str, renderer: ChatRenderer, **options) -> Segmenter:
-    """A segmenter by config name: sliding_window(keep, min_removal), step_wise(keep_images),
-    compact_context(window), whole_trajectory()."""
-    if name not in SEGMENTERS:
-        raise ValueError(f"unknown segmenter {name!r}; known: {sorted(SEGMENTERS)}")
+    """The segmenter registered as `name`, built with `options` (its keyword arguments, e.g. its
+    SEGMENTER_OPTIONS). Raises ValueError for an unknown name."""
     return SEGMENTERS[name](renderer, **options)

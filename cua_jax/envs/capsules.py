@@ -875,9 +875,6 @@ class CapsuleRuntime:
     def evaluate(self, env_id: str, expression: str, arg: Any = None) -> Any:
         return self.run_async(self.aevaluate(env_id, expression, arg))
 
-    def env_ids(self) -> list[str]:
-        return list(self._routes)
-
     def generation_of(self, env_id: str) -> int:
         generation = self._route(env_id).generation
         assert generation is not None

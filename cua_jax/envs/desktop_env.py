@@ -1,4 +1,6 @@
-"""One episode of one desktop task on a pooled environment: setup, steps, verdict, status.
+"""Desktop tasks (OSWorld's format) on pooled Docker environments: `DesktopEpisode` (one
+blocking episode: setup, steps, verdict, status) and `DesktopEnvironment`, its adapter to the
+environment contract (`cua_jax.envs.contract`).
 
     episode = DesktopEpisode(pool, task, max_turns=15, cache_dir=...)
     observation = episode.start()             # acquires an environment, runs the setup
@@ -13,19 +15,41 @@ becomes feedback on the next observation, and a spent turn budget ends it NO_VER
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import pathlib
 import tempfile
+from typing import Any
 
 from cua_jax.envs import actions as A
-from cua_jax.envs.client import EnvError, EnvServerError
+from cua_jax.envs.client import EnvClient, EnvError, EnvServerError
+from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvObservation, EnvReset, EnvTransition
 from cua_jax.envs.docker_pool import DockerEnvPool, PooledEnv, PoolError
 from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, episode_outcome
 from cua_jax.tasks import judges
 from cua_jax.tasks.schema import Task
 
 log = logging.getLogger(__name__)
+
+
+def set_up_task(task: Task, client: EnvClient, setup_actions: list[str] | None = None) -> None:
+    """The task's whole setup on `client`'s environment: its `config` steps, then the action
+    texts `setup_actions` (None: the task file's `metadata.setup_actions`: a synthesized
+    sub-task starts where a trajectory prefix left the screen). A terminal action replays as
+    nothing. judges.SetupError names the failing step or action."""
+    judges.run_steps(task.config, client, task.base_dir)
+    if setup_actions is None:
+        setup_actions = (task.raw.get("metadata") or {}).get("setup_actions", [])
+    for index, text in enumerate(setup_actions):
+        action = A.parse_action(text)
+        if isinstance(action, A.InvalidAction):
+            raise judges.SetupError(f"{task.id}: setup action {index} {text!r} is invalid: {action.message}")
+        if A.is_terminal(action):
+            continue
+        result = client.step(action, screenshot=False)
+        if not result.ok:
+            raise judges.SetupError(f"{task.id}: replaying setup action {index} failed: {result.error}")
 
 
 @dataclasses.dataclass
@@ -83,7 +107,7 @@ class DesktopEpisode:
             self._quarantine(Fault(FaultKind.SETUP_FAILED, f"no environment: {error}"))
             return Observation(None, "")
         try:
-            judges.run_steps(self.task.config, self.env.client, self.task.base_dir)
+            set_up_task(self.task, self.env.client)
             return Observation(self.env.client.screenshot())
         except judges.SetupError as error:
             self._quarantine(self._fault_from(error, FaultKind.SETUP_FAILED))
@@ -93,9 +117,13 @@ class DesktopEpisode:
 
     def step(self, text: str) -> Observation:
         """Parse the policy's text, perform the action, return the next observation."""
+        return self.perform(text, A.parse_action(text, "coordinates"))  # a desktop lists no element ids
+
+    def perform(self, text: str, action: A.Action | A.InvalidAction) -> Observation:
+        """Perform `action` (parsed from the policy's `text`); the next observation. An
+        InvalidAction is not performed: its message is the next observation's feedback."""
         if self.done:
             raise RuntimeError("the episode is over")
-        action = A.parse_action(text, "coordinates")  # a desktop lists no element ids
         if isinstance(action, A.InvalidAction):
             return self._record(text, action, f"Invalid action: {action.message}", None)
         try:
@@ -161,3 +189,70 @@ def run_scripted(pool: DockerEnvPool, task: Task, texts: list[str], max_turns: i
         episode.step(text)
     episode.finish()
     return episode
+
+
+class DesktopEnvironment(AgentEnvironment):
+    """A desktop task (`cua_jax.tasks.schema.Task`) on a pooled container (`DesktopEpisode`).
+
+    DesktopEpisode is blocking; its calls run in worker threads. The turn budget belongs to
+    the agent loop, so the episode's own is set out of reach. Its outcome (judge verdict,
+    quarantine with the container's fault) becomes the transition's outcome.
+    """
+
+    def __init__(self, pool: Any, *, cache_dir: str | None = None, attribution: Attribution = Attribution()):
+        self.pool = pool
+        self.cache_dir = cache_dir
+        self.attribution = attribution
+        self.episode: Any = None
+
+    @staticmethod
+    def _observation(observation: Any) -> EnvObservation:
+        from cua_jax.envs.client import decode_png
+        from cua_jax.rollout.prompts import observation_text
+
+        images = () if observation.screenshot_png is None else (decode_png(observation.screenshot_png),)
+        return EnvObservation(images, observation_text(feedback=observation.feedback))
+
+    async def _finish(self) -> EnvTransition:
+        outcome = await asyncio.to_thread(self.episode.finish)
+        return EnvTransition(None, outcome.reward, outcome, fault=self.episode.fault)
+
+    async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
+        if self.episode is not None and self.episode.outcome is None:
+            await asyncio.to_thread(self.episode.finish)  # release the previous episode's container
+        self.episode = DesktopEpisode(self.pool, task, max_turns=2**31, cache_dir=self.cache_dir, attribution=self.attribution)
+        observation = await asyncio.to_thread(self.episode.start)
+        if self.episode.fault is not None:
+            fault = self.episode.fault
+            await asyncio.to_thread(self.episode.finish)
+            raise EnvironmentFault(fault)
+        return EnvReset(task.instruction, self._observation(observation))
+
+    async def shared_state(self) -> Any:
+        """The task whose setup produced this start: a group re-runs it on every container.
+
+        experiments/benchmarks/group_fork.py measured the alternative, a `docker commit` of
+        the prepared container and a container per episode started from it (whose setup's
+        launch steps must run again, since a commit keeps files but no running programs):
+        see the README's group-start row for both latencies."""
+        if self.episode is None:
+            raise RuntimeError("shared_state() before reset()")
+        return self.episode.task
+
+    async def reset_to(self, task: Any, seed: int | None, state: Any) -> EnvReset:
+        if state.id != task.id:
+            raise ValueError(f"the shared state is task {state.id!r}'s start, not {task.id!r}'s")
+        return await self.reset(task, seed)
+
+    async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
+        if self.episode is None:
+            raise RuntimeError("step() before reset()")
+        text = action.text if isinstance(action, A.InvalidAction) else A.render_action(action)
+        observation = await asyncio.to_thread(self.episode.perform, text, action)
+        if self.episode.done:
+            return await self._finish()
+        return EnvTransition(self._observation(observation))
+
+    async def close(self) -> None:
+        if self.episode is not None and self.episode.outcome is None:
+            await asyncio.to_thread(self.episode.finish)

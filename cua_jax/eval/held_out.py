@@ -98,3 +98,15 @@ def save_traces(directory: str, episodes: Sequence[Episode]) -> None:
                   "quarantine_reason": episode.quarantine_reason, "turns": turns}
         with open(os.path.join(folder, "trace.json"), "w") as f:
             json.dump(record, f, indent=2)
+
+
+def evaluate_held_out(worker: Any, tasks: Sequence[str], config: Any, directory: str) -> dict[str, Any]:
+    """One held-out evaluation of a run (`config`: its eval and env sections): `run_held_out`,
+    `success_summary`, and config.eval.num_traces traces spread over the tasks, saved under
+    `directory`."""
+    episodes = run_held_out(worker, tasks, config.eval, config.env.eval_seed_start)
+    result = success_summary(episodes, tasks, config.eval.confidence)
+    stride = max(1, len(episodes) // max(config.eval.num_traces, 1))
+    save_traces(directory, episodes[::stride][: config.eval.num_traces])
+    return result
+

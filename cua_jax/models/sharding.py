@@ -155,14 +155,6 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, logical_to_spec(names, rules, x.shape, mesh))
 
 
-def param_logical_names(variable: nnx.Variable) -> tuple[str | None, ...]:
-    """The logical axis names a parameter was declared with."""
-    names = variable.get_metadata().get("out_sharding")
-    if names is None:
-        raise ValueError(f"parameter of shape {variable.shape} has no logical axis names")
-    return tuple(names)
-
-
 def state_shardings(state: nnx.State, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_RULES) -> nnx.State:
     """A NamedSharding per variable of `state` (concrete or abstract), from its logical names."""
 

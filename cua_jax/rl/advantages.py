@@ -24,6 +24,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from cua_jax.registry import Registry
 from cua_jax.rl._checks import check_ids_in_range
 from cua_jax.types import EpisodeStatus
 
@@ -38,12 +39,16 @@ STATUS_CODES: dict[EpisodeStatus, int] = {
 # ScaleCUA Table 10 "incomplete episode penalty"; CANOPY App. H uses the same constant.
 DEFAULT_NO_VERDICT_REWARD = -0.2
 
+# An estimator: (rewards [E], group_ids [E], num_groups, valid [E] | None, config) -> float [E].
+Estimator = Callable[..., jax.Array]
+ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig:
     """How episode rewards become advantages.
 
-    estimator: a key of ADVANTAGE_ESTIMATORS ("grpo", "dr_grpo", "rloo").
+    estimator: a name registered in ADVANTAGE_ESTIMATORS ("grpo", "dr_grpo", "rloo").
     std_eps: added to the group std before dividing (GRPO only).
     no_verdict_reward: the reward of an episode that ran out of turns or tokens.
     """
@@ -164,6 +169,7 @@ def _centered(rewards, group_ids, num_groups, valid):
     return jnp.where(keep, rewards - stats.mean[group_ids], 0.0), stats, keep
 
 
+@ADVANTAGE_ESTIMATORS.register("grpo")
 def grpo(
     rewards: jax.Array,
     group_ids: jax.Array,
@@ -183,6 +189,7 @@ def grpo(
     return jnp.where(keep, centered / jnp.where(keep, scale, 1.0), 0.0)
 
 
+@ADVANTAGE_ESTIMATORS.register("dr_grpo")
 def dr_grpo(
     rewards: jax.Array,
     group_ids: jax.Array,
@@ -196,6 +203,7 @@ def dr_grpo(
     return centered
 
 
+@ADVANTAGE_ESTIMATORS.register("rloo")
 def rloo(
     rewards: jax.Array,
     group_ids: jax.Array,
@@ -211,11 +219,6 @@ def rloo(
     centered, stats, _ = _centered(rewards, group_ids, num_groups, valid)
     n = stats.count[jnp.asarray(group_ids, dtype=jnp.int32)]
     return centered * n / jnp.maximum(n - 1.0, 1.0)
-
-
-Estimator = Callable[..., jax.Array]
-
-ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo}
 
 
 def episode_advantages(

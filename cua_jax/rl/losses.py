@@ -28,7 +28,8 @@ the full batch's denominator (which the caller may also compute up front with
 
 where m is the loss mask and n_b = sum_t m of item b. For the seq-mean modes, the denominator
 of the whole accumulation is therefore the number of sequences of the full batch, not of one
-micro-batch. Items with an empty mask (padding rows) count in no denominator.
+micro-batch. Items with an empty mask (padding rows) count in no denominator. Each mode is a
+function registered in AGGREGATION_MODES under its name (see `Aggregation`).
 
 Truncated importance sampling (TIS; verl, AReaL). The inference engine that sampled the tokens
 and the learner disagree on their log-probs (kernels, precision, batching), so the tokens are
@@ -45,14 +46,19 @@ log-probs are the engine's (the learner's "rollout" mode) w is exactly 1.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from cua_jax.registry import Registry
 from cua_jax.rl.kl import KL_ESTIMATORS
 
-AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "fixed_denominator")
+# An aggregation mode: (per_token [B, T] float, mask [B, T] of 0/1 in per_token's dtype,
+# config) -> (numerator: scalar in per_token's dtype, denominator: float32 scalar), both sums
+# over the rows (module docstring). The denominator depends on the mask and config alone.
+Aggregation = Callable[[jax.Array, jax.Array, "PolicyLossConfig"], tuple[jax.Array, jax.Array]]
+AGGREGATION_MODES: Registry[Aggregation] = Registry("aggregation mode")
 # The quantile of the rollout-vs-learner log-prob gap that the metrics report.
 GAP_QUANTILE = 0.99
 
@@ -66,7 +72,7 @@ class PolicyLossConfig:
     kl_coef / kl_estimator: weight and estimator ("k1", "k2", "k3") of KL(pi || pi_ref);
       with kl_coef > 0, `ref_logp` must be given.
     entropy_coef: weight of the entropy bonus; with entropy_coef > 0, `entropy` must be given.
-    aggregation: one of AGGREGATION_MODES.
+    aggregation: a name registered in AGGREGATION_MODES.
     fixed_denominator: the per-item constant D of the "fixed_denominator" mode.
     tis_cap: truncated importance sampling of the engine-vs-learner mismatch (see the module
       docstring): 0 turns it off, else the cap (>= 1) on the per-token weight
@@ -218,17 +224,14 @@ def loss_denominator(loss_mask: jax.Array, config: PolicyLossConfig) -> jax.Arra
       config: PolicyLossConfig (static).
 
     Returns:
-      float scalar; additive over disjoint sets of rows.
+      float32 scalar; additive over disjoint sets of rows.
     """
     mask = (jnp.asarray(loss_mask) != 0).astype(jnp.float32)
     if mask.ndim != 2:
         raise ValueError(f"loss_denominator: loss_mask must be [B, T], got shape {mask.shape}")
-    if config.aggregation == "token_mean":
-        return jnp.sum(mask)
-    nonempty_items = jnp.sum(jnp.any(mask > 0, axis=-1).astype(jnp.float32))
-    if config.aggregation == "fixed_denominator":
-        return nonempty_items * config.fixed_denominator
-    return nonempty_items
+    # The numerator of a zero loss is discarded (and compiled away under jit).
+    _, denominator = AGGREGATION_MODES[config.aggregation](jnp.zeros_like(mask), mask, config)
+    return denominator
 
 
 def masked_quantile(x: jax.Array, mask: jax.Array, q: float, empty: float = 0.0) -> jax.Array:
@@ -283,12 +286,50 @@ def truncated_importance_weight(
     return jnp.minimum(raw, cap), raw > cap
 
 
-def _aggregate_numerator(per_token: jax.Array, mask: jax.Array, aggregation: str) -> jax.Array:
-    masked = per_token * mask
-    if aggregation == "seq_mean_token_mean":
-        per_item = jnp.sum(masked, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
-        return jnp.sum(per_item)
-    return jnp.sum(masked)
+def _token_count(mask: jax.Array) -> jax.Array:
+    """float32: the number of masked tokens."""
+    return jnp.sum(mask.astype(jnp.float32))
+
+
+def _nonempty_items(mask: jax.Array) -> jax.Array:
+    """float32: the number of rows with at least one masked token."""
+    return jnp.sum(jnp.any(mask > 0, axis=-1).astype(jnp.float32))
+
+
+@AGGREGATION_MODES.register("token_mean")
+def aggregate_token_mean(
+    per_token: jax.Array, mask: jax.Array, config: PolicyLossConfig
+) -> tuple[jax.Array, jax.Array]:
+    """num = sum_b sum_t m l, den = sum_b sum_t m: one pooled N over every action token (CANOPY eq. 8)."""
+    del config  # no mode-specific settings
+    return jnp.sum(per_token * mask), _token_count(mask)
+
+
+@AGGREGATION_MODES.register("seq_mean_token_mean")
+def aggregate_seq_mean_token_mean(
+    per_token: jax.Array, mask: jax.Array, config: PolicyLossConfig
+) -> tuple[jax.Array, jax.Array]:
+    """num = sum_b (sum_t m l / n_b), den = number of items with n_b > 0."""
+    del config  # no mode-specific settings
+    per_item = jnp.sum(per_token * mask, axis=-1) / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
+    return jnp.sum(per_item), _nonempty_items(mask)
+
+
+@AGGREGATION_MODES.register("seq_mean_token_sum")
+def aggregate_seq_mean_token_sum(
+    per_token: jax.Array, mask: jax.Array, config: PolicyLossConfig
+) -> tuple[jax.Array, jax.Array]:
+    """num = sum_b sum_t m l, den = number of items with n_b > 0."""
+    del config  # no mode-specific settings
+    return jnp.sum(per_token * mask), _nonempty_items(mask)
+
+
+@AGGREGATION_MODES.register("fixed_denominator")
+def aggregate_fixed_denominator(
+    per_token: jax.Array, mask: jax.Array, config: PolicyLossConfig
+) -> tuple[jax.Array, jax.Array]:
+    """num = sum_b sum_t m l, den = (items with n_b > 0) * config.fixed_denominator (Dr. GRPO)."""
+    return jnp.sum(per_token * mask), _nonempty_items(mask) * config.fixed_denominator
 
 
 def policy_loss(
@@ -389,8 +430,8 @@ def policy_loss(
     else:
         entropy = jnp.zeros(shape, logp.dtype)
 
-    numerator = _aggregate_numerator(per_token, mask, config.aggregation)
-    denominator = loss_denominator(mask, config).astype(logp.dtype)
+    numerator, denominator = AGGREGATION_MODES[config.aggregation](per_token, mask, config)
+    denominator = denominator.astype(logp.dtype)
 
     def masked_sum(x):
         return jnp.sum(jnp.where(on, jax.lax.stop_gradient(x), 0.0))

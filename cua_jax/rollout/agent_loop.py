@@ -55,13 +55,14 @@ the same context that built the prompts (`Rollout.items`), and equal `segmenter.
 `Episode.info` records wall-clock time in the environment and waiting for generation, and
 token counts.
 
-Environments implement the narrow `AgentEnvironment` protocol; adapters here cover MiniWoB++
-capsules (`MiniWoBEnvironment`) and pooled desktop containers (`DesktopEnvironment`).
+Environments implement the environment contract (`cua_jax.envs.contract.AgentEnvironment`);
+the agent loop depends on nothing else of them. With `group_start = "shared"` a group's
+episodes begin from one prepared state: the first environment resets, the others start
+from its `shared_state()` (a capsule fork, a desktop's setup run again).
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextlib
 import dataclasses
@@ -69,95 +70,25 @@ import functools
 import hashlib
 import random
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from cua_jax.context.segment import EpisodeContext, Segmenter
 from cua_jax.envs import actions as A
-from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, classify_environment_error, episode_outcome
+from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvObservation
+from cua_jax.envs.faults import Attribution, Outcome, episode_outcome
 from cua_jax.rollout.engine import EngineFault, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
-from cua_jax.rollout.prompts import INVALID_ACTION_PREFIX, PROMPT_STYLES, observation_text, system_prompt
+from cua_jax.rollout.prompts import PROMPT_STYLES, system_prompt
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
-
-# ------------------------------------------------------------------------------------
-# The environment protocol
-# ------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvObservation:
-    """What the agent sees at a turn: screenshots (uint8 [H, W, 3]) and the text beside them."""
-
-    images: tuple[np.ndarray, ...]
-    text: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvReset:
-    """The start of an episode: the task's instruction and the first observation.
-
-    screen_size: (width, height) of the screen the coordinates refer to; None: the first
-    screenshot's. A text-only observation (no screenshot) must give it.
-    """
-
-    instruction: str
-    observation: EnvObservation
-    screen_size: tuple[int, int] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvTransition:
-    """One environment step.
-
-    observation: the next observation (None once the episode ended).
-    reward: the step's reward (0 until the end for sparse-reward tasks).
-    outcome: set when the episode ended (verdict, declared end, or a quarantining fault).
-    info: environment-specific details (MiniWoB's raw / time-scaled reward and reason).
-    """
-
-    observation: EnvObservation | None
-    reward: float = 0.0
-    outcome: Outcome | None = None
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    @property
-    def done(self) -> bool:
-        return self.outcome is not None
-
-
-class EnvironmentFault(Exception):
-    """An infrastructure fault outside a step (setup, reset): the episode is quarantined."""
-
-    def __init__(self, fault: Fault):
-        super().__init__(fault.reason)
-        self.fault = fault
-
-
-class AgentEnvironment(abc.ABC):
-    """One environment the agent loop drives, one episode at a time.
-
-    `reset` raises EnvironmentFault when the infrastructure fails to set the task up (and
-    ValueError for a task the environment does not know); `step` never raises for
-    infrastructure faults: it returns a transition whose outcome is QUARANTINED.
-    """
-
-    @abc.abstractmethod
-    async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
-        """Start an episode of `task` (its type is the environment's: a MiniWoB task name, a desktop Task)."""
-
-    @abc.abstractmethod
-    async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
-        """Perform `action`; an InvalidAction is not performed, its message is the feedback."""
-
-    async def close(self) -> None:
-        """Release what the environment holds."""
-
 
 # ------------------------------------------------------------------------------------
 # Configuration and results
 # ------------------------------------------------------------------------------------
+
+
+GROUP_STARTS = ("fresh", "shared")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +118,8 @@ class AgentConfig:
     action_space: which pointer actions the prompt lists and the parser accepts
         (`actions.ACTION_SPACES`: grid points, element ids, or both); a reply outside it is
         an invalid action. The environment must show element ids for "elements" / "both".
+    group_start: "fresh" (every episode of a group resets on its own) or "shared" (one
+        resets, the others start from its state: `AgentEnvironment.shared_state`).
     """
 
     max_turns: int = 15
@@ -205,8 +138,11 @@ class AgentConfig:
     max_observation_tokens: int | None = None
     prompt_style: str = "tool_schema"
     action_space: str = "coordinates"
+    group_start: str = "fresh"
 
     def __post_init__(self):
+        if self.group_start not in GROUP_STARTS:
+            raise ValueError(f"group_start {self.group_start!r} is unknown; choose one of {GROUP_STARTS}")
         if self.prompt_style not in PROMPT_STYLES:
             raise ValueError(f"prompt_style {self.prompt_style!r} is unknown; choose one of {PROMPT_STYLES}")
         if self.action_space not in A.ACTION_SPACES:
@@ -496,14 +432,53 @@ class AgentLoop:
             raise ValueError("run_group needs at least one environment")
         task_id = str(task) if task_id is None else task_id
         seed = self._rng.randrange(2**31) if seed is None else seed
-        return list(
-            await asyncio.gather(
-                *(
-                    self.run_episode(env, task, task_id=task_id, seed=seed, group_id=group_id, episode_id=f"{task_id}/g{group_id}/e{i}")
-                    for i, env in enumerate(envs)
-                )
-            )
-        )
+        ids = [f"{task_id}/g{group_id}/e{i}" for i in range(len(envs))]
+        batcher = self.batcher()
+        # Every episode counts as running from the start (a batch waits for the whole group),
+        # and stops counting when it ends.
+        running = [batcher.episode() for _ in envs]
+        for count in running:
+            count.__enter__()
+        started = False
+
+        async def run(env, start, episode_id, count):
+            try:
+                return await self._run_episode(env, start, task_id, seed, group_id, episode_id, batcher)
+            finally:
+                count.__exit__(None, None, None)
+
+        try:
+            starts = [functools.partial(env.reset, task, seed) for env in envs]
+            if self.config.group_start == "shared" and len(envs) > 1:
+                starts = await self._shared_starts(envs, task, seed)
+            started = True
+            return list(await asyncio.gather(*(run(*args) for args in zip(envs, starts, ids, running))))
+        finally:
+            if not started:
+                for count in running:
+                    count.__exit__(None, None, None)
+
+    async def _shared_starts(self, envs: Sequence[AgentEnvironment], task: Any, seed: int) -> list:
+        """Each episode's start when the group begins from one state: the first environment
+        resets and shares its state; the others reset to it, concurrently. A fault of the
+        first reset or of the capture is that episode's; the others then reset on their own."""
+        leader = envs[0]
+        try:
+            first = await leader.reset(task, seed)
+            state = await leader.shared_state()
+        except EnvironmentFault as error:
+            fault = error.fault
+
+            async def failed():
+                raise EnvironmentFault(fault)
+
+            return [failed] + [functools.partial(env.reset, task, seed) for env in envs[1:]]
+
+        async def leader_start():
+            return first
+
+        followers = [asyncio.ensure_future(env.reset_to(task, seed, state)) for env in envs[1:]]
+        return [leader_start] + [functools.partial(_awaited, future) for future in followers]
 
     async def run_episode(
         self,
@@ -520,14 +495,17 @@ class AgentLoop:
         episode_id = episode_id or f"{task_id}/g{group_id}/e0"
         batcher = self.batcher()
         with batcher.episode():
-            return await self._run_episode(env, task, task_id, seed, group_id, episode_id, batcher)
+            return await self._run_episode(env, functools.partial(env.reset, task, seed), task_id, seed, group_id,
+                                           episode_id, batcher)
 
-    async def _run_episode(self, env, task, task_id, seed, group_id, episode_id, batcher: GenerationBatcher) -> Rollout:
+    async def _run_episode(self, env, start_episode, task_id, seed, group_id, episode_id,
+                           batcher: GenerationBatcher) -> Rollout:
+        """One episode on `env`, begun by `start_episode()` (an EnvReset, or EnvironmentFault)."""
         clock = _Clock()
         episode = Episode(episode_id=episode_id, task_id=task_id, group_id=group_id, instruction="", turns=[])
         try:
             with clock("env"):
-                start = await env.reset(task, seed)
+                start = await start_episode()
         except EnvironmentFault as error:
             outcome = episode_outcome(fault=error.fault, rule=self.config.attribution)
             return self._finish(episode, None, outcome, clock, generations=[])
@@ -692,172 +670,5 @@ class _Clock:
             self.seconds[phase] += time.perf_counter() - start
 
 
-# ------------------------------------------------------------------------------------
-# Adapters
-# ------------------------------------------------------------------------------------
-
-
-# Re-arms MiniWoB's episode timer with a new limit, counting the time already spent.
-_SET_TIME_LIMIT_JS = """(limit) => {
-  core.EPISODE_MAX_TIME = limit;
-  if (WOB_DONE_GLOBAL || core.EP_TIMER === null) return;
-  clearTimeout(core.EP_TIMER);
-  var elapsed = new Date().getTime() - core.ept0;
-  core.EP_TIMER = setTimeout(function () { core.endEpisode(-1, false, 'timed out'); },
-                             Math.max(0, limit - elapsed));
-}"""
-
-
-class MiniWoBEnvironment(AgentEnvironment):
-    """A MiniWoB++ task in one capsule of a `CapsuleRuntime` (cua_jax.envs.capsules).
-
-    task: a MiniWoB task name; seed: MiniWoB's problem seed (None: the runtime draws one).
-    The instruction is MiniWoB's utterance; each observation is the 160 x 210 task region
-    and, when the runtime was made with include_dom_text=True, the DOM as text.
-    time_limit_s replaces MiniWoB's per-task time limit (10 s by default), which a policy
-    sampled on a small CPU cannot meet; the time-scaled reward follows the new limit.
-    A quarantined capsule (browser crash, page failure) ends the episode QUARANTINED with
-    the runtime's fault; the next reset builds a fresh capsule generation. Exceptions from the
-    runtime go through `faults.classify_environment_error`: infrastructure faults quarantine
-    (a reset raises EnvironmentFault, a step ends QUARANTINED), anything else is a bug and raises.
-    screenshots=False: text-only observations (the DOM text, for a text-only policy); the
-    reset still reports the task region's size, which coordinates refer to.
-    """
-
-    def __init__(self, runtime: Any, *, time_limit_s: float | None = None, screenshots: bool = True):
-        if time_limit_s is not None and time_limit_s <= 0:
-            raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
-        if not screenshots and not getattr(runtime, "include_dom_text", True):
-            raise ValueError("text-only MiniWoB observations need a runtime made with include_dom_text=True")
-        self.runtime = runtime
-        self.time_limit_s = time_limit_s
-        self.screenshots = screenshots
-        self.env_id: str | None = None
-
-    async def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """Await a coroutine of the runtime on the runtime's own event loop (Playwright lives there)."""
-        from cua_jax.envs.capsules import RuntimeShutDownError
-
-        runtime_loop = self.runtime.loop
-        if not runtime_loop.is_running():  # shut down: nothing would ever run the coroutine
-            coro.close()
-            raise RuntimeShutDownError("the capsule runtime is shut down")
-        if asyncio.get_running_loop() is runtime_loop:
-            return await asyncio.wait_for(coro, self.runtime.call_timeout_s)
-        future = asyncio.run_coroutine_threadsafe(coro, runtime_loop)
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self.runtime.call_timeout_s)
-        except asyncio.TimeoutError:
-            future.cancel()
-            raise
-
-    def _observation(self, observation: Any, feedback: str = "") -> EnvObservation:
-        images = (observation.screenshot,) if self.screenshots else ()
-        return EnvObservation(images, observation_text(feedback=feedback, dom_text=observation.dom_text))
-
-    async def reset(self, task: str, seed: int | None = None) -> EnvReset:
-        from cua_jax.envs.miniwob import check_task
-
-        check_task(task)  # an unknown task is the caller's error, not an infrastructure fault
-        try:
-            if self.env_id is None:
-                self.env_id = await self._call(self.runtime.acreate(task, seed))
-                if self.time_limit_s is not None:
-                    await self._call(self.runtime.aevaluate(self.env_id, _SET_TIME_LIMIT_JS, self.time_limit_s * 1000))
-                observation = await self._call(self.runtime.aobserve(self.env_id))
-            else:
-                observation = await self._call(self.runtime.areset(self.env_id, seed, task))
-                if self.time_limit_s is not None:
-                    await self._call(self.runtime.aevaluate(self.env_id, _SET_TIME_LIMIT_JS, self.time_limit_s * 1000))
-        except Exception as error:
-            fault = classify_environment_error(error, setup=True)
-            if fault is None:
-                raise  # a bug in this library, not the environment's fault
-            raise EnvironmentFault(Fault(fault.kind, f"MiniWoB {task}: {fault.detail}")) from error
-        height, width = observation.screenshot.shape[:2]
-        return EnvReset(observation.utterance, self._observation(observation), screen_size=(width, height))
-
-    async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
-        if self.env_id is None:
-            raise RuntimeError("step() before reset()")
-        try:
-            result = await self._call(self.runtime.astep(self.env_id, action))
-        except Exception as error:
-            fault = classify_environment_error(error)
-            if fault is None:
-                raise  # a bug in this library (stepping an ended episode too), not the environment's fault
-            return EnvTransition(None, 0.0, episode_outcome(fault=Fault(fault.kind, f"capsule {self.env_id}: {fault.detail}")))
-        if result.status is EpisodeStatus.QUARANTINED:
-            fault = result.fault or Fault(FaultKind.SERVER_ERROR, result.quarantine_reason or f"capsule {self.env_id} quarantined")
-            return EnvTransition(None, 0.0, episode_outcome(fault=fault))
-        info = {"raw_reward": result.reward, "env_reward": result.env_reward}
-        if result.reason is not None:
-            info["miniwob_reason"] = result.reason
-        if result.done:
-            # MiniWoB's raw reward is in [-1, 1]; success is raw > 0 (its own criterion).
-            verdict = min(1.0, max(0.0, float(result.reward)))
-            return EnvTransition(None, verdict, episode_outcome(verdict=verdict), info)
-        feedback = INVALID_ACTION_PREFIX + result.invalid_action if result.invalid_action else ""
-        return EnvTransition(self._observation(result.observation, feedback), 0.0, None, info)
-
-    async def close(self) -> None:
-        if self.env_id is not None:
-            env_id, self.env_id = self.env_id, None
-            try:
-                await self._call(self.runtime.aclose(env_id))
-            except Exception as error:
-                if classify_environment_error(error) is None:
-                    raise  # a bug in this library
-                # the runtime may be gone already (shut down, crashed): nothing left to close
-
-
-class DesktopEnvironment(AgentEnvironment):
-    """A desktop task (`cua_jax.tasks.schema.Task`) on a pooled container (`DesktopEpisode`).
-
-    DesktopEpisode is blocking; its calls run in worker threads. The turn budget belongs to
-    the agent loop, so the episode's own is set out of reach. Its outcome (judge verdict,
-    quarantine with the container's fault) becomes the transition's outcome.
-    """
-
-    def __init__(self, pool: Any, *, cache_dir: str | None = None, attribution: Attribution = Attribution()):
-        self.pool = pool
-        self.cache_dir = cache_dir
-        self.attribution = attribution
-        self.episode: Any = None
-
-    @staticmethod
-    def _observation(observation: Any) -> EnvObservation:
-        from cua_jax.envs.client import decode_png
-
-        images = () if observation.screenshot_png is None else (decode_png(observation.screenshot_png),)
-        return EnvObservation(images, observation_text(feedback=observation.feedback))
-
-    async def _finish(self) -> EnvTransition:
-        outcome = await asyncio.to_thread(self.episode.finish)
-        return EnvTransition(None, outcome.reward, outcome)
-
-    async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
-        from cua_jax.envs.desktop_env import DesktopEpisode
-
-        if self.episode is not None and self.episode.outcome is None:
-            await asyncio.to_thread(self.episode.finish)  # release the previous episode's container
-        self.episode = DesktopEpisode(self.pool, task, max_turns=2**31, cache_dir=self.cache_dir, attribution=self.attribution)
-        observation = await asyncio.to_thread(self.episode.start)
-        if self.episode.fault is not None:
-            fault = self.episode.fault
-            await asyncio.to_thread(self.episode.finish)
-            raise EnvironmentFault(fault)
-        return EnvReset(task.instruction, self._observation(observation))
-
-    async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
-        if self.episode is None:
-            raise RuntimeError("step() before reset()")
-        text = action.text if isinstance(action, A.InvalidAction) else A.render_action(action)
-        observation = await asyncio.to_thread(self.episode.step, text)
-        if self.episode.done:
-            return await self._finish()
-        return EnvTransition(self._observation(observation))
-
-    async def close(self) -> None:
-        if self.episode is not None and self.episode.outcome is None:
-            await asyncio.to_thread(self.episode.finish)
+async def _awaited(future: asyncio.Future) -> Any:
+    return await future

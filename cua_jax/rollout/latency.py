@@ -34,7 +34,7 @@ import numpy as np
 from jax.scipy.special import ndtri
 
 from cua_jax.envs import actions as A
-from cua_jax.rollout.agent_loop import AgentEnvironment, EnvReset, EnvTransition
+from cua_jax.envs.contract import AgentEnvironment, EnvReset, EnvTransition
 
 # The key of a step's injected delay (seconds) in `EnvTransition.info`, hence in `Turn.info`.
 DELAY_INFO_KEY = "injected_delay_s"
@@ -133,6 +133,15 @@ class LatencyEnvironment(AgentEnvironment):
         if self.delay_reset:
             await self._sleep()
         return await self.env.reset(task, seed)
+
+    async def shared_state(self) -> Any:
+        return await self.env.shared_state()
+
+    async def reset_to(self, task: Any, seed: int | None, state: Any) -> EnvReset:
+        self.resets += 1
+        if self.delay_reset:
+            await self._sleep()
+        return await self.env.reset_to(task, seed, state)
 
     async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
         self.steps += 1

@@ -1,6 +1,7 @@
-"""A rollout worker: one capsule runtime (a shared Chromium), one engine and the agent loops.
+"""A rollout worker: its environments (a capsule runtime over a shared Chromium for MiniWoB++,
+a Docker desktop pool for desktop tasks), one engine and the agent loops.
 
-`RolloutWorker` runs groups of MiniWoB++ episodes on request and takes weight updates. It
+`RolloutWorker` runs groups of episodes on request and takes weight updates. It
 runs in-process, or as a Ray actor (`rollout_worker_actor`), one per CPU group; the actor
 builds its engine and browser inside its own process from a picklable engine factory.
 `RemoteRolloutWorker` gives an actor the in-process worker's blocking methods, so a caller
@@ -28,13 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from cua_jax.rollout.agent_loop import (
-    AgentConfig,
-    AgentEnvironment,
-    AgentLoop,
-    MiniWoBEnvironment,
-    Rollout,
-)
+from cua_jax.envs.capsule_env import MiniWoBEnvironment
+from cua_jax.envs.contract import AgentEnvironment
+from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout
 from cua_jax.rollout.engine import (
     EngineHealth,
     Generation,
@@ -43,7 +40,8 @@ from cua_jax.rollout.engine import (
     SamplingConfig,
 )
 
-# One group request: (MiniWoB task name, problem seed, group id).
+# One group request: (task id, problem seed, group id). The id is a task of the worker's
+# catalog, or (without a catalog entry) a MiniWoB task name.
 GroupRequest = tuple[str, int, int]
 EnvWrapper = Callable[[AgentEnvironment], AgentEnvironment]
 
@@ -113,8 +111,11 @@ class RolloutWorkerConfig:
     (("keep", 5), ("min_removal", 5))). tokenizer_dir: a tokenizer + processor directory
     (None: the shipped tiny pair). include_dom_text / screenshots / time_limit_s: the MiniWoB
     observation (DOM text, screenshots) and time limit (see MiniWoBEnvironment). runtime_seed
-    seeds the capsule runtime's draws of unseeded episodes. canonical_order: serve the engine through `CanonicalOrderEngine`, so
-    the samples of a batch do not depend on the order its prompts arrived in."""
+    seeds the capsule runtime's draws of unseeded episodes. canonical_order: serve the engine
+    through `CanonicalOrderEngine`, so the samples of a batch do not depend on the order its
+    prompts arrived in. catalog: the tasks requests name (`cua_jax.tasks.sources`; None:
+    MiniWoB names only). desktop_pool: the Docker desktop pool this worker runs desktop tasks
+    on (`docker_pool.PoolConfig`; None: no desktop tasks)."""
 
     agent: AgentConfig = AgentConfig()
     eval_agent: AgentConfig | None = None
@@ -126,6 +127,8 @@ class RolloutWorkerConfig:
     time_limit_s: float | None = None
     runtime_seed: int = 0
     canonical_order: bool = False
+    catalog: Any = None
+    desktop_pool: Any = None
 
 
 class RolloutWorker:
@@ -155,33 +158,82 @@ class RolloutWorker:
         self.engine = CanonicalOrderEngine(engine) if config.canonical_order else engine
         self.train_loop = AgentLoop(self.engine, self.segmenter, config.agent)
         self.eval_loop = AgentLoop(self.engine, self.segmenter, config.eval_agent or config.agent)
-        # The capsules show element ids (marks, DOM text) as the agent's action space needs.
-        self.runtime = CapsuleRuntime(
-            include_dom_text=config.include_dom_text, action_space=config.agent.action_space, seed=config.runtime_seed
-        )
+        kinds = {"miniwob"} if config.catalog is None else config.catalog.kinds
+        if "desktop" in kinds and config.desktop_pool is None:
+            raise ValueError("the task catalog holds desktop tasks, but the worker has no desktop_pool config")
+        self.runtime = None
+        self.desktop_pool = None
+        try:
+            if "miniwob" in kinds:
+                # The capsules show element ids (marks, DOM text) as the agent's action space needs.
+                self.runtime = CapsuleRuntime(include_dom_text=config.include_dom_text,
+                                              action_space=config.agent.action_space, seed=config.runtime_seed)
+            if "desktop" in kinds:
+                from cua_jax.envs.docker_pool import DockerEnvPool
+
+                self.desktop_pool = DockerEnvPool(config.desktop_pool).start()
+        except BaseException:
+            self._close_environments()
+            self.engine.close()
+            raise
         self.env_wrapper = env_wrapper
-        self.envs: list[AgentEnvironment] = []
+        self.envs: dict[str, list[AgentEnvironment]] = {"miniwob": [], "desktop": []}
         # One batch of groups at a time: the environments are shared between calls.
         self._run_lock = threading.Lock()
 
-    def _envs(self, n: int) -> list[AgentEnvironment]:
-        while len(self.envs) < n:  # capsules are reused across groups (reset builds a new generation)
-            env = MiniWoBEnvironment(self.runtime, time_limit_s=self.config.time_limit_s,
-                                     screenshots=self.config.screenshots)
-            self.envs.append(self.env_wrapper(env) if self.env_wrapper else env)
-        return self.envs[:n]
+    def _new_env(self, kind: str) -> AgentEnvironment:
+        if kind == "desktop":
+            from cua_jax.envs.desktop_env import DesktopEnvironment
 
-    def _run(self, loop: AgentLoop, groups: Sequence[tuple[str, str, int | None, int]], n: int) -> list[list[Rollout]]:
-        """groups: (task, task_id, seed, group_id) each; n episodes per group, all concurrent."""
+            return DesktopEnvironment(self.desktop_pool, attribution=self.config.agent.attribution)
+        return MiniWoBEnvironment(self.runtime, time_limit_s=self.config.time_limit_s, screenshots=self.config.screenshots)
+
+    def _envs(self, kind: str, n: int) -> list[AgentEnvironment]:
+        """n environments of `kind`, reused across groups (a reset starts each one afresh)."""
+        envs = self.envs[kind]
+        while len(envs) < n:
+            env = self._new_env(kind)
+            envs.append(self.env_wrapper(env) if self.env_wrapper else env)
+        return envs[:n]
+
+    def _desktop_capacity(self) -> int:
+        return self.desktop_pool.config.size if self.desktop_pool is not None else 0
+
+    def resolve(self, task_id: str) -> tuple[str, Any]:
+        """(environment kind, what its reset takes) of a requested task id."""
+        if self.config.catalog is not None and task_id in self.config.catalog:
+            task = self.config.catalog[task_id]
+            return task.kind, task.spec
+        if self.config.catalog is not None:
+            raise KeyError(f"task {task_id!r} is not in the worker's task catalog")
+        return "miniwob", task_id
+
+    def _run(self, loop: AgentLoop, groups: Sequence[tuple[str, int | None, int]], n: int) -> list[list[Rollout]]:
+        """groups: (task_id, seed, group_id) each; n episodes per group, all concurrent."""
         if n < 1:
             raise ValueError(f"a group needs n >= 1 episodes, got {n}")
+        resolved = [self.resolve(task_id) for task_id, _, _ in groups]
+        if any(kind == "desktop" for kind, _ in resolved) and n > self._desktop_capacity():
+            raise ValueError(f"a group of {n} desktop episodes needs {n} containers at once, but the pool has "
+                             f"{self._desktop_capacity()}")
         with self._run_lock:
-            envs = self._envs(n * len(groups))
+            needed = {kind: n * sum(k == kind for k, _ in resolved) for kind in self.envs}
+            pools = {kind: iter(self._envs(kind, count)) for kind, count in needed.items()}
+            assigned = [[next(pools[kind]) for _ in range(n)] for kind, _ in resolved]
 
             async def run_all():
+                # At most as many desktop episodes run as the pool has containers: a group waiting
+                # for containers has not started, so the batcher never waits for its episodes.
+                desktop_groups = asyncio.Semaphore(max(1, self._desktop_capacity() // n))
+
+                async def run_one(envs, kind, spec, task_id, seed, group_id):
+                    if kind != "desktop":
+                        return await loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
+                    async with desktop_groups:
+                        return await loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
+
                 return await asyncio.gather(*(
-                    loop.run_group(envs[k * n:(k + 1) * n], task, task_id=task_id, seed=seed, group_id=group_id)
-                    for k, (task, task_id, seed, group_id) in enumerate(groups)
+                    run_one(envs, kind, spec, *group) for envs, (kind, spec), group in zip(assigned, resolved, groups)
                 ))
 
             return list(asyncio.run(run_all()))
@@ -193,14 +245,11 @@ class RolloutWorker:
         for request in requests:
             if len(request) != 3:
                 raise ValueError(f"a group request is (task, seed, group_id), got {request!r}")
-        return self._run(self.eval_loop if evaluation else self.train_loop,
-                         [(task, task, seed, group_id) for task, seed, group_id in requests], n)
+        return self._run(self.eval_loop if evaluation else self.train_loop, list(requests), n)
 
-    def run_group(
-        self, task: str, n: int, *, seed: int | None = None, group_id: int = 0, task_id: str | None = None
-    ) -> list[Rollout]:
-        """n concurrent training episodes of MiniWoB `task` (one seed for the whole group)."""
-        return self._run(self.train_loop, [(task, task if task_id is None else task_id, seed, group_id)], n)[0]
+    def run_group(self, task: str, n: int, *, seed: int | None = None, group_id: int = 0) -> list[Rollout]:
+        """n concurrent training episodes of `task` (one seed for the whole group)."""
+        return self._run(self.train_loop, [(task, seed, group_id)], n)[0]
 
     def update_weights(self, params: Any, version: int) -> None:
         """Loads `params` (whatever the engine's update_weights takes) as policy `version`."""
@@ -218,19 +267,26 @@ class RolloutWorker:
 
     def shutdown(self) -> None:
         """Close the capsules, the browser and the engine. Idempotent."""
-        async def close_all():
-            await asyncio.gather(*(env.close() for env in self.envs))
+        async def close_all(envs):
+            await asyncio.gather(*(env.close() for env in envs))
 
         with self._run_lock:
-            if self.envs:
-                asyncio.run(close_all())
-                self.envs = []
-            if self.runtime is not None:
-                self.runtime.shutdown()
-                self.runtime = None
+            envs = [env for kind in self.envs.values() for env in kind]
+            if envs:
+                asyncio.run(close_all(envs))
+                self.envs = {kind: [] for kind in self.envs}
+            self._close_environments()
             if self.engine is not None:
                 self.engine.close()
                 self.engine = None
+
+    def _close_environments(self) -> None:
+        if self.runtime is not None:
+            self.runtime.shutdown()
+            self.runtime = None
+        if self.desktop_pool is not None:
+            self.desktop_pool.close()
+            self.desktop_pool = None
 
 
 def rollout_worker_actor(num_cpus: float = 1.0, env_vars: tuple[tuple[str, str], ...] = (), max_concurrency: int = 4):
@@ -271,11 +327,10 @@ class RemoteRolloutWorker:
 
         return ray.get(self.actor.run_groups.remote(list(requests), n, evaluation))
 
-    def run_group(self, task: str, n: int, *, seed: int | None = None, group_id: int = 0,
-                  task_id: str | None = None) -> list[Rollout]:
+    def run_group(self, task: str, n: int, *, seed: int | None = None, group_id: int = 0) -> list[Rollout]:
         import ray
 
-        return ray.get(self.actor.run_group.remote(task, n, seed=seed, group_id=group_id, task_id=task_id))
+        return ray.get(self.actor.run_group.remote(task, n, seed=seed, group_id=group_id))
 
     def update_weights(self, params: Any, version: int) -> None:
         """params may be a Ray object reference (put once, shared by every actor)."""

@@ -162,13 +162,6 @@ class WeightSyncExtension:
                 for module in modules:
                     module.quant_method.process_weights_after_loading(module)
 
-    def cua_parameter_digest(self) -> float:
-        """Sum of |w| over the served model's parameters: a cheap test that weights moved."""
-        import torch
-
-        with torch.no_grad():
-            return float(sum(p.float().abs().sum() for p in self.model_runner.get_model().parameters()))
-
 
 def _torch_view(flat, dtype: str, shape: tuple[int, ...], offset: int):
     import torch
@@ -458,11 +451,6 @@ class VllmEngine(RolloutEngine):
                 # Vision-tower outputs of the old weights must not be reused either.
                 self._llm.llm_engine.reset_encoder_cache()
             self._version = version
-
-    def parameter_digest(self) -> float:
-        """Sum of |w| over the served parameters (first worker): tells whether a sync landed."""
-        with self._lock:
-            return self._llm.collective_rpc("cua_parameter_digest")[0]
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -108,23 +108,6 @@ class PoolTask:
         )
 
 
-def load_tasks_jsonl(path: str | os.PathLike) -> list[PoolTask]:
-    """Reads pool tasks from a JSON-lines file (one `PoolTask.to_dict()` record a line).
-
-    Malformed lines raise ValueError naming the file, the line number and the problem.
-    """
-    tasks = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                tasks.append(PoolTask.from_dict(json.loads(line)))
-            except (ValueError, json.JSONDecodeError) as err:
-                raise ValueError(f"{path}:{line_no}: {err}") from err
-    return tasks
-
-
 @dataclasses.dataclass(frozen=True)
 class GroupOutcome:
     """The outcome of one rollout group, as the trainer reports it to the sampler.
@@ -171,7 +154,9 @@ class CachedTrajectory:
 class TaskPool:
     """Tasks plus per-task statistics; see the module docstring for the fields."""
 
-    def __init__(self, tasks: Sequence[PoolTask]):
+    def __init__(self, tasks: Sequence[PoolTask], prior: np.ndarray | None = None):
+        """prior: float [N] > 0, a fixed weight per task every sampler multiplies into its own
+        (per-domain sampling weights: `cua_jax.tasks.sources.TaskCatalog.pool`); None: ones."""
         tasks = tuple(tasks)
         if not tasks:
             raise ValueError("TaskPool needs at least one task")
@@ -190,6 +175,9 @@ class TaskPool:
         self.domains = tuple(sorted({t.domain for t in tasks}))
         domain_code = {d: c for c, d in enumerate(self.domains)}
         self.domain_ids = np.array([domain_code[t.domain] for t in tasks], dtype=np.int64)
+        self.prior = np.ones(n, np.float32) if prior is None else np.asarray(prior, np.float32)
+        if self.prior.shape != (n,) or not (np.all(np.isfinite(self.prior)) and np.all(self.prior > 0)):
+            raise ValueError(f"TaskPool: prior must be {n} finite weights > 0, got {prior!r}")
 
         self.attempts = np.zeros(n, dtype=np.int64)
         self.successes = np.zeros(n, dtype=np.int64)

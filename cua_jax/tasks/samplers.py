@@ -26,10 +26,12 @@ from cua_jax.tasks.selection import (
     share_count,
     uniform_select,
     vas_weights,
+    weighted_select,
 )
 
 
 _uniform_select_jit = jax.jit(uniform_select)
+_weighted_select_jit = jax.jit(weighted_select)
 _frontier_select_jit = jax.jit(frontier_select)
 _dtac_select_jit = jax.jit(dtac_select)
 _frontier_weights_jit = jax.jit(frontier_weights)
@@ -190,7 +192,8 @@ class PoolSampler(TaskSampler):
 
 
 class UniformSampler(PoolSampler):
-    """Draws B distinct active tasks uniformly; tracks pass rates for reporting."""
+    """Draws B distinct active tasks uniformly (by the pool's prior when it has one: per-domain
+    weights); tracks pass rates for reporting."""
 
     def __init__(self, pool: TaskPool, config: UniformConfig = UniformConfig()):
         super().__init__(pool, config.ema_alpha)
@@ -198,7 +201,9 @@ class UniformSampler(PoolSampler):
 
     def _select(self, key, batch_size, eligible):
         (gumbel,) = _gumbels(key, 1, len(self._pool))
-        return _uniform_select_jit(gumbel, eligible)
+        if np.all(self._pool.prior == self._pool.prior[0]):
+            return _uniform_select_jit(gumbel, eligible)
+        return _weighted_select_jit(gumbel, self._pool.prior, eligible)
 
 
 class FrontierSampler(PoolSampler):
@@ -210,9 +215,9 @@ class FrontierSampler(PoolSampler):
         self.config = config
 
     def weights(self) -> np.ndarray:
-        """float32 [N] eq. 2 weights of every task (ineligible ones included)."""
+        """float32 [N] eq. 2 weights of every task (ineligible ones included), times the pool's prior."""
         p = self._known_pass_rate(self.config.unknown_pass_rate)
-        return np.asarray(_frontier_weights_jit(p, self.config.mu, self.config.sigma))
+        return np.asarray(_frontier_weights_jit(p, self.config.mu, self.config.sigma)) * self._pool.prior
 
     def _select(self, key, batch_size, eligible):
         n_explore = share_count(batch_size, self.config.gamma)
@@ -239,8 +244,8 @@ class DTACSampler(PoolSampler):
         self.config = config
 
     def weights(self) -> np.ndarray:
-        """float32 [N] VAS weights of every task."""
-        return np.asarray(_vas_weights_jit(self._known_pass_rate(self.config.unknown_pass_rate)))
+        """float32 [N] VAS weights of every task, times the pool's prior."""
+        return np.asarray(_vas_weights_jit(self._known_pass_rate(self.config.unknown_pass_rate))) * self._pool.prior
 
     def _select(self, key, batch_size, eligible):
         n_infeasible = share_count(batch_size, self.config.rho_inf)

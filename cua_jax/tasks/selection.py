@@ -118,6 +118,21 @@ def uniform_select(gumbel: jax.Array, eligible: jax.Array) -> jax.Array:
     return jnp.argsort(-jnp.where(eligible, gumbel, -jnp.inf), stable=True).astype(jnp.int32)
 
 
+def weighted_select(gumbel: jax.Array, weights: jax.Array, eligible: jax.Array) -> jax.Array:
+    """Draws without replacement over the eligible tasks, proportional to `weights`
+    (Gumbel-top-k); equal weights give `uniform_select`'s order.
+
+    Args:
+      gumbel: float [N] standard Gumbel noise.
+      weights: float [N] > 0.
+      eligible: bool [N].
+
+    Returns:
+      int32 [N] permutation; its first k entries are k distinct eligible tasks.
+    """
+    return jnp.argsort(-weighted_draw_scores(gumbel, weights, eligible), stable=True).astype(jnp.int32)
+
+
 def frontier_select(
     gumbel_frontier: jax.Array,
     gumbel_explore: jax.Array,

@@ -1,7 +1,7 @@
 """What a run is built from: its policy (a random init, or a Hugging Face directory in
-model.init_from), its tokenizer and image processor, and its rollout workers (capsules, agent
-loops and an engine: the JAX sampler in process or in a Ray actor, or vLLM engines in Ray
-actors behind a router)."""
+model.init_from), its tokenizer and image processor, and its rollout workers (environments:
+capsules and / or a Docker desktop pool; agent loops; an engine: the JAX sampler in process
+or in a Ray actor, or vLLM engines in Ray actors behind a router)."""
 
 from __future__ import annotations
 
@@ -98,8 +98,21 @@ def rollout_worker_config(settings: TrainSettings, worker: int) -> RolloutWorker
         agent=settings.agent, eval_agent=settings.eval_agent, segmenter=c.context.segmenter,
         segmenter_options=tuple(sorted(settings.segmenter_options.items())),
         tokenizer_dir=tokenizer_dir(c), include_dom_text=c.env.include_dom_text,
-        screenshots=c.env.observation == "screenshot", time_limit_s=c.env.time_limit_s, runtime_seed=c.seed * 1000 + worker, canonical_order=True,
+        screenshots=c.env.observation == "screenshot", time_limit_s=c.env.time_limit_s,
+        runtime_seed=c.seed * 1000 + worker, canonical_order=True, catalog=settings.catalog,
+        desktop_pool=desktop_pool_config(settings),
     )
+
+
+def desktop_pool_config(settings: TrainSettings):
+    """The desktop pool's `PoolConfig` with env.desktop.image resolved to the exact tag of the
+    current sources (built when missing: `cua_jax.envs.images.ensure_image`); None without
+    desktop tasks."""
+    if settings.desktop_pool is None:
+        return None
+    from cua_jax.envs.images import ensure_image
+
+    return dataclasses.replace(settings.desktop_pool, image=ensure_image(settings.desktop_pool.image))
 
 
 ENGINE_MODEL_DIR = "engine_model"  # under the workdir: the policy as the vLLM engines load it

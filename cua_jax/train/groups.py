@@ -132,10 +132,31 @@ class PreparedBatch:
     metrics: dict[str, float]
 
 
-def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num_minibatches: int,
-                  version: int) -> PreparedBatch:
-    """Quarantine, advantages over the whole batch, item advantages, and the mini-batch plan."""
+def domain_metrics(groups: Sequence[CollectedGroup], domains: Mapping[str, str]) -> dict[str, float]:
+    """Per domain (task id -> domain): episodes, success rate over the scored (unquarantined)
+    episodes, and quarantines by reason (`quarantine_kind`), as domain/<domain>/... metrics."""
     metrics: dict[str, float] = collections.Counter()
+    scored: dict[str, list[bool]] = collections.defaultdict(list)
+    for group in groups:
+        domain = domains.get(group.task_id, "unknown")
+        for episode in group.episodes:
+            metrics[f"domain/{domain}/episodes"] += 1
+            if episode.status is EpisodeStatus.QUARANTINED:
+                metrics[f"domain/{domain}/quarantine/{quarantine_kind(episode.quarantine_reason)}"] += 1
+            else:
+                scored[domain].append(episode.status is EpisodeStatus.SUCCESS)
+    for domain, outcomes in scored.items():
+        metrics[f"domain/{domain}/success_rate"] = float(np.mean(outcomes))
+    return dict(metrics)
+
+
+def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num_minibatches: int,
+                  version: int, domains: Mapping[str, str] | None = None) -> PreparedBatch:
+    """Quarantine, advantages over the whole batch, item advantages, and the mini-batch plan.
+    With `domains` (task id -> domain), the metrics hold `domain_metrics` too."""
+    metrics: dict[str, float] = collections.Counter()
+    if domains is not None:
+        metrics.update(domain_metrics(groups, domains))
     episodes, group_index, kept_groups, quarantined = [], [], {}, {}
     for g, group in enumerate(groups):
         kept_groups[group.group_id] = []

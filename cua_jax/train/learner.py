@@ -1,4 +1,10 @@
-"""The learner: policy-gradient updates of an NNX policy on a device mesh.
+"""The learner: policy-gradient and supervised updates of an NNX policy on a device mesh.
+
+Objectives. `LearnerConfig.objective` picks the loss: "policy_gradient" (`policy_loss` of
+`cua_jax.rl.losses`) for RL, or "sft" (`supervised_loss`: the token-mean negative
+log-likelihood of the loss-mask tokens) for the warm start and pretraining on
+demonstrations. Both give a numerator and a parameter-free denominator, so everything below
+(optimizer, precision, accumulation, sharding, train state) is the same for both.
 
 State. The model is split once into its graph definition, the trainable parameters, and
 the rest (`frozen`: a frozen vision tower, non-parameter variables). The optimizer (optax
@@ -29,9 +35,9 @@ Both passes are `jax.jit` with explicit in/out shardings derived from the mesh a
 parameters' logical axes (pjit semantics); the parameters, optimizer state and
 accumulators are donated, so an update holds one copy of the train state.
 
-Log-probabilities the loss compares against are computed once per rollout batch, before
-its first update (`prepare`): the frozen reference's (when kl_coef > 0) and, with
-old_logprobs="recompute", the pre-update policy's. "rollout" uses the engine's logprobs;
+Log-probabilities the policy-gradient loss compares against are computed once per rollout
+batch, before its first update (`prepare`): the frozen reference's (when kl_coef > 0) and,
+with old_logprobs="recompute", the pre-update policy's. "rollout" uses the engine's logprobs;
 "current" uses the learner's own logprobs under stop_gradient, which is exactly the
 pre-update policy for strictly on-policy training with one update per rollout batch (the
 ratio is then exactly 1 and no token is clipped, as CANOPY App. C checks).
@@ -45,7 +51,7 @@ of the mode above: the learner's current logprobs ("current"), its pre-update on
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -61,6 +67,7 @@ from cua_jax.models.sharding import DEFAULT_RULES, MeshConfig, logical_to_spec, 
 from cua_jax.rl.losses import PolicyLossConfig, PolicyLossMetrics, normalize, policy_loss
 from cua_jax.train.batching import TrainBatch
 
+OBJECTIVES = ("policy_gradient", "sft")
 OLD_LOGPROB_SOURCES = ("rollout", "recompute", "current")
 SCHEDULES = ("constant", "cosine")
 
@@ -104,6 +111,8 @@ class OptimizerConfig:
 class LearnerConfig:
     """Settings of the Learner (filled by the trainer from the run's ml_collections config).
 
+    objective: "policy_gradient" (`policy_loss` under `loss`) or "sft" (`supervised_loss`;
+      `loss` and `old_logprobs` do not apply and no reference is kept).
     optimizer: OptimizerConfig. loss: PolicyLossConfig (clipping, KL to the reference,
     entropy bonus, aggregation).
     old_logprobs: where the ratio's denominator comes from: "rollout" (the engine's
@@ -118,6 +127,7 @@ class LearnerConfig:
       Empty (the default): the full vocabulary.
     """
 
+    objective: str = "policy_gradient"
     optimizer: OptimizerConfig = OptimizerConfig()
     loss: PolicyLossConfig = PolicyLossConfig()
     old_logprobs: str = "rollout"
@@ -130,6 +140,8 @@ class LearnerConfig:
     def __post_init__(self):
         banned = normalized_token_ids(self.banned_token_ids, "LearnerConfig.banned_token_ids")
         object.__setattr__(self, "banned_token_ids", banned)
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"LearnerConfig.objective {self.objective!r} is unknown; choose one of {OBJECTIVES}")
         if self.old_logprobs not in OLD_LOGPROB_SOURCES:
             raise ValueError(
                 f"LearnerConfig.old_logprobs {self.old_logprobs!r} is unknown; choose one of {OLD_LOGPROB_SOURCES}"
@@ -153,6 +165,62 @@ class LearnerConfig:
         if unknown:
             raise ValueError(f"unknown learner config keys {sorted(unknown)}")
         return cls(**d)
+
+
+class SupervisedLossMetrics(NamedTuple):
+    """Accumulable statistics of `supervised_loss` over the masked tokens of one or more
+    micro-batches (the interface of `PolicyLossMetrics`: empty, merge, summary)."""
+
+    num_tokens: jax.Array
+    entropy_sum: jax.Array
+
+    @classmethod
+    def empty(cls) -> "SupervisedLossMetrics":
+        return cls(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+
+    def merge(self, other: "SupervisedLossMetrics") -> "SupervisedLossMetrics":
+        return SupervisedLossMetrics(*(a + b for a, b in zip(self, other)))
+
+    def summary(self) -> dict[str, jax.Array]:
+        """Logged scalars: the mean entropy over masked tokens (0 without any) and their number."""
+        return {"entropy": self.entropy_sum / jnp.maximum(self.num_tokens, 1.0), "num_tokens": self.num_tokens}
+
+
+class SupervisedLossOutput(NamedTuple):
+    """numerator / denominator: see `supervised_loss`; metrics: SupervisedLossMetrics."""
+
+    numerator: jax.Array
+    denominator: jax.Array
+    metrics: SupervisedLossMetrics
+
+
+def supervised_loss(logp: jax.Array, loss_mask: jax.Array, entropy: jax.Array | None = None) -> SupervisedLossOutput:
+    """Token-mean negative log-likelihood of the masked tokens, as a numerator and a denominator.
+
+    Args:
+      logp: float [B, T], log-probs of the tokens (aligned with the ids, as `score_sequences`
+        gives them; differentiated). Masked-out entries may hold anything.
+      loss_mask: [B, T], nonzero on the tokens to train.
+      entropy: optional float [B, T], the per-token entropy, for the metrics only.
+
+    Returns:
+      SupervisedLossOutput: numerator -sum of logp over the masked tokens, denominator their
+      number (float32 scalars, both sums over rows, so micro-batches add up exactly as
+      `policy_loss`'s token_mean mode); the NLL is `normalize(numerator, denominator)`, 0
+      when no token is masked.
+    """
+    logp = jnp.asarray(logp)
+    logp = logp.astype(jnp.promote_types(logp.dtype, jnp.float32))
+    if logp.ndim != 2:
+        raise ValueError(f"supervised_loss: logp must be [B, T], got shape {logp.shape}")
+    loss_mask = jnp.asarray(loss_mask)
+    if loss_mask.shape != logp.shape:
+        raise ValueError(f"supervised_loss: loss_mask has shape {loss_mask.shape}, expected {logp.shape} like logp")
+    on = loss_mask != 0
+    count = jnp.sum(on.astype(logp.dtype))
+    entropy_sum = (jnp.zeros((), logp.dtype) if entropy is None
+                   else jnp.sum(jnp.where(on, jax.lax.stop_gradient(jnp.asarray(entropy, logp.dtype)), 0.0)))
+    return SupervisedLossOutput(-jnp.sum(jnp.where(on, logp, 0.0)), count, SupervisedLossMetrics(count, entropy_sum))
 
 
 def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
@@ -236,7 +304,8 @@ def _replicated_if_unnamed(mesh: Mesh):
 
 
 class Learner:
-    """Owns the policy's trainable parameters, optimizer state and reference copy.
+    """Owns the policy's trainable parameters, optimizer state and reference copy (policy
+    gradient with kl_coef > 0 only).
 
     Args:
       model: a Qwen3ForCausalLM or Qwen3VLForConditionalGeneration (anything with
@@ -280,11 +349,14 @@ class Learner:
         self._copy_params = jax.jit(lambda s: jax.tree.map(jnp.copy, s), out_shardings=self._param_shardings)
         self._copy_opt_state = jax.jit(lambda s: jax.tree.map(jnp.copy, s), out_shardings=self._opt_shardings)
         self._copy_frozen = jax.jit(lambda s: jax.tree.map(jnp.copy, s), out_shardings=self._frozen_shardings)
-        self.reference_params = self._copy_params(self.params) if config.loss.kl_coef > 0 else None
+        self._policy_gradient = config.objective == "policy_gradient"
+        self._metrics_type = PolicyLossMetrics if self._policy_gradient else SupervisedLossMetrics
+        self.reference_params = (self._copy_params(self.params) if self._policy_gradient and config.loss.kl_coef > 0
+                                 else None)
         self.reference_scoring_passes = 0  # micro-batches scored by the reference, for accounting
+        self._zero_totals = jax.jit(self._empty_totals, out_shardings=self._totals_shardings())
         self._zero_accumulator = jax.jit(
-            lambda p: (jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), p), jnp.zeros((), jnp.float32),
-                       jnp.zeros((), jnp.float32), PolicyLossMetrics.empty()),
+            lambda p: (jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), p), self._empty_totals()),
             out_shardings=self._accumulator_shardings(),
         )
         self._apply = jax.jit(
@@ -302,16 +374,17 @@ class Learner:
         """The current policy as an NNX module (shares the learner's arrays: read, don't train)."""
         return nnx.merge(self._graphdef, self.params, self.frozen)
 
-    @property
-    def reference_model(self) -> nnx.Module | None:
-        """The frozen reference policy (initial parameters), or None when kl_coef == 0."""
-        if self.reference_params is None:
-            return None
-        return nnx.merge(self._graphdef, self.reference_params, self.frozen)
+    # -- accumulation: loss totals are (numerator, denominator, metrics) summed over micro-batches;
+    # the gradient accumulator is (float32 sum of the numerators' gradients, totals) ------------
+
+    def _empty_totals(self):
+        return jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), self._metrics_type.empty()
+
+    def _totals_shardings(self):
+        return jax.tree.map(lambda _: self._replicated, jax.eval_shape(self._empty_totals))
 
     def _accumulator_shardings(self):
-        r = self._replicated
-        return (self._param_shardings, r, r, PolicyLossMetrics(*([r] * len(PolicyLossMetrics._fields))))
+        return self._param_shardings, self._totals_shardings()
 
     def batch_shardings(self, batch: TrainBatch) -> TrainBatch:
         """A NamedSharding per array of `batch`: rows over the mesh's batch axes, images replicated."""
@@ -345,42 +418,56 @@ class Learner:
     def _score_fn(self, params, frozen, batch: TrainBatch) -> jax.Array:
         return self._logprobs(params, frozen, batch)[0]
 
-    def _grad_fn(self, params, frozen, accumulator, batch: TrainBatch):
+    def _objective(self, params, frozen, batch: TrainBatch):
+        """(numerator, the objective's output) of one micro-batch: differentiated through the first."""
         cfg = self.config
-
-        def numerator(p):
-            logp, entropy = self._logprobs(p, frozen, batch)
-            if cfg.old_logprobs == "rollout":
-                old = batch.rollout_logprobs
-            elif cfg.old_logprobs == "recompute":
-                old = batch.old_logprobs
-            else:
-                old = jax.lax.stop_gradient(logp)
-            # The TIS weight (loss.tis_cap) is min(exp(old - rollout), cap) with this `old`.
-            out = policy_loss(
-                logp, old, batch.advantages, batch.loss_mask, cfg.loss,
-                ref_logp=batch.ref_logprobs, rollout_logp=batch.rollout_logprobs, entropy=entropy,
-            )
+        logp, entropy = self._logprobs(params, frozen, batch)
+        if not self._policy_gradient:
+            out = supervised_loss(logp, batch.loss_mask, entropy)
             return out.numerator, out
+        if cfg.old_logprobs == "rollout":
+            old = batch.rollout_logprobs
+        elif cfg.old_logprobs == "recompute":
+            old = batch.old_logprobs
+        else:
+            old = jax.lax.stop_gradient(logp)
+        # The TIS weight (loss.tis_cap) is min(exp(old - rollout), cap) with this `old`.
+        out = policy_loss(
+            logp, old, batch.advantages, batch.loss_mask, cfg.loss,
+            ref_logp=batch.ref_logprobs, rollout_logp=batch.rollout_logprobs, entropy=entropy,
+        )
+        return out.numerator, out
 
-        grads, out = jax.grad(numerator, has_aux=True)(params)
-        acc_grads, acc_num, acc_den, acc_metrics = accumulator
+    @staticmethod
+    def _add_to_totals(totals, out):
+        num, den, metrics = totals
+        return num + out.numerator, den + out.denominator, metrics.merge(out.metrics)
+
+    @staticmethod
+    def _summary(totals) -> dict[str, jax.Array]:
+        num, den, metrics = totals
+        return {"loss": normalize(num, den), "loss_denominator": den, **metrics.summary()}
+
+    def _loss_fn(self, params, frozen, totals, batch: TrainBatch):
+        _, out = self._objective(params, frozen, batch)
+        return self._add_to_totals(totals, out)
+
+    def _grad_fn(self, params, frozen, accumulator, batch: TrainBatch):
+        grads, out = jax.grad(self._objective, has_aux=True)(params, frozen, batch)
+        grad_sum, totals = accumulator
         return (
-            jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc_grads, grads),  # float32 sums
-            acc_num + out.numerator,
-            acc_den + out.denominator,
-            acc_metrics.merge(out.metrics),
+            jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads),  # float32 sums
+            self._add_to_totals(totals, out),
         )
 
     def _apply_fn(self, params, opt_state, step, accumulator):
-        grad_sum, num, den, metrics = accumulator
-        grads = _normalized_gradient(grad_sum, den)
+        grad_sum, totals = accumulator
+        _, denominator, _ = totals
+        grads = _normalized_gradient(grad_sum, denominator)
         grad_norm = optax.global_norm(grads)
         updates, opt_state = self._tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        out = {"loss": normalize(num, den), "grad_norm": grad_norm, "learning_rate": self._schedule(step),
-               "loss_denominator": den}
-        out.update(metrics.summary())
+        out = {"grad_norm": grad_norm, "learning_rate": self._schedule(step), **self._summary(totals)}
         return params, opt_state, step + 1, {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
 
     def _compiled(self, kind: str, batch_sharding: TrainBatch):
@@ -392,6 +479,11 @@ class Learner:
             row = batch_sharding.ids
             fn = jax.jit(self._score_fn, in_shardings=(self._param_shardings, self._frozen_shardings, batch_sharding),
                          out_shardings=row)
+        elif kind == "loss":
+            totals = self._totals_shardings()
+            fn = jax.jit(self._loss_fn,
+                         in_shardings=(self._param_shardings, self._frozen_shardings, totals, batch_sharding),
+                         out_shardings=totals, donate_argnums=(2,))
         else:
             acc = self._accumulator_shardings()
             fn = jax.jit(self._grad_fn,
@@ -417,8 +509,9 @@ class Learner:
 
         Adds ref_logprobs (frozen reference, when kl_coef > 0) and, with old_logprobs =
         "recompute", old_logprobs under the current params, to every micro-batch that lacks
-        them. Call it on all micro-batches of a rollout batch before its first update, so
-        later mini-batches of the same rollout batch see the pre-update policy.
+        them (policy gradient only: the supervised objective compares against nothing). Call
+        it on all micro-batches of a rollout batch before its first update, so later
+        mini-batches of the same rollout batch see the pre-update policy.
         """
         out = []
         for batch in microbatches:
@@ -426,7 +519,7 @@ class Learner:
             if self.reference_params is not None and batch.ref_logprobs is None:
                 batch = batch.replace(ref_logprobs=self._score(self.reference_params, batch))
                 self.reference_scoring_passes += 1
-            if self.config.old_logprobs == "recompute" and batch.old_logprobs is None:
+            if self._policy_gradient and self.config.old_logprobs == "recompute" and batch.old_logprobs is None:
                 batch = batch.replace(old_logprobs=self._score(self.params, batch))
             out.append(batch)
         return out
@@ -445,10 +538,21 @@ class Learner:
     def gradients(self, microbatches: Sequence[TrainBatch]) -> tuple[nnx.State, dict[str, float]]:
         """The mini-batch's loss gradient (before clipping) w.r.t. the trainable parameters, and
         the loss metrics, without updating anything."""
-        grad_sum, num, den, metrics = self._accumulate(microbatches)
-        grads = _normalized_gradient(grad_sum, den)
-        out = {"loss": normalize(num, den), "loss_denominator": den, **metrics.summary()}
-        return grads, {k: float(v) for k, v in jax.device_get(out).items()}
+        grad_sum, totals = self._accumulate(microbatches)
+        _, denominator, _ = totals
+        grads = _normalized_gradient(grad_sum, denominator)
+        return grads, {k: float(v) for k, v in jax.device_get(self._summary(totals)).items()}
+
+    def evaluate(self, microbatches: Iterable[TrainBatch]) -> dict[str, float]:
+        """The loss and loss metrics over all of `microbatches` under the current params, without
+        updating anything (for "sft": the token-mean NLL pooled over all their loss-mask tokens).
+        Micro-batches are placed and prepared one at a time, so an iterator of any length fits."""
+        totals = self._zero_totals()
+        for batch in microbatches:
+            [batch] = self.prepare([batch])
+            with use_mesh(self.mesh, self.rules):
+                totals = self._compiled("loss", self.batch_shardings(batch))(self.params, self.frozen, totals, batch)
+        return {k: float(v) for k, v in jax.device_get(self._summary(totals)).items()}
 
     def train_state(self) -> dict[str, Any]:
         """The state a resumed run needs: {"params", "frozen", "opt_state", "step"} (the learner's
@@ -480,11 +584,11 @@ class Learner:
         exactly; see the module doc). Prepares any micro-batch not prepared yet.
 
         Returns float metrics: loss, grad_norm (before clipping), learning_rate,
-        loss_denominator, and the policy-loss statistics (clipfrac, clipfrac_low,
-        clipfrac_high, clipfrac_dual, ppo_kl, ratio_mean, ratio_min, ratio_max, entropy,
-        ref_kl, rollout_logprob_gap (mean |learner - rollout| logprob over action tokens),
+        loss_denominator, and the loss statistics: for "sft", entropy and num_tokens; for
+        policy gradient, clipfrac, clipfrac_low, clipfrac_high, clipfrac_dual, ppo_kl,
+        ratio_mean, ratio_min, ratio_max, entropy, ref_kl, rollout_logprob_gap (mean |learner - rollout| logprob over action tokens),
         rollout_logprob_gap_p99 (the largest micro-batch's 99th percentile of it),
-        rollout_logprob_gap_max, tis_capped_frac, tis_weight_mean, num_tokens).
+        rollout_logprob_gap_max, tis_capped_frac, tis_weight_mean, num_tokens.
         """
         accumulator = self._accumulate(microbatches)
         self.params, self.opt_state, self.step, metrics = self._apply(self.params, self.opt_state, self.step, accumulator)

@@ -11,9 +11,10 @@ It is the warm start (`cua_jax.train.warm_start`) at the scale of a base model:
    segmenter), and `warm_start.held_out_seeds` seeds past the evaluation seeds for scoring.
    They are written once to <workdir>/demonstrations.pkl.gz (token streams and screenshots),
    so a resumed run, or one on a machine without a browser, reads them instead.
-2. Supervised learning (`SupervisedTrainer`): token-mean NLL of the oracle's replies. Its
-   whole state is saved every `pretrain.checkpoint_every` steps (<workdir>/sft_state.pkl),
-   and a rerun with the same workdir continues from there, exactly.
+2. Supervised learning (`SupervisedRun`: the `Learner` with its supervised objective):
+   token-mean NLL of the oracle's replies. Its whole state (the learner's train state, the
+   batch order, the loss curve) is saved every `pretrain.checkpoint_every` steps
+   (<workdir>/sft_state.pkl), and a rerun with the same workdir continues from there, exactly.
 3. Every `pretrain.eval_every` steps: NLL per reply token and per click-target digit (grid
    point or element id) on the held-out pages, against a page-blind prior; metrics.jsonl,
    TensorBoard and pretrain_curve.png.
@@ -40,7 +41,7 @@ from cua_jax.train.warm_start import (
     DemonstrationData,
     Demonstrations,
     HeldOutScorer,
-    SupervisedTrainer,
+    SupervisedRun,
     collect_demonstrations,
     evaluate_policy,
 )
@@ -159,8 +160,8 @@ class Pretrainer:
             self._writer = MetricWriter(self.workdir)
         return self._writer
 
-    def _save_state(self, trainer: SupervisedTrainer, history: list[dict[str, float]]) -> None:
-        state = {"sft": trainer.state_dict(), "history": history}
+    def _save_state(self, sft: SupervisedRun, history: list[dict[str, float]]) -> None:
+        state = {"sft": sft.state_dict(), "history": history}
         _atomic_write(os.path.join(self.workdir, STATE_FILE), pickle.dumps(state, pickle.HIGHEST_PROTOCOL))
 
     def run(self) -> dict[str, Any]:
@@ -177,50 +178,50 @@ class Pretrainer:
         data = DemonstrationData(train.items, train.episodes, self.image_processor, multimodal, config.rows,
                                  config.length_multiple, pad_id=int(self.tokenizer.pad_token_id or 0))
         scorer = HeldOutScorer.build(train, held_out, self.renderer, multimodal, config)
-        trainer = SupervisedTrainer(self.policy, data, config)
+        sft = SupervisedRun(self.policy, data, config)
         state_path = os.path.join(self.workdir, STATE_FILE)
         history: list[dict[str, float]] = []  # the held-out scores so far, kept across resumes
         if os.path.exists(state_path):
             with open(state_path, "rb") as f:
                 state = pickle.load(f)
-            trainer.load_state_dict(state["sft"])
+            sft.load_state_dict(state["sft"])
             history = state["history"]
-            print(f"pretrain: resumed at step {trainer.step} of {config.steps}")
+            print(f"pretrain: resumed at step {sft.step} of {config.steps}")
 
         progress, on_step = None, None
         if c.train.progress_bar:
             from tqdm import tqdm
 
-            progress = tqdm(total=config.steps, initial=trainer.step, desc=f"{c.name} pretrain", unit="step")
+            progress = tqdm(total=config.steps, initial=sft.step, desc=f"{c.name} pretrain", unit="step")
 
             def on_step(step: int, loss: float) -> None:
                 progress.update(1)
                 progress.set_postfix(nll=f"{loss:.3f}")
         try:
-            while trainer.step < config.steps:
-                marks = [config.steps, (trainer.step // c.pretrain.checkpoint_every + 1) * c.pretrain.checkpoint_every]
+            while sft.step < config.steps:
+                marks = [config.steps, (sft.step // c.pretrain.checkpoint_every + 1) * c.pretrain.checkpoint_every]
                 if c.pretrain.eval_every:
-                    marks.append((trainer.step // c.pretrain.eval_every + 1) * c.pretrain.eval_every)
+                    marks.append((sft.step // c.pretrain.eval_every + 1) * c.pretrain.eval_every)
                 until = min(marks)
-                losses_before = trainer.step
-                trainer.run(until, on_step)
-                metrics = {"pretrain/loss": float(np.mean(trainer.losses[losses_before:])), "pretrain/seconds": trainer.seconds}
+                losses_before = sft.step
+                sft.run(until, on_step)
+                metrics = {"pretrain/loss": float(np.mean(sft.losses[losses_before:])), "pretrain/seconds": sft.seconds}
                 if until == config.steps or (c.pretrain.eval_every and until % c.pretrain.eval_every == 0):
-                    report = scorer(trainer.sync_model(), config)
+                    report = scorer(sft.learner)
                     metrics.update({f"pretrain/{k}": v for k, v in report.items()})
-                    history.append({"step": trainer.step, **report})
-                self.writer.write(trainer.step, metrics)
-                self._save_state(trainer, history)
+                    history.append({"step": sft.step, **report})
+                self.writer.write(sft.step, metrics)
+                self._save_state(sft, history)
         finally:
             if progress is not None:
                 progress.close()
         self.writer.flush()
-        model = trainer.sync_model()
+        model = sft.sync_model()
         # The loop scores its last step; a rerun of a finished run has that score in its history.
-        if history and history[-1]["step"] == trainer.step:
+        if history and history[-1]["step"] == sft.step:
             report = {name: value for name, value in history[-1].items() if name != "step"}
         else:
-            report = scorer(model, config)
+            report = scorer(sft.learner)
         evaluation = self.greedy_success(model)
         manifest = {
             "recipe": c.to_dict(),
@@ -232,12 +233,12 @@ class Pretrainer:
                                     "held_out_success": [self.eval_seeds.start, self.eval_seeds.stop]},
             "demonstrations": {"train": len(train.rollouts), "items": len(train.items), "held_out": len(held_out.rollouts),
                                "rejected": len(train.rejected)},
-            "steps": trainer.step,
-            "final_loss": float(np.mean(trainer.losses[-50:])),
+            "steps": sft.step,
+            "final_loss": float(np.mean(sft.losses[-50:])),
             "held_out": report,
             "held_out_success": evaluation,
             "history": history,
-            "sft_seconds": trainer.seconds,
+            "sft_seconds": sft.seconds,
             "wall_seconds": time.perf_counter() - start,
         }
         self._export(model, manifest)

@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 
+from cua_jax.context.segment import SEGMENTER_OPTIONS
 from cua_jax.envs.actions import ACTION_SPACES
+from cua_jax.tasks.sources import SourceTask, TaskCatalog
 from cua_jax.models.sharding import MeshConfig
 from cua_jax.rl.advantages import AdvantageConfig
 from cua_jax.rl.losses import PolicyLossConfig
@@ -22,25 +24,19 @@ from cua_jax.train.learner import LearnerConfig, OptimizerConfig
 
 MODES = ("on_policy", "async")
 ITEM_ADVANTAGES = ("broadcast", "stepo")
-SEGMENTER_OPTIONS = {
-    "sliding_window": ("keep", "min_removal"),
-    "step_wise": ("keep_images",),
-    "compact_context": ("window",),
-    "whole_trajectory": (),
-}
 WORKER_BACKENDS = ("local", "ray")
 # Random inits (the shipped tokenizer) and Hugging Face checkpoints (model.init_from).
 LOADED_POLICIES = ("qwen3_vl", "qwen3")
 POLICIES = ("tiny_qwen3_vl", "tiny_qwen3") + LOADED_POLICIES
 TEXT_POLICIES = ("tiny_qwen3", "qwen3")
 OBSERVATIONS = ("screenshot", "text")
+ENV_KINDS = ("miniwob", "desktop", "mixed")
 
 
-def task_pool(tasks: Sequence[str], tiers: Sequence[int], drop_hardest_tier: bool) -> list[tuple[str, int]]:
-    """(task, tier) of a run's task pool: `tasks` with their tiers, less the hardest tier
-    (when above 0) if `drop_hardest_tier`."""
-    top = max(tiers, default=0)
-    return [(task, int(tier)) for task, tier in zip(tasks, tiers) if not (drop_hardest_tier and tier == top and top > 0)]
+def without_hardest_tier(tasks: Sequence[SourceTask]) -> list[SourceTask]:
+    """`tasks` less those of the hardest tier, when that tier is above 0."""
+    top = max((task.tier for task in tasks), default=0)
+    return [task for task in tasks if not (task.tier == top and top > 0)]
 
 
 class ConfigError(ValueError):
@@ -76,6 +72,10 @@ class TrainSettings:
     calibration: CalibrationConfig | None
     dynamic: DynamicSamplingConfig | None
     segmenter_options: dict
+    catalog: TaskCatalog  # every task the run names (training and evaluation)
+    training_tasks: tuple[str, ...]  # the sampler's pool (env.drop_hardest_tier applied)
+    domain_weights: dict  # domain -> sampling weight (env.domain_weights)
+    desktop_pool: Any = None  # cua_jax.envs.docker_pool.PoolConfig without its image, or None
     warm_start: Any = None  # cua_jax.train.warm_start.WarmStartConfig, or None (no warm start)
 
     @classmethod
@@ -119,20 +119,45 @@ class TrainSettings:
         _require(c.rollout.worker_cpus > 0, "rollout.worker_cpus", f"must be > 0, got {c.rollout.worker_cpus}")
         _require(c.rollout.ray_object_store_mb >= 80, "rollout.ray_object_store_mb",
                  f"Ray needs an object store of at least 80 MiB, got {c.rollout.ray_object_store_mb}")
-        _require(c.env.kind == "miniwob", "env.kind", f"{c.env.kind!r}: the trainer's environments are 'miniwob'")
-        _require(len(c.env.tasks) >= 1, "env.tasks", "needs at least one task")
-        from cua_jax.envs.miniwob import task_names
-
-        known = set(task_names())
-        for task in tuple(c.env.tasks) + tuple(c.eval.tasks):
-            _require(task in known, "env.tasks" if task in c.env.tasks else "eval.tasks", f"unknown MiniWoB task {task!r}")
-        _require(len(c.env.task_tiers) == len(c.env.tasks), "env.task_tiers",
-                 f"has {len(c.env.task_tiers)} entries for {len(c.env.tasks)} tasks")
-        pool = task_pool(c.env.tasks, c.env.task_tiers, c.env.drop_hardest_tier)
+        catalog, training, domain_weights = _task_catalog(c)
         # A batch draws distinct tasks: caught here, not after the warm start and evaluation.
-        _require(c.rollout.batch_tasks <= len(pool), "rollout.batch_tasks",
-                 f"{c.rollout.batch_tasks} distinct tasks per batch, but the task pool holds {len(pool)} "
-                 f"({', '.join(task for task, _ in pool)}); raise env.tasks or lower rollout.batch_tasks")
+        _require(c.rollout.batch_tasks <= len(training), "rollout.batch_tasks",
+                 f"{c.rollout.batch_tasks} distinct tasks per batch, but the task pool holds {len(training)} "
+                 f"({', '.join(training[:12])}{', ...' if len(training) > 12 else ''}); add tasks or lower "
+                 "rollout.batch_tasks")
+        if c.sampler.kind == "dtac" and c.sampler.rho_inf > 0:
+            from cua_jax.tasks.selection import share_count
+
+            infeasible = [task for task in training if not catalog[task].feasible]
+            needed = share_count(c.rollout.batch_tasks, c.sampler.rho_inf)
+            _require(len(infeasible) >= needed, "sampler.rho_inf",
+                     f"{c.sampler.rho_inf} of a batch of {c.rollout.batch_tasks} draws {needed} infeasible tasks, but "
+                     f"the pool holds {len(infeasible)} (tasks whose evaluator is 'infeasible', e.g. the desktop suite's)")
+        desktop_pool = None
+        if "desktop" in catalog.kinds:
+            _require(c.env.observation == "screenshot", "env.observation",
+                     "desktop tasks are seen as screenshots; set 'screenshot'")
+            _require(c.env.action_space == "coordinates", "env.action_space",
+                     "a desktop shows no element ids: desktop tasks point by coordinates; set 'coordinates'")
+            d = c.env.desktop
+            for name in ("pool_size", "cpus", "call_timeout_s", "ready_timeout_s"):
+                _require(d[name] > 0, f"env.desktop.{name}", f"must be > 0, got {d[name]}")
+            _require(d.health_interval_s >= 0, "env.desktop.health_interval_s", f"must be >= 0, got {d.health_interval_s}")
+            # A group's episodes run at once, each on a container of its own.
+            groups = {"rollout.group_size": c.rollout.group_size}
+            if c.eval.enabled:
+                groups["eval.group_size"] = c.eval.group_size
+            for field, size in groups.items():
+                _require(d.pool_size >= size, "env.desktop.pool_size",
+                         f"{d.pool_size} containers cannot run a group of {size} desktop episodes at once ({field})")
+            snapshots = sorted({catalog[t].spec.snapshot for t in catalog.task_ids if catalog[t].kind == "desktop"}
+                               - {d.image})
+            _require(not snapshots, "env.task_dirs",
+                     f"tasks need the environment images {snapshots}; the pool runs env.desktop.image {d.image!r}")
+            desktop_pool = build("env.desktop", _desktop_pool_config, image=d.image, size=d.pool_size, cpus=d.cpus,
+                                 memory=d.memory, screen=d.screen, reset_mode=d.reset_mode,
+                                 ready_timeout=d.ready_timeout_s, call_timeout=d.call_timeout_s,
+                                 health_interval=d.health_interval_s or None)
         _require(c.env.action_space in ACTION_SPACES, "env.action_space",
                  f"{c.env.action_space!r} is not one of {ACTION_SPACES}")
         _require(c.env.train_seed_max >= 1, "env.train_seed_max", f"must be >= 1, got {c.env.train_seed_max}")
@@ -170,6 +195,8 @@ class TrainSettings:
             unsolved = [task for task in c.env.tasks if task not in ORACLE_TASKS]
             _require(not unsolved, "warm_start.steps",
                      f"the oracle has no demonstrations for {unsolved} (it solves {sorted(ORACLE_TASKS)})")
+            _require(bool(c.env.tasks), "warm_start.steps",
+                     "the warm start demonstrates MiniWoB tasks (env.tasks), and the run has none")
             _require(c.warm_start.demos_per_task >= 1, "warm_start.demos_per_task",
                      f"must be >= 1, got {c.warm_start.demos_per_task}")
             _require(c.warm_start.demos_per_task <= c.env.train_seed_max, "warm_start.demos_per_task",
@@ -216,7 +243,8 @@ class TrainSettings:
                       batch_wait_s=c.rollout.batch_wait_s or None,
                       max_response_tokens=c.rollout.max_response_tokens or None,
                       max_observation_tokens=c.rollout.max_observation_tokens or None,
-                      prompt_style=c.rollout.prompt_style, action_space=c.env.action_space)
+                      prompt_style=c.rollout.prompt_style, action_space=c.env.action_space,
+                      group_start=c.rollout.group_start)
         agent = build("rollout", AgentConfig, max_turns=c.rollout.max_turns,
                       max_context_tokens=c.rollout.max_context_tokens, temperature=c.rollout.temperature,
                       top_p=c.rollout.top_p, top_k=c.rollout.top_k, **shared)
@@ -256,4 +284,59 @@ class TrainSettings:
                                seq_chunk=c.learner.seq_chunk, vocab_chunk=c.learner.vocab_chunk)
         options = {name: c.context[name] for name in SEGMENTER_OPTIONS[c.context.segmenter]}
         return cls(config, learner, batching, advantage, agent, eval_agent, mesh, s.kind,
-                   {s.kind: sampler_configs[s.kind]}, calibration, dynamic, options, warm_start)
+                   {s.kind: sampler_configs[s.kind]}, calibration, dynamic, options, catalog, training,
+                   domain_weights, desktop_pool, warm_start)
+
+
+def _desktop_pool_config(**values):
+    """The desktop pool's config; its image is resolved to the exact tag when the pool starts."""
+    from cua_jax.envs.docker_pool import PoolConfig
+
+    return PoolConfig(**values)
+
+
+def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
+    """(every task the run names, the training pool's ids, the domain weights), with any bad
+    source named by its field: env.kind, env.tasks / task_tiers (MiniWoB), env.task_dirs
+    (folders of OSWorld-format task JSON), env.domain_weights, eval.tasks."""
+    from cua_jax.envs.miniwob import task_names
+    from cua_jax.tasks.sources import load_task_folder, miniwob_tasks, parse_domain_weights
+
+    _require(c.env.kind in ENV_KINDS, "env.kind", f"{c.env.kind!r} is not one of {ENV_KINDS}")
+    miniwob = c.env.kind in ("miniwob", "mixed")
+    desktop = c.env.kind in ("desktop", "mixed")
+    if miniwob:
+        _require(len(c.env.tasks) >= 1, "env.tasks", f"env.kind {c.env.kind!r} needs at least one MiniWoB task")
+    else:
+        _require(not c.env.tasks, "env.tasks", "env.kind 'desktop' takes its tasks from env.task_dirs; set () "
+                 "(or env.kind = 'mixed' to add MiniWoB tasks)")
+    if desktop:
+        _require(len(c.env.task_dirs) >= 1, "env.task_dirs", f"env.kind {c.env.kind!r} needs at least one task folder")
+    else:
+        _require(not c.env.task_dirs, "env.task_dirs", "env.kind 'miniwob' runs MiniWoB tasks only; set () "
+                 "(or env.kind = 'mixed')")
+    known = set(task_names())
+    for task in c.env.tasks:
+        _require(task in known, "env.tasks", f"unknown MiniWoB task {task!r}")
+    _require(len(c.env.task_tiers) == len(c.env.tasks), "env.task_tiers",
+             f"has {len(c.env.task_tiers)} entries for {len(c.env.tasks)} tasks")
+    tasks = miniwob_tasks(tuple(c.env.tasks), tuple(c.env.task_tiers))
+    for folder in c.env.task_dirs:
+        try:
+            tasks += load_task_folder(folder)
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"config.env.task_dirs: {folder!r}: {error}") from None
+    training = without_hardest_tier(tasks) if c.env.drop_hardest_tier else tasks
+    try:
+        catalog = TaskCatalog(tasks + miniwob_tasks([t for t in dict.fromkeys(c.eval.tasks)
+                                                     if t in known and t not in {x.task_id for x in tasks}]))
+    except ValueError as error:  # an id twice
+        raise ConfigError(f"config.env.task_dirs: {error}") from None
+    try:
+        weights = parse_domain_weights(c.env.domain_weights)
+        TaskCatalog(training).pool(weights)  # a domain no task has fails here
+    except ValueError as error:
+        raise ConfigError(f"config.env.domain_weights: {error}") from None
+    for task in c.eval.tasks:
+        _require(task in catalog, "eval.tasks", f"unknown task {task!r} (neither a MiniWoB task nor one of env.task_dirs)")
+    return catalog, tuple(task.task_id for task in training), weights

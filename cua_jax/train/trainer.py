@@ -4,7 +4,8 @@ One training step (`Trainer.train_step`):
 
     groups  = collect(step)                 sampler draws B tasks with key fold_in(base, step);
                                             each task runs a group of n episodes on a rollout
-                                            worker (capsule runtime + engine + agent loop);
+                                            worker (its environments: MiniWoB capsules, Docker
+                                            desktops; an engine; the agent loop);
                                             DTAC replays and DAPO filtering happen here
     kept    = quarantine(groups)            infrastructure-faulted episodes leave their group
                                             (their items are dropped, reasons counted)
@@ -33,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -43,18 +43,13 @@ import numpy as np
 
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import make_segmenter
-from cua_jax.eval.held_out import run_held_out, save_traces, success_gain, success_summary
+from cua_jax.eval.held_out import evaluate_held_out, success_gain
 from cua_jax.models.sharding import make_mesh
 from cua_jax.observe.metrics import TIMING_PREFIX, drop_records_from
+from cua_jax.observe.progress import StepProgress
 from cua_jax.rollout.agent_loop import reserved_token_ids
-from cua_jax.rollout.rollout_worker import (
-    EnvWrapper,
-    RemoteRolloutWorker,
-    RolloutWorker,
-    ensure_local_ray,
-)
-from cua_jax.tasks.pool import GroupOutcome, PoolTask, TaskPool
-from cua_jax.tasks.dynamic_sampling import collect_informative_groups
+from cua_jax.observe.episode_log import EpisodeLog
+from cua_jax.rollout.rollout_worker import EnvWrapper, ensure_local_ray
 from cua_jax.tasks.samplers import build_sampler
 from cua_jax.train.batching import MultimodalPositions, make_minibatches, process_images
 from cua_jax.train.async_rollouts import RolloutFeeder
@@ -69,18 +64,10 @@ from cua_jax.train.build import (
     ray_cpus_needed,
 )
 from cua_jax.train.checkpoint import TrainCheckpointer, TrainerState
-from cua_jax.train.groups import (
-    CollectedGroup,
-    PreparedBatch,
-    draw_group_seeds,
-    group_from_rollouts,
-    group_outcome,
-    mean_metrics,
-    prepare_batch,
-    swap_in_replay,
-)
+from cua_jax.train.collect import GroupCollector
+from cua_jax.train.groups import CollectedGroup, PreparedBatch, mean_metrics, prepare_batch
 from cua_jax.train.learner import Learner
-from cua_jax.train.settings import TrainSettings, task_pool
+from cua_jax.train.settings import TrainSettings
 
 
 # ---------------------------------------------------------------------------------------
@@ -120,7 +107,8 @@ class Trainer:
         if self.settings.warm_start is not None and self.checkpointer.latest_step() is None:
             self.warm_start_metrics = self._warm_start(policy)
         self.multimodal = MultimodalPositions.of(policy.config) if hasattr(policy, "encode_images") else None
-        mesh = make_mesh(self.settings.mesh, devices=jax.devices()[: self._mesh_size()])
+        m = self.settings.mesh
+        mesh = make_mesh(m, devices=jax.devices()[: max(1, m.data) * max(1, m.fsdp) * max(1, m.tensor)])
         self.learner = Learner(policy, self.settings.learner, mesh=mesh)
         # Whether this trainer started the local Ray its worker actors run on (and so stops it).
         self._owns_ray = False
@@ -136,46 +124,36 @@ class Trainer:
             self._shutdown_ray()
             raise
 
-        tasks = [PoolTask(task, "miniwob", tier, True, {"kind": "miniwob", "task": task})
-                 for task, tier in self.training_tasks()]
-        self.pool = TaskPool(tasks)
+        self.collector = GroupCollector(self.settings, self.base_key, self.workers[0])
+        self.pool = self.settings.catalog.pool(self.settings.domain_weights, self.settings.training_tasks)
         kind = self.settings.sampler_kind
-        self.sampler = build_sampler(kind, self.pool, **{kind: self.settings.sampler_configs[kind]},
-                                     calibration=self.settings.calibration,
-                                     run_groups=self._run_outcome_groups if self.settings.calibration else None)
-        self.eval_tasks = tuple(c.eval.tasks) or tuple(t.task_id for t in tasks)
+        self.sampler = self.collector.sampler = build_sampler(
+            kind, self.pool, **{kind: self.settings.sampler_configs[kind]},
+            calibration=self.settings.calibration,
+            run_groups=self.collector.run_outcome_groups if self.settings.calibration else None)
+        self.eval_tasks = tuple(c.eval.tasks) or self.settings.training_tasks
+        self.domains = self.settings.catalog.domains()
+        self.episode_log = EpisodeLog(os.path.join(self.workdir, "episodes.jsonl"))
 
         self.step = 0  # completed training steps
         self.version = 0  # policy version the engines hold
-        self.next_group_id = 0
         self.feeder: RolloutFeeder | None = None  # async mode's rollout threads
         self.last_batch: PreparedBatch | None = None
         self.last_minibatch_item_counts: list[int] = []
         self.history: list[dict[str, float]] = []
         self.evaluations: dict[str, dict[str, float]] = {}
-        # Reentrant: under DAPO, collect() holds it across its rounds, whose group runs take it
-        # again for group ids.
-        self._sampler_lock = threading.RLock()
         self._writer = None
         if self.warm_start_metrics:
             self._log(0, self.warm_start_metrics)
 
-    def training_tasks(self) -> list[tuple[str, int]]:
-        """(task, tier) of the run's task pool (`task_pool`)."""
-        c = self.config
-        return task_pool(c.env.tasks, c.env.task_tiers, c.env.drop_hardest_tier)
-
     def _warm_start(self, policy) -> dict[str, float]:
         """Supervised fine-tuning of `policy` (in place) on the oracle's demonstrations of the
-        training tasks (`cua_jax.train.warm_start.run_warm_start`)."""
+        MiniWoB training tasks (`cua_jax.train.warm_start.run_warm_start`)."""
         from cua_jax.train.warm_start import run_warm_start
 
-        tasks = [task for task, _ in self.training_tasks()]
+        catalog = self.settings.catalog
+        tasks = [task for task in self.settings.training_tasks if catalog[task].kind == "miniwob"]
         return run_warm_start(policy, tasks, self.config, self.settings, self.segmenter, self.renderer, self.workdir)
-
-    def _mesh_size(self) -> int:
-        m = self.settings.mesh
-        return max(1, m.data) * max(1, m.fsdp) * max(1, m.tensor)
 
     # -- metrics --------------------------------------------------------------------------
 
@@ -193,68 +171,17 @@ class Trainer:
 
     # -- rollouts -------------------------------------------------------------------------
 
-    def _group_seeds(self, key: jax.Array, count: int) -> list[int]:
-        return draw_group_seeds(key, count, self.config.env.train_seeds, self.config.env.train_seed_max)
-
-    def _run_groups(self, worker: RolloutWorker | RemoteRolloutWorker, task_ids: Sequence[str], key: jax.Array) -> list[CollectedGroup]:
-        with self._sampler_lock:
-            first = self.next_group_id
-            self.next_group_id += len(task_ids)
-        requests = [(task_id, seed, first + k) for k, (task_id, seed)
-                    in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))]
-        results = worker.run_groups(requests, self.config.rollout.group_size)
-        return [group_from_rollouts(gid, task_id, rollouts) for (task_id, _, gid), rollouts in zip(requests, results)]
-
-    def _run_outcome_groups(self, task_ids: Sequence[str], group_size: int) -> list[GroupOutcome]:
-        """Calibration's rollouts (`RunGroups`): groups of `group_size`, outcomes only."""
-        key = jax.random.fold_in(jax.random.fold_in(self.base_key, 1_000_003), self.sampler.step)
-        requests = [(task_id, seed, -1 - k) for k, (task_id, seed)
-                    in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))]
-        results = self.workers[0].run_groups(requests, group_size)
-        return [group_outcome(group_from_rollouts(gid, task_id, rollouts), keep_success=False)
-                for (task_id, _, gid), rollouts in zip(requests, results)]
-
-    def collect(self, step: int, worker: RolloutWorker | RemoteRolloutWorker | None = None) -> tuple[list[CollectedGroup], dict[str, float]]:
-        """One step's rollout groups: draw, run, replay; the sampler's statistics are updated."""
-        worker = worker or self.workers[0]
-        key = jax.random.fold_in(self.base_key, step)
-        draw_key, seed_key = jax.random.split(key)
-        keep_success = self.settings.sampler_kind == "dtac"
-        batch_tasks, n = self.config.rollout.batch_tasks, self.config.rollout.group_size
-        if self.settings.dynamic is not None:
-            ran: dict[str, CollectedGroup] = {}
-            rounds = [0]
-
-            def run_groups(task_ids, group_size):
-                rounds[0] += 1
-                groups = self._run_groups(worker, task_ids, jax.random.fold_in(seed_key, rounds[0]))
-                ran.update({g.task_id: g for g in groups})
-                return [group_outcome(g, keep_success) for g in groups]
-
-            with self._sampler_lock:
-                dynamic = collect_informative_groups(draw_key, self.sampler, run_groups, batch_tasks, n, self.settings.dynamic)
-            groups = [ran[o.task_id] for o in dynamic.groups]
-            for replay in dynamic.replays:
-                swap_in_replay(groups[replay.group_index], replay.trajectory)
-            extra = {"dapo/dropped_groups": float(len(dynamic.dropped)), "dapo/rounds": float(dynamic.rounds),
-                     "dapo/missing_groups": float(dynamic.missing), "dapo/rollouts": float(dynamic.rollouts)}
-            return groups, extra
-        with self._sampler_lock:
-            task_ids = self.sampler.sample(draw_key, batch_tasks)
-        groups = self._run_groups(worker, task_ids, seed_key)
-        outcomes = [group_outcome(g, keep_success) for g in groups]
-        with self._sampler_lock:
-            for replay in self.sampler.assign_replays(outcomes):
-                swap_in_replay(groups[replay.group_index], replay.trajectory)
-            self.sampler.update(outcomes)
-        return groups, {}
+    def collect(self, step: int, worker: Any = None) -> tuple[list[CollectedGroup], dict[str, float]]:
+        """Step `step`'s rollout groups on `worker` (default: the first); `GroupCollector.collect`."""
+        return self.collector.collect(step, worker)
 
     # -- learning -------------------------------------------------------------------------
 
     def learn(self, groups: Sequence[CollectedGroup]) -> dict[str, float]:
         """Quarantine, advantages, updates on `groups`, then weight sync. Returns the metrics."""
         t0 = time.perf_counter()
-        batch = prepare_batch(groups, self.settings, self.config.learner.num_minibatches, self.version)
+        batch = prepare_batch(groups, self.settings, self.config.learner.num_minibatches, self.version, self.domains)
+        self.episode_log.append(self.step, [e for g in groups for e in g.episodes], self.domains)
         self.last_batch = batch
         metrics = dict(batch.metrics)
         if not batch.items:
@@ -340,13 +267,10 @@ class Trainer:
     def evaluate(self, label: str) -> dict[str, float]:
         """Success on held-out seeds of the evaluation tasks (`cua_jax.eval.held_out`), logged,
         kept in evaluations[label], with a few traces spread over the tasks."""
-        c = self.config
-        episodes = run_held_out(self.workers[0], self.eval_tasks, c.eval, c.env.eval_seed_start)
-        result = success_summary(episodes, self.eval_tasks, c.eval.confidence)
+        result = evaluate_held_out(self.workers[0], self.eval_tasks, self.config,
+                                   os.path.join(self.workdir, "traces", label))
         self._log(self.step, {f"eval_{label}/{k}": v for k, v in result.items() if k != "outcomes"})
         self.evaluations[label] = result
-        stride = max(1, len(episodes) // max(c.eval.num_traces, 1))
-        save_traces(os.path.join(self.workdir, "traces", label), episodes[::stride][: c.eval.num_traces])
         return result
 
     def compare_evaluations(self, first: str = "before", second: str = "after") -> dict[str, float] | None:
@@ -367,8 +291,8 @@ class Trainer:
     def restore(self) -> bool:
         """Loads the latest checkpoint of the workdir, if any. Returns whether one was loaded.
 
-        Metric records of steps after the checkpoint (written before a kill) are removed from
-        metrics.jsonl, since those steps run again."""
+        Metric and episode records of steps after the checkpoint (written before a kill) are
+        removed from metrics.jsonl and episodes.jsonl, since those steps run again."""
         restored = self.checkpointer.restore_latest(self.learner.train_state())
         if restored is None:
             return False
@@ -377,6 +301,7 @@ class Trainer:
             self._writer.close()
             self._writer = None
         drop_records_from(os.path.join(self.workdir, "metrics.jsonl"), self.step)
+        self.episode_log.drop_steps_from(self.step)
         return True
 
     def save(self) -> None:
@@ -386,7 +311,7 @@ class Trainer:
         """The run's state besides the learner's arrays (what a checkpoint's host_state holds)."""
         return TrainerState(
             base_key=np.asarray(jax.random.key_data(self.base_key)), step=self.step, version=self.version,
-            next_group_id=self.next_group_id, engine_sampling=[worker.sampling_state() for worker in self.workers],
+            next_group_id=self.collector.next_group_id, engine_sampling=[worker.sampling_state() for worker in self.workers],
             sampler=self.sampler.state_dict(), evaluations=self.evaluations,
         )
 
@@ -400,7 +325,7 @@ class Trainer:
             raise ValueError(f"the checkpoint of step {state.step} has {len(state.engine_sampling)} rollout workers' "
                              f"state, the config asks for {len(self.workers)} (config.rollout.num_workers)")
         self.learner.load_train_state(train_state)
-        self.step, self.version, self.next_group_id = state.step, state.version, state.next_group_id
+        self.step, self.version, self.collector.next_group_id = state.step, state.version, state.next_group_id
         self.sampler.load_state_dict(state.sampler)
         self.evaluations = state.evaluations
         self._push_weights()
@@ -412,32 +337,20 @@ class Trainer:
         c = self.config
         if c.eval.enabled and "before" not in self.evaluations and self.step == 0:
             self.evaluate("before")
-        progress = None
-        if c.train.progress_bar:
-            from tqdm import tqdm
-
-            progress = tqdm(total=c.train.num_steps, initial=self.step, desc=c.name, unit="step")
         asynchronous = c.train.mode == "async"
         if asynchronous and self.step < c.train.num_steps:
             self.start_rollouts()
         try:
-            while self.step < c.train.num_steps:
-                metrics = self.async_step() if asynchronous else self.train_step()
-                if self.step % c.train.checkpoint_every == 0 or self.step == c.train.num_steps:
-                    self.save()
-                if progress is not None:
-                    progress.update(1)
-                    shown = dict(reward=f"{metrics.get('reward/mean', float('nan')):.3f}",
-                                 success=f"{metrics.get('success/rate', float('nan')):.2f}")
-                    if c.rollout.engine == "vllm":
-                        # The on-policy check: the engine's logprobs against the learner's.
-                        shown["gap_max"] = f"{metrics.get('learner/rollout_logprob_gap_max', float('nan')):.1e}"
-                    progress.set_postfix(**shown)
+            with StepProgress(c.train.progress_bar, c.train.num_steps, self.step, c.name,
+                              show_gap=c.rollout.engine == "vllm") as progress:
+                while self.step < c.train.num_steps:
+                    metrics = self.async_step() if asynchronous else self.train_step()
+                    if self.step % c.train.checkpoint_every == 0 or self.step == c.train.num_steps:
+                        self.save()
+                    progress.step(metrics)
         finally:
             if asynchronous:
                 self.stop_rollouts()
-            if progress is not None:
-                progress.close()
         if c.eval.enabled:
             self.evaluate("after")
             self.compare_evaluations()

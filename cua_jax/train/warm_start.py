@@ -8,10 +8,11 @@ The warm start teaches the reply format (and what the oracle does) before RL:
         real MiniWoB capsules, so every demonstration token stream is exactly what an RL
         rollout of the same episode would be: same system prompt, rendering, observations,
         segmenter. Only successful episodes are kept; the others are listed with the reason.
-    supervised_fine_tune(model, demonstrations, config, image_processor)
-        AdamW (`learner.make_optimizer`) on the token-mean negative log-likelihood of the
-        items' loss-mask tokens (the oracle's replies); batches are `batching.collate`'s, one
-        jitted step per shape bucket. Returns the trained model and the loss curve.
+    SupervisedRun(model, DemonstrationData(items, ...), config).run(config.steps)
+        the `Learner` with its supervised objective ("sft": token-mean negative log-likelihood
+        of the items' loss-mask tokens, the oracle's replies) under the config's optimizer,
+        one update per batch; batches are `batching.collate`'s, one compiled step per shape
+        bucket. Resumable; keeps the loss curve.
     evaluate_policy(model, tasks, seeds, ...)
         the policy through the JAX sampler engine and the agent loop (greedy by default):
         valid-action rate, first-turn valid-action rate, success rate.
@@ -32,7 +33,6 @@ import asyncio
 import bisect
 import collections
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -42,16 +42,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from cua_jax.context.segment import Segmenter
 from cua_jax.envs import actions as A
 from cua_jax.envs.miniwob import DomElement, MiniWoBObservation, dom_from_text, dom_line
 from cua_jax.envs.miniwob_oracle import OracleError, oracle_action
-from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, MiniWoBEnvironment, Rollout
+from cua_jax.envs.capsule_env import MiniWoBEnvironment
+from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout
 from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.rollout.prompts import DOM_TEXT_HEADER
 from cua_jax.train.batching import (
@@ -64,7 +63,7 @@ from cua_jax.train.batching import (
     collate,
     process_images,
 )
-from cua_jax.train.learner import SCHEDULES, OptimizerConfig, make_optimizer, needs_master_weights
+from cua_jax.train.learner import SCHEDULES, Learner, LearnerConfig, OptimizerConfig
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem
 
 # ------------------------------------------------------------------------------------
@@ -289,18 +288,6 @@ def collect_demonstrations(
 # ------------------------------------------------------------------------------------
 
 
-def token_mean_nll(logprobs: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(mean of -logprobs over the masked tokens, number of masked tokens).
-
-    logprobs float [B, L] (aligned with the ids, as `score_sequences` gives them); loss_mask
-    [B, L], nonzero on trained tokens. The mean is 0 when no token is masked.
-    """
-    mask = (loss_mask != 0).astype(jnp.float32)
-    count = jnp.sum(mask)
-    total = -jnp.sum(logprobs.astype(jnp.float32) * mask)
-    return jnp.where(count > 0, total / jnp.maximum(count, 1.0), 0.0), count
-
-
 @dataclasses.dataclass(frozen=True)
 class WarmStartConfig:
     """The supervised fine-tuning run.
@@ -342,15 +329,10 @@ class WarmStartConfig:
             min_lr_ratio=self.min_lr_ratio,
         )
 
-
-@dataclasses.dataclass
-class WarmStartResult:
-    """The fine-tuned model (the one passed in, updated in place) and its loss curve (one NLL per step)."""
-
-    model: nnx.Module
-    losses: list[float]
-    seconds: float
-    compiled_shapes: int
+    def learner(self) -> LearnerConfig:
+        """The learner of the run: the supervised objective under `optimizer()`."""
+        return LearnerConfig(objective="sft", optimizer=self.optimizer(), seq_chunk=self.seq_chunk,
+                             vocab_chunk=self.vocab_chunk)
 
 
 class DemonstrationData:
@@ -394,61 +376,20 @@ class DemonstrationData:
                 yield self.batch(indices[i:i + self.rows])
 
 
-def _nll_fn(graphdef, seq_chunk: int, vocab_chunk: int):
-    from cua_jax.models.scoring import score_sequences
+class SupervisedRun:
+    """Supervised fine-tuning of `model` on `data`: a `Learner` with the supervised objective
+    (`WarmStartConfig.learner`), one update per batch of `rows` items, epochs in a seeded
+    order, with a state that can be saved and restored (a resumed run continues exactly: same
+    parameters, optimizer state, batch order and step count).
 
-    def nll(params, rest, batch: TrainBatch):
-        model = nnx.merge(graphdef, params, rest)
-        logp, _ = score_sequences(model, batch.ids, batch.segment_ids, batch.positions,
-                                  seq_chunk=seq_chunk, vocab_chunk=vocab_chunk, **batch.model_inputs())
-        return token_mean_nll(logp, batch.loss_mask)
-
-    return nll
-
-
-@functools.lru_cache(maxsize=8)
-def _jitted_nll(graphdef, seq_chunk: int, vocab_chunk: int):
-    """One compiled NLL per model structure, shared by every evaluation of it (before / after training)."""
-    return jax.jit(_nll_fn(graphdef, seq_chunk, vocab_chunk))
-
-
-def demonstration_nll(model: nnx.Module, data: DemonstrationData, config: WarmStartConfig = WarmStartConfig()) -> float:
-    """The token-mean NLL of `model` over every loss-mask token of `data` (held-out demonstrations)."""
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    nll = _jitted_nll(graphdef, config.seq_chunk, config.vocab_chunk)
-    total, count = 0.0, 0.0
-    for batch in data.all_batches():
-        mean, n = jax.device_get(nll(params, rest, batch))
-        total += float(mean) * float(n)
-        count += float(n)
-    return total / count if count else 0.0
-
-
-class SupervisedTrainer:
-    """AdamW on the token-mean NLL of demonstration reply tokens, one step at a time, with a
-    state that can be saved and restored (a resumed run continues exactly: same parameters,
-    optimizer state, batch order and step count).
-
-    The model's trainable parameters (`model.trainable_filter()`, else every Param) are
-    trained; the rest (a frozen vision tower) is left untouched. `sync_model()` writes the
-    trained parameters back into the model (in place).
+    The learner owns the model's parameters while it trains (its updates donate them);
+    `sync_model()` writes its current ones back into `model` (in place) and returns it.
+    `losses` holds one NLL per step.
     """
 
     def __init__(self, model: nnx.Module, data: DemonstrationData, config: WarmStartConfig = WarmStartConfig()):
         self.model, self.data, self.config = model, data, config
-        trainable = model.trainable_filter() if hasattr(model, "trainable_filter") else nnx.Param
-        self.graphdef, self.params, self.rest = nnx.split(model, trainable, ...)
-        tx = make_optimizer(config.optimizer(), master_weights=needs_master_weights(self.params))
-        self.opt_state = tx.init(self.params)
-        nll = _nll_fn(self.graphdef, config.seq_chunk, config.vocab_chunk)
-
-        @jax.jit
-        def step(params, opt_state, rest, batch):
-            (loss, _), grads = jax.value_and_grad(nll, has_aux=True)(params, rest, batch)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, loss
-
-        self._step = step
+        self.learner = Learner(model, config.learner())
         self.rng = np.random.default_rng(config.seed)
         self.losses: list[float] = []
         self.pending: list[list[int]] = []
@@ -460,15 +401,15 @@ class SupervisedTrainer:
         return len(self.losses)
 
     def run(self, until: int, on_step: Callable[[int, float], None] | None = None) -> None:
-        """Train until `until` steps are done in all (no-op when already there)."""
+        """Train until `until` steps are done in all (no-op when already there); on_step(step,
+        loss) is called after every step (a progress bar)."""
         start = time.perf_counter()
         while len(self.losses) < until:
             if not self.pending:
                 self.pending = self.data.epoch(self.rng)
             batch = self.data.batch(self.pending.pop())
             self.shapes.add((batch.length, None if batch.image_grid is None else len(batch.image_grid.thw)))
-            self.params, self.opt_state, loss = self._step(self.params, self.opt_state, self.rest, batch)
-            self.losses.append(float(loss))
+            self.losses.append(self.learner.update([batch])["loss"])
             if not math.isfinite(self.losses[-1]):
                 raise FloatingPointError(f"supervised step {len(self.losses)}: the loss is {self.losses[-1]}")
             if on_step is not None:
@@ -476,35 +417,23 @@ class SupervisedTrainer:
         self.seconds += time.perf_counter() - start
 
     def sync_model(self) -> nnx.Module:
-        nnx.update(self.model, self.params)
+        nnx.update(self.model, self.learner.params, self.learner.frozen)
         return self.model
 
     def state_dict(self) -> dict[str, Any]:
         """Host copies of everything a resumed run needs (picklable)."""
         return {
-            "params": jax.device_get(self.params), "opt_state": jax.device_get(self.opt_state),
-            "rng": self.rng.bit_generator.state, "losses": list(self.losses),
-            "pending": [list(b) for b in self.pending], "seconds": self.seconds,
+            "learner": jax.device_get(self.learner.train_state()), "rng": self.rng.bit_generator.state,
+            "losses": list(self.losses), "pending": [list(b) for b in self.pending], "seconds": self.seconds,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.params = jax.tree.map(jnp.asarray, state["params"])
-        self.opt_state = jax.tree.map(jnp.asarray, state["opt_state"])
+        self.learner.load_train_state(state["learner"])
         self.rng.bit_generator.state = state["rng"]
         self.losses = list(state["losses"])
         self.pending = [list(b) for b in state["pending"]]
         self.seconds = float(state["seconds"])
         self.sync_model()
-
-
-def supervised_fine_tune(model: nnx.Module, data: DemonstrationData, config: WarmStartConfig = WarmStartConfig(),
-                         on_step: Callable[[int, float], None] | None = None) -> WarmStartResult:
-    """`config.steps` AdamW steps on the token-mean NLL of the demonstrations' response tokens
-    (`SupervisedTrainer`); the model is updated in place. on_step(step, loss) is called after
-    every step (a progress bar)."""
-    trainer = SupervisedTrainer(model, data, config)
-    trainer.run(config.steps, on_step)
-    return WarmStartResult(trainer.sync_model(), trainer.losses, trainer.seconds, len(trainer.shapes))
 
 
 # ------------------------------------------------------------------------------------
@@ -523,10 +452,11 @@ def click_point_items(items: Sequence[TrainingItem], tokenizer) -> list[Training
     copy of the id in the same reply says nothing about reading the page); items with no click
     point are dropped.
 
-    `demonstration_nll` over these is the policy's NLL per click-point digit of the oracle's
-    replies. The page lists every element's click point (`miniwob.dom_to_text`), so a policy
-    that reads its target's point off the page drives it towards 0, and one that guesses
-    points from where targets usually are stays near `click_point_prior_nll`.
+    The supervised loss over these (`Learner.evaluate`) is the policy's NLL per click-point
+    digit of the oracle's replies. The page lists every element's click point
+    (`miniwob.dom_to_text`), so a policy that reads its target's point off the page drives it
+    towards 0, and one that guesses points from where targets usually are stays near
+    `click_point_prior_nll`.
     """
     narrowed = []
     for item in items:
@@ -614,19 +544,14 @@ class HeldOutScorer:
         prior = click_point_prior_nll(click_points(train), click_points(held_out)) if clicks else None
         return cls(data(held_out.items), data(clicks) if clicks else None, prior)
 
-    def __call__(self, model: nnx.Module, config: WarmStartConfig = WarmStartConfig()) -> dict[str, float]:
-        report = {"held_out_nll": demonstration_nll(model, self.replies, config)}
+    def __call__(self, learner: Learner) -> dict[str, float]:
+        """The scores of `learner`'s current policy (its loss on these pages: for a learner
+        with the supervised objective, the NLL per token)."""
+        report = {"held_out_nll": learner.evaluate(self.replies.all_batches())["loss"]}
         if self.clicks is not None:
-            report["held_out_click_nll"] = demonstration_nll(model, self.clicks, config)
+            report["held_out_click_nll"] = learner.evaluate(self.clicks.all_batches())["loss"]
             report["click_prior_nll"] = float(self.prior_nll)
         return report
-
-
-def held_out_report(model: nnx.Module, train: Demonstrations, held_out: Demonstrations, renderer,
-                    config: WarmStartConfig = WarmStartConfig()) -> dict[str, float]:
-    """`model` scored once on `held_out` (`HeldOutScorer`)."""
-    multimodal = MultimodalPositions.of(model.config) if hasattr(model, "visual") else None
-    return HeldOutScorer.build(train, held_out, renderer, multimodal, config)(model, config)
 
 
 # ------------------------------------------------------------------------------------
@@ -721,11 +646,12 @@ def warm_start(
     concurrency: int = 4,
     reasoning: bool = True,
     on_step: Callable[[int, float], None] | None = None,
-) -> tuple[WarmStartResult, Demonstrations]:
-    """Demonstrations of every (task, seed), then `supervised_fine_tune` of `model` (in place) on them.
+) -> tuple[SupervisedRun, Demonstrations]:
+    """Demonstrations of every (task, seed), then `config.steps` of supervised fine-tuning of
+    `model` (updated in place) on them; on_step(step, loss) is called after every step.
 
     agent_config must be the RL run's (its budgets shape the token streams); the segmenter's
-    renderer gives the image processor. Returns the SFT result and the demonstrations.
+    renderer gives the image processor. Returns the finished run and the demonstrations.
     """
     demonstrations = collect_demonstrations(
         tasks, seeds, runtime=runtime, segmenter=segmenter, agent_config=agent_config,
@@ -738,7 +664,10 @@ def warm_start(
         demonstrations.items, demonstrations.episodes, segmenter.renderer.image_processor, multimodal,
         config.rows, config.length_multiple, pad_id=int(segmenter.renderer.tokenizer.pad_token_id or 0),
     )
-    return supervised_fine_tune(model, data, config, on_step), demonstrations
+    run = SupervisedRun(model, data, config)
+    run.run(config.steps, on_step)
+    run.sync_model()
+    return run, demonstrations
 
 
 def run_warm_start(policy, tasks: Sequence[str], config, settings, segmenter, renderer, workdir: str) -> dict[str, float]:
@@ -768,7 +697,7 @@ def run_warm_start(policy, tasks: Sequence[str], config, settings, segmenter, re
     held_out = {}
     try:
         with CapsuleRuntime(include_dom_text=True, action_space=c.env.action_space, seed=c.seed) as runtime:
-            result, demonstrations = warm_start(
+            run, demonstrations = warm_start(
                 policy, tasks, range(c.warm_start.demos_per_task), runtime=runtime, segmenter=segmenter,
                 config=settings.warm_start, agent_config=agent, time_limit_s=c.env.time_limit_s,
                 concurrency=c.warm_start.concurrency, on_step=on_step,
@@ -781,24 +710,26 @@ def run_warm_start(policy, tasks: Sequence[str], config, settings, segmenter, re
                     segmenter=segmenter, agent_config=agent, time_limit_s=c.env.time_limit_s,
                     concurrency=c.warm_start.concurrency)
                 if unseen.rollouts:
-                    held_out = held_out_report(policy, demonstrations, unseen, renderer, settings.warm_start)
+                    scorer = HeldOutScorer.build(demonstrations, unseen, renderer, run.data.multimodal,
+                                                 settings.warm_start)
+                    held_out = scorer(run.learner)
     finally:
         if progress is not None:
             progress.close()
     wall = time.perf_counter() - start
-    record = {"losses": result.losses, "demonstrations": len(demonstrations.rollouts),
+    record = {"losses": run.losses, "demonstrations": len(demonstrations.rollouts),
               "items": len(demonstrations.items), "response_tokens": demonstrations.num_response_tokens,
               "rejected": demonstrations.rejected, "oracle_errors": demonstrations.oracle_errors,
-              "sft_seconds": result.seconds, "wall_seconds": wall, "compiled_shapes": result.compiled_shapes,
+              "sft_seconds": run.seconds, "wall_seconds": wall, "compiled_shapes": len(run.shapes),
               **held_out}
     with open(os.path.join(workdir, "warm_start.json"), "w") as f:
         json.dump(record, f, indent=2)
-    tail = result.losses[-10:]
+    tail = run.losses[-10:]
     return {
         "warm_start/demonstrations": float(len(demonstrations.rollouts)),
         "warm_start/rejected": float(len(demonstrations.rejected)),
         "warm_start/items": float(len(demonstrations.items)),
-        "warm_start/loss_first": result.losses[0],
+        "warm_start/loss_first": run.losses[0],
         "warm_start/loss_last10": float(np.mean(tail)),
         **{f"warm_start/{name}": value for name, value in held_out.items()},
         TIMING_PREFIX + "warm_start_s": wall,

@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     from cua_jax.rollout.agent_loop import AgentConfig
     from cua_jax.train import warm_start as W
     from cua_jax.train.batching import MultimodalPositions
+    from cua_jax.train.learner import Learner
 
     tasks = args.tasks.split(",")
     held_out = range(1_000_000, 1_000_000 + args.eval_seeds)
@@ -53,23 +54,23 @@ def main(argv: list[str] | None = None) -> None:
         click_data = W.DemonstrationData(W.click_point_items(held.items, tokenizer), held.episodes, image_processor,
                                          MultimodalPositions.of(model.config), config.rows, config.length_multiple)
 
-        def measure(label: str) -> dict[str, float]:
+        def measure(label: str, learner: Learner) -> dict[str, float]:
             evaluation = W.evaluate_policy(model, tasks, held_out, runtime=runtime, segmenter=segmenter, agent_config=greedy)
-            row = {"held_out_nll": W.demonstration_nll(model, held_data, config),
-                   "held_out_click_nll": W.demonstration_nll(model, click_data, config), **evaluation.summary()}
+            row = {"held_out_nll": learner.evaluate(held_data.all_batches())["loss"],
+                   "held_out_click_nll": learner.evaluate(click_data.all_batches())["loss"], **evaluation.summary()}
             print(f"{label:>10}: " + "  ".join(f"{k}={v:.3f}" for k, v in row.items()), flush=True)
             return row
 
-        baseline = measure("random")
+        baseline = measure("random", Learner(model, config.learner()))
         start = time.perf_counter()
         result, demonstrations = W.warm_start(model, tasks, range(args.train_seeds), runtime=runtime,
                                               segmenter=segmenter, config=config)
         wall = time.perf_counter() - start
-        ours = measure("warm")
+        ours = measure("warm", result.learner)
     print(f"demonstrations: {len(demonstrations.rollouts)} episodes, {len(demonstrations.items)} items, "
           f"{demonstrations.num_response_tokens} response tokens, rejected {len(demonstrations.rejected)}")
     print(f"warm start: {wall:.1f} s wall ({result.seconds:.1f} s SFT, {args.steps} steps, "
-          f"{result.compiled_shapes} compiled shapes); loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f}")
+          f"{len(result.shapes)} compiled shapes); loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f}")
     print(f"held-out NLL ratio warm/random: {ours['held_out_nll'] / baseline['held_out_nll']:.3f}")
     prior = W.click_point_prior_nll(W.click_points(demonstrations), W.click_points(held))
     print(f"held-out click-point digits: random {baseline['held_out_click_nll']:.3f} -> warm "

@@ -57,9 +57,30 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
 
-    # Tasks: MiniWoB++ in browser capsules.
+    # Tasks. env.kind: "miniwob" (env.tasks, MiniWoB++ in capsules of a shared browser),
+    # "desktop" (env.task_dirs, OSWorld-format task JSON on pooled Docker desktops) or "mixed"
+    # (both). cua_jax/tasks/sources.py says how a folder's tasks get their domains.
     c.env = ml_collections.ConfigDict()
     c.env.kind = "miniwob"
+    # Folders of OSWorld-format task JSON at any depth: the desktop suite
+    # (cua_jax/tasks/suites/desktop), a folder experiments/synthesize.py wrote, OSWorld's examples/.
+    c.env.task_dirs = ()
+    # Per-domain sampling weights, "domain=weight" each: a domain's share of the draws is
+    # proportional to its weight (unlisted domains: 1), whatever its task count. () : every
+    # task weighs the same. Success and quarantines are logged per domain either way.
+    c.env.domain_weights = ()
+    # The Docker desktop pool of each rollout worker (desktop tasks): sized, health-checked,
+    # and every environment recycled (a fresh container) after each episode.
+    c.env.desktop = ml_collections.ConfigDict()
+    c.env.desktop.image = "desktop"  # launch/images/<image>; a task's "snapshot" must name it
+    c.env.desktop.pool_size = 4  # containers kept ready per worker
+    c.env.desktop.cpus = 1.0
+    c.env.desktop.memory = "1g"
+    c.env.desktop.screen = "1280x800"
+    c.env.desktop.reset_mode = "recreate"  # recreate (clean files) | restart (faster, files stay)
+    c.env.desktop.ready_timeout_s = 240.0
+    c.env.desktop.call_timeout_s = 30.0
+    c.env.desktop.health_interval_s = 10.0  # health checks of idle containers (0: on acquire only)
     # What the policy is shown: "screenshot" (the task region, plus the DOM as text when
     # env.include_dom_text) or "text" (the DOM as text only: text-only policies, web agents).
     c.env.observation = "screenshot"
@@ -98,6 +119,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.top_p = 1.0
     c.rollout.top_k = 0
     c.rollout.batch_wait_s = 0.0  # 0: a generation batch waits for every running episode
+    # "fresh": each episode of a group resets on its own; "shared": the group starts from one
+    # prepared state (one reset, the others fork it: a capsule fork for MiniWoB, the task's
+    # setup again for a desktop; experiments/benchmarks/group_fork.py times both ways).
+    c.rollout.group_start = "fresh"
     # rollout.engine = "vllm": each rollout worker sends its generations through a Router to
     # `engines` vLLM engines, each in a Ray actor of its own, serving the policy exported to
     # <workdir>/engine_model; weights are synced after every update.

@@ -2,6 +2,13 @@
 
 Programmatic roles by default (offline). For the LLM roles set roles="llm" and llm.base_url
 (a vLLM server or a hosted API; the key is read from the variable named llm.api_key_env).
+
+Trajectory-guided synthesis from a training run instead of proposals: set from_run.workdir
+to the run's workdir (it holds episodes.jsonl) and from_run.task_dirs to the task folders it
+trained on; the tasks made are written to <out_dir>/from_run/ (a task folder to train on):
+
+    python -m experiments.synthesize --config=experiments/configs/verigen.py \
+        --config.from_run.workdir=runs/x --config.from_run.task_dirs=runs/verigen
 """
 
 import ml_collections
@@ -43,6 +50,15 @@ def get_config() -> ml_collections.ConfigDict:
     config.augment = ml_collections.ConfigDict()
     config.augment.composed = 6  # harder multi-objective tasks composed from verified tasks (0: none)
     config.augment.cluster_threshold = 0.6
+
+    config.from_run = ml_collections.ConfigDict()
+    config.from_run.workdir = ""  # a training run's workdir ("": synthesize from proposals)
+    config.from_run.task_dirs = ()  # the run's task folders: VeriGen output folders or folders of task JSON
+    config.from_run.since_step = 0  # pass rates and episodes from this learner step on
+    config.from_run.max_pass_rate = 0.5  # failed tasks (at most this pass rate) give sub-tasks
+    config.from_run.min_pass_rate = 0.8  # solved tasks (at least this pass rate) are composed
+    config.from_run.max_subtasks = 20
+    config.from_run.max_composed = 10
 
     config.audit = ml_collections.ConfigDict()
     config.audit.threshold = 0.90

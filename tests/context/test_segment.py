@@ -1,5 +1,7 @@
 """Segmenters: every response trained exactly once, with the engine's own ids and logprobs."""
 
+import inspect
+
 import hypothesis.strategies as st
 import numpy as np
 import pytest
@@ -8,6 +10,7 @@ from hypothesis import given, settings
 
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import (
+    SEGMENTER_OPTIONS,
     SEGMENTERS,
     CompactContext,
     SlidingWindow,
@@ -191,3 +194,15 @@ def test_contexts_reject_turns_out_of_order(renderer, name):
     context.observe(0, "page", [(210, 160)])
     with pytest.raises(ValueError, match="turn 0 has an observation but no response yet"):
         context.observe(1, "page", [])
+
+
+def test_segmenter_options_are_the_constructors_keywords():
+    assert SEGMENTER_OPTIONS == {
+        "sliding_window": ("keep", "min_removal"),
+        "step_wise": ("keep_images",),
+        "compact_context": ("window",),
+        "whole_trajectory": (),
+    }
+    for name, options in SEGMENTER_OPTIONS.items():
+        parameters = inspect.signature(SEGMENTERS[name]).parameters
+        assert all(parameters[option].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for option in options), name

@@ -10,10 +10,10 @@ from absl import flags
 from ml_collections import config_flags
 
 from cua_jax.train.settings import ConfigError, TrainSettings
-from experiments.configs import base, canopy, default, evocua, pretrain, qwen3_vl_gpu, scalecua, text_vllm, tiny
+from experiments.configs import base, canopy, default, desktop, evocua, pretrain, qwen3_vl_gpu, scalecua, text_vllm, tiny
 
 RECIPES = {"default": default, "canopy": canopy, "scalecua": scalecua, "evocua": evocua, "tiny": tiny,
-           "text_vllm": text_vllm}
+           "text_vllm": text_vllm, "desktop": desktop}
 
 
 def _flatten(d, prefix=""):
@@ -126,6 +126,11 @@ def test_unknown_override_is_rejected():
     ("loss.tis_cap", 0.5, "config.loss.tis_cap"),
     ("env.observation", "pixels", "config.env.observation"),
     ("rollout.engine", "sglang", "config.rollout.engine"),
+    ("rollout.group_start", "forked", "config.rollout.group_start"),
+    ("env.kind", "android", "config.env.kind"),
+    ("env.task_dirs", ("/no/such/folder",), "config.env.task_dirs"),
+    ("env.domain_weights", ("miniwob",), "config.env.domain_weights"),
+    ("env.domain_weights", ("desktop=2",), "config.env.domain_weights"),
 ])
 def test_a_malformed_field_is_named(field, value, named):
     config = canopy.get_config()
@@ -180,3 +185,36 @@ def test_a_saved_config_loads_on_todays_base():
     saved["env"]["no_such_field"] = 1
     with pytest.raises(KeyError, match="config.env.no_such_field"):
         base.config_from_dict(saved)
+
+
+@pytest.mark.parametrize("field, value, named, says", [
+    ("env.tasks", ("click-button",), "config.env.tasks", "env.kind 'desktop' takes its tasks from env.task_dirs"),
+    ("env.task_dirs", (), "config.env.task_dirs", "needs at least one task folder"),
+    ("env.action_space", "elements", "config.env.action_space", "a desktop shows no element ids"),
+    ("env.observation", "text", "config.env.observation", "desktop tasks are seen as screenshots"),
+    ("rollout.group_size", 8, "config.env.desktop.pool_size", "4 containers cannot run a group of 8"),
+    ("sampler.rho_inf", 1.0, "config.sampler.rho_inf", "draws 2 infeasible tasks, but the pool holds 1"),
+])
+def test_a_bad_desktop_setting_is_named(field, value, named, says):
+    config = desktop.get_config()
+    section, name = field.split(".")
+    config[section][name] = value
+    if field == "env.tasks":
+        config.env.task_tiers = (0,)
+    with pytest.raises(ConfigError) as error:
+        TrainSettings.from_config(config)
+    assert str(error.value).startswith(named) and says in str(error.value), str(error.value)
+
+
+def test_mixed_sources_make_one_catalog_with_domains():
+    config = desktop.get_config()
+    config.env.kind = "mixed"
+    config.env.tasks = ("click-button", "focus-text")
+    config.env.task_tiers = (0, 0)
+    config.env.domain_weights = ("miniwob=1", "desktop=1")
+    settings = TrainSettings.from_config(config)
+    assert settings.catalog.domains()["click-button"] == "miniwob"
+    assert settings.catalog.domains()["terminal-create-file"] == "desktop"
+    assert len(settings.training_tasks) == 7 and settings.domain_weights == {"miniwob": 1.0, "desktop": 1.0}
+    assert settings.desktop_pool.size == 4 and settings.agent.group_start == "shared"
+

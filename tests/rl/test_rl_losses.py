@@ -145,7 +145,7 @@ def reference_aggregate(per_token, mask, config):
 @PROPERTY
 @given(
     logp=LOGP, delta=DELTA, ref_delta=DELTA, entropy=ENTROPY, adv=ITEM_ADV, mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES),
+    mode=st.sampled_from(AGGREGATION_MODES.names()),
 )
 def test_policy_loss_matches_reference(logp, delta, ref_delta, entropy, adv, mask, mode):
     config = CONFIGS[mode]
@@ -193,7 +193,7 @@ def test_policy_loss_matches_reference(logp, delta, ref_delta, entropy, adv, mas
 
 
 @PROPERTY
-@given(logp=LOGP, adv=ITEM_ADV, mask=MASK, mode=st.sampled_from(AGGREGATION_MODES))
+@given(logp=LOGP, adv=ITEM_ADV, mask=MASK, mode=st.sampled_from(AGGREGATION_MODES.names()))
 def test_on_policy_ratio_is_one_nothing_clips_and_gradient_is_plain_policy_gradient(logp, adv, mask, mode):
     config = PG_ONLY[mode]
     old_logp = logp.copy()  # the policy that sampled is the policy being trained
@@ -227,7 +227,7 @@ def reference_token_weights(mask, mode):
 @PROPERTY
 @given(
     logp=LOGP, delta=DELTA, ref_delta=DELTA, entropy=ENTROPY, adv=ITEM_ADV, mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES), num_micro=st.sampled_from([2, 4]),
+    mode=st.sampled_from(AGGREGATION_MODES.names()), num_micro=st.sampled_from([2, 4]),
 )
 def test_micro_batch_accumulation_equals_full_batch(
     logp, delta, ref_delta, entropy, adv, mask, mode, num_micro
@@ -270,7 +270,7 @@ normalize_jit = jax.jit(normalize)
 
 
 @PROPERTY
-@given(mask=MASK, mode=st.sampled_from(AGGREGATION_MODES))
+@given(mask=MASK, mode=st.sampled_from(AGGREGATION_MODES.names()))
 def test_loss_denominator_matches_reference(mask, mode):
     rows = (mask.sum(axis=1) > 0).sum()
     want = {
@@ -371,7 +371,7 @@ def test_truncated_importance_weight_is_a_constant_and_caps_overflow():
 @PROPERTY
 @given(
     logp=LOGP, delta=DELTA, rollout_delta=DELTA, ref_delta=DELTA, entropy=ENTROPY, adv=ITEM_ADV, mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES), cap=st.sampled_from(TIS_CAPS),
+    mode=st.sampled_from(AGGREGATION_MODES.names()), cap=st.sampled_from(TIS_CAPS),
 )
 def test_tis_weighted_loss_matches_reference(logp, delta, rollout_delta, ref_delta, entropy, adv, mask, mode, cap):
     config = TIS[mode, cap]
@@ -400,7 +400,7 @@ def test_tis_weighted_loss_matches_reference(logp, delta, rollout_delta, ref_del
 @PROPERTY
 @given(
     logp=LOGP, delta=DELTA, rollout_delta=DELTA, ref_delta=DELTA, entropy=ENTROPY, adv=ITEM_ADV, mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES),
+    mode=st.sampled_from(AGGREGATION_MODES.names()),
 )
 def test_tis_off_or_at_agreeing_logprobs_leaves_loss_and_gradient_unchanged(
     logp, delta, rollout_delta, ref_delta, entropy, adv, mask, mode
@@ -420,7 +420,7 @@ def test_tis_off_or_at_agreeing_logprobs_leaves_loss_and_gradient_unchanged(
 @PROPERTY
 @given(
     logp=LOGP, delta=DELTA, rollout_delta=DELTA, adv=ITEM_ADV, mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES), cap=st.sampled_from(TIS_CAPS),
+    mode=st.sampled_from(AGGREGATION_MODES.names()), cap=st.sampled_from(TIS_CAPS),
 )
 def test_tis_scales_each_token_gradient_by_its_weight(logp, delta, rollout_delta, adv, mask, mode, cap):
     old_logp = logp - delta
@@ -443,7 +443,7 @@ def jitted_on_policy_loss_grad(config):
 
 
 @PROPERTY
-@given(logp=LOGP, rollout_delta=DELTA, adv=ITEM_ADV, mask=MASK, mode=st.sampled_from(AGGREGATION_MODES),
+@given(logp=LOGP, rollout_delta=DELTA, adv=ITEM_ADV, mask=MASK, mode=st.sampled_from(AGGREGATION_MODES.names()),
        cap=st.sampled_from(TIS_CAPS))
 def test_on_policy_tis_weights_the_plain_policy_gradient(logp, rollout_delta, adv, mask, mode, cap):
     config = TIS_PG_ONLY[mode, cap]

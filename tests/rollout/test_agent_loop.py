@@ -24,7 +24,8 @@ from cua_jax.envs import actions as A
 from cua_jax.envs.capsules import CapsuleRuntime
 from cua_jax.envs.miniwob import UnknownTaskError, dom_from_text
 from cua_jax.envs.miniwob_oracle import oracle_action
-from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, MiniWoBEnvironment, turn_sampling_seed
+from cua_jax.envs.capsule_env import MiniWoBEnvironment
+from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, turn_sampling_seed
 from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, RolloutEngine
 from cua_jax.rollout.prompts import DOM_TEXT_HEADER, INVALID_ACTION_PREFIX
 from cua_jax.train.warm_start import observation_from_prompt

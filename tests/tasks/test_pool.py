@@ -1,6 +1,5 @@
 """Task pool: EMA pass-rate updates (ScaleCUA eq. 1), per-task statistics, state round-trips."""
 
-import json
 
 import jax
 import numpy as np
@@ -14,7 +13,6 @@ from cua_jax.tasks.pool import (
     TaskPool,
     ema_update,
     load_state,
-    load_tasks_jsonl,
     save_state,
 )
 from cua_jax.types import Episode, EpisodeStatus
@@ -123,16 +121,3 @@ def test_pool_state_round_trips_through_save_and_restore(tmp_path):
     entries = restored.replay_cache[3]
     assert isinstance(entries[0].trajectory, Episode) and entries[0].trajectory == episode
     assert [(e.replays, e.step_cached) for e in entries] == [(1, 7), (0, 7)]
-
-
-def test_tasks_load_from_jsonl_and_bad_lines_are_named(tmp_path):
-    tasks = make_pool(3).tasks
-    good = tmp_path / "tasks.jsonl"
-    good.write_text("\n".join(json.dumps(t.to_dict()) for t in tasks) + "\n")
-    assert tuple(load_tasks_jsonl(good)) == tasks
-    bad = tmp_path / "bad.jsonl"
-    record = tasks[0].to_dict()
-    del record["payload"]["kind"]
-    bad.write_text(json.dumps(tasks[1].to_dict()) + "\n" + json.dumps(record) + "\n")
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: .*'t0'.*\"kind\""):
-        load_tasks_jsonl(bad)

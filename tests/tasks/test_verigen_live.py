@@ -17,6 +17,7 @@ import pytest
 from cua_jax.envs import actions as A
 from cua_jax.envs.docker_pool import LABEL_POOL, DockerEnvPool, PoolConfig
 from cua_jax.envs.images import ensure_image
+from cua_jax.observe.episode_log import EpisodeRecord, pass_rates
 from cua_jax.tasks.verigen import llm, pipeline, templates, trajectory
 from cua_jax.tasks.verigen.knowledge import DESKTOP_KNOWLEDGE
 from cua_jax.tasks.verigen.probe import InteractionProbe
@@ -192,9 +193,10 @@ def test_trajectory_guided_tasks_pass_the_dry_run(probe):
     # an agent that did the first goal, then wrote the wrong line: it departs at the second goal
     wrong = A.render_action(A.WriteFile("/root/projects/raven.txt", "amber = 1\nbasil = 2\ncedar = 3\n"))
     steps = [composed.solution[0], wrong, A.render_action(A.Done())]
-    failed = Episode("e1", composed.id, 0, composed.instruction,
-                     [Turn("", [], None, None, response_text=s) for s in steps], status=EpisodeStatus.FAILURE)
-    subs = trajectory.subtasks_from_failures([failed], {composed.id: composed}, trajectory.pass_rates_of([failed]))
+    failed = EpisodeRecord.from_episode(0, Episode("e1", composed.id, 0, composed.instruction,
+                                                   [Turn("", [], None, None, response_text=s) for s in steps],
+                                                   status=EpisodeStatus.FAILURE))
+    subs = trajectory.subtasks_from_failures([failed], {composed.id: composed}, pass_rates([failed]))
     assert [s.instruction for s in subs] == [b.instruction]
     verdict = checker.check(subs[0])  # its setup replays the first goal's steps
     assert verdict.passed, verdict.reasons

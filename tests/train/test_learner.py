@@ -6,18 +6,31 @@ each test starts from its initial train state (`load_train_state`).
 
 import dataclasses
 
+import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cua_jax.models.configs import tiny_qwen3_config
 from cua_jax.models.qwen3 import Qwen3ForCausalLM
+from cua_jax.models.scoring import score_sequences
 from cua_jax.models.sharding import MeshConfig, make_mesh
-from cua_jax.rl.losses import AGGREGATION_MODES, GAP_QUANTILE, PolicyLossConfig
-from cua_jax.train.batching import BatchingConfig, MultimodalPositions, collate, make_minibatches
-from cua_jax.train.learner import Learner, LearnerConfig, OptimizerConfig, learning_rate_schedule
+from cua_jax.rl.losses import AGGREGATION_MODES, GAP_QUANTILE, PolicyLossConfig, normalize
+from cua_jax.train.batching import BatchingConfig, MultimodalPositions, TrainBatch, collate, make_minibatches
+from cua_jax.train.learner import (
+    Learner,
+    LearnerConfig,
+    OptimizerConfig,
+    SupervisedLossMetrics,
+    learning_rate_schedule,
+    make_optimizer,
+    supervised_loss,
+)
 from cua_jax.types import ImageSpan, TrainingItem
 
 # One decoder layer, every sharded dimension divisible by fsdp 4 x tensor 2.
@@ -255,6 +268,119 @@ def test_sharded_update_matches_one_device(token_mean_learner, batch_items):
         np.testing.assert_allclose(m_sharded[key], m_single[key], rtol=1e-5, err_msg=key)
 
 
+# -- the supervised objective -------------------------------------------------------------------
+
+B, T = 4, 6  # fixed shapes: one compilation for all hypothesis examples
+
+
+def _floats(low, high, shape):
+    elements = st.floats(float(np.float32(low)), float(np.float32(high)), width=32, allow_subnormal=False)
+    return hnp.arrays(np.float32, shape, elements=elements)
+
+
+@jax.jit
+def _jitted_supervised_loss(logp, mask, entropy):
+    out = supervised_loss(logp, mask, entropy)
+    return normalize(out.numerator, out.denominator), out, out.metrics.summary()
+
+
+@settings(max_examples=30, deadline=None)
+@given(_floats(-8, 0, (B, T)), hnp.arrays(np.int32, (B, T), elements=st.integers(0, 1)), _floats(0, 3, (B, T)))
+def test_supervised_loss_matches_numpy(logp, mask, entropy):
+    """Compiled: numerator -sum, denominator count, NLL their ratio (0 without tokens), mean entropy;
+    masked-out entries (here -inf) touch neither the values nor the gradient."""
+    logp_out = np.where(mask != 0, logp, -np.inf).astype(np.float32)
+    nll, out, summary = _jitted_supervised_loss(logp_out, mask, entropy)
+    on = mask != 0
+    count = int(on.sum())
+    np.testing.assert_allclose(float(out.numerator), -logp[on].astype(np.float64).sum(), rtol=1e-5, atol=1e-5)
+    assert float(out.denominator) == count == float(summary["num_tokens"])
+    expected = -logp[on].astype(np.float64).mean() if count else 0.0
+    np.testing.assert_allclose(float(nll), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(summary["entropy"]), entropy[on].mean() if count else 0.0, rtol=1e-5, atol=1e-6)
+    grad = jax.jit(jax.grad(lambda x: supervised_loss(x, mask).numerator))(logp_out)
+    np.testing.assert_array_equal(np.asarray(grad), -on.astype(np.float32))
+
+
+def test_supervised_loss_accumulates_over_rows_and_rejects_bad_shapes():
+    rng = np.random.default_rng(0)
+    logp = -rng.exponential(size=(B, T)).astype(np.float32)
+    mask = (rng.random((B, T)) < 0.5).astype(np.int32)
+    full = supervised_loss(logp, mask)
+    top, bottom = supervised_loss(logp[:2], mask[:2]), supervised_loss(logp[2:], mask[2:])
+    np.testing.assert_allclose(float(top.numerator + bottom.numerator), float(full.numerator), rtol=1e-6)
+    assert float(top.denominator + bottom.denominator) == float(full.denominator)
+    assert top.metrics.merge(bottom.metrics) == full.metrics
+    assert SupervisedLossMetrics.empty().merge(full.metrics) == full.metrics
+    with pytest.raises(ValueError, match=r"logp must be \[B, T\]"):
+        supervised_loss(logp[0], mask[0])
+    with pytest.raises(ValueError, match="loss_mask has shape"):
+        supervised_loss(logp, mask[:, :2])
+
+
+def _reference_sft_step(model, batch: TrainBatch, config: OptimizerConfig, steps: int):
+    """The supervised step written out: value_and_grad of the token-mean NLL of the loss-mask
+    tokens, then the optimizer, on the model's Params; (losses, params)."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = make_optimizer(config)
+
+    def nll(p):
+        logp, _ = score_sequences(nnx.merge(graphdef, p, rest), batch.ids, batch.segment_ids, batch.positions)
+        mask = batch.loss_mask != 0
+        return -jnp.sum(jnp.where(mask, logp, 0.0)) / jnp.sum(mask)
+
+    @jax.jit
+    def step(p, state):
+        loss, grads = jax.value_and_grad(nll)(p)
+        updates, state = tx.update(grads, state, p)
+        return optax.apply_updates(p, updates), state, loss
+
+    state, losses = tx.init(params), []
+    for _ in range(steps):
+        params, state, loss = step(params, state)
+        losses.append(float(loss))
+    return losses, params
+
+
+def test_sft_objective_steps_as_the_written_out_nll_step_and_accumulates_exactly(batch_items):
+    """objective="sft": no reference kept and nothing prepared; the Learner's steps give the
+    losses and parameters of a plain optax step on the token-mean NLL (to float32 rounding),
+    two micro-batches give the one-batch step, and `evaluate` is the pooled NLL of `score`."""
+    items, _ = batch_items
+    cfg = BatchingConfig(rows=ROWS, length_multiple=LENGTH)
+    ones = np.ones(4, np.float32)
+    full = collate(items[:4], ones, cfg, length=LENGTH)
+    split = [collate(items[:2], ones[:2], cfg, length=LENGTH), collate(items[2:4], ones[2:], cfg, length=LENGTH)]
+    # The defaults would keep a KL reference and recompute old logprobs for policy gradient.
+    config = LearnerConfig(objective="sft", optimizer=optimizer(warmup_steps=1), old_logprobs="recompute",
+                           loss=PolicyLossConfig(kl_coef=1.0))
+    learner = Learner(small_model(), config)
+    assert learner.reference_params is None
+    [prepared] = learner.prepare([full])
+    assert prepared.old_logprobs is None and prepared.ref_logprobs is None and learner.reference_scoring_passes == 0
+
+    initial = copy_state(learner)
+    nll = learner.evaluate(iter(split))
+    logp = np.concatenate([learner.score(b) for b in split])
+    mask = np.concatenate([np.asarray(b.loss_mask) for b in split]) != 0
+    np.testing.assert_allclose(nll["loss"], -logp[mask].mean(), rtol=1e-5)
+    assert nll["loss_denominator"] == nll["num_tokens"] == mask.sum()
+
+    metrics = [learner.update([full]) for _ in range(2)]
+    losses, params = _reference_sft_step(small_model(), full, config.optimizer, steps=2)
+    np.testing.assert_allclose([m["loss"] for m in metrics], losses, rtol=1e-6)
+    assert metrics[0]["learning_rate"] < metrics[1]["learning_rate"]  # the warmup
+    assert {"loss", "grad_norm", "learning_rate", "loss_denominator", "entropy", "num_tokens"} == set(metrics[0])
+    assert_trees_close(learner.params, params, rtol=1e-5, atol=1e-6)
+
+    learner.load_train_state(initial)
+    learner.update([full])
+    one_batch = jax.tree.map(jnp.copy, learner.params)
+    learner.load_train_state(initial)
+    learner.update(split)
+    assert_trees_close(learner.params, one_batch, rtol=1e-5, atol=1e-6)
+
+
 def test_learning_rate_schedule_warmup_then_cosine():
     cfg = OptimizerConfig(learning_rate=1.0, schedule="cosine", warmup_steps=4, decay_steps=10, min_lr_ratio=0.1)
     lr = jax.jit(learning_rate_schedule(cfg))
@@ -271,6 +397,9 @@ def test_learning_rate_schedule_warmup_then_cosine():
 def test_config_errors_name_the_problem():
     with pytest.raises(ValueError, match="old_logprobs"):
         LearnerConfig(old_logprobs="stale")
+    with pytest.raises(ValueError, match="objective"):
+        LearnerConfig(objective="dpo")
+    assert LearnerConfig.from_dict({"objective": "sft"}).objective == "sft"
     with pytest.raises(ValueError, match="schedule"):
         OptimizerConfig(schedule="linear")
     with pytest.raises(ValueError, match="unknown learner.optimizer config keys"):

@@ -17,7 +17,7 @@ from cua_jax.models.qwen3_vl import load_qwen3_vl
 from cua_jax.train.pretrain import DEMONSTRATIONS_FILE, MANIFEST_FILE, STATE_FILE, Pretrainer
 from cua_jax.train.settings import ConfigError, TrainSettings
 from cua_jax.train.trainer import Trainer
-from cua_jax.train.warm_start import SupervisedTrainer
+from cua_jax.train.warm_start import SupervisedRun
 from experiments.configs import pretrain
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -58,14 +58,14 @@ def run(config):
 def test_pretrain_resumes_exactly_and_exports_a_base_that_a_run_starts_from(tmp_path, monkeypatch):
     # A run killed after its step-4 save (of 6 steps), continued by the same command.
     interrupted = tmp_path / "interrupted"
-    train = SupervisedTrainer.run
+    train = SupervisedRun.run
 
     def killed_after_step_4(self, until, on_step=None):
         if until > 4:
             raise KeyboardInterrupt
         return train(self, until, on_step)
 
-    monkeypatch.setattr(SupervisedTrainer, "run", killed_after_step_4)
+    monkeypatch.setattr(SupervisedRun, "run", killed_after_step_4)
     with pytest.raises(KeyboardInterrupt):
         run(small_config(interrupted, steps=6))
     monkeypatch.undo()

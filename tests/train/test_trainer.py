@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from cua_jax.rollout.agent_loop import AgentEnvironment
+from cua_jax.envs.contract import AgentEnvironment
 from cua_jax.observe.metrics import TIMING_PREFIX
 from cua_jax.train.trainer import Trainer
 from cua_jax.types import EpisodeStatus

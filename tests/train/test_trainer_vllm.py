@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from cua_jax.context.tokenizer import VOCAB_SIZE, save_tokenizer_and_processor
-from cua_jax.rollout.agent_loop import AgentEnvironment
+from cua_jax.envs.contract import AgentEnvironment
 from cua_jax.train.build import ENGINE_MODEL_DIR
 from cua_jax.train.settings import ConfigError, TrainSettings
 from cua_jax.train.trainer import Trainer

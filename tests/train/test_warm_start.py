@@ -10,7 +10,6 @@ import asyncio
 import re
 
 import hypothesis.strategies as st
-import jax
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -21,7 +20,8 @@ from cua_jax.context.tokenizer import load_processor
 from cua_jax.envs import actions as A
 from cua_jax.envs.capsules import CapsuleRuntime
 from cua_jax.envs.miniwob import DomElement, dom_from_text, dom_to_text
-from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, MiniWoBEnvironment
+from cua_jax.envs.capsule_env import MiniWoBEnvironment
+from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop
 from cua_jax.train import warm_start as W
 from cua_jax.types import EpisodeStatus
 
@@ -35,26 +35,6 @@ SFT = W.WarmStartConfig(steps=300, rows=2, learning_rate=3e-3, warmup_steps=5, l
 # ------------------------------------------------------------------------------------
 # Pure pieces
 # ------------------------------------------------------------------------------------
-
-
-def _nll_reference(logprobs: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
-    on = mask != 0
-    count = float(on.sum())
-    return (float(-logprobs[on].sum() / count) if count else 0.0), count
-
-
-@settings(max_examples=25, deadline=None)
-@given(
-    st.integers(1, 4), st.integers(1, 12), st.integers(0, 2**31 - 1), st.floats(0.0, 1.0),
-)
-def test_token_mean_nll_matches_numpy(rows, length, seed, density):
-    rng = np.random.default_rng(seed)
-    logprobs = -rng.exponential(2.0, (rows, length)).astype(np.float32)
-    mask = (rng.random((rows, length)) < density).astype(np.float32)
-    mean, count = jax.jit(W.token_mean_nll)(logprobs, mask)
-    expected_mean, expected_count = _nll_reference(logprobs, mask)
-    assert float(count) == expected_count
-    np.testing.assert_allclose(float(mean), expected_mean, rtol=1e-5, atol=1e-6)
 
 
 _DOM_ELEMENTS = st.builds(
@@ -324,7 +304,7 @@ def test_unreadable_page_fails_the_episode_and_is_reported(runtime, renderer, se
 
 @pytest.fixture(scope="module")
 def warm_started(demonstrations, renderer):
-    """(nll before, nll after, result) of a short SFT of a tiny random Qwen3-VL."""
+    """(held-out nll before, after, the run) of a short SFT of a tiny random Qwen3-VL."""
     from flax import nnx
 
     from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
@@ -335,28 +315,30 @@ def warm_started(demonstrations, renderer):
     multimodal = MultimodalPositions.of(model.config)
     data = W.DemonstrationData(train.items, train.episodes, renderer.image_processor, multimodal, SFT.rows, SFT.length_multiple)
     held = W.DemonstrationData(held_out.items, held_out.episodes, renderer.image_processor, multimodal, SFT.rows, SFT.length_multiple)
-    before = W.demonstration_nll(model, held, SFT)
-    result = W.supervised_fine_tune(model, data, SFT)
-    after = W.demonstration_nll(model, held, SFT)
-    return before, after, result
+    run = W.SupervisedRun(model, data, SFT)
+    before = run.learner.evaluate(held.all_batches())["loss"]
+    run.run(SFT.steps)
+    after = run.learner.evaluate(held.all_batches())["loss"]
+    run.sync_model()
+    return before, after, run
 
 
 @pytest.mark.browser
 @pytest.mark.slow
 def test_short_sft_lowers_held_out_nll(warm_started):
-    before, after, result = warm_started
-    assert len(result.losses) == SFT.steps and all(np.isfinite(result.losses))
+    before, after, run = warm_started
+    assert len(run.losses) == SFT.steps and all(np.isfinite(run.losses))
     assert after < 0.5 * before, (before, after)
-    print(f"held-out NLL {before:.3f} -> {after:.3f}; {result.seconds:.1f} s for {SFT.steps} steps")
+    print(f"held-out NLL {before:.3f} -> {after:.3f}; {run.seconds:.1f} s for {SFT.steps} steps")
 
 
 @pytest.mark.browser
 @pytest.mark.slow
 def test_warm_started_greedy_policy_acts_validly_on_held_out_seeds(warm_started, runtime, segmenter):
-    _, _, result = warm_started
+    _, _, run = warm_started
     seeds = tuple(range(1000, 1012))
     evaluation = W.evaluate_policy(
-        result.model, [TASK], seeds, runtime=runtime, segmenter=segmenter,
+        run.model, [TASK], seeds, runtime=runtime, segmenter=segmenter,
         agent_config=AgentConfig(max_turns=1, max_new_tokens=64, max_context_tokens=4096, temperature=0.0,
                                  batch_wait_s=None),
         concurrency=len(seeds),

@@ -27,6 +27,12 @@ class Display:
         """Start Xvfb at width x height x 24 and the window manager; wait for both."""
         number = self.name.lstrip(":").split(".")[0]
         socket_path = f"/tmp/.X11-unix/X{number}"
+        # The server starts with its container, so any lock or socket of this display is stale:
+        # left in the files of a committed or restarted container. Xvfb refuses a lock whose
+        # pid is alive, and the new container may well reuse that pid.
+        for stale in (f"/tmp/.X{number}-lock", socket_path):
+            if os.path.lexists(stale):
+                os.remove(stale)
         xvfb = subprocess.Popen(
             ["Xvfb", self.name, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp",
              "-ac", "-noreset"],

@@ -216,12 +216,34 @@ def write_tasks(candidates: list[Candidate], out_dir: str | pathlib.Path) -> lis
     return paths
 
 
+def _read_folder(folder: pathlib.Path) -> list[Candidate]:
+    """The candidates of a folder of task JSON files, validated by the task schema
+    (a bad file raises TaskSchemaError naming it and the bad field)."""
+    from cua_jax.tasks.schema import load_suite
+
+    return [Candidate.from_task_json(task.raw) for task in load_suite(folder)]
+
+
 def read_tasks(out_dir: str | pathlib.Path) -> list[Candidate]:
     """The tasks `write_tasks` wrote, validated by the task schema."""
-    from cua_jax.tasks.schema import load_task
+    return _read_folder(pathlib.Path(out_dir) / "tasks")
 
-    candidates = []
-    for path in sorted((pathlib.Path(out_dir) / "tasks").glob("*.json")):
-        load_task(path)  # raises TaskSchemaError naming the bad field
-        candidates.append(Candidate.from_task_json(json.loads(path.read_text())))
-    return candidates
+
+def read_task_dirs(dirs: list[str | pathlib.Path] | tuple[str | pathlib.Path, ...]) -> dict[str, Candidate]:
+    """The tasks of OSWorld-format task folders by id: each folder is a VeriGen output
+    folder (its tasks/) or a folder of task JSON files. A missing or empty folder, or a
+    task id in two files, raises ValueError."""
+    tasks: dict[str, Candidate] = {}
+    sources: dict[str, pathlib.Path] = {}
+    for folder in map(pathlib.Path, dirs):
+        if not folder.is_dir():
+            raise ValueError(f"task folder {folder} does not exist")
+        source = folder / "tasks" if (folder / "tasks").is_dir() else folder
+        candidates = _read_folder(source)
+        if not candidates:
+            raise ValueError(f"task folder {source} holds no task files (*.json)")
+        for candidate in candidates:
+            if candidate.id in tasks:
+                raise ValueError(f"task id {candidate.id!r} is in both {sources[candidate.id]} and {source}")
+            tasks[candidate.id], sources[candidate.id] = candidate, source
+    return tasks

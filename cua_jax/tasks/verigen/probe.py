@@ -71,11 +71,9 @@ class ProbeSession:
     def setup(self, task: Task, actions: list[str] = ()) -> None:
         """Run the task's setup steps, then replay `actions` (a trajectory prefix).
         Raises judges.SetupError naming the failing step."""
-        judges.run_steps(task.config, self._env.client, task.base_dir)
-        for index, text in enumerate(actions):
-            result = self.act(text)
-            if not result.ok:
-                raise judges.SetupError(f"replaying setup action {index} failed: {result.error}")
+        from cua_jax.envs.desktop_env import set_up_task
+
+        set_up_task(task, self._env.client, list(actions))
 
     def judge(self, task: Task) -> float:
         """The task's verdict on the current state; the Python judge runs inside the environment."""

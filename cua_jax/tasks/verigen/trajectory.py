@@ -1,31 +1,42 @@
 """Trajectory-guided synthesis (ScaleCUA §3.2, App. B.5).
 
 Failed tasks -> easier sub-tasks: find the earliest step where the agent departs from
-the goal (against a successful trajectory of the same task when one exists, otherwise
-by a judger call over the steps, or against the reference solution when no model is
-configured), and emit a sub-task whose setup is the state at that step (the task's setup
-plus a replay of the action prefix: metadata.setup_actions) and whose judge checks the
-sub-goal being worked on there.
+the goal (against the successful trajectories of the same task when there are any,
+otherwise by a judger call over the steps, or against the reference solution when no
+model is configured), and emit a sub-task whose setup is the state at that step (the
+task's setup plus a replay of the agent's own replies up to it: metadata.setup_actions)
+and whose judge checks the sub-goal being worked on there.
 
 Solved tasks -> harder tasks: cluster similar tasks of one application by instruction
 embedding, and compose pairs of compatible tasks into one multi-objective task whose
 instruction chains theirs and whose judge ANDs theirs (the minimum of their rewards).
+
+`from_run` does both for a training run: its episode log (cua_jax.observe.episode_log)
+gives the episodes and the real pass rates of the tasks it trained on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import logging
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 import numpy as np
 
 from cua_jax.envs import actions as A
+from cua_jax.observe import episode_log
+from cua_jax.observe.episode_log import EpisodeRecord
 from cua_jax.tasks.verigen.candidate import Candidate, Part
+from cua_jax.tasks.verigen.pipeline import ProposalError
 from cua_jax.tasks.verigen.similarity import threshold_clusters
-from cua_jax.types import Episode, EpisodeStatus
+from cua_jax.types import EpisodeStatus
 
 GUI_STEPS = ("open", "launch")
+
+log = logging.getLogger(__name__)
 
 
 def step_key(text: str) -> str:
@@ -46,10 +57,6 @@ def earliest_deviation(steps: list[str], reference: list[str]) -> int:
     return min(len(steps), len(reference))
 
 
-def episode_steps(episode: Episode) -> list[str]:
-    return [turn.response_text for turn in episode.turns]
-
-
 def deviation_by_judger(chat, candidate: Candidate, steps: list[str]) -> int:
     """Ask a judger model for the earliest off-goal step of a failed trajectory."""
     from cua_jax.tasks.verigen.llm import extract_json
@@ -64,11 +71,18 @@ def deviation_by_judger(chat, candidate: Candidate, steps: list[str]) -> int:
     return value
 
 
-def subtask_at(candidate: Candidate, deviation: int) -> Candidate | None:
+def subtask_at(candidate: Candidate, deviation: int, prefix: Sequence[str] | None = None) -> Candidate | None:
     """The easier task that starts at `deviation` of the reference solution and ends at
     the end of the sub-goal (part) being worked on there; None when there is nothing
-    easier (the deviation is at the very start of a single-goal task, or past the end)."""
+    easier (the deviation is at the very start of a single-goal task, or past the end).
+
+    prefix: the action texts that reach the deviation, replayed as the sub-task's setup
+    (an agent's own replies); the reference solution's first `deviation` steps by default.
+    """
     solution = candidate.solution
+    prefix = list(solution[:deviation] if prefix is None else prefix)
+    if len(prefix) != deviation:
+        raise ValueError(f"the prefix to the deviation at step {deviation} has {len(prefix)} steps")
     work = [i for i, text in enumerate(solution) if not A.is_terminal(A.parse_action(text))]
     if not work or deviation > work[-1]:
         return None
@@ -87,36 +101,54 @@ def subtask_at(candidate: Candidate, deviation: int) -> Candidate | None:
     task["evaluator"] = {**task["evaluator"], "code": part.code, "entry": part.entry}
     metadata = {**json.loads(json.dumps(candidate.metadata)), "family": "subtask", "augmentation": "trajectory_subtask",
                 "parent": candidate.id, "deviation_step": deviation, "difficulty": "easy",
-                "estimated_steps": len(steps),
-                "setup_actions": candidate.setup_actions + list(solution[:deviation])}
+                "estimated_steps": len(steps), "setup_actions": candidate.setup_actions + prefix}
+    if "stated" in metadata:  # the values of the other sub-goals are no longer the task's
+        metadata["stated"] = [v for v in metadata["stated"] if str(v) in part.instruction or str(v) in part.code]
     metadata.pop("spec", None)
     return Candidate(task, steps, metadata, [Part(part.instruction, part.code, part.entry, 0, len(steps))])
 
 
-def subtasks_from_failures(episodes: list[Episode], tasks: dict[str, Candidate], pass_rates: dict[str, float],
-                           judger_chat=None, max_pass_rate: float = 0.5) -> list[Candidate]:
+UNSOLVED = (EpisodeStatus.FAILURE, EpisodeStatus.NO_VERDICT)
+
+
+def subtasks_from_failures(records: Sequence[EpisodeRecord], tasks: Mapping[str, Candidate],
+                           pass_rates: Mapping[str, float], judger_chat=None, max_pass_rate: float = 0.5,
+                           max_tasks: int | None = None) -> list[Candidate]:
     """Sub-tasks of the tasks whose pass rate is at most `max_pass_rate`, one per distinct
-    deviation point of their failed episodes."""
-    by_task: dict[str, list[Episode]] = {}
-    for episode in episodes:
-        by_task.setdefault(episode.task_id, []).append(episode)
+    deviation point of their unsolved episodes, the hardest tasks' first (at most `max_tasks`).
+
+    The deviation is located in the reference solution, whose parts name the sub-goal: an
+    episode whose replies leave the reference solution's path before its deviation (it
+    followed a different successful path) gives no sub-task.
+    """
+    by_task: dict[str, list[EpisodeRecord]] = {}
+    for record in records:
+        by_task.setdefault(record.task_id, []).append(record)
+    failing = sorted((pass_rates.get(t, 0.0), t) for t in by_task
+                     if t in tasks and pass_rates.get(t, 0.0) <= max_pass_rate)
     out: dict[str, Candidate] = {}
-    for task_id, runs in sorted(by_task.items()):
-        if task_id not in tasks or pass_rates.get(task_id, 0.0) > max_pass_rate:
-            continue
-        candidate = tasks[task_id]
-        success = next((e for e in runs if e.status is EpisodeStatus.SUCCESS), None)
-        for episode in runs:
-            if episode.status is not EpisodeStatus.FAILURE:
+    for _, task_id in failing:
+        candidate, runs = tasks[task_id], by_task[task_id]
+        successes = [list(r.replies) for r in runs if r.status is EpisodeStatus.SUCCESS]
+        for record in runs:
+            if max_tasks is not None and len(out) >= max_tasks:
+                return list(out.values())
+            if record.status not in UNSOLVED:
                 continue
-            steps = episode_steps(episode)
-            if success is not None:
-                deviation = earliest_deviation(steps, episode_steps(success))
+            steps = list(record.replies)
+            if successes:  # where it leaves the successful path it followed longest
+                deviation = max(earliest_deviation(steps, success) for success in successes)
             elif judger_chat is not None:
-                deviation = deviation_by_judger(judger_chat, candidate, steps)
+                try:
+                    deviation = deviation_by_judger(judger_chat, candidate, steps)
+                except (ValueError, ProposalError) as error:  # an unusable reply costs one episode, not the run
+                    log.warning("no deviation for episode %s of %s: %s", record.episode_id, task_id, error)
+                    continue
             else:
                 deviation = earliest_deviation(steps, candidate.solution)
-            sub = subtask_at(candidate, deviation)
+            if earliest_deviation(steps[:deviation], candidate.solution) < deviation:
+                continue
+            sub = subtask_at(candidate, deviation, steps[:deviation])
             if sub is not None:
                 out.setdefault(sub.id, sub)
     return list(out.values())
@@ -184,15 +216,42 @@ def compose_solved(tasks: list[Candidate], pass_rates: dict[str, float], embed: 
     return out
 
 
-def pass_rates_of(episodes: list[Episode]) -> dict[str, float]:
-    """Per-task pass rates of judged episodes (quarantined and no-verdict ones are left out)."""
-    counts: dict[str, list[int]] = {}
-    for episode in episodes:
-        if episode.status in (EpisodeStatus.SUCCESS, EpisodeStatus.FAILURE):
-            counts.setdefault(episode.task_id, []).append(int(episode.status is EpisodeStatus.SUCCESS))
-    return {task_id: sum(v) / len(v) for task_id, v in counts.items()}
-
-
 def describe(candidates: list[Candidate]) -> list[dict[str, Any]]:
     return [{"id": c.id, "augmentation": c.metadata.get("augmentation"), "instruction": c.instruction}
             for c in candidates]
+
+
+@dataclasses.dataclass
+class RunSynthesis:
+    """What trajectory-guided synthesis made of a training run: the real pass rates of
+    its tasks, sub-tasks of the failed ones, harder tasks composed from the solved ones,
+    and the ids of logged tasks missing from the loaded tasks."""
+
+    pass_rates: dict[str, float]
+    subtasks: list[Candidate]
+    composed: list[Candidate]
+    unknown_tasks: list[str]
+
+
+def from_run(records: Sequence[EpisodeRecord], tasks: Mapping[str, Candidate],
+             embed: Callable[[list[str]], np.ndarray], judger_chat=None, max_pass_rate: float = 0.5,
+             min_pass_rate: float = 0.8, threshold: float = 0.6, max_subtasks: int = 20,
+             max_composed: int = 10) -> RunSynthesis:
+    """Sub-tasks of the run's failed tasks (pass rate <= max_pass_rate) from their unsolved
+    episodes, and tasks composed from its solved ones (pass rate >= min_pass_rate).
+
+    records: the run's episode log; tasks: the tasks it trained on, by id."""
+    if not 0.0 <= max_pass_rate < min_pass_rate <= 1.0:
+        raise ValueError(f"need 0 <= max_pass_rate < min_pass_rate <= 1, got {max_pass_rate} and {min_pass_rate}")
+    if not records:
+        raise ValueError("the episode log holds no episodes")
+    rates = episode_log.pass_rates(records)
+    logged = sorted({r.task_id for r in records})
+    unknown = [t for t in logged if t not in tasks]
+    if len(unknown) == len(logged):
+        raise ValueError(f"none of the {len(logged)} tasks of the episode log is among the {len(tasks)} loaded "
+                         f"tasks (e.g. {unknown[:3]}): are the task folders the run's?")
+    subtasks = subtasks_from_failures(records, tasks, rates, judger_chat, max_pass_rate, max_subtasks)
+    composed = compose_solved([tasks[t] for t in logged if t in tasks], rates, embed, min_pass_rate, threshold,
+                              max_composed)
+    return RunSynthesis(rates, subtasks, composed, unknown)

@@ -1,0 +1,112 @@
+"""The environment contract: what the agent loop drives, whatever the environment is.
+
+    start = await env.reset(task, seed)           -> EnvReset: instruction, first observation
+    step  = await env.step(action)                -> EnvTransition: next observation, reward,
+                                                     and once it ended the Outcome (verdict,
+                                                     declared end, or a quarantining Fault)
+    await env.close()
+
+A group that starts from one state (`AgentConfig.group_start = "shared"`): one environment
+resets, `shared_state()` captures where it stands before any action, and the group's other
+environments `reset_to(task, seed, state)` from it.
+
+Faults are attributed where they happen: a reset that the infrastructure failed raises
+`EnvironmentFault` (its `Fault` names the kind: browser crashed, container exited, setup
+failed, ...); a step never raises for the infrastructure, it returns a transition whose
+outcome is QUARANTINED and whose `fault` says why. Anything else an adapter raises is a bug
+in this library and propagates (`faults.classify_environment_error` draws that line).
+
+Adapters: `cua_jax.envs.capsule_env.MiniWoBEnvironment` (MiniWoB++ in a capsule of a shared
+browser) and `cua_jax.envs.desktop_env.DesktopEnvironment` (a task of OSWorld's format on a
+pooled Docker desktop).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from cua_jax.envs import actions as A
+from cua_jax.envs.faults import Fault, Outcome
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvObservation:
+    """What the agent sees at a turn: screenshots (uint8 [H, W, 3]) and the text beside them."""
+
+    images: tuple[np.ndarray, ...]
+    text: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvReset:
+    """The start of an episode: the task's instruction and the first observation.
+
+    screen_size: (width, height) of the screen the coordinates refer to; None: the first
+    screenshot's. A text-only observation (no screenshot) must give it.
+    """
+
+    instruction: str
+    observation: EnvObservation
+    screen_size: tuple[int, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvTransition:
+    """One environment step.
+
+    observation: the next observation (None once the episode ended).
+    reward: the step's reward (0 until the end for sparse-reward tasks).
+    outcome: set when the episode ended (verdict, declared end, or a quarantining fault).
+    fault: the infrastructure fault that quarantined the episode (its kind and detail).
+    info: environment-specific details (MiniWoB's raw / time-scaled reward and reason).
+    """
+
+    observation: EnvObservation | None
+    reward: float = 0.0
+    outcome: Outcome | None = None
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    fault: Fault | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+
+class EnvironmentFault(Exception):
+    """An infrastructure fault outside a step (setup, reset): the episode is quarantined."""
+
+    def __init__(self, fault: Fault):
+        super().__init__(fault.reason)
+        self.fault = fault
+
+
+class AgentEnvironment(abc.ABC):
+    """One environment the agent loop drives, one episode at a time (see the module doc)."""
+
+    @abc.abstractmethod
+    async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
+        """Start an episode of `task` (its type is the environment's: a MiniWoB task name, a
+        desktop `Task`). Raises EnvironmentFault when the infrastructure fails to set it up,
+        ValueError for a task the environment does not know."""
+
+    @abc.abstractmethod
+    async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
+        """Perform `action`; an InvalidAction is not performed, its message is the feedback."""
+
+    async def shared_state(self) -> Any:
+        """A handle on the state the last reset reached, before any step, from which
+        `reset_to` starts other environments of the same kind. Raises EnvironmentFault when
+        the infrastructure fails to capture it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot share its start state")
+
+    async def reset_to(self, task: Any, seed: int | None, state: Any) -> EnvReset:
+        """Start an episode of `task` from `state` (another environment's `shared_state()`);
+        the first observation equals that environment's. Raises as `reset` does."""
+        raise NotImplementedError(f"{type(self).__name__} cannot start from a shared state")
+
+    async def close(self) -> None:
+        """Release what the environment holds."""

@@ -1,0 +1,102 @@
+"""One training step's rollout groups: task draws, group seeds and ids, runs on a rollout worker,
+DTAC replay swaps and DAPO rounds, and the sampler's statistics (`GroupCollector`).
+
+Every draw is a function of (the run's base key, the step), and group ids count up from the
+collector's `next_group_id`, so a run restored with the sampler's state and these counters
+collects what the uninterrupted run did. The collector is shared by async mode's rollout
+threads: the sampler and the id counter sit behind one lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from cua_jax.tasks.dynamic_sampling import collect_informative_groups
+from cua_jax.tasks.pool import GroupOutcome
+from cua_jax.tasks.sampler_interface import TaskSampler
+from cua_jax.train.groups import CollectedGroup, draw_group_seeds, group_from_rollouts, group_outcome, swap_in_replay
+
+# Calibration's rollouts draw their seeds from a stream of their own, apart from the steps'.
+_CALIBRATION_STREAM = 1_000_003
+
+
+class GroupCollector:
+    """Draws tasks with `sampler` and runs their groups on rollout workers.
+
+    settings: the run's `TrainSettings` (batch size, group size, training seeds, DTAC / DAPO).
+    base_key: the run's base PRNG key; step s draws with fold_in(base_key, s).
+    default_worker: where calibration's rollouts and unassigned steps run.
+    """
+
+    def __init__(self, settings, base_key: jax.Array, default_worker: Any):
+        self.settings = settings
+        self.config = settings.config
+        self.base_key = base_key
+        self.default_worker = default_worker
+        self.sampler: TaskSampler | None = None
+        self.next_group_id = 0
+        # Reentrant: under DAPO, collect() holds it across its rounds, whose group runs take it
+        # again for group ids.
+        self.lock = threading.RLock()
+
+    def _group_seeds(self, key: jax.Array, count: int) -> list[int]:
+        return draw_group_seeds(key, count, self.config.env.train_seeds, self.config.env.train_seed_max)
+
+    def run_groups(self, worker: Any, task_ids: Sequence[str], key: jax.Array) -> list[CollectedGroup]:
+        """One training group per task id on `worker`, with fresh group ids and seeds from `key`."""
+        with self.lock:
+            first = self.next_group_id
+            self.next_group_id += len(task_ids)
+        requests = [(task_id, seed, first + k) for k, (task_id, seed)
+                    in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))]
+        results = worker.run_groups(requests, self.config.rollout.group_size)
+        return [group_from_rollouts(gid, task_id, rollouts) for (task_id, _, gid), rollouts in zip(requests, results)]
+
+    def run_outcome_groups(self, task_ids: Sequence[str], group_size: int) -> list[GroupOutcome]:
+        """Calibration's rollouts (`RunGroups`): groups of `group_size`, outcomes only."""
+        key = jax.random.fold_in(jax.random.fold_in(self.base_key, _CALIBRATION_STREAM), self.sampler.step)
+        requests = [(task_id, seed, -1 - k) for k, (task_id, seed)
+                    in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))]
+        results = self.default_worker.run_groups(requests, group_size)
+        return [group_outcome(group_from_rollouts(gid, task_id, rollouts), keep_success=False)
+                for (task_id, _, gid), rollouts in zip(requests, results)]
+
+    def collect(self, step: int, worker: Any = None) -> tuple[list[CollectedGroup], dict[str, float]]:
+        """Step `step`'s rollout groups: draw, run, replay; the sampler's statistics are updated.
+        Returns the groups and the step's DAPO metrics (none without DAPO)."""
+        worker = worker or self.default_worker
+        draw_key, seed_key = jax.random.split(jax.random.fold_in(self.base_key, step))
+        keep_success = self.settings.sampler_kind == "dtac"
+        batch_tasks, n = self.config.rollout.batch_tasks, self.config.rollout.group_size
+        if self.settings.dynamic is not None:
+            ran: dict[str, CollectedGroup] = {}
+            rounds = [0]
+
+            def run_round(task_ids, group_size):
+                rounds[0] += 1
+                groups = self.run_groups(worker, task_ids, jax.random.fold_in(seed_key, rounds[0]))
+                ran.update({g.task_id: g for g in groups})
+                return [group_outcome(g, keep_success) for g in groups]
+
+            with self.lock:
+                dynamic = collect_informative_groups(draw_key, self.sampler, run_round, batch_tasks, n,
+                                                     self.settings.dynamic)
+            groups = [ran[o.task_id] for o in dynamic.groups]
+            for replay in dynamic.replays:
+                swap_in_replay(groups[replay.group_index], replay.trajectory)
+            extra = {"dapo/dropped_groups": float(len(dynamic.dropped)), "dapo/rounds": float(dynamic.rounds),
+                     "dapo/missing_groups": float(dynamic.missing), "dapo/rollouts": float(dynamic.rollouts)}
+            return groups, extra
+        with self.lock:
+            task_ids = self.sampler.sample(draw_key, batch_tasks)
+        groups = self.run_groups(worker, task_ids, seed_key)
+        outcomes = [group_outcome(g, keep_success) for g in groups]
+        with self.lock:
+            for replay in self.sampler.assign_replays(outcomes):
+                swap_in_replay(groups[replay.group_index], replay.trajectory)
+            self.sampler.update(outcomes)
+        return groups, {}
