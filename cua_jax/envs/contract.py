@@ -4,6 +4,7 @@
     step  = await env.step(action)                -> EnvTransition: next observation, reward,
                                                      and once it ended the Outcome (verdict,
                                                      declared end, or a quarantining Fault)
+    await env.end_episode()                       the loop is done with it, however it ended
     await env.close()
 
 A group that starts from one state (`AgentConfig.group_start = "shared"`): one environment
@@ -16,7 +17,8 @@ failed, ...); a step never raises for the infrastructure, it returns a transitio
 outcome is QUARANTINED and whose `fault` says why. Anything else an adapter raises is a bug
 in this library and propagates (`faults.classify_environment_error` draws that line).
 
-Adapters: `cua_jax.envs.capsule_env.MiniWoBEnvironment` (MiniWoB++ in a capsule of a shared
+`EnvironmentWrapper` passes the contract through to a wrapped environment (fault injection,
+added latency override what they change). Adapters: `cua_jax.envs.capsule_env.MiniWoBEnvironment` (MiniWoB++ in a capsule of a shared
 browser) and `cua_jax.envs.desktop_env.DesktopEnvironment` (a task of OSWorld's format on a
 pooled Docker desktop).
 """
@@ -108,5 +110,37 @@ class AgentEnvironment(abc.ABC):
         the first observation equals that environment's. Raises as `reset` does."""
         raise NotImplementedError(f"{type(self).__name__} cannot start from a shared state")
 
+    async def end_episode(self) -> None:
+        """The agent loop is done with the current episode, however it ended (a verdict, a
+        budget, the policy's failure, an engine fault): release what only a running episode
+        holds (a desktop's container). Idempotent; the next reset starts afresh either way."""
+
     async def close(self) -> None:
         """Release what the environment holds."""
+
+
+class EnvironmentWrapper(AgentEnvironment):
+    """An environment around another (`env`), passing every call through: subclasses override
+    what they change (fault injection, added latency) and keep the rest of the contract."""
+
+    def __init__(self, env: AgentEnvironment):
+        self.env = env
+
+    async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
+        return await self.env.reset(task, seed)
+
+    async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
+        return await self.env.step(action)
+
+    async def shared_state(self) -> Any:
+        return await self.env.shared_state()
+
+    async def reset_to(self, task: Any, seed: int | None, state: Any) -> EnvReset:
+        return await self.env.reset_to(task, seed, state)
+
+    async def end_episode(self) -> None:
+        await self.env.end_episode()
+
+    async def close(self) -> None:
+        await self.env.close()
+

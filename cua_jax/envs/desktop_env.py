@@ -253,6 +253,11 @@ class DesktopEnvironment(AgentEnvironment):
             return await self._finish()
         return EnvTransition(self._observation(observation))
 
-    async def close(self) -> None:
+    async def end_episode(self) -> None:
+        """Releases the container of an episode the agent loop ended on its own (a budget, the
+        policy's failure): its outcome is the loop's, the judge does not run."""
         if self.episode is not None and self.episode.outcome is None:
             await asyncio.to_thread(self.episode.finish)
+
+    async def close(self) -> None:
+        await self.end_episode()

@@ -500,7 +500,15 @@ class AgentLoop:
 
     async def _run_episode(self, env, start_episode, task_id, seed, group_id, episode_id,
                            batcher: GenerationBatcher) -> Rollout:
-        """One episode on `env`, begun by `start_episode()` (an EnvReset, or EnvironmentFault)."""
+        """One episode on `env`, begun by `start_episode()` (an EnvReset, or EnvironmentFault);
+        the environment hears that it ended (`end_episode`), however it ended."""
+        try:
+            return await self._play(env, start_episode, task_id, seed, group_id, episode_id, batcher)
+        finally:
+            await env.end_episode()
+
+    async def _play(self, env, start_episode, task_id, seed, group_id, episode_id,
+                    batcher: GenerationBatcher) -> Rollout:
         clock = _Clock()
         episode = Episode(episode_id=episode_id, task_id=task_id, group_id=group_id, instruction="", turns=[])
         try:

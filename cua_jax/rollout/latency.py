@@ -34,7 +34,7 @@ import numpy as np
 from jax.scipy.special import ndtri
 
 from cua_jax.envs import actions as A
-from cua_jax.envs.contract import AgentEnvironment, EnvReset, EnvTransition
+from cua_jax.envs.contract import AgentEnvironment, EnvironmentWrapper, EnvReset, EnvTransition
 
 # The key of a step's injected delay (seconds) in `EnvTransition.info`, hence in `Turn.info`.
 DELAY_INFO_KEY = "injected_delay_s"
@@ -105,7 +105,7 @@ class DelaySampler:
         return float(self.distribution.sample(self._rng))
 
 
-class LatencyEnvironment(AgentEnvironment):
+class LatencyEnvironment(EnvironmentWrapper):
     """`env` with a drawn delay slept before every step (and every reset when `delay_reset`).
 
     The step's delay is recorded in its transition's info under DELAY_INFO_KEY; counters
@@ -115,7 +115,7 @@ class LatencyEnvironment(AgentEnvironment):
     """
 
     def __init__(self, env: AgentEnvironment, sampler: DelaySampler, *, delay_reset: bool = False):
-        self.env = env
+        super().__init__(env)
         self.sampler = sampler
         self.delay_reset = delay_reset
         self.resets = 0
@@ -134,9 +134,6 @@ class LatencyEnvironment(AgentEnvironment):
             await self._sleep()
         return await self.env.reset(task, seed)
 
-    async def shared_state(self) -> Any:
-        return await self.env.shared_state()
-
     async def reset_to(self, task: Any, seed: int | None, state: Any) -> EnvReset:
         self.resets += 1
         if self.delay_reset:
@@ -148,9 +145,6 @@ class LatencyEnvironment(AgentEnvironment):
         delay = await self._sleep()
         transition = await self.env.step(action)
         return dataclasses.replace(transition, info={**transition.info, DELAY_INFO_KEY: delay})
-
-    async def close(self) -> None:
-        await self.env.close()
 
 
 class LatencyWrapper:

@@ -64,6 +64,9 @@ class CountingEnv(AgentEnvironment):
     async def step(self, action):
         return EnvTransition(None, 1.0, episode_outcome(verdict=1.0))
 
+    async def end_episode(self):
+        self.calls.append("end_episode")
+
 
 @pytest.mark.parametrize("group_start", ["fresh", "shared"])
 def test_shared_start_resets_one_environment_and_starts_the_others_from_it(renderer, group_start):
@@ -74,11 +77,11 @@ def test_shared_start_resets_one_environment_and_starts_the_others_from_it(rende
     firsts = [r.episode.turns[0].images[0] for r in rollouts]
     assert [r.episode.status for r in rollouts] == [EpisodeStatus.SUCCESS] * 4
     if group_start == "shared":
-        assert envs[0].calls == ["reset", "shared_state"]
-        assert all(env.calls == ["reset_to"] for env in envs[1:])
+        assert envs[0].calls == ["reset", "shared_state", "end_episode"]
+        assert all(env.calls == ["reset_to", "end_episode"] for env in envs[1:])
         assert all(np.array_equal(first, firsts[0]) for first in firsts)
     else:
-        assert all(env.calls == ["reset"] for env in envs)
+        assert all(env.calls == ["reset", "end_episode"] for env in envs)
         assert len({int(first[0, 0, 0]) for first in firsts}) == 4
 
 
@@ -90,7 +93,7 @@ def test_a_failed_first_start_quarantines_its_episode_and_the_others_reset_on_th
     assert rollouts[0].episode.status is EpisodeStatus.QUARANTINED
     assert rollouts[0].episode.quarantine_reason.startswith(FaultKind.SETUP_FAILED.value)
     assert [r.episode.status for r in rollouts[1:]] == [EpisodeStatus.SUCCESS] * 2
-    assert all(env.calls == ["reset"] for env in envs)
+    assert all(env.calls == ["reset", "end_episode"] for env in envs)
 
 
 def test_group_start_is_checked():

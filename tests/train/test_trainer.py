@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from cua_jax.envs.contract import AgentEnvironment
+from cua_jax.envs.contract import EnvironmentWrapper
 from cua_jax.observe.metrics import TIMING_PREFIX
 from cua_jax.train.trainer import Trainer
 from cua_jax.types import EpisodeStatus
@@ -37,16 +37,13 @@ def tiny_config(workdir, **train):
     return c
 
 
-class CapsuleClosingEnvironment(AgentEnvironment):
+class CapsuleClosingEnvironment(EnvironmentWrapper):
     """A MiniWoB environment whose capsule is closed under the running episode when armed:
     a real infrastructure fault (the runtime no longer knows the environment)."""
 
     def __init__(self, env):
-        self.env = env
+        super().__init__(env)
         self.armed = False
-
-    async def reset(self, task, seed=None):
-        return await self.env.reset(task, seed)
 
     async def step(self, action):
         if not self.armed:
@@ -56,9 +53,6 @@ class CapsuleClosingEnvironment(AgentEnvironment):
         transition = await self.env.step(action)
         self.env.env_id = None  # the next reset builds a fresh capsule
         return transition
-
-    async def close(self):
-        await self.env.close()
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from cua_jax.envs import actions as A
-from cua_jax.envs.contract import AgentEnvironment
+from cua_jax.envs.contract import EnvironmentWrapper
 from cua_jax.rollout.engine import FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.tasks.schema import load_suite
 from cua_jax.tasks.suites.desktop.solutions import SOLUTIONS, SUITE_DIR, WRONG_SOLUTIONS
@@ -102,23 +102,11 @@ class ScriptedEngine(RolloutEngine):
         return self.policy.health()
 
 
-class KillFirstStepOf(AgentEnvironment):
+class KillFirstStepOf(EnvironmentWrapper):
     """SIGKILLs the container under the first step of the first desktop episode of `task_id`
     (as an OOM kill or a crash would), then steps as usual."""
 
     armed = {"left": 1}
-
-    def __init__(self, env):
-        self.env = env
-
-    async def reset(self, task, seed=None):
-        return await self.env.reset(task, seed)
-
-    async def shared_state(self):
-        return await self.env.shared_state()
-
-    async def reset_to(self, task, seed, state):
-        return await self.env.reset_to(task, seed, state)
 
     async def step(self, action):
         episode = getattr(self.env, "episode", None)
@@ -126,9 +114,6 @@ class KillFirstStepOf(AgentEnvironment):
             self.armed["left"] -= 1
             self.env.pool.docker.api.kill(episode.env.container_id)
         return await self.env.step(action)
-
-    async def close(self):
-        await self.env.close()
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +216,10 @@ def test_training_on_a_folder_verigen_synthesized(verigen_folder, tmp_path):
     config.env.desktop.screen = "800x500"
     with Trainer(config) as trainer:
         worker = trainer.workers[0]
-        scripts = {task_id: (c.solution, [A.render_action(A.Done())]) for task_id, c in accepted.items()}
+        # The wrong script never ends: its episodes run out of turns (no verdict), and must give
+        # their containers back for the next group (the pool holds one group at a time).
+        idle = [A.render_action(A.Wait(0.1))] * config.rollout.max_turns
+        scripts = {task_id: (c.solution, idle) for task_id, c in accepted.items()}
         worker.train_loop.engine = ScriptedEngine(worker.train_loop.engine, None, trainer.tokenizer,
                                                   trainer.renderer.end_of_turn_id,
                                                   [trainer.settings.catalog[t].spec for t in accepted], scripts)
@@ -243,6 +231,6 @@ def test_training_on_a_folder_verigen_synthesized(verigen_folder, tmp_path):
     statuses = {}
     for episode in trainer.last_batch.episodes.values():
         statuses.setdefault(episode.task_id, []).append(episode.status.value)
-    # Each synthesized task's in-container judge scored its reference solution 1 and giving up 0.
-    assert {t: sorted(v) for t, v in statuses.items()} == {t: ["failure", "success"] for t in accepted}
+    # Each synthesized task's in-container judge scored its reference solution 1; idling ran out of turns.
+    assert {t: sorted(v) for t, v in statuses.items()} == {t: ["no_verdict", "success"] for t in accepted}
 

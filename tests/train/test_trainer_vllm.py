@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from cua_jax.context.tokenizer import VOCAB_SIZE, save_tokenizer_and_processor
-from cua_jax.envs.contract import AgentEnvironment
+from cua_jax.envs.contract import EnvironmentWrapper
 from cua_jax.train.build import ENGINE_MODEL_DIR
 from cua_jax.train.settings import ConfigError, TrainSettings
 from cua_jax.train.trainer import Trainer
@@ -54,16 +54,13 @@ def transformers_qwen3_directory(directory) -> str:
     return str(directory)
 
 
-class EngineKillingEnvironment(AgentEnvironment):
+class EngineKillingEnvironment(EnvironmentWrapper):
     """Kills the engine actor `actor` (Ray restarts it) during the first step after being armed:
     the episodes' next generations find their engine dead."""
 
     def __init__(self, env, killer):
-        self.env = env
+        super().__init__(env)
         self.killer = killer
-
-    async def reset(self, task, seed=None):
-        return await self.env.reset(task, seed)
 
     async def step(self, action):
         if self.killer.get("actor") is not None:
@@ -72,9 +69,6 @@ class EngineKillingEnvironment(AgentEnvironment):
             actor, self.killer["actor"] = self.killer["actor"], None
             ray.kill(actor, no_restart=False)
         return await self.env.step(action)
-
-    async def close(self):
-        await self.env.close()
 
 
 def text_config(workdir, init_from):
