@@ -41,8 +41,9 @@ else
   _platform=cpu
 fi
 _reqs=("$CUA_JAX_ROOT/requirements.txt" "$CUA_JAX_ROOT/requirements-$_platform.txt")
+_reqs_nodeps="$CUA_JAX_ROOT/requirements-nodeps.txt"
 _python="${CUA_JAX_BASE_PYTHON:-python3}"
-_hash="$( { cat "${_reqs[@]}"; "$_python" --version; echo "$_platform uninstall:torchvision,torchaudio,torchcodec"; } | sha256sum | cut -c1-16)"
+_hash="$( { cat "${_reqs[@]}" "$_reqs_nodeps"; "$_python" --version; echo "$_platform uninstall:torchvision,torchaudio,torchcodec"; } | sha256sum | cut -c1-16)"
 CUA_JAX_VENV="$CUA_JAX_CACHE/venv-$_platform-$_hash"
 if [ ! -f "$CUA_JAX_VENV/.complete" ]; then
   _log "creating virtualenv $CUA_JAX_VENV (this takes a few minutes once)"
@@ -51,11 +52,12 @@ if [ ! -f "$CUA_JAX_VENV/.complete" ]; then
   "$CUA_JAX_VENV/bin/pip" install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
   # The torch pin is installed first so that nothing later pulls another build.
   "$CUA_JAX_VENV/bin/pip" install -q --progress-bar off "${_reqs[@]/#/-r}" 2>&1 | grep -v "is ignored" || true
+  "$CUA_JAX_VENV/bin/pip" install -q --progress-bar off --no-deps -r "$_reqs_nodeps" 2>&1 | grep -v "is ignored" || true
   if [ "$_platform" = cpu ]; then
     # PyPI's builds of these do not match torch 2.13+cpu and break `import transformers`.
     "$CUA_JAX_VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   fi
-  "$CUA_JAX_VENV/bin/python" -c "import jax, flax, optax, transformers, ray, playwright, docker" \
+  "$CUA_JAX_VENV/bin/python" -c "import jax, flax, optax, transformers, ray, playwright, docker, openpyxl, docx, pptx, pypdf, desktop_env" \
     || { _log "virtualenv check failed"; exit 1; }
   touch "$CUA_JAX_VENV/.complete"
 fi
