@@ -175,7 +175,8 @@ class EnvClient:
         return self._json("GET", "/accessibility")["AT"]
 
     def execute(self, command: str | list[str], shell: bool = False, timeout: float = 60.0) -> dict[str, Any]:
-        """Run a command to completion: {status, output, error, returncode}."""
+        """Run a command to completion: {status, output, error, returncode}; status is
+        "success" once it ran, whatever its exit status (OSWorld's meaning)."""
         return self._json("POST", "/execute", {"command": command, "shell": shell, "timeout": timeout},
                           timeout=timeout + 10)
 
@@ -184,6 +185,7 @@ class EnvClient:
         return self._json("POST", "/run_python", {"code": code, "timeout": timeout}, timeout=timeout + 10)
 
     def run_bash_script(self, script: str, timeout: float = 60.0, working_dir: str | None = None) -> dict[str, Any]:
+        """Run a bash script: {status, output (stdout and stderr merged), error: "", returncode}."""
         body = {"script": script, "timeout": timeout, "working_dir": working_dir}
         return self._json("POST", "/run_bash_script", body, timeout=timeout + 10)
 
@@ -205,8 +207,12 @@ class EnvClient:
     def open_file(self, path: str, timeout: float = 60.0) -> None:
         self._json("POST", "/setup/open_file", {"path": path, "timeout": timeout}, timeout=timeout + 10)
 
-    def list_directory(self, path: str, depth: int = 3) -> dict[str, Any]:
-        return self._json("POST", "/list_directory", {"path": path, "depth": depth})
+    def list_directory(self, path: str, depth: int | None = 3) -> dict[str, Any]:
+        """The tree under `path`, `depth` levels deep (None: every level), in OSWorld's shape:
+        {type: "directory", name, children: [...]}, files as {type: "file", name}; a directory
+        at the depth limit has no "children"."""
+        body: dict[str, Any] = {"path": path} if depth is None else {"path": path, "depth": depth}
+        return self._json("POST", "/list_directory", body)["directory_tree"]
 
     # ---- actions of the grammar -----------------------------------------------------
     def step(self, action: A.Action, screenshot: bool = True, timeout: float | None = None) -> StepResult:

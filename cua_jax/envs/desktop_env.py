@@ -34,11 +34,12 @@ log = logging.getLogger(__name__)
 
 
 def set_up_task(task: Task, client: EnvClient, setup_actions: list[str] | None = None) -> None:
-    """The task's whole setup on `client`'s environment: its `config` steps, then the action
-    texts `setup_actions` (None: the task file's `metadata.setup_actions`: a synthesized
-    sub-task starts where a trajectory prefix left the screen). A terminal action replays as
-    nothing. judges.SetupError names the failing step or action."""
-    judges.run_steps(task.config, client, task.base_dir)
+    """The task's whole setup on `client`'s environment: whether the environment can run it
+    at all (cua_jax.tasks.runnable), its `config` steps, then the action texts `setup_actions`
+    (None: the task file's `metadata.setup_actions`: a synthesized sub-task starts where a
+    trajectory prefix left the screen). A terminal action replays as nothing.
+    judges.SetupError names the failing step or action, or why the task cannot run here."""
+    judges.set_up(task, client)
     if setup_actions is None:
         setup_actions = (task.raw.get("metadata") or {}).get("setup_actions", [])
     for index, text in enumerate(setup_actions):

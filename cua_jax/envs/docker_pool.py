@@ -10,11 +10,17 @@ Each environment is one container of the desktop image, run with no network
         env = pool.acquire()         # a ready, healthy environment (PooledEnv)
         env.client.step(action)      # EnvClient: OSWorld endpoints + our actions
         fault = pool.diagnose(env)   # None, or why the environment broke (faults.Fault)
+        host, port = pool.osworld_endpoint(env)  # for OSWorld's PythonController, unchanged
         pool.release(env)            # reset (recreate or restart) in the background
 
 The pool is safe to use from many threads at once; `acquire_async` / `release_async`
 serve asyncio code. A released environment is reset before anyone gets it again; an
 unhealthy one is replaced by a fresh container.
+
+`osworld_endpoint(env)` opens, on request, a loopback TCP endpoint that forwards to the
+environment's Unix socket without a token (cua_jax.envs.osworld_bridge says why), so an
+OSWorld agent's `PythonController(host, port)` drives it as it is. The endpoint closes
+with its environment (a recreate, a replacement, or `close()`); a restart keeps it.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import docker.errors
 
 from cua_jax.envs.client import EnvClient
 from cua_jax.envs.faults import Fault, FaultKind, container_fault
+from cua_jax.envs.osworld_bridge import LoopbackBridge
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +127,7 @@ class DockerEnvPool:
             max_workers=max(2, config.size), thread_name_prefix=f"cua-pool-{self.pool_id}")
         self._closed = threading.Event()
         self._monitor: threading.Thread | None = None
+        self._bridges: dict[str, LoopbackBridge] = {}  # container id -> its OSWorld endpoint
         self.counters = {"started": 0, "replaced": 0, "resets": 0, "failed_starts": 0}
 
     # ---- Docker plumbing ------------------------------------------------------------
@@ -199,6 +207,7 @@ class DockerEnvPool:
             return "(no logs)"
 
     def _remove(self, env: PooledEnv) -> None:
+        self._close_bridge(env.container_id)
         try:
             self.docker.api.remove_container(env.container_id, force=True)
         except docker.errors.NotFound:
@@ -252,6 +261,9 @@ class DockerEnvPool:
                 pass
         with self._lock:
             self._envs.clear()
+            bridges = list(self._bridges)
+        for container_id in bridges:
+            self._close_bridge(container_id)
         if self._own_socket_root:
             shutil.rmtree(self.socket_root, ignore_errors=True)
 
@@ -359,6 +371,28 @@ class DockerEnvPool:
             self._idle.put(env)
             return
         log.error("slot %d is lost after %d attempts; the pool runs one short", slot, attempts)
+
+    # ---- OSWorld's client -------------------------------------------------------------
+    def osworld_endpoint(self, env: PooledEnv) -> tuple[str, int]:
+        """(host, port) of a loopback TCP endpoint (127.0.0.1) forwarding to `env`'s server
+        without a token, for OSWorld's `PythonController(host, port)`. Opened on the first
+        call (the same endpoint afterwards); closed when the environment is recreated,
+        replaced or the pool closes."""
+        with self._lock:
+            if self._closed.is_set():
+                raise PoolError("the pool is closed")
+            bridge = self._bridges.get(env.container_id)
+            if bridge is None:
+                if self._envs.get(env.slot) is not env:
+                    raise PoolError(f"{env.name} is no longer one of this pool's environments")
+                bridge = self._bridges[env.container_id] = LoopbackBridge(env.socket_path)
+            return bridge.address
+
+    def _close_bridge(self, container_id: str) -> None:
+        with self._lock:
+            bridge = self._bridges.pop(container_id, None)
+        if bridge is not None:
+            bridge.close()
 
     # ---- health -------------------------------------------------------------------------
     def diagnose(self, env: PooledEnv) -> Fault | None:

@@ -4,12 +4,22 @@ OSWorld's evaluator: reward = metric(result_getter(env, result), expected_getter
 expected), **options), combined over several metrics by `conj` ("and": 0 as soon as
 one metric is 0, else their mean; "or": 1 as soon as one is 1, else their maximum).
 
-Metrics are plain functions of host-side values (file paths, strings, rule dicts) and
-never execute task-supplied code. A Python judge (`python_judge`, ScaleCUA App. B) runs
-inside the environment through /run_python with a timeout, never in this process.
+Metrics (cua_jax.tasks.metrics, dispatched through its registry) are plain functions of
+host-side values (file paths, strings, rule dicts) and never execute task-supplied code;
+one OSWorld defines but this project does not implement raises JudgeError. A Python judge
+(`python_judge`, ScaleCUA App. B) runs inside the environment through /run_python with a
+timeout, never in this process.
+
+Setup (`set_up`): first whether the environment can run the task at all
+(cua_jax.tasks.runnable: its apps, no network, implemented steps / getters / metrics),
+then its `config` steps as OSWorld runs them (`run_steps`; files come from the host:
+local paths, loopback URLs or the download mirror). The evaluator's `postconfig` steps
+run before judging; there, as in OSWorld, a command's exit status reports on the agent's
+work instead of failing the step (run_steps says which failures fail where).
 
 Errors are sorted for fault attribution (cua_jax.envs.faults):
-    SetupError   a setup step failed (the task could not be prepared): quarantine.
+    SetupError   a setup step failed, or the task cannot run in this environment
+                 (the reason says why: "needs app: thunderbird"): quarantine.
     JudgeError   the judge itself broke (bad rules, crashing judge code): quarantine.
     EnvError     (cua_jax.envs.client) the environment broke: quarantine.
 A missing result file or a wrong value is the agent's doing and simply scores 0.
@@ -17,39 +27,80 @@ A missing result file or a wrong value is the agent's doing and simply scores 0.
 
 from __future__ import annotations
 
+import base64
+import collections
 import csv
+import datetime
 import hashlib
 import json
-import math
+import logging
+import os
 import pathlib
-import re
+import posixpath
 import shutil
 import time
 import urllib.parse
 import urllib.request
 import zipfile
-from typing import Any, Callable
+from typing import Any
 from xml.etree import ElementTree
 
 from cua_jax.envs import actions as A
 from cua_jax.envs.client import EnvClient, EnvError, EnvRequestError
-from cua_jax.tasks.schema import GETTERS, METRICS, Check, Getter, Step, Task
+from cua_jax.tasks import metrics
+from cua_jax.tasks.metrics import JudgeError  # raised by the metrics too
+from cua_jax.tasks.schema import GETTERS, SETUP_STEPS, Check, Getter, Step, Task
+from cua_jax.tasks.metrics.general import infeasible
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-JUDGE_MARKER = "__cua_jax_judge_result__"
+log = logging.getLogger(__name__)
 
 
 class SetupError(RuntimeError):
     """A setup or postconfig step failed."""
 
 
-class JudgeError(RuntimeError):
-    """The judge could not reach a verdict through no fault of the agent."""
+# ------------------------------------------------------------------------------------
+# Fetching local / loopback / mirrored resources on the host
+# ------------------------------------------------------------------------------------
+
+DOWNLOAD_MIRROR_ENV = "CUA_JAX_DOWNLOAD_MIRROR"
 
 
-# ------------------------------------------------------------------------------------
-# Fetching local / loopback resources on the host
-# ------------------------------------------------------------------------------------
+class NetworkNeeded(PermissionError):
+    """A URL only the network can serve: not local, not loopback, not in the download mirror."""
+
+    def __init__(self, url: str):
+        super().__init__(f"needs network: {url}")
+        self.url = url
+
+
+def download_mirror(mirror: str | pathlib.Path | None = None) -> pathlib.Path | None:
+    """The download mirror folder: `mirror`, else $CUA_JAX_DOWNLOAD_MIRROR, else none."""
+    chosen = mirror if mirror is not None else os.environ.get(DOWNLOAD_MIRROR_ENV)
+    return pathlib.Path(chosen).expanduser() if chosen else None
+
+
+def mirror_path(url: str, mirror: str | pathlib.Path) -> pathlib.Path:
+    """Where a download mirror keeps `url`: <mirror>/<host[:port]>/<path, unquoted>, with
+    "?<query>" appended to the file name when the URL has a query. OSWorld's files
+    (https://huggingface.co/datasets/xlangai/ubuntu_osworld_file_cache/resolve/main/...)
+    mirror as <mirror>/huggingface.co/datasets/xlangai/...."""
+    parsed = urllib.parse.urlsplit(url)
+    parts = [p for p in urllib.parse.unquote(parsed.path).split("/") if p not in ("", ".", "..")]
+    if parsed.query:
+        parts = (parts or ["index"])
+        parts[-1] += "?" + parsed.query
+    return pathlib.Path(mirror).expanduser() / parsed.netloc.lower() / pathlib.Path(*parts or ["index"])
+
+
+def needs_network(url: str, mirror: str | pathlib.Path | None = None) -> bool:
+    """True for an http(s) URL of another host that the download mirror does not hold."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or parsed.hostname in LOOPBACK_HOSTS:
+        return False
+    folder = download_mirror(mirror)
+    return folder is None or not mirror_path(url, folder).is_file()
 
 
 def _resolve_local(path: str, base_dir: str) -> pathlib.Path:
@@ -57,11 +108,12 @@ def _resolve_local(path: str, base_dir: str) -> pathlib.Path:
     return candidate if candidate.is_absolute() else pathlib.Path(base_dir) / candidate
 
 
-def fetch(url: str, base_dir: str, timeout: float = 30.0) -> bytes:
-    """The bytes behind a local path, a file:// URL or a loopback http(s) URL.
+def fetch(url: str, base_dir: str, timeout: float = 30.0, mirror: str | pathlib.Path | None = None) -> bytes:
+    """The bytes behind a local path, a file:// URL, a loopback http(s) URL, or an http(s)
+    URL the download mirror holds (`mirror`, default $CUA_JAX_DOWNLOAD_MIRROR).
 
-    Environments have no network, so downloads happen here and are uploaded; other hosts
-    are refused.
+    Environments have no network, so downloads happen here and are uploaded; any other
+    URL raises NetworkNeeded ("needs network: <url>").
     """
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme in ("", "file"):
@@ -70,10 +122,13 @@ def fetch(url: str, base_dir: str, timeout: float = 30.0) -> bytes:
             raise FileNotFoundError(f"no such file: {path}")
         return path.read_bytes()
     if parsed.scheme in ("http", "https"):
-        if parsed.hostname not in LOOPBACK_HOSTS:
-            raise PermissionError(f"only loopback URLs may be downloaded, not {parsed.hostname}")
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.read()
+        if parsed.hostname in LOOPBACK_HOSTS:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                return response.read()
+        folder = download_mirror(mirror)
+        if folder is not None and mirror_path(url, folder).is_file():
+            return mirror_path(url, folder).read_bytes()
+        raise NetworkNeeded(url)
     raise ValueError(f"unsupported URL scheme '{parsed.scheme}' in {url}")
 
 
@@ -81,44 +136,357 @@ def fetch(url: str, base_dir: str, timeout: float = 30.0) -> bytes:
 # Setup and postconfig
 # ------------------------------------------------------------------------------------
 
+CLIENT_PASSWORD = "password"  # the user's password in OSWorld's images: {CLIENT_PASSWORD}
+IMPLEMENTED_STEPS = frozenset({
+    "download", "upload", "upload_file", "open", "launch", "execute", "command", "sleep",
+    "activate_window", "close_window", "chrome_open_tabs", "chrome_close_tabs", "change_wallpaper",
+})
+WINDOW_WAIT = 5.0  # seconds activate_window / close_window wait for their window to appear
+EXECUTE_TIMEOUT = 120.0  # seconds a command may run unless its step says (OSWorld's server's limit)
+CHROME_WAIT = 30.0  # seconds the chrome_* steps wait for Chromium's debugging endpoint
+CHROMIUM_NAMES = ("google-chrome", "google-chrome-stable", "chromium", "chromium-browser")
 
-def run_steps(steps: tuple[Step, ...], client: EnvClient, base_dir: str) -> None:
+# Run inside the environment by the server's Python (which has python-xlib): find the first
+# window whose title (or "res_name.res_class" with by_class) contains the name, any case
+# (strict: equals it), as wmctrl -a / -c match; activate it or ask it to close.
+_WINDOW_SCRIPT = r'''
+import json, time
+from Xlib import X, display, error, protocol
+
+def text(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else (value or "")
+
+def windows(conn):
+    root = conn.screen().root
+    listed = root.get_full_property(conn.intern_atom("_NET_CLIENT_LIST"), X.AnyPropertyType)
+    if listed is not None and len(listed.value):
+        return [conn.create_resource_object("window", wid) for wid in listed.value]
+    found, stack = [], [root]
+    while stack:
+        try:
+            children = stack.pop().query_tree().children
+        except error.XError:
+            continue
+        for child in children:
+            try:
+                if child.get_attributes().map_state == X.IsViewable and (child.get_wm_name() or child.get_wm_class()):
+                    found.append(child)
+            except error.XError:
+                continue
+            stack.append(child)
+    return found
+
+def title(conn, window):
+    net = window.get_full_property(conn.intern_atom("_NET_WM_NAME"), conn.intern_atom("UTF8_STRING"))
+    return text(net.value) if net is not None and net.value else text(window.get_wm_name())
+
+def send(conn, window, atom, data):
+    event = protocol.event.ClientMessage(window=window, client_type=conn.intern_atom(atom),
+                                         data=(32, (data + [0, 0, 0, 0, 0])[:5]))
+    conn.screen().root.send_event(event, event_mask=X.SubstructureRedirectMask | X.SubstructureNotifyMask)
+
+def act(conn, window, action):
+    if action == "activate":
+        send(conn, window, "_NET_ACTIVE_WINDOW", [2, X.CurrentTime])
+        window.map()
+        window.configure(stack_mode=X.Above)
+        window.set_input_focus(X.RevertToParent, X.CurrentTime)
+        return
+    supported = conn.screen().root.get_full_property(conn.intern_atom("_NET_SUPPORTED"), X.AnyPropertyType)
+    if supported is not None and conn.intern_atom("_NET_CLOSE_WINDOW") in supported.value:
+        send(conn, window, "_NET_CLOSE_WINDOW", [X.CurrentTime, 2])
+        return
+    delete = conn.intern_atom("WM_DELETE_WINDOW")
+    if delete in (window.get_wm_protocols() or ()):
+        event = protocol.event.ClientMessage(window=window, client_type=conn.intern_atom("WM_PROTOCOLS"),
+                                             data=(32, [delete, X.CurrentTime, 0, 0, 0]))
+        window.send_event(event)
+    else:
+        window.kill_client()
+
+def main(args):
+    conn = display.Display()
+    wanted = args["name"] if args["strict"] else args["name"].lower()
+    deadline = time.monotonic() + args["wait"]
+    while True:
+        for window in windows(conn):
+            try:
+                name = ".".join(window.get_wm_class() or ()) if args["by_class"] else title(conn, window)
+                if (name == wanted) if args["strict"] else (wanted in name.lower()):
+                    act(conn, window, args["action"])
+                    conn.sync()
+                    print(json.dumps({"found": True, "window": window.id, "name": name}))
+                    return
+            except error.XError:
+                continue
+        if time.monotonic() >= deadline:
+            print(json.dumps({"found": False}))
+            return
+        time.sleep(0.2)
+'''
+
+# Run inside the environment (standard library only): Chromium's remote-debugging HTTP
+# endpoints on localhost (OSWorld's 9222, or the 1337 its Chrome listens on), to open tabs
+# (the first replaces the start tab, as OSWorld's setup does) or close those at given URLs.
+_CHROME_SCRIPT = r'''
+import json, time, urllib.error, urllib.parse, urllib.request
+
+def call(port, path, method="GET"):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        body = response.read()
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body.decode(errors="replace")
+
+def endpoint(wait):
+    deadline = time.monotonic() + wait
+    while True:
+        for port in (9222, 1337):
+            try:
+                call(port, "/json/version")
+                return port
+            except (OSError, ValueError):
+                pass
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(1.0)
+
+def pages(port):
+    return [target for target in call(port, "/json/list") if target.get("type") == "page"]
+
+def norm(url):
+    if "://" not in url:
+        url = "http://" + url
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.lower()
+    host = host[4:] if host.startswith("www.") else host
+    return (parts.scheme.lower(), host, parts.path.rstrip("/"), parts.query)
+
+def main(args):
+    port = endpoint(args["wait"])
+    if port is None:
+        print(json.dumps({"error": "no Chromium remote-debugging endpoint answers on localhost:9222 or :1337"}))
+        return
+    if args["action"] == "open":
+        before = pages(port)
+        for index, url in enumerate(args["urls"]):
+            path = "/json/new?" + urllib.parse.quote(url, safe="")
+            try:
+                call(port, path, "PUT")
+            except urllib.error.HTTPError:
+                call(port, path)  # Chromium before 111 takes GET
+            if index == 0 and before:
+                call(port, "/json/close/" + before[0]["id"])
+        print(json.dumps({"opened": args["urls"]}))
+        return
+    closed = []
+    for url in args["urls"]:
+        for page in pages(port):
+            if norm(page.get("url", "")) == norm(url):
+                call(port, "/json/close/" + page["id"])
+                closed.append(url)
+                break
+    print(json.dumps({"closed": closed}))
+'''
+
+
+def _run_script(client: EnvClient, script: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run one of the scripts above inside the environment; its JSON reply."""
+    code = f"{script}\nmain(json.loads({json.dumps(args)!r}))\n"
+    reply = client.run_python(code, timeout=timeout)
+    for line in reversed(reply.get("output", "").splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise SetupError(f"the environment's Python failed: {(reply.get('error') or reply.get('output', ''))[-400:]}")
+
+
+class _Steps:
+    """Runs setup steps on one environment (see run_steps)."""
+
+    def __init__(self, client: EnvClient, base_dir: str, cache_dir: str | pathlib.Path | None,
+                 postconfig: bool, mirror: str | pathlib.Path | None):
+        self.client, self.base_dir, self.postconfig, self.mirror = client, base_dir, postconfig, mirror
+        self.cache_dir = pathlib.Path(cache_dir) if cache_dir is not None else None
+        self._screen: tuple[int, int] | None = None
+
+    def run(self, step: Step) -> None:
+        if step.type not in IMPLEMENTED_STEPS:
+            raise SetupError(f"setup step not implemented: {step.type}")
+        p = step.parameters
+        if step.type in ("download", "upload", "upload_file"):
+            for entry in p["files"]:
+                source = entry["url"] if step.type == "download" else entry["local_path"]
+                data = fetch(source, self.base_dir, mirror=self.mirror)
+                self.client.upload(entry["path"], data)
+        elif step.type == "launch":
+            self.client.launch(self.browser(p["command"]), shell=p.get("shell", False))
+        elif step.type == "open":
+            self.client.open_file(p["path"], timeout=float(p.get("timeout", 60.0)))
+        elif step.type in ("execute", "command"):
+            self.execute(p)
+        elif step.type == "sleep":
+            time.sleep(float(p["seconds"]))
+        elif step.type in ("activate_window", "close_window"):
+            self.window(step.type.split("_")[0], p)
+        elif step.type in ("chrome_open_tabs", "chrome_close_tabs"):
+            action, urls = ("open", p["urls_to_open"]) if step.type == "chrome_open_tabs" else ("close", p["urls_to_close"])
+            reply = _run_script(self.client, _CHROME_SCRIPT, {"action": action, "urls": urls, "wait": CHROME_WAIT},
+                                CHROME_WAIT + 60 + 15 * len(urls))
+            if "error" in reply:
+                raise SetupError(reply["error"])
+        elif step.type == "change_wallpaper":
+            self.execute({"command": ["gsettings", "set", "org.gnome.desktop.background", "picture-uri",
+                                      f"file://{p['path']}"]})
+
+    def browser(self, command: str | list[str]) -> str | list[str]:
+        """OSWorld launches `google-chrome`; where the image has Chromium under another name
+        (chromium, chromium-browser), that one starts with the same arguments."""
+        if not isinstance(command, list) or not command or command[0] not in CHROMIUM_NAMES:
+            return command
+        found = self.client.execute(["sh", "-c", "command -v " + " ".join(CHROMIUM_NAMES)], timeout=30)
+        names = [line.rsplit("/", 1)[-1] for line in found.get("output", "").split()]
+        return command if command[0] in names or not names else [names[0], *command[1:]]
+
+    def placeholders(self, command: str | list[str]) -> str | list[str]:
+        """OSWorld's {CLIENT_PASSWORD}, {SCREEN_WIDTH}, {SCREEN_HEIGHT} and their _HALF forms."""
+        if "{" not in json.dumps(command):
+            return command
+        if self._screen is None and "{SCREEN_" in json.dumps(command):
+            self._screen = self.client.screen_size()
+        width, height = self._screen or (0, 0)
+        values = {"{CLIENT_PASSWORD}": CLIENT_PASSWORD, "{SCREEN_WIDTH_HALF}": str(width // 2),
+                  "{SCREEN_HEIGHT_HALF}": str(height // 2), "{SCREEN_WIDTH}": str(width),
+                  "{SCREEN_HEIGHT}": str(height)}
+
+        def fill(text: str) -> str:
+            for key, value in values.items():
+                text = text.replace(key, value)
+            return text
+
+        return fill(command) if isinstance(command, str) else [fill(part) for part in command]
+
+    def execute(self, p: dict[str, Any]) -> None:
+        """Run a command to completion. With `until`, re-run it (within `timeout`) until its
+        exit status, output or error says so. A nonzero exit status fails the step unless
+        `check` is false, which is the default in postconfig (OSWorld's, which never
+        checks: a postconfig command such as `diff` or `killall` reports on the agent's work)."""
+        command, shell = self.placeholders(p["command"]), p.get("shell", False)
+        timeout, until = float(p.get("timeout", EXECUTE_TIMEOUT)), p.get("until") or {}
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self.client.execute(command, shell=shell, timeout=timeout)
+            met = (("returncode" in until and reply.get("returncode") == until["returncode"])
+                   or ("stdout" in until and until["stdout"] in reply.get("output", ""))
+                   or ("stderr" in until and until["stderr"] in reply.get("error", "")))
+            if not until or met:
+                break
+            if time.monotonic() >= deadline:
+                if self.postconfig:
+                    log.warning("postconfig command %s never met %s", command, until)
+                    break
+                raise SetupError(f"the command never met {until} within {timeout:g}s")
+            time.sleep(0.3)
+        for key, field in (("stdout", "output"), ("stderr", "error")):
+            if key in p:
+                self.capture(p[key], reply.get(field) or "")
+        if p.get("check", not self.postconfig) and not until and reply.get("returncode") != 0:
+            raise SetupError(f"exit status {reply.get('returncode')}: {(reply.get('error') or '')[:300]}")
+
+    def capture(self, name: str, text: str) -> None:
+        if self.cache_dir is None:
+            log.warning("no cache folder for the command output %s; dropped", name)
+            return
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        (self.cache_dir / name).write_text(text)
+
+    def window(self, action: str, p: dict[str, Any]) -> None:
+        wait = float(p.get("timeout", WINDOW_WAIT))
+        args = {"action": action, "name": p["window_name"], "strict": p.get("strict", False),
+                "by_class": p.get("by_class", False), "wait": wait}
+        if not _run_script(self.client, _WINDOW_SCRIPT, args, wait + 30).get("found"):
+            what = "class" if args["by_class"] else "title"
+            message = f"no window whose {what} {'is' if args['strict'] else 'contains'} {p['window_name']!r}"
+            if p.get("check", False):
+                raise SetupError(message)
+            log.warning("%s_window: %s; going on", action, message)  # as OSWorld (wmctrl's status is ignored)
+
+
+def run_steps(steps: tuple[Step, ...], client: EnvClient, base_dir: str, *,
+              cache_dir: str | pathlib.Path | None = None, postconfig: bool = False,
+              mirror: str | pathlib.Path | None = None) -> None:
     """Run setup (or postconfig) steps in order; SetupError names the failing step.
 
+    cache_dir: where `stdout` / `stderr` of commands go (the judge's cache: `cache_file`).
+    postconfig: the evaluator's steps, run after the agent acted. There a command's exit
+        status does not fail its step (it reports on the agent's work: `diff`, `killall`),
+        as in OSWorld, which judges whatever state results; in the setup it does (unless
+        the step says `"check": false`): a start state that could not be made is a setup
+        failure. activate_window / close_window never fail for want of a window (OSWorld
+        ignores wmctrl's status; a title that differs from OSWorld's images is common)
+        unless the step says `"check": true`. A step that cannot run at all (a file that
+        cannot be fetched) fails in both modes.
+    mirror: the download mirror (judges.fetch).
     EnvUnreachable / EnvServerError from a dead environment propagate unchanged.
     """
+    runner = _Steps(client, base_dir, cache_dir, postconfig, mirror)
     for index, step in enumerate(steps):
-        p = step.parameters
         try:
-            if step.type in ("download", "upload"):
-                for entry in p["files"]:
-                    source = entry["url"] if step.type == "download" else entry["local_path"]
-                    data = fetch(source, base_dir)
-                    client.upload(entry["path"], data)
-            elif step.type == "launch":
-                client.launch(p["command"], shell=bool(p.get("shell", False)))
-            elif step.type == "open":
-                client.open_file(p["path"], timeout=float(p.get("timeout", 60.0)))
-            elif step.type in ("execute", "command"):
-                reply = client.execute(p["command"], shell=bool(p.get("shell", False)),
-                                       timeout=float(p.get("timeout", 60.0)))
-                if reply.get("returncode") != 0:
-                    raise SetupError(f"exit status {reply.get('returncode')}: {reply.get('error', '')[:300]}")
-            elif step.type == "sleep":
-                time.sleep(float(p["seconds"]))
-            else:
-                raise SetupError(f"unknown step type {step.type}")
+            runner.run(step)
         except (SetupError, EnvRequestError, OSError, ValueError) as error:
             raise SetupError(f"step {index} ({step.type}) failed: {error}") from None
+
+
+def set_up(task: Task, client: EnvClient, cache_dir: str | pathlib.Path | None = None,
+           mirror: str | pathlib.Path | None = None) -> None:
+    """Prepare `task` on `client`'s environment: first whether it can run there at all
+    (cua_jax.tasks.runnable: apps, network, implemented steps, getters and metrics; a
+    SetupError lists every reason it cannot), then its `config` steps."""
+    from cua_jax.tasks import runnable
+
+    ok, reasons = runnable.check_environment(task, client, mirror=mirror)
+    if not ok:
+        raise SetupError(f"task {task.id!r} cannot run in this environment: {'; '.join(reasons)}")
+    run_steps(task.config, client, task.base_dir, cache_dir=cache_dir, mirror=mirror)
 
 
 # ------------------------------------------------------------------------------------
 # Getters
 # ------------------------------------------------------------------------------------
 
+IMPLEMENTED_GETTERS = frozenset({
+    "vm_file", "cloud_file", "cache_file", "local_file", "content_from_vm_file",
+    "vm_command_line", "vm_command_error", "vm_terminal_output", "accessibility_tree",
+    "list_directory", "vm_screen_size", "vm_window_size", "vm_wallpaper", "rule",
+    "time_diff_range", "gimp_config_file", "vlc_config", "vlc_playing_info",
+    "default_video_player", "vscode_config", "audio_in_slide", "background_image_in_slide",
+    "conference_city_in_order",
+})
+# OSWorld's get_default_video_player asks xdg-mime about these video types.
+VIDEO_TYPES = (
+    "3gp", "3gpp", "3gpp2", "avi", "divx", "dv", "fli", "flv", "mp2t", "mp4", "mp4v-es", "mpeg",
+    "mpeg-system", "msvideo", "ogg", "quicktime", "vnd.divx", "vnd.mpegurl", "vnd.rn-realvideo",
+    "webm", "x-anim", "x-avi", "x-flc", "x-fli", "x-flv", "x-m4v", "x-matroska", "x-mpeg",
+    "x-mpeg-system", "x-mpeg2", "x-ms-asf", "x-ms-asf-plugin", "x-ms-asx", "x-ms-wm", "x-ms-wmv",
+    "x-ms-wmx", "x-ms-wvx", "x-msvideo", "x-nsv", "x-ogm", "x-ogm+ogg", "x-theora", "x-theora+ogg",
+)
+_VLC_STATUS_SCRIPT = r'''
+import base64, json, urllib.request
+request = urllib.request.Request("http://127.0.0.1:8080/requests/status.xml")
+request.add_header("Authorization", "Basic " + base64.b64encode(b":password").decode())
+try:
+    with urllib.request.urlopen(request, timeout=10) as response:
+        print(json.dumps({"b64": base64.b64encode(response.read()).decode()}))
+except OSError as error:
+    print(json.dumps({"error": str(error)}))
+'''
+
 
 class Getters:
-    """Getters bound to one environment and task. Each returns a host-side value."""
+    """Getters bound to one environment and task. Each returns a host-side value: a file
+    the getter copied into `cache_dir` (OSWorld's `dest` names it; None when the file is
+    missing), a string, a dict, or a list of those (`multi`)."""
 
     def __init__(self, client: EnvClient, task: Task, cache_dir: str | pathlib.Path):
         self.client, self.task = client, task
@@ -128,36 +496,54 @@ class Getters:
     def get(self, getter: Getter | None) -> Any:
         if getter is None:
             return None
+        if getter.type not in IMPLEMENTED_GETTERS:
+            raise JudgeError(f"getter not implemented: {getter.type}")
         return getattr(self, getter.type)(**getter.parameters)
 
-    def vm_file(self, path: str, dest: str | None = None, multi: bool = False, gives=None) -> Any:
-        """Copy files out of the environment; the local path, or None when missing."""
-        if multi:
-            dests = dest or [None] * len(path)
-            return [self.vm_file(p, d) for p, d in zip(path, dests)]
-        data = self.client.get_file(path)
-        if data is None:
-            return None
-        local = self.cache_dir / "vm" / (dest or pathlib.PurePosixPath(path).name)
+    # ---- files --------------------------------------------------------------------------
+    def _save(self, name: str, data: bytes) -> str:
+        local = self.cache_dir / name
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_bytes(data)
         return str(local)
 
-    def vm_command_line(self, command, shell: bool = False, timeout: float = 60.0) -> str:
-        """A command's standard output inside the environment."""
-        return self.client.execute(command, shell=shell, timeout=timeout).get("output", "")
+    def vm_file(self, path, dest=None, multi: bool = False, gives=None, time_suffix: bool = False,
+                time_format: str = "%Y%m%d_%H%M%S") -> Any:
+        """Copy files out of the environment into the cache (as `dest`; default: the file's
+        own name). One local path (None when the file is missing); with `multi`, `path` and
+        `dest` are lists and the result lists the files at the indices `gives` (default
+        [0]; one index gives a single path, as in OSWorld)."""
+        paths = list(path) if multi else [path]
+        if dest is None:
+            dests = [pathlib.PurePosixPath(p).name for p in paths]
+        else:
+            dests = list(dest) if multi else [dest]
+        if time_suffix and not multi:
+            stem, suffix = os.path.splitext(dests[0])
+            dests = [f"{stem}_{datetime.datetime.now().strftime(time_format)}{suffix}"]
+        wanted = set(gives or [0])
+        out = []
+        for index, (vm_path, name) in enumerate(zip(paths, dests)):
+            data = self.client.get_file(vm_path)
+            local = None if data is None else self._save(name, data)
+            if index in wanted:
+                out.append(local)
+        return out[0] if len(out) == 1 else out
 
-    def rule(self, rules: dict) -> dict:
-        return rules
+    def cloud_file(self, path, dest=None, multi: bool = False, gives=None) -> Any:
+        """Files fetched once (a local path, loopback URL, or mirrored URL) into the cache;
+        `multi` / `gives` as for vm_file."""
+        paths = list(path) if multi else [path]
+        dests = (list(dest) if multi else [dest]) if dest is not None else [None] * len(paths)
+        wanted = set(gives or [0])
+        return self._pick([self._cloud(p, d) for p, d in zip(paths, dests)], wanted)
 
-    def local_file(self, path: str) -> str:
-        local = _resolve_local(path, self.task.base_dir)
-        if not local.is_file():
-            raise JudgeError(f"expected file {local} does not exist")
-        return str(local)
+    @staticmethod
+    def _pick(values: list[Any], wanted: set[int]) -> Any:
+        out = [value for index, value in enumerate(values) if index in wanted]
+        return out[0] if len(out) == 1 else out
 
-    def cloud_file(self, path: str, dest: str | None = None) -> str:
-        """A file fetched once (from a local path or loopback URL) into the cache."""
+    def _cloud(self, path: str, dest: str | None) -> str:
         key = hashlib.sha256(path.encode()).hexdigest()[:16]
         local = self.cache_dir / "cloud" / key / (dest or pathlib.PurePosixPath(urllib.parse.urlsplit(path).path).name)
         if not local.exists():
@@ -169,231 +555,176 @@ class Getters:
             local.write_bytes(data)
         return str(local)
 
+    def cache_file(self, path: str) -> str:
+        """A file a setup / postconfig command left in the cache (its `stdout` / `stderr`)."""
+        local = self.cache_dir / path
+        if not local.is_file():
+            raise JudgeError(f"no file {path!r} in the judge's cache (no step wrote it)")
+        return str(local)
 
-assert set(GETTERS) <= {name for name in dir(Getters) if not name.startswith("_")}
+    def local_file(self, path: str) -> str:
+        local = _resolve_local(path, self.task.base_dir)
+        if not local.is_file():
+            raise JudgeError(f"expected file {local} does not exist")
+        return str(local)
 
+    def content_from_vm_file(self, path: str, file_type: str, file_content: str) -> Any:
+        """Part of a file's content: for xlsx, "last_row" (the first sheet's last row with a
+        value, as strings; empty cells "nan", as pandas writes them)."""
+        if (file_type, file_content) != ("xlsx", "last_row"):
+            raise JudgeError(f"content_from_vm_file reads xlsx last_row, not {file_type} {file_content}")
+        local = self.vm_file(path)
+        if local is None:
+            return None
+        import openpyxl
 
-# ------------------------------------------------------------------------------------
-# Metrics: value(s) in, reward in [0, 1] out
-# ------------------------------------------------------------------------------------
+        try:
+            sheet = openpyxl.load_workbook(local, read_only=True, data_only=True).worksheets[0]
+            rows = [row for row in sheet.iter_rows(values_only=True) if any(v is not None for v in row)]
+        except Exception:  # noqa: BLE001 - whatever the agent saved, it is not a workbook
+            return None
+        return [("nan" if v is None else str(v)) for v in rows[-1]] if len(rows) > 1 else None
 
+    # ---- commands and the screen --------------------------------------------------------
+    def vm_command_line(self, command, shell: bool = False, timeout: float = 60.0) -> str:
+        """A command's standard output inside the environment."""
+        return self.client.execute(command, shell=shell, timeout=timeout).get("output", "")
 
-def exact_match(result: Any, rules: dict, **_) -> float:
-    """1 when the result equals rules['expected'] exactly."""
-    return float(result is not None and result == _rule(rules, "expected"))
+    def vm_command_error(self, command, shell: bool = False, timeout: float = 60.0) -> str:
+        """A command's standard error inside the environment."""
+        return self.client.execute(command, shell=shell, timeout=timeout).get("error", "")
 
+    def _osworld(self, method: str, path: str, form: dict[str, str] | None = None) -> bytes | None:
+        """An OSWorld endpoint of the server: the body, or None where it answers 404 (none)."""
+        body = urllib.parse.urlencode(form).encode() if form is not None else None
+        try:
+            return self.client.request(method, path, body, content_type="application/x-www-form-urlencoded")[1]
+        except EnvRequestError as error:
+            if error.status == 404 and error.message.startswith("no endpoint"):
+                raise JudgeError(f"the environment's server has no {path} endpoint") from None
+            if error.status == 404:
+                return None
+            raise
 
-def check_include_exclude(result: Any, rules: dict, **_) -> float:
-    """1 when the text contains every rules['include'] string and no rules['exclude'] one."""
-    if result is None:
-        return 0.0
-    text = str(result)
-    include, exclude = rules.get("include", []), rules.get("exclude", [])
-    return float(all(s in text for s in include) and not any(s in text for s in exclude))
+    def vm_terminal_output(self) -> str | None:
+        """The text of the focused terminal (OSWorld: GNOME Terminal's, None when none is)."""
+        body = self._osworld("GET", "/terminal")
+        return None if body is None else json.loads(body).get("output")
 
+    def accessibility_tree(self) -> str:
+        return self.client.accessibility_tree()
 
-def _read_text(path: str | None) -> str | None:
-    if path is None or not pathlib.Path(path).is_file():
+    def list_directory(self, path: str) -> dict | None:
+        """OSWorld's directory tree of `path` (every level); None when it is no directory."""
+        try:
+            return self.client.list_directory(path, depth=None)
+        except EnvRequestError:
+            return None
+
+    def vm_screen_size(self) -> dict[str, int]:
+        width, height = self.client.screen_size()
+        return {"width": width, "height": height}
+
+    def vm_window_size(self, app_class_name: str) -> dict | None:
+        """{width, height} of the first window of that WM_CLASS; None when there is none."""
+        body = self._osworld("POST", "/window_size", {"app_class_name": app_class_name})
+        return None if body is None else json.loads(body)
+
+    def vm_wallpaper(self, dest: str) -> str:
+        """The desktop's wallpaper image, saved as `dest` (empty when none is set, as OSWorld)."""
+        return self._save(dest, self._osworld("POST", "/wallpaper") or b"")
+
+    # ---- rules --------------------------------------------------------------------------
+    def rule(self, rules: dict) -> dict:
+        return rules
+
+    def time_diff_range(self, diff_range_in_minutes: float) -> float:
+        return diff_range_in_minutes
+
+    # ---- applications -------------------------------------------------------------------
+    def gimp_config_file(self, file_name: str, dest: str) -> str | None:
+        return self.vm_file(f"~/.config/GIMP/2.10/{file_name}", dest)
+
+    def vlc_config(self, dest: str) -> str | None:
+        return self.vm_file("~/.config/vlc/vlcrc", dest)
+
+    def vlc_playing_info(self, dest: str) -> str | None:
+        """VLC's status.xml from its HTTP interface (port 8080, password "password")."""
+        reply = self.client.run_python(_VLC_STATUS_SCRIPT, timeout=30)
+        lines = [line for line in reply.get("output", "").splitlines() if line.startswith("{")]
+        status = json.loads(lines[-1]) if lines else {}
+        return self._save(dest, base64.b64decode(status["b64"])) if "b64" in status else None
+
+    def default_video_player(self) -> str:
+        """The application xdg-mime names for most video types ('unknown' when none)."""
+        script = "for t in " + " ".join(VIDEO_TYPES) + "; do xdg-mime query default video/$t; echo; done"
+        output = self.client.execute(script, shell=True, timeout=60).get("output", "")
+        apps = [line + "\n" for line in output.splitlines() if line.strip()]
+        return collections.Counter(apps).most_common(1)[0][0] if apps else "unknown"
+
+    def vscode_config(self, vscode_extension_command: str, path: str, dest: str) -> str | None:
+        """Run a VS Code command (its palette, by pyautogui inside the environment), then
+        copy the file it writes."""
+        for code in ("pyautogui.hotkey('ctrl', 'shift', 'p')",
+                     f"pyautogui.typewrite({vscode_extension_command!r})", "pyautogui.press('enter')"):
+            self.client.execute(["python", "-c", f"import pyautogui; {code}"], timeout=30)
+        time.sleep(1.0)
+        return self.vm_file(path, dest)
+
+    def _slide_part(self, ppt_file_path: str, slide_index: int, dest: str, kind: str) -> str | None:
+        """A slide's audio or background image: extracted from the presentation, or copied
+        from the environment when the slide links to a file there."""
+        local = self.vm_file(ppt_file_path)
+        if local is None:
+            return None
+        slide = f"ppt/slides/slide{int(slide_index) + 1}.xml"
+        rels = f"ppt/slides/_rels/slide{int(slide_index) + 1}.xml.rels"
+        try:
+            with zipfile.ZipFile(local) as archive:
+                names = set(archive.namelist())
+                image_id = None
+                if kind == "image":
+                    if slide not in names:
+                        return None
+                    root = ElementTree.fromstring(archive.read(slide))
+                    p = "{http://schemas.openxmlformats.org/presentationml/2006/main}"
+                    a = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
+                    r = "{http://schemas.openxmlformats.org/officeDocument/2006/relationships}"
+                    blips = [b for bg in root.iter(p + "bgPr") for b in bg.iter(a + "blip")]
+                    if not blips:
+                        return None
+                    image_id = blips[0].get(r + "embed")
+                if rels not in names:
+                    return None
+                ns = "{http://schemas.openxmlformats.org/package/2006/relationships}"
+                for rel in ElementTree.fromstring(archive.read(rels)).iter(ns + "Relationship"):
+                    if kind not in rel.get("Type", "") or (image_id is not None and rel.get("Id") != image_id):
+                        continue
+                    target = rel.get("Target", "")
+                    if target.startswith("file://"):
+                        return self.vm_file(target[len("file://"):], dest)
+                    inner = posixpath.normpath(posixpath.join("ppt/slides", target))
+                    return self._save(dest, archive.read(inner)) if inner in names else None
+        except (zipfile.BadZipFile, ElementTree.ParseError):
+            return None
         return None
-    return pathlib.Path(path).read_text(encoding="utf-8", errors="replace")
+
+    def audio_in_slide(self, ppt_file_path: str, slide_index: int, dest: str) -> str | None:
+        return self._slide_part(ppt_file_path, slide_index, dest, "audio")
+
+    def background_image_in_slide(self, ppt_file_path: str, slide_index: int, dest: str) -> str | None:
+        return self._slide_part(ppt_file_path, slide_index, dest, "image")
+
+    def conference_city_in_order(self, csv_path: str) -> list[str]:
+        """The third column of a csv file beside the task, below its header row."""
+        local = self.local_file(csv_path)
+        with open(local, newline="", encoding="utf-8") as handle:
+            rows = list(csv.reader(handle))
+        return [row[2] for row in rows[1:] if len(row) > 2]
 
 
-def compare_text_file(result_path: str | None, expected_path: str | None,
-                      ignore_blanks: bool = False, ignore_case: bool = False, **_) -> float:
-    """1 when two text files hold the same text (optionally ignoring whitespace runs / case)."""
-    result, expected = _read_text(result_path), _read_text(expected_path)
-    if expected is None:
-        raise JudgeError(f"expected file {expected_path} is missing")
-    if result is None:
-        return 0.0
-    if ignore_blanks:
-        result, expected = re.sub(r"\s+", " ", result).strip(), re.sub(r"\s+", " ", expected).strip()
-    if ignore_case:
-        result, expected = result.lower(), expected.lower()
-    return float(result == expected)
-
-
-_MISSING = object()
-
-
-def _json_key(value: Any, key: list) -> Any:
-    for part in key:
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and isinstance(part, int) and -len(value) <= part < len(value):
-            value = value[part]
-        else:
-            return _MISSING
-    return value
-
-
-JSON_METHODS: dict[str, Callable[[Any, Any], bool]] = {
-    "eq": lambda value, ref: value == ref,
-    "ne": lambda value, ref: value is not _MISSING and value != ref,
-    "has": lambda value, ref: isinstance(value, (list, str, dict)) and ref in value,
-    "exists": lambda value, ref: value is not _MISSING,
-}
-
-
-def check_json(result_path: str | None, rules: dict, **_) -> float:
-    """1 when the JSON file meets every rules['expect'] item and no rules['unexpect'] one.
-
-    Items are {"key": [path...], "method": eq|ne|has|exists, "ref": value}.
-    """
-    text = _read_text(result_path)
-    if text is None:
-        return 0.0
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return 0.0  # the agent wrote something that is not JSON
-
-    def holds(item: dict) -> bool:
-        method = item.get("method", "eq")
-        if method not in JSON_METHODS or not isinstance(item.get("key"), list):
-            raise JudgeError(f"bad check_json rule {item!r}: needs a 'key' list and a method of {list(JSON_METHODS)}")
-        return JSON_METHODS[method](_json_key(data, item["key"]), item.get("ref"))
-
-    return float(all(holds(i) for i in rules.get("expect", [])) and not any(holds(i) for i in rules.get("unexpect", [])))
-
-
-def _xlsx_sheets(path: str) -> dict[str, list[list[str]]]:
-    """The cell values of every sheet of an xlsx file, as strings (standard library only)."""
-    ns = {"m": "http://schemas.openxmlformats.org/spreadsheetml/2006/main",
-          "r": "http://schemas.openxmlformats.org/officeDocument/2006/relationships"}
-    with zipfile.ZipFile(path) as archive:
-        shared = []
-        if "xl/sharedStrings.xml" in archive.namelist():
-            root = ElementTree.fromstring(archive.read("xl/sharedStrings.xml"))
-            shared = ["".join(t.text or "" for t in si.iter(f"{{{ns['m']}}}t")) for si in root.findall("m:si", ns)]
-        rels = ElementTree.fromstring(archive.read("xl/_rels/workbook.xml.rels"))
-        targets = {rel.get("Id"): rel.get("Target") for rel in rels}
-        workbook = ElementTree.fromstring(archive.read("xl/workbook.xml"))
-        sheets = {}
-        for sheet in workbook.find("m:sheets", ns):
-            target = targets[sheet.get(f"{{{ns['r']}}}id")].lstrip("/")
-            target = target if target.startswith("xl/") else "xl/" + target
-            root = ElementTree.fromstring(archive.read(target))
-            rows: dict[int, dict[int, str]] = {}
-            for cell in root.iter(f"{{{ns['m']}}}c"):
-                column, row = _cell_index(cell.get("r"))
-                kind = cell.get("t", "n")
-                value = cell.find("m:v", ns)
-                if kind == "s" and value is not None:
-                    text = shared[int(value.text)]
-                elif kind == "inlineStr":
-                    text = "".join(t.text or "" for t in cell.iter(f"{{{ns['m']}}}t"))
-                else:
-                    text = value.text if value is not None and value.text is not None else ""
-                rows.setdefault(row, {})[column] = text
-            width = max((max(r) + 1 for r in rows.values() if r), default=0)
-            height = max(rows, default=-1) + 1
-            sheets[sheet.get("name")] = [[rows.get(r, {}).get(c, "") for c in range(width)] for r in range(height)]
-        return sheets
-
-
-def _cell_index(ref: str) -> tuple[int, int]:
-    match = re.fullmatch(r"([A-Z]+)(\d+)", ref or "")
-    if not match:
-        raise JudgeError(f"bad cell reference {ref!r} in the spreadsheet")
-    column = 0
-    for char in match.group(1):
-        column = column * 26 + ord(char) - ord("A") + 1
-    return column - 1, int(match.group(2)) - 1
-
-
-def read_table(path: str) -> list[list[list[str]]]:
-    """The sheets of a csv or xlsx file, each a list of rows of string cells."""
-    suffix = pathlib.Path(path).suffix.lower()
-    if suffix == ".csv":
-        with open(path, newline="", encoding="utf-8", errors="replace") as handle:
-            return [list(csv.reader(handle))]
-    if suffix == ".xlsx":
-        return list(_xlsx_sheets(path).values())
-    raise JudgeError(f"compare_table reads .csv and .xlsx files, not '{suffix}'")
-
-
-def _normalise_cell(text: str) -> Any:
-    text = text.strip()
-    try:
-        number = float(text)
-    except ValueError:
-        return text
-    return round(number, 9) if math.isfinite(number) else text
-
-
-def _normalise_sheet(rows: list[list[str]]) -> list[list[Any]]:
-    cells = [[_normalise_cell(c) for c in row] for row in rows]
-    for row in cells:
-        while row and row[-1] == "":
-            row.pop()
-    while cells and not cells[-1]:
-        cells.pop()
-    return cells
-
-
-def compare_table(result_path: str | None, expected_path: str | None, **_) -> float:
-    """1 when two tables (csv / xlsx, any mix) hold the same cells in every sheet.
-
-    Numbers compare by value ("5" == "5.0"); trailing empty cells and rows are ignored.
-    """
-    if expected_path is None:
-        raise JudgeError("compare_table has no expected table")
-    if result_path is None or not pathlib.Path(result_path).is_file():
-        return 0.0
-    expected = [_normalise_sheet(s) for s in read_table(expected_path)]
-    try:
-        result = [_normalise_sheet(s) for s in read_table(result_path)]
-    except (zipfile.BadZipFile, KeyError, ElementTree.ParseError, UnicodeError):
-        return 0.0  # the agent saved something unreadable
-    return float(result == expected)
-
-
-def infeasible(*_, last_action: A.Action | A.InvalidAction | None = None, **__) -> float:
-    """1 when the agent declared the task infeasible (its last action is FAIL)."""
-    return float(isinstance(last_action, A.Fail))
-
-
-def _rule(rules: Any, key: str) -> Any:
-    if not isinstance(rules, dict) or key not in rules:
-        raise JudgeError(f"the expected rules need '{key}', got {rules!r}")
-    return rules[key]
-
-
-METRIC_FUNCTIONS: dict[str, Callable[..., float]] = {
-    "exact_match": exact_match,
-    "check_include_exclude": check_include_exclude,
-    "compare_text_file": compare_text_file,
-    "check_json": check_json,
-    "compare_table": compare_table,
-    "infeasible": infeasible,
-}
-assert set(METRIC_FUNCTIONS) | {"python_judge"} == set(METRICS)
-
-
-# ------------------------------------------------------------------------------------
-# The Python judge, run inside the environment
-# ------------------------------------------------------------------------------------
-
-_JUDGE_RUNNER = """
-import json as _json
-{code}
-
-_value = {entry}()
-print({marker!r} + _json.dumps(float(_value)))
-"""
-
-
-def run_python_judge(client: EnvClient, code: str, entry: str, timeout: float) -> float:
-    """Run judge code inside the environment; its entry function returns a reward in [0, 1]."""
-    reply = client.run_python(_JUDGE_RUNNER.format(code=code, entry=entry, marker=JUDGE_MARKER), timeout=timeout)
-    for line in reversed(reply.get("output", "").splitlines()):
-        if line.startswith(JUDGE_MARKER):
-            value = float(line[len(JUDGE_MARKER):])
-            if not 0.0 <= value <= 1.0:
-                raise JudgeError(f"the judge returned {value}, not a reward in [0, 1]")
-            return value
-    raise JudgeError(f"the judge gave no result: {reply.get('error', '')[-500:]}")
+assert IMPLEMENTED_GETTERS <= set(GETTERS) and all(callable(getattr(Getters, g)) for g in IMPLEMENTED_GETTERS)
+assert IMPLEMENTED_STEPS <= set(SETUP_STEPS)
 
 
 # ------------------------------------------------------------------------------------
@@ -413,7 +744,7 @@ def evaluate(task: Task, client: EnvClient, cache_dir: str | pathlib.Path,
         return infeasible(last_action=last_action)
     if isinstance(last_action, A.Fail):
         return 0.0  # declared infeasible a feasible task
-    run_steps(evaluator.postconfig, client, task.base_dir)
+    run_steps(evaluator.postconfig, client, task.base_dir, cache_dir=cache_dir, postconfig=True)
     getters = Getters(client, task, cache_dir)
     scores = []
     for check in evaluator.checks:
@@ -427,16 +758,21 @@ def evaluate(task: Task, client: EnvClient, cache_dir: str | pathlib.Path,
 
 
 def _score(check: Check, getters: Getters, evaluator, client: EnvClient) -> float:
-    if check.func == "python_judge":
-        return run_python_judge(client, evaluator.code, evaluator.entry, evaluator.timeout)
-    result = getters.get(check.result)
-    expected = getters.get(check.expected)
+    """One metric's reward: its getter values (as many as it takes; the expected one only
+    when the task names it, as OSWorld calls metrics) and options, through the registry."""
+    entry = metrics.lookup(check.func)
+    getter_values = [getters.get(g) for g in (check.result, check.expected)[:entry.arity]]
+    if entry.arity == 2 and check.expected is None:
+        getter_values = getter_values[:1]
+    context = {"client": client, "evaluator": evaluator, "last_action": None}
     try:
-        score = float(METRIC_FUNCTIONS[check.func](result, expected, **check.options))
+        score = float(entry.fn(*getter_values, **check.options, **{k: context[k] for k in entry.needs}))
     except (JudgeError, EnvError):
         raise
-    except (TypeError, KeyError, ValueError, AttributeError) as error:
+    except Exception as error:  # noqa: BLE001 - a metric that breaks is the judge's fault
         raise JudgeError(f"metric {check.func} failed: {type(error).__name__}: {error}") from None
+    if not 0.0 <= score <= 1.0:
+        raise JudgeError(f"metric {check.func} gave {score}, not a reward in [0, 1]")
     return score
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from cua_jax.tasks.pool import PoolTask, TaskPool
-from cua_jax.tasks.schema import TaskSchemaError, parse_task
+from cua_jax.tasks.schema import Task, TaskSchemaError, parse_task
 
 TASK_KINDS = ("miniwob", "desktop")
 MINIWOB_DOMAIN = "miniwob"
@@ -83,30 +83,61 @@ def _domain_of(path: pathlib.Path, root: pathlib.Path) -> str:
     return parts[-1] if parts else root.resolve().name
 
 
-def load_task_folder(folder: str | pathlib.Path) -> list[SourceTask]:
-    """Every desktop task under `folder` (any depth, sorted by path); see the module doc."""
+@dataclasses.dataclass(frozen=True)
+class TaskFile:
+    """One task file of a folder: its domain and tier, and the parsed task or why it is
+    not one (the schema error naming the file and field)."""
+
+    path: pathlib.Path
+    domain: str
+    tier: int
+    task: Task | None
+    error: TaskSchemaError | None = None
+
+
+def scan_task_folder(folder: str | pathlib.Path) -> list[TaskFile]:
+    """Every task file under `folder` (any depth, sorted by path), parsed or not: a file that
+    breaks the schema comes with its error instead of a task. JSON files holding no task
+    are skipped; see the module doc for domains."""
     root = pathlib.Path(folder)
     if not root.is_dir():
         raise FileNotFoundError(f"task folder {str(folder)!r} does not exist")
     out = []
     for path in sorted(root.rglob("*.json")):
+        domain = _domain_of(path, root)
         try:
             value = json.loads(path.read_text())
         except ValueError as error:
-            raise TaskSchemaError(f"{path}: not valid JSON: {error}") from None
+            out.append(TaskFile(path, domain, 0, None, TaskSchemaError(f"{path}: not valid JSON: {error}")))
+            continue
         if not _looks_like_task(value):
             continue
+        domain = value.get("domain", domain)
+        tier = value.get("tier", (value.get("metadata") or {}).get("tier", 0))
         try:
             task = parse_task(value, path.parent)
+            if not isinstance(domain, str) or not domain:
+                raise TaskSchemaError(f"task {task.id!r}: field 'domain' must be a non-empty string, got {domain!r}")
+            if isinstance(tier, bool) or not isinstance(tier, int) or tier < 0:
+                raise TaskSchemaError(f"task {task.id!r}: field 'tier' must be an int >= 0, got {tier!r}")
         except TaskSchemaError as error:
-            raise TaskSchemaError(f"{path}: {error}") from None
-        domain = value.get("domain", _domain_of(path, root))
-        tier = value.get("tier", (value.get("metadata") or {}).get("tier", 0))
-        if not isinstance(domain, str) or not domain:
-            raise TaskSchemaError(f"{path}: task {task.id!r}: field 'domain' must be a non-empty string, got {domain!r}")
-        if isinstance(tier, bool) or not isinstance(tier, int) or tier < 0:
-            raise TaskSchemaError(f"{path}: task {task.id!r}: field 'tier' must be an int >= 0, got {tier!r}")
-        out.append(SourceTask(task.id, "desktop", domain, tier, not task.evaluator.infeasible, task, str(path)))
+            domain = domain if isinstance(domain, str) and domain else _domain_of(path, root)
+            out.append(TaskFile(path, domain, 0, None, TaskSchemaError(f"{path}: {error}")))
+            continue
+        out.append(TaskFile(path, domain, tier, task))
+    return out
+
+
+def load_task_folder(folder: str | pathlib.Path) -> list[SourceTask]:
+    """Every desktop task under `folder` (any depth, sorted by path); see the module doc.
+    The first file that breaks the schema raises its error."""
+    out = []
+    for file in scan_task_folder(folder):
+        if file.error is not None:
+            raise file.error
+        task = file.task
+        out.append(SourceTask(task.id, "desktop", file.domain, file.tier, not task.evaluator.infeasible, task,
+                              str(file.path)))
     if not out:
         raise ValueError(f"task folder {str(folder)!r} holds no task files (JSON objects with an 'evaluator')")
     return out

@@ -2,6 +2,7 @@
 against one real desktop container."""
 
 import io
+import json
 import random
 import string
 
@@ -14,6 +15,8 @@ from cua_jax.envs.docker_pool import DockerEnvPool, PoolConfig
 from cua_jax.envs.images import ensure_image
 from cua_jax.tasks import judges
 from cua_jax.tasks.schema import parse_task
+from cua_jax.tasks.metrics.general import run_python_judge
+from cua_jax.tasks.metrics.sheets import compare_table, read_table
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -58,12 +61,19 @@ def test_typing_into_a_terminal_runs_the_command(env):
 def test_execute_run_python_and_bash_with_timeouts(env):
     client = env.client
     assert client.execute(["echo", "a b"])["output"] == "a b\n"
-    assert client.execute("exit 3", shell=True)["returncode"] == 3
-    assert client.execute(["no-such-program"])["returncode"] == 127
+    ran = client.execute("exit 3", shell=True)
+    assert (ran["status"], ran["returncode"]) == ("success", 3)  # it ran (OSWorld's meaning)
+    missing = client.execute(["no-such-program"])
+    assert (missing["status"], missing["returncode"]) == ("error", 127)
+    assert client.execute(["ls", "-d", "~/"])["output"] == "/root/\n"  # ~/ expanded, as OSWorld
     assert client.run_python("print(6 * 7)")["output"] == "42\n"
     slow = client.run_python("import time; time.sleep(30)", timeout=1)
     assert slow["status"] == "error" and "timed out" in slow["error"]
     assert client.run_bash_script("cd /tmp && pwd", working_dir="/")["output"] == "/tmp\n"
+    merged = client.run_bash_script("echo out; echo err >&2; exit 2")
+    assert (merged["output"], merged["error"], merged["returncode"]) == ("out\nerr\n", "", 2)
+    with pytest.raises(EnvRequestError, match="working directory"):
+        client.run_bash_script("true", working_dir="/no/such/dir")
 
 
 def test_files_upload_download_and_listing(env):
@@ -71,8 +81,19 @@ def test_files_upload_download_and_listing(env):
     client.upload("/root/data/blob.bin", bytes(range(256)))
     assert client.get_file("/root/data/blob.bin") == bytes(range(256))
     assert client.get_file("/root/data/missing") is None
-    tree = client.list_directory("/root/data")
-    assert tree["children"] == [{"name": "blob.bin", "type": "file"}]
+    client.upload("/root/data/deeper/still/x.txt", b"x")
+    tree = client.list_directory("/root/data", depth=None)
+    assert tree == {"type": "directory", "name": "data", "children": [
+        {"type": "file", "name": "blob.bin"},
+        {"type": "directory", "name": "deeper", "children": [
+            {"type": "directory", "name": "still", "children": [{"type": "file", "name": "x.txt"}]}]}]}
+    assert client.list_directory("/root/data", depth=1)["children"][1] == {"type": "directory", "name": "deeper"}
+    client.execute(["ln", "-s", "/root/data", "/root/data/deeper/loop"])  # never entered twice
+    looped = client.list_directory("/root/data", depth=None)["children"][1]["children"]
+    assert {"type": "directory", "name": "loop", "children": []} in looped
+    status, raw = client.request("POST", "/list_directory", {"path": "/root/data/deeper/still"})
+    assert json.loads(raw) == {"directory_tree": {"type": "directory", "name": "still",
+                                                  "children": [{"type": "file", "name": "x.txt"}]}}
     with pytest.raises(EnvRequestError, match="no such file"):
         client.open_file("/root/nothing.txt")
 
@@ -113,11 +134,11 @@ def test_vm_getters_and_python_judge(env, tmp_path):
     assert getters.vm_file("/root/absent.txt") is None
     assert getters.vm_command_line(["cat", "/root/result.txt"]) == "result\n"
     code = "import os\ndef check():\n    return 1.0 if os.path.exists('/root/result.txt') else 0.0\n"
-    assert judges.run_python_judge(env.client, code, "check", timeout=30) == 1.0
+    assert run_python_judge(env.client, code, "check", timeout=30) == 1.0
     with pytest.raises(judges.JudgeError, match="no result"):
-        judges.run_python_judge(env.client, "def check():\n    while True: pass\n", "check", timeout=1)
+        run_python_judge(env.client, "def check():\n    while True: pass\n", "check", timeout=1)
     with pytest.raises(judges.JudgeError, match="not a reward"):
-        judges.run_python_judge(env.client, "def check():\n    return 7\n", "check", timeout=30)
+        run_python_judge(env.client, "def check():\n    return 7\n", "check", timeout=30)
 
 
 def test_tcp_transport_requires_the_bearer_token(env):
@@ -148,10 +169,10 @@ def test_compare_table_reads_xlsx_written_by_the_spreadsheet(env, tmp_path):
     env.client.upload("/tmp/t.csv", "name,qty\nplum,7\n\u00e9t\u00e9,2.5\n".encode())
     assert env.client.execute(["ssconvert", "/tmp/t.csv", "/tmp/t.xlsx"])["returncode"] == 0
     xlsx = getters.vm_file("/tmp/t.xlsx")
-    assert judges.read_table(xlsx) == [[["name", "qty"], ["plum", "7"], ["\u00e9t\u00e9", "2.5"]]]
+    assert read_table(xlsx) == [[["name", "qty"], ["plum", "7"], ["\u00e9t\u00e9", "2.5"]]]
     same = tmp_path / "same.csv"
     same.write_text("name,qty\nplum,7\n\u00e9t\u00e9,2.50\n")
     other = tmp_path / "other.csv"
     other.write_text("name,qty\nplum,8\n\u00e9t\u00e9,2.5\n")
-    assert judges.compare_table(xlsx, str(same)) == 1.0
-    assert judges.compare_table(xlsx, str(other)) == 0.0
+    assert compare_table(xlsx, str(same)) == 1.0
+    assert compare_table(xlsx, str(other)) == 0.0

@@ -1,25 +1,44 @@
 """The HTTP endpoints (OSWorld's protocol plus /action), served on a Unix socket or TCP.
 
-Endpoints (JSON bodies unless noted; errors are JSON {"status": "error", "message"}):
+Endpoints (JSON bodies unless noted; errors are JSON {"status": "error", "message", "error"}):
     GET  /screenshot                        PNG of the screen
     POST /execute, /setup/execute           {command: str|list, shell?, timeout?} -> {status, output, error, returncode}
-    POST /run_python                        {code, timeout?} -> {status, output, error, returncode}
-    POST /run_bash_script                   {script, timeout?, working_dir?} -> {status, output, error, returncode}
-    POST /file                              form or JSON {file_path} -> the file's bytes
+                                            (status "success" once the command ran, whatever its exit status)
+    POST /run_python                        {code, timeout?} -> {status, output, error, returncode, return_code,
+                                             message: output and error together, need_more: false}
+    POST /run_bash_script                   {script, timeout?, working_dir?} -> {status, output: stdout and
+                                             stderr merged, error: "", returncode}
+    POST /file                              form or JSON {file_path} -> the file's bytes (404 when missing)
     POST /setup/upload                      multipart (file_path, file_data) or JSON {file_path, content_b64}
     POST /setup/launch                      {command: str|list, shell?} -> {status, pid}
     POST /setup/open_file                   {path, timeout?}: opens it in its application, waits for the window
     GET  /cursor_position                   [x, y] in pixels
     POST /screen_size                       {width, height}
     GET  /platform                          "Linux"
-    POST /list_directory                    {path} -> {name, type, children}
-    GET  /accessibility                     {AT: XML of the X window tree}
+    POST /list_directory                    {path, depth?} -> {directory_tree: {name, type, children}}
+                                            (every level unless depth is given)
+    POST /desktop_path                      {desktop_path} (404 when ~/Desktop does not exist)
+    POST /window_size                       form {app_class_name} -> {width, height} (404: no such window)
+    POST /wallpaper                         the wallpaper image (404 when none is set)
+    GET  /terminal                          {output: text of the focused terminal or null, status}
+    POST /start_recording, /end_recording   screen recording with ffmpeg; end returns the MP4
+                                            (501 where the environment has no ffmpeg)
+    GET  /accessibility                     {AT: XML of the accessibility tree: AT-SPI's in OSWorld's form
+                                             where the image has it, else the X window tree}
     POST /action                            {action: arguments object | text: tool-call text,
                                              screenshot?: bool} -> {status, result, screenshot_b64?}
     GET  /health                            {status, display}: 200 while Xvfb and the window manager live
 
 A request that is the agent's fault (a malformed action) gets 400; a failure of the
-environment itself gets 500. On TCP every request needs `Authorization: Bearer <token>`.
+environment itself gets 500. On TCP every request needs `Authorization: Bearer <token>`
+(OSWorld's own client reaches a container through cua_jax.envs.osworld_bridge instead).
+
+The replies have the shapes of OSWorld's server (desktop_env/server/main.py), so its
+`PythonController` reads them as it is. Where that server answers 500 for what is not
+the environment's failure (a command that timed out or does not exist), this one answers
+200 with status "error": OSWorld's client re-sends any non-200 request three times (so a
+timed-out script would run three more times), and our fault attribution counts 5xx as the
+infrastructure's fault.
 """
 
 from __future__ import annotations
@@ -30,23 +49,32 @@ import email.policy
 import hmac
 import http.server
 import json
+import mimetypes
 import os
 import pathlib
 import shlex
+import shutil
 import signal
 import socketserver
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import urllib.parse
 from typing import Any, Callable
+from xml.etree import ElementTree
+
+from Xlib import X, display as xdisplay, error as xerror
 
 from cua_jax.envs import actions as A
 from cua_jax.envs.server.display import Display
 from cua_jax.envs.server.executor import Executor
 
-DEFAULT_COMMAND_TIMEOUT = 60.0
+# OSWorld's server's defaults, for requests that name no timeout (its client names none).
+EXECUTE_TIMEOUT, RUN_PYTHON_TIMEOUT, RUN_BASH_TIMEOUT = 120.0, 30.0, 100.0
 MAX_COMMAND_TIMEOUT = 600.0
+RECORDING_PATH = "/tmp/recording.mp4"
 EDITOR_SUFFIXES = {".txt", ".md", ".py", ".json", ".cfg", ".ini", ".log", ".sh", ".yaml", ".yml"}
 SPREADSHEET_SUFFIXES = {".csv", ".xlsx", ".xls", ".ods", ".gnumeric", ".tsv"}
 
@@ -55,13 +83,20 @@ class BadRequest(Exception):
     """The request is malformed (HTTP 400)."""
 
 
-def run_process(command: str | list[str], shell: bool, timeout: float, cwd: str | None = None) -> dict[str, Any]:
-    """Run a command to completion in its own session; kill the whole group on timeout."""
+class NotAvailable(Exception):
+    """This environment lacks what the request needs (HTTP 501)."""
+
+
+def run_process(command: str | list[str], shell: bool, timeout: float, cwd: str | None = None,
+                merge_stderr: bool = False) -> dict[str, Any]:
+    """Run a command to completion in its own session; kill the whole group on timeout.
+    With `merge_stderr`, stderr goes into "output" in order and "error" is empty."""
     if isinstance(command, str) and not shell:
         command = shlex.split(command)
     timeout = min(float(timeout), MAX_COMMAND_TIMEOUT)
     process = subprocess.Popen(
-        command, shell=shell, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        command, shell=shell, cwd=cwd, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
         stdin=subprocess.DEVNULL, start_new_session=True,
     )
     try:
@@ -69,11 +104,26 @@ def run_process(command: str | list[str], shell: bool, timeout: float, cwd: str 
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         out, err = process.communicate()
-        return {"status": "error", "output": out.decode(errors="replace"),
-                "error": f"timed out after {timeout}s", "returncode": -1}
+        message = f"timed out after {timeout}s"
+        return {"status": "error", "output": out.decode(errors="replace"), "error": message,
+                "message": message, "returncode": -1}
     return {"status": "success" if process.returncode == 0 else "error",
-            "output": out.decode(errors="replace"), "error": err.decode(errors="replace"),
+            "output": out.decode(errors="replace"), "error": (err or b"").decode(errors="replace"),
             "returncode": process.returncode}
+
+
+def expand_home(command: str | list[str], shell: bool) -> str | list[str]:
+    """Arguments starting with ~/ name the home directory, as OSWorld's server expands them."""
+    if isinstance(command, str) and not shell:
+        command = shlex.split(command)
+    if isinstance(command, list):
+        command = [os.path.expanduser(arg) if isinstance(arg, str) and arg.startswith("~/") else arg
+                   for arg in command]
+    return command
+
+
+def _expand_path(path: str) -> pathlib.Path:
+    return pathlib.Path(os.path.expandvars(os.path.expanduser(path)))
 
 
 class Environment:
@@ -83,6 +133,8 @@ class Environment:
         self.display = display
         self.executor = Executor(display, home)
         self.home = home
+        self._recording: tuple[subprocess.Popen, Any] | None = None  # ffmpeg and its log file
+        self._recording_lock = threading.Lock()
 
     def open_file(self, path: str, timeout: float) -> dict[str, Any]:
         file = pathlib.Path(path).expanduser()
@@ -100,8 +152,7 @@ class Environment:
         return {"status": "success", "path": str(file)}
 
     def launch(self, command: str | list[str], shell: bool) -> int:
-        if isinstance(command, str) and not shell:
-            command = shlex.split(command)
+        command = expand_home(command, shell)
         env = {**os.environ, "DISPLAY": self.display.name}
         process = subprocess.Popen(command, shell=shell, env=env, cwd=self.home, stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -119,11 +170,146 @@ class Environment:
                 raise TimeoutError(f"no window named like '{name}' appeared within {timeout}s")
             time.sleep(0.2)
 
+    # ---- OSWorld's getters ------------------------------------------------------------
+    def desktop_path(self) -> str | None:
+        path = os.path.join(self.home, "Desktop")
+        return path if os.path.isdir(path) else None
 
-def _list_directory(path: pathlib.Path, depth: int) -> dict[str, Any]:
-    node: dict[str, Any] = {"name": path.name or str(path), "type": "directory" if path.is_dir() else "file"}
-    if path.is_dir() and depth > 0:
-        node["children"] = [_list_directory(child, depth - 1) for child in sorted(path.iterdir())]
+    def window_size(self, app_class_name: str) -> tuple[int, int] | None:
+        """(width, height) of the first window whose WM_CLASS names `app_class_name`
+        (either part, any case): the managed windows first, then the whole window tree."""
+        wanted = app_class_name.lower()
+        connection = xdisplay.Display(self.display.name)  # its own: requests run in threads
+        try:
+            root = connection.screen().root
+            managed = root.get_full_property(connection.intern_atom("_NET_CLIENT_LIST"), X.AnyPropertyType)
+            windows = ([connection.create_resource_object("window", wid) for wid in managed.value]
+                       if managed is not None and len(managed.value) else [])
+            for window in windows + _window_tree(root):
+                try:
+                    wm_class = window.get_wm_class()
+                    if not wm_class or wanted not in (name.lower() for name in wm_class):
+                        continue
+                    geometry = window.get_geometry()
+                    return int(geometry.width), int(geometry.height)
+                except xerror.XError:  # closed while we looked
+                    continue
+            return None
+        finally:
+            connection.close()
+
+    def wallpaper_path(self) -> str | None:
+        """The desktop background picture where the desktop names one (GNOME's setting)."""
+        if shutil.which("gsettings") is None:
+            return None
+        found = subprocess.run(["gsettings", "get", "org.gnome.desktop.background", "picture-uri"],
+                               capture_output=True, text=True, timeout=10)
+        path = found.stdout.strip().strip("'").replace("file://", "")
+        return path if found.returncode == 0 and path and os.path.isfile(path) else None
+
+    def terminal_output(self) -> str | None:
+        """The text of the focused terminal of the active GNOME Terminal window, read from the
+        accessibility tree as OSWorld's server reads it; None where there is no such terminal
+        or no accessibility bus (the plain desktop image), as OSWorld's server answers."""
+        from cua_jax.envs.server import accessibility
+
+        if not accessibility.atspi_available():
+            return None
+        try:
+            tree = ElementTree.fromstring(accessibility.atspi_tree())
+        except accessibility.AtspiUnavailable:
+            return None
+        state = "{%s}" % accessibility.NAMESPACES["st"]
+        terminals = [terminal for application in tree.iter("application")
+                     if application.get("name") == "gnome-terminal-server"
+                     for frame in application.findall("frame") if frame.get(state + "active") == "true"
+                     for terminal in frame.iter("terminal") if terminal.get(state + "focused") == "true"]
+        return (terminals[0].text or "").rstrip() if len(terminals) == 1 else None
+
+    def start_recording(self) -> None:
+        """Record the screen with ffmpeg into RECORDING_PATH (OSWorld's x11grab command)."""
+        if shutil.which("ffmpeg") is None:
+            raise NotAvailable("screen recording needs ffmpeg, which this environment lacks")
+        with self._recording_lock:
+            if self._recording is not None and self._recording[0].poll() is None:
+                raise BadRequest("a recording is already in progress")
+            if os.path.exists(RECORDING_PATH):
+                os.remove(RECORDING_PATH)
+            width, height = self.display.size()
+            log = tempfile.TemporaryFile()  # a file, not a pipe: a full pipe would stall ffmpeg
+            process = subprocess.Popen(
+                ["ffmpeg", "-nostdin", "-nostats", "-loglevel", "error", "-y", "-f", "x11grab",
+                 "-draw_mouse", "1", "-s", f"{width}x{height}", "-i", self.display.name,
+                 "-c:v", "libx264", "-pix_fmt", "yuv420p", "-r", "30", RECORDING_PATH],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+            try:
+                process.wait(timeout=2)  # it should still run by now
+            except subprocess.TimeoutExpired:
+                self._recording = (process, log)
+                return
+            log.seek(0)
+            message = log.read().decode(errors="replace")[-500:]
+            log.close()
+            raise RuntimeError(f"ffmpeg stopped at once: {message}")
+
+    def end_recording(self) -> bytes:
+        """Stop the recording and return the MP4."""
+        with self._recording_lock:
+            recording, self._recording = self._recording, None
+            if recording is None:
+                raise BadRequest("no recording is in progress")
+            process, log = recording
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)  # ffmpeg finishes the file on SIGINT
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            log.seek(0)
+            errors = log.read().decode(errors="replace")[-500:]
+            log.close()
+            if not os.path.isfile(RECORDING_PATH) or os.path.getsize(RECORDING_PATH) == 0:
+                raise RuntimeError(f"the recording is missing or empty; ffmpeg said: {errors}")
+            return pathlib.Path(RECORDING_PATH).read_bytes()
+
+
+def _window_tree(window) -> list:
+    """Every window below `window`, depth first."""
+    found = []
+    try:
+        children = window.query_tree().children
+    except xerror.XError:
+        return found
+    for child in children:
+        found.append(child)
+        found.extend(_window_tree(child))
+    return found
+
+
+def _directory_tree(path: pathlib.Path, depth: int | None, ancestors: frozenset = frozenset()) -> dict[str, Any]:
+    """OSWorld's tree: {type: "directory", name, children: [...]}, files as {type: "file", name}.
+    Symbolic links are followed, but never back into a directory being listed. A directory
+    at the depth limit has no "children"; one that cannot be read has an "error"."""
+    node: dict[str, Any] = {"type": "directory", "name": path.name or str(path)}
+    if depth is not None and depth <= 0:
+        return node
+    node["children"] = []
+    try:
+        status = path.stat()
+        key = (status.st_dev, status.st_ino)
+        if key in ancestors:
+            return node
+        entries = sorted(path.iterdir())
+    except OSError as error:
+        node["error"] = str(error)
+        return node
+    below = None if depth is None else depth - 1
+    for child in entries:
+        if child.is_dir():
+            node["children"].append(_directory_tree(child, below, ancestors | {key}))
+        else:
+            node["children"].append({"type": "file", "name": child.name})
     return node
 
 
@@ -206,15 +392,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
         try:
             route()
         except BadRequest as error:
-            self._json(400, {"status": "error", "message": str(error)})
+            self._error(400, str(error))
+        except NotAvailable as error:
+            self._error(501, str(error))
         except Exception as error:  # the environment itself failed: report, keep serving
-            self._json(500, {"status": "error", "message": f"{type(error).__name__}: {error}"})
+            self._error(500, f"{type(error).__name__}: {error}")
+
+    def _error(self, code: int, message: str) -> None:
+        # "message" for our client, "error" for OSWorld's (run_python_script reads it)
+        self._json(code, {"status": "error", "message": message, "error": message})
 
     def do_GET(self) -> None:
         self._dispatch({
             "/screenshot": self.screenshot, "/cursor_position": self.cursor_position,
             "/platform": self.platform, "/accessibility": self.accessibility, "/health": self.health,
             "/screen_size": self.screen_size,
+            "/terminal": self.terminal,
         })
 
     def do_POST(self) -> None:
@@ -224,6 +417,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             "/setup/launch": self.launch, "/setup/open_file": self.open_file,
             "/screen_size": self.screen_size, "/list_directory": self.list_directory,
             "/action": self.action, "/cursor_position": self.cursor_position,
+            "/desktop_path": self.desktop_path, "/window_size": self.window_size,
+            "/wallpaper": self.wallpaper, "/start_recording": self.start_recording,
+            "/end_recording": self.end_recording,
         })
 
     # ---- endpoints --------------------------------------------------------------------
@@ -245,43 +441,62 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self._json(200 if alive else 500, {"status": "ok" if alive else "error", "display": alive})
 
     def accessibility(self) -> None:
-        self._json(200, {"AT": self.environment.display.accessibility_tree()})
+        from cua_jax.envs.server.accessibility import accessibility_tree
+
+        self._json(200, {"AT": accessibility_tree(self.environment.display)})
 
     def execute(self) -> None:
         body = self._body()
         command = body.get("command")
         if not isinstance(command, (str, list)) or not command:
             raise BadRequest("'command' must be a string or a list of strings")
-        timeout = _number_field(body, "timeout", DEFAULT_COMMAND_TIMEOUT)
+        timeout = _number_field(body, "timeout", EXECUTE_TIMEOUT)
+        shell = bool(body.get("shell", False))
         try:
-            self._json(200, run_process(command, bool(body.get("shell", False)), timeout, self.environment.home))
+            reply = run_process(expand_home(command, shell), shell, timeout, self.environment.home)
         except (FileNotFoundError, PermissionError) as error:
-            self._json(200, {"status": "error", "output": "", "error": str(error), "returncode": 127})
+            reply = {"status": "error", "output": "", "error": str(error), "message": str(error), "returncode": 127}
+        if "message" not in reply:  # neither timed out nor failed to start
+            reply["status"] = "success"  # it ran; the exit status says how it went (as OSWorld)
+        self._json(200, reply)
 
     def run_python(self) -> None:
         body = self._body()
         code = body.get("code")
         if not isinstance(code, str):
             raise BadRequest("'code' must be a string")
-        timeout = _number_field(body, "timeout", DEFAULT_COMMAND_TIMEOUT)
-        self._json(200, run_process([sys.executable, "-c", code], False, timeout, self.environment.home))
+        timeout = _number_field(body, "timeout", RUN_PYTHON_TIMEOUT)
+        reply = run_process([sys.executable, "-c", code], False, timeout, self.environment.home)
+        # OSWorld's fields besides ours: stdout and stderr together, its name of the exit status
+        joined = "\n".join(part for part in (reply["output"], reply["error"]) if part)
+        reply.setdefault("message", joined)
+        reply.update(need_more=False, return_code=reply["returncode"])
+        self._json(200, reply)
 
     def run_bash_script(self) -> None:
         body = self._body()
         script = body.get("script")
         if not isinstance(script, str):
             raise BadRequest("'script' must be a string")
-        timeout = _number_field(body, "timeout", DEFAULT_COMMAND_TIMEOUT)
-        cwd = body.get("working_dir") or self.environment.home
-        self._json(200, run_process(["bash", "-c", script], False, timeout, cwd))
+        timeout = _number_field(body, "timeout", RUN_BASH_TIMEOUT)
+        cwd = os.path.expanduser(body.get("working_dir") or self.environment.home)
+        if not os.path.isdir(cwd):
+            self._json(400, {"status": "error", "output": f"Working directory does not exist: {cwd}",
+                             "error": "", "message": f"no such working directory: {cwd}", "returncode": -1})
+            return
+        reply = run_process(["bash", "-c", script], False, timeout, cwd, merge_stderr=True)
+        if "message" in reply:  # timed out: OSWorld says so in "output"
+            reply["output"] += f"Script execution timed out after {timeout:g} seconds"
+        reply["error"] = ""
+        self._json(200, reply)
 
     def file(self) -> None:
         path = self._body().get("file_path")
         if not isinstance(path, str) or not path:
             raise BadRequest("'file_path' is required")
-        file = pathlib.Path(path).expanduser()
+        file = _expand_path(path)
         if not file.is_file():
-            self._json(404, {"status": "error", "message": f"no such file: {path}"})
+            self._error(404, f"no such file: {path}")
             return
         self._send(200, file.read_bytes(), "application/octet-stream")
 
@@ -296,7 +511,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 raise BadRequest(f"'content_b64' is not base64: {error}") from None
         if not isinstance(path, str) or not path or not isinstance(data, (bytes, str)):
             raise BadRequest("'file_path' and 'file_data' (or 'content_b64') are required")
-        file = pathlib.Path(path).expanduser()
+        file = _expand_path(path)
         file.parent.mkdir(parents=True, exist_ok=True)
         file.write_bytes(data if isinstance(data, bytes) else data.encode())
         self._json(200, {"status": "success", "path": str(file)})
@@ -324,10 +539,45 @@ class Handler(http.server.BaseHTTPRequestHandler):
         path = pathlib.Path(str(body.get("path", self.environment.home))).expanduser()
         if not path.is_dir():
             raise BadRequest(f"not a directory: {path}")
-        depth = body.get("depth", 3)
-        if not isinstance(depth, int) or isinstance(depth, bool) or not 0 <= depth <= 20:
+        depth = body.get("depth")
+        if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or not 0 <= depth <= 20):
             raise BadRequest(f"'depth' must be an integer in [0, 20], got {depth!r}")
-        self._json(200, _list_directory(path, depth))
+        self._json(200, {"directory_tree": _directory_tree(path, depth)})
+
+    def desktop_path(self) -> None:
+        path = self.environment.desktop_path()
+        if path is None:
+            self._error(404, f"no desktop directory under {self.environment.home}")
+            return
+        self._json(200, {"desktop_path": path})
+
+    def window_size(self) -> None:
+        name = self._body().get("app_class_name")
+        if not isinstance(name, str) or not name:
+            raise BadRequest("'app_class_name' is required")
+        size = self.environment.window_size(name)
+        if size is None:
+            self._error(404, f"no window of class '{name}'")
+            return
+        self._json(200, {"width": size[0], "height": size[1]})
+
+    def wallpaper(self) -> None:
+        path = self.environment.wallpaper_path()
+        if path is None:
+            self._error(404, "no wallpaper is set")
+            return
+        content_type = mimetypes.guess_type(path)[0] or "application/octet-stream"
+        self._send(200, pathlib.Path(path).read_bytes(), content_type)
+
+    def terminal(self) -> None:
+        self._json(200, {"output": self.environment.terminal_output(), "status": "success"})
+
+    def start_recording(self) -> None:
+        self.environment.start_recording()
+        self._json(200, {"status": "success", "message": "Started recording successfully."})
+
+    def end_recording(self) -> None:
+        self._send(200, self.environment.end_recording(), "video/mp4")
 
     def action(self) -> None:
         body = self._body()

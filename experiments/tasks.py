@@ -1,0 +1,138 @@
+"""Task folders: python -m experiments.tasks check DIR [--image desktop | --apps a,b] [--mirror DIR]
+
+`check` classifies every task file under DIR (OSWorld's layout examples/<domain>/<id>.json,
+or any folder cua_jax.tasks.sources reads) and prints a table: per task whether it is
+runnable here and why not (cua_jax.tasks.runnable: a missing app, the network, an
+unimplemented step / getter / metric; a file that breaks the schema with its error), then
+per domain the counts of files, parsed, runnable and not runnable tasks, and the tasks per
+reason. The apps come from probing the environment image (--image: a name under
+launch/images or a full tag; one throwaway container) unless --apps lists them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+from cua_jax.tasks import runnable as R
+from cua_jax.tasks.sources import scan_task_folder
+
+
+def resolve_image(name: str) -> str:
+    """The local tag of image `name`: a full tag as given, else the tag of the current
+    sources (cua_jax.envs.images), else <repository>/<name>:latest; an error naming the
+    build command when neither is built."""
+    from cua_jax.envs import images
+
+    if ":" in name or "/" in name:
+        return name
+    candidates = [images.image_tag(name), f"{images.REPOSITORY}/{name}:latest"]
+    for tag in candidates:
+        if images.image_exists(tag):
+            return tag
+    raise SystemExit(f"image {name!r} is not built ({' or '.join(candidates)}); build it with "
+                     f"`bash launch/images/build.sh {name}` or pass --apps")
+
+
+def classify(folder: str | pathlib.Path, image_apps: set[str] | None = None, image: str | None = None,
+             mirror: str | None = None) -> list[dict[str, Any]]:
+    """One row per task file: {path, domain, id, status, reasons, groups}; status is
+    "runnable", "not runnable" or "schema error". The apps are `image_apps`, else probed
+    in `image`."""
+    files = scan_task_folder(folder)
+    task_needs = {file.path: R.needs(file.task, mirror) for file in files if file.task is not None}
+    if image_apps is None:
+        names = sorted({name for found in task_needs.values() for name in R.probe_names(found)})
+        image_apps = R.probe_image(image, names) if image else set()
+    rows = []
+    for file in files:
+        row = {"path": str(file.path), "domain": file.domain, "id": file.task.id if file.task else file.path.stem}
+        if file.task is None:
+            message = str(file.error).split(": ", 1)[1] if ": " in str(file.error) else str(file.error)
+            rows.append({**row, "status": "schema error", "reasons": [message], "groups": ["schema error"]})
+            continue
+        found = task_needs[file.path]
+        ok, reasons = R.runnable(file.task, image_apps, mirror, found)
+        groups = []
+        for need in found:
+            if need.reason in reasons and need.group not in groups:
+                groups.append(need.group)
+        rows.append({**row, "status": "runnable" if ok else "not runnable", "reasons": reasons, "groups": groups})
+    return rows
+
+
+def _table(header: list[str], lines: list[list[Any]], widths: list[int] | None = None) -> str:
+    cells = [header] + [[str(c) for c in line] for line in lines]
+    widths = widths or [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) if i < len(row) - 1 else c for i, (c, w) in enumerate(zip(row, widths)))
+                     for row in cells)
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """Per domain counts, then the tasks per reason (a task counts once per reason)."""
+    domains = sorted({row["domain"] for row in rows})
+    counts = {d: collections.Counter(row["status"] for row in rows if row["domain"] == d) for d in domains}
+    lines = []
+    for domain in domains + ["(all)"]:
+        c = counts[domain] if domain != "(all)" else sum(counts.values(), collections.Counter())
+        total = sum(c.values())
+        lines.append([domain, total, total - c["schema error"], c["runnable"], c["not runnable"], c["schema error"]])
+    out = [_table(["DOMAIN", "FILES", "PARSED", "RUNNABLE", "NOT RUNNABLE", "SCHEMA ERRORS"], lines)]
+    by_reason: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for row in rows:
+        for group in row["groups"]:
+            by_reason[group][row["domain"]] += 1
+    ordered = sorted(by_reason.items(), key=lambda item: (-sum(item[1].values()), item[0]))
+    reason_lines = [[group, sum(c.values()), ", ".join(f"{d} {n}" for d, n in sorted(c.items()))]
+                    for group, c in ordered]
+    out.append(_table(["REASON (tasks not runnable or not parsed)", "TASKS", "BY DOMAIN"], reason_lines))
+    return "\n\n".join(out)
+
+
+def check(args: argparse.Namespace) -> int:
+    apps = None
+    if args.apps is not None:
+        apps = {a.strip() for a in args.apps.split(",") if a.strip() and a.strip() != "none"}
+    try:
+        rows = classify(args.folder, apps, None if apps is not None else resolve_image(args.image), args.mirror)
+    except (FileNotFoundError, RuntimeError, subprocess.SubprocessError) as error:
+        print(f"check: {error}", file=sys.stderr)
+        return 2
+    if not rows:
+        print(f"check: {args.folder} holds no task files (JSON objects with an 'id', 'instruction' or 'evaluator')",
+              file=sys.stderr)
+        return 2
+    if not args.summary:
+        root = pathlib.Path(args.folder)
+        lines = [[pathlib.Path(row["path"]).relative_to(root), row["status"], "; ".join(row["reasons"])] for row in rows]
+        print(_table(["TASK FILE", "STATUS", "WHY NOT"], lines))
+        print()
+    print(summary(rows))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.tasks", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    checker = commands.add_parser("check", help="classify every task file of a folder: runnable here or why not")
+    checker.add_argument("folder", help="a task folder, e.g. OSWorld's evaluation_examples/examples")
+    checker.add_argument("--image", default="desktop",
+                         help="the environment image whose apps count: a name under launch/images or a full tag")
+    checker.add_argument("--apps", help="comma-separated apps (and interpreter:module names) instead of probing "
+                                        "the image; 'none' for no app")
+    checker.add_argument("--mirror", help="the download mirror folder (default: $CUA_JAX_DOWNLOAD_MIRROR)")
+    checker.add_argument("--summary", action="store_true", help="print only the per-domain and per-reason tables")
+    checker.add_argument("--json", help="also write the rows as JSON to this file")
+    args = parser.parse_args(argv)
+    return check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
