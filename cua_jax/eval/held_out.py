@@ -5,15 +5,18 @@ Newcombe's interval, unpaired and paired by seed; episode traces people can look
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from cua_jax.envs import actions as A
 from cua_jax.eval.intervals import difference_interval, paired_difference_interval, wilson_interval
-from cua_jax.types import Episode, EpisodeStatus
+from cua_jax.types import Episode, EpisodeStatus, TrainingItem
 
 
 def held_out_requests(tasks: Sequence[str], seed_start: int, num_seeds: int) -> list[tuple[str, int, int]]:
@@ -76,37 +79,184 @@ def success_gain(first: Mapping[str, Any], second: Mapping[str, Any], confidence
     return gain
 
 
-def save_traces(directory: str, episodes: Sequence[Episode]) -> None:
-    """Each episode as <directory>/<k>/turn_<t>.png screenshots plus trace.json (actions, rewards)."""
+TRACE_FORMAT = 2  # trace.json layout: per-turn tokens, logprobs, points; per-episode advantage, staleness
+
+# A DOM text line with geometry (cua_jax.envs.miniwob.dom_to_text): "[ref] ... @left,top wxh".
+_ELEMENT_BOX = re.compile(r"^\s*\[(?P<ref>-?\d+)\] .*? @(?P<left>-?[\d.]+),(?P<top>-?[\d.]+) "
+                          r"(?P<width>[\d.]+)x(?P<height>[\d.]+)(?: click=\[\d+, \d+\])?$", re.MULTILINE)
+
+
+def action_points(action: Any, width: int, height: int) -> list[list[int]]:
+    """The screenshot pixels an action points at, converted from the action grid: [] when it
+    has none, one point for clicks, moves, scrolls and button presses, [start, end] for a drag
+    that names its start (a drag from the pointer gives its end only)."""
+    if isinstance(action, A.LeftClickDrag) and action.start_x is not None:
+        grid_points = [(action.start_x, action.start_y), (action.x, action.y)]
+    elif A.uses_coordinates(action):
+        grid_points = [(action.x, action.y)]
+    else:
+        grid_points = []
+    return [list(A.grid_to_pixels(x, y, width, height)) for x, y in grid_points]
+
+
+def element_box(observation_text: str, element: int) -> list[float] | None:
+    """[left, top, width, height] of element `element` as the observation's DOM text places it
+    (page pixels, which are the screenshot's: the screenshot is the task region), or None when
+    the text does not give its geometry."""
+    for match in _ELEMENT_BOX.finditer(observation_text or ""):
+        if int(match["ref"]) == element:
+            return [float(match[k]) for k in ("left", "top", "width", "height")]
+    return None
+
+
+def decode_tokens(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Each token id decoded on its own (`tokenizer.decode([id])`), so the viewer can shade it."""
+    return [tokenizer.decode([int(i)]) for i in ids]
+
+
+def _floats(values: Any) -> list[float | None]:
+    return [float(v) if np.isfinite(v) else None for v in np.asarray(values, np.float64).reshape(-1)]
+
+
+def turn_logprobs_from_items(episode: Episode, items: Sequence[TrainingItem],
+                             item_logprobs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Per turn of `episode`, the learner's logprob of each response token, read off the
+    items that train it: an item's loss-masked positions hold the responses of its
+    step_indices, in order. Raises ValueError when the items do not cover the responses."""
+    per_turn: dict[int, np.ndarray] = {}
+    for item, logprobs in zip(items, item_logprobs):
+        if item.episode_id != episode.episode_id:
+            continue
+        row = np.asarray(logprobs, np.float32).reshape(-1)
+        if len(row) < len(item):
+            raise ValueError(f"{episode.episode_id}: item of turns {item.step_indices} has {len(item)} tokens, "
+                             f"its logprobs {len(row)}")
+        masked = row[: len(item)][np.asarray(item.loss_mask) > 0]  # rows may be padded past the item
+        lengths = [len(episode.turns[t].response_ids) for t in item.step_indices]
+        if sum(lengths) != len(masked):
+            raise ValueError(f"{episode.episode_id}: item of turns {item.step_indices} trains {len(masked)} tokens, "
+                             f"its turns' responses hold {sum(lengths)}")
+        for t, part in zip(item.step_indices, np.split(masked, np.cumsum(lengths)[:-1])):
+            per_turn[t] = part
+    return [per_turn.get(t, np.full(len(turn.response_ids), np.nan, np.float32)) for t, turn in enumerate(episode.turns)]
+
+
+def trace_record(episode: Episode, tokenizer: Any = None, learner_logprobs: Sequence[np.ndarray] | None = None,
+                 advantage: float | None = None, turn_advantages: Mapping[int, float] | None = None,
+                 version: int | None = None) -> dict[str, Any]:
+    """The trace.json record of an episode (without its screenshot names): see `save_traces`."""
+    if learner_logprobs is not None and len(learner_logprobs) != len(episode.turns):
+        raise ValueError(f"{episode.episode_id}: learner logprobs for {len(learner_logprobs)} turns, "
+                         f"the episode has {len(episode.turns)}")
+    turns = []
+    for t, turn in enumerate(episode.turns):
+        ids = np.asarray(turn.response_ids).reshape(-1)
+        height, width = (np.asarray(turn.images[0]).shape[:2] if turn.images else (None, None))
+        element = getattr(turn.action, "element", None)
+        turn_version = None if turn.info.get("policy_version") is None else int(turn.info["policy_version"])
+        learner = None if learner_logprobs is None else _floats(learner_logprobs[t])
+        if learner is not None and len(learner) != len(ids):
+            raise ValueError(f"{episode.episode_id}: turn {t} has {len(ids)} response tokens, "
+                             f"its learner logprobs {len(learner)}")
+        turns.append({
+            "screenshots": [], "screen_size": None if width is None else [int(width), int(height)],
+            "observation_text": turn.observation_text, "response": turn.response_text,
+            "action": repr(turn.action),
+            "action_arguments": None if turn.action is None else A.action_arguments(turn.action),
+            "invalid_action": turn.info.get("invalid_action"), "reward": turn.reward,
+            "points": [] if width is None or turn.action is None else action_points(turn.action, width, height),
+            "element": element,
+            "element_box": None if element is None else element_box(turn.observation_text, element),
+            "policy_version": turn_version,
+            "staleness": None if version is None or turn_version is None else int(version) - turn_version,
+            "advantage": None if turn_advantages is None else turn_advantages.get(t),
+            "token_ids": [int(i) for i in ids],
+            "tokens": None if tokenizer is None else decode_tokens(tokenizer, ids),
+            "rollout_logprobs": _floats(turn.response_logprobs),
+            "learner_logprobs": learner,
+        })
+    return {"format": TRACE_FORMAT, "episode_id": episode.episode_id, "task_id": episode.task_id,
+            "group_id": episode.group_id, "seed": None if episode.info.get("seed") is None else int(episode.info["seed"]), "instruction": episode.instruction,
+            "status": episode.status.value, "reward": episode.reward, "quarantine_reason": episode.quarantine_reason,
+            "policy_version": episode.policy_version, "saved_at_version": version,
+            "staleness": None if version is None else int(version) - int(episode.policy_version),
+            "advantage": advantage, "turns": turns}
+
+
+def save_traces(directory: str, episodes: Sequence[Episode], tokenizer: Any = None,
+                learner_logprobs: Mapping[str, Sequence[np.ndarray]] | None = None,
+                advantages: Mapping[str, float] | None = None, version: int | None = None,
+                turn_advantages: Mapping[str, Mapping[int, float]] | None = None) -> None:
+    """Each episode as <directory>/<k>/turn_<t>_<i>.png screenshots plus trace.json, what the
+    trajectory viewer (`cua_jax.observe.viewer`) shows.
+
+    trace.json (format TRACE_FORMAT): the episode's ids, task, seed, instruction, status, reward,
+    quarantine reason, policy version, `saved_at_version` (`version`, the policy's version when
+    saved), staleness (saved_at_version minus the episode's version), advantage; per turn: the
+    screenshots, screen size, observation text, reply, action (repr and tool-call arguments),
+    invalid-action message, reward, `points` (the action's screenshot pixels: [start, end] for a
+    drag), `element` and `element_box` (element actions), policy version and staleness, advantage,
+    token ids, `tokens` (each id decoded alone; null without a tokenizer), `rollout_logprobs` (the
+    engine's) and `learner_logprobs` (null unless given). Optional, by episode id:
+    `learner_logprobs` (one array per turn), `advantages`, `turn_advantages` (turn -> advantage)."""
     from PIL import Image
 
     for k, episode in enumerate(episodes):
         folder = os.path.join(directory, f"{k:02d}")
         os.makedirs(folder, exist_ok=True)
-        turns = []
+        record = trace_record(
+            episode, tokenizer, None if learner_logprobs is None else learner_logprobs.get(episode.episode_id),
+            None if advantages is None else advantages.get(episode.episode_id),
+            None if turn_advantages is None else turn_advantages.get(episode.episode_id), version)
         for t, turn in enumerate(episode.turns):
-            shots = []
             for i, image in enumerate(turn.images):
                 name = f"turn_{t:02d}_{i}.png"
                 Image.fromarray(np.asarray(image, np.uint8)).save(os.path.join(folder, name))
-                shots.append(name)
-            turns.append({"screenshots": shots, "observation_text": turn.observation_text,
-                          "response": turn.response_text, "action": repr(turn.action),
-                          "invalid_action": turn.info.get("invalid_action"), "reward": turn.reward})
-        record = {"episode_id": episode.episode_id, "task_id": episode.task_id, "instruction": episode.instruction,
-                  "status": episode.status.value, "reward": episode.reward,
-                  "quarantine_reason": episode.quarantine_reason, "turns": turns}
+                record["turns"][t]["screenshots"].append(name)
         with open(os.path.join(folder, "trace.json"), "w") as f:
-            json.dump(record, f, indent=2)
+            json.dump(record, f, indent=2, ensure_ascii=False)
 
 
-def evaluate_held_out(worker: Any, tasks: Sequence[str], config: Any, directory: str) -> dict[str, Any]:
+def save_training_traces(directory: str, batch: Any, score_items: Callable[[Sequence[int]], Sequence[np.ndarray]],
+                         version: int, num_episodes: int = 3, tokenizer: Any = None) -> list[str]:
+    """Saves `num_episodes` episodes of a learner step's batch (a `PreparedBatch`) as traces
+    (`save_traces`) with the learner's logprobs and the advantages; returns their episode ids.
+
+    The episodes are those with the largest advantages in magnitude, alternating sign (what
+    the step pushed up and down hardest). An episode's advantage is the mean of its items'; a
+    turn's is the advantage of its item. `score_items(indices)`: the learner's per-token
+    logprobs ([L] each, aligned with the item's ids) of the batch's items at `indices`; only
+    the chosen episodes' items are scored."""
+    by_episode: dict[str, list[int]] = collections.defaultdict(list)
+    for i, item in enumerate(batch.items):
+        by_episode[item.episode_id].append(i)
+    advantages = {e: float(np.mean([batch.item_advantages[i] for i in rows])) for e, rows in by_episode.items()}
+    ups = sorted((e for e in advantages if advantages[e] >= 0), key=lambda e: -advantages[e])
+    downs = sorted((e for e in advantages if advantages[e] < 0), key=lambda e: advantages[e])
+    chosen = [e for pair in itertools.zip_longest(ups, downs) for e in pair if e is not None][:num_episodes]
+    indices = [i for e in chosen for i in by_episode[e]]
+    rows = list(score_items(indices))
+    if len(rows) != len(indices):
+        raise ValueError(f"score_items returned {len(rows)} rows for {len(indices)} items")
+    scored = dict(zip(indices, rows))
+    episodes = [batch.episodes[e] for e in chosen]
+    logprobs = {e: turn_logprobs_from_items(batch.episodes[e], [batch.items[i] for i in by_episode[e]],
+                                            [scored[i] for i in by_episode[e]]) for e in chosen}
+    turn_advantages = {e: {t: float(batch.item_advantages[i]) for i in by_episode[e] for t in batch.items[i].step_indices}
+                       for e in chosen}
+    save_traces(directory, episodes, tokenizer, logprobs, advantages, version, turn_advantages)
+    return chosen
+
+
+def evaluate_held_out(worker: Any, tasks: Sequence[str], config: Any, directory: str, tokenizer: Any = None,
+                      version: int | None = None) -> dict[str, Any]:
     """One held-out evaluation of a run (`config`: its eval and env sections): `run_held_out`,
     `success_summary`, and config.eval.num_traces traces spread over the tasks, saved under
-    `directory`."""
+    `directory` (`save_traces`: with `tokenizer`, the replies' tokens; with `version`, the
+    policy's current version, the traces' staleness)."""
     episodes = run_held_out(worker, tasks, config.eval, config.env.eval_seed_start)
     result = success_summary(episodes, tasks, config.eval.confidence)
     stride = max(1, len(episodes) // max(config.eval.num_traces, 1))
-    save_traces(directory, episodes[::stride][: config.eval.num_traces])
+    save_traces(directory, episodes[::stride][: config.eval.num_traces], tokenizer, version=version)
     return result
 

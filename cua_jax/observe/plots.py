@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import matplotlib
@@ -36,3 +37,14 @@ def plot_curves(metrics_path: str, keys: Sequence[str], out_path: str, title: st
     fig.savefig(out_path, dpi=110)
     plt.close(fig)
     return out_path
+
+
+# What a training run's learning curve shows, one panel each.
+LEARNING_CURVE_KEYS = ("reward/mean", "success/rate", "groups/informative_fraction", "learner/loss", "learner/entropy")
+
+
+def plot_learning_curve(workdir: str, title: str = "") -> str:
+    """<workdir>/learning_curve.png from <workdir>/metrics.jsonl (`LEARNING_CURVE_KEYS`)."""
+    return plot_curves(os.path.join(workdir, "metrics.jsonl"), LEARNING_CURVE_KEYS,
+                       os.path.join(workdir, "learning_curve.png"), title=title)
+

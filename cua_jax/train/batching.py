@@ -312,3 +312,16 @@ def process_images(
                 raise ValueError(f"image {key}: the processor gives grid {grid}, the item's span says {span.grid_thw}")
             out[key] = np.asarray(processed["pixel_values"], np.float32)
     return out
+
+
+def score_items(learner, items: Sequence[TrainingItem], episodes: Mapping[str, Episode], config: BatchingConfig,
+                image_processor, multimodal: MultimodalPositions | None) -> list[np.ndarray]:
+    """The learner's per-token logprobs of each item ([len(item.ids)] each, aligned with its
+    ids), one item per row (`Learner.score`), under its current parameters."""
+    out = []
+    for item in items:
+        patches = process_images([item], episodes, image_processor)
+        micro = make_minibatches([item], np.zeros(1, np.float32), config, 1, pixel_patches=patches,
+                                 multimodal=multimodal)[0][0]
+        out.append(np.asarray(learner.score(micro))[0, : len(item.ids)])
+    return out

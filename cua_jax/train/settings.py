@@ -186,6 +186,7 @@ class TrainSettings:
             _require(c.train.mode == "on_policy" and c.learner.num_minibatches == 1, "learner.old_logprobs",
                      "'current' equals the sampling policy only strictly on-policy; use 'recompute' or 'rollout'")
         _require(c.train.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {c.train.checkpoint_every}")
+        _require(c.train.trace_every >= 0, "train.trace_every", f"must be >= 0, got {c.train.trace_every}")
         _require(c.warm_start.steps >= 0, "warm_start.steps", f"must be >= 0, got {c.warm_start.steps}")
         if c.warm_start.steps > 0:
             from cua_jax.envs.miniwob_oracle import ORACLE_TASKS

@@ -24,7 +24,8 @@ Modes (config.train.mode):
              staleness window, mini-batches hold whole groups.
 
 Evaluation runs held-out seeds of the evaluation tasks before the first step and after the
-last (success rate with a Wilson interval; a few episode traces as PNG + JSON). Metrics go to
+last (success with a Wilson interval). Traces (PNG + JSON, for `python -m experiments.view`)
+come from evaluations and, every train.trace_every steps, from the batch. Metrics go to
 `MetricWriter` per step; the learning curve is drawn at the end. A run checkpoints with Orbax
 (`cua_jax.train.checkpoint`) and resumes exactly: every random draw is a function of the step.
 """
@@ -43,15 +44,16 @@ import numpy as np
 
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import make_segmenter
-from cua_jax.eval.held_out import evaluate_held_out, success_gain
+from cua_jax.eval.held_out import evaluate_held_out, save_training_traces, success_gain
 from cua_jax.models.sharding import make_mesh
-from cua_jax.observe.metrics import TIMING_PREFIX, drop_records_from
+from cua_jax.observe.metrics import TIMING_PREFIX, MetricWriter, drop_records_from
+from cua_jax.observe.plots import plot_learning_curve
 from cua_jax.observe.progress import StepProgress
 from cua_jax.rollout.agent_loop import reserved_token_ids
 from cua_jax.observe.episode_log import EpisodeLog
 from cua_jax.rollout.rollout_worker import EnvWrapper, ensure_local_ray
 from cua_jax.tasks.samplers import build_sampler
-from cua_jax.train.batching import MultimodalPositions, make_minibatches, process_images
+from cua_jax.train.batching import MultimodalPositions, make_minibatches, process_images, score_items
 from cua_jax.train.async_rollouts import RolloutFeeder
 from cua_jax.train.buffer import RolloutBuffer
 from cua_jax.train.build import (
@@ -158,10 +160,8 @@ class Trainer:
     # -- metrics --------------------------------------------------------------------------
 
     @property
-    def writer(self):
+    def writer(self) -> MetricWriter:
         if self._writer is None:
-            from cua_jax.observe.metrics import MetricWriter
-
             self._writer = MetricWriter(self.workdir)
         return self._writer
 
@@ -188,6 +188,8 @@ class Trainer:
             metrics["learner/skipped"] = 1.0
             metrics[TIMING_PREFIX + "learn_s"] = time.perf_counter() - t0
             return metrics
+        if self.config.train.trace_every and self.step % self.config.train.trace_every == 0:
+            self._trace(batch)
         pixel_patches = process_images(batch.items, batch.episodes, self.image_processor)
         minibatches = make_minibatches(batch.items, batch.item_advantages, self.settings.batching,
                                        len(batch.minibatch_groups), pixel_patches=pixel_patches,
@@ -201,6 +203,14 @@ class Trainer:
         metrics[TIMING_PREFIX + "learn_s"] = t1 - t0
         metrics[TIMING_PREFIX + "sync_s"] = time.perf_counter() - t1
         return metrics
+
+    def _trace(self, batch: PreparedBatch) -> None:
+        """eval.num_traces episodes of the batch for the viewer, with the learner's logprobs before the update."""
+        def score(indices):
+            return score_items(self.learner, [batch.items[i] for i in indices], batch.episodes, self.settings.batching,
+                               self.image_processor, self.multimodal)
+        save_training_traces(os.path.join(self.workdir, "traces", f"train_{self.step:06d}"), batch, score,
+                             self.version, self.config.eval.num_traces, self.tokenizer)
 
     def sync_weights(self) -> None:
         """Pushes the learner's parameters to every engine as the next policy version."""
@@ -268,7 +278,7 @@ class Trainer:
         """Success on held-out seeds of the evaluation tasks (`cua_jax.eval.held_out`), logged,
         kept in evaluations[label], with a few traces spread over the tasks."""
         result = evaluate_held_out(self.workers[0], self.eval_tasks, self.config,
-                                   os.path.join(self.workdir, "traces", label))
+                                   os.path.join(self.workdir, "traces", label), self.tokenizer, self.version)
         self._log(self.step, {f"eval_{label}/{k}": v for k, v in result.items() if k != "outcomes"})
         self.evaluations[label] = result
         return result
@@ -279,10 +289,8 @@ class Trainer:
         difficulty), stored as evaluations["gain"] and logged."""
         if first not in self.evaluations or second not in self.evaluations:
             return None
-        c = self.config
-        gain = success_gain(self.evaluations[first], self.evaluations[second], c.eval.confidence,
-                            paired=c.eval.group_size == 1)
-        self.evaluations["gain"] = gain
+        gain = self.evaluations["gain"] = success_gain(self.evaluations[first], self.evaluations[second],
+                                                       self.config.eval.confidence, paired=self.config.eval.group_size == 1)
         self._log(self.step, {f"eval_gain/{k}": v for k, v in gain.items()})
         return gain
 
@@ -354,20 +362,13 @@ class Trainer:
         if c.eval.enabled:
             self.evaluate("after")
             self.compare_evaluations()
-        curve = self.plot()
+        self.writer.flush()
+        curve = plot_learning_curve(self.workdir, self.config.name)
         summary = {"steps": self.step, "evaluations": self.evaluations, "curve": curve,
                    "warm_start": self.warm_start_metrics}
         with open(os.path.join(self.workdir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         return summary
-
-    def plot(self) -> str | None:
-        from cua_jax.observe.plots import plot_curves
-
-        path = self.writer.jsonl_path
-        self.writer.flush()
-        keys = ["reward/mean", "success/rate", "groups/informative_fraction", "learner/loss", "learner/entropy"]
-        return plot_curves(path, keys, os.path.join(self.workdir, "learning_curve.png"), title=self.config.name)
 
     def close(self) -> None:
         self.stop_rollouts()

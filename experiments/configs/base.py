@@ -203,6 +203,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 5  # steps between checkpoints (the last step is always saved)
     c.train.keep_checkpoints = 2
     c.train.progress_bar = True
+    # Every this many steps, eval.num_traces episodes of the batch are saved for the viewer
+    # (traces/train_<step>: screenshots, replies, rollout and learner logprobs, advantages). 0: never.
+    c.train.trace_every = 0
 
     # Task sampling (cua_jax.tasks.samplers.build_sampler).
     c.sampler = ml_collections.ConfigDict()

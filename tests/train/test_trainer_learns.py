@@ -12,6 +12,7 @@ quarantined.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
 
 import jax
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cua_jax.observe.viewer import build_site
 from cua_jax.rollout.engine import Generation, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.train.batching import make_minibatches, process_images
 from cua_jax.train.trainer import Trainer
@@ -68,6 +70,8 @@ def test_a_successful_episode_per_group_raises_its_reply_logprob(tmp_path):
     config.env.tasks = (TASK,)
     config.env.task_tiers = (0,)
     config.loss.entropy_coef = 0.0  # only the verdicts move the policy
+    config.train.trace_every = 1  # the step's traces for the viewer, with the learner's logprobs
+    config.eval.num_traces = 2
     with Trainer(config) as trainer:
         worker = trainer.workers[0]
         oracle = OracleDemonstrator(trainer.tokenizer, trainer.renderer.end_of_turn_id, TASK, reasoning=False,
@@ -95,3 +99,15 @@ def test_a_successful_episode_per_group_raises_its_reply_logprob(tmp_path):
         logp_before = trainer.learner.score(micro, params=before)[mask]
         logp_after = trainer.learner.score(micro)[mask]
         assert logp_after.mean() > logp_before.mean(), (logp_before.mean(), logp_after.mean())
+
+    # The step's traces: the success (pushed up) and a failure (pushed down), each turn with the
+    # rollout's and the learner's pre-update logprobs; the policy's own samples agree with the
+    # learner (the oracle's reply, logprob 0 from the engine, does not), and the viewer reads them.
+    traces = [json.load(open(tmp_path / "traces" / "train_000000" / k / "trace.json")) for k in ("00", "01")]
+    assert traces[0]["status"] == "success" and traces[1]["status"] != "success"
+    assert traces[0]["advantage"] > 0 > traces[1]["advantage"]
+    sampled = traces[1]["turns"][0]
+    gap = np.abs(np.asarray(sampled["learner_logprobs"]) - np.asarray(sampled["rollout_logprobs"]))
+    assert len(sampled["tokens"]) == len(sampled["rollout_logprobs"]) and gap.max() < 1e-3, gap.max()
+    index = build_site([str(tmp_path)], str(tmp_path / "site"))
+    assert "train_000000" in open(index).read()
