@@ -1,0 +1,282 @@
+"""The policies an evaluation runs, and the rollout workers that run them.
+
+    policy = load_eval_policy("random", config)            # or "oracle", an HF directory,
+                                                           # or a training run's workdir (+ step)
+    make_workers = worker_factory(policy, suite, num_workers=2, group_size=k)
+    workers = make_workers(15, 1.0)                        # turn budget, temperature
+
+  random   `RandomActionEngine`: a uniformly random action of the action grammar each turn
+           (clicks anywhere on the grid, a short typed word, a key, a scroll), seeded by the
+           request's own sampling seed, so a rerun replays it
+  oracle   the scripted MiniWoB oracle through `OracleDemonstrator` (`TaskOracleEngine`: one
+           per task, the harness names the task before each group); tasks without a script
+           are skipped with the reason
+  a directory holding a Hugging Face policy: loaded as model.init_from
+  a training run's workdir (it holds checkpoints/): checkpoint `step` (default the latest), its
+           own config, as `experiments.export` restores it
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from cua_jax.envs import actions as A
+from cua_jax.rollout.agent_loop import AgentConfig
+from cua_jax.rollout.engine import (
+    EngineHealth,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    RolloutEngine,
+    SamplingConfig,
+)
+from cua_jax.rollout.rollout_worker import EnvWrapper, RolloutWorker
+
+SCRIPTED_POLICIES = ("random", "oracle")
+RANDOM_KEYS = ("enter", "tab", "backspace", "esc", "up", "down", "left", "right", "space")
+RANDOM_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def random_action(rng: np.random.Generator) -> A.Action:
+    """One of five action kinds, chosen uniformly, with uniform arguments: a left / double /
+    right click at a grid point, typing a 1-8 letter word, a key, a scroll of 1-5 notches."""
+    kind = int(rng.integers(5))
+    if kind < 3:
+        x, y = (int(v) for v in rng.integers(0, A.GRID + 1, size=2))
+        return A.Click(("left_click", "double_click", "right_click")[kind], x, y)
+    if kind == 3:
+        if rng.integers(2):
+            return A.Key((RANDOM_KEYS[int(rng.integers(len(RANDOM_KEYS)))],))
+        return A.Type("".join(rng.choice(list(RANDOM_LETTERS), size=int(rng.integers(1, 9)))))
+    return A.Scroll(A.SCROLL_DIRECTIONS[int(rng.integers(4))], int(rng.integers(1, 6)))
+
+
+class RandomActionEngine(RolloutEngine):
+    """Answers every request with `random_action`'s tool call plus the end-of-turn token
+    (logprob 0), drawn from the request's seed (else the engine's own stream, seeded `seed`).
+    A reply longer than max_new_tokens is cut there, as a policy's would be."""
+
+    def __init__(self, tokenizer, end_of_turn_id: int, seed: int = 0):
+        self.tokenizer = tokenizer
+        self.end_of_turn_id = int(end_of_turn_id)
+        self.rng = np.random.default_rng(seed)
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
+        out = []
+        for request in requests:
+            rng = np.random.default_rng(request.seed) if request.seed is not None else self.rng
+            text = A.render_action(random_action(rng))
+            ids = np.asarray([*self.tokenizer.encode(text, add_special_tokens=False), self.end_of_turn_id], np.int32)
+            finish = FinishReason.STOP
+            if len(ids) > sampling.max_new_tokens:
+                ids, finish = ids[: sampling.max_new_tokens], FinishReason.LENGTH
+            out.append(Generation(ids, np.zeros(len(ids), np.float32), finish, 0))
+        return out
+
+    def update_weights(self, params: Any, version: int) -> None:
+        raise NotImplementedError("the random policy has no weights")
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(True, 0)
+
+
+class TaskOracleEngine(RolloutEngine):
+    """The MiniWoB oracle for whichever task `task` names (set before each group), through one
+    `OracleDemonstrator` per task; the oracle's messages for pages it could not read collect in
+    `errors`."""
+
+    def __init__(self, tokenizer, end_of_turn_id: int, action_space: str):
+        self.tokenizer = tokenizer
+        self.end_of_turn_id = int(end_of_turn_id)
+        self.action_space = action_space
+        self.task: str | None = None
+        self.demonstrators: dict[str, Any] = {}
+
+    @property
+    def errors(self) -> list[str]:
+        return [e for d in self.demonstrators.values() for e in d.errors]
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
+        from cua_jax.train.warm_start import OracleDemonstrator
+
+        if self.task is None:
+            raise RuntimeError("the oracle engine was not told its task (TaskOracleEngine.task) before the group")
+        if self.task not in self.demonstrators:
+            self.demonstrators[self.task] = OracleDemonstrator(self.tokenizer, self.end_of_turn_id, self.task,
+                                                               reasoning=False, action_space=self.action_space)
+        return self.demonstrators[self.task].generate(requests, sampling)
+
+    def update_weights(self, params: Any, version: int) -> None:
+        raise NotImplementedError("the oracle has no weights")
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(True, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptedEngineFactory:
+    """Builds a scripted policy's engine ("random" or "oracle") with the tokenizer in
+    `tokenizer_dir` (None: the shipped one)."""
+
+    kind: str
+    tokenizer_dir: str | None = None
+    seed: int = 0
+    action_space: str = "coordinates"
+
+    def __call__(self) -> RolloutEngine:
+        from cua_jax.context.render import ChatRenderer
+        from cua_jax.context.tokenizer import load_processor
+
+        renderer = ChatRenderer(*load_processor(self.tokenizer_dir))
+        if self.kind == "random":
+            return RandomActionEngine(renderer.tokenizer, renderer.end_of_turn_id, self.seed)
+        return TaskOracleEngine(renderer.tokenizer, renderer.end_of_turn_id, self.action_space)
+
+
+@dataclasses.dataclass
+class EvalPolicy:
+    """What an evaluation runs. name: how tables and folders name it; config: the run config
+    whose agent, observation and context settings the workers follow; model: the policy
+    network (None for scripted ones); step: the checkpoint it came from (a run's workdir)."""
+
+    name: str
+    config: Any
+    model: Any = None
+    step: int | None = None
+
+    @property
+    def scripted(self) -> bool:
+        return self.model is None
+
+    def unsupported(self, task: Any) -> str | None:
+        """Why this policy cannot run `task` (a `SourceTask`), or None."""
+        if self.name == "oracle":
+            from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
+
+            if task.kind != "miniwob" or task.spec not in ORACLE_TASKS:
+                return "the MiniWoB oracle has no script for it"
+        return None
+
+    def bind(self, worker: Any, task_id: str) -> None:
+        """Tells the worker's engine which task its next group runs (the oracle needs it)."""
+        if self.name == "oracle":
+            worker.engine.task = task_id
+
+
+def _check_scripted_config(name: str, config: Any) -> None:
+    if name == "random" and config.env.action_space == "elements":
+        raise ValueError("--policy random emits grid actions; config.env.action_space 'elements' refuses them "
+                         "(use 'coordinates' or 'both')")
+    if name == "oracle" and (not config.env.include_dom_text or config.env.observation != "screenshot"):
+        raise ValueError("--policy oracle reads the page from the prompt: it needs config.env.include_dom_text=True "
+                         "and config.env.observation='screenshot'")
+
+
+def load_eval_policy(spec: str, config: Any, step: int | None = None) -> EvalPolicy:
+    """The policy `spec` names: "random", "oracle", a Hugging Face policy directory (loaded as
+    model.init_from over `config`), or a training run's workdir (checkpoint `step`, default the
+    latest, with the run's own config). Anything else raises, naming what was expected."""
+    if spec in SCRIPTED_POLICIES:
+        if step is not None:
+            raise ValueError(f"--step applies to a run's workdir, not to --policy {spec}")
+        _check_scripted_config(spec, config)
+        return EvalPolicy(spec, config)
+    path = pathlib.Path(spec)
+    if not path.is_dir():
+        raise ValueError(f"--policy {spec!r} is neither one of {SCRIPTED_POLICIES} nor a directory (a Hugging Face "
+                         "policy or a training run's workdir)")
+    if (path / "checkpoints").is_dir():
+        from experiments.export import read_run_config, resolve_step, restore_policy
+
+        step = resolve_step(path, step)
+        run_config = read_run_config(path, step)
+        return EvalPolicy(f"{path.name}@{step}", run_config, restore_policy(path, step, run_config), step)
+    if step is not None:
+        raise ValueError(f"--step applies to a run's workdir; {spec} holds no checkpoints/")
+    from cua_jax.models.hf_policy import check_policy_directory
+    from cua_jax.train.build import build_policy
+    from cua_jax.train.settings import TrainSettings
+
+    from cua_jax.models.checkpoint import read_hf_config
+
+    found = check_policy_directory(path)
+    config = config.copy_and_resolve_references()
+    config.model.name, config.model.init_from = found.kind, str(path.resolve())
+    hf = read_hf_config(path)
+    positions = (hf.get("text_config") or hf).get("max_position_embeddings")
+    if positions:  # no context past the policy's positions
+        config.eval.max_context_tokens = min(config.eval.max_context_tokens, int(positions))
+        config.rollout.max_context_tokens = min(config.rollout.max_context_tokens, int(positions))
+    return EvalPolicy(path.name, config, build_policy(TrainSettings.from_config(config), config.seed))
+
+
+def eval_settings(policy: EvalPolicy, suite: Any, agent: AgentConfig, num_workers: int, group_size: int = 1):
+    """The run settings of `policy.config` with the suite's catalog, the evaluation agent
+    `agent` and `num_workers` rollout workers. A suite of desktop tasks adds its folder to
+    env.task_dirs, so the desktop pool is configured and checked as a run's would be, with
+    room for a group of `group_size` episodes."""
+    from cua_jax.train.settings import TrainSettings
+
+    config = policy.config.copy_and_resolve_references()
+    config.rollout.num_workers = int(num_workers)
+    if "desktop" in suite.catalog.kinds:
+        config.env.kind, config.env.task_dirs = "mixed", (suite.folder,)
+        config.rollout.group_size = config.eval.group_size = int(group_size)
+        config.env.desktop.pool_size = max(config.env.desktop.pool_size, int(group_size))
+    settings = TrainSettings.from_config(config)
+    return dataclasses.replace(settings, catalog=suite.catalog, eval_agent=agent)
+
+
+def build_eval_workers(policy: EvalPolicy, suite: Any, agent: AgentConfig, num_workers: int,
+                       env_wrapper: EnvWrapper | None = None, group_size: int = 1) -> list:
+    """`num_workers` rollout workers running `policy` on the tasks of `suite` (a
+    `suites.Suite`), with `agent` as their evaluation agent loop and groups of up to
+    `group_size` episodes."""
+    from cua_jax.train.build import build_rollout_workers, load_run_processor, rollout_worker_config, tokenizer_dir
+
+    if num_workers < 1:
+        raise ValueError(f"an evaluation needs at least one rollout worker, got {num_workers}")
+    settings = eval_settings(policy, suite, agent, num_workers, group_size)
+    if policy.scripted:
+        workers: list = []
+        try:
+            for w in range(num_workers):
+                factory = ScriptedEngineFactory(policy.name, tokenizer_dir(policy.config), seed=policy.config.seed + w,
+                                                action_space=policy.config.env.action_space)
+                # Scripted engines draw per request, so the engine needs no canonical order.
+                config = dataclasses.replace(rollout_worker_config(settings, w), canonical_order=False)
+                workers.append(RolloutWorker(factory, config, env_wrapper))
+        except BaseException:
+            for worker in workers:
+                worker.shutdown()
+            raise
+        return workers
+    if policy.config.rollout.engine != "jax":
+        raise ValueError(f"evaluation runs a policy on the JAX sampler; config.rollout.engine is "
+                         f"{policy.config.rollout.engine!r}")
+    from cua_jax.context.render import ChatRenderer
+    from cua_jax.rollout.agent_loop import reserved_token_ids
+
+    tokenizer, image_processor = load_run_processor(policy.config)
+    banned = reserved_token_ids(ChatRenderer(tokenizer, image_processor))
+    return build_rollout_workers(settings, policy.model, int(tokenizer.pad_token_id or 0), env_wrapper, banned)
+
+
+def worker_factory(policy: EvalPolicy, suite: Any, num_workers: int, env_wrapper: EnvWrapper | None = None,
+                   group_size: int = 1) -> Callable[[int, float], list]:
+    """(turn budget, temperature) -> `build_eval_workers` with the policy config's evaluation
+    agent at that budget and temperature (what `harness.sweep` takes)."""
+    from cua_jax.train.settings import TrainSettings
+
+    base = TrainSettings.from_config(policy.config).eval_agent
+
+    def make(turns: int, temperature: float) -> list:
+        agent = dataclasses.replace(base, max_turns=int(turns), temperature=float(temperature))
+        return build_eval_workers(policy, suite, agent, num_workers, env_wrapper, group_size)
+
+    return make

@@ -1,0 +1,114 @@
+"""Evaluation suites: named task lists, each run on fixed seeds.
+
+    suite = load_suite("browsergym")      # or a folder of OSWorld-format task files
+    suite.catalog                         # the tasks our environments run (a TaskCatalog)
+    suite.skipped                         # task -> why it is not run
+    suite.seeds(3)                        # (SEED_START, SEED_START + 1, SEED_START + 2)
+
+Suites:
+  miniwob     every MiniWoB++ task the installed package ships (`miniwob.task_names()`)
+  browsergym  BrowserGym's MiniWoB list (`browsergym.miniwob.ALL_MINIWOB_TASKS`, 125 tasks)
+  desktop, os the OSWorld-format suites under cua_jax/tasks/suites/
+  any folder  OSWorld-format task files (`cua_jax.tasks.sources.load_task_folder`)
+
+A listed MiniWoB task the installed package does not ship is skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+
+from cua_jax.tasks.sources import TaskCatalog, load_task_folder, miniwob_tasks
+
+# Evaluation seeds start past training's and the held-out evaluation's
+# (env.eval_seed_start = 1_000_000), so no suite seed is ever trained on.
+SEED_START = 2_000_000
+
+BROWSERGYM_TASKS = (
+    "ascending-numbers", "bisect-angle", "book-flight", "book-flight-nodelay", "buy-ticket", "choose-date",
+    "choose-date-easy", "choose-date-medium", "choose-date-nodelay", "choose-list", "circle-center", "click-button",
+    "click-button-sequence", "click-checkboxes", "click-checkboxes-large", "click-checkboxes-soft",
+    "click-checkboxes-transfer", "click-collapsible", "click-collapsible-2", "click-collapsible-2-nodelay",
+    "click-collapsible-nodelay", "click-color", "click-dialog", "click-dialog-2", "click-link", "click-menu",
+    "click-menu-2", "click-option", "click-pie", "click-pie-nodelay", "click-scroll-list", "click-shades",
+    "click-shape", "click-tab", "click-tab-2", "click-tab-2-easy", "click-tab-2-hard", "click-tab-2-medium",
+    "click-test", "click-test-2", "click-test-transfer", "click-widget", "copy-paste", "copy-paste-2", "count-shape",
+    "count-sides", "daily-calendar", "drag-box", "drag-circle", "drag-cube", "drag-items", "drag-items-grid",
+    "drag-shapes", "drag-shapes-2", "drag-single-shape", "drag-sort-numbers", "draw-circle", "draw-line",
+    "email-inbox", "email-inbox-delete", "email-inbox-forward", "email-inbox-forward-nl",
+    "email-inbox-forward-nl-turk", "email-inbox-important", "email-inbox-nl-turk", "email-inbox-noscroll",
+    "email-inbox-reply", "email-inbox-star-reply", "enter-date", "enter-password", "enter-text", "enter-text-2",
+    "enter-text-dynamic", "enter-time", "find-greatest", "find-midpoint", "find-word", "focus-text", "focus-text-2",
+    "form-sequence", "form-sequence-2", "form-sequence-3", "generate-number", "grid-coordinate", "guess-number",
+    "highlight-text", "highlight-text-2", "hot-cold", "identify-shape", "login-user", "login-user-popup",
+    "multi-layouts", "multi-orderings", "navigate-tree", "number-checkboxes", "odd-or-even", "order-food",
+    "phone-book", "read-table", "read-table-2", "resize-textarea", "right-angle", "scroll-text", "scroll-text-2",
+    "search-engine", "sign-agreement", "simple-algebra", "simple-arithmetic", "social-media", "social-media-all",
+    "social-media-some", "stock-market", "terminal", "text-editor", "text-transform", "tic-tac-toe", "unicode-test",
+    "use-autocomplete", "use-autocomplete-nodelay", "use-colorwheel", "use-colorwheel-2", "use-slider",
+    "use-slider-2", "use-spinner", "visual-addition",
+)
+
+SUITES_DIR = pathlib.Path(__file__).resolve().parents[1] / "tasks" / "suites"
+MINIWOB_SUITES = ("miniwob", "browsergym")
+FOLDER_SUITES = ("desktop", "os")
+SUITE_NAMES = MINIWOB_SUITES + FOLDER_SUITES
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """name; catalog: the tasks run, in order; skipped: task -> why it is not run;
+    seed_start: the first of the fixed seeds every task is run on; folder: where a suite of
+    task files was read from (None for MiniWoB lists)."""
+
+    name: str
+    catalog: TaskCatalog
+    skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    seed_start: int = SEED_START
+    folder: str | None = None
+
+    @property
+    def task_ids(self) -> list[str]:
+        return self.catalog.task_ids
+
+    def seeds(self, count: int) -> tuple[int, ...]:
+        """The suite's first `count` seeds (the same in every evaluation)."""
+        if count < 1:
+            raise ValueError(f"a suite is run on at least one seed, got {count}")
+        return tuple(range(self.seed_start, self.seed_start + count))
+
+    def restricted(self, tasks: Sequence[str]) -> Suite:
+        """The suite on `tasks` only (in the suite's order); a task it does not hold raises."""
+        keep = set(tasks)
+        unknown = sorted(keep - set(self.task_ids) - set(self.skipped))
+        if unknown:
+            raise ValueError(f"suite {self.name!r} has no task {unknown}")
+        return dataclasses.replace(self, catalog=TaskCatalog([t for t in self.catalog if t.task_id in keep]),
+                                   skipped={t: why for t, why in self.skipped.items() if t in keep})
+
+def miniwob_suite(name: str, tasks: Sequence[str]) -> Suite:
+    """A MiniWoB++ list intersected with the tasks the installed package ships."""
+    from cua_jax.envs.miniwob import task_names
+
+    shipped = set(task_names())
+    skipped = {t: "the installed MiniWoB++ package does not ship it" for t in tasks if t not in shipped}
+    return Suite(name, TaskCatalog(miniwob_tasks([t for t in tasks if t in shipped])), skipped)
+
+
+def load_suite(name_or_folder: str | os.PathLike) -> Suite:
+    """A named suite (SUITE_NAMES) or a folder of OSWorld-format task files; a name that is
+    neither raises, listing the names."""
+    from cua_jax.envs.miniwob import task_names
+
+    name = str(name_or_folder)
+    if name == "miniwob":
+        return miniwob_suite(name, task_names())
+    if name == "browsergym":
+        return miniwob_suite(name, BROWSERGYM_TASKS)
+    folder = SUITES_DIR / name if name in FOLDER_SUITES else pathlib.Path(name)
+    if not folder.is_dir():
+        raise ValueError(f"suite {name!r} is neither one of {SUITE_NAMES} nor a folder of task files")
+    return Suite(folder.name, TaskCatalog(load_task_folder(folder)), folder=str(folder))

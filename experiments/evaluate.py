@@ -1,0 +1,75 @@
+"""Evaluate a policy on a task suite: k samples per task x seed, tables per task and domain.
+
+    python -m experiments.evaluate --policy=oracle --suite=miniwob --k=1 --seeds=3 --out=evals/oracle
+    python -m experiments.evaluate --policy=runs/default --step=16 --suite=browsergym --k=4 \\
+        --turn_budgets=15,50,100 --out=evals/default
+
+--policy: "random", "oracle", a Hugging Face policy directory, or a training run's workdir
+(with --step, default its latest checkpoint; its own config then replaces --config).
+--suite: miniwob, browsergym, desktop, os, or a folder of OSWorld-format tasks.
+Each turn budget x temperature is one evaluation in <out>/turns_<T>_temperature_<t>/:
+results.jsonl (one line per episode, so a killed run started again resumes), results.md,
+tasks.csv, domains.csv, summary.json (`cua_jax.eval.harness`).
+"""
+
+from __future__ import annotations
+
+import json
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "experiments/configs/evaluate.py", "Run settings the policy follows.", lock_config=True)
+_POLICY = flags.DEFINE_string("policy", None, "random | oracle | a Hugging Face directory | a run's workdir.",
+                              required=True)
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step of a run's workdir (default: the latest).")
+_SUITE = flags.DEFINE_string("suite", "miniwob", "Suite name or a folder of OSWorld-format task files.")
+_K = flags.DEFINE_integer("k", 1, "Samples (episodes) per task and seed.")
+_SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds per task (the suite's first ones).")
+_TURNS = flags.DEFINE_list("turn_budgets", [], "Turn budgets to sweep (default: config.eval.max_turns).")
+_TEMPERATURES = flags.DEFINE_list("temperatures", [], "Temperatures to sweep (default: config.eval.temperature).")
+_OUT = flags.DEFINE_string("out", None, "Output folder (resumed when it holds results).", required=True)
+_WORKERS = flags.DEFINE_integer("workers", 1, "Rollout workers (one group at a time each).")
+_TASKS = flags.DEFINE_list("tasks", [], "Only these tasks of the suite (default: all).")
+_MAX_RERUNS = flags.DEFINE_integer("max_reruns", 2, "Reruns of a quarantined sample before it is given up.")
+
+
+def _numbers(values, kind, name):
+    try:
+        return [kind(v) for v in values]
+    except ValueError:
+        raise app.UsageError(f"--{name} must be a comma-separated list of {kind.__name__}s, got {values}") from None
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
+    from cua_jax.eval.harness import sweep
+    from cua_jax.eval.policies import load_eval_policy, worker_factory
+    from cua_jax.eval.suites import load_suite
+    from cua_jax.observe.logs import quiet_library_logging
+
+    quiet_library_logging()
+    try:
+        suite = load_suite(_SUITE.value)
+        if _TASKS.value:
+            suite = suite.restricted(_TASKS.value)
+        policy = load_eval_policy(_POLICY.value, _CONFIG.value, _STEP.value)
+        turns = _numbers(_TURNS.value, int, "turn_budgets") or [policy.config.eval.max_turns]
+        temperatures = _numbers(_TEMPERATURES.value, float, "temperatures") or [policy.config.eval.temperature]
+        summaries = sweep(worker_factory(policy, suite, _WORKERS.value, group_size=_K.value), policy, suite,
+                          suite.seeds(_SEEDS.value), _K.value, _OUT.value, turns, temperatures,
+                          max_reruns=_MAX_RERUNS.value, confidence=policy.config.eval.confidence)
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
+    for folder, summary in summaries.items():
+        o = summary["overall"]
+        print(f"{folder}: success {o['success_rate']:.3f} ({o['successes']}/{o['episodes']}) "
+              f"[{o['ci_low']:.3f}, {o['ci_high']:.3f}], pass@{summary['k']} {o['pass@k']:.3f}, "
+              f"quarantined {o['quarantined']}, {len(summary['skipped'])} tasks not run")
+    print(json.dumps({"out": _OUT.value, "evaluations": sorted(summaries)}))
+
+
+if __name__ == "__main__":
+    app.run(main)

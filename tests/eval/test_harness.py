@@ -1,0 +1,225 @@
+"""The evaluation harness on real MiniWoB++ capsules (system Chromium): the oracle and random
+policies with k > 1 on 2 tasks x 2 seeds, a quarantined episode run again, a resume after
+the results file was cut mid-way, and the suites."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from cua_jax.envs.contract import EnvironmentWrapper
+from cua_jax.eval.harness import evaluate, pending_jobs, read_results, sweep
+from cua_jax.eval.policies import (
+    EvalPolicy,
+    build_eval_workers,
+    eval_settings,
+    load_eval_policy,
+    random_action,
+    worker_factory,
+)
+from cua_jax.eval.suites import SEED_START, load_suite
+from cua_jax.train.settings import TrainSettings
+from cua_jax.types import EpisodeStatus
+from experiments.configs import evaluate as evaluate_config
+
+TASKS = ["click-button", "enter-text"]
+SEEDS = [SEED_START, SEED_START + 1]
+
+
+class CapsuleClosingEnvironment(EnvironmentWrapper):
+    """Closes its capsule under the running episode `armed` times (an infrastructure fault:
+    the runtime no longer knows the environment), so those episodes are quarantined."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.armed = 0
+
+    async def step(self, action):
+        if not self.armed:
+            return await self.env.step(action)
+        self.armed -= 1
+        await self.env._call(self.env.runtime.aclose(self.env.env_id))
+        transition = await self.env.step(action)
+        self.env.env_id = None  # the next reset builds a fresh capsule
+        return transition
+
+
+def config(max_turns):
+    c = evaluate_config.get_config()
+    c.eval.max_turns = max_turns
+    return c
+
+
+def agent_of(policy):
+    return TrainSettings.from_config(policy.config).eval_agent
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return load_suite("miniwob").restricted(TASKS)
+
+
+@pytest.fixture(scope="module")
+def oracle(suite):
+    wrappers = []
+
+    def wrap(env):
+        wrappers.append(CapsuleClosingEnvironment(env))
+        return wrappers[-1]
+
+    policy = load_eval_policy("oracle", config(4))
+    workers = build_eval_workers(policy, suite, agent_of(policy), 1, wrap, group_size=2)
+    try:
+        yield policy, workers, wrappers
+    finally:
+        for worker in workers:
+            worker.shutdown()
+
+
+@pytest.mark.browser
+def test_oracle_k2_tables_and_resume_after_a_cut(oracle, suite, tmp_path):
+    policy, workers, _ = oracle
+    first = evaluate(workers, policy, suite, SEEDS, 2, tmp_path / "a", progress=False)
+    assert first["overall"]["episodes"] == 8 and first["overall"]["success_rate"] == 1.0
+    assert first["tasks"]["enter-text"]["pass@k"] == 1.0 and first["overall"]["quarantined"] == 0
+    assert set(first["tasks"]) == set(TASKS) and first["domains"]["miniwob"]["problems"] == 4
+    for name in ("results.md", "tasks.csv", "domains.csv", "summary.json"):
+        assert os.path.exists(tmp_path / "a" / name)
+
+    # A kill mid-way: three whole records and half of the fourth survive.
+    path = tmp_path / "a" / "results.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
+    assert len(read_results(path)) == 3
+    kept = {(r["task"], r["seed"], r["sample"]) for r in read_results(path)}
+    assert sum(len(j.samples) for j in pending_jobs(read_results(path), TASKS, SEEDS, 2, 2)) == 5
+    again = evaluate(workers, policy, suite, SEEDS, 2, tmp_path / "a", progress=False)
+    records = read_results(path)
+    assert len(records) == 8  # the three finished entries were skipped, not run again
+    assert {(r["task"], r["seed"], r["sample"]) for r in records[:3]} == kept
+    assert again["tasks"] == first["tasks"] and again["domains"] == first["domains"]
+    # Run once more: nothing is left to run.
+    evaluate(workers, policy, suite, SEEDS, 2, tmp_path / "a", progress=False)
+    assert len(read_results(path)) == 8
+
+
+@pytest.mark.browser
+def test_quarantined_episode_is_counted_apart_and_run_again(oracle, suite, tmp_path):
+    policy, workers, wrappers = oracle
+    wrappers[0].armed = 1
+    summary = evaluate(workers, policy, suite.restricted(["enter-text"]), SEEDS[:1], 2, tmp_path, progress=False)
+    records = read_results(tmp_path / "results.jsonl")
+    quarantined = [r for r in records if r["status"] == EpisodeStatus.QUARANTINED.value]
+    assert len(quarantined) == 1 and len(records) == 3
+    rerun = [r for r in records if r["sample"] == quarantined[0]["sample"] and r is not quarantined[0]]
+    assert rerun and rerun[0]["attempt"] == 1 and rerun[0]["success"]
+    assert summary["overall"]["quarantined"] == 1 and summary["overall"]["episodes"] == 2
+    assert summary["overall"]["given_up"] == 0 and summary["overall"]["success_rate"] == 1.0
+
+    # With no reruns allowed, the quarantined sample is given up, not scored.
+    wrappers[0].armed = 1
+    capped = evaluate(workers, policy, suite.restricted(["enter-text"]), SEEDS[1:], 2, tmp_path / "capped",
+                      max_reruns=0, progress=False)
+    assert capped["overall"]["given_up"] == 1 and capped["overall"]["episodes"] == 1
+
+
+@pytest.mark.browser
+def test_random_policy_k2_and_a_turn_budget_sweep(suite, tmp_path):
+    policy = load_eval_policy("random", config(2))
+    summaries = sweep(worker_factory(policy, suite, 1, group_size=2), policy, suite, SEEDS, 2, tmp_path, [1, 2], [1.0],
+                      progress=False)
+    assert sorted(summaries) == ["turns_1_temperature_1", "turns_2_temperature_1"]
+    for folder, summary in summaries.items():
+        turns = int(folder.split("_")[1])
+        records = read_results(tmp_path / folder / "results.jsonl")
+        # A random key or click may navigate the page away, a fault of the environment: quarantined, run again.
+        quarantined = sum(r["status"] == EpisodeStatus.QUARANTINED.value for r in records)
+        assert summary["overall"]["episodes"] == 8 and summary["overall"]["quarantined"] == quarantined
+        assert len(records) == 8 + quarantined and all(r["turns"] <= turns for r in records)
+        assert 0.0 <= summary["overall"]["pass@k"] <= 1.0
+    # The actions are seeded per request: the same evaluation replays the same episodes.
+    sweep(worker_factory(policy, suite, 1, group_size=2), policy, suite, SEEDS, 2, tmp_path / "again", [1], [1.0],
+          progress=False)
+
+    def outcomes(folder):
+        return sorted((r["task"], r["seed"], r["sample"], r["attempt"], r["status"], r["turns"])
+                      for r in read_results(folder / "turns_1_temperature_1" / "results.jsonl"))
+
+    assert outcomes(tmp_path) == outcomes(tmp_path / "again")
+
+
+def test_suites_and_policy_errors():
+    import numpy as np
+
+    from cua_jax.envs import actions as A
+    from cua_jax.envs.miniwob import task_names
+    from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
+
+    miniwob = load_suite("miniwob")
+    assert miniwob.task_ids == list(task_names()) and not miniwob.skipped
+    browsergym = load_suite("browsergym")
+    assert len(browsergym.task_ids) + len(browsergym.skipped) == 125
+    desktop = load_suite("desktop")
+    assert desktop.catalog.kinds == {"desktop"}
+    random_policy = load_eval_policy("random", config(4))
+    settings = eval_settings(random_policy, desktop, agent_of(random_policy), 1, group_size=6)
+    assert settings.desktop_pool.size == 6 and settings.catalog is desktop.catalog
+    with pytest.raises(ValueError, match="neither one of"):
+        load_suite("no-such-suite")
+    with pytest.raises(ValueError, match="has no task"):
+        miniwob.restricted(["no-such-task"])
+    oracle = load_eval_policy("oracle", config(4))
+    assert oracle.unsupported(miniwob.catalog["click-button"]) is None
+    unscripted = next(t for t in miniwob.task_ids if t not in ORACLE_TASKS)
+    assert "no script" in oracle.unsupported(miniwob.catalog[unscripted])
+    with pytest.raises(ValueError, match="neither one of"):
+        load_eval_policy("nonsense", config(4))
+    bad = config(4)
+    bad.env.include_dom_text = False
+    with pytest.raises(ValueError, match="include_dom_text"):
+        load_eval_policy("oracle", bad)
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # every random action renders and parses back to itself
+        action = random_action(rng)
+        assert A.parse_arguments(json.loads(A.render_action(action).split("\n")[1])["arguments"]) == action
+    assert EvalPolicy("random", config(1)).scripted
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_hugging_face_policy_directory(tmp_path):
+    """The shipped base (a Hugging Face directory) as --policy: loaded as model.init_from, run
+    on the JAX sampler."""
+    c = config(1)
+    c.env.action_space = "elements"  # the space the base was trained in
+    suite = load_suite("miniwob").restricted(["click-test"])
+    policy = load_eval_policy("experiments/bases/miniwob-elements", c)
+    assert policy.config.model.name == "qwen3_vl" and not policy.scripted
+    summaries = sweep(worker_factory(policy, suite, 1, group_size=2), policy, suite, SEEDS[:1], 2, tmp_path, [1], [1.0],
+                      progress=False)
+    overall = summaries["turns_1_temperature_1"]["overall"]
+    assert overall["episodes"] + overall["given_up"] == 2 and overall["problems"] == 1
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_training_run_workdir_as_policy(tmp_path):
+    """A training run's workdir as --policy: its checkpoint and its own config."""
+    from cua_jax.train.trainer import Trainer
+    from experiments.configs import tiny
+
+    run = tiny.get_config()
+    run.workdir = str(tmp_path / "run")
+    with Trainer(run) as trainer:
+        trainer.train_step()
+        trainer.save()
+    with pytest.raises(ValueError, match="no checkpoint of step 7"):
+        load_eval_policy(run.workdir, config(1), step=7)
+    policy = load_eval_policy(run.workdir, config(1))
+    assert policy.step == 1 and policy.name == "run@1" and policy.config.model.num_layers == 2
+    suite = load_suite("miniwob").restricted(["click-button"])
+    summaries = sweep(worker_factory(policy, suite, 1, group_size=2), policy, suite, SEEDS[:1], 2, tmp_path / "eval",
+                      [1], [1.0], progress=False)
+    assert summaries["turns_1_temperature_1"]["overall"]["problems"] == 1
