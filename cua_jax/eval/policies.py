@@ -35,7 +35,7 @@ from cua_jax.rollout.engine import (
     RolloutEngine,
     SamplingConfig,
 )
-from cua_jax.rollout.rollout_worker import EnvWrapper, RolloutWorker
+from cua_jax.rollout.rollout_worker import EnvWrapper
 
 SCRIPTED_POLICIES = ("random", "oracle")
 RANDOM_KEYS = ("enter", "tab", "backspace", "esc", "up", "down", "left", "right", "space")
@@ -237,25 +237,25 @@ def build_eval_workers(policy: EvalPolicy, suite: Any, agent: AgentConfig, num_w
     """`num_workers` rollout workers running `policy` on the tasks of `suite` (a
     `suites.Suite`), with `agent` as their evaluation agent loop and groups of up to
     `group_size` episodes."""
-    from cua_jax.train.build import build_rollout_workers, load_run_processor, rollout_worker_config, tokenizer_dir
+    from cua_jax.train.build import (
+        build_rollout_workers,
+        load_run_processor,
+        rollout_worker_config,
+        start_local_workers,
+        tokenizer_dir,
+    )
 
     if num_workers < 1:
         raise ValueError(f"an evaluation needs at least one rollout worker, got {num_workers}")
     settings = eval_settings(policy, suite, agent, num_workers, group_size)
     if policy.scripted:
-        workers: list = []
-        try:
-            for w in range(num_workers):
-                factory = ScriptedEngineFactory(policy.name, tokenizer_dir(policy.config), seed=policy.config.seed + w,
-                                                action_space=policy.config.env.action_space)
-                # Scripted engines draw per request, so the engine needs no canonical order.
-                config = dataclasses.replace(rollout_worker_config(settings, w), canonical_order=False)
-                workers.append(RolloutWorker(factory, config, env_wrapper))
-        except BaseException:
-            for worker in workers:
-                worker.shutdown()
-            raise
-        return workers
+        # Scripted engines draw per request, so the engine needs no canonical order.
+        return start_local_workers([
+            (ScriptedEngineFactory(policy.name, tokenizer_dir(policy.config), seed=policy.config.seed + w,
+                                   action_space=policy.config.env.action_space),
+             dataclasses.replace(rollout_worker_config(settings, w), canonical_order=False))
+            for w in range(num_workers)
+        ], env_wrapper)
     if policy.config.rollout.engine != "jax":
         raise ValueError(f"evaluation runs a policy on the JAX sampler; config.rollout.engine is "
                          f"{policy.config.rollout.engine!r}")

@@ -210,7 +210,7 @@ def build_rollout_workers(settings: TrainSettings, policy, pad_id: int, env_wrap
         multimodal = hasattr(policy, "encode_images") and c.env.observation == "screenshot"
         factories = vllm_router_factories(settings, engine_model_dir, multimodal, banned_token_ids)
         specs = [(factory, rollout_worker_config(settings, w)) for w, factory in enumerate(factories)]
-        return _local_workers(specs, env_wrapper)
+        return start_local_workers(specs, env_wrapper)
     remote = c.rollout.worker_backend == "ray"
     state = nnx.state(policy)
     params = jax.tree.map(np.asarray, state) if remote else state  # the local factory copies it
@@ -222,10 +222,12 @@ def build_rollout_workers(settings: TrainSettings, policy, pad_id: int, env_wrap
     ]
     if remote:
         return start_remote_workers(specs, env_wrapper, num_cpus=c.rollout.worker_cpus)
-    return _local_workers(specs, env_wrapper)
+    return start_local_workers(specs, env_wrapper)
 
 
-def _local_workers(specs, env_wrapper: EnvWrapper | None) -> list[RolloutWorker]:
+def start_local_workers(specs, env_wrapper: EnvWrapper | None) -> list[RolloutWorker]:
+    """In-process rollout workers, one per (engine factory, RolloutWorkerConfig); those already
+    started are shut down when a later one fails to start."""
     workers: list[RolloutWorker] = []
     try:
         for factory, worker_config in specs:

@@ -33,6 +33,12 @@ def expected_docx(path: Any):
     return load_expected(_document, path, "expected document")
 
 
+def paired_runs(document, expected):
+    """(run, run) at the same position of the same paragraph in both documents."""
+    for first, second in zip(document.paragraphs, expected.paragraphs):
+        yield from zip(first.runs, second.runs)
+
+
 # ------------------------------------------------------------------------------------
 # Paragraph text of .docx and .odt files
 # ------------------------------------------------------------------------------------
@@ -220,11 +226,8 @@ def compare_insert_equation(result_path: str | None, expected_path: str | None) 
     if not _same_text(result_path, expected_path):
         return 0.0
     document, expected = result_docx(result_path), expected_docx(expected_path)
-    for first, second in zip(document.paragraphs, expected.paragraphs):
-        for run1, run2 in zip(first.runs, second.runs):
-            if run1.element.xpath(".//w:object") and run2.element.xpath(".//w:object"):
-                return 1.0
-    return 0.0
+    return float(any(run1.element.xpath(".//w:object") and run2.element.xpath(".//w:object")
+                     for run1, run2 in paired_runs(document, expected)))
 
 
 @metric()
@@ -244,11 +247,7 @@ def compare_subscript_contains(result_path: str | None, expected_path: str | Non
     document = result_docx(result_path)
     if document is None:
         return 0.0
-    for first, second in zip(document.paragraphs, expected.paragraphs):
-        for run1, run2 in zip(first.runs, second.runs):
-            if run1.font.subscript and run2.font.subscript:
-                return 1.0
-    return 0.0
+    return float(any(run1.font.subscript and run2.font.subscript for run1, run2 in paired_runs(document, expected)))
 
 
 @metric(arity=1)
@@ -331,11 +330,8 @@ def compare_contains_image(result_path: str | None, expected_path: str | None) -
     document = result_docx(result_path)
     if document is None:
         return 0.0
-    for first, second in zip(document.paragraphs, expected.paragraphs):
-        for run1, run2 in zip(first.runs, second.runs):
-            if ("graphicData" in run1._element.xml) != ("graphicData" in run2._element.xml):
-                return 0.0
-    return 1.0
+    return float(all(("graphicData" in run1._element.xml) == ("graphicData" in run2._element.xml)
+                     for run1, run2 in paired_runs(document, expected)))
 
 
 @metric()
