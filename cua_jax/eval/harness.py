@@ -28,7 +28,6 @@ import csv
 import dataclasses
 import json
 import os
-import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -70,6 +69,7 @@ def _episode_record(episode, task: str, domain: str, seed: int, sample: int, att
     return {"task": task, "domain": domain, "seed": int(seed), "sample": int(sample), "attempt": int(attempt),
             "status": episode.status.value, "success": episode.status is EpisodeStatus.SUCCESS,
             "reward": float(episode.reward), "turns": episode.num_turns,
+            "valid_actions": sum(turn.action is not None for turn in episode.turns),
             "quarantine_reason": episode.quarantine_reason, "episode_id": episode.episode_id}
 
 
@@ -118,65 +118,95 @@ def group_id(tasks: Sequence[str], seeds: Sequence[int], job: Job) -> int:
 # ------------------------------------------------------------------------------------
 
 
+def _take_jobs(pending: collections.deque, limit: int) -> list[Job]:
+    """Up to `limit` jobs off the front of `pending` with as many samples as the first (one
+    `run_groups` call runs groups of one size)."""
+    first = pending.popleft()
+    taken, rest = [first], []
+    while pending and len(taken) < limit:
+        job = pending.popleft()
+        (taken if len(job.samples) == len(first.samples) else rest).append(job)
+    pending.extendleft(reversed(rest))
+    return taken
+
+
 def run_jobs(workers: Sequence[Any], policy: Any, jobs: Sequence[Job], tasks: Sequence[str], seeds: Sequence[int],
              domains: Mapping[str, str], results_path: str | os.PathLike, max_reruns: int,
-             progress: bool = True) -> None:
-    """Runs `jobs` over the workers (one thread each), appending each finished episode's record
-    to `results_path`; quarantined samples go back in the queue until they have run
-    max_reruns + 1 times. The first error of any worker stops the others and is raised."""
+             progress: bool = True, groups_per_call: int = 1,
+             on_group: Callable[[Job, Sequence[Any]], None] | None = None) -> None:
+    """Runs `jobs` over the workers (one thread each, each taking up to `groups_per_call`
+    groups per call, so a worker batches generation across them), appending each finished
+    episode's record to `results_path`; quarantined samples go back in the queue until they
+    have run max_reruns + 1 times. `on_group(job, rollouts)` sees every finished group. The
+    first error of any worker stops the others and is raised.
+
+    A policy that must be told its task (`policy.per_task`, the oracle) runs one group per call."""
     from tqdm import tqdm
 
-    work: queue.Queue = queue.Queue()
-    for job in jobs:
-        work.put(job)
-    write_lock = threading.Lock()
+    if groups_per_call < 1:
+        raise ValueError(f"groups_per_call must be >= 1, got {groups_per_call}")
+    if getattr(policy, "per_task", False):
+        groups_per_call = 1
+    pending: collections.deque[Job] = collections.deque(jobs)
+    running = [0]  # calls in flight: a rerun may still join the queue while any runs
+    changed = threading.Condition()
     errors: list[BaseException] = []
     bar = tqdm(total=sum(len(j.samples) for j in jobs), unit="episode", disable=not progress, desc="evaluation")
 
     def serve(worker):
         while True:
-            job = work.get()
-            if job is None:
-                work.task_done()
-                return
+            with changed:
+                while not pending and running[0] and not errors:
+                    changed.wait()
+                if not pending or errors:
+                    return
+                batch = _take_jobs(pending, groups_per_call)
+                running[0] += 1
+            again = []
             try:
-                if not errors:
-                    run_one(worker, job)
+                again = run_batch(worker, batch)
             except BaseException as error:  # noqa: BLE001 - handed to the caller
                 errors.append(error)
             finally:
-                work.task_done()
+                with changed:
+                    pending.extend(again)
+                    running[0] -= 1
+                    changed.notify_all()
 
-    def run_one(worker, job: Job):
-        policy.bind(worker, job.task)
-        rollouts = worker.run_groups([(job.task, job.seed, group_id(tasks, seeds, job))], len(job.samples),
-                                     evaluation=True)[0]
+    def run_batch(worker, batch: list[Job]) -> list[Job]:
+        policy.bind(worker, batch[0].task)
+        results = worker.run_groups([(job.task, job.seed, group_id(tasks, seeds, job)) for job in batch],
+                                    len(batch[0].samples), evaluation=True)
         again = []
-        with write_lock, open(results_path, "a") as f:
-            for sample, rollout in zip(job.samples, rollouts):
-                record = _episode_record(rollout.episode, job.task, domains[job.task], job.seed, sample, job.round)
-                f.write(json.dumps(record) + "\n")
-                quarantined = rollout.episode.status is EpisodeStatus.QUARANTINED
-                if quarantined and job.round < max_reruns:
-                    again.append(sample)
-                else:
-                    bar.update(1)
-            f.flush()
-            os.fsync(f.fileno())
-        if again:
-            work.put(Job(job.task, job.seed, tuple(again), job.round + 1))
+        with changed:
+            with open(results_path, "a") as f:
+                for job, rollouts in zip(batch, results):
+                    rerun = []
+                    for sample, rollout in zip(job.samples, rollouts):
+                        record = _episode_record(rollout.episode, job.task, domains[job.task], job.seed, sample,
+                                                 job.round)
+                        f.write(json.dumps(record) + "\n")
+                        if rollout.episode.status is EpisodeStatus.QUARANTINED and job.round < max_reruns:
+                            rerun.append(sample)
+                        else:
+                            bar.update(1)
+                    if rerun:
+                        again.append(Job(job.task, job.seed, tuple(rerun), job.round + 1))
+                f.flush()
+                os.fsync(f.fileno())
+            if on_group is not None:
+                for job, rollouts in zip(batch, results):
+                    on_group(job, rollouts)
+        return again
 
     threads = [threading.Thread(target=serve, args=(w,), daemon=True, name=f"eval-worker-{i}")
                for i, w in enumerate(workers)]
     for thread in threads:
         thread.start()
     try:
-        work.join()  # every job, reruns included, is done
-    finally:
-        for _ in threads:
-            work.put(None)
         for thread in threads:
             thread.join()
+    finally:
         bar.close()
     if errors:
         raise errors[0]
@@ -282,11 +312,13 @@ def write_tables(out: str | os.PathLike, summary: Mapping[str, Any]) -> None:
 
 def evaluate(workers: Sequence[Any], policy: Any, suite: Any, seeds: Sequence[int], k: int,
              out: str | os.PathLike, *, max_reruns: int = 2, confidence: float = 0.95,
-             progress: bool = True, title: str | None = None) -> dict[str, Any]:
+             progress: bool = True, title: str | None = None, groups_per_call: int = 1,
+             on_group: Callable[[Job, Sequence[Any]], None] | None = None) -> dict[str, Any]:
     """Evaluates `policy` (an `EvalPolicy`, or anything with `unsupported(task)` and
     `bind(worker, task_id)`) running on `workers` over `suite`'s tasks (a `suites.Suite`) x
     `seeds`, k samples each, resuming from <out>/results.jsonl; writes the tables and returns
-    the summary (`tables` plus the tasks skipped and why)."""
+    the summary (`tables` plus the tasks skipped and why, and "records": the scored and
+    quarantined episodes' records). `groups_per_call` and `on_group`: see `run_jobs`."""
     if k < 1:
         raise ValueError(f"k (samples per task and seed) must be >= 1, got {k}")
     if not seeds:
@@ -312,12 +344,13 @@ def evaluate(workers: Sequence[Any], policy: Any, suite: Any, seeds: Sequence[in
         with open(results_path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
     jobs = pending_jobs(records, runnable, seeds, k, max_reruns)
-    run_jobs(workers, policy, jobs, runnable, seeds, suite.catalog.domains(), results_path, max_reruns, progress)
+    run_jobs(workers, policy, jobs, runnable, seeds, suite.catalog.domains(), results_path, max_reruns, progress,
+             groups_per_call, on_group)
     records = [r for r in read_results(results_path) if r["task"] in set(runnable) and r["seed"] in set(seeds)]
     summary = {"title": title or f"{getattr(policy, 'name', 'policy')} on {suite.name}", "suite": suite.name,
                "seeds": seeds, **tables(records, k, confidence), "skipped": skipped}
     write_tables(out, summary)
-    return summary
+    return {**summary, "records": records}
 
 
 def _check_resumable(records, tasks, seeds, k, path) -> None:

@@ -15,47 +15,47 @@ from typing import Any
 import numpy as np
 
 from cua_jax.envs import actions as A
-from cua_jax.eval.intervals import difference_interval, paired_difference_interval, wilson_interval
+from cua_jax.eval.intervals import difference_interval, paired_difference_interval
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem
 
 
-def held_out_requests(tasks: Sequence[str], seed_start: int, num_seeds: int) -> list[tuple[str, int, int]]:
-    """(task, seed, group id) of every held-out group: seeds [seed_start, + num_seeds) of each
-    task, with negative group ids (apart from training's), the same in every evaluation."""
-    return [(task, seed_start + s, -(1 + t * num_seeds + s)) for t, task in enumerate(tasks) for s in range(num_seeds)]
+class RunPolicy:
+    """The policy a run's rollout workers already hold, as the harness takes policies: it runs
+    every task and needs no binding."""
+
+    name = "policy"
+    per_task = False
+
+    def unsupported(self, task: Any) -> str | None:
+        return None
+
+    def bind(self, worker: Any, task_id: str) -> None:
+        pass
 
 
-def run_held_out(worker: Any, tasks: Sequence[str], eval_config: Any, seed_start: int) -> list[Episode]:
-    """The held-out episodes of `tasks` on a rollout worker's evaluation agent loop, at most
-    eval_config.concurrent_groups groups at a time, in request order."""
-    requests = held_out_requests(tasks, seed_start, eval_config.num_seeds)
-    episodes: list[Episode] = []
-    for start in range(0, len(requests), eval_config.concurrent_groups):
-        results = worker.run_groups(requests[start:start + eval_config.concurrent_groups], eval_config.group_size,
-                                    evaluation=True)
-        episodes.extend(r.episode for rollouts in results for r in rollouts)
-    return episodes
-
-
-def success_summary(episodes: Sequence[Episode], tasks: Sequence[str], confidence: float) -> dict[str, Any]:
-    """Success rate of the episodes not quarantined, its Wilson interval, counts, mean turns,
-    the valid-action rate, per-task success ("success/<task>") and each episode's outcome by id
-    ("outcomes": the same ids on the same seeds in every evaluation, for the paired gain)."""
-    scored = [e for e in episodes if e.status is not EpisodeStatus.QUARANTINED]
-    successes = sum(e.status is EpisodeStatus.SUCCESS for e in scored)
-    low, high = wilson_interval(successes, len(scored), confidence)
-    turns = [t for e in scored for t in e.turns]
+def summary_metrics(summary: Mapping[str, Any], tasks: Sequence[str]) -> dict[str, Any]:
+    """A harness summary (`cua_jax.eval.harness.evaluate`) as a run's evaluation metrics: the
+    success rate over scored episodes with its Wilson interval, counts (successes, episodes,
+    quarantined records, given-up samples), pass@k, mean turns, the valid-action rate, per-task
+    success ("success/<task>"), and "outcomes": each sample's outcome by "task/seed/sample",
+    the same keys in every evaluation, for the paired gain."""
+    overall = summary["overall"]
+    scored: dict[str, Mapping[str, Any]] = {}
+    for r in summary["records"]:
+        if r["status"] != EpisodeStatus.QUARANTINED.value:
+            scored.setdefault(f"{r['task']}/{r['seed']}/{r['sample']}", r)
+    turns = sum(r["turns"] for r in scored.values())
     result: dict[str, Any] = {
-        "success_rate": successes / max(len(scored), 1), "ci_low": low, "ci_high": high,
-        "successes": float(successes),
-        "episodes": float(len(scored)), "quarantined": float(len(episodes) - len(scored)),
-        "turns": float(np.mean([e.num_turns for e in scored])) if scored else 0.0,
-        "valid_action_rate": sum(t.action is not None for t in turns) / max(len(turns), 1),
+        "success_rate": overall["success_rate"], "ci_low": overall["ci_low"], "ci_high": overall["ci_high"],
+        "successes": float(overall["successes"]), "episodes": float(overall["episodes"]),
+        "quarantined": float(overall["quarantined"]), "given_up": float(overall["given_up"]),
+        "pass@k": overall["pass@k"],
+        "turns": turns / len(scored) if scored else 0.0,
+        "valid_action_rate": sum(r.get("valid_actions", r["turns"]) for r in scored.values()) / max(turns, 1),
     }
     for task in tasks:
-        of_task = [e for e in scored if e.task_id == task]
-        result[f"success/{task}"] = sum(e.status is EpisodeStatus.SUCCESS for e in of_task) / max(len(of_task), 1)
-    result["outcomes"] = {e.episode_id: int(e.status is EpisodeStatus.SUCCESS) for e in scored}
+        result[f"success/{task}"] = summary["tasks"][task]["success_rate"] if task in summary["tasks"] else 0.0
+    result["outcomes"] = {key: int(r["success"]) for key, r in scored.items()}
     return result
 
 
@@ -248,15 +248,31 @@ def save_training_traces(directory: str, batch: Any, score_items: Callable[[Sequ
     return chosen
 
 
-def evaluate_held_out(worker: Any, tasks: Sequence[str], config: Any, directory: str, tokenizer: Any = None,
-                      version: int | None = None) -> dict[str, Any]:
-    """One held-out evaluation of a run (`config`: its eval and env sections): `run_held_out`,
-    `success_summary`, and config.eval.num_traces traces spread over the tasks, saved under
-    `directory` (`save_traces`: with `tokenizer`, the replies' tokens; with `version`, the
-    policy's current version, the traces' staleness)."""
-    episodes = run_held_out(worker, tasks, config.eval, config.env.eval_seed_start)
-    result = success_summary(episodes, tasks, config.eval.confidence)
-    stride = max(1, len(episodes) // max(config.eval.num_traces, 1))
-    save_traces(directory, episodes[::stride][: config.eval.num_traces], tokenizer, version=version)
-    return result
+def evaluate_held_out(workers: Sequence[Any], tasks: Sequence[str], config: Any, catalog: Any, out: str,
+                      traces: str, tokenizer: Any = None, version: int | None = None) -> dict[str, Any]:
+    """One held-out evaluation of a run through the evaluation harness: config.eval.num_seeds
+    seeds from config.env.eval_seed_start of each task in `tasks` (SourceTasks of `catalog`),
+    config.eval.group_size samples each, config.eval.concurrent_groups groups per worker call
+    over `workers`, quarantined samples re-run up to config.eval.max_reruns times; the harness
+    files and tables go to `out` (a killed evaluation resumes there). Returns `summary_metrics`;
+    config.eval.num_traces traces spread over the tasks go to `traces` (`save_traces`: with
+    `tokenizer`, the replies' tokens; with `version`, the policy's current version)."""
+    from cua_jax.eval.harness import evaluate
+    from cua_jax.eval.suites import Suite
+    from cua_jax.tasks.sources import TaskCatalog
 
+    e = config.eval
+    suite = Suite("held_out", TaskCatalog([catalog[t] for t in tasks]), seed_start=config.env.eval_seed_start)
+    first_episode: dict[str, Episode] = {}  # per task: what the traces show, one episode kept each
+
+    def keep(job, rollouts):
+        for rollout in rollouts:
+            first_episode.setdefault(job.task, rollout.episode)
+
+    summary = evaluate(workers, RunPolicy(), suite, suite.seeds(e.num_seeds), e.group_size, out,
+                       max_reruns=e.max_reruns, confidence=e.confidence, progress=False,
+                       groups_per_call=e.concurrent_groups, on_group=keep, title="held-out evaluation")
+    episodes = [first_episode[t] for t in tasks if t in first_episode]
+    stride = max(1, len(episodes) // max(e.num_traces, 1))
+    save_traces(traces, episodes[::stride][: e.num_traces], tokenizer, version=version)
+    return summary_metrics(summary, tasks)

@@ -153,6 +153,11 @@ class EvalPolicy:
     def scripted(self) -> bool:
         return self.model is None
 
+    @property
+    def per_task(self) -> bool:
+        """Whether the engine must be told each group's task (`bind`): one group per call then."""
+        return self.name == "oracle"
+
     def unsupported(self, task: Any) -> str | None:
         """Why this policy cannot run `task` (a `SourceTask`), or None."""
         if self.name == "oracle":

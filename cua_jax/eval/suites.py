@@ -8,6 +8,7 @@
 Suites:
   miniwob     every MiniWoB++ task the installed package ships (`miniwob.task_names()`)
   browsergym  BrowserGym's MiniWoB list (`browsergym.miniwob.ALL_MINIWOB_TASKS`, 125 tasks)
+  webgum      the 56-task subset WebGUM and HTML-T5 report on (`WEBGUM_TASKS`)
   desktop, os the OSWorld-format suites under cua_jax/tasks/suites/
   any folder  OSWorld-format task files (`cua_jax.tasks.sources.load_task_folder`)
 
@@ -52,8 +53,25 @@ BROWSERGYM_TASKS = (
     "use-slider-2", "use-spinner", "visual-addition",
 )
 
+# The 56-task subset of WebGUM (Furuta et al., 2023) and HTML-T5 (Gur et al., 2022), as
+# AgentLab lists it (`webgum_tasks` in src/agentlab/experiments/task_collections.py, commit
+# 17d1ab97876b4700924e593b30f0a6ade2975d91) and as the rows of AutoWebGLM's per-task table of
+# HTML-T5-XL scores (arXiv 2404.03648, App. E, Table 8); the two give the same 56 names.
+WEBGUM_TASKS = (
+    "book-flight", "choose-date", "choose-date-easy", "choose-date-medium", "choose-list", "click-button",
+    "click-button-sequence", "click-checkboxes", "click-checkboxes-large", "click-checkboxes-soft",
+    "click-checkboxes-transfer", "click-collapsible", "click-collapsible-2", "click-color", "click-dialog",
+    "click-dialog-2", "click-link", "click-menu", "click-option", "click-pie", "click-scroll-list", "click-shades",
+    "click-shape", "click-tab", "click-tab-2", "click-tab-2-hard", "click-test", "click-test-2", "click-widget",
+    "count-shape", "email-inbox", "email-inbox-forward-nl", "email-inbox-forward-nl-turk", "email-inbox-nl-turk",
+    "enter-date", "enter-password", "enter-text", "enter-text-dynamic", "enter-time", "focus-text", "focus-text-2",
+    "grid-coordinate", "guess-number", "identify-shape", "login-user", "login-user-popup", "multi-layouts",
+    "multi-orderings", "navigate-tree", "search-engine", "social-media", "social-media-all", "social-media-some",
+    "tic-tac-toe", "use-autocomplete", "use-spinner",
+)
+
 SUITES_DIR = pathlib.Path(__file__).resolve().parents[1] / "tasks" / "suites"
-MINIWOB_SUITES = ("miniwob", "browsergym")
+MINIWOB_SUITES = ("miniwob", "browsergym", "webgum")
 FOLDER_SUITES = ("desktop", "os")
 SUITE_NAMES = MINIWOB_SUITES + FOLDER_SUITES
 
@@ -108,6 +126,8 @@ def load_suite(name_or_folder: str | os.PathLike) -> Suite:
         return miniwob_suite(name, task_names())
     if name == "browsergym":
         return miniwob_suite(name, BROWSERGYM_TASKS)
+    if name == "webgum":
+        return miniwob_suite(name, WEBGUM_TASKS)
     folder = SUITES_DIR / name if name in FOLDER_SUITES else pathlib.Path(name)
     if not folder.is_dir():
         raise ValueError(f"suite {name!r} is neither one of {SUITE_NAMES} nor a folder of task files")

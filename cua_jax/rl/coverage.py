@@ -71,6 +71,31 @@ def min_group_size(p_min: jax.Array | float, tau: jax.Array | float) -> jax.Arra
     return jnp.maximum(n, MIN_INFORMATIVE_GROUP_SIZE)
 
 
+def tier_signal_coverage(pass_rates: jax.Array, task_tiers: jax.Array, num_tiers: int,
+                         n: jax.Array | int) -> jax.Array:
+    """Per tier, the mean signal coverage of its tasks at group size n: the expected share of
+    the tier's groups that are informative when each task succeeds at its pass rate.
+
+    Args:
+      pass_rates: float [T], each task's success probability in [0, 1].
+      task_tiers: int [T] in [0, num_tiers): each task's tier.
+      num_tiers: static number of tiers.
+      n: group size (>= 1), a scalar.
+
+    Returns:
+      float [num_tiers]: mean_i P_sig(p_i, n) over the tier's tasks; 0 for a tier with none.
+    """
+    pass_rates = jnp.asarray(pass_rates, dtype=jnp.result_type(float))
+    task_tiers = jnp.asarray(task_tiers, dtype=jnp.int32)
+    if pass_rates.shape != task_tiers.shape or pass_rates.ndim != 1:
+        raise ValueError(f"tier_signal_coverage: pass_rates {pass_rates.shape} and task_tiers {task_tiers.shape} "
+                         "must be matching 1-D arrays")
+    check_ids_in_range("tier_signal_coverage", "task_tiers", task_tiers, num_tiers)
+    total = jax.ops.segment_sum(signal_coverage(pass_rates, n), task_tiers, num_segments=num_tiers)
+    count = jax.ops.segment_sum(jnp.ones_like(pass_rates), task_tiers, num_segments=num_tiers)
+    return _safe_fraction(total, count)
+
+
 class GroupOutcomeStats(NamedTuple):
     """Outcome composition of a batch of groups (a pytree of arrays).
 

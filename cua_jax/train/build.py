@@ -5,6 +5,7 @@ or in a Ray actor, or vLLM engines in Ray actors behind a router)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any
@@ -191,6 +192,23 @@ def ray_cpus_needed(config) -> float:
     if c.rollout.worker_backend == "ray":
         return c.rollout.num_workers * c.rollout.worker_cpus
     return 0.0
+
+
+@contextlib.contextmanager
+def local_ray(config):
+    """A local Ray for the run's actors (`ray_cpus_needed`) while the context lasts, when the run
+    needs one and none is running; one already running is left as it was."""
+    from cua_jax.rollout.rollout_worker import ensure_local_ray
+
+    needed = ray_cpus_needed(config)
+    owned = ensure_local_ray(needed, config.rollout.ray_object_store_mb) if needed else False
+    try:
+        yield
+    finally:
+        if owned:
+            import ray
+
+            ray.shutdown()
 
 
 def build_rollout_workers(settings: TrainSettings, policy, pad_id: int, env_wrapper: EnvWrapper | None,

@@ -184,7 +184,11 @@ def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num
     group_ids = np.asarray(group_index, np.int32)
     advantages = np.asarray(episode_advantages(rewards, status, group_ids, num_groups, settings.advantage))
     success = np.asarray([e.status is EpisodeStatus.SUCCESS for e in episodes])
-    coverage = group_outcome_stats(success, group_ids, num_groups)
+    # Live coverage per difficulty tier (CANOPY §3.2): the informative share of each tier's groups.
+    catalog = settings.catalog
+    group_tiers = np.asarray([catalog[g.task_id].tier if g.task_id in catalog else 0 for g in groups], np.int32)
+    num_tiers = int(max((catalog[t].tier for t in catalog.task_ids), default=0)) + 1
+    coverage = group_outcome_stats(success, group_ids, num_groups, group_tiers=group_tiers, num_tiers=num_tiers)
     scored = np.asarray(score_terminal_rewards(rewards, status, settings.advantage.no_verdict_reward))
 
     items, item_episode = [], []
@@ -204,6 +208,8 @@ def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num
         "groups/informative_fraction": float(coverage.informative_fraction),
         "groups/all_pass_fraction": float(coverage.all_success_fraction),
         "groups/all_fail_fraction": float(coverage.all_fail_fraction),
+        **{f"groups/tier_{t}/informative_fraction": float(coverage.tier_informative_fraction[t])
+           for t in range(num_tiers) if coverage.tier_num_groups[t] > 0},
         "episode/turns": float(np.mean([e.num_turns for e in episodes])),
         "episode/response_tokens": float(np.mean([e.info.get("response_tokens", 0) for e in episodes])),
         "episode/items": float(len(items) / len(episodes)),

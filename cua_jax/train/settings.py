@@ -225,6 +225,10 @@ class TrainSettings:
                      "to load a checkpoint")
         for name in ("num_seeds", "group_size", "concurrent_groups"):
             _require(c.eval[name] >= 1, f"eval.{name}", f"must be >= 1, got {c.eval[name]}")
+        for name in ("every_steps", "max_reruns"):
+            _require(c.eval[name] >= 0, f"eval.{name}", f"must be >= 0, got {c.eval[name]}")
+        _require(0 < c.sampler.pilot_target < 1, "sampler.pilot_target",
+                 f"must lie in (0, 1), got {c.sampler.pilot_target}")
 
         loss = build("loss", PolicyLossConfig, **{
             **c.loss.to_dict(),
@@ -267,7 +271,9 @@ class TrainSettings:
         _require(s.kind in sampler_configs, "sampler.kind", f"{s.kind!r} is not one of {sorted(sampler_configs)}")
         calibration = None
         if s.calibration:
-            calibration = build("sampler", CalibrationConfig, p_min=s.p_min, p_max=s.p_max, pilot=s.pilot,
+            # A pilot file is the run's pilot: the pool starts from its rates (cua_jax.eval.pilot).
+            calibration = build("sampler", CalibrationConfig, p_min=s.p_min, p_max=s.p_max,
+                                pilot=s.pilot and not s.pilot_file,
                                 pilot_group_size=s.pilot_group_size, every_k_steps=s.calibrate_every,
                                 sample_size=s.calibration_sample_size, group_size=s.calibration_group_size)
         dynamic = None

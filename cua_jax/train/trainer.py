@@ -23,8 +23,8 @@ Modes (config.train.mode):
              learner takes whole groups, the buffer drops (and counts) groups older than the
              staleness window, mini-batches hold whole groups.
 
-Evaluation runs held-out seeds of the evaluation tasks before the first step and after the
-last (success with a Wilson interval). Traces (PNG + JSON, for `python -m experiments.view`)
+Evaluation runs held-out seeds of the evaluation tasks through the evaluation harness
+(`cua_jax.eval`) before the first step, every eval.every_steps steps and after the last. Traces (PNG + JSON, for `python -m experiments.view`)
 come from evaluations and, every train.trace_every steps, from the batch. Metrics go to
 `MetricWriter` per step; the learning curve is drawn at the end. A run checkpoints with Orbax
 (`cua_jax.train.checkpoint`) and resumes exactly: every random draw is a function of the step.
@@ -32,6 +32,7 @@ come from evaluations and, every train.trace_every steps, from the batch. Metric
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -45,13 +46,14 @@ import numpy as np
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import make_segmenter
 from cua_jax.eval.held_out import evaluate_held_out, save_training_traces, success_gain
+from cua_jax.eval.pilot import apply_pilot_file, seed_pool
 from cua_jax.models.sharding import make_mesh
 from cua_jax.observe.metrics import TIMING_PREFIX, MetricWriter, drop_records_from
 from cua_jax.observe.plots import plot_learning_curve
 from cua_jax.observe.progress import StepProgress
 from cua_jax.rollout.agent_loop import reserved_token_ids
 from cua_jax.observe.episode_log import EpisodeLog
-from cua_jax.rollout.rollout_worker import EnvWrapper, ensure_local_ray
+from cua_jax.rollout.rollout_worker import EnvWrapper
 from cua_jax.tasks.samplers import build_sampler
 from cua_jax.train.batching import MultimodalPositions, make_minibatches, process_images, score_items
 from cua_jax.train.async_rollouts import RolloutFeeder
@@ -63,7 +65,7 @@ from cua_jax.train.build import (
     build_rollout_workers,
     export_engine_model,
     load_run_processor,
-    ray_cpus_needed,
+    local_ray,
 )
 from cua_jax.train.checkpoint import TrainCheckpointer, TrainerState
 from cua_jax.train.collect import GroupCollector
@@ -85,7 +87,7 @@ class Trainer:
     """
 
     def __init__(self, config, *, env_wrapper: EnvWrapper | None = None):
-
+        config, pilot = apply_pilot_file(config)  # rollout.group_size from sampler.pilot_file
         self.settings = TrainSettings.from_config(config)
         self.config = config
         c = config
@@ -107,15 +109,17 @@ class Trainer:
         # a workdir with checkpoints is a run to resume, whose checkpoint holds its result.
         self.warm_start_metrics: dict[str, float] = {}
         if self.settings.warm_start is not None and self.checkpointer.latest_step() is None:
-            self.warm_start_metrics = self._warm_start(policy)
+            from cua_jax.train.warm_start import run_warm_start  # SFT on the oracle's MiniWoB demonstrations
+
+            demonstrated = [t for t in self.settings.training_tasks if self.settings.catalog[t].kind == "miniwob"]
+            self.warm_start_metrics = run_warm_start(policy, demonstrated, c, self.settings, self.segmenter,
+                                                     self.renderer, self.workdir)
         self.multimodal = MultimodalPositions.of(policy.config) if hasattr(policy, "encode_images") else None
         m = self.settings.mesh
         mesh = make_mesh(m, devices=jax.devices()[: max(1, m.data) * max(1, m.fsdp) * max(1, m.tensor)])
         self.learner = Learner(policy, self.settings.learner, mesh=mesh)
-        # Whether this trainer started the local Ray its worker actors run on (and so stops it).
-        self._owns_ray = False
-        if ray_cpus_needed(c):
-            self._owns_ray = ensure_local_ray(ray_cpus_needed(c), c.rollout.ray_object_store_mb)
+        self._ray = contextlib.ExitStack()  # the local Ray the worker actors run on, if this run started it
+        self._ray.enter_context(local_ray(c))
         try:
             engine_model_dir = (export_engine_model(policy, self.workdir, self.tokenizer, self.image_processor)
                                 if c.rollout.engine == "vllm" else None)
@@ -123,11 +127,13 @@ class Trainer:
                 self.settings, policy, int(self.tokenizer.pad_token_id or 0), env_wrapper, self.banned_token_ids,
                 engine_model_dir)
         except BaseException:
-            self._shutdown_ray()
+            self._ray.close()
             raise
 
         self.collector = GroupCollector(self.settings, self.base_key, self.workers[0])
         self.pool = self.settings.catalog.pool(self.settings.domain_weights, self.settings.training_tasks)
+        if pilot is not None:
+            seed_pool(self.pool, pilot, self.settings.training_tasks, c.sampler.pilot_file)
         kind = self.settings.sampler_kind
         self.sampler = self.collector.sampler = build_sampler(
             kind, self.pool, **{kind: self.settings.sampler_configs[kind]},
@@ -147,15 +153,6 @@ class Trainer:
         self._writer = None
         if self.warm_start_metrics:
             self._log(0, self.warm_start_metrics)
-
-    def _warm_start(self, policy) -> dict[str, float]:
-        """Supervised fine-tuning of `policy` (in place) on the oracle's demonstrations of the
-        MiniWoB training tasks (`cua_jax.train.warm_start.run_warm_start`)."""
-        from cua_jax.train.warm_start import run_warm_start
-
-        catalog = self.settings.catalog
-        tasks = [task for task in self.settings.training_tasks if catalog[task].kind == "miniwob"]
-        return run_warm_start(policy, tasks, self.config, self.settings, self.segmenter, self.renderer, self.workdir)
 
     # -- metrics --------------------------------------------------------------------------
 
@@ -275,9 +272,12 @@ class Trainer:
     # -- evaluation -----------------------------------------------------------------------
 
     def evaluate(self, label: str) -> dict[str, float]:
-        """Success on held-out seeds of the evaluation tasks (`cua_jax.eval.held_out`), logged,
-        kept in evaluations[label], with a few traces spread over the tasks."""
-        result = evaluate_held_out(self.workers[0], self.eval_tasks, self.config,
+        """Held-out success of the current policy through the evaluation harness, over every
+        worker (`cua_jax.eval.held_out.evaluate_held_out`; its files under evals/<label>_<step>),
+        logged, kept in evaluations[label], with a few traces spread over the tasks."""
+        folder = f"{label}_{self.step:06d}"
+        result = evaluate_held_out(self.workers, self.eval_tasks, self.config, self.settings.catalog,
+                                   os.path.join(self.workdir, "evals", folder),
                                    os.path.join(self.workdir, "traces", label), self.tokenizer, self.version)
         self._log(self.step, {f"eval_{label}/{k}": v for k, v in result.items() if k != "outcomes"})
         self.evaluations[label] = result
@@ -353,6 +353,9 @@ class Trainer:
                               show_gap=c.rollout.engine == "vllm") as progress:
                 while self.step < c.train.num_steps:
                     metrics = self.async_step() if asynchronous else self.train_step()
+                    if c.eval.enabled and c.eval.every_steps and self.step % c.eval.every_steps == 0 \
+                            and self.step < c.train.num_steps:
+                        self.evaluate(f"step_{self.step}")
                     if self.step % c.train.checkpoint_every == 0 or self.step == c.train.num_steps:
                         self.save()
                     progress.step(metrics)
@@ -377,19 +380,11 @@ class Trainer:
                 worker.shutdown()
         finally:
             self.workers = []
-            self._shutdown_ray()
+            self._ray.close()
         self.checkpointer.close()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-
-    def _shutdown_ray(self) -> None:
-        """Stops the local Ray this trainer started, if it did."""
-        if self._owns_ray:
-            import ray
-
-            ray.shutdown()
-            self._owns_ray = False
 
     def __enter__(self) -> "Trainer":
         return self

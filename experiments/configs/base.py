@@ -226,17 +226,26 @@ def base_config() -> ml_collections.ConfigDict:
     c.sampler.p_max = 1.0
     c.sampler.pilot = True
     c.sampler.pilot_group_size = 8
+    # CANOPY's pilot pass (`python -m experiments.evaluate --pilot`): pilot_group_size samples
+    # per training task; the group-size floor gives the hardest tier signal coverage
+    # pilot_target (eq. 5). A run given its pilot_file takes rollout.group_size from the floor
+    # and its tasks' pass rates from the pilot (no pilot of its own then).
+    c.sampler.pilot_target = 0.9
+    c.sampler.pilot_file = ""
     c.sampler.calibrate_every = 0
     c.sampler.calibration_sample_size = 64
     c.sampler.calibration_group_size = 8
 
-    # Evaluation on held-out seeds, before and after training.
+    # Evaluation on held-out seeds through the evaluation harness (cua_jax.eval), before and
+    # after training and every every_steps steps (0: never in between).
     c.eval = ml_collections.ConfigDict()
     c.eval.enabled = True
     c.eval.tasks = ()  # () : the training tasks
     c.eval.num_seeds = 4  # held-out problem seeds per task
     c.eval.group_size = 1  # episodes per (task, seed)
-    c.eval.concurrent_groups = 8  # (task, seed) groups run at once
+    c.eval.concurrent_groups = 8  # (task, seed) groups per worker call (batched generation)
+    c.eval.every_steps = 0
+    c.eval.max_reruns = 1  # reruns of a quarantined sample before it is given up
     c.eval.max_turns = 15  # turn budget at evaluation (CANOPY raises it over training's)
     c.eval.max_context_tokens = 4096
     c.eval.temperature = 1.0

@@ -4,13 +4,14 @@ the results file was cut mid-way, and the suites."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 
 import pytest
 
 from cua_jax.envs.contract import EnvironmentWrapper
-from cua_jax.eval.harness import evaluate, pending_jobs, read_results, sweep
+from cua_jax.eval.harness import Job, _take_jobs, evaluate, pending_jobs, read_results, sweep
 from cua_jax.eval.policies import (
     EvalPolicy,
     build_eval_workers,
@@ -128,8 +129,9 @@ def test_quarantined_episode_is_counted_apart_and_run_again(oracle, suite, tmp_p
 @pytest.mark.browser
 def test_random_policy_k2_and_a_turn_budget_sweep(suite, tmp_path):
     policy = load_eval_policy("random", config(2))
+    # Four groups per worker call, generation batched across them.
     summaries = sweep(worker_factory(policy, suite, 1, group_size=2), policy, suite, SEEDS, 2, tmp_path, [1, 2], [1.0],
-                      progress=False)
+                      progress=False, groups_per_call=4)
     assert sorted(summaries) == ["turns_1_temperature_1", "turns_2_temperature_1"]
     for folder, summary in summaries.items():
         turns = int(folder.split("_")[1])
@@ -139,7 +141,8 @@ def test_random_policy_k2_and_a_turn_budget_sweep(suite, tmp_path):
         assert summary["overall"]["episodes"] == 8 and summary["overall"]["quarantined"] == quarantined
         assert len(records) == 8 + quarantined and all(r["turns"] <= turns for r in records)
         assert 0.0 <= summary["overall"]["pass@k"] <= 1.0
-    # The actions are seeded per request: the same evaluation replays the same episodes.
+    # The actions are seeded per request: the same evaluation, one group per call, replays the
+    # same episodes.
     sweep(worker_factory(policy, suite, 1, group_size=2), policy, suite, SEEDS, 2, tmp_path / "again", [1], [1.0],
           progress=False)
 
@@ -148,6 +151,13 @@ def test_random_policy_k2_and_a_turn_budget_sweep(suite, tmp_path):
                       for r in read_results(folder / "turns_1_temperature_1" / "results.jsonl"))
 
     assert outcomes(tmp_path) == outcomes(tmp_path / "again")
+
+
+def test_jobs_taken_per_call_share_their_sample_count():
+    pending = collections.deque([Job("a", 0, (0, 1)), Job("b", 0, (1,)), Job("c", 0, (0, 1)), Job("d", 0, (0, 1))])
+    assert [j.task for j in _take_jobs(pending, 2)] == ["a", "c"]
+    assert [j.task for j in pending] == ["b", "d"]  # the skipped job keeps its place
+    assert [j.task for j in _take_jobs(pending, 8)] == ["b"] and [j.task for j in _take_jobs(pending, 8)] == ["d"]
 
 
 def test_suites_and_policy_errors():
@@ -161,6 +171,8 @@ def test_suites_and_policy_errors():
     assert miniwob.task_ids == list(task_names()) and not miniwob.skipped
     browsergym = load_suite("browsergym")
     assert len(browsergym.task_ids) + len(browsergym.skipped) == 125
+    webgum = load_suite("webgum")
+    assert len(webgum.task_ids) + len(webgum.skipped) == 56 and set(webgum.task_ids) <= set(browsergym.task_ids)
     desktop = load_suite("desktop")
     assert desktop.catalog.kinds == {"desktop"}
     random_policy = load_eval_policy("random", config(4))

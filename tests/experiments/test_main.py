@@ -34,20 +34,22 @@ def test_an_unknown_job_is_named(tmp_path):
 @pytest.mark.slow
 def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
     """The README's main job, shrunk by overrides only: the shipped base loaded, evaluation
-    before, one RL step, evaluation after with the gain's interval, and every artefact in the
-    workdir."""
+    before, two RL steps with an evaluation between them, evaluation after with the gain's
+    interval, and every artefact in the workdir."""
     workdir = tmp_path / "run"
     overrides = [
         "--config.env.tasks=('click-button',)", "--config.env.task_tiers=(0,)", "--config.rollout.group_size=2",
         "--config.rollout.batch_tasks=1", "--config.rollout.max_turns=1", "--config.eval.num_seeds=2",
-        "--config.eval.max_turns=1", "--config.train.num_steps=1", "--config.train.progress_bar=False",
+        "--config.eval.max_turns=1", "--config.train.num_steps=2", "--config.eval.every_steps=1",
+        "--config.train.progress_bar=False",
     ]
     result = run_main("--config=experiments/configs/default.py", *overrides, workdir=workdir)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "held-out success before:" in result.stdout and "held-out success after:" in result.stdout
     assert "held-out success after - before:" in result.stdout and "Newcombe 95%" in result.stdout
     summary = json.loads((workdir / "summary.json").read_text())
-    assert summary["steps"] == 1 and not summary["warm_start"]  # the base needs none
+    assert summary["steps"] == 2 and not summary["warm_start"]  # the base needs none
+    assert summary["evaluations"]["step_1"]["episodes"] + summary["evaluations"]["step_1"]["given_up"] == 2
     gain = summary["evaluations"]["gain"]
     assert gain["ci_low"] <= gain["difference"] <= gain["ci_high"]
     # One episode per held-out seed: the gain is also paired by seed, over the same episodes.
@@ -55,8 +57,13 @@ def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
     assert gain["paired_episodes"] == 2 and gain["paired_difference"] == pytest.approx(gain["difference"])
     assert gain["paired_ci_low"] <= gain["paired_difference"] <= gain["paired_ci_high"]
     outcomes = summary["evaluations"]["before"]["outcomes"]
-    assert sorted(outcomes) == ["click-button/g-1/e0", "click-button/g-2/e0"] and set(outcomes.values()) <= {0, 1}
-    for path in ("metrics.jsonl", "learning_curve.png", "traces/before/00/trace.json",
+    assert sorted(outcomes) == ["click-button/1000000/0", "click-button/1000001/0"]
+    assert set(outcomes.values()) <= {0, 1}
+    # The evaluations ran through the evaluation harness: its results file and tables.
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert any("groups/tier_0/informative_fraction" in r for r in records)  # live coverage per tier
+    for path in ("evals/before_000000/results.jsonl", "evals/step_1_000001/results.md", "evals/after_000002/results.md",
+                 "metrics.jsonl", "learning_curve.png", "traces/before/00/trace.json",
                  "traces/after/00/trace.json", "checkpoints"):
         assert (workdir / path).exists(), path
     assert any((workdir / "tensorboard").iterdir())
