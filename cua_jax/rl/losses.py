@@ -41,6 +41,19 @@ samples of the engine's policy, not of the policy the learner takes as the behav
 which corrects the expectation from the engine's distribution to the learner's; the cap bounds
 the variance. Only pg is weighted; the KL and entropy terms are the learner's own. When the old
 log-probs are the engine's (the learner's "rollout" mode) w is exactly 1.
+
+The decoupled objective (AReaL, `surrogate="decoupled"`) separates the two roles `old_logp`
+plays in PPO for data from older policies: the ratio is clipped against the proximal policy
+(`old_logp`: the learner's parameters before the update, old_logprobs="recompute"), and the
+behaviour policy that sampled the tokens (the engine, `rollout_logp`, possibly several versions
+stale) enters only through the importance weight
+
+  w = exp(old_logp - rollout_logp)                                (a constant: stop_gradient)
+  pg = w * pg   where w <= tis_cap;   0 where w > tis_cap          (tis_cap = 0: no cap)
+
+Tokens past the cap are left out of the policy-gradient term, as AReaL's behaviour weight cap
+does, rather than truncated; they still count in the denominator, which must not depend on
+anything but the mask for micro-batch accumulation to stay exact.
 """
 
 from __future__ import annotations
@@ -59,6 +72,7 @@ from cua_jax.rl.kl import KL_ESTIMATORS
 # over the rows (module docstring). The denominator depends on the mask and config alone.
 Aggregation = Callable[[jax.Array, jax.Array, "PolicyLossConfig"], tuple[jax.Array, jax.Array]]
 AGGREGATION_MODES: Registry[Aggregation] = Registry("aggregation mode")
+SURROGATES = ("ppo", "decoupled")
 # The quantile of the rollout-vs-learner log-prob gap that the metrics report.
 GAP_QUANTILE = 0.99
 
@@ -89,8 +103,11 @@ class PolicyLossConfig:
     aggregation: str = "token_mean"
     fixed_denominator: float | None = None
     tis_cap: float = 0.0
+    surrogate: str = "ppo"
 
     def __post_init__(self):
+        if self.surrogate not in SURROGATES:
+            raise ValueError(f"PolicyLossConfig.surrogate {self.surrogate!r} is unknown; choose one of {SURROGATES}")
         if not 0 <= self.clip_eps_low < 1:
             raise ValueError(f"PolicyLossConfig.clip_eps_low must lie in [0, 1), got {self.clip_eps_low}")
         if self.clip_eps_high < 0:
@@ -148,8 +165,8 @@ class PolicyLossMetrics(NamedTuple):
     logprob_gap_sum: jax.Array  # sum |rollout_logp - logp|
     logprob_gap_max: jax.Array  # max |rollout_logp - logp| (0 without tokens: the gap is >= 0)
     logprob_gap_p99: jax.Array  # GAP_QUANTILE quantile of |rollout_logp - logp|, see above
-    tis_capped: jax.Array  # tokens whose TIS weight exp(old_logp - rollout_logp) exceeded tis_cap
-    tis_weight_sum: jax.Array  # sum of the applied TIS weights (1 per token when TIS is off)
+    tis_capped: jax.Array  # tokens whose weight exp(old_logp - rollout_logp) exceeded tis_cap (TIS or decoupled)
+    tis_weight_sum: jax.Array  # sum of the applied weights (1 per token when neither is on)
 
     @classmethod
     def empty(cls) -> "PolicyLossMetrics":
@@ -286,6 +303,25 @@ def truncated_importance_weight(
     return jnp.minimum(raw, cap), raw > cap
 
 
+def behaviour_importance_weight(
+    proximal_logp: jax.Array, behaviour_logp: jax.Array, cap: float
+) -> tuple[jax.Array, jax.Array]:
+    """Per-token behaviour weights of the decoupled objective, under stop_gradient: exp(proximal
+    - behaviour), and 0 where that exceeds `cap` (cap 0: no cap).
+
+    Args:
+      proximal_logp: float [...], the proximal policy's log-probs (the learner before the update).
+      behaviour_logp: float [...], the log-probs of the policy that sampled the tokens.
+      cap: 0 (none) or >= 1.
+
+    Returns:
+      (weight float [...], dropped bool [...]: where the weight exceeded the cap).
+    """
+    raw = jnp.exp(jax.lax.stop_gradient(proximal_logp - behaviour_logp))
+    dropped = raw > cap if cap > 0 else jnp.zeros(raw.shape, bool)
+    return jnp.where(dropped, 0.0, raw), dropped
+
+
 def _token_count(mask: jax.Array) -> jax.Array:
     """float32: the number of masked tokens."""
     return jnp.sum(mask.astype(jnp.float32))
@@ -382,8 +418,8 @@ def policy_loss(
         raise ValueError("policy_loss: kl_coef > 0 needs ref_logp")
     if config.entropy_coef > 0 and entropy is None:
         raise ValueError("policy_loss: entropy_coef > 0 needs entropy")
-    if config.tis_cap > 0 and rollout_logp is None:
-        raise ValueError("policy_loss: tis_cap > 0 needs rollout_logp")
+    if (config.tis_cap > 0 or config.surrogate == "decoupled") and rollout_logp is None:
+        raise ValueError("policy_loss: tis_cap > 0 or the decoupled surrogate needs rollout_logp")
 
     # Masked-out positions may hold anything (padding, -inf log-probs). Replace them before any
     # arithmetic, not after: a NaN in an unselected `where` branch still poisons the gradient.
@@ -408,7 +444,10 @@ def policy_loss(
 
     if rollout_logp is not None:
         rollout_logp = clean(_check_token_array("rollout_logp", rollout_logp, shape))
-    if config.tis_cap > 0:
+    if config.surrogate == "decoupled":
+        tis_weight, tis_capped = behaviour_importance_weight(old_logp, rollout_logp, config.tis_cap)
+        pg = pg * tis_weight
+    elif config.tis_cap > 0:
         tis_weight, tis_capped = truncated_importance_weight(old_logp, rollout_logp, config.tis_cap)
         # After the clips (as verl): the weight reweights the whole clipped term's sample.
         pg = pg * tis_weight

@@ -601,6 +601,8 @@ class AgentLoop:
                 action=None if isinstance(action, A.InvalidAction) else action,
                 info={
                     "policy_version": int(generation.policy_version),
+                    # A partial rollout's reply: (first token, version) of each segment.
+                    "version_segments": generation.version_segments(),
                     "finish_reason": generation.finish_reason.value,
                     "prompt_tokens": prompt_tokens,
                 },
@@ -640,7 +642,7 @@ class AgentLoop:
             episode.quarantine_reason = outcome.reason
         elif outcome.reason is not None:
             episode.info["end_reason"] = outcome.reason
-        versions = [g.policy_version for g in generations]
+        versions = [v for g in generations for _, v in g.version_segments()]
         # The oldest weights that produced any token: what a staleness window must compare.
         episode.policy_version = int(min(versions)) if versions else 0
         response_tokens = sum(len(g.token_ids) for g in generations)

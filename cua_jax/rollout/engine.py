@@ -104,13 +104,17 @@ class Generation:
     token_ids: int32 [R] sampled ids (a sampled stop token included).
     logprobs: float32 [R] logprob of each sampled token (convention in the module doc).
     policy_version: the version passed to the update_weights that loaded the weights
-    which produced every token here.
+    which produced the tokens here (the oldest, when a weight update landed mid-generation).
+    token_versions: int32 [R], each token's policy version when a weight update interrupted
+    the generation (a partial rollout: it went on under the new weights); None: every token
+    is policy_version's.
     """
 
     token_ids: np.ndarray
     logprobs: np.ndarray
     finish_reason: FinishReason
     policy_version: int
+    token_versions: np.ndarray | None = None
 
     def __post_init__(self):
         if self.token_ids.shape != self.logprobs.shape or self.token_ids.ndim != 1:
@@ -118,6 +122,17 @@ class Generation:
                 f"token_ids {self.token_ids.shape} and logprobs {self.logprobs.shape} "
                 "must be equal-length 1-D arrays"
             )
+        if self.token_versions is not None and np.shape(self.token_versions) != self.token_ids.shape:
+            raise ValueError(f"token_versions {np.shape(self.token_versions)} must match token_ids "
+                             f"{self.token_ids.shape}")
+
+    def version_segments(self) -> list[tuple[int, int]]:
+        """[(first token index, policy version)] of each run of tokens one version produced."""
+        if self.token_versions is None or not len(self.token_versions):
+            return [(0, int(self.policy_version))]
+        versions = np.asarray(self.token_versions)
+        starts = [0] + [int(i) for i in np.flatnonzero(versions[1:] != versions[:-1]) + 1]
+        return [(start, int(versions[start])) for start in starts]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,6 +45,9 @@ class JaxSamplerEngine(RolloutEngine):
     banned_token_ids: ids never sampled (`SamplingParams.banned_token_ids`): pass
     `agent_loop.reserved_token_ids(renderer)` so no reply holds a vision placeholder, and
     the same ids to the learner (`LearnerConfig.banned_token_ids`) so its logprobs match.
+    interrupt_tokens: 0, a weight update waits for the generation in flight; N > 0, replies
+    longer than N grow N tokens at a time and an update lands between chunks (partial
+    rollouts, `_generate_in_chunks`), each token tagged with its version.
     """
 
     def __init__(
@@ -55,8 +58,12 @@ class JaxSamplerEngine(RolloutEngine):
         image_processor: Any = None,
         initial_version: int = 0,
         banned_token_ids: Sequence[int] = (),
+        interrupt_tokens: int = 0,
         **sampler_kwargs: Any,
     ):
+        if interrupt_tokens < 0:
+            raise ValueError(f"interrupt_tokens must be >= 0, got {interrupt_tokens}")
+        self.interrupt_tokens = int(interrupt_tokens)
         self._sampler = Sampler(model, **sampler_kwargs)
         self.banned_token_ids = normalized_token_ids(banned_token_ids, "banned_token_ids")
         self._base_key = jax.random.key(seed)
@@ -64,6 +71,11 @@ class JaxSamplerEngine(RolloutEngine):
         self._image_processor = image_processor
         self._version = initial_version
         self._lock = threading.Lock()
+        # Weight updates announce themselves before taking the lock, so a chunked generation
+        # lets them in at its next chunk boundary (`_yield_to_updates`).
+        self._updated = threading.Condition(self._lock)
+        self._updates_waiting = 0
+        self._intent = threading.Lock()
 
     @property
     def model(self) -> nnx.Module:
@@ -96,12 +108,10 @@ class JaxSamplerEngine(RolloutEngine):
             stop_token_ids=tuple(int(t) for t in sampling.stop_token_ids),
             banned_token_ids=self.banned_token_ids,
         )
+        if self.interrupt_tokens and sampling.max_new_tokens > self.interrupt_tokens:
+            return self._generate_in_chunks(requests, sampling, params)
         with self._lock:
-            if sampling.seed is not None:
-                key = jax.random.key(sampling.seed)
-            else:
-                key = jax.random.fold_in(self._base_key, self._calls)
-                self._calls += 1
+            key = self._call_key(sampling)
             version = self._version
             seeds = [r.seed for r in requests]
             out = self._sampler.generate(
@@ -118,13 +128,76 @@ class JaxSamplerEngine(RolloutEngine):
             for tokens, logprobs, reason in zip(out.tokens, out.logprobs, out.finish_reasons)
         ]
 
+    def _call_key(self, sampling: SamplingConfig) -> jax.Array:
+        """The call's key: its seed's, else the next of the engine's stream (under the lock)."""
+        if sampling.seed is not None:
+            return jax.random.key(sampling.seed)
+        key = jax.random.fold_in(self._base_key, self._calls)
+        self._calls += 1
+        return key
+
+    def _generate_in_chunks(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig,
+                            params: SamplingParams) -> list[Generation]:
+        """Partial rollouts: the replies grow interrupt_tokens at a time; between chunks a
+        waiting weight update lands, and the next chunk continues each unfinished reply under
+        the new weights from its prompt plus the tokens so far (the KV cache recomputed by the
+        prefill). Every token is tagged with the version that produced it. Chunk c samples
+        with fold_in(call key, c) (a request's own seed s: key((s * 1000003 + c) mod 2**31))."""
+        n = len(requests)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        versions: list[list[int]] = [[] for _ in range(n)]
+        finish: list[FinishReason | None] = [None] * n
+        with self._lock:
+            key = self._call_key(sampling)
+        chunk = 0
+        while True:
+            active = [i for i in range(n) if finish[i] is None]
+            if not active:
+                break
+            budget = min(self.interrupt_tokens, sampling.max_new_tokens - len(tokens[active[0]]))
+            continuing = [GenerationRequest(np.concatenate([requests[i].prompt_ids, np.asarray(tokens[i], np.int32)]),
+                                            requests[i].images, requests[i].seed) for i in active]
+            seeds = [None if r.seed is None else (int(r.seed) * 1_000_003 + chunk) % 2**31 for r in continuing]
+            with self._lock:
+                version = self._version
+                out = self._sampler.generate(
+                    [r.prompt_ids for r in continuing], dataclasses.replace(params, max_new_tokens=budget),
+                    jax.random.fold_in(key, chunk), prefill_extras=self._prefill_extras(continuing),
+                    row_seeds=None if all(s is None for s in seeds) else seeds)
+            for row, i in enumerate(active):
+                tokens[i] += [int(t) for t in out.tokens[row]]
+                logprobs[i] += [float(x) for x in out.logprobs[row]]
+                versions[i] += [version] * len(out.tokens[row])
+                if FinishReason(out.finish_reasons[row]) is FinishReason.STOP:
+                    finish[i] = FinishReason.STOP
+                elif len(tokens[i]) >= sampling.max_new_tokens:
+                    finish[i] = FinishReason.LENGTH
+            chunk += 1
+            self._yield_to_updates()
+        return [Generation(np.asarray(tokens[i], np.int32), np.asarray(logprobs[i], np.float32), finish[i],
+                           min(versions[i], default=self._version), np.asarray(versions[i], np.int32))
+                for i in range(n)]
+
+    def _yield_to_updates(self) -> None:
+        """A chunk boundary: waits while a weight update is waiting to land."""
+        with self._updated:
+            while self._updates_waiting:
+                self._updated.wait()
+
     def update_weights(self, params: Any, version: int) -> None:
         """params: an NNX module of the same architecture, or its `nnx.State`; host (numpy)
-        leaves, as a Ray actor receives them, are moved to the default device."""
+        leaves, as a Ray actor receives them, are moved to the default device. With
+        interrupt_tokens, a generation in flight takes the new weights at its next chunk."""
         state = params if isinstance(params, nnx.State) else nnx.state(params)
-        with self._lock:
+        with self._intent:
+            self._updates_waiting += 1
+        with self._updated:
             nnx.update(self.model, _on_device(state))
             self._version = version
+            with self._intent:
+                self._updates_waiting -= 1
+            self._updated.notify_all()
 
     def sampling_state(self) -> dict[str, int]:
         """{"calls": unseeded generate calls so far} (folded into the base key)."""
@@ -154,7 +227,7 @@ class JaxEngineFactory:
     model_class / model_config: the policy's NNX class and its config (`model_class(config,
     rngs=...)`). params: the policy's `nnx.State`, host numpy leaves (what crosses a process
     boundary) or device arrays (copied, so the caller may donate its own). seed / pad_id /
-    initial_version / banned_token_ids: as `JaxSamplerEngine`'s. tokenizer_dir: where the
+    initial_version / banned_token_ids / interrupt_tokens: as `JaxSamplerEngine`'s. tokenizer_dir: where the
     image processor comes from (None: the shipped tiny one).
     """
 
@@ -166,6 +239,7 @@ class JaxEngineFactory:
     tokenizer_dir: str | None = None
     initial_version: int = 0
     banned_token_ids: tuple[int, ...] = ()
+    interrupt_tokens: int = 0
 
     def __call__(self) -> JaxSamplerEngine:
         from cua_jax.context.tokenizer import load_processor
@@ -180,4 +254,4 @@ class JaxEngineFactory:
         _, image_processor = load_processor(self.tokenizer_dir)
         return JaxSamplerEngine(model, seed=self.seed, image_processor=image_processor,
                                 initial_version=self.initial_version, pad_id=self.pad_id,
-                                banned_token_ids=self.banned_token_ids)
+                                banned_token_ids=self.banned_token_ids, interrupt_tokens=self.interrupt_tokens)

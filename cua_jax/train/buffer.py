@@ -100,6 +100,21 @@ class RolloutBuffer:
                     )
         return taken
 
+    def snapshot(self) -> list[RolloutGroup]:
+        """The groups held, oldest first (for a checkpoint)."""
+        with self._cond:
+            return list(self._groups)
+
+    def restore(self, groups: Sequence[RolloutGroup], dropped_stale_groups: int, dropped_stale_episodes: int) -> None:
+        """Refills an empty buffer from `snapshot`'s groups and the drop counters."""
+        with self._cond:
+            if self._groups:
+                raise RuntimeError("restore needs an empty rollout buffer")
+            self._groups.extend(groups)
+            self.dropped_stale_groups = int(dropped_stale_groups)
+            self.dropped_stale_episodes = int(dropped_stale_episodes)
+            self._cond.notify_all()
+
     def close(self) -> None:
         with self._cond:
             self._closed = True

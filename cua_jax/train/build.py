@@ -234,7 +234,8 @@ def build_rollout_workers(settings: TrainSettings, policy, pad_id: int, env_wrap
     params = jax.tree.map(np.asarray, state) if remote else state  # the local factory copies it
     specs = [
         (JaxEngineFactory(type(policy), policy.config, params, seed=c.seed * 1000 + w, pad_id=pad_id,
-                          tokenizer_dir=tokenizer_dir(c), banned_token_ids=banned_token_ids),
+                          tokenizer_dir=tokenizer_dir(c), banned_token_ids=banned_token_ids,
+                          interrupt_tokens=c.rollout.partial_rollout_tokens),
          rollout_worker_config(settings, w))
         for w in range(c.rollout.num_workers)
     ]

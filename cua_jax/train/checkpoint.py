@@ -9,7 +9,8 @@ holds three items:
                data, the step, the policy version, the next group id, and, pickled into uint8
                arrays (so they are written in the same atomic commit), each rollout worker's
                engine sampling state (the JAX sampler's call counter), the task pool +
-               sampler state and the evaluations so far;
+               sampler state, the evaluations so far and, in async mode, the rollout
+               buffer's groups and draw accounting;
   config       the run's config as JSON (what was trained; `experiments.export` reads it).
 
 The checkpointer only moves records: the trainer makes its `TrainerState` and applies a
@@ -51,6 +52,7 @@ class TrainerState:
     engine_sampling: list[dict[str, int]]
     sampler: dict[str, Any]
     evaluations: dict[str, Any]
+    rollouts: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         return {
@@ -61,11 +63,12 @@ class TrainerState:
             "engine_sampling": _pack(self.engine_sampling),
             "sampler": _pack(self.sampler),
             "evaluations": _pack(self.evaluations),
+            "rollouts": _pack(self.rollouts),
         }
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], where: str) -> "TrainerState":
-        missing = {field.name for field in dataclasses.fields(cls)} - set(arrays)
+        missing = {field.name for field in dataclasses.fields(cls)} - set(arrays) - {"rollouts"}
         if missing:
             raise ValueError(f"checkpoint {where} lacks host state {sorted(missing)}")
         return cls(
@@ -76,6 +79,7 @@ class TrainerState:
             engine_sampling=_unpack(arrays["engine_sampling"]),
             sampler=_unpack(arrays["sampler"]),
             evaluations=_unpack(arrays["evaluations"]),
+            rollouts=_unpack(arrays["rollouts"]) if "rollouts" in arrays else {},
         )
 
 

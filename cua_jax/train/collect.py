@@ -9,6 +9,7 @@ threads: the sampler and the id counter sit behind one lock.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,21 @@ from cua_jax.train.groups import CollectedGroup, draw_group_seeds, group_from_ro
 
 # Calibration's rollouts draw their seeds from a stream of their own, apart from the steps'.
 _CALIBRATION_STREAM = 1_000_003
+
+
+def run_on_workers(workers: Sequence[Any], requests: Sequence[tuple], n: int) -> list[list[Any]]:
+    """`run_groups(requests, n)` spread over `workers`: request k goes to worker k mod W, the
+    workers run at once (one thread each); the results come back in request order."""
+    if len(workers) == 1 or len(requests) <= 1:
+        return workers[0].run_groups(list(requests), n)
+    shares = [list(requests[w::len(workers)]) for w in range(len(workers))]
+    with concurrent.futures.ThreadPoolExecutor(len(workers)) as pool:
+        results = list(pool.map(lambda pair: pair[0].run_groups(pair[1], n) if pair[1] else [], zip(workers, shares)))
+    ordered: list[Any] = [None] * len(requests)
+    for w, share in enumerate(results):
+        for k, rollouts in enumerate(share):
+            ordered[w + k * len(workers)] = rollouts
+    return ordered
 
 
 class GroupCollector:
@@ -47,13 +63,15 @@ class GroupCollector:
         return draw_group_seeds(key, count, self.config.env.train_seeds, self.config.env.train_seed_max)
 
     def run_groups(self, worker: Any, task_ids: Sequence[str], key: jax.Array) -> list[CollectedGroup]:
-        """One training group per task id on `worker`, with fresh group ids and seeds from `key`."""
+        """One training group per task id on `worker` (or a list of workers: the groups dealt
+        round-robin, all running at once), with fresh group ids and seeds from `key`."""
         with self.lock:
             first = self.next_group_id
             self.next_group_id += len(task_ids)
         requests = [(task_id, seed, first + k) for k, (task_id, seed)
                     in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))]
-        results = worker.run_groups(requests, self.config.rollout.group_size)
+        results = run_on_workers(worker if isinstance(worker, list) else [worker], requests,
+                                 self.config.rollout.group_size)
         return [group_from_rollouts(gid, task_id, rollouts) for (task_id, _, gid), rollouts in zip(requests, results)]
 
     def run_outcome_groups(self, task_ids: Sequence[str], group_size: int) -> list[GroupOutcome]:

@@ -182,6 +182,12 @@ class TrainSettings:
             _require(c.train.staleness_window >= 0, "train.staleness_window", f"must be >= 0, got {c.train.staleness_window}")
             _require(not c.train.dapo, "train.dapo", "DAPO filtering is supported in on_policy mode only")
             _require(c.train.buffer_groups >= 0, "train.buffer_groups", f"must be >= 0, got {c.train.buffer_groups}")
+        _require(c.rollout.partial_rollout_tokens >= 0, "rollout.partial_rollout_tokens",
+                 f"must be >= 0, got {c.rollout.partial_rollout_tokens}")
+        _require(c.rollout.engine == "jax" or not c.rollout.partial_rollout_tokens, "rollout.partial_rollout_tokens",
+                 "partial rollouts run on the JAX sampler; vLLM engines finish each reply under one version")
+        _require(c.loss.surrogate != "decoupled" or c.learner.old_logprobs == "recompute", "loss.surrogate",
+                 "the decoupled objective clips against the proximal policy: set learner.old_logprobs = 'recompute'")
         if c.learner.old_logprobs == "current":
             _require(c.train.mode == "on_policy" and c.learner.num_minibatches == 1, "learner.old_logprobs",
                      "'current' equals the sampling policy only strictly on-policy; use 'recompute' or 'rollout'")

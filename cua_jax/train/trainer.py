@@ -21,7 +21,8 @@ Modes (config.train.mode):
   async      a rollout thread per worker draws tasks and runs groups continuously, tagging every
              episode with the policy version that produced it, into a `RolloutBuffer`; the
              learner takes whole groups, the buffer drops (and counts) groups older than the
-             staleness window, mini-batches hold whole groups.
+             staleness window, mini-batches hold whole groups; checkpoints hold the buffer and
+             the draw accounting, so a resumed run loses no episode and trains none twice.
 
 Evaluation runs held-out seeds of the evaluation tasks through the evaluation harness
 (`cua_jax.eval`) before the first step, every eval.every_steps steps and after the last. Traces (PNG + JSON, for `python -m experiments.view`)
@@ -146,6 +147,7 @@ class Trainer:
         self.step = 0  # completed training steps
         self.version = 0  # policy version the engines hold
         self.feeder: RolloutFeeder | None = None  # async mode's rollout threads
+        self._restored_rollouts: dict[str, Any] = {}  # a checkpoint's feeder state, until the threads start
         self.last_batch: PreparedBatch | None = None
         self.last_minibatch_item_counts: list[int] = []
         self.history: list[dict[str, float]] = []
@@ -169,8 +171,8 @@ class Trainer:
     # -- rollouts -------------------------------------------------------------------------
 
     def collect(self, step: int, worker: Any = None) -> tuple[list[CollectedGroup], dict[str, float]]:
-        """Step `step`'s rollout groups on `worker` (default: the first); `GroupCollector.collect`."""
-        return self.collector.collect(step, worker)
+        """Step `step`'s rollout groups on `worker` (default: every worker); `GroupCollector.collect`."""
+        return self.collector.collect(step, worker if worker is not None else list(self.workers))
 
     # -- learning -------------------------------------------------------------------------
 
@@ -249,7 +251,10 @@ class Trainer:
         c = self.config
         if self.feeder is None:
             self.feeder = RolloutFeeder(c.train.staleness_window, c.train.buffer_groups or 2 * c.rollout.batch_tasks)
-        self.feeder.start(self.workers, self.collect, lambda: self.step)
+            if self._restored_rollouts:  # a resumed run: its saved groups first, its unfinished draws again
+                self.feeder.load_state_dict(self._restored_rollouts)
+                self._restored_rollouts = {}
+        self.feeder.start(self.workers, self.collect)
 
     def stop_rollouts(self) -> None:
         if self.feeder is not None:
@@ -321,7 +326,7 @@ class Trainer:
             base_key=np.asarray(jax.random.key_data(self.base_key)), step=self.step, version=self.version,
             next_group_id=self.collector.next_group_id, engine_sampling=[worker.sampling_state() for worker in self.workers],
             sampler=self.sampler.state_dict(), evaluations=self.evaluations,
-        )
+            rollouts=self.feeder.state_dict() if self.feeder is not None else self._restored_rollouts)
 
     def load_trainer_state(self, train_state: Any, state: TrainerState) -> None:
         """Continues from a checkpoint: the learner's arrays, the counters, the sampler, and the
@@ -335,7 +340,7 @@ class Trainer:
         self.learner.load_train_state(train_state)
         self.step, self.version, self.collector.next_group_id = state.step, state.version, state.next_group_id
         self.sampler.load_state_dict(state.sampler)
-        self.evaluations = state.evaluations
+        self.evaluations, self._restored_rollouts = state.evaluations, state.rollouts
         self._push_weights()
         for worker, sampling in zip(self.workers, state.engine_sampling):
             worker.load_sampling_state(sampling)

@@ -118,6 +118,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0
     c.rollout.top_p = 1.0
     c.rollout.top_k = 0
+    # Partial rollouts (JAX sampler): 0, a weight update waits for the replies being generated;
+    # N, replies grow N tokens at a time and an update lands between chunks, the rest of each
+    # reply sampled under the new weights (every token tagged with its policy version).
+    c.rollout.partial_rollout_tokens = 0
     c.rollout.batch_wait_s = 0.0  # 0: a generation batch waits for every running episode
     # "fresh": each episode of a group resets on its own; "shared": the group starts from one
     # prepared state (one reset, the others fork it: a capsule fork for MiniWoB, the task's
@@ -167,6 +171,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.loss.aggregation = "token_mean"
     c.loss.fixed_denominator = 0.0  # 0: unset (only the fixed_denominator mode reads it)
     c.loss.tis_cap = 0.0  # truncated importance sampling of engine-vs-learner logprobs: cap >= 1 (0: off)
+    # "ppo" | "decoupled": AReaL's decoupled objective for stale (async) data, clipped against
+    # the proximal policy (learner.old_logprobs = "recompute"), weighted by proximal / behaviour
+    # (the engine's logprobs); tokens whose weight passes tis_cap (> 0) are left out.
+    c.loss.surrogate = "ppo"
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.learning_rate = 3e-6

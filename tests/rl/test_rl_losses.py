@@ -21,6 +21,7 @@ from cua_jax.rl.losses import (
     masked_quantile,
     normalize,
     policy_loss,
+    behaviour_importance_weight,
     truncated_importance_weight,
 )
 
@@ -50,6 +51,9 @@ PG_ONLY = {
 # Truncated importance sampling on top of each, at the tightest cap and a typical one.
 TIS_CAPS = (1.0, 2.0)
 TIS = {(mode, cap): dataclasses.replace(config, tis_cap=cap) for mode, config in CONFIGS.items() for cap in TIS_CAPS}
+# AReaL's decoupled objective: the behaviour weight uncapped (0) and capped.
+DECOUPLED = {(mode, cap): dataclasses.replace(config, surrogate="decoupled", tis_cap=cap)
+             for mode, config in CONFIGS.items() for cap in (0.0, 2.0)}
 TIS_PG_ONLY = {(mode, cap): dataclasses.replace(config, tis_cap=cap) for mode, config in PG_ONLY.items() for cap in TIS_CAPS}
 
 
@@ -552,3 +556,73 @@ def test_policy_loss_rejects_bad_shapes_and_missing_inputs():
         policy_loss(x, x, jnp.zeros(2), x, PolicyLossConfig(kl_coef=0.0, tis_cap=2.0))
     with pytest.raises(ValueError, match="rollout_logp has shape"):
         policy_loss(x, x, jnp.zeros(2), x, PolicyLossConfig(kl_coef=0.0), rollout_logp=jnp.zeros((3, 2)))
+
+
+def reference_behaviour_weight(proximal_logp, behaviour_logp, cap):
+    """(weight, dropped) of the decoupled objective, in float64: tokens past the cap weigh 0."""
+    raw = np.exp(np.asarray(proximal_logp, np.float64) - np.asarray(behaviour_logp, np.float64))
+    dropped = raw > cap if cap > 0 else np.zeros(raw.shape, bool)
+    return np.where(dropped, 0.0, raw), dropped
+
+
+@PROPERTY
+@given(
+    logp=LOGP, delta=DELTA, behaviour_delta=DELTA, ref_delta=DELTA, entropy=ENTROPY, adv=ITEM_ADV, mask=MASK,
+    mode=st.sampled_from(AGGREGATION_MODES.names()), cap=st.sampled_from((0.0, 2.0)),
+)
+def test_decoupled_loss_matches_reference(logp, delta, behaviour_delta, ref_delta, entropy, adv, mask, mode, cap):
+    """Clipped against the proximal policy, weighted by proximal / behaviour, tokens past the cap
+    left out of the policy-gradient term but kept in the denominator."""
+    config = DECOUPLED[mode, cap]
+    proximal, ref_logp = logp - delta, logp + ref_delta
+    behaviour = proximal - behaviour_delta
+    (loss, out), grad = jitted_loss_grad_aux(config)(logp, proximal, adv, mask, ref_logp, behaviour, entropy)
+    weight, dropped = reference_behaviour_weight(proximal, behaviour, cap)
+    per_token, *_ = reference_per_token(logp, proximal, adv, ref_logp, entropy, config,
+                                                          tis_weight=weight)
+    np.testing.assert_allclose(loss, reference_aggregate(per_token, mask, config), rtol=2e-5, atol=2e-5)
+    on = mask > 0
+    raw = np.exp(proximal.astype(np.float64) - behaviour)
+    unsure = np.sum(on & np.isclose(raw, cap, rtol=1e-5, atol=0)) if cap else 0
+    n = max(on.sum(), 1)
+    metrics = out.metrics.summary()
+    np.testing.assert_allclose(metrics["tis_capped_frac"], np.sum(on & dropped) / n, atol=unsure / n + 1e-7)
+    # A dropped token gets no policy gradient: without KL and entropy, no gradient at all; the
+    # kept ones get the reference's d(w * surrogate) / d logp.
+    pg_only = dataclasses.replace(config, kl_coef=0.0, entropy_coef=0.0)
+    (_, _), pg_grad = jitted_loss_grad_aux(pg_only)(logp, proximal, adv, mask, ref_logp, behaviour, entropy)
+    far = on & dropped & ~np.isclose(raw, cap, rtol=1e-4, atol=0)
+    assert np.all(np.asarray(pg_grad)[far] == 0)
+    assert np.all(np.asarray(pg_grad)[~on] == 0) and np.all(np.isfinite(np.asarray(grad)))
+    # With the behaviour equal to the proximal policy, the decoupled loss is plain PPO.
+    ppo = dataclasses.replace(config, surrogate="ppo", tis_cap=0.0)
+    same, _ = jitted_loss(config)(logp, proximal, adv, mask, ref_logp, proximal, entropy)
+    plain, _ = jitted_loss(ppo)(logp, proximal, adv, mask, ref_logp, proximal, entropy)
+    np.testing.assert_allclose(same, plain, rtol=1e-6, atol=1e-7)
+
+
+@functools.cache
+def jitted_loss_grad_aux(config):
+    def value(logp, *rest):
+        loss, out = loss_and_metrics(logp, *rest, config=config)
+        return loss, (loss, out)
+
+    grad = jax.jit(jax.grad(value, has_aux=True))
+
+    def run(*args):
+        g, aux = grad(*args)
+        return aux, g
+
+    return run
+
+
+def test_decoupled_surrogate_needs_behaviour_logprobs_and_a_known_name():
+    config = dataclasses.replace(CONFIGS["token_mean"], surrogate="decoupled")
+    x = jnp.zeros((1, 2))
+    with pytest.raises(ValueError, match="decoupled surrogate needs rollout_logp"):
+        policy_loss(x, x, jnp.ones(1), jnp.ones((1, 2)), config, ref_logp=x, entropy=x)
+    with pytest.raises(ValueError, match="surrogate 'nope' is unknown"):
+        PolicyLossConfig(surrogate="nope")
+    weight, dropped = jax.jit(behaviour_importance_weight, static_argnames="cap")(
+        jnp.zeros(3), jnp.array([-1000.0, -1.0, 0.0]), cap=2.0)
+    assert weight.tolist() == [0.0, 0.0, 1.0] and dropped.tolist() == [True, True, False]

@@ -71,3 +71,57 @@ def test_each_request_sees_its_own_image():
     np.testing.assert_array_equal(out[0].token_ids, out[2].token_ids)
     np.testing.assert_allclose(out[0].logprobs, out[2].logprobs, atol=LOGPROB_ATOL)
     assert not np.allclose(out[0].logprobs, out[1].logprobs, atol=LOGPROB_ATOL)
+
+
+class PausingEngine(JaxSamplerEngine):
+    """The real engine, paused at its first chunk boundary until the test lets it go on: a
+    weight update is then certain to land mid-generation."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import threading
+
+        self.at_boundary, self.go_on, self.boundaries = threading.Event(), threading.Event(), 0
+
+    def _yield_to_updates(self):
+        self.boundaries += 1
+        if self.boundaries == 1:
+            self.at_boundary.set()
+            self.go_on.wait(60)
+        super()._yield_to_updates()
+
+
+def test_partial_rollout_continues_under_new_weights_with_each_token_tagged(model):
+    import threading
+
+    engine = PausingEngine(nnx.clone(model), interrupt_tokens=2)
+    requests = [GenerationRequest(p) for p in PROMPTS]
+    result = {}
+    generating = threading.Thread(target=lambda: result.update(out=engine.generate(requests, GREEDY)))
+    generating.start()
+    assert engine.at_boundary.wait(120)
+    new_model = perturbed(model, seed=1)
+    updating = threading.Thread(target=engine.update_weights, args=(nnx.state(new_model), 5))
+    updating.start()
+    updating.join(60)
+    assert not updating.is_alive(), "the update waited for the whole generation"
+    engine.go_on.set()
+    generating.join(120)
+    for request, g in zip(requests, result["out"]):
+        assert g.token_versions.tolist() == [0, 0, 5, 5, 5, 5] and g.policy_version == 0
+        assert g.version_segments() == [(0, 0), (2, 5)] and g.finish_reason == FinishReason.LENGTH
+        # Each segment's logprobs are its own weights' (the new ones rescored the whole prefix).
+        ids = np.concatenate([request.prompt_ids, g.token_ids])[None]
+        p = len(request.prompt_ids)
+        old = np.asarray(score_sequences(model, ids)[0])[0, p:p + 2]
+        new = np.asarray(score_sequences(new_model, ids)[0])[0, p + 2:]
+        np.testing.assert_allclose(g.logprobs, np.concatenate([old, new]), atol=LOGPROB_ATOL)
+    # Greedy under the old weights up to the update, then greedy under the new ones.
+    engine_old = JaxSamplerEngine(nnx.clone(model))
+    head = engine_old.generate(requests, SamplingConfig(max_new_tokens=2, temperature=0.0))
+    for request, g, h in zip(requests, result["out"], head):
+        np.testing.assert_array_equal(g.token_ids[:2], h.token_ids)
+        engine_new = JaxSamplerEngine(nnx.clone(new_model))
+        tail = engine_new.generate([GenerationRequest(np.concatenate([request.prompt_ids, h.token_ids]))],
+                                   SamplingConfig(max_new_tokens=4, temperature=0.0))[0]
+        np.testing.assert_array_equal(g.token_ids[2:], tail.token_ids)

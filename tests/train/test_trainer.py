@@ -193,3 +193,52 @@ def test_dapo_step_draws_again_and_skips_an_uninformative_batch(tmp_path):
         assert not thread.is_alive(), "a DAPO training step did not finish"
     assert result["dapo/rounds"] == 2 and result["dapo/dropped_groups"] == 2
     assert result["dapo/missing_groups"] == 1 and result["learner/skipped"] == 1.0
+
+
+def _trained_episodes(workdir, steps):
+    from cua_jax.observe.episode_log import read_episode_log
+
+    return {r.episode_id for r in read_episode_log(workdir / "episodes.jsonl") if r.step in steps}
+
+
+def test_async_run_resumes_with_no_episode_lost_or_trained_twice(tmp_path):
+    """An asynchronous run with AReaL's decoupled objective and partial rollouts, checkpointed while its rollout
+    threads run and then stopped (as a kill would); the resumed run puts the saved groups back
+    first, in order, collects the unfinished draws again, and trains every saved episode once."""
+    config = tiny_config(tmp_path, train__mode="async", train__staleness_window=8, train__buffer_groups=3,
+                         learner__old_logprobs="recompute", loss__surrogate="decoupled", loss__tis_cap=5.0,
+                         loss__kl_coef=0.0, rollout__partial_rollout_tokens=4)
+    with Trainer(config) as trainer:
+        trainer.start_rollouts()
+        _wait_for(lambda: len(trainer.buffer) == trainer.buffer.capacity, "a full rollout buffer")
+        first = trainer.async_step()
+        assert math.isfinite(first["learner/loss"]) and "learner/tis_capped_frac" in first
+        # Replies of 8 tokens grow 4 at a time (partial rollouts), each segment's version recorded.
+        turn = next(iter(trainer.last_batch.episodes.values())).turns[0]
+        assert turn.info["version_segments"][0][0] == 0 and len(turn.response_ids) <= 8
+        trainer.save()
+    before = _trained_episodes(tmp_path, {0})
+    assert len(before) == 4
+
+    with Trainer(config) as resumed:
+        assert resumed.restore() and resumed.step == 1
+        saved = resumed._restored_rollouts
+        saved_groups = saved["buffer"] + [g for groups in saved["waiting"].values() for g in groups]
+        saved_ids = [e.episode_id for g in saved_groups for e in g.episodes]
+        assert saved_groups and not set(saved_ids) & before  # nothing taken is saved again
+        assert len(saved_ids) == len(set(saved_ids))  # nor saved twice (buffer and waiting)
+        drawn = saved["next_draw"]
+        resumed.start_rollouts()
+        resumed.async_step()
+        # The saved buffer's oldest groups train first, whole (a batch takes 2 groups).
+        assert {e.episode_id for g in saved_groups[:2] for e in g.episodes} == _trained_episodes(tmp_path, {1})
+        while not set(saved_ids) <= _trained_episodes(tmp_path, set(range(1, resumed.step))):
+            assert resumed.step < 6, "saved groups were lost"
+            resumed.async_step()
+        # The draws unfinished at the save were collected again, before any new one.
+        _wait_for(lambda: set(saved["unfinished_draws"]) <= set(resumed.feeder.collected), "the unfinished draws")
+        assert resumed.feeder.collected[0] in saved["unfinished_draws"] or not saved["unfinished_draws"]
+        assert min(set(resumed.feeder.collected) - set(saved["unfinished_draws"]), default=drawn) >= drawn
+        resumed.stop_rollouts()
+    after = _trained_episodes(tmp_path, set(range(1, 10)))
+    assert not after & before  # no episode trained twice
