@@ -13,8 +13,10 @@ process, timed from the first episode's start to the last one's end:
 Before timing, each side runs the same workload once on other seeds (compiling the sampler for
 its batch shapes, warming the browser). The policy is the tiny random Qwen3-VL (`--policy
 tiny`, generation-bound) or the random-action policy (`--policy random`, environment-bound).
+With --delay_median_s > 0 every reset and step first sleeps a log-normal delay
+(`LatencyWrapper`, the same streams on both sides), as a remote environment's answer does.
 
-    python -m experiments.benchmarks.eval_throughput [--policy tiny] [--k 4] [--seeds 2]
+    python -m experiments.benchmarks.eval_throughput [--policy tiny] [--k 4] [--seeds 2] [--delay_median_s 0]
 
 The ratio printed is harness / sequential episodes per second: above 1, the harness is faster.
 """
@@ -72,6 +74,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3, help="turn budget per episode")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--groups-per-call", type=int, default=8)
+    parser.add_argument("--delay_median_s", type=float, default=0.0, help="median injected delay per reset / step")
+    parser.add_argument("--delay_sigma", type=float, default=1.0)
     args = parser.parse_args()
 
     from cua_jax.eval.policies import build_eval_workers
@@ -83,7 +87,12 @@ def main() -> None:
     policy = make_policy(args.policy, args.turns, args.max_new_tokens)
     suite = load_suite("miniwob").restricted(TASKS)
     agent = TrainSettings.from_config(policy.config).eval_agent
-    workers = build_eval_workers(policy, suite, agent, 1, group_size=args.k)
+    wrapper = None
+    if args.delay_median_s > 0:
+        from cua_jax.rollout.latency import LatencyWrapper
+
+        wrapper = LatencyWrapper(args.delay_median_s, args.delay_sigma, max_s=30.0, seed=0, delay_reset=True)
+    workers = build_eval_workers(policy, suite, agent, 1, wrapper, group_size=args.k)
     warm, timed = suite.seeds(2 * args.seeds)[: args.seeds], suite.seeds(2 * args.seeds)[args.seeds:]
     try:
         results = {}
@@ -100,7 +109,8 @@ def main() -> None:
         for worker in workers:
             worker.shutdown()
     print(f"policy {args.policy}, {len(TASKS)} tasks x {args.seeds} seeds x k={args.k}, {args.turns} turns, "
-          f"{args.groups_per_call} groups per call, {os.cpu_count()} cores")
+          f"{args.groups_per_call} groups per call, injected delay median {args.delay_median_s} s, "
+          f"{os.cpu_count()} cores")
     print(f"ratio harness / sequential: {results['harness'] / results['sequential']:.2f}x")
 
 
