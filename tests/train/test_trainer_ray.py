@@ -86,3 +86,17 @@ def test_async_step_takes_groups_a_rollout_thread_collected_through_the_actor(ra
     assert metrics["learner/updates"] == 1 and metrics["episodes/trained"] == 4
     assert math.isfinite(metrics["learner/loss"])
     assert trainer.workers[0].health().policy_version == version + 1
+
+
+def test_held_out_evaluation_goes_through_the_harness_on_the_actor(ray_trainer):
+    """The trainer's evaluation path (the evaluation harness) with its worker in a Ray actor."""
+    import json
+    import os
+
+    trainer = ray_trainer
+    trainer.config.eval.num_seeds = 1
+    result = trainer.evaluate("actor")
+    assert result["episodes"] + result["given_up"] == 2 and 0.0 <= result["success_rate"] <= 1.0
+    folder = os.path.join(trainer.workdir, "evals", f"actor_{trainer.step:06d}")
+    records = [json.loads(line) for line in open(os.path.join(folder, "results.jsonl"))]
+    assert {r["task"] for r in records} == set(trainer.eval_tasks) and os.path.exists(os.path.join(folder, "results.md"))
