@@ -20,6 +20,7 @@ each episode carries the oldest policy version that sampled it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import hashlib
 import math
@@ -180,6 +181,11 @@ class RolloutWorker:
         self.envs: dict[str, list[AgentEnvironment]] = {"miniwob": [], "desktop": []}
         # One batch of groups at a time: the environments are shared between calls.
         self._run_lock = threading.Lock()
+        # Streaming (`submit_group`): an event loop of its own in a thread, with its own environments.
+        self._stream_loop: asyncio.AbstractEventLoop | None = None
+        self._stream_thread: threading.Thread | None = None
+        self._stream_envs: dict[str, list[AgentEnvironment]] = {}
+        self._stream_desktop_groups: asyncio.Semaphore | None = None
 
     def _new_env(self, kind: str) -> AgentEnvironment:
         if kind == "desktop":
@@ -251,6 +257,55 @@ class RolloutWorker:
         """n concurrent training episodes of `task` (one seed for the whole group)."""
         return self._run(self.train_loop, [(task, seed, group_id)], n)[0]
 
+    # -- streaming: groups submitted one at a time, all running on one event loop ----------
+
+    def submit_group(self, request: GroupRequest, n: int) -> concurrent.futures.Future:
+        """Starts a training group of n episodes on the worker's streaming event loop (started
+        on first use) and returns the future of its rollouts, resolved when its last episode
+        ends. Every group in flight shares the loop's generation batcher, so generation is
+        batched across all of them; the environments are the streaming loop's own."""
+        if self._stream_loop is None:
+            self._stream_loop = asyncio.new_event_loop()
+            self._stream_thread = threading.Thread(target=self._stream_loop.run_forever, daemon=True,
+                                                   name="rollout-stream")
+            self._stream_thread.start()
+        return asyncio.run_coroutine_threadsafe(self._stream_group(request, n), self._stream_loop)
+
+    async def _stream_group(self, request: GroupRequest, n: int) -> list[Rollout]:
+        task_id, seed, group_id = request
+        kind, spec = self.resolve(task_id)
+        if kind == "desktop" and n > self._desktop_capacity():
+            raise ValueError(f"a group of {n} desktop episodes needs {n} containers at once, but the pool has "
+                             f"{self._desktop_capacity()}")
+        free = self._stream_envs.setdefault(kind, [])
+        envs = [free.pop() if free else self._wrapped(self._new_env(kind)) for _ in range(n)]
+        try:
+            if kind != "desktop":
+                return await self.train_loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
+            if self._stream_desktop_groups is None:  # at most as many desktop groups as the pool holds
+                self._stream_desktop_groups = asyncio.Semaphore(max(1, self._desktop_capacity() // n))
+            async with self._stream_desktop_groups:
+                return await self.train_loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
+        finally:
+            free.extend(envs)
+
+    def _wrapped(self, env: AgentEnvironment) -> AgentEnvironment:
+        return self.env_wrapper(env) if self.env_wrapper else env
+
+    def _stop_streaming(self) -> None:
+        """Closes the streaming loop's environments and stops the loop (groups in flight end)."""
+        if self._stream_loop is None:
+            return
+        loop, envs = self._stream_loop, [env for kind in self._stream_envs.values() for env in kind]
+
+        async def close_all():
+            await asyncio.gather(*(env.close() for env in envs), return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(close_all(), loop).result(timeout=120)
+        loop.call_soon_threadsafe(loop.stop)
+        self._stream_thread.join(timeout=120)
+        self._stream_loop, self._stream_envs, self._stream_desktop_groups = None, {}, None
+
     def update_weights(self, params: Any, version: int) -> None:
         """Loads `params` (whatever the engine's update_weights takes) as policy `version`."""
         self.engine.update_weights(params, version)
@@ -270,6 +325,7 @@ class RolloutWorker:
         async def close_all(envs):
             await asyncio.gather(*(env.close() for env in envs))
 
+        self._stop_streaming()
         with self._run_lock:
             envs = [env for kind in self.envs.values() for env in kind]
             if envs:

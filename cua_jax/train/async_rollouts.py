@@ -4,7 +4,15 @@ learner takes whole groups from (the buffer drops groups older than the stalenes
 
 Draws are numbered 0, 1, 2, ... across all threads (a draw's tasks come from the key of its
 number), and every draw is accounted for at all times: being collected, collected with groups
-waiting for room in the buffer, in the buffer, or taken by the learner. `state_dict` (taken by
+waiting for room in the buffer, in the buffer, or taken by the learner.
+
+Two ways to collect. Draw at a time (the default): a thread runs a draw's groups together on
+its worker (`collect`) and starts the next draw when all have ended. Streaming
+(max_episodes_in_flight > 0, `RolloutWorker.submit_group`): a thread keeps up to that many
+episodes in flight on its worker, starting a draw's groups whenever there is room, and each
+group goes to the buffer as soon as its own last episode ends, so one slow episode holds up
+its group only; every group in flight shares the worker's generation batcher. Its state
+records the requests of groups still running, which a resumed run starts again first. `state_dict` (taken by
 the learner between its steps) holds the next draw number, the draws being collected, the
 waiting groups and the buffer's groups; a feeder built from it (`load_state_dict`) puts the
 saved groups back first and collects the unfinished draws again, so a resumed asynchronous
@@ -29,8 +37,13 @@ class RolloutFeeder:
     into the buffer. An exception in a thread is kept and raised to the learner by `take`.
     """
 
-    def __init__(self, staleness_window: int, capacity: int):
+    def __init__(self, staleness_window: int, capacity: int, max_episodes_in_flight: int = 0):
         self.buffer = RolloutBuffer(staleness_window, capacity)
+        # Streaming (> 0): each worker keeps up to this many episodes in flight, groups started
+        # one at a time and buffered as each one's last episode ends (`_stream_loop`).
+        self.max_episodes_in_flight = int(max_episodes_in_flight)
+        self._outstanding: dict[int, list[tuple]] = {}  # streaming: draw -> its groups' requests still running
+        self._redo_requests: list[tuple[int, tuple]] = []  # streaming: (draw, request) to run again first
         self._threads: list[threading.Thread] = []
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -51,6 +64,8 @@ class RolloutFeeder:
         with self._lock:
             return {"next_draw": self.next_draw,
                     "unfinished_draws": sorted(self._collecting | set(self._redo)),
+                    "unfinished_requests": [(d, r) for d, requests in sorted(self._outstanding.items())
+                                            for r in requests] + list(self._redo_requests),
                     "waiting": {d: list(groups) for d, groups in self._waiting.items() if groups},
                     "buffer": self.buffer.snapshot(),
                     "dropped_stale_groups": self.buffer.dropped_stale_groups,
@@ -64,17 +79,91 @@ class RolloutFeeder:
         with self._lock:
             self.next_draw = int(state["next_draw"])
             self._redo = list(state["unfinished_draws"])
+            self._redo_requests = [(int(d), tuple(r)) for d, r in state.get("unfinished_requests", [])]
             self._waiting = {int(d): list(groups) for d, groups in state["waiting"].items()}
             self.buffer.restore(state["buffer"], state["dropped_stale_groups"], state["dropped_stale_episodes"])
 
     # -- threads ----------------------------------------------------------------------------
 
-    def start(self, workers: Sequence[Any], collect: Callable[[int, Any], tuple[list[RolloutGroup], Any]]) -> None:
+    def start(self, workers: Sequence[Any], collect: Callable[[int, Any], tuple[list[RolloutGroup], Any]],
+              collector: Any = None, group_size: int = 0) -> None:
+        """Streaming (max_episodes_in_flight > 0) needs the `GroupCollector` and the group size."""
         self._stop.clear()
         for w, worker in enumerate(workers):
-            thread = threading.Thread(target=self._loop, args=(worker, collect), daemon=True, name=f"rollout-{w}")
+            if self.max_episodes_in_flight:
+                target, args = self._stream_loop, (worker, collector, group_size)
+            else:
+                target, args = self._loop, (worker, collect)
+            thread = threading.Thread(target=target, args=args, daemon=True, name=f"rollout-{w}")
             thread.start()
             self._threads.append(thread)
+
+    def _stream_loop(self, worker: Any, collector: Any, n: int) -> None:
+        """Streaming: keeps up to max_episodes_in_flight episodes running on `worker`; a draw's
+        groups start as soon as there is room, each is buffered when its last episode ends."""
+        in_flight = [0]
+        try:
+            while not self._stop.is_set():
+                self._move_waiting()
+                with self._lock:
+                    waiting = sum(len(groups) for groups in self._waiting.values())
+                    room = (in_flight[0] + n * collector.config.rollout.batch_tasks <= self.max_episodes_in_flight
+                            or not in_flight[0]) and waiting < self.buffer.capacity
+                    if self._redo_requests:
+                        started = [self._redo_requests.pop(0)]
+                    elif room:
+                        if self._redo:  # a draw-at-a-time run's unfinished draw, resumed streaming
+                            draw = self._redo.pop(0)
+                        else:
+                            draw, self.next_draw = self.next_draw, self.next_draw + 1
+                        started = [(draw, r) for r in collector.draw_requests(draw)]
+                    else:
+                        started = []
+                    for draw, request in started:
+                        self._outstanding.setdefault(draw, []).append(request)
+                        in_flight[0] += n
+                if not started:
+                    time.sleep(0.05)
+                    continue
+                for draw, request in started:
+                    future = worker.submit_group(request, n)
+                    future.add_done_callback(
+                        lambda f, d=draw, r=request: self._group_done(f, d, r, collector, n, in_flight))
+        except BaseException as error:  # noqa: BLE001 - surfaced to the learner thread
+            if not self._stop.is_set():
+                self._error = error
+
+    def _group_done(self, future, draw: int, request: tuple, collector: Any, n: int, in_flight: list[int]) -> None:
+        """A streamed group ended (on the worker's event loop: never blocks)."""
+        try:
+            group = collector.finish_group(request, future.result())
+        except BaseException as error:  # noqa: BLE001 - surfaced to the learner thread
+            if not self._stop.is_set():
+                self._error = error
+            return
+        with self._lock:
+            self._waiting.setdefault(draw, []).append(group)
+            self._outstanding[draw].remove(request)
+            if not self._outstanding[draw]:
+                del self._outstanding[draw]
+                self.collected.append(draw)
+            in_flight[0] -= n
+
+    def _move_waiting(self) -> None:
+        """Streaming: moves finished groups into the buffer, oldest draw first, while it has room."""
+        started = time.perf_counter()
+        with self._lock:
+            for draw in sorted(self._waiting):
+                waiting = self._waiting[draw]
+                while waiting:
+                    try:
+                        self.buffer.put(waiting[0], timeout=0.01)
+                    except TimeoutError:
+                        self.blocked_s += time.perf_counter() - started
+                        return
+                    waiting.pop(0)
+                if draw not in self._outstanding:
+                    del self._waiting[draw]
 
     def _claim(self) -> tuple[int, list[RolloutGroup] | None]:
         """(draw, its groups when already collected by a restored state, else None)."""

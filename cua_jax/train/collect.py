@@ -74,6 +74,29 @@ class GroupCollector:
                                  self.config.rollout.group_size)
         return [group_from_rollouts(gid, task_id, rollouts) for (task_id, _, gid), rollouts in zip(requests, results)]
 
+    def draw_requests(self, step: int) -> list[tuple[str, int, int]]:
+        """Step `step`'s draw without running it: (task id, seed, group id) per group, as
+        `collect` would run them (asynchronous streaming submits them one group at a time)."""
+        draw_key, seed_key = jax.random.split(jax.random.fold_in(self.base_key, step))
+        with self.lock:
+            task_ids = self.sampler.sample(draw_key, self.config.rollout.batch_tasks)
+            first = self.next_group_id
+            self.next_group_id += len(task_ids)
+        return [(task_id, seed, first + k) for k, (task_id, seed)
+                in enumerate(zip(task_ids, self._group_seeds(seed_key, len(task_ids))))]
+
+    def finish_group(self, request: tuple[str, int, int], rollouts: Sequence[Any]) -> CollectedGroup:
+        """A streamed group's rollouts as a CollectedGroup, with its DTAC replay swap and the
+        sampler's statistics updated."""
+        task_id, _, group_id = request
+        group = group_from_rollouts(group_id, task_id, rollouts)
+        outcome = group_outcome(group, self.settings.sampler_kind == "dtac")
+        with self.lock:
+            for replay in self.sampler.assign_replays([outcome]):
+                swap_in_replay(group, replay.trajectory)
+            self.sampler.update([outcome])
+        return group
+
     def run_outcome_groups(self, task_ids: Sequence[str], group_size: int) -> list[GroupOutcome]:
         """Calibration's rollouts (`RunGroups`): groups of `group_size`, outcomes only."""
         key = jax.random.fold_in(jax.random.fold_in(self.base_key, _CALIBRATION_STREAM), self.sampler.step)

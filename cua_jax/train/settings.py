@@ -182,6 +182,13 @@ class TrainSettings:
             _require(c.train.staleness_window >= 0, "train.staleness_window", f"must be >= 0, got {c.train.staleness_window}")
             _require(not c.train.dapo, "train.dapo", "DAPO filtering is supported in on_policy mode only")
             _require(c.train.buffer_groups >= 0, "train.buffer_groups", f"must be >= 0, got {c.train.buffer_groups}")
+        _require(c.rollout.max_episodes_in_flight >= 0, "rollout.max_episodes_in_flight",
+                 f"must be >= 0, got {c.rollout.max_episodes_in_flight}")
+        if c.rollout.max_episodes_in_flight:
+            _require(c.train.mode == "async", "rollout.max_episodes_in_flight",
+                     "streams rollouts in async mode only (train.mode = 'async'); on_policy steps run whole batches")
+            _require(c.rollout.worker_backend == "local" and c.rollout.engine == "jax", "rollout.max_episodes_in_flight",
+                     "streams groups on in-process workers with the JAX sampler (rollout.worker_backend = 'local')")
         _require(c.rollout.partial_rollout_tokens >= 0, "rollout.partial_rollout_tokens",
                  f"must be >= 0, got {c.rollout.partial_rollout_tokens}")
         _require(c.rollout.engine == "jax" or not c.rollout.partial_rollout_tokens, "rollout.partial_rollout_tokens",

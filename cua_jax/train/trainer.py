@@ -250,11 +250,11 @@ class Trainer:
         """Starts one rollout thread per worker feeding the buffer (async mode: `RolloutFeeder`)."""
         c = self.config
         if self.feeder is None:
-            self.feeder = RolloutFeeder(c.train.staleness_window, c.train.buffer_groups or 2 * c.rollout.batch_tasks)
+            self.feeder = RolloutFeeder(c.train.staleness_window, c.train.buffer_groups or 2 * c.rollout.batch_tasks, c.rollout.max_episodes_in_flight)  # noqa: E501
             if self._restored_rollouts:  # a resumed run: its saved groups first, its unfinished draws again
                 self.feeder.load_state_dict(self._restored_rollouts)
                 self._restored_rollouts = {}
-        self.feeder.start(self.workers, self.collect)
+        self.feeder.start(self.workers, self.collect, self.collector, c.rollout.group_size)
 
     def stop_rollouts(self) -> None:
         if self.feeder is not None:

@@ -122,6 +122,10 @@ def base_config() -> ml_collections.ConfigDict:
     # N, replies grow N tokens at a time and an update lands between chunks, the rest of each
     # reply sampled under the new weights (every token tagged with its policy version).
     c.rollout.partial_rollout_tokens = 0
+    # Async streaming: 0, each rollout thread runs a draw's groups together and starts the next
+    # draw when all have ended; N, it keeps up to N episodes in flight on its worker and buffers
+    # each group as soon as its last episode ends (local workers).
+    c.rollout.max_episodes_in_flight = 0
     c.rollout.batch_wait_s = 0.0  # 0: a generation batch waits for every running episode
     # "fresh": each episode of a group resets on its own; "shared": the group starts from one
     # prepared state (one reset, the others fork it: a capsule fork for MiniWoB, the task's

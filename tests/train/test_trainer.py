@@ -202,12 +202,13 @@ def _trained_episodes(workdir, steps):
 
 
 def test_async_run_resumes_with_no_episode_lost_or_trained_twice(tmp_path):
-    """An asynchronous run with AReaL's decoupled objective and partial rollouts, checkpointed while its rollout
-    threads run and then stopped (as a kill would); the resumed run puts the saved groups back
-    first, in order, collects the unfinished draws again, and trains every saved episode once."""
+    """An asynchronous run streaming its rollouts (4 episodes in flight), with partial rollouts
+    and AReaL's decoupled objective, checkpointed while its rollout threads run and then stopped
+    (as a kill would); the resumed run puts the saved groups back first, in order, starts the
+    groups that were running again, and trains every saved episode once."""
     config = tiny_config(tmp_path, train__mode="async", train__staleness_window=8, train__buffer_groups=3,
                          learner__old_logprobs="recompute", loss__surrogate="decoupled", loss__tis_cap=5.0,
-                         loss__kl_coef=0.0, rollout__partial_rollout_tokens=4)
+                         loss__kl_coef=0.0, rollout__partial_rollout_tokens=4, rollout__max_episodes_in_flight=4)
     with Trainer(config) as trainer:
         trainer.start_rollouts()
         _wait_for(lambda: len(trainer.buffer) == trainer.buffer.capacity, "a full rollout buffer")
@@ -235,10 +236,14 @@ def test_async_run_resumes_with_no_episode_lost_or_trained_twice(tmp_path):
         while not set(saved_ids) <= _trained_episodes(tmp_path, set(range(1, resumed.step))):
             assert resumed.step < 6, "saved groups were lost"
             resumed.async_step()
-        # The draws unfinished at the save were collected again, before any new one.
-        _wait_for(lambda: set(saved["unfinished_draws"]) <= set(resumed.feeder.collected), "the unfinished draws")
-        assert resumed.feeder.collected[0] in saved["unfinished_draws"] or not saved["unfinished_draws"]
-        assert min(set(resumed.feeder.collected) - set(saved["unfinished_draws"]), default=drawn) >= drawn
+        # The groups still running at the save were started again (same requests: same group
+        # ids, so the same episode ids), and trained, once.
+        redone = {f"{task}/g{group_id}/e{i}" for _, (task, _, group_id) in saved["unfinished_requests"]
+                  for i in range(config.rollout.group_size)}
+        while not redone <= _trained_episodes(tmp_path, set(range(1, resumed.step))):
+            assert resumed.step < 8, "the groups running at the save were lost"
+            resumed.async_step()
+        assert min(resumed.feeder.collected, default=drawn) >= min([drawn] + [d for d, _ in saved["unfinished_requests"]])
         resumed.stop_rollouts()
     after = _trained_episodes(tmp_path, set(range(1, 10)))
     assert not after & before  # no episode trained twice
