@@ -44,6 +44,9 @@ DEFAULT_RULES: Mapping[str, Any] = {
     "cache_batch": ("data", "fsdp"),
     "cache_length": None,
     "cache_kv_heads": "tensor",
+    # Qwen3.5's Gated DeltaNet: conv channels (the q/k/v projection) and linear-attention heads.
+    "linear_conv": "tensor",
+    "linear_heads": "tensor",
 }
 
 
@@ -63,6 +66,19 @@ class MeshConfig:
     coordinator_address: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
+
+    def __post_init__(self):
+        if self.num_processes is not None and self.num_processes < 1:
+            raise ValueError(f"num_processes must be >= 1, got {self.num_processes}")
+        if self.process_id is not None and (
+                self.process_id < 0 or (self.num_processes is not None and self.process_id >= self.num_processes)):
+            raise ValueError(f"process_id {self.process_id} is not in [0, num_processes={self.num_processes})")
+        if self.coordinator_address is not None:
+            host, _, port = self.coordinator_address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"coordinator_address must be host:port, got {self.coordinator_address!r}")
+        if not self.distributed and (self.coordinator_address or self.num_processes or self.process_id is not None):
+            raise ValueError("distributed is False, yet coordinator_address / num_processes / process_id are set")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "MeshConfig":

@@ -13,6 +13,11 @@ actor process; on GPU one actor per device group, on a small CPU machine one or 
   then generate raises `EngineFault`, which quarantines the waiting episodes); the dead
   actor is restarted by Ray (max_restarts) and, in a background thread, re-synced with the
   latest weights the router pushed before it serves again.
+
+Across nodes, `RouterConfig.placement` reserves one placement-group bundle per actor (its CPUs,
+GPUs and `resources`, e.g. a custom resource that only rollout nodes advertise) before any actor
+starts, so the engines land where the bundles were granted, and a restarted actor returns to its
+own bundle.
 """
 
 from __future__ import annotations
@@ -101,6 +106,9 @@ class _SharedExclusiveLock:
             self._cond.notify_all()
 
 
+PLACEMENT_STRATEGIES = ("", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
 @dataclasses.dataclass(frozen=True)
 class RouterConfig:
     """How many engine actors, their resources, and the failure policy.
@@ -108,6 +116,10 @@ class RouterConfig:
     max_retries: how often one chunk of a batch is retried after its actor died.
     restart_timeout_s: how long to wait for Ray to bring a dead actor back.
     env_vars: the actors' environment (e.g. thread limits for vLLM on CPU).
+    placement: "" lets Ray place each actor; otherwise a placement-group strategy (PACK,
+      SPREAD, STRICT_PACK, STRICT_SPREAD) over one bundle per actor.
+    resources: custom Ray resources each actor reserves, as (name, amount) pairs.
+    placement_timeout_s: how long to wait for the placement group's bundles.
     """
 
     num_engines: int = 1
@@ -116,8 +128,13 @@ class RouterConfig:
     max_retries: int = 2
     restart_timeout_s: float = 600.0
     env_vars: tuple[tuple[str, str], ...] = ()
+    placement: str = ""
+    resources: tuple[tuple[str, float], ...] = ()
+    placement_timeout_s: float = 600.0
 
     def __post_init__(self):
+        if self.placement not in PLACEMENT_STRATEGIES:
+            raise ValueError(f"placement must be one of {PLACEMENT_STRATEGIES}, got {self.placement!r}")
         if self.num_engines < 1:
             raise ValueError(f"num_engines must be >= 1, got {self.num_engines}")
         if self.max_retries < 0:
@@ -150,14 +167,34 @@ class Router(RolloutEngine):
         self._state = threading.Condition()  # guards _available, _version, _weights_ref
         self._available = set(range(config.num_engines))
         self._recoveries: list[threading.Thread] = []
-        actor_cls = ray.remote(EngineActor).options(
+        options = dict(
             num_cpus=config.cpus_per_engine,
             num_gpus=config.gpus_per_engine,
+            resources=dict(config.resources) or None,
             max_restarts=-1,
             max_concurrency=4,
             runtime_env={"env_vars": dict(config.env_vars)} if config.env_vars else None,
         )
-        self.actors = [actor_cls.remote(engine_factory) for _ in range(config.num_engines)]
+        actor_cls = ray.remote(EngineActor)
+        self.placement_group = None
+        if config.placement:
+            from ray.util.placement_group import placement_group, remove_placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            bundle = {"CPU": config.cpus_per_engine, "GPU": config.gpus_per_engine, **dict(config.resources)}
+            bundle = {name: amount for name, amount in bundle.items() if amount > 0}
+            self.placement_group = placement_group([bundle] * config.num_engines, strategy=config.placement)
+            try:
+                ray.get(self.placement_group.ready(), timeout=config.placement_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                remove_placement_group(self.placement_group)
+                raise RuntimeError(f"the cluster did not grant {config.num_engines} bundles of {bundle} "
+                                   f"({config.placement}) within {config.placement_timeout_s} s") from None
+            self.actors = [actor_cls.options(**options, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.placement_group, placement_group_bundle_index=i)).remote(engine_factory)
+                for i in range(config.num_engines)]
+        else:
+            self.actors = [actor_cls.options(**options).remote(engine_factory) for _ in range(config.num_engines)]
         # Start-up failures surface here, not in the first generate.
         ray.get([actor.health.remote() for actor in self.actors])
 
@@ -313,6 +350,11 @@ class Router(RolloutEngine):
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         self.actors = []
+        if self.placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)
+            self.placement_group = None
 
 
 def vllm_host_weights(model_dir: str) -> Callable[[Any], dict[str, np.ndarray]]:

@@ -176,7 +176,8 @@ def vllm_router_factories(settings: TrainSettings, model_dir: str, multimodal: b
     threads = str(int(v.threads))
     router = RouterConfig(
         num_engines=v.engines, cpus_per_engine=v.cpus_per_engine, gpus_per_engine=v.gpus_per_engine,
-        max_retries=v.max_retries,
+        max_retries=v.max_retries, placement=v.placement,
+        resources=((v.node_resource, 1.0),) if v.node_resource else (),
         env_vars=(("OMP_NUM_THREADS", threads), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
                   ("JAX_PLATFORMS", "cpu"), ("TOKENIZERS_PARALLELISM", "false"), ("VLLM_LOGGING_LEVEL", v.log_level)),
     )

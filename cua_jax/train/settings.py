@@ -5,6 +5,7 @@ into the typed settings the learner, agent loops, samplers and warm start take."
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,6 +57,20 @@ def _require(ok: bool, field: str, message: str) -> None:
         raise ConfigError(f"config.{field}: {message}")
 
 
+def mesh_settings(config) -> MeshConfig:
+    """The MeshConfig of config.mesh ("" / 0 / -1 coordinator fields: detected by JAX); a bad
+    value raises ConfigError naming its field. A multi-host process needs it before any JAX
+    computation, so it is built apart from the rest of the settings."""
+    m = config.mesh
+    try:
+        return MeshConfig(data=m.data, fsdp=m.fsdp, tensor=m.tensor, distributed=m.distributed,
+                          coordinator_address=m.coordinator_address or None, num_processes=m.num_processes or None,
+                          process_id=None if m.process_id < 0 else m.process_id)
+    except (ValueError, TypeError) as error:
+        raise _field_error("mesh", ["data", "fsdp", "tensor", "distributed", "coordinator_address",
+                                    "num_processes", "process_id"], error) from error
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainSettings:
     """The checked form of a run's config (see experiments/configs/base.py for the fields)."""
@@ -102,6 +117,10 @@ class TrainSettings:
                 _require(c.rollout.vllm[name] >= 1, f"rollout.vllm.{name}", f"must be >= 1, got {c.rollout.vllm[name]}")
             _require(c.rollout.vllm.max_retries >= 0, "rollout.vllm.max_retries",
                      f"must be >= 0, got {c.rollout.vllm.max_retries}")
+            from cua_jax.rollout.workers import PLACEMENT_STRATEGIES
+
+            _require(c.rollout.vllm.placement in PLACEMENT_STRATEGIES, "rollout.vllm.placement",
+                     f"{c.rollout.vllm.placement!r} is not one of {PLACEMENT_STRATEGIES}")
             _require(c.rollout.vllm.kv_cache_mb >= 0, "rollout.vllm.kv_cache_mb", f"must be >= 0, got {c.rollout.vllm.kv_cache_mb}")
             _require(c.rollout.vllm.log_level in ("DEBUG", "INFO", "WARNING", "ERROR"), "rollout.vllm.log_level",
                      f"{c.rollout.vllm.log_level!r} is not one of ('DEBUG', 'INFO', 'WARNING', 'ERROR')")
@@ -270,7 +289,7 @@ class TrainSettings:
                            max_context_tokens=c.eval.max_context_tokens, temperature=c.eval.temperature,
                            top_p=c.eval.top_p, top_k=c.eval.top_k, seed_per_turn=c.eval.seed_per_turn,
                            seed=c.seed if c.eval.seed_per_turn else None, **shared)
-        mesh = build("mesh", MeshConfig, data=c.mesh.data, fsdp=c.mesh.fsdp, tensor=c.mesh.tensor)
+        mesh = mesh_settings(c)
         s = c.sampler
         sampler_configs = {
             "uniform": build("sampler", UniformConfig, ema_alpha=s.ema_alpha),

@@ -56,6 +56,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.data = 1
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
+    # Multi-host: one process per host joins jax.distributed before any JAX computation
+    # (launch/multihost.sh sets these from SLURM or the environment). "" / 0 / -1: let JAX
+    # detect the coordinator, process count and process id from the cluster environment.
+    c.mesh.distributed = False
+    c.mesh.coordinator_address = ""  # host:port of process 0's coordination service
+    c.mesh.num_processes = 0
+    c.mesh.process_id = -1
 
     # Tasks. env.kind: "miniwob" (env.tasks, MiniWoB++ in capsules of a shared browser),
     # "desktop" (env.task_dirs, OSWorld-format task JSON on pooled Docker desktops) or "mixed"
@@ -144,6 +151,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.vllm.max_num_seqs = 32
     c.rollout.vllm.max_retries = 0  # retries of a dead engine's requests before their episodes are quarantined
     c.rollout.vllm.threads = 1  # OMP threads per engine on CPU
+    # Across nodes: "" lets Ray place each engine actor; PACK / SPREAD / STRICT_PACK /
+    # STRICT_SPREAD reserve one placement-group bundle per engine first. node_resource: a custom
+    # Ray resource only rollout nodes advertise (each engine reserves 1 of it); "" for none.
+    c.rollout.vllm.placement = ""
+    c.rollout.vllm.node_resource = ""
     # vLLM's log level in the engine actors (their output reaches the run's): its INFO lines
     # and a CPU-backend thread warning repeated per call would bury the run's own output.
     c.rollout.vllm.log_level = "ERROR"

@@ -131,6 +131,12 @@ def test_unknown_override_is_rejected():
     ("env.task_dirs", ("/no/such/folder",), "config.env.task_dirs"),
     ("env.domain_weights", ("miniwob",), "config.env.domain_weights"),
     ("env.domain_weights", ("desktop=2",), "config.env.domain_weights"),
+    ("loss.surrogate", "decoupled", "config.loss.surrogate"),  # needs old_logprobs 'recompute'
+    ("loss.surrogate", "grpo", "config.loss.surrogate"),
+    ("rollout.max_episodes_in_flight", 8, "config.rollout.max_episodes_in_flight"),  # on_policy
+    ("rollout.partial_rollout_tokens", -1, "config.rollout.partial_rollout_tokens"),
+    ("eval.every_steps", -1, "config.eval.every_steps"),
+    ("sampler.pilot_target", 1.0, "config.sampler.pilot_target"),
 ])
 def test_a_malformed_field_is_named(field, value, named):
     config = canopy.get_config()
@@ -139,6 +145,16 @@ def test_a_malformed_field_is_named(field, value, named):
     with pytest.raises(ConfigError) as error:
         TrainSettings.from_config(config)
     assert str(error.value).startswith(named), str(error.value)
+
+
+def test_a_bad_vllm_placement_is_named():
+    config = text_vllm.get_config()
+    config.rollout.vllm.placement = "ANYWHERE"
+    with pytest.raises(ConfigError, match="config.rollout.vllm.placement: 'ANYWHERE' is not one of"):
+        TrainSettings.from_config(config)
+    config.rollout.vllm.placement, config.rollout.partial_rollout_tokens = "", 8
+    with pytest.raises(ConfigError, match="config.rollout.partial_rollout_tokens: partial rollouts run on the JAX"):
+        TrainSettings.from_config(config)
 
 
 def test_a_malformed_warm_start_field_is_named():

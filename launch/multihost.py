@@ -1,0 +1,34 @@
+"""One process of a multi-host run: python -m launch.multihost --config=CONFIG [--config.x=y ...]
+
+launch/multihost.sh starts it on every host with config.mesh.distributed, coordinator_address,
+num_processes and process_id set. It joins jax.distributed (mesh_settings(config)) before any
+JAX computation, which a process must do before it builds a model, then runs experiments.main
+with the same flags: every process builds the global mesh over all hosts' devices.
+
+What is tested across processes (tests/launch/test_multihost.py): the sharded train step,
+Orbax save / restore and the HF export gather. The trainer's rollout collection is not
+coordinated across processes: each process collects its own episodes from the same seeds, and
+the learner assumes every process passes the same batch, which holds only where rollouts
+reproduce exactly on every host.
+"""
+
+from __future__ import annotations
+
+from absl import app
+
+from cua_jax.models.sharding import initialize_distributed
+from cua_jax.train.settings import ConfigError, mesh_settings
+from experiments import main as experiment
+
+
+def main(argv: list[str]) -> None:
+    try:
+        mesh = mesh_settings(experiment._CONFIG.value)
+    except ConfigError as error:
+        raise app.UsageError(str(error)) from error
+    initialize_distributed(mesh)
+    experiment.main(argv)
+
+
+if __name__ == "__main__":
+    app.run(main)
