@@ -19,7 +19,9 @@ Modes, one per --staleness value:
   s >= 1   train.mode = "async", staleness_window = s: a rollout thread per worker fills the
            buffer while the learner trains; groups older than s versions are dropped whole
            (counted). Old logprobs are the engine's ("rollout"), or the proximal policy's with
-           --surrogate decoupled (AReaL's decoupled objective, `loss.surrogate`).
+           --surrogate decoupled (AReaL's decoupled objective, `loss.surrogate`);
+           --episodes_in_flight N streams the rollouts (`rollout.max_episodes_in_flight`) and
+           --partial_tokens N lets weight updates land mid-reply (`rollout.partial_rollout_tokens`).
 
 One update per rollout batch everywhere. Each mode takes --warmup_steps learner steps (they
 absorb compilation and the buffer's fill), then --steps timed steps; with --eval_seeds > 0 it
@@ -58,7 +60,7 @@ from experiments.configs import tiny
 
 
 def bench_config(workdir: str, *, policy: str, env: str, staleness: int, workers: int, buffer_groups: int = 0,
-                 surrogate: str = "ppo", eval_seeds: int = 0):
+                 surrogate: str = "ppo", eval_seeds: int = 0, episodes_in_flight: int = 0, partial_tokens: int = 0):
     """The run of --policy / --env in `workdir`: synchronous at staleness 0, else asynchronous
     with that staleness window; `workers` rollout workers either way."""
     from experiments.configs import default, desktop
@@ -76,6 +78,8 @@ def bench_config(workdir: str, *, policy: str, env: str, staleness: int, workers
         c.learner.old_logprobs = "recompute" if surrogate == "decoupled" else "rollout"
         c.loss.surrogate = surrogate
         c.train.buffer_groups = buffer_groups
+        c.rollout.max_episodes_in_flight = episodes_in_flight
+        c.rollout.partial_rollout_tokens = partial_tokens
     return c
 
 
@@ -179,6 +183,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="one mode per value; 0 is the synchronous run every ratio divides by")
     parser.add_argument("--workers", type=int, default=1, help="rollout workers of every mode")
     parser.add_argument("--surrogate", choices=("ppo", "decoupled"), default="ppo", help="asynchronous modes' loss")
+    parser.add_argument("--episodes_in_flight", type=int, default=0,
+                        help="asynchronous modes: stream up to this many episodes per worker (0: draw at a time)")
+    parser.add_argument("--partial_tokens", type=int, default=0,
+                        help="asynchronous modes: partial rollouts, replies grown this many tokens at a time (0: off)")
     parser.add_argument("--steps", type=int, default=6, help="timed learner steps per mode")
     parser.add_argument("--warmup_steps", type=int, default=2, help="untimed learner steps first (compilation)")
     parser.add_argument("--eval_seeds", type=int, default=0, help="held-out seeds per task after the timed steps")
@@ -210,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
         label = "sync" if staleness == 0 else f"async/s{staleness}"
         config = bench_config(os.path.join(args.out, label.replace("/", "_")), policy=args.policy, env=args.env,
                               staleness=staleness, workers=args.workers, buffer_groups=args.buffer_groups,
-                              surrogate=args.surrogate, eval_seeds=args.eval_seeds)
+                              surrogate=args.surrogate, eval_seeds=args.eval_seeds,
+                              episodes_in_flight=args.episodes_in_flight, partial_tokens=args.partial_tokens)
         rows.append(measure(label, config, latency(), args.warmup_steps, args.steps))
 
     header = (f"{'mode':<10}{'wall s':>8}{'ep/s':>8}{'updates/s':>10}{'lag':>6}{'stale':>6}{'learner':>8}"
