@@ -345,7 +345,8 @@ class RolloutWorker:
             self.desktop_pool = None
 
 
-def rollout_worker_actor(num_cpus: float = 1.0, env_vars: tuple[tuple[str, str], ...] = (), max_concurrency: int = 4):
+def rollout_worker_actor(num_cpus: float = 1.0, env_vars: tuple[tuple[str, str], ...] = (), max_concurrency: int = 4,
+                         **options: Any):
     """RolloutWorker as a Ray actor class (call `.remote(engine_factory, config, env_wrapper)`).
 
     max_concurrency > 1 lets health checks, sampling-state reads and weight updates run while
@@ -356,6 +357,7 @@ def rollout_worker_actor(num_cpus: float = 1.0, env_vars: tuple[tuple[str, str],
         num_cpus=num_cpus,
         max_concurrency=max_concurrency,
         runtime_env={"env_vars": dict(env_vars)} if env_vars else None,
+        **options,
     )
 
 
@@ -437,13 +439,22 @@ def start_remote_workers(
     *,
     num_cpus: float = 1.0,
     env_vars: tuple[tuple[str, str], ...] = (),
+    placement: str = "",
+    resources: tuple[tuple[str, float], ...] = (),
+    placement_timeout_s: float = 600.0,
 ) -> list[RemoteRolloutWorker]:
     """One actor per (engine factory, config), started together; returns once every actor has
-    built its engine and browser. A start-up error is raised here, after ending every actor."""
+    built its engine and browser. A start-up error is raised here, after ending every actor.
+    `resources`: custom Ray resources each actor reserves (a rollout node's label); `placement`:
+    a placement-group strategy over one bundle per actor (`workers.reserve_bundles`), "" for none."""
     import ray
 
-    actor_class = rollout_worker_actor(num_cpus, env_vars)
-    actors = [actor_class.remote(factory, config, env_wrapper) for factory, config in specs]
+    from cua_jax.rollout.workers import bundle_strategy, reserve_bundles
+
+    group = reserve_bundles(len(specs), num_cpus, 0.0, resources, placement, placement_timeout_s)
+    extra = {"resources": dict(resources)} if resources else {}
+    actors = [rollout_worker_actor(num_cpus, env_vars, **extra, **bundle_strategy(group, i)).remote(
+              factory, config, env_wrapper) for i, (factory, config) in enumerate(specs)]
     try:
         ray.get([actor.health.remote() for actor in actors])
     except BaseException:

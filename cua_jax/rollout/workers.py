@@ -109,6 +109,38 @@ class _SharedExclusiveLock:
 PLACEMENT_STRATEGIES = ("", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
+def reserve_bundles(count: int, cpus: float, gpus: float, resources: tuple[tuple[str, float], ...],
+                    strategy: str, timeout_s: float) -> Any:
+    """A Ray placement group of `count` bundles ({CPU: cpus, GPU: gpus, **resources}) with
+    `strategy`, once the cluster has granted it; None without a strategy. A cluster that does
+    not grant it within timeout_s raises, naming the bundle."""
+    if not strategy:
+        return None
+    if strategy not in PLACEMENT_STRATEGIES:
+        raise ValueError(f"placement must be one of {PLACEMENT_STRATEGIES}, got {strategy!r}")
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundle = {name: amount for name, amount in {"CPU": cpus, "GPU": gpus, **dict(resources)}.items() if amount > 0}
+    group = placement_group([bundle] * count, strategy=strategy)
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise RuntimeError(f"the cluster did not grant {count} bundles of {bundle} ({strategy}) within "
+                           f"{timeout_s} s") from None
+    return group
+
+
+def bundle_strategy(group: Any, index: int) -> dict[str, Any]:
+    """Actor options placing an actor in bundle `index` of `group` ({} without a group)."""
+    if group is None:
+        return {}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)}
+
+
 @dataclasses.dataclass(frozen=True)
 class RouterConfig:
     """How many engine actors, their resources, and the failure policy.
@@ -176,25 +208,10 @@ class Router(RolloutEngine):
             runtime_env={"env_vars": dict(config.env_vars)} if config.env_vars else None,
         )
         actor_cls = ray.remote(EngineActor)
-        self.placement_group = None
-        if config.placement:
-            from ray.util.placement_group import placement_group, remove_placement_group
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-            bundle = {"CPU": config.cpus_per_engine, "GPU": config.gpus_per_engine, **dict(config.resources)}
-            bundle = {name: amount for name, amount in bundle.items() if amount > 0}
-            self.placement_group = placement_group([bundle] * config.num_engines, strategy=config.placement)
-            try:
-                ray.get(self.placement_group.ready(), timeout=config.placement_timeout_s)
-            except ray.exceptions.GetTimeoutError:
-                remove_placement_group(self.placement_group)
-                raise RuntimeError(f"the cluster did not grant {config.num_engines} bundles of {bundle} "
-                                   f"({config.placement}) within {config.placement_timeout_s} s") from None
-            self.actors = [actor_cls.options(**options, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                self.placement_group, placement_group_bundle_index=i)).remote(engine_factory)
-                for i in range(config.num_engines)]
-        else:
-            self.actors = [actor_cls.options(**options).remote(engine_factory) for _ in range(config.num_engines)]
+        self.placement_group = reserve_bundles(config.num_engines, config.cpus_per_engine, config.gpus_per_engine,
+                                               config.resources, config.placement, config.placement_timeout_s)
+        self.actors = [actor_cls.options(**options, **bundle_strategy(self.placement_group, i)).remote(engine_factory)
+                       for i in range(config.num_engines)]
         # Start-up failures surface here, not in the first generate.
         ray.get([actor.health.remote() for actor in self.actors])
 

@@ -241,7 +241,10 @@ def build_rollout_workers(settings: TrainSettings, policy, pad_id: int, env_wrap
         for w in range(c.rollout.num_workers)
     ]
     if remote:
-        return start_remote_workers(specs, env_wrapper, num_cpus=c.rollout.worker_cpus)
+        resource = c.rollout.worker_node_resource
+        return start_remote_workers(specs, env_wrapper, num_cpus=c.rollout.worker_cpus,
+                                    placement=c.rollout.worker_placement,
+                                    resources=((resource, 1.0),) if resource else ())
     return start_local_workers(specs, env_wrapper)
 
 

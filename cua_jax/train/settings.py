@@ -19,6 +19,7 @@ from cua_jax.rl.losses import PolicyLossConfig
 from cua_jax.rollout.agent_loop import AgentConfig
 from cua_jax.tasks.calibration import CalibrationConfig
 from cua_jax.tasks.dynamic_sampling import DynamicSamplingConfig
+from cua_jax.rollout.workers import PLACEMENT_STRATEGIES
 from cua_jax.tasks.samplers import DTACConfig, FrontierConfig, UniformConfig
 from cua_jax.train.batching import BatchingConfig
 from cua_jax.train.learner import LearnerConfig, OptimizerConfig
@@ -117,8 +118,6 @@ class TrainSettings:
                 _require(c.rollout.vllm[name] >= 1, f"rollout.vllm.{name}", f"must be >= 1, got {c.rollout.vllm[name]}")
             _require(c.rollout.vllm.max_retries >= 0, "rollout.vllm.max_retries",
                      f"must be >= 0, got {c.rollout.vllm.max_retries}")
-            from cua_jax.rollout.workers import PLACEMENT_STRATEGIES
-
             _require(c.rollout.vllm.placement in PLACEMENT_STRATEGIES, "rollout.vllm.placement",
                      f"{c.rollout.vllm.placement!r} is not one of {PLACEMENT_STRATEGIES}")
             _require(c.rollout.vllm.kv_cache_mb >= 0, "rollout.vllm.kv_cache_mb", f"must be >= 0, got {c.rollout.vllm.kv_cache_mb}")
@@ -201,6 +200,10 @@ class TrainSettings:
             _require(c.train.staleness_window >= 0, "train.staleness_window", f"must be >= 0, got {c.train.staleness_window}")
             _require(not c.train.dapo, "train.dapo", "DAPO filtering is supported in on_policy mode only")
             _require(c.train.buffer_groups >= 0, "train.buffer_groups", f"must be >= 0, got {c.train.buffer_groups}")
+        _require(c.rollout.worker_placement in PLACEMENT_STRATEGIES, "rollout.worker_placement",
+                 f"{c.rollout.worker_placement!r} is not one of {PLACEMENT_STRATEGIES}")
+        _require(c.rollout.worker_backend == "ray" or not (c.rollout.worker_placement or c.rollout.worker_node_resource),
+                 "rollout.worker_placement", "places Ray worker actors: set rollout.worker_backend = 'ray'")
         _require(c.rollout.max_episodes_in_flight >= 0, "rollout.max_episodes_in_flight",
                  f"must be >= 0, got {c.rollout.max_episodes_in_flight}")
         if c.rollout.max_episodes_in_flight:

@@ -111,6 +111,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.num_workers = 1  # rollout workers (each: a capsule runtime + an engine)
     c.rollout.worker_backend = "local"  # local: in the trainer's process | ray: one Ray actor each
     c.rollout.worker_cpus = 1.0  # ray: logical CPUs each worker actor reserves
+    # ray, across nodes: a placement-group strategy over one bundle per worker actor ("" : Ray
+    # places each), and a custom resource only rollout nodes advertise (1 per actor; "" : none).
+    c.rollout.worker_placement = ""
+    c.rollout.worker_node_resource = ""
     c.rollout.ray_object_store_mb = 256  # ray: object store of the local Ray the trainer starts
     c.rollout.group_size = 8  # n rollouts per task
     c.rollout.batch_tasks = 4  # tasks per step (train batch)

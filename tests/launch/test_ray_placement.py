@@ -75,3 +75,25 @@ def test_a_placement_no_node_can_grant_is_an_error_naming_the_bundle(ray_client)
         Router(functools.partial(tiny_engine, 0), config)
     with pytest.raises(ValueError, match="placement must be one of"):
         RouterConfig(placement="spread-ish")
+
+
+@pytest.mark.browser
+def test_rollout_worker_actors_are_placed_on_the_node_with_the_rollout_resource(ray_client):
+    """Rollout workers in Ray actors (rollout.worker_backend = "ray", rollout.worker_placement
+    and worker_node_resource): each actor, its browser and engine, runs on the rollout node."""
+    from ray.util.state import list_actors
+
+    from cua_jax.rollout.rollout_worker import RolloutWorkerConfig, start_remote_workers
+
+    ray = ray_client
+    [rollout_node] = [n["NodeID"] for n in ray.nodes() if n["Alive"] and ROLLOUT_RESOURCE in n["Resources"]]
+    workers = start_remote_workers([(functools.partial(tiny_engine, 0), RolloutWorkerConfig())], num_cpus=0.5,
+                                   placement="STRICT_PACK", resources=((ROLLOUT_RESOURCE, 1.0),),
+                                   placement_timeout_s=120)
+    try:
+        nodes = {a["node_id"] for a in list_actors(filters=[("state", "=", "ALIVE")])
+                 if a["class_name"] == "RolloutWorker"}
+        assert nodes == {rollout_node} and workers[0].health().healthy
+    finally:
+        for worker in workers:
+            worker.shutdown()
