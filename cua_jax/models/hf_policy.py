@@ -1,14 +1,15 @@
 """Policies as Hugging Face model directories: check one, load it, export one.
 
-A policy directory is what transformers' `save_pretrained` writes for a Qwen3ForCausalLM or a
-Qwen3VLForConditionalGeneration, plus the policy's tokenizer (with its chat template) and image
-processor: config.json, safetensors weights (model.safetensors, or shards listed by
-model.safetensors.index.json), tokenizer.json / tokenizer_config.json / chat_template.jinja and
+A policy directory is what transformers' `save_pretrained` writes for a Qwen3ForCausalLM, a
+Qwen3VLForConditionalGeneration, a Qwen3_5ForConditionalGeneration or a Qwen3_5ForCausalLM, plus
+the policy's tokenizer (with its chat template) and image processor: config.json, safetensors
+weights (model.safetensors, or shards listed by model.safetensors.index.json), tokenizer.json / tokenizer_config.json / chat_template.jinja and
 preprocessor_config.json. The same directory loads in transformers, in vLLM and here.
 
 * `check_policy_directory` validates a directory before any weight is read, with errors naming
   the file and field at fault;
-* `load_policy` checks, then loads it as our `Qwen3ForCausalLM` or `Qwen3VLForConditionalGeneration`;
+* `load_policy` checks, then loads it as our `Qwen3ForCausalLM`, `Qwen3VLForConditionalGeneration`
+  or Qwen3.5 (`cua_jax.models.qwen3_5`);
 * `export_policy` writes one of ours with the policy's own tokenizer, chat template and image
   processor, which `cua_jax.context.tokenizer.load_processor` reads back unchanged.
 """
@@ -29,10 +30,14 @@ from cua_jax.models.checkpoint import INDEX_FILE, SINGLE_FILE, export_qwen3, loa
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3VLForConditionalGeneration": "qwen3_vl",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3_5ForCausalLM": "qwen3_5_text",
 }
 _ARCHITECTURE_OF_KIND = {kind: name for name, kind in SUPPORTED_ARCHITECTURES.items()}
 # Where each kind's config.json keeps the vocabulary size (a Qwen3-VL's is its text model's).
-_VOCAB_FIELD = {"qwen3": ("vocab_size",), "qwen3_vl": ("text_config", "vocab_size")}
+_VOCAB_FIELD = {"qwen3": ("vocab_size",), "qwen3_vl": ("text_config", "vocab_size"),
+                "qwen3_5": ("text_config", "vocab_size"), "qwen3_5_text": ("vocab_size",)}
+_TEXT_KINDS = ("qwen3", "qwen3_5_text")  # kinds whose config holds vocab_size itself
 _TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -172,11 +177,17 @@ def check_policy_directory(directory: str | os.PathLike) -> PolicyDirectory:
 def load_policy(directory: str | os.PathLike, **overrides):
     """(model, kind) for the policy directory: kind "qwen3" gives our Qwen3ForCausalLM
     (`checkpoint.load_qwen3`), "qwen3_vl" our Qwen3VLForConditionalGeneration
-    (`qwen3_vl.load_qwen3_vl`). The directory is checked first (`check_policy_directory`);
-    overrides go to the loader (mesh, rules, dtype, param_dtype, freeze_vision for Qwen3-VL)."""
+    (`qwen3_vl.load_qwen3_vl`), "qwen3_5" / "qwen3_5_text" our Qwen3.5 (`qwen3_5.load_qwen3_5`).
+    The directory is checked first (`check_policy_directory`); overrides go to the loader (mesh, rules, dtype, param_dtype, freeze_vision for Qwen3-VL)."""
     policy = check_policy_directory(directory)
     if policy.kind == "qwen3":
         model, _ = load_qwen3(directory, **overrides)
+    elif policy.kind in ("qwen3_5", "qwen3_5_text"):
+        from cua_jax.models.qwen3_5 import load_qwen3_5
+
+        if policy.kind == "qwen3_5_text":
+            overrides.pop("freeze_vision", None)
+        model, _ = load_qwen3_5(directory, **overrides)
     else:
         from cua_jax.models.qwen3_vl import load_qwen3_vl
 
@@ -185,10 +196,15 @@ def load_policy(directory: str | os.PathLike, **overrides):
 
 
 def policy_kind(model) -> str:
-    """"qwen3" or "qwen3_vl" for one of our models; TypeError for anything else."""
+    """"qwen3", "qwen3_vl", "qwen3_5" or "qwen3_5_text" for one of our models; TypeError for anything else."""
     from cua_jax.models.qwen3 import Qwen3ForCausalLM
+    from cua_jax.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
     from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration
 
+    if isinstance(model, Qwen3_5ForConditionalGeneration):
+        return "qwen3_5"
+    if isinstance(model, Qwen3_5ForCausalLM):
+        return "qwen3_5_text"
     if isinstance(model, Qwen3VLForConditionalGeneration):
         return "qwen3_vl"
     if isinstance(model, Qwen3ForCausalLM):
@@ -227,13 +243,15 @@ def export_policy(model, directory: str | os.PathLike, *, tokenizer, image_proce
     else:
         size = token_id_bound(tokenizer)
         where = f"the tokenizer ({type(tokenizer).__name__})"
-    vocab_size = model.config.vocab_size if kind == "qwen3" else model.config.text.vocab_size
+    vocab_size = model.config.vocab_size if kind in _TEXT_KINDS else model.config.text.vocab_size
     if size > vocab_size:
-        field = "vocab_size" if kind == "qwen3" else "text.vocab_size"
+        field = "vocab_size" if kind in _TEXT_KINDS else "text.vocab_size"
         raise ValueError(f"{where} produces ids up to {size - 1}, past the model's vocabulary "
                          f"(its config's {field} is {vocab_size})")
     if kind == "qwen3":
         export = export_qwen3
+    elif kind in ("qwen3_5", "qwen3_5_text"):
+        from cua_jax.models.qwen3_5 import export_qwen3_5 as export
     else:
         from cua_jax.models.qwen3_vl import export_qwen3_vl as export
     export(model, directory, dtype=dtype, tokenizer=tokenizer, image_processor=image_processor,

@@ -28,9 +28,10 @@ MODES = ("on_policy", "async")
 ITEM_ADVANTAGES = ("broadcast", "stepo")
 WORKER_BACKENDS = ("local", "ray")
 # Random inits (the shipped tokenizer) and Hugging Face checkpoints (model.init_from).
-LOADED_POLICIES = ("qwen3_vl", "qwen3")
-POLICIES = ("tiny_qwen3_vl", "tiny_qwen3") + LOADED_POLICIES
-TEXT_POLICIES = ("tiny_qwen3", "qwen3")
+# "qwen3_5" / "qwen3_5_text": a Qwen3_5ForConditionalGeneration / Qwen3_5ForCausalLM directory.
+LOADED_POLICIES = ("qwen3_vl", "qwen3", "qwen3_5", "qwen3_5_text")
+POLICIES = ("tiny_qwen3_vl", "tiny_qwen3", "tiny_qwen3_5") + LOADED_POLICIES
+TEXT_POLICIES = ("tiny_qwen3", "qwen3", "qwen3_5_text")
 OBSERVATIONS = ("screenshot", "text")
 ENV_KINDS = ("miniwob", "desktop", "mixed")
 

@@ -1,5 +1,8 @@
-"""Qwen3 model step: our JAX model vs transformers' PyTorch model, same process, same
-config, same weights, same batch, float32, the same number of threads on both sides.
+"""Qwen3 / Qwen3.5 model step: our JAX model vs transformers' PyTorch model, same process,
+same config, same weights, same batch, float32, the same number of threads on both sides.
+--model qwen3_5 runs the hybrid Qwen3.5 text model (3 Gated DeltaNet layers per gated
+full-attention layer) against transformers' `Qwen3_5ForCausalLM` (its PyTorch fallbacks for
+the delta rule and the causal conv: the fused kernels are CUDA-only).
 
 Prints tokens/s and the ratio (ours / transformers) for
   * forward + backward of the token-mean next-token NLL over the same tokens (a training
@@ -30,7 +33,8 @@ with their shapes and source. What it showed here (2 threads, nothing else runni
     XNNPACK and oneDNN dot paths, the concurrency-optimised scheduler, the legacy
     fusion emitters) each measured within 5% of the default, none faster.
 
-    python -m experiments.benchmarks.model_step [--threads 2] [--hidden 256 --layers 4 --batch 4 --seq 128] [--profile]
+    python -m experiments.benchmarks.model_step [--model qwen3_5] [--threads 2]
+        [--hidden 256 --layers 4 --batch 4 --seq 128] [--profile]
 """
 
 from __future__ import annotations
@@ -86,11 +90,28 @@ def set_threads(threads: int | None) -> int:
     return len(cpus)
 
 
-def make_config(hidden: int, layers: int, vocab: int):
-    return tiny_qwen3_config(
-        hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers, vocab_size=vocab,
-        num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128),
-    )
+def make_config(hidden: int, layers: int, vocab: int, model: str = "qwen3"):
+    shape = dict(hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers, vocab_size=vocab,
+                 num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128))
+    if model == "qwen3":
+        return tiny_qwen3_config(**shape)
+    from cua_jax.models.qwen3_5 import tiny_qwen3_5_text_config
+
+    # Qwen3.5's proportions: head_dim 64 with rotary on a quarter, value heads twice the key heads.
+    return tiny_qwen3_5_text_config(**shape, head_dim=64, mrope_section=(4, 2, 2), layer_types=(),
+                                    linear_key_head_dim=64, linear_value_head_dim=64,
+                                    linear_num_key_heads=max(1, hidden // 128), linear_num_value_heads=hidden // 64)
+
+
+def model_kind(config):
+    """(our model class, export function, transformers class) for a config."""
+    import transformers
+
+    from cua_jax.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig, export_qwen3_5
+
+    if isinstance(config, Qwen3_5TextConfig):
+        return Qwen3_5ForCausalLM, export_qwen3_5, transformers.Qwen3_5ForCausalLM
+    return Qwen3ForCausalLM, export_qwen3, transformers.Qwen3ForCausalLM
 
 
 def profile_step(step, args, runs: int = 10, top: int = 15) -> None:
@@ -125,14 +146,13 @@ def profile_step(step, args, runs: int = 10, top: int = 15) -> None:
 
 def forward_backward(config, ids: np.ndarray, iters: int, compile_torch: bool, profile: bool = False) -> None:
     """Token-mean NLL of ids[:, 1:] given ids[:, :-1], forward + backward, both sides."""
-    import transformers
-
     from cua_jax.train.learner import Learner, LearnerConfig
 
-    learner = Learner(Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)), LearnerConfig())
+    model_cls, export, hf_cls = model_kind(config)
+    learner = Learner(model_cls(config, rngs=nnx.Rngs(0)), LearnerConfig())
     with tempfile.TemporaryDirectory() as directory:
-        export_qwen3(learner.model, directory, tokenizer_files=False)
-        hf = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        export(learner.model, directory, tokenizer_files=False)
+        hf = hf_cls.from_pretrained(directory, dtype=torch.float32)
     b, t = ids.shape
     tokens = b * (t - 1)
 
@@ -195,7 +215,7 @@ def learner_update(config, rows: int, seq: int, iters: int) -> None:
     from cua_jax.train.learner import Learner, LearnerConfig, OptimizerConfig
     from cua_jax.types import TrainingItem
 
-    learner = Learner(Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)),
+    learner = Learner(model_kind(config)[0](config, rngs=nnx.Rngs(0)),
                       LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-5),
                                     loss=PolicyLossConfig(kl_coef=1e-2)))
     rng = np.random.default_rng(1)
@@ -226,12 +246,11 @@ def learner_update(config, rows: int, seq: int, iters: int) -> None:
 
 
 def decode(config, ids: np.ndarray, new_tokens: int, iters: int) -> None:
-    import transformers
-
-    model = Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
+    model_cls, export, hf_cls = model_kind(config)
+    model = model_cls(config, rngs=nnx.Rngs(0))
     with tempfile.TemporaryDirectory() as directory:
-        export_qwen3(model, directory, tokenizer_files=False)
-        hf = transformers.Qwen3ForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        export(model, directory, tokenizer_files=False)
+        hf = hf_cls.from_pretrained(directory, dtype=torch.float32)
     hf.eval()
     batch = ids.shape[0]
     prompt_len = 32
@@ -254,6 +273,7 @@ def decode(config, ids: np.ndarray, new_tokens: int, iters: int) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("qwen3", "qwen3_5"), default="qwen3")
     parser.add_argument("--batch", type=int, default=None, help="with --hidden: rows (default 4)")
     parser.add_argument("--seq", type=int, default=None, help="with --hidden: tokens per row (default 128)")
     parser.add_argument("--hidden", type=int, default=None, help="one custom size instead of the defaults")
@@ -277,8 +297,8 @@ def main(argv=None) -> None:
           f"XLA CPU pool over {threads} pinned CPUs; JAX {jax.__version__} on {jax.devices()[0].platform}, "
           f"torch {torch.__version__}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; float32 both sides")
     for hidden, layers, batch, seq in sizes:
-        config = make_config(hidden, layers, args.vocab)
-        print(f"config: hidden {config.hidden_size}, layers {config.num_hidden_layers}, heads "
+        config = make_config(hidden, layers, args.vocab, args.model)
+        print(f"config: {args.model}, hidden {config.hidden_size}, layers {config.num_hidden_layers}, heads "
               f"{config.num_attention_heads}/{config.num_key_value_heads}, vocab {config.vocab_size}; "
               f"batch {batch} x seq {seq}")
         ids = np.random.default_rng(0).integers(3, config.vocab_size, (batch, seq))

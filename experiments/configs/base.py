@@ -39,7 +39,9 @@ def base_config() -> ml_collections.ConfigDict:
     # (Qwen3VLForConditionalGeneration) / Qwen3 (Qwen3ForCausalLM) checkpoint in model.init_from,
     # a Hugging Face directory: config.json, safetensors (sharded or not), and its tokenizer, chat
     # template and (Qwen3-VL) processor files, which the run then uses. A text-only policy reads
-    # the page as text: env.observation = "text".
+    # the page as text: env.observation = "text". "qwen3_5" / "qwen3_5_text": a Qwen3.5
+    # (Qwen3_5ForConditionalGeneration / Qwen3_5ForCausalLM) directory, the hybrid Gated DeltaNet
+    # model (cua_jax.models.qwen3_5); "tiny_qwen3_5": its random tiny vision-language init.
     c.model = ml_collections.ConfigDict()
     c.model.name = "tiny_qwen3_vl"
     c.model.init_from = ""

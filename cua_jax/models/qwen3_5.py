@@ -1,0 +1,871 @@
+"""Qwen3.5 in Flax NNX: hybrid Gated DeltaNet / gated full attention, text and vision-language.
+
+Computes what transformers' `Qwen3_5ForCausalLM` and `Qwen3_5ForConditionalGeneration` compute:
+
+* `layer_types` picks each decoder layer's token mixer: "linear_attention" (Gated DeltaNet: a
+  causal depthwise conv over the q/k/v projection, then the gated delta rule of
+  `cua_jax.models.gated_deltanet`, an RMSNorm gated by silu(z) and an output projection) or
+  "full_attention" (grouped-query attention whose query projection also yields a per-channel
+  output gate, sigmoid(gate) * attention, with QK-norm and partial rotary on the first
+  head_dim * partial_rotary_factor channels);
+* the RMSNorms of the residual stream and of q/k are zero-centred (x * (1 + w));
+* rotary positions are 3-axis interleaved M-RoPE (text tokens have equal t/h/w positions);
+* the vision tower is Qwen3-VL's without DeepStack (`cua_jax.models.vision.VisionTower`).
+
+Sequences: `segment_ids` 0 marks padding; every row holds one sequence (left- or
+right-padded). Padding tokens enter the linear-attention layers as zeros, so they leave the
+conv window and the recurrent state untouched. Rows packing several sequences are not
+supported (the recurrent state would flow across them).
+
+Decoding state (`HybridCache`): keys/values of the full-attention layers, and for each
+linear-attention layer its conv window [B, K - 1, C] and delta-rule state [B, Hv, Dk, Dv]. A
+call with T > 1 new tokens runs the chunked form from the cached state, T == 1 the recurrent
+form; `cua_jax.models.sampler.Sampler` drives it through the same `DecoderLM` interface as Qwen3.
+
+Checkpoints: one key table per model (`qwen3_5_key_table`) loads and exports both classes;
+the multi-token-prediction weights (`mtp.*`) released checkpoints carry are kept verbatim
+(shape and dtype) as non-trainable `CheckpointTensor` variables and written back on export.
+
+Shapes: B batch, T new tokens, S cache slots, E hidden, H/K query/KV heads, D head_dim,
+Hv/Hk linear value/key heads, Dk/Dv their dims, C = 2 * Hk * Dk + Hv * Dv conv channels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from cua_jax.models import checkpoint
+from cua_jax.models.configs import model_dtype
+from cua_jax.models.gated_deltanet import (
+    causal_conv1d,
+    gated_delta_rule_chunked,
+    gated_delta_rule_recurrent,
+    l2_normalize,
+)
+from cua_jax.models.qwen3 import (  # a Qwen3_5TextConfig has the fields these read
+    MLP,
+    _INIT,
+    _linear,
+    _meta,
+    attention_mask,
+    checkpointed,
+    dot_product_attention,
+    project,
+)
+from cua_jax.models.qwen3_vl import _scatter_rows, mrope_cos_sin
+from cua_jax.models.rope import apply_rotary
+from cua_jax.models.sharding import DEFAULT_RULES, constrain
+from cua_jax.models.vision import (
+    VISION_RULES,
+    GridTHW,
+    ImageGrid,
+    VisionConfig,
+    VisionTower,
+    merged_token_counts,
+    normalize_grid,
+)
+
+BATCH, LENGTH, EMBED = "activation_batch", "activation_length", "activation_embed"
+LAYER_TYPES = ("linear_attention", "full_attention")
+QWEN3_5_RULES: Mapping[str, Any] = {**DEFAULT_RULES, **VISION_RULES}
+
+
+# ---------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointTensorSpec:
+    """A checkpoint tensor kept verbatim (an `mtp.*` weight): its HF key, shape and dtype name."""
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3_5TextConfig:
+    """The fields of HF's `Qwen3_5TextConfig` that determine the computation, plus ours.
+
+    layer_types: one of LAYER_TYPES per layer (HF's default: every 4th layer full attention).
+    Ours: dtype / param_dtype / attention_query_chunk / remat as `Qwen3Config`; chunk_size: tokens
+    per chunk of the chunked delta rule; mtp_tensors: the `mtp.*` weights the checkpoint carries;
+    hf_extra: other text-config fields of the config.json (JSON-encoded), written back on export.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    layer_types: tuple[str, ...] = ()
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000000.0
+    partial_rotary_factor: float = 0.25
+    mrope_section: tuple[int, int, int] = (11, 11, 10)
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 32768
+    attention_bias: bool = False
+    hidden_act: str = "silu"
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    attention_query_chunk: int = 1024
+    remat: bool = False
+    chunk_size: int = 64
+    mtp_tensors: tuple[CheckpointTensorSpec, ...] = ()
+    hf_extra: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", model_dtype(self.dtype, "Qwen3_5TextConfig.dtype"))
+        object.__setattr__(self, "param_dtype", model_dtype(self.param_dtype, "Qwen3_5TextConfig.param_dtype"))
+        if not self.layer_types:
+            object.__setattr__(self, "layer_types", tuple(
+                "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(self.num_hidden_layers)))
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        object.__setattr__(self, "mrope_section", tuple(int(x) for x in self.mrope_section))
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if bad:
+            raise ValueError(f"layer_types holds unknown types {bad}; known: {LAYER_TYPES}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ValueError(f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
+                             f"linear_num_key_heads ({self.linear_num_key_heads})")
+        if self.rotary_dim % 2 or self.rotary_dim == 0:
+            raise ValueError(f"head_dim {self.head_dim} x partial_rotary_factor {self.partial_rotary_factor} must "
+                             "give a positive even rotary dimension")
+        if len(self.mrope_section) != 3 or sum(self.mrope_section) != self.rotary_dim // 2:
+            raise ValueError(f"mrope_section {self.mrope_section} must have 3 entries summing to the rotary "
+                             f"dimension / 2 = {self.rotary_dim // 2}")
+        if self.hidden_act != "silu":
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (Qwen3.5 uses 'silu')")
+        if not isinstance(self.remat, bool):
+            raise ValueError(f"Qwen3_5TextConfig.remat must be a bool, got {self.remat!r}")
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.linear_key_dim + self.linear_value_dim
+
+    _KNOWN = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "linear_conv_kernel_dim", "linear_key_head_dim",
+              "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads", "layer_types",
+              "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings", "attention_bias", "hidden_act",
+              "bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters", "rope_scaling", "rope_theta",
+              "partial_rotary_factor", "model_type", "architectures", "dtype", "torch_dtype", "use_cache",
+              "attention_dropout", "initializer_range", "transformers_version", "full_attention_interval")
+
+    @classmethod
+    def from_hf_dict(cls, hf: Mapping[str, Any], **overrides: Any) -> "Qwen3_5TextConfig":
+        """From a Qwen3.5 text config.json dict (or a VL config's text_config); `overrides` set
+        dtype, param_dtype, mtp_tensors, ...."""
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        missing = [k for k in required if k not in hf]
+        if missing:
+            raise ValueError(f"config.json lacks required Qwen3.5 text fields {missing}")
+        rope = {**dict(hf.get("rope_scaling") or {}), **dict(hf.get("rope_parameters") or {})}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"rope_type {rope_type!r} is not supported for Qwen3.5 (only 'default')")
+        layers = hf["num_hidden_layers"]
+        layer_types = hf.get("layer_types")
+        if not layer_types:
+            interval = hf.get("full_attention_interval", 4)
+            layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+        eos = hf.get("eos_token_id")
+        kwargs = dict(
+            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=layers, num_attention_heads=hf["num_attention_heads"],
+            num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+            linear_conv_kernel_dim=hf.get("linear_conv_kernel_dim", 4),
+            linear_key_head_dim=hf.get("linear_key_head_dim", 128),
+            linear_value_head_dim=hf.get("linear_value_head_dim", 128),
+            linear_num_key_heads=hf.get("linear_num_key_heads", 16),
+            linear_num_value_heads=hf.get("linear_num_value_heads", 32),
+            layer_types=tuple(layer_types), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+            partial_rotary_factor=float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))),
+            mrope_section=tuple(rope.get("mrope_section", (11, 11, 10))),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            max_position_embeddings=hf.get("max_position_embeddings", 32768),
+            attention_bias=hf.get("attention_bias", False), hidden_act=hf.get("hidden_act", "silu"),
+            bos_token_id=hf.get("bos_token_id"), eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            pad_token_id=hf.get("pad_token_id"),
+            hf_extra=tuple(sorted((k, json.dumps(v)) for k, v in hf.items() if k not in cls._KNOWN)),
+        )
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
+        """The config.json dict transformers' `Qwen3_5ForCausalLM` loads."""
+        eos = list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id
+        out = {k: json.loads(v) for k, v in self.hf_extra}
+        out.update({
+            "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim, "linear_conv_kernel_dim": self.linear_conv_kernel_dim,
+            "linear_key_head_dim": self.linear_key_head_dim, "linear_value_head_dim": self.linear_value_head_dim,
+            "linear_num_key_heads": self.linear_num_key_heads, "linear_num_value_heads": self.linear_num_value_heads,
+            "layer_types": list(self.layer_types), "hidden_act": self.hidden_act,
+            "max_position_embeddings": self.max_position_embeddings, "rms_norm_eps": self.rms_norm_eps,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta,
+                                "partial_rotary_factor": self.partial_rotary_factor,
+                                "mrope_section": list(self.mrope_section), "mrope_interleaved": True},
+            "tie_word_embeddings": self.tie_word_embeddings, "attention_bias": self.attention_bias,
+            "attention_dropout": 0.0, "use_cache": True, "bos_token_id": self.bos_token_id, "eos_token_id": eos,
+            "pad_token_id": self.pad_token_id, "dtype": torch_dtype,
+        })
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3_5Config:
+    """HF `Qwen3_5Config`: the text config, a vision config (Qwen3-VL's tower, no DeepStack) and
+    the special token ids."""
+
+    text: Qwen3_5TextConfig
+    vision: VisionConfig
+    image_token_id: int = 248056
+    video_token_id: int = 248057
+    vision_start_token_id: int = 248053
+    vision_end_token_id: int = 248054
+
+    def __post_init__(self):
+        if self.vision.deepstack_visual_indexes:
+            raise ValueError("the Qwen3.5 vision tower has no DeepStack mergers "
+                             "(deepstack_visual_indexes must be empty)")
+        if self.vision.out_hidden_size != self.text.hidden_size:
+            raise ValueError(f"vision out_hidden_size {self.vision.out_hidden_size} must equal text hidden_size "
+                             f"{self.text.hidden_size} (image tokens replace text embeddings)")
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        return self.text.tie_word_embeddings
+
+    @classmethod
+    def from_hf_dict(cls, hf: Mapping[str, Any], **text_overrides: Any) -> "Qwen3_5Config":
+        if "text_config" not in hf or "vision_config" not in hf:
+            raise ValueError("a Qwen3.5 vision-language config.json needs 'text_config' and 'vision_config'")
+        text_hf = dict(hf["text_config"])
+        text_hf["tie_word_embeddings"] = hf.get("tie_word_embeddings", text_hf.get("tie_word_embeddings", False))
+        text = Qwen3_5TextConfig.from_hf_dict(text_hf, **text_overrides)
+        v = dict(hf["vision_config"])
+        vision_rope = dict(v.get("rope_parameters") or {})
+        vision = VisionConfig(
+            depth=v["depth"], hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
+            num_heads=v["num_heads"], in_channels=v.get("in_channels", 3), patch_size=v.get("patch_size", 16),
+            temporal_patch_size=v.get("temporal_patch_size", 2), spatial_merge_size=v.get("spatial_merge_size", 2),
+            out_hidden_size=v["out_hidden_size"], num_position_embeddings=v["num_position_embeddings"],
+            deepstack_visual_indexes=(), rope_theta=float(vision_rope.get("rope_theta", 10000.0)),
+            hidden_act=v.get("hidden_act", "gelu_pytorch_tanh"),
+        )
+        return cls(text=text, vision=vision, image_token_id=hf.get("image_token_id", 248056),
+                   video_token_id=hf.get("video_token_id", 248057),
+                   vision_start_token_id=hf.get("vision_start_token_id", 248053),
+                   vision_end_token_id=hf.get("vision_end_token_id", 248054))
+
+    def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
+        """The config.json dict transformers' `Qwen3_5ForConditionalGeneration` loads."""
+        text = self.text.to_hf_dict(torch_dtype)
+        for key in ("architectures", "tie_word_embeddings", "dtype"):
+            text.pop(key, None)
+        v = self.vision
+        return {
+            "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+            "image_token_id": self.image_token_id, "video_token_id": self.video_token_id,
+            "vision_start_token_id": self.vision_start_token_id, "vision_end_token_id": self.vision_end_token_id,
+            "tie_word_embeddings": self.text.tie_word_embeddings, "dtype": torch_dtype, "text_config": text,
+            "vision_config": {
+                "model_type": "qwen3_5_vision", "depth": v.depth, "hidden_size": v.hidden_size,
+                "hidden_act": v.hidden_act, "intermediate_size": v.intermediate_size, "num_heads": v.num_heads,
+                "in_channels": v.in_channels, "patch_size": v.patch_size,
+                "spatial_merge_size": v.spatial_merge_size, "temporal_patch_size": v.temporal_patch_size,
+                "out_hidden_size": v.out_hidden_size, "num_position_embeddings": v.num_position_embeddings,
+                "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
+            },
+        }
+
+
+def tiny_qwen3_5_text_config(**overrides: Any) -> Qwen3_5TextConfig:
+    """A small random-init Qwen3.5 text config for tests: hidden 128, 4 layers (linear, linear,
+    linear, full), 4 query / 2 KV heads of head_dim 32 (rotary on 8 channels), linear attention
+    with 2 key / 4 value heads of dim 32, vocab 512."""
+    base = dict(
+        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=32,
+        linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, rope_theta=10000.0,
+        partial_rotary_factor=0.25, mrope_section=(2, 1, 1), max_position_embeddings=2048,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    base.update(overrides)
+    return Qwen3_5TextConfig(**base)
+
+
+def _tiny_tokenizer_special_ids() -> dict[str, int]:
+    from cua_jax.context.tokenizer import QWEN_ADDED_TOKENS, VOCAB_SIZE
+
+    first = VOCAB_SIZE - len(QWEN_ADDED_TOKENS)
+    return {content: first + i for i, (content, _) in enumerate(QWEN_ADDED_TOKENS)}
+
+
+def tiny_qwen3_5_config(**text_overrides: Any) -> Qwen3_5Config:
+    """A small random-init Qwen3.5 vision-language config: `tiny_qwen3_5_text_config` with the
+    shipped tiny tokenizer's vocabulary and special ids, and a 2-block, width-64 vision tower with
+    Qwen3-VL's patch geometry (as `tiny_qwen3_vl_config`'s, without DeepStack)."""
+    from cua_jax.context.tokenizer import VOCAB_SIZE
+
+    ids = _tiny_tokenizer_special_ids()
+    text = dict(vocab_size=VOCAB_SIZE, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
+                pad_token_id=ids["<|endoftext|>"])
+    text.update(text_overrides)
+    return Qwen3_5Config(
+        text=tiny_qwen3_5_text_config(**text),
+        vision=VisionConfig(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
+                            num_position_embeddings=256, deepstack_visual_indexes=()),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+    )
+
+
+# ---------------------------------------------------------------------------
+# Decoding state
+# ---------------------------------------------------------------------------
+
+
+@struct.dataclass
+class HybridCache:
+    """Decoding state of a Qwen3.5 at fixed capacity S.
+
+    keys, values: one [B, S, K, D] array per full-attention layer (in layer order);
+    conv_states: one [B, K_conv - 1, C] window per linear-attention layer; recurrent_states:
+    one float32 [B, Hv, Dk, Dv] delta-rule state per linear-attention layer. segment_ids int32
+    [B, S] and end int32 [] as `cua_jax.models.qwen3.KVCache`.
+    """
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    conv_states: tuple[jax.Array, ...]
+    recurrent_states: tuple[jax.Array, ...]
+    segment_ids: jax.Array
+    end: jax.Array
+
+    @property
+    def capacity(self) -> int:
+        return self.segment_ids.shape[1]
+
+
+def init_hybrid_cache(cfg: Qwen3_5TextConfig, batch: int, capacity: int, dtype=None) -> HybridCache:
+    """An empty cache of `capacity` slots per row; dtype of keys, values and conv windows
+    (default the compute dtype; delta-rule states are always float32)."""
+    dtype = dtype or cfg.dtype
+    n_full = cfg.layer_types.count("full_attention")
+    n_linear = cfg.layer_types.count("linear_attention")
+    kv = (batch, capacity, cfg.num_key_value_heads, cfg.head_dim)
+    return HybridCache(
+        keys=tuple(jnp.zeros(kv, dtype) for _ in range(n_full)),
+        values=tuple(jnp.zeros(kv, dtype) for _ in range(n_full)),
+        conv_states=tuple(jnp.zeros((batch, cfg.linear_conv_kernel_dim - 1, cfg.conv_dim), dtype)
+                          for _ in range(n_linear)),
+        recurrent_states=tuple(
+            jnp.zeros((batch, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim),
+                      jnp.float32) for _ in range(n_linear)),
+        segment_ids=jnp.zeros((batch, capacity), jnp.int32),
+        end=jnp.zeros((), jnp.int32),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Layers
+# ---------------------------------------------------------------------------
+
+
+class ZeroCenteredRMSNorm(nnx.Module):
+    """y = x / sqrt(mean(x^2) + eps) * (1 + w), in float32 (HF `Qwen3_5RMSNorm`; w starts at 0)."""
+
+    def __init__(self, size: int, eps: float, *, param_dtype=jnp.float32, axis_name: str = "norm"):
+        self.eps = eps
+        self.weight = nnx.Param(jnp.zeros((size,), param_dtype), **_meta(axis_name))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (xf * (1.0 + self.weight[...].astype(jnp.float32))).astype(x.dtype)
+
+
+class GatedRMSNorm(nnx.Module):
+    """y = w * rmsnorm(x) * silu(gate) over the last axis (HF `Qwen3_5RMSNormGated`; w starts at 1)."""
+
+    def __init__(self, size: int, eps: float, *, param_dtype=jnp.float32):
+        self.eps = eps
+        self.weight = nnx.Param(jnp.ones((size,), param_dtype), **_meta("head_dim"))
+
+    def __call__(self, x: jax.Array, gate: jax.Array) -> jax.Array:
+        dtype = x.dtype
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        y = self.weight[...] * xf.astype(dtype)
+        return (y * jax.nn.silu(gate.astype(jnp.float32))).astype(dtype)
+
+
+class GatedAttention(nnx.Module):
+    """Grouped-query attention with an output gate: q_proj yields [query | gate] per head; the
+    attention output is multiplied by sigmoid(gate) before o_proj. QK-norm (zero-centred) and
+    rotary on the first `rotary_dim` channels of each head."""
+
+    def __init__(self, cfg: Qwen3_5TextConfig, *, rngs: nnx.Rngs):
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.rotary_dim = cfg.rotary_dim
+        self.query_chunk = cfg.attention_query_chunk
+        e, d = cfg.hidden_size, cfg.head_dim
+        self.q_proj = _linear(cfg, e, self.num_heads * d * 2, ("embed", "q_heads"), cfg.attention_bias, rngs)
+        self.k_proj = _linear(cfg, e, self.num_kv_heads * d, ("embed", "kv_heads"), cfg.attention_bias, rngs)
+        self.v_proj = _linear(cfg, e, self.num_kv_heads * d, ("embed", "kv_heads"), cfg.attention_bias, rngs)
+        self.o_proj = _linear(cfg, self.num_heads * d, e, ("q_heads", "embed"), cfg.attention_bias, rngs)
+        self.q_norm = ZeroCenteredRMSNorm(d, cfg.rms_norm_eps, param_dtype=cfg.param_dtype, axis_name="head_dim")
+        self.k_norm = ZeroCenteredRMSNorm(d, cfg.rms_norm_eps, param_dtype=cfg.param_dtype, axis_name="head_dim")
+
+    def _rotate(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+        r = self.rotary_dim
+        return jnp.concatenate([apply_rotary(x[..., :r], cos, sin), x[..., r:]], axis=-1)
+
+    def __call__(self, x, cos, sin, mask, cache=None):
+        """x [B, T, E]; cos/sin [B, T, rotary_dim]; mask bool [B, T, S]; cache (keys, values, slot)
+        or None, as `cua_jax.models.qwen3.Attention`. Returns (out [B, T, E], (keys, values) or None)."""
+        b, t, _ = x.shape
+        h, kh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q_and_gate = project(self.q_proj, x).reshape(b, t, h, 2 * d)
+        q, gate = q_and_gate[..., :d], q_and_gate[..., d:].reshape(b, t, h * d)
+        q = self._rotate(self.q_norm(q), cos, sin)
+        k = self._rotate(self.k_norm(project(self.k_proj, x).reshape(b, t, kh, d)), cos, sin)
+        v = project(self.v_proj, x).reshape(b, t, kh, d)
+        q = constrain(q, (BATCH, LENGTH, "activation_heads", None))
+        k = constrain(k, (BATCH, LENGTH, "activation_kv_heads", None))
+        new_cache = None
+        if cache is not None:
+            cache_k, cache_v, slot = cache
+            zero = jnp.zeros((), jnp.int32)
+            k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), (zero, slot, zero, zero))
+            v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), (zero, slot, zero, zero))
+            k = constrain(k, ("cache_batch", "cache_length", "cache_kv_heads", None))
+            v = constrain(v, ("cache_batch", "cache_length", "cache_kv_heads", None))
+            new_cache = (k, v)
+            k, v = k.astype(q.dtype), v.astype(q.dtype)
+        out = dot_product_attention(q, k, v, mask, d**-0.5, self.query_chunk)
+        out = out.reshape(b, t, h * d) * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
+        return project(self.o_proj, out), new_cache
+
+
+class GatedDeltaNet(nnx.Module):
+    """Qwen3.5's linear attention (HF `Qwen3_5GatedDeltaNet`).
+
+    in_proj_qkv -> causal conv (+ SiLU) -> split into q, k [Hk, Dk] and v [Hv, Dv]; q and k
+    L2-normalised (q also scaled by Dk^-0.5) and repeated to Hv heads; beta = sigmoid(in_proj_b x),
+    g = -exp(A_log) * softplus(in_proj_a x + dt_bias); the gated delta rule; GatedRMSNorm with
+    gate in_proj_z x; out_proj.
+    """
+
+    def __init__(self, cfg: Qwen3_5TextConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        e, hv = cfg.hidden_size, cfg.linear_num_value_heads
+        self.in_proj_qkv = _linear(cfg, e, cfg.conv_dim, ("embed", "linear_conv"), False, rngs)
+        self.in_proj_z = _linear(cfg, e, cfg.linear_value_dim, ("embed", "linear_heads"), False, rngs)
+        self.in_proj_b = _linear(cfg, e, hv, ("embed", "linear_heads"), False, rngs)
+        self.in_proj_a = _linear(cfg, e, hv, ("embed", "linear_heads"), False, rngs)
+        self.out_proj = _linear(cfg, cfg.linear_value_dim, e, ("linear_heads", "embed"), False, rngs)
+        # Stored as torch's Conv1d weight [C, 1, K] so the checkpoint maps without reshaping.
+        self.conv1d = nnx.Param(_INIT(rngs.params(), (cfg.conv_dim, 1, cfg.linear_conv_kernel_dim), cfg.param_dtype),
+                                **_meta("linear_conv", None, None))
+        self.dt_bias = nnx.Param(jnp.ones((hv,), cfg.param_dtype), **_meta("linear_heads"))
+        a = jax.random.uniform(rngs.params(), (hv,), jnp.float32, 0.01, 16.0)
+        self.A_log = nnx.Param(jnp.log(a).astype(cfg.param_dtype), **_meta("linear_heads"))
+        self.norm = GatedRMSNorm(cfg.linear_value_head_dim, cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
+
+    def __call__(self, x: jax.Array, conv_state=None, recurrent_state=None):
+        """x [B, T, E] (padding rows already zeroed); conv_state [B, K - 1, C] and recurrent_state
+        [B, Hv, Dk, Dv] from the cache, or None (a fresh sequence).
+        Returns (out [B, T, E], new conv state, new recurrent state)."""
+        cfg = self.cfg
+        b, t, _ = x.shape
+        hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        mixed, conv_state = causal_conv1d(project(self.in_proj_qkv, x), self.conv1d[...][:, 0], conv_state)
+        kd = cfg.linear_key_dim
+        q = l2_normalize(mixed[..., :kd].reshape(b, t, hk, dk)) * dk**-0.5
+        k = l2_normalize(mixed[..., kd:2 * kd].reshape(b, t, hk, dk))
+        v = mixed[..., 2 * kd:].reshape(b, t, hv, dv)
+        if hv != hk:
+            q, k = jnp.repeat(q, hv // hk, axis=2), jnp.repeat(k, hv // hk, axis=2)
+        beta = jax.nn.sigmoid(project(self.in_proj_b, x).astype(jnp.float32))
+        a = project(self.in_proj_a, x).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+        g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
+        if t == 1 and recurrent_state is not None:
+            out, recurrent_state = gated_delta_rule_recurrent(q, k, v, g, beta, recurrent_state)
+        else:
+            out, recurrent_state = gated_delta_rule_chunked(q, k, v, g, beta, recurrent_state, cfg.chunk_size)
+        z = project(self.in_proj_z, x).reshape(b, t, hv, dv)
+        out = self.norm(out.astype(x.dtype), z).reshape(b, t, hv * dv)
+        return project(self.out_proj, out), conv_state, recurrent_state
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm block whose token mixer is `GatedDeltaNet` or `GatedAttention` by layer type."""
+
+    def __init__(self, cfg: Qwen3_5TextConfig, layer_type: str, *, rngs: nnx.Rngs):
+        self.layer_type = layer_type
+        if layer_type == "linear_attention":
+            self.linear_attn = GatedDeltaNet(cfg, rngs=rngs)
+        else:
+            self.self_attn = GatedAttention(cfg, rngs=rngs)
+        self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
+                                                            param_dtype=cfg.param_dtype)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x, cos, sin, mask, keep, state=None):
+        """x [B, T, E]; cos/sin, mask as `GatedAttention`; keep bool [B, T, 1] (False at padding).
+        state: a full-attention layer's (keys, values, slot), a linear one's (conv, recurrent),
+        or None. Returns (x, new state or None)."""
+        h = self.input_layernorm(x)
+        if self.layer_type == "linear_attention":
+            conv, recurrent = state if state is not None else (None, None)
+            mixed, conv, recurrent = self.linear_attn(jnp.where(keep, h, 0).astype(h.dtype), conv, recurrent)
+            new_state = (conv, recurrent) if state is not None else None
+        else:
+            mixed, new_state = self.self_attn(h, cos, sin, mask, state)
+        x = x + mixed
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return constrain(x, (BATCH, LENGTH, EMBED)), new_state
+
+
+class Qwen3_5TextModel(nnx.Module):
+    """Token embeddings, hybrid decoder layers and the final norm (HF `Qwen3_5TextModel`)."""
+
+    def __init__(self, cfg: Qwen3_5TextConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        self.embed_tokens = nnx.Embed(
+            cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+            embedding_init=nnx.with_partitioning(_INIT, ("vocab", "embed"), eager_sharding=False), rngs=rngs)
+        self.layers = nnx.List([DecoderLayer(cfg, kind, rngs=rngs) for kind in cfg.layer_types])
+        self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
+
+    def rotary_cos_sin(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """cos, sin float32 [B, T, rotary_dim] for positions int [3, B, T] or [B, T] (all axes equal)."""
+        cfg = self.config
+        if positions.ndim == 2:
+            positions = jnp.broadcast_to(positions[None], (3, *positions.shape))
+        if positions.ndim != 3 or positions.shape[0] != 3:
+            raise ValueError(f"positions must be [3, B, T] or [B, T], got shape {positions.shape}")
+        dim = cfg.rotary_dim
+        inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+        return mrope_cos_sin(positions, inv_freq, cfg.mrope_section)
+
+    def __call__(self, input_ids=None, *, inputs_embeds=None, positions=None, segment_ids=None,
+                 kv_cache: HybridCache | None = None) -> tuple[jax.Array, HybridCache | None]:
+        """Final-normed hidden states [B, T, E] and the updated cache.
+
+        input_ids int [B, T] or inputs_embeds [B, T, E] (exactly one); positions int [B, T] or
+        [3, B, T] (default 0.. from the cache's end); segment_ids int [B, T] (0 = padding,
+        default all ones; one sequence per row); kv_cache: continue from and update this state.
+        """
+        cfg = self.config
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds.astype(cfg.dtype)
+        x = constrain(x, (BATCH, LENGTH, EMBED))
+        b, t = x.shape[:2]
+        start = kv_cache.end if kv_cache is not None else jnp.zeros((), jnp.int32)
+        if segment_ids is None:
+            segment_ids = jnp.ones((b, t), jnp.int32)
+        if positions is None:
+            positions = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
+        cos, sin = self.rotary_cos_sin(positions)
+        q_slots = start + jnp.arange(t, dtype=jnp.int32)
+        if kv_cache is None:
+            mask = attention_mask(segment_ids, q_slots, segment_ids, q_slots)
+        else:
+            cache_segments = jax.lax.dynamic_update_slice(kv_cache.segment_ids, segment_ids.astype(jnp.int32),
+                                                          (0, start))
+            mask = attention_mask(segment_ids, q_slots, cache_segments, jnp.arange(kv_cache.capacity, dtype=jnp.int32))
+        keep = (segment_ids != 0)[..., None]
+        keys, values, convs, recurrents = [], [], [], []
+        full_i = linear_i = 0
+        for layer in self.layers:
+            state = None
+            if kv_cache is not None and layer.layer_type == "full_attention":
+                state = (kv_cache.keys[full_i], kv_cache.values[full_i], start)
+            elif kv_cache is not None:
+                state = (kv_cache.conv_states[linear_i], kv_cache.recurrent_states[linear_i])
+            if cfg.remat:
+                x, update = checkpointed(layer, x, cos, sin, mask, keep, state)
+            else:
+                x, update = layer(x, cos, sin, mask, keep, state)
+            if layer.layer_type == "full_attention":
+                full_i += 1
+                if update is not None:
+                    keys.append(update[0])
+                    values.append(update[1])
+            else:
+                linear_i += 1
+                if update is not None:
+                    convs.append(update[0])
+                    recurrents.append(constrain(update[1], ("cache_batch", None, None, None)))
+        x = self.norm(x)
+        new_cache = None
+        if kv_cache is not None:
+            new_cache = HybridCache(tuple(keys), tuple(values), tuple(convs), tuple(recurrents), cache_segments,
+                                    start + t)
+        return x, new_cache
+
+
+class CheckpointTensor(nnx.Variable):
+    """A checkpoint tensor the model keeps but never computes with or trains (the `mtp.*`
+    weights): loaded and exported verbatim, outside the optimizer's `nnx.Param` filter."""
+
+
+class CheckpointTensors(nnx.Module):
+    """The `mtp.*` tensors of a checkpoint, in `specs` order (`tensors[i]` is `specs[i].key`)."""
+
+    def __init__(self, specs: Sequence[CheckpointTensorSpec]):
+        self.tensors = nnx.List([
+            CheckpointTensor(jnp.zeros(s.shape, np.dtype(checkpoint.SAFETENSORS_DTYPES[s.dtype])),
+                             out_sharding=(None,) * len(s.shape), eager_sharding=False)
+            for s in specs
+        ])
+
+
+class Qwen3_5ForCausalLM(nnx.Module):
+    """`Qwen3_5TextModel` plus the LM head (the embedding matrix when tied) and the kept `mtp.*`
+    tensors. Implements the sampler/scorer `DecoderLM` interface."""
+
+    def __init__(self, cfg: Qwen3_5TextConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        self.model = Qwen3_5TextModel(cfg, rngs=rngs)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, ("embed", "vocab"), False, rngs)
+        if cfg.mtp_tensors:
+            self.mtp = CheckpointTensors(cfg.mtp_tensors)
+
+    def output_projection(self) -> jax.Array:
+        if self.config.tie_word_embeddings:
+            return self.model.embed_tokens.embedding[...].T
+        return self.lm_head.kernel[...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """hidden [..., E] -> logits float32 [..., V]."""
+        w = self.output_projection().astype(self.config.dtype)
+        out = jnp.einsum("...e,ev->...v", hidden, w, preferred_element_type=jnp.float32)
+        return constrain(out, (BATCH, LENGTH, "activation_vocab")) if out.ndim == 3 else out
+
+    def hidden_states(self, input_ids=None, **kwargs) -> tuple[jax.Array, HybridCache | None]:
+        return self.model(input_ids, **kwargs)
+
+    def __call__(self, input_ids=None, **kwargs) -> tuple[jax.Array, HybridCache | None]:
+        """(logits float32 [B, T, V], updated cache); arguments as `Qwen3_5TextModel.__call__`."""
+        hidden, cache = self.model(input_ids, **kwargs)
+        return self.logits(hidden), cache
+
+    def init_cache(self, batch: int, capacity: int, dtype=None) -> HybridCache:
+        return init_hybrid_cache(self.config, batch, capacity, dtype)
+
+
+class Qwen3_5ForConditionalGeneration(nnx.Module):
+    """Qwen3.5 with images: `visual` (VisionTower without DeepStack) + `language_model`
+    (Qwen3_5ForCausalLM). Each `image_token_id` placeholder is replaced, in order, by one merged
+    image token; positions are Qwen3-VL's multimodal ones (`cua_jax.models.qwen3_vl.rope_index`).
+
+    freeze_vision and the sampler interface as `Qwen3VLForConditionalGeneration`.
+    """
+
+    def __init__(self, config: Qwen3_5Config, *, rngs: nnx.Rngs, freeze_vision: bool = False):
+        self.config = config
+        self.freeze_vision = freeze_vision
+        self.visual = VisionTower(config.vision, rngs=rngs, dtype=config.text.dtype,
+                                  param_dtype=config.text.param_dtype, remat=config.text.remat)
+        self.language_model = Qwen3_5ForCausalLM(config.text, rngs=rngs)
+
+    def trainable_filter(self) -> nnx.filterlib.Filter:
+        if self.freeze_vision:
+            return nnx.All(nnx.Param, nnx.Not(nnx.PathContains("visual")))
+        return nnx.Param
+
+    def encode_images(self, pixel_values: jax.Array, image_grid_thw) -> tuple[jax.Array, tuple[()]]:
+        """(image tokens [M, E], no DeepStack features) for the images' patches."""
+        embeds, _ = self.visual(pixel_values, ImageGrid.of(image_grid_thw))
+        return (jax.lax.stop_gradient(embeds) if self.freeze_vision else embeds), ()
+
+    def output_projection(self) -> jax.Array:
+        return self.language_model.output_projection()
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        return self.language_model.logits(hidden)
+
+    def init_cache(self, batch: int, capacity: int, dtype=None) -> HybridCache:
+        return self.language_model.init_cache(batch, capacity, dtype)
+
+    def hidden_states(self, input_ids, *, positions=None, segment_ids=None, kv_cache=None, pixel_values=None,
+                      image_grid_thw: ImageGrid | GridTHW | None = None) -> tuple[jax.Array, HybridCache | None]:
+        """Final-normed hidden states [B, T, E] and the updated cache; arguments as
+        `Qwen3VLForConditionalGeneration.hidden_states` (positions [3, B, T] from `rope_index`
+        are required with images)."""
+        cfg = self.config
+        if (pixel_values is None) != (image_grid_thw is None):
+            raise ValueError("pass pixel_values and image_grid_thw together")
+        embeds = self.language_model.model.embed_tokens(input_ids)
+        if pixel_values is not None:
+            if positions is None or positions.ndim != 3:
+                raise ValueError("with images, pass positions [3, B, T] built by rope_index")
+            mask = input_ids == cfg.image_token_id
+            n_image_tokens = sum(merged_token_counts(normalize_grid(image_grid_thw), cfg.vision.spatial_merge_size))
+            if not isinstance(mask, jax.core.Tracer) and int(jnp.sum(mask)) != n_image_tokens:
+                raise ValueError(f"input_ids hold {int(jnp.sum(mask))} image tokens but the images give "
+                                 f"{n_image_tokens} (grids {normalize_grid(image_grid_thw)})")
+            image_embeds, _ = self.encode_images(pixel_values, image_grid_thw)
+            gathered, keep = _scatter_rows(mask, image_embeds.astype(embeds.dtype))
+            embeds = jnp.where(keep, gathered, embeds)
+        return self.language_model.model(inputs_embeds=embeds, positions=positions, segment_ids=segment_ids,
+                                         kv_cache=kv_cache)
+
+    def __call__(self, input_ids, **kwargs) -> tuple[jax.Array, HybridCache | None]:
+        hidden, cache = self.hidden_states(input_ids, **kwargs)
+        return self.logits(hidden), cache
+
+
+def image_prefill_extras(config: Qwen3_5Config, pixel_values, image_grid_thw):
+    """A `prefill_extras` callable for `Sampler.generate` (as Qwen3-VL's)."""
+    from cua_jax.models.qwen3_vl import image_prefill_extras as vl_extras
+
+    return vl_extras(config, pixel_values, image_grid_thw)
+
+
+# ---------------------------------------------------------------------------
+# Checkpoint I/O
+# ---------------------------------------------------------------------------
+
+
+def text_key_rules(cfg: Qwen3_5TextConfig, hf_prefix: str, our_prefix: str) -> list[checkpoint.KeyRule]:
+    """The text decoder's table (layer indices filled in: the layer kinds differ)."""
+    R = checkpoint.KeyRule
+    h, o = hf_prefix, our_prefix
+    rules = [R(f"{h}embed_tokens.weight", f"{o}embed_tokens.embedding"), R(f"{h}norm.weight", f"{o}norm.weight")]
+    for i, kind in enumerate(cfg.layer_types):
+        lh, lo = f"{h}layers.{i}.", f"{o}layers.{i}."
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            rules.append(R(f"{lh}{norm}.weight", f"{lo}{norm}.weight"))
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            rules.append(R(f"{lh}mlp.{proj}.weight", f"{lo}mlp.{proj}.kernel", transpose=True))
+        if kind == "linear_attention":
+            for proj in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
+                rules.append(R(f"{lh}linear_attn.{proj}.weight", f"{lo}linear_attn.{proj}.kernel", transpose=True))
+            rules += [R(f"{lh}linear_attn.conv1d.weight", f"{lo}linear_attn.conv1d"),
+                      R(f"{lh}linear_attn.dt_bias", f"{lo}linear_attn.dt_bias"),
+                      R(f"{lh}linear_attn.A_log", f"{lo}linear_attn.A_log"),
+                      R(f"{lh}linear_attn.norm.weight", f"{lo}linear_attn.norm.weight")]
+        else:
+            for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                rules.append(R(f"{lh}self_attn.{proj}.weight", f"{lo}self_attn.{proj}.kernel", transpose=True))
+                if cfg.attention_bias:
+                    rules.append(R(f"{lh}self_attn.{proj}.bias", f"{lo}self_attn.{proj}.bias"))
+            for norm in ("q_norm", "k_norm"):
+                rules.append(R(f"{lh}self_attn.{norm}.weight", f"{lo}self_attn.{norm}.weight"))
+    return rules
+
+
+def _head_and_mtp_rules(cfg: Qwen3_5TextConfig, our_prefix: str) -> list[checkpoint.KeyRule]:
+    R = checkpoint.KeyRule
+    rules = [] if cfg.tie_word_embeddings else [R("lm_head.weight", f"{our_prefix}lm_head.kernel", transpose=True)]
+    rules += [R(spec.key, f"{our_prefix}mtp.tensors.{i}") for i, spec in enumerate(cfg.mtp_tensors)]
+    return rules
+
+
+def qwen3_5_key_table(config: Qwen3_5TextConfig | Qwen3_5Config) -> list[checkpoint.KeyMapping]:
+    """HF keys <-> our parameter paths for `Qwen3_5ForCausalLM` (a text config) or
+    `Qwen3_5ForConditionalGeneration` (a Qwen3_5Config), including the kept `mtp.*` tensors."""
+    if isinstance(config, Qwen3_5TextConfig):
+        rules = text_key_rules(config, "model.", "model.") + _head_and_mtp_rules(config, "")
+        return checkpoint.expand_key_table(rules, {})
+    from cua_jax.models.qwen3_vl import vision_key_rules
+
+    text = config.text
+    rules = text_key_rules(text, "model.language_model.", "language_model.model.")
+    rules += _head_and_mtp_rules(text, "language_model.") + vision_key_rules()
+    return checkpoint.expand_key_table(rules, {"block": config.vision.depth, "merger": 0})
+
+
+def checkpoint_mtp_tensors(directory) -> tuple[CheckpointTensorSpec, ...]:
+    """The `mtp.*` tensors of the checkpoint in `directory`, sorted by key."""
+    files = checkpoint.open_checkpoint(directory)
+    dtype_names = {dtype: name for name, dtype in checkpoint.SAFETENSORS_DTYPES.items()}
+    return tuple(CheckpointTensorSpec(key, files[key].shape(key), dtype_names[files[key].array(key).dtype])
+                 for key in sorted(k for k in files if k.startswith("mtp.")))
+
+
+def is_vision_language(hf_config: Mapping[str, Any]) -> bool:
+    return "vision_config" in hf_config or "Qwen3_5ForConditionalGeneration" in (hf_config.get("architectures") or ())
+
+
+def load_qwen3_5(directory, *, mesh=None, rules: Mapping[str, Any] = QWEN3_5_RULES, freeze_vision: bool = False,
+                 **text_overrides):
+    """(model, config) for the Qwen3.5 checkpoint in `directory`: a `Qwen3_5ForConditionalGeneration`
+    for a vision-language config.json, else a `Qwen3_5ForCausalLM`; the checkpoint's `mtp.*`
+    tensors are kept in the model. text_overrides set non-HF fields (dtype, param_dtype, chunk_size, ...)."""
+    hf = checkpoint.read_hf_config(directory)
+    mtp = checkpoint_mtp_tensors(directory)
+    if is_vision_language(hf):
+        config = Qwen3_5Config.from_hf_dict(hf, mtp_tensors=mtp, **text_overrides)
+        model_fn = lambda: Qwen3_5ForConditionalGeneration(config, rngs=nnx.Rngs(0), freeze_vision=freeze_vision)
+        tied = config.text.tie_word_embeddings
+    else:
+        config = Qwen3_5TextConfig.from_hf_dict(hf, mtp_tensors=mtp, **text_overrides)
+        model_fn = lambda: Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0))
+        tied = config.tie_word_embeddings
+    model = checkpoint.load_hf_checkpoint(
+        directory, model_fn, qwen3_5_key_table(config), mesh=mesh, rules=rules,
+        ignore_hf_keys=lambda k: k.endswith("inv_freq") or (tied and k == "lm_head.weight"),
+    )
+    return model, config
+
+
+def export_qwen3_5(model, directory, **kwargs):
+    """Writes a Qwen3.5 (either class) as a HF directory, `mtp.*` tensors included; kwargs as
+    `checkpoint.export_hf_checkpoint` (a `dtype` there applies to the mtp tensors too)."""
+    config = model.config
+    text = config if isinstance(config, Qwen3_5TextConfig) else config.text
+    torch_dtype = kwargs.get("dtype") or np.dtype(text.param_dtype).name
+    hf_config = config.to_hf_dict(torch_dtype="bfloat16" if torch_dtype in ("bf16", "bfloat16") else str(torch_dtype))
+    return checkpoint.export_hf_checkpoint(model, directory, qwen3_5_key_table(config), hf_config, **kwargs)
