@@ -19,8 +19,9 @@ in this library and propagates (`faults.classify_environment_error` draws that l
 
 `EnvironmentWrapper` passes the contract through to a wrapped environment (fault injection,
 added latency override what they change). Adapters: `cua_jax.envs.capsule_env.MiniWoBEnvironment` (MiniWoB++ in a capsule of a shared
-browser) and `cua_jax.envs.desktop_env.DesktopEnvironment` (a task of OSWorld's format on a
-pooled Docker desktop).
+browser), `cua_jax.envs.desktop_env.DesktopEnvironment` (a task of OSWorld's format on a
+pooled Docker desktop) and `cua_jax.envs.code_env.CodeEnvironment` (a Python repository in a
+container, acted on with its own shell and editor tools: `system_prompt`, `parse_action`).
 """
 
 from __future__ import annotations
@@ -87,7 +88,20 @@ class EnvironmentFault(Exception):
 
 
 class AgentEnvironment(abc.ABC):
-    """One environment the agent loop drives, one episode at a time (see the module doc)."""
+    """One environment the agent loop drives, one episode at a time (see the module doc).
+
+    The tools the policy acts with are the computer-use tool by default: the agent loop
+    renders its system prompt (`prompts.system_prompt`) and reads replies with
+    `actions.parse_action`. An environment with tools of its own (a shell and an editor) sets
+    `system_prompt` to the prompt describing them and overrides `parse_action`.
+    """
+
+    system_prompt: str | None = None  # None: the computer-use tool's prompt, from the agent loop
+
+    def parse_action(self, text: str, action_space: str) -> Any:
+        """The action the policy's reply `text` names, or an InvalidAction saying why there is
+        none (never raises): the computer-use tool's call, pointers as `action_space` allows."""
+        return A.parse_action(text, action_space)
 
     @abc.abstractmethod
     async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
@@ -125,6 +139,13 @@ class EnvironmentWrapper(AgentEnvironment):
 
     def __init__(self, env: AgentEnvironment):
         self.env = env
+
+    @property
+    def system_prompt(self) -> str | None:
+        return self.env.system_prompt
+
+    def parse_action(self, text: str, action_space: str) -> Any:
+        return self.env.parse_action(text, action_space)
 
     async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
         return await self.env.reset(task, seed)

@@ -8,6 +8,8 @@ Layout (launch/images/):
     <name>/context.list      optional: repository paths (files or folders, one a line)
                              copied into that image's build context at the same relative
                              path, e.g. the in-environment server's source.
+    <name>/pip-wheels.txt    optional: hash-pinned requirements downloaded as wheels
+    <name>/pip-sdists.txt    (sdists) into the build context's wheels/ (sdists/) folder.
 
 Each image is tagged `cua-jax/<name>:<hash>` and `cua-jax/<name>:latest`, where <hash>
 covers the files of its folder, the files named in its context.list, and the base's hash.
@@ -102,6 +104,22 @@ def _log(message: str) -> None:
     print(f"[images] {message}", file=sys.stderr, flush=True)
 
 
+# <name>/<file> (a pip requirements file with a --hash on every line) -> the folder of the build
+# context its downloads go to, and how pip picks the files.
+PINNED_DOWNLOADS = {"pip-wheels.txt": ("wheels", "--only-binary=:all:"),
+                    "pip-sdists.txt": ("sdists", "--no-binary=:all:")}
+
+
+def _download_pinned(folder: pathlib.Path, context: pathlib.Path) -> None:
+    """Fetch the hash-pinned packages an image's folder lists (PINNED_DOWNLOADS) into its
+    build context, with the pip of the Python running this builder: images need no network."""
+    for listing, (target, kind) in PINNED_DOWNLOADS.items():
+        if (folder / listing).is_file():
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes", kind,
+                 "-r", str(folder / listing), "-d", str(context / target)], check=True)
+
+
 def build(name: str, force: bool = False) -> str:
     """Build image `name` (and the base first, if needed) unless its hash tag exists."""
     if name != BASE:
@@ -125,6 +143,7 @@ def build(name: str, force: bool = False) -> str:
                     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
                 else:
                     shutil.copy2(source, target)
+            _download_pinned(folder, pathlib.Path(context))
             subprocess.run(
                 ["docker", "build", "--build-arg", f"BASE_IMAGE={image_tag(BASE)}",
                  "-t", tag, context],

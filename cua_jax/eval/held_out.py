@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import re
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -79,6 +80,7 @@ def success_gain(first: Mapping[str, Any], second: Mapping[str, Any], confidence
     return gain
 
 
+COMPUTER_ACTIONS = typing.get_args(A.Action)
 TRACE_FORMAT = 2  # trace.json layout: per-turn tokens, logprobs, points; per-episode advantage, staleness
 
 # A DOM text line with geometry (cua_jax.envs.miniwob.dom_to_text): "[ref] ... @left,top wxh".
@@ -162,7 +164,8 @@ def trace_record(episode: Episode, tokenizer: Any = None, learner_logprobs: Sequ
             "screenshots": [], "screen_size": None if width is None else [int(width), int(height)],
             "observation_text": turn.observation_text, "response": turn.response_text,
             "action": repr(turn.action),
-            "action_arguments": None if turn.action is None else A.action_arguments(turn.action),
+            # Computer-use actions' tool-call arguments (a code tool call's repr says it all).
+            "action_arguments": A.action_arguments(turn.action) if isinstance(turn.action, COMPUTER_ACTIONS) else None,
             "invalid_action": turn.info.get("invalid_action"), "reward": turn.reward,
             "points": [] if width is None or turn.action is None else action_points(turn.action, width, height),
             "element": element,

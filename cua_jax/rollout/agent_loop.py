@@ -7,7 +7,7 @@ One episode:
         observe(t, text, screenshots) on the segmenter's EpisodeContext (a token diff)
         prompt()                      -> the engine's token ids (token-in, token-out)
         engine samples reasoning + one tool call; respond(t, ids, logprobs)
-        parse_action(response text)   -> an action, or InvalidAction (fed back next turn)
+        env.parse_action(response)    -> an action, or InvalidAction (fed back next turn)
         environment step              -> next observation, reward, the outcome once done
 
 and it ends (`faults.episode_outcome`) as
@@ -378,7 +378,8 @@ class AgentLoop:
     segmenter: the context strategy; its EpisodeContext builds every engine prompt.
     system_prompt_for: (width, height) of the first screenshot -> system prompt; default
         `prompts.system_prompt` in `config.prompt_style` (the action space rendered from
-        cua_jax.envs.actions).
+        cua_jax.envs.actions). An environment whose `system_prompt` is set (tools of its own)
+        gives the prompt of its episodes instead, and parses their replies (`parse_action`).
     """
 
     def __init__(
@@ -525,7 +526,9 @@ class AgentLoop:
         else:
             raise ValueError(f"{episode_id}: the first observation has no screenshot and the reset no screen_size")
         episode.instruction = start.instruction
-        episode.system_prompt = self.system_prompt_for(width, height)
+        # An environment with tools of its own (a code container) describes them itself.
+        tools = env.system_prompt
+        episode.system_prompt = self.system_prompt_for(width, height) if tools is None else tools
         context = self.segmenter.start(episode_id, group_id, episode.system_prompt, episode.instruction)
         observation: EnvObservation = first
         generations: list[Generation] = []
@@ -591,7 +594,7 @@ class AgentLoop:
                 response_budget -= len(generation.token_ids)
             context.respond(t, generation.token_ids, generation.logprobs)
             response_text = context.response_text(generation.token_ids)
-            action = A.parse_action(response_text, self.config.action_space)
+            action = env.parse_action(response_text, self.config.action_space)
             turn = Turn(
                 observation_text=text,
                 images=images,

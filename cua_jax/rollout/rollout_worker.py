@@ -1,5 +1,6 @@
 """A rollout worker: its environments (a capsule runtime over a shared Chromium for MiniWoB++,
-a Docker desktop pool for desktop tasks), one engine and the agent loops.
+a Docker desktop pool for desktop tasks, a code container per environment for code tasks), one
+engine and the agent loops.
 
 `RolloutWorker` runs groups of episodes on request and takes weight updates. It
 runs in-process, or as a Ray actor (`rollout_worker_actor`), one per CPU group; the actor
@@ -116,7 +117,8 @@ class RolloutWorkerConfig:
     through `CanonicalOrderEngine`, so the samples of a batch do not depend on the order its
     prompts arrived in. catalog: the tasks requests name (`cua_jax.tasks.sources`; None:
     MiniWoB names only). desktop_pool: the Docker desktop pool this worker runs desktop tasks
-    on (`docker_pool.PoolConfig`; None: no desktop tasks)."""
+    on (`docker_pool.PoolConfig`; None: no desktop tasks). code_env: the containers of code
+    tasks (`code_env.CodeEnvConfig`; None: its defaults), each environment holding its own."""
 
     agent: AgentConfig = AgentConfig()
     eval_agent: AgentConfig | None = None
@@ -130,6 +132,7 @@ class RolloutWorkerConfig:
     canonical_order: bool = False
     catalog: Any = None
     desktop_pool: Any = None
+    code_env: Any = None
 
 
 class RolloutWorker:
@@ -164,6 +167,7 @@ class RolloutWorker:
             raise ValueError("the task catalog holds desktop tasks, but the worker has no desktop_pool config")
         self.runtime = None
         self.desktop_pool = None
+        self.code_env = None
         try:
             if "miniwob" in kinds:
                 # The capsules show element ids (marks, DOM text) as the agent's action space needs.
@@ -173,12 +177,19 @@ class RolloutWorker:
                 from cua_jax.envs.docker_pool import DockerEnvPool
 
                 self.desktop_pool = DockerEnvPool(config.desktop_pool).start()
+            if "code" in kinds:
+                from cua_jax.envs.code_env import CodeEnvConfig
+                from cua_jax.envs.images import ensure_image
+
+                # The image is resolved (built when missing) once, not by every environment.
+                code_env = config.code_env or CodeEnvConfig()
+                self.code_env = dataclasses.replace(code_env, image=code_env.image or ensure_image("code"))
         except BaseException:
             self._close_environments()
             self.engine.close()
             raise
         self.env_wrapper = env_wrapper
-        self.envs: dict[str, list[AgentEnvironment]] = {"miniwob": [], "desktop": []}
+        self.envs: dict[str, list[AgentEnvironment]] = {"miniwob": [], "desktop": [], "code": []}
         # One batch of groups at a time: the environments are shared between calls.
         self._run_lock = threading.Lock()
         # Streaming (`submit_group`): an event loop of its own in a thread, with its own environments.
@@ -192,6 +203,10 @@ class RolloutWorker:
             from cua_jax.envs.desktop_env import DesktopEnvironment
 
             return DesktopEnvironment(self.desktop_pool, attribution=self.config.agent.attribution)
+        if kind == "code":
+            from cua_jax.envs.code_env import CodeEnvironment
+
+            return CodeEnvironment(self.code_env, attribution=self.config.agent.attribution)
         return MiniWoBEnvironment(self.runtime, time_limit_s=self.config.time_limit_s, screenshots=self.config.screenshots)
 
     def _envs(self, kind: str, n: int) -> list[AgentEnvironment]:
@@ -269,25 +284,7 @@ class RolloutWorker:
             self._stream_thread = threading.Thread(target=self._stream_loop.run_forever, daemon=True,
                                                    name="rollout-stream")
             self._stream_thread.start()
-        return asyncio.run_coroutine_threadsafe(self._stream_group(request, n), self._stream_loop)
-
-    async def _stream_group(self, request: GroupRequest, n: int) -> list[Rollout]:
-        task_id, seed, group_id = request
-        kind, spec = self.resolve(task_id)
-        if kind == "desktop" and n > self._desktop_capacity():
-            raise ValueError(f"a group of {n} desktop episodes needs {n} containers at once, but the pool has "
-                             f"{self._desktop_capacity()}")
-        free = self._stream_envs.setdefault(kind, [])
-        envs = [free.pop() if free else self._wrapped(self._new_env(kind)) for _ in range(n)]
-        try:
-            if kind != "desktop":
-                return await self.train_loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
-            if self._stream_desktop_groups is None:  # at most as many desktop groups as the pool holds
-                self._stream_desktop_groups = asyncio.Semaphore(max(1, self._desktop_capacity() // n))
-            async with self._stream_desktop_groups:
-                return await self.train_loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
-        finally:
-            free.extend(envs)
+        return asyncio.run_coroutine_threadsafe(_stream_group(self, request, n), self._stream_loop)
 
     def _wrapped(self, env: AgentEnvironment) -> AgentEnvironment:
         return self.env_wrapper(env) if self.env_wrapper else env
@@ -343,6 +340,27 @@ class RolloutWorker:
         if self.desktop_pool is not None:
             self.desktop_pool.close()
             self.desktop_pool = None
+
+
+async def _stream_group(worker: RolloutWorker, request: GroupRequest, n: int) -> list[Rollout]:
+    """One streamed group on `worker`'s streaming loop (module level: a class with a coroutine
+    method would make Ray run RolloutWorker as an asyncio actor, where asyncio.run fails)."""
+    task_id, seed, group_id = request
+    kind, spec = worker.resolve(task_id)
+    if kind == "desktop" and n > worker._desktop_capacity():
+        raise ValueError(f"a group of {n} desktop episodes needs {n} containers at once, but the pool has "
+                         f"{worker._desktop_capacity()}")
+    free = worker._stream_envs.setdefault(kind, [])
+    envs = [free.pop() if free else worker._wrapped(worker._new_env(kind)) for _ in range(n)]
+    try:
+        if kind != "desktop":
+            return await worker.train_loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
+        if worker._stream_desktop_groups is None:  # at most as many desktop groups as the pool holds
+            worker._stream_desktop_groups = asyncio.Semaphore(max(1, worker._desktop_capacity() // n))
+        async with worker._stream_desktop_groups:
+            return await worker.train_loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
+    finally:
+        free.extend(envs)
 
 
 def rollout_worker_actor(num_cpus: float = 1.0, env_vars: tuple[tuple[str, str], ...] = (), max_concurrency: int = 4,

@@ -1,5 +1,6 @@
-"""Where a run's tasks come from: MiniWoB++ task lists and folders of OSWorld-format task JSON,
-gathered into one `TaskCatalog` the trainer samples from and the rollout workers run.
+"""Where a run's tasks come from: MiniWoB++ task lists, folders of OSWorld-format task JSON
+and folders of code tasks (`load_code_tasks`: bugs in Python repositories, run in code
+containers), gathered into one `TaskCatalog` the trainer samples from and the rollout workers run.
 
     catalog = TaskCatalog(miniwob_tasks(["click-button", "focus-text"], tiers=[0, 1])
                           + load_task_folder("cua_jax/tasks/suites/desktop"))
@@ -32,7 +33,7 @@ import numpy as np
 from cua_jax.tasks.pool import PoolTask, TaskPool
 from cua_jax.tasks.schema import Task, TaskSchemaError, parse_task
 
-TASK_KINDS = ("miniwob", "desktop")
+TASK_KINDS = ("miniwob", "desktop", "code")
 MINIWOB_DOMAIN = "miniwob"
 _TASK_KEYS = ("id", "instruction", "evaluator")
 
@@ -42,8 +43,9 @@ class SourceTask:
     """One task a run can draw.
 
     kind: what runs it ("miniwob": a capsule of the shared browser; "desktop": a pooled
-        Docker desktop). spec: what that environment's reset takes (the MiniWoB task name,
-        or the desktop `schema.Task`). origin: the file or list it came from (for errors).
+        Docker desktop; "code": a code container). spec: what that environment's reset takes
+        (the MiniWoB task name, the desktop `schema.Task`, or the `code_tasks.CodeTask`).
+        origin: the file or list it came from (for errors).
     """
 
     task_id: str
@@ -141,6 +143,24 @@ def load_task_folder(folder: str | pathlib.Path) -> list[SourceTask]:
     if not out:
         raise ValueError(f"task folder {str(folder)!r} holds no task files (JSON objects with an 'evaluator')")
     return out
+
+
+def load_code_tasks(folder: str | pathlib.Path, task_ids: Sequence[str] = ()) -> list[SourceTask]:
+    """The code tasks of `folder` (`code_tasks.load_code_suite`: bugs in real Python repositories,
+    judged by their tests; the suite is cua_jax/tasks/suites/code), all of them or those of
+    `task_ids` in that order (an id the folder lacks raises). The domain is the task's package."""
+    from cua_jax.tasks.code_tasks import load_code_suite
+
+    suite = load_code_suite(folder)
+    if not suite:
+        raise ValueError(f"code task folder {str(folder)!r} holds no task files")
+    by_id = {task.id: task for task in suite}
+    missing = [task_id for task_id in task_ids if task_id not in by_id]
+    if missing:
+        raise ValueError(f"code task folder {str(folder)!r} has no tasks {missing}")
+    chosen = [by_id[task_id] for task_id in dict.fromkeys(task_ids)] if task_ids else suite
+    return [SourceTask(task.id, "code", task.package, 0, True, task, str(pathlib.Path(folder) / f"{task.id}.json"))
+            for task in chosen]
 
 
 def parse_domain_weights(entries: Iterable[str]) -> dict[str, float]:

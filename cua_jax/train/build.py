@@ -107,7 +107,7 @@ def rollout_worker_config(settings: TrainSettings, worker: int) -> RolloutWorker
         tokenizer_dir=tokenizer_dir(c), include_dom_text=c.env.include_dom_text,
         screenshots=c.env.observation == "screenshot", time_limit_s=c.env.time_limit_s,
         runtime_seed=c.seed * 1000 + worker, canonical_order=True, catalog=settings.catalog,
-        desktop_pool=desktop_pool_config(settings),
+        desktop_pool=desktop_pool_config(settings), code_env=settings.code_env,
     )
 
 

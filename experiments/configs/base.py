@@ -90,6 +90,22 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.desktop.ready_timeout_s = 240.0
     c.env.desktop.call_timeout_s = 30.0
     c.env.desktop.health_interval_s = 10.0  # health checks of idle containers (0: on acquire only)
+    # Code tasks (env.kind = "code"): bugs injected into real Python repositories, each episode in
+    # a `--network none` container of the code image with a shell and a file editor as its tools,
+    # judged on submit by the repository's own tests (cua_jax/envs/code_env.py).
+    c.env.code = ml_collections.ConfigDict()
+    c.env.code.suite_dir = "cua_jax/tasks/suites/code"  # a folder of code task JSON (from the repository root)
+    c.env.code.tasks = ()  # ids of the folder's tasks the run uses (() : all of them)
+    # pooled: one container per environment, reset to a clean tree each episode | fresh: one per episode
+    c.env.code.reset_mode = "pooled"
+    c.env.code.partial_credit = False  # reward the fraction of fail-to-pass tests fixed (if nothing else broke)
+    c.env.code.cpus = 1.0
+    c.env.code.memory = "512m"  # without swap: a memory hog is OOM-killed and its episode quarantined
+    c.env.code.pids_limit = 128  # a fork bomb hits it and its episode is quarantined
+    c.env.code.work_size = "64m"  # the size-capped tmpfs holding the work tree
+    c.env.code.bash_timeout_s = 30.0  # a bash call's timeout when it names none
+    c.env.code.max_bash_timeout_s = 300.0  # the most a bash call may ask for
+    c.env.code.output_limit = 8000  # bytes shown of each of stdout and stderr (its first and last halves)
     # What the policy is shown: "screenshot" (the task region, plus the DOM as text when
     # env.include_dom_text) or "text" (the DOM as text only: text-only policies, web agents).
     c.env.observation = "screenshot"

@@ -152,7 +152,10 @@ def test_a_bad_vllm_placement_is_named():
     config.rollout.vllm.placement = "ANYWHERE"
     with pytest.raises(ConfigError, match="config.rollout.vllm.placement: 'ANYWHERE' is not one of"):
         TrainSettings.from_config(config)
-    config.rollout.vllm.placement, config.rollout.partial_rollout_tokens = "", 8
+    config.rollout.vllm.placement, config.model.name = "", "tiny_qwen3_5"
+    with pytest.raises(ConfigError, match="config.rollout.engine: model.name 'tiny_qwen3_5' .Qwen3.5. runs on the JAX"):
+        TrainSettings.from_config(config)
+    config.model.name, config.rollout.partial_rollout_tokens = text_vllm.get_config().model.name, 8
     with pytest.raises(ConfigError, match="config.rollout.partial_rollout_tokens: partial rollouts run on the JAX"):
         TrainSettings.from_config(config)
 

@@ -1,0 +1,563 @@
+"""The code environment: a Python repository in a `--network none` container, a shell and a
+file editor as tools, and the repository's own tests as the judge.
+
+    env = CodeEnvironment(CodeEnvConfig())
+    start = await env.reset(task)                          # a CodeTask (cua_jax.tasks.code_tasks)
+    step = await env.step(parse_code_action(reply))        # bash / str_replace_editor / submit
+    ...                                                    # submit: the judge runs, the episode ends
+    await env.end_episode(); await env.close()
+
+The container (image `code`, launch/images/code/) runs read-only but for two size-capped
+tmpfs mounts, the work tree /work (the repository is /work/repo) and /tmp: dockerd's overlay2
+here cannot cap a container's disk, a tmpfs can. Memory (no swap) and the number of processes
+are capped too. Its PID 1 is the runner's reaper; every tool call is one `docker exec` of the
+runner (launch/images/code/runner.py), which runs a command in a session of its own and
+kills the whole session at its timeout.
+
+Faults: a step whose command hit the memory limit (an OOM kill in the container's cgroup),
+the process limit (a fork refused) or filled the work tree, or whose container died or
+stopped answering, quarantines the episode (EnvTransition.fault); the container is then
+replaced before the next episode. Nothing else is affected: each container has its own caps.
+
+Reset modes: "pooled" keeps the container between episodes and resets it to a clean tree
+(every process killed, /work and /tmp emptied, the repository copied afresh); "fresh" starts
+a new container for every episode (the baseline experiments/benchmarks/code_env.py compares).
+
+Actions are Qwen tool calls (`parse_code_action`):
+
+    <tool_call>{"name": "bash", "arguments": {"command": "pytest -x -q", "timeout": 60}}</tool_call>
+    <tool_call>{"name": "str_replace_editor", "arguments": {"command": "str_replace",
+        "path": "toolz/itertoolz.py", "old_str": "...", "new_str": "..."}}</tool_call>
+    <tool_call>{"name": "submit", "arguments": {}}</tool_call>
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import json
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from cua_jax.envs import actions as A
+from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvObservation, EnvReset, EnvTransition
+from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, container_fault, episode_outcome
+from cua_jax.tasks.code_tasks import CodeTask, verdict
+
+log = logging.getLogger(__name__)
+
+LABEL = "cua-jax.code-env"
+RUNNER = "/opt/cua/runner.py"
+REPO = "/work/repo"
+RESET_MODES = ("pooled", "fresh")
+
+# ---------------------------------------------------------------------------------------
+# Actions
+# ---------------------------------------------------------------------------------------
+
+TOOL_NAMES = ("bash", "str_replace_editor", "submit")
+EDITOR_COMMANDS = ("view", "create", "str_replace", "insert")
+MAX_COMMAND_CHARS = 20_000
+MAX_FILE_CHARS = 100_000  # one exec argument carries the request: the kernel caps it at 128 KiB
+
+
+@dataclasses.dataclass(frozen=True)
+class Bash:
+    command: str
+    timeout: float | None = None  # None: the environment's default
+
+
+@dataclasses.dataclass(frozen=True)
+class Edit:
+    command: str
+    path: str
+    file_text: str | None = None
+    old_str: str | None = None
+    new_str: str | None = None
+    insert_line: int | None = None
+    view_range: tuple[int, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Submit:
+    pass
+
+
+CodeAction = Bash | Edit | Submit
+
+
+class _Bad(Exception):
+    pass
+
+
+def _text_arg(args: dict, name: str, required: bool = True, limit: int = MAX_FILE_CHARS) -> str | None:
+    value = args.get(name)
+    if value is None:
+        if required:
+            raise _Bad(f"'{name}' is required")
+        return None
+    if not isinstance(value, str):
+        raise _Bad(f"'{name}' must be a string")
+    if len(value) > limit:
+        raise _Bad(f"'{name}' is {len(value)} characters; at most {limit}")
+    return value
+
+
+def _int_arg(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Bad(f"'{name}' must be an integer")
+    return value
+
+
+def parse_code_arguments(name: Any, args: Any) -> CodeAction | A.InvalidAction:
+    """A code action from a tool call's name and (decoded) arguments, or why it is invalid."""
+    try:
+        if name not in TOOL_NAMES:
+            raise _Bad(f"unknown tool {str(name)[:60]!r}; the tools are {', '.join(TOOL_NAMES)}")
+        if not isinstance(args, dict):
+            raise _Bad("'arguments' must be a JSON object")
+        if name == "submit":
+            return Submit()
+        if name == "bash":
+            command = _text_arg(args, "command", limit=MAX_COMMAND_CHARS)
+            if not command.strip():
+                raise _Bad("'command' is empty")
+            timeout = args.get("timeout")
+            if timeout is not None:
+                if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+                    raise _Bad("'timeout' must be a number of seconds in (0, 3600]")
+                timeout = float(timeout)
+            return Bash(command, timeout)
+        command = args.get("command")
+        if command not in EDITOR_COMMANDS:
+            raise _Bad(f"'command' must be one of {', '.join(EDITOR_COMMANDS)}")
+        path = _text_arg(args, "path", limit=4096)
+        if command == "view":
+            view_range = args.get("view_range")
+            if view_range is not None:
+                if not (isinstance(view_range, list) and len(view_range) == 2):
+                    raise _Bad("'view_range' must be [first, last] (last -1: to the end)")
+                view_range = (_int_arg(view_range[0], "view_range"), _int_arg(view_range[1], "view_range"))
+            return Edit("view", path, view_range=view_range)
+        if command == "create":
+            return Edit("create", path, file_text=_text_arg(args, "file_text"))
+        if command == "str_replace":
+            old = _text_arg(args, "old_str")
+            if not old:
+                raise _Bad("'old_str' is empty")
+            return Edit("str_replace", path, old_str=old, new_str=_text_arg(args, "new_str", required=False) or "")
+        return Edit("insert", path, insert_line=_int_arg(args.get("insert_line"), "insert_line"),
+                    new_str=_text_arg(args, "new_str"))
+    except _Bad as error:
+        return A.InvalidAction(f"{name}: {error}" if name in TOOL_NAMES else str(error),
+                               json.dumps({"name": name, "arguments": args}, default=repr)[:2000])
+
+
+_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
+
+
+def parse_code_action(text: Any) -> CodeAction | A.InvalidAction:
+    """The one tool call of the policy's reply (free text may precede it; a missing closing
+    tag is tolerated), or an InvalidAction saying what is wrong. Never raises."""
+    if not isinstance(text, str):
+        return A.InvalidAction(f"expected text, got {type(text).__name__}")
+    calls = _CALL.findall(text)
+    if len(calls) != 1:
+        return A.InvalidAction("no tool call found: end your reply with one <tool_call>{...}</tool_call>"
+                               if not calls else f"found {len(calls)} tool calls; emit exactly one per turn",
+                               text[-2000:])
+    try:
+        call = json.loads(calls[0].strip())
+    except (ValueError, RecursionError) as error:
+        return A.InvalidAction(f"the tool call is not valid JSON ({error})".replace("\n", " "), text[-2000:])
+    if not isinstance(call, dict):
+        return A.InvalidAction("the tool call must be a JSON object with 'name' and 'arguments'", text[-2000:])
+    return parse_code_arguments(call.get("name"), call.get("arguments", {}))
+
+
+def render_code_action(action: CodeAction) -> str:
+    """The tool call text of `action`; parse_code_action(render_code_action(a)) == a."""
+    if isinstance(action, Submit):
+        name, args = "submit", {}
+    elif isinstance(action, Bash):
+        name, args = "bash", {"command": action.command}
+        if action.timeout is not None:
+            args["timeout"] = action.timeout
+    else:
+        name, args = "str_replace_editor", {"command": action.command, "path": action.path}
+        for field in ("file_text", "old_str", "new_str", "insert_line"):
+            if getattr(action, field) is not None:
+                args[field] = getattr(action, field)
+        if action.view_range is not None:
+            args["view_range"] = list(action.view_range)
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+
+TOOL_DESCRIPTION = """You work in a Python repository at /work/repo (the current directory) inside a container without network.
+Tools (call exactly one per turn as <tool_call>{"name": ..., "arguments": {...}}</tool_call>):
+- bash: {"command": "...", "timeout": seconds (optional)} runs a shell command; you see its exit code, stdout and stderr.
+- str_replace_editor: {"command": "view", "path": P, "view_range": [first, last] (optional)} shows a file with line numbers or lists a directory;
+  {"command": "create", "path": P, "file_text": "..."} writes a file;
+  {"command": "str_replace", "path": P, "old_str": "...", "new_str": "..."} replaces old_str, which must occur exactly once;
+  {"command": "insert", "path": P, "insert_line": N, "new_str": "..."} inserts text after line N (0: at the top).
+  Paths are relative to /work/repo; files outside it cannot be edited.
+- submit: {} ends the episode; the repository's tests then judge your fix."""
+
+# The system prompt of a code episode (`CodeEnvironment.system_prompt`, shown by the agent loop).
+SYSTEM_PROMPT = (f"{TOOL_DESCRIPTION}\nThink briefly, then reply with exactly one tool call.\nExample reply:\n"
+                 + render_code_action(Bash("python -m pytest -x -q", timeout=60)))
+
+
+# ---------------------------------------------------------------------------------------
+# Observations
+# ---------------------------------------------------------------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def escape_output(data: bytes) -> str:
+    """Bytes as readable text: UTF-8 where valid, every other byte and every control
+    character but newline and tab as a \\xNN escape."""
+    text = data.decode("utf-8", errors="backslashreplace")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def stream_text(head: bytes, tail: bytes, total: int) -> str:
+    """One captured stream (its first bytes, last bytes and total length) as text, with a
+    visible marker where the middle was cut."""
+    cut = total - len(head) - len(tail)
+    if cut <= 0:
+        return escape_output(head + tail)
+    return f"{escape_output(head)}\n[... {cut} bytes truncated ...]\n{escape_output(tail)}"
+
+
+def bash_observation(result: dict, timeout: float) -> str:
+    def stream(name: str) -> str:
+        part = result[name]
+        return stream_text(base64.b64decode(part["head"]), base64.b64decode(part["tail"]), part["total"])
+
+    if result["timed_out"]:
+        status = f"killed: the command ran past its timeout of {timeout:g} s (exit code {result['exit_code']})"
+    else:
+        status = f"exit code: {result['exit_code']}"
+    return f"{status}\nstdout:\n{stream('stdout')}\nstderr:\n{stream('stderr')}"
+
+
+# ---------------------------------------------------------------------------------------
+# The container
+# ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class CodeEnvConfig:
+    """How the code environment runs its container.
+
+    image: the image tag (None: `image_tag("code")`, built when missing).
+    cpus / memory / pids_limit: the container's caps (memory without swap).
+    work_size / tmp_size: the tmpfs caps of the work tree /work and of /tmp.
+    default_timeout / max_timeout: a bash call's timeout when it names none, and its ceiling.
+    output_limit: bytes of each stream shown (the first and last halves).
+    work_free_min: bytes left on the work tree under which it counts as filled (a fault).
+    reset_mode: "pooled" (one container, reset to a clean tree) or "fresh" (a new container
+        per episode).
+    partial_credit: reward the fraction of fail-to-pass tests that pass (when nothing broke).
+    max_turns: the environment's own step budget (None: the agent loop's budget alone).
+    docker_timeout: seconds a Docker API call may take beyond the work it waits for.
+    """
+
+    image: str | None = None
+    cpus: float = 1.0
+    memory: str = "512m"
+    pids_limit: int = 128
+    work_size: str = "64m"
+    tmp_size: str = "16m"
+    default_timeout: float = 30.0
+    max_timeout: float = 300.0
+    output_limit: int = 8000
+    work_free_min: int = 256 * 1024
+    reset_mode: str = "pooled"
+    partial_credit: bool = False
+    max_turns: int | None = None
+    docker_timeout: float = 60.0
+
+    def __post_init__(self):
+        if self.reset_mode not in RESET_MODES:
+            raise ValueError(f"reset_mode must be one of {RESET_MODES}, got {self.reset_mode!r}")
+        for name in ("cpus", "pids_limit", "default_timeout", "max_timeout", "output_limit", "docker_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+class ContainerFault(Exception):
+    def __init__(self, fault: Fault):
+        super().__init__(fault.reason)
+        self.fault = fault
+
+
+_DOCKER_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, ConnectionError)
+
+
+class CodeContainer:
+    """One code container and the runner calls into it."""
+
+    def __init__(self, config: CodeEnvConfig, image: str, client: docker.DockerClient | None = None):
+        self.config = config
+        self.image = image
+        self.client = client or docker.from_env(timeout=int(config.docker_timeout + config.max_timeout))
+        self.name = f"cua-jax-code-{uuid.uuid4().hex[:10]}"
+        self.id: str | None = None
+
+    def start(self) -> "CodeContainer":
+        cfg = self.config
+        try:
+            container = self.client.containers.run(
+                self.image, name=self.name, detach=True, labels={LABEL: "1"}, network_mode="none",
+                read_only=True, tmpfs={"/work": f"size={cfg.work_size},mode=1777",
+                                       "/tmp": f"size={cfg.tmp_size},mode=1777"},
+                nano_cpus=int(cfg.cpus * 1e9), mem_limit=cfg.memory, memswap_limit=cfg.memory,
+                pids_limit=cfg.pids_limit)
+        except _DOCKER_ERRORS as error:
+            raise ContainerFault(Fault(FaultKind.SETUP_FAILED, f"cannot start {self.image}: {error}")) from None
+        self.id = container.id
+        return self
+
+    def state_fault(self) -> Fault | None:
+        try:
+            return container_fault(self.client.api.inspect_container(self.id)["State"])
+        except docker.errors.NotFound:
+            return container_fault(None)
+        except _DOCKER_ERRORS as error:
+            return Fault(FaultKind.SERVER_UNRESPONSIVE, f"docker cannot inspect {self.name}: {error}")
+
+    def call(self, request: dict) -> dict:
+        """Run one runner request; its JSON answer. ContainerFault when the runner could not
+        answer (the container died, a fork was refused, the runner was OOM-killed)."""
+        payload = base64.b64encode(json.dumps(request).encode()).decode()
+        try:
+            exec_id = self.client.api.exec_create(self.id, ["python3", RUNNER, payload])["Id"]
+            stdout, stderr = self.client.api.exec_start(exec_id, demux=True)
+            code = self.client.api.exec_inspect(exec_id)["ExitCode"]
+        except _DOCKER_ERRORS as error:
+            raise ContainerFault(self.state_fault() or Fault(FaultKind.SERVER_UNRESPONSIVE,
+                                                            f"{request['op']}: {error}")) from None
+        if code == 0 and stdout:
+            try:
+                return json.loads(stdout.decode())
+            except ValueError:
+                pass
+        detail = ((stderr or b"") + (stdout or b"")).decode(errors="replace").strip()[-500:] or "no output"
+        raise ContainerFault(self.state_fault() or Fault(
+            FaultKind.SERVER_ERROR, f"the runner's {request['op']} failed (exit {code}): {detail}"))
+
+    def remove(self) -> None:
+        if self.id is None:
+            return
+        try:
+            self.client.api.remove_container(self.id, force=True)
+        except docker.errors.NotFound:
+            pass
+        except _DOCKER_ERRORS as error:
+            log.warning("cannot remove %s: %s", self.name, error)
+        self.id = None
+
+
+def limit_fault(before: dict, after: dict, work_free_min: int) -> Fault | None:
+    """The resource limit a call hit, from the runner's counters before and after it."""
+    if after["oom_kills"] > before["oom_kills"]:
+        return Fault(FaultKind.OOM_KILLED, f"{after['oom_kills'] - before['oom_kills']} process(es) killed at "
+                                           "the container's memory limit")
+    if after["pids_max_hits"] > before["pids_max_hits"]:
+        return Fault(FaultKind.SERVER_ERROR, "process limit reached: the container's pids limit refused "
+                                             f"{after['pids_max_hits'] - before['pids_max_hits']} fork(s)")
+    if 0 <= after["work_free_bytes"] < work_free_min:
+        return Fault(FaultKind.SERVER_ERROR, f"work tree full: {after['work_free_bytes']} bytes left on the "
+                                             "size-capped tmpfs")
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# The environment
+# ---------------------------------------------------------------------------------------
+
+
+class CodeEpisode:
+    """One blocking episode of a code task in `container` (reset to the task's buggy tree)."""
+
+    def __init__(self, env: "CodeEnvironment", task: CodeTask):
+        self.env, self.task = env, task
+        self.turns = 0
+        self.baseline: dict | None = None
+        self.outcome: Outcome | None = None
+        self.fault: Fault | None = None
+        self.judge_seconds: float | None = None
+        self.info: dict[str, Any] = {}
+
+    def _call(self, request: dict) -> dict:
+        answer = self.env.container.call(request)
+        fault = limit_fault(self.baseline, answer["limits"], self.env.config.work_free_min) if self.baseline else None
+        if fault is not None:
+            raise ContainerFault(fault)
+        return answer
+
+    def start(self) -> None:
+        answer = self.env.container.call({"op": "reset", "package": self.task.package,
+                                          "hunks": [h.to_json() for h in self.task.bug]})
+        if not answer["ok"]:
+            raise ContainerFault(Fault(FaultKind.SETUP_FAILED, answer["error"]))
+        self.baseline = answer["limits"]
+
+    def perform(self, action: CodeAction | A.InvalidAction) -> tuple[str | None, Outcome | None]:
+        """(the observation text, or None once the episode ended; its outcome once ended)."""
+        cfg = self.env.config
+        self.turns += 1
+        try:
+            if isinstance(action, A.InvalidAction):
+                text = f"Invalid action: {action.message}"
+            elif isinstance(action, Submit):
+                return None, self._judge()
+            elif isinstance(action, Bash):
+                timeout = min(action.timeout or cfg.default_timeout, cfg.max_timeout)
+                answer = self._call({"op": "bash", "command": action.command, "timeout": timeout,
+                                     "limit": cfg.output_limit})
+                text = bash_observation(answer, timeout) if answer["ok"] else f"Action failed: {answer['error']}"
+            elif isinstance(action, Edit):
+                request = {"op": "edit", **{k: v for k, v in dataclasses.asdict(action).items() if v is not None}}
+                answer = self._call(request)
+                text = answer["output"] if answer["ok"] else f"Action failed: {answer['error']}"
+            else:
+                text = f"Invalid action: {type(action).__name__} is no action of the code environment"
+        except ContainerFault as error:
+            return None, self._end(fault=error.fault)
+        if cfg.max_turns is not None and self.turns >= cfg.max_turns:
+            return None, self._end(budget_exhausted=True)
+        return text, None
+
+    def _judge(self) -> Outcome:
+        started = time.monotonic()
+        try:
+            answer = self._call({"op": "judge", "package": self.task.package,
+                                 "test_files": list(self.task.test_files), "timeout": self.task.timeout})
+        except ContainerFault as error:
+            return self._end(fault=error.fault)
+        self.judge_seconds = time.monotonic() - started
+        if not answer["ok"]:  # the tests hang or crash pytest itself: the fix's failure
+            return self._end(agent_failure=f"the tests did not run: {answer['error']}")
+        result = verdict(self.task, answer["outcomes"], self.env.config.partial_credit)
+        self.info = {"fail_to_pass_passed": result.fail_to_pass_passed,
+                     "fail_to_pass_total": result.fail_to_pass_total, "broken": list(result.broken[:20]),
+                     "judge_seconds": self.judge_seconds}
+        return self._end(verdict=result.reward)
+
+    def _end(self, **kwargs) -> Outcome:
+        self.fault = kwargs.get("fault")
+        if self.fault is not None:
+            log.warning("code episode of %s quarantined: %s", self.task.id, self.fault.reason)
+        self.outcome = episode_outcome(rule=self.env.attribution, **kwargs)
+        return self.outcome
+
+
+class CodeEnvironment(AgentEnvironment):
+    """Code tasks (`CodeTask`) in one container of their own (module doc). Its tools are its
+    own: the agent loop shows `SYSTEM_PROMPT` and reads replies with `parse_code_action`."""
+
+    system_prompt = SYSTEM_PROMPT
+
+    def parse_action(self, text: str, action_space: str) -> CodeAction | A.InvalidAction:
+        return parse_code_action(text)  # no pointer: the action space does not apply
+
+    def __init__(self, config: CodeEnvConfig | None = None, *, attribution: Attribution = Attribution()):
+        self.config = config or CodeEnvConfig()
+        self.attribution = attribution
+        self.container: CodeContainer | None = None
+        self.episode: CodeEpisode | None = None
+        self._broken = False
+        self._image: str | None = self.config.image
+        self.counters = {"containers_started": 0, "resets": 0, "quarantined": 0}
+
+    @property
+    def image(self) -> str:
+        if self._image is None:
+            from cua_jax.envs.images import ensure_image
+            self._image = ensure_image("code")
+        return self._image
+
+    # ---- blocking work, run in threads ----------------------------------------------------
+    def _new_container(self) -> None:
+        if self.container is not None:
+            self.container.remove()
+        self.container = None
+        container = CodeContainer(self.config, self.image).start()
+        self.container = container
+        self.counters["containers_started"] += 1
+        self._broken = False
+
+    def _start(self, task: CodeTask) -> CodeEpisode:
+        if not isinstance(task, CodeTask):
+            raise ValueError(f"the code environment runs CodeTask, got {type(task).__name__}")
+        if self.container is None or self._broken or self.config.reset_mode == "fresh":
+            self._new_container()
+        episode = CodeEpisode(self, task)
+        try:
+            episode.start()
+        except ContainerFault as error:
+            self._broken = True
+            raise EnvironmentFault(error.fault) from None
+        self.counters["resets"] += 1
+        return episode
+
+    def _after(self, episode: CodeEpisode) -> None:
+        if episode.fault is not None:
+            self._broken = True
+            self.counters["quarantined"] += 1
+
+    # ---- the contract -------------------------------------------------------------------
+    async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
+        await self.end_episode()
+        try:
+            self.episode = await asyncio.to_thread(self._start, task)
+        except ContainerFault as error:  # the container itself could not start
+            self._broken = True
+            raise EnvironmentFault(error.fault) from None
+        text = f"The repository is checked out at {REPO}. Fix the issue, then submit."
+        return EnvReset(task.instruction, EnvObservation((), text), screen_size=A.DEFAULT_SCREEN_SIZE)
+
+    async def shared_state(self) -> Any:
+        """The task: every environment of a group resets to the same clean, buggy tree."""
+        if self.episode is None:
+            raise RuntimeError("shared_state() before reset()")
+        return self.episode.task
+
+    async def reset_to(self, task: Any, seed: int | None, state: Any) -> EnvReset:
+        if state.id != task.id:
+            raise ValueError(f"the shared state is task {state.id!r}'s start, not {task.id!r}'s")
+        return await self.reset(task, seed)
+
+    async def step(self, action: Any) -> EnvTransition:
+        episode = self.episode
+        if episode is None or episode.outcome is not None:
+            raise RuntimeError("step() without a running episode (reset first)")
+        text, outcome = await asyncio.to_thread(episode.perform, action)
+        if outcome is None:
+            return EnvTransition(EnvObservation((), text))
+        self._after(episode)
+        return EnvTransition(None, outcome.reward, outcome, info=dict(episode.info), fault=episode.fault)
+
+    async def end_episode(self) -> None:
+        self.episode = None
+        if self.config.reset_mode == "fresh" and self.container is not None:
+            await asyncio.to_thread(self.container.remove)
+            self.container = None
+
+    async def close(self) -> None:
+        self.episode = None
+        if self.container is not None:
+            await asyncio.to_thread(self.container.remove)
+            self.container = None

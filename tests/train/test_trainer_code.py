@@ -1,0 +1,209 @@
+"""The trainer on code tasks (env.kind = "code"): one strictly on-policy update of the
+canopy_code recipe, shrunk to two tasks of the code suite, groups of 2 and 2 turns, on real
+code containers.
+
+The engine plays one episode of each group with the task's oracle fix (a str_replace, then
+submit: the repository's tests judge it inside its container) and leaves the other to the
+tiny random policy, so each group holds a success and a non-success and the update has a
+signal. The agent loop asked the code environment for its system prompt and its parser.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import docker
+import numpy as np
+import pytest
+
+from cua_jax.envs import actions as A
+from cua_jax.envs.code_env import SYSTEM_PROMPT, CodeEnvironment, Edit, Submit, render_code_action
+from cua_jax.envs.contract import AgentEnvironment, EnvironmentWrapper
+from cua_jax.rollout.engine import FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.tasks.code_suite import oracle_actions
+from cua_jax.train.settings import ConfigError, TrainSettings
+from cua_jax.train.trainer import Trainer
+from cua_jax.types import EpisodeStatus
+from experiments.configs import base, canopy_code
+from tests.experiments.test_configs import _flatten
+
+TASKS = ("code-six-012", "code-inflection-006")
+
+
+class OracleForOneEpisode(RolloutEngine):
+    """Replies with a task's oracle script (its tool calls) to the first request of each task
+    at each turn whose earlier replies followed the script; every other request goes to
+    `policy`. Tasks are told apart by their instruction in the prompt."""
+
+    def __init__(self, policy: RolloutEngine, tokenizer, end_of_turn_id: int, scripts: dict[str, tuple[str, list[str]]]):
+        self.policy, self.tokenizer, self.end_of_turn_id = policy, tokenizer, int(end_of_turn_id)
+        self.scripts = scripts  # task id -> (instruction, replies)
+
+    def _script_reply(self, text: str, taken: set) -> str | None:
+        task_id = next((t for t, (instruction, _) in self.scripts.items() if instruction in text), None)
+        if task_id is None:
+            return None
+        script = self.scripts[task_id][1]
+        replies = [chunk.split("<|im_end|>")[0].strip() for chunk in text.split("<|im_start|>assistant")[1:-1]]
+        if len(replies) >= len(script) or any(r != s.strip() for r, s in zip(replies, script)):
+            return None
+        if (task_id, len(replies)) in taken:  # the group's other episode: the policy's
+            return None
+        taken.add((task_id, len(replies)))
+        return script[len(replies)]
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
+        taken: set = set()
+        out: list[Any] = []
+        for request in requests:
+            text = self.tokenizer.decode(request.prompt_ids.tolist(), skip_special_tokens=False)
+            reply = self._script_reply(text, taken)
+            if reply is None:
+                out.append(self.policy.generate([request], sampling)[0])
+            else:
+                ids = np.asarray([*self.tokenizer.encode(reply, add_special_tokens=False), self.end_of_turn_id], np.int32)
+                out.append(Generation(ids, np.zeros(len(ids), np.float32), FinishReason.STOP, 0))
+        return out
+
+    def update_weights(self, params: Any, version: int) -> None:
+        self.policy.update_weights(params, version)
+
+    def health(self):
+        return self.policy.health()
+
+
+def code_config(workdir, **overrides):
+    """canopy_code shrunk: TASKS, groups of 2, 2 turns, replies long enough for the oracle's."""
+    c = canopy_code.get_config()
+    c.workdir = str(workdir)
+    c.env.code.tasks = TASKS
+    c.rollout.group_size = 2
+    c.rollout.batch_tasks = 2
+    c.rollout.max_turns = 2
+    c.rollout.max_context_tokens = 2048
+    c.learner.rows = 4
+    c.train.num_steps = 1
+    c.train.progress_bar = False
+    for key, value in overrides.items():
+        section, name = key.split("__")
+        c[section][name] = value
+    return c
+
+
+@pytest.fixture(scope="module")
+def code_step(tmp_path_factory):
+    settings = TrainSettings.from_config(code_config(tmp_path_factory.mktemp("check")))
+    tasks = {task_id: settings.catalog[task_id].spec for task_id in TASKS}
+    scripts = {task_id: (task.instruction, [render_code_action(a) for a in oracle_actions(task)])
+               for task_id, task in tasks.items()}
+    from cua_jax.context.tokenizer import load_processor
+
+    tokenizer, _ = load_processor(None)
+    longest = max(len(tokenizer.encode(reply, add_special_tokens=False)) for _, replies in scripts.values()
+                  for reply in replies)
+    config = code_config(tmp_path_factory.mktemp("code"), rollout__max_new_tokens=longest + 1, eval__num_seeds=1,
+                         eval__max_turns=2, train__trace_every=1)
+    with Trainer(config) as trainer:
+        worker = trainer.workers[0]
+        worker.train_loop.engine = OracleForOneEpisode(worker.train_loop.engine, trainer.tokenizer,
+                                                       trainer.renderer.end_of_turn_id, scripts)
+        metrics = trainer.train_step()
+        trainer.evaluate("after")  # the held-out evaluation (the harness) on code containers
+        containers = [env.container.id for env in worker.envs["code"] if env.container is not None]
+        yield trainer, metrics, containers
+    client = docker.from_env()
+    for container_id in containers:  # close() removed every container the run started
+        with pytest.raises(docker.errors.NotFound):
+            client.api.inspect_container(container_id)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_an_on_policy_step_on_code_containers(code_step):
+    trainer, metrics, containers = code_step
+    assert math.isfinite(metrics["learner/loss"]) and metrics["learner/updates"] == 1.0
+    assert metrics["learner/ratio_min"] == metrics["learner/ratio_max"] == 1.0  # strictly on-policy
+    assert metrics["learner/grad_norm"] > 0 and metrics["quarantine/total"] == 0
+    assert metrics["episodes/trained"] == 4 and metrics["policy/version"] == 1
+    assert len(containers) == 4  # one pooled container per environment of the two groups
+    for task_id, domain in (("code-six-012", "six"), ("code-inflection-006", "inflection")):
+        assert metrics[f"domain/{domain}/episodes"] == 2 and metrics[f"domain/{domain}/success_rate"] == 0.5
+    by_task: dict[str, list] = {}
+    for episode in trainer.last_batch.episodes.values():
+        assert episode.system_prompt == SYSTEM_PROMPT
+        by_task.setdefault(episode.task_id, []).append(episode)
+    assert sorted(by_task) == sorted(TASKS)
+    for task_id, episodes in by_task.items():
+        oracle, policy = sorted(episodes, key=lambda e: e.status is not EpisodeStatus.SUCCESS)
+        # The oracle's fix, parsed as the code environment's actions and judged by the tests.
+        assert oracle.status is EpisodeStatus.SUCCESS and oracle.reward == 1.0, (task_id, oracle.info)
+        assert [type(turn.action) for turn in oracle.turns] == [Edit, Submit]
+        edit = oracle.turns[0].action
+        assert oracle.turns[1].observation_text.startswith(f"edited {edit.path}:")  # the editor's answer
+        info = oracle.turns[-1].info
+        assert info["fail_to_pass_passed"] == info["fail_to_pass_total"] >= 1 and info["broken"] == []
+        # The random policy's replies are no tool calls: invalid actions fed back, no verdict.
+        assert policy.status is EpisodeStatus.NO_VERDICT and policy.info["budget"] == "turns"
+        assert policy.reward == trainer.config.advantage.no_verdict_reward
+        assert len(policy.turns) == 2 and policy.turns[1].observation_text.startswith("Invalid action:")
+    # The held-out evaluation ran both tasks through the harness; traces record code tool calls.
+    after = trainer.evaluations["after"]
+    assert after["episodes"] + after["given_up"] == 2 and 0.0 <= after["success_rate"] <= 1.0
+    import json
+    import os
+
+    traces = os.path.join(trainer.workdir, "traces", "train_000000")
+    records = [json.load(open(os.path.join(traces, k, "trace.json"))) for k in sorted(os.listdir(traces))]
+    turns = [turn for record in records for turn in record["turns"]]
+    assert turns and all(turn["action_arguments"] is None and turn["tokens"] for turn in turns)
+    assert any(turn["action"].startswith("Edit(") for turn in turns)  # the oracle's traced edit
+
+
+def test_the_environment_supplies_its_tools_through_wrappers():
+    env = EnvironmentWrapper(CodeEnvironment())
+    assert env.system_prompt == SYSTEM_PROMPT and "str_replace_editor" in SYSTEM_PROMPT
+    assert env.parse_action(render_code_action(Submit()), "coordinates") == Submit()
+    # The computer-use default stays the grammar of `actions`.
+    click = A.render_action(A.Click("left_click", 10, 20))
+    assert EnvironmentWrapper(_Plain()).parse_action(click, "coordinates") == A.Click("left_click", 10, 20)
+    assert EnvironmentWrapper(_Plain()).system_prompt is None
+
+
+class _Plain(AgentEnvironment):
+    """The contract's defaults: the computer-use tool."""
+
+    async def reset(self, task, seed=None):
+        raise NotImplementedError
+
+    async def step(self, action):
+        raise NotImplementedError
+
+
+def test_the_recipe_passes_the_checks_and_adds_no_field():
+    config = canopy_code.get_config()
+    settings = TrainSettings.from_config(config)
+    assert settings.catalog.kinds == {"code"} and settings.training_tasks == canopy_code.CODE_TASKS
+    assert {settings.catalog[t].domain for t in settings.training_tasks} == {t.spec.package for t in settings.catalog}
+    assert settings.learner.old_logprobs == "current" and settings.code_env.reset_mode == "pooled"
+    assert set(_flatten(config.to_dict())) == set(_flatten(base.base_config().to_dict()))
+
+
+@pytest.mark.parametrize("field, value, named, says", [
+    ("env.code.memory", "lots", "config.env.code.memory", "is not a size"),
+    ("env.code.reset_mode", "snapshot", "config.env.code.reset_mode", "not one of ('pooled', 'fresh')"),
+    ("env.code.tasks", ("code-six-012", "code-no-such-task"), "config.env.code.tasks", "code-no-such-task"),
+    ("env.code.suite_dir", "/nonexistent/code-suite", "config.env.code.suite_dir", "holds no task files"),
+    ("env.code.bash_timeout_s", 0.0, "config.env.code.bash_timeout_s", "must be > 0"),
+    ("env.tasks", ("click-button",), "config.env.tasks", "env.kind 'code' takes its tasks from env.code.suite_dir"),
+])
+def test_a_bad_code_setting_is_named(tmp_path, field, value, named, says):
+    config = code_config(tmp_path)
+    *sections, name = field.split(".")
+    node = config
+    for section in sections:
+        node = node[section]
+    node[name] = value
+    with pytest.raises(ConfigError) as error:
+        TrainSettings.from_config(config)
+    assert str(error.value).startswith(named) and says in str(error.value), str(error.value)
