@@ -48,7 +48,14 @@ import docker.errors
 import requests.exceptions
 
 from cua_jax.envs import actions as A
-from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvObservation, EnvReset, EnvTransition
+from cua_jax.envs.contract import (
+    AgentEnvironment,
+    EnvironmentFault,
+    EnvObservation,
+    EnvReset,
+    EnvTransition,
+    TaskIsGroupStart,
+)
 from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, container_fault, episode_outcome
 from cua_jax.tasks.code_tasks import CodeTask, verdict
 
@@ -464,7 +471,7 @@ class CodeEpisode:
         return self.outcome
 
 
-class CodeEnvironment(AgentEnvironment):
+class CodeEnvironment(TaskIsGroupStart, AgentEnvironment):
     """Code tasks (`CodeTask`) in one container of their own (module doc). Its tools are its
     own: the agent loop shows `SYSTEM_PROMPT` and reads replies with `parse_code_action`."""
 
@@ -528,17 +535,6 @@ class CodeEnvironment(AgentEnvironment):
             raise EnvironmentFault(error.fault) from None
         text = f"The repository is checked out at {REPO}. Fix the issue, then submit."
         return EnvReset(task.instruction, EnvObservation((), text), screen_size=A.DEFAULT_SCREEN_SIZE)
-
-    async def shared_state(self) -> Any:
-        """The task: every environment of a group resets to the same clean, buggy tree."""
-        if self.episode is None:
-            raise RuntimeError("shared_state() before reset()")
-        return self.episode.task
-
-    async def reset_to(self, task: Any, seed: int | None, state: Any) -> EnvReset:
-        if state.id != task.id:
-            raise ValueError(f"the shared state is task {state.id!r}'s start, not {task.id!r}'s")
-        return await self.reset(task, seed)
 
     async def step(self, action: Any) -> EnvTransition:
         episode = self.episode

@@ -133,6 +133,22 @@ class AgentEnvironment(abc.ABC):
         """Release what the environment holds."""
 
 
+class TaskIsGroupStart:
+    """`shared_state` / `reset_to` of an environment whose group start is its task (each of
+    a group's environments runs the task's setup again): for environments keeping the running
+    episode as `self.episode`, whose `task` has an `id`."""
+
+    async def shared_state(self) -> Any:
+        if self.episode is None:
+            raise RuntimeError("shared_state() before reset()")
+        return self.episode.task
+
+    async def reset_to(self, task: Any, seed: int | None, state: Any) -> EnvReset:
+        if state.id != task.id:
+            raise ValueError(f"the shared state is task {state.id!r}'s start, not {task.id!r}'s")
+        return await self.reset(task, seed)
+
+
 class EnvironmentWrapper(AgentEnvironment):
     """An environment around another (`env`), passing every call through: subclasses override
     what they change (fault injection, added latency) and keep the rest of the contract."""

@@ -24,7 +24,14 @@ from typing import Any
 
 from cua_jax.envs import actions as A
 from cua_jax.envs.client import EnvClient, EnvError, EnvServerError
-from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvObservation, EnvReset, EnvTransition
+from cua_jax.envs.contract import (
+    AgentEnvironment,
+    EnvironmentFault,
+    EnvObservation,
+    EnvReset,
+    EnvTransition,
+    TaskIsGroupStart,
+)
 from cua_jax.envs.docker_pool import DockerEnvPool, PooledEnv, PoolError
 from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, episode_outcome
 from cua_jax.tasks import judges
@@ -192,12 +199,17 @@ def run_scripted(pool: DockerEnvPool, task: Task, texts: list[str], max_turns: i
     return episode
 
 
-class DesktopEnvironment(AgentEnvironment):
+class DesktopEnvironment(TaskIsGroupStart, AgentEnvironment):
     """A desktop task (`cua_jax.tasks.schema.Task`) on a pooled container (`DesktopEpisode`).
 
     DesktopEpisode is blocking; its calls run in worker threads. The turn budget belongs to
     the agent loop, so the episode's own is set out of reach. Its outcome (judge verdict,
     quarantine with the container's fault) becomes the transition's outcome.
+
+    A group's shared start is the task: each container runs its setup again. The alternative,
+    a `docker commit` of the prepared container and containers started from it (whose launch
+    steps must run again, since a commit keeps files but no running programs), measured slower
+    (experiments/benchmarks/group_fork.py; the README's group-start row).
     """
 
     def __init__(self, pool: Any, *, cache_dir: str | None = None, attribution: Attribution = Attribution()):
@@ -228,22 +240,6 @@ class DesktopEnvironment(AgentEnvironment):
             await asyncio.to_thread(self.episode.finish)
             raise EnvironmentFault(fault)
         return EnvReset(task.instruction, self._observation(observation))
-
-    async def shared_state(self) -> Any:
-        """The task whose setup produced this start: a group re-runs it on every container.
-
-        experiments/benchmarks/group_fork.py measured the alternative, a `docker commit` of
-        the prepared container and a container per episode started from it (whose setup's
-        launch steps must run again, since a commit keeps files but no running programs):
-        see the README's group-start row for both latencies."""
-        if self.episode is None:
-            raise RuntimeError("shared_state() before reset()")
-        return self.episode.task
-
-    async def reset_to(self, task: Any, seed: int | None, state: Any) -> EnvReset:
-        if state.id != task.id:
-            raise ValueError(f"the shared state is task {state.id!r}'s start, not {task.id!r}'s")
-        return await self.reset(task, seed)
 
     async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
         if self.episode is None:

@@ -152,6 +152,21 @@ class RMSNorm(nnx.Module):
         return (self.weight[...] * xf.astype(input_dtype)).astype(input_dtype)
 
 
+def write_kv_cache(k: jax.Array, v: jax.Array, cache: tuple | None, dtype) -> tuple[jax.Array, jax.Array, tuple | None]:
+    """(keys, values, new cache) for attention: without a cache, k and v [B, T, K, D] as they
+    are and None; with (keys [B, S, K, D], values, write slot int32 []), k and v written at the
+    slot, and attention runs over all S slots (cast to `dtype`)."""
+    if cache is None:
+        return k, v, None
+    cache_k, cache_v, slot = cache
+    zero = jnp.zeros((), jnp.int32)
+    k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), (zero, slot, zero, zero))
+    v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), (zero, slot, zero, zero))
+    k = constrain(k, ("cache_batch", "cache_length", "cache_kv_heads", None))
+    v = constrain(v, ("cache_batch", "cache_length", "cache_kv_heads", None))
+    return k.astype(dtype), v.astype(dtype), (k, v)
+
+
 class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)). x [B, T, E] -> [B, T, E]."""
 
@@ -203,16 +218,7 @@ class Attention(nnx.Module):
         v = project(self.v_proj, x).reshape(b, t, self.num_kv_heads, self.head_dim)
         q = constrain(apply_rotary(q, cos, sin), (BATCH, LENGTH, "activation_heads", None))
         k = constrain(apply_rotary(k, cos, sin), (BATCH, LENGTH, "activation_kv_heads", None))
-        new_cache = None
-        if cache is not None:
-            cache_k, cache_v, slot = cache
-            zero = jnp.zeros((), jnp.int32)
-            k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), (zero, slot, zero, zero))
-            v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), (zero, slot, zero, zero))
-            k = constrain(k, ("cache_batch", "cache_length", "cache_kv_heads", None))
-            v = constrain(v, ("cache_batch", "cache_length", "cache_kv_heads", None))
-            new_cache = (k, v)
-            k, v = k.astype(q.dtype), v.astype(q.dtype)
+        k, v, new_cache = write_kv_cache(k, v, cache, q.dtype)
         out = dot_product_attention(q, k, v, mask, self.head_dim**-0.5, self.query_chunk)
         out = constrain(out, (BATCH, LENGTH, "activation_heads", None))
         return project(self.o_proj, out.reshape(b, t, self.num_heads * self.head_dim)), new_cache

@@ -58,6 +58,7 @@ from cua_jax.models.qwen3 import (  # a Qwen3_5TextConfig has the fields these r
     checkpointed,
     dot_product_attention,
     project,
+    write_kv_cache,
 )
 from cua_jax.models.qwen3_vl import _scatter_rows, mrope_cos_sin
 from cua_jax.models.rope import apply_rotary
@@ -476,16 +477,7 @@ class GatedAttention(nnx.Module):
         v = project(self.v_proj, x).reshape(b, t, kh, d)
         q = constrain(q, (BATCH, LENGTH, "activation_heads", None))
         k = constrain(k, (BATCH, LENGTH, "activation_kv_heads", None))
-        new_cache = None
-        if cache is not None:
-            cache_k, cache_v, slot = cache
-            zero = jnp.zeros((), jnp.int32)
-            k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), (zero, slot, zero, zero))
-            v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), (zero, slot, zero, zero))
-            k = constrain(k, ("cache_batch", "cache_length", "cache_kv_heads", None))
-            v = constrain(v, ("cache_batch", "cache_length", "cache_kv_heads", None))
-            new_cache = (k, v)
-            k, v = k.astype(q.dtype), v.astype(q.dtype)
+        k, v, new_cache = write_kv_cache(k, v, cache, q.dtype)
         out = dot_product_attention(q, k, v, mask, d**-0.5, self.query_chunk)
         out = out.reshape(b, t, h * d) * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
         return project(self.o_proj, out), new_cache
