@@ -249,13 +249,14 @@ class TrainSettings:
         if c.warm_start.steps > 0:
             from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
 
-            _require(c.env.include_dom_text, "warm_start.steps",
+            # Code tasks are demonstrated by their oracle fix (cua_jax.train.code_demonstrations).
+            _require(c.env.include_dom_text or c.env.kind == "code", "warm_start.steps",
                      "the warm start's oracle reads the page as DOM text: set env.include_dom_text = True")
             unsolved = [task for task in c.env.tasks if task not in ORACLE_TASKS]
             _require(not unsolved, "warm_start.steps",
                      f"the oracle has no demonstrations for {unsolved} (it solves {sorted(ORACLE_TASKS)})")
-            _require(bool(c.env.tasks), "warm_start.steps",
-                     "the warm start demonstrates MiniWoB tasks (env.tasks), and the run has none")
+            _require(bool(c.env.tasks) or c.env.kind == "code", "warm_start.steps",
+                     "the warm start demonstrates MiniWoB tasks (env.tasks) and code tasks, and the run has none")
             _require(c.warm_start.demos_per_task >= 1, "warm_start.demos_per_task",
                      f"must be >= 1, got {c.warm_start.demos_per_task}")
             _require(c.warm_start.demos_per_task <= c.env.train_seed_max, "warm_start.demos_per_task",

@@ -110,9 +110,9 @@ class Trainer:
         # a workdir with checkpoints is a run to resume, whose checkpoint holds its result.
         self.warm_start_metrics: dict[str, float] = {}
         if self.settings.warm_start is not None and self.checkpointer.latest_step() is None:
-            from cua_jax.train.warm_start import run_warm_start  # SFT on the oracle's MiniWoB demonstrations
+            from cua_jax.train.warm_start import run_warm_start  # SFT on the oracle's demonstrations
 
-            demonstrated = [t for t in self.settings.training_tasks if self.settings.catalog[t].kind == "miniwob"]
+            demonstrated = [t for t in self.settings.training_tasks if self.settings.catalog[t].kind != "desktop"]
             self.warm_start_metrics = run_warm_start(policy, demonstrated, c, self.settings, self.segmenter,
                                                      self.renderer, self.workdir)
         self.multimodal = MultimodalPositions.of(policy.config) if hasattr(policy, "encode_images") else None

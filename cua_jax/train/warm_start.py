@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import contextlib
 import dataclasses
 import json
 import math
@@ -215,27 +216,40 @@ class Demonstrations:
         return int(sum(int(np.sum(item.loss_mask)) for item in self.items))
 
 
-async def _run_bounded(jobs, concurrency: int, runtime, time_limit_s: float | None) -> list[Rollout]:
-    """Runs (loop, task, seed, group_id) jobs, at most `concurrency` at once, each on one capsule
-    environment that is reused for the next job."""
+async def run_bounded(jobs, concurrency: int, make_env: Callable[[], Any]) -> list[Rollout]:
+    """Runs (loop, task, task_id, seed, group_id) jobs, at most `concurrency` at once, each
+    on an environment of `make_env()` that is reused for the next job."""
     queue: asyncio.Queue = asyncio.Queue()
     for index, job in enumerate(jobs):
         queue.put_nowait((index, job))
     results: list[Rollout | None] = [None] * len(jobs)
 
     async def worker():
-        env = MiniWoBEnvironment(runtime, time_limit_s=time_limit_s)
+        env = make_env()
         try:
             while not queue.empty():
-                index, (loop, task, seed, group_id) = queue.get_nowait()
+                index, (loop, task, task_id, seed, group_id) = queue.get_nowait()
                 results[index] = await loop.run_episode(
-                    env, task, task_id=task, seed=seed, group_id=group_id, episode_id=f"{task}/s{seed}"
+                    env, task, task_id=task_id, seed=seed, group_id=group_id, episode_id=f"{task_id}/s{seed}"
                 )
         finally:
             await env.close()
 
     await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(jobs))))))
     return [r for r in results if r is not None]
+
+
+def keep_successes(rollouts: Sequence[Rollout]) -> tuple[list[Rollout], list[tuple[str, str, str]]]:
+    """(the SUCCESS rollouts with items, (episode id, status, reason) of the others)."""
+    kept, rejected = [], []
+    for rollout in rollouts:
+        episode = rollout.episode
+        if episode.status is EpisodeStatus.SUCCESS and rollout.items:
+            kept.append(rollout)
+        else:
+            reason = episode.quarantine_reason or episode.info.get("end_reason") or episode.info.get("budget") or ""
+            rejected.append((episode.episode_id, episode.status.value, str(reason)))
+    return kept, rejected
 
 
 def collect_demonstrations(
@@ -269,16 +283,10 @@ def collect_demonstrations(
                                               action_space=agent_config.action_space)
                      for task in tasks}
     loops = {task: AgentLoop(engine, segmenter, agent_config) for task, engine in demonstrators.items()}
-    jobs = [(loops[task], task, int(seed), g) for g, (task, seed) in enumerate((t, s) for t in tasks for s in seeds)]
-    rollouts = asyncio.run(_run_bounded(jobs, concurrency, runtime, time_limit_s))
-    kept, rejected = [], []
-    for rollout in rollouts:
-        episode = rollout.episode
-        if episode.status is EpisodeStatus.SUCCESS and rollout.items:
-            kept.append(rollout)
-        else:
-            reason = episode.quarantine_reason or episode.info.get("end_reason") or episode.info.get("budget") or ""
-            rejected.append((episode.episode_id, episode.status.value, str(reason)))
+    jobs = [(loops[task], task, task, int(seed), g)
+            for g, (task, seed) in enumerate((t, s) for t in tasks for s in seeds)]
+    rollouts = asyncio.run(run_bounded(jobs, concurrency, lambda: MiniWoBEnvironment(runtime, time_limit_s=time_limit_s)))
+    kept, rejected = keep_successes(rollouts)
     errors = [message for engine in demonstrators.values() for message in engine.errors]
     return Demonstrations(kept, rejected, errors)
 
@@ -623,8 +631,8 @@ def evaluate_policy(
     engine = JaxSamplerEngine(model, seed=engine_seed, image_processor=renderer.image_processor,
                               pad_id=int(renderer.tokenizer.pad_token_id or 0))
     loop = AgentLoop(engine, segmenter, agent_config)
-    jobs = [(loop, task, int(seed), g) for g, (task, seed) in enumerate((t, s) for t in tasks for s in seeds)]
-    rollouts = asyncio.run(_run_bounded(jobs, concurrency, runtime, time_limit_s))
+    jobs = [(loop, task, task, int(seed), g) for g, (task, seed) in enumerate((t, s) for t in tasks for s in seeds)]
+    rollouts = asyncio.run(run_bounded(jobs, concurrency, lambda: MiniWoBEnvironment(runtime, time_limit_s=time_limit_s)))
     return PolicyEvaluation([r.episode for r in rollouts])
 
 
@@ -657,6 +665,12 @@ def warm_start(
         tasks, seeds, runtime=runtime, segmenter=segmenter, agent_config=agent_config,
         time_limit_s=time_limit_s, concurrency=concurrency, reasoning=reasoning,
     )
+    return fine_tune(model, demonstrations, tasks, segmenter, config, on_step), demonstrations
+
+
+def fine_tune(model: nnx.Module, demonstrations: Demonstrations, tasks: Sequence[str], segmenter: Segmenter,
+              config: WarmStartConfig, on_step: Callable[[int, float], None] | None = None) -> SupervisedRun:
+    """`config.steps` of supervised fine-tuning of `model` (in place) on `demonstrations`' items."""
     if not demonstrations.rollouts:
         raise RuntimeError(f"the oracle succeeded on no episode of {list(tasks)}: {demonstrations.rejected[:5]}")
     multimodal = MultimodalPositions.of(model.config) if hasattr(model, "visual") else None
@@ -667,7 +681,7 @@ def warm_start(
     run = SupervisedRun(model, data, config)
     run.run(config.steps, on_step)
     run.sync_model()
-    return run, demonstrations
+    return run
 
 
 def run_warm_start(policy, tasks: Sequence[str], config, settings, segmenter, renderer, workdir: str) -> dict[str, float]:
@@ -695,18 +709,33 @@ def run_warm_start(policy, tasks: Sequence[str], config, settings, segmenter, re
 
     start = time.perf_counter()
     held_out = {}
+    catalog = settings.catalog
+    code = [catalog[t].spec for t in tasks if catalog[t].kind == "code"]
+    miniwob = [t for t in tasks if catalog[t].kind == "miniwob"]
+    seeds = range(c.warm_start.demos_per_task)
     try:
-        with CapsuleRuntime(include_dom_text=True, action_space=c.env.action_space, seed=c.seed) as runtime:
-            run, demonstrations = warm_start(
-                policy, tasks, range(c.warm_start.demos_per_task), runtime=runtime, segmenter=segmenter,
-                config=settings.warm_start, agent_config=agent, time_limit_s=c.env.time_limit_s,
-                concurrency=c.warm_start.concurrency, on_step=on_step,
-            )
-            if c.warm_start.held_out_seeds:
+        parts = []
+        if code:  # the code oracle's fixes on code containers
+            from cua_jax.train.code_demonstrations import collect_code_demonstrations
+
+            parts.append(collect_code_demonstrations(code, seeds, code_env=settings.code_env, segmenter=segmenter,
+                                                     agent_config=agent, concurrency=c.warm_start.concurrency))
+        with contextlib.ExitStack() as stack:
+            if miniwob:
+                runtime = stack.enter_context(
+                    CapsuleRuntime(include_dom_text=True, action_space=c.env.action_space, seed=c.seed))
+                parts.append(collect_demonstrations(
+                    miniwob, seeds, runtime=runtime, segmenter=segmenter, agent_config=agent,
+                    time_limit_s=c.env.time_limit_s, concurrency=c.warm_start.concurrency))
+            demonstrations = Demonstrations([r for d in parts for r in d.rollouts],
+                                            [x for d in parts for x in d.rejected],
+                                            [e for d in parts for e in d.oracle_errors])
+            run = fine_tune(policy, demonstrations, tasks, segmenter, settings.warm_start, on_step)
+            if miniwob and c.warm_start.held_out_seeds:
                 # Past the evaluation seeds: outside training's range and unseen by "before".
                 first = c.env.eval_seed_start + c.eval.num_seeds
                 unseen = collect_demonstrations(
-                    tasks, range(first, first + c.warm_start.held_out_seeds), runtime=runtime,
+                    miniwob, range(first, first + c.warm_start.held_out_seeds), runtime=runtime,
                     segmenter=segmenter, agent_config=agent, time_limit_s=c.env.time_limit_s,
                     concurrency=c.warm_start.concurrency)
                 if unseen.rollouts:

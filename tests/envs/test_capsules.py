@@ -136,6 +136,31 @@ def test_capsules_are_isolated_under_concurrency(runtime):
         runtime.close(e)
 
 
+INDEXED_DB_WRITE = """(owner) => new Promise((done, fail) => {
+    const request = indexedDB.open('capsule-store', 1);
+    request.onupgradeneeded = () => request.result.createObjectStore('entries');
+    request.onerror = () => fail(String(request.error));
+    request.onsuccess = () => {
+        const tx = request.result.transaction('entries', 'readwrite');
+        tx.objectStore('entries').put(owner, 'owner');
+        tx.oncomplete = () => { request.result.close(); done(true); };
+    };
+})"""
+INDEXED_DB_NAMES = "async () => (await indexedDB.databases()).map((d) => d.name)"
+
+
+def test_indexed_db_does_not_leak_between_capsules(runtime):
+    """A database one capsule's page creates is invisible to every other capsule's page."""
+    writer, reader = runtime.create("click-button", seed=1), runtime.create("click-button", seed=2)
+    try:
+        assert runtime.evaluate(writer, INDEXED_DB_WRITE, writer) is True
+        assert runtime.evaluate(writer, INDEXED_DB_NAMES) == ["capsule-store"]
+        assert runtime.evaluate(reader, INDEXED_DB_NAMES) == []
+    finally:
+        runtime.close(writer)
+        runtime.close(reader)
+
+
 def test_requests_during_a_freeze_are_refused(runtime):
     async def scenario():
         env = await runtime.acreate("click-button", seed=1)

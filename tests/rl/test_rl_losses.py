@@ -552,7 +552,7 @@ def test_policy_loss_rejects_bad_shapes_and_missing_inputs():
         policy_loss(x, x, jnp.zeros(2), x, PolicyLossConfig(kl_coef=0.1))
     with pytest.raises(ValueError, match="needs entropy"):
         policy_loss(x, x, jnp.zeros(2), x, PolicyLossConfig(kl_coef=0.0, entropy_coef=0.1))
-    with pytest.raises(ValueError, match="tis_cap > 0 needs rollout_logp"):
+    with pytest.raises(ValueError, match="tis_cap > 0 or the decoupled surrogate needs rollout_logp"):
         policy_loss(x, x, jnp.zeros(2), x, PolicyLossConfig(kl_coef=0.0, tis_cap=2.0))
     with pytest.raises(ValueError, match="rollout_logp has shape"):
         policy_loss(x, x, jnp.zeros(2), x, PolicyLossConfig(kl_coef=0.0), rollout_logp=jnp.zeros((3, 2)))

@@ -42,17 +42,16 @@ class _SlowLoop:
 
 
 @pytest.mark.parametrize("concurrency", [1, 3, 8])
-def test_demonstrations_come_out_in_job_order_whatever_order_episodes_finish(monkeypatch, concurrency):
+def test_demonstrations_come_out_in_job_order_whatever_order_episodes_finish(concurrency):
     """collect_demonstrations / evaluate_policy keep (task, seed) order: the SFT batches and
     the held-out data do not depend on which concurrent episode finished first."""
-    monkeypatch.setattr(W, "MiniWoBEnvironment", _NoEnvironment)
     tasks, seeds = ("b", "a", "c"), (3, 1, 2)
     expected = [f"{t}/s{s}" for t in tasks for s in seeds]
     finish_orders = set()
     for trial in range(5):
         loop = _SlowLoop(random.Random(trial))
-        jobs = [(loop, t, s, g) for g, (t, s) in enumerate((t, s) for t in tasks for s in seeds)]
-        rollouts = asyncio.run(W._run_bounded(jobs, concurrency, runtime=None, time_limit_s=None))
+        jobs = [(loop, t, t, s, g) for g, (t, s) in enumerate((t, s) for t in tasks for s in seeds)]
+        rollouts = asyncio.run(W.run_bounded(jobs, concurrency, lambda: _NoEnvironment(None)))
         assert [r.episode.episode_id for r in rollouts] == expected
         finish_orders.add(tuple(loop.finished))
     if concurrency > 1:

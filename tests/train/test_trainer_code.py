@@ -207,3 +207,18 @@ def test_a_bad_code_setting_is_named(tmp_path, field, value, named, says):
     with pytest.raises(ConfigError) as error:
         TrainSettings.from_config(config)
     assert str(error.value).startswith(named) and says in str(error.value), str(error.value)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_warm_start_on_code_oracle_demonstrations(tmp_path):
+    """warm_start.steps > 0 on a code run: each task's oracle fix, played through the agent loop
+    on a code container and judged by the package's tests, becomes the supervised data."""
+    config = code_config(tmp_path, warm_start__steps=2, warm_start__demos_per_task=1, eval__enabled=False,
+                         rollout__max_new_tokens=512)
+    config.env.code.tasks = TASKS[:1]
+    config.rollout.batch_tasks = 1
+    with Trainer(config) as trainer:
+        metrics = trainer.warm_start_metrics
+    assert metrics["warm_start/demonstrations"] == 1 and metrics["warm_start/rejected"] == 0
+    assert math.isfinite(metrics["warm_start/loss_first"]) and metrics["warm_start/items"] >= 1
