@@ -338,14 +338,9 @@ class Qwen3Model(nnx.Module):
         return x, new_cache
 
 
-class Qwen3ForCausalLM(nnx.Module):
-    """`Qwen3Model` plus the LM head (the embedding matrix when tie_word_embeddings)."""
-
-    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
-        self.config = cfg
-        self.model = Qwen3Model(cfg, rngs=rngs)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, ("embed", "vocab"), False, rngs)
+class OutputHead:
+    """The logits of a causal LM whose `config` has tie_word_embeddings and dtype, with
+    `model.embed_tokens` and, untied, `lm_head` (Qwen3 and Qwen3.5 alike)."""
 
     def output_projection(self) -> jax.Array:
         """The [E, V] matrix mapping final hidden states to logits."""
@@ -360,6 +355,17 @@ class Qwen3ForCausalLM(nnx.Module):
         if out.ndim == 3:
             out = constrain(out, (BATCH, LENGTH, "activation_vocab"))
         return out
+
+
+class Qwen3ForCausalLM(OutputHead, nnx.Module):
+    """`Qwen3Model` plus the LM head (the embedding matrix when tie_word_embeddings)."""
+
+    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+        self.config = cfg
+        self.model = Qwen3Model(cfg, rngs=rngs)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, ("embed", "vocab"), False, rngs)
+
 
     def hidden_states(self, input_ids=None, **kwargs) -> tuple[jax.Array, KVCache | None]:
         """Final-normed hidden states; arguments as `Qwen3Model.__call__`."""

@@ -51,6 +51,7 @@ from cua_jax.models.gated_deltanet import (
 )
 from cua_jax.models.qwen3 import (  # a Qwen3_5TextConfig has the fields these read
     MLP,
+    OutputHead,
     _INIT,
     _linear,
     _meta,
@@ -661,7 +662,7 @@ class CheckpointTensors(nnx.Module):
         ])
 
 
-class Qwen3_5ForCausalLM(nnx.Module):
+class Qwen3_5ForCausalLM(OutputHead, nnx.Module):
     """`Qwen3_5TextModel` plus the LM head (the embedding matrix when tied) and the kept `mtp.*`
     tensors. Implements the sampler/scorer `DecoderLM` interface."""
 
@@ -672,17 +673,6 @@ class Qwen3_5ForCausalLM(nnx.Module):
             self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, ("embed", "vocab"), False, rngs)
         if cfg.mtp_tensors:
             self.mtp = CheckpointTensors(cfg.mtp_tensors)
-
-    def output_projection(self) -> jax.Array:
-        if self.config.tie_word_embeddings:
-            return self.model.embed_tokens.embedding[...].T
-        return self.lm_head.kernel[...]
-
-    def logits(self, hidden: jax.Array) -> jax.Array:
-        """hidden [..., E] -> logits float32 [..., V]."""
-        w = self.output_projection().astype(self.config.dtype)
-        out = jnp.einsum("...e,ev->...v", hidden, w, preferred_element_type=jnp.float32)
-        return constrain(out, (BATCH, LENGTH, "activation_vocab")) if out.ndim == 3 else out
 
     def hidden_states(self, input_ids=None, **kwargs) -> tuple[jax.Array, HybridCache | None]:
         return self.model(input_ids, **kwargs)
