@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import collections
 import dataclasses
 import itertools
 import os
@@ -79,6 +80,7 @@ from cua_jax.envs.miniwob import (
     InvalidElementError,
     unsupported_reason,
 )
+from cua_jax.envs.miniwob_state import PageState, StateRestoreMismatch, capture_state, install_state_recorder, restore_state
 from cua_jax.types import EpisodeStatus
 
 CrashCallback = Callable[[str, str], None]  # (runtime id, reason)
@@ -145,7 +147,9 @@ class LifecycleError(CapsuleError):
 
 @dataclasses.dataclass(frozen=True)
 class CapsuleSnapshot:
-    """Everything needed to rebuild a capsule by replay: task, seed, action prefix, clock."""
+    """Everything needed to rebuild a capsule: task, seed, action prefix, clock, and the
+    captured page state when capture is exact for it (`miniwob_state`); otherwise
+    `replay_reason` says why a rebuild replays the prefix instead."""
 
     task: str
     seed: int
@@ -153,6 +157,8 @@ class CapsuleSnapshot:
     elapsed_ms: float | None  # None once the episode has ended
     source_env: str
     source_generation: int
+    page_state: PageState | None = None
+    replay_reason: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,12 +204,20 @@ class PublicationRecord:
 
 @dataclasses.dataclass
 class Slot:
-    """A browser context and its page on the runtime `runtime_id`; `release` frees them."""
+    """A browser context and its page on the runtime `runtime_id`; `release` frees them.
+
+    site: the host name the page must load its task from, when the backend isolates capsules
+    by site (capsules sharing a browser context and its renderer); None: the backend's own
+    task URL.
+    """
 
     runtime_id: str
     context: Any
     page: Any
     release: Callable[[], Coroutine[Any, Any, None]]
+    site: str | None = None
+    cell: int | None = None  # the shared renderer's cell, when the backend shares renderers
+    fault: Fault | None = None  # set when the page's renderer crashed
 
 
 class RuntimeBackend(abc.ABC):
@@ -259,15 +273,44 @@ def find_browser_pid(marker: str) -> int | None:
     return None
 
 
-async def launch_browser(playwright: Any, marker: str) -> Any:
+async def launch_browser(playwright: Any, marker: str, extra_args: Iterable[str] = ()) -> Any:
     """The system Chromium, headless, background networking off (never a downloaded browser)."""
     return await playwright.chromium.launch(
-        executable_path=CHROMIUM_EXECUTABLE, headless=True, args=[*CHROMIUM_ARGS, marker]
+        executable_path=CHROMIUM_EXECUTABLE, headless=True, args=[*CHROMIUM_ARGS, *extra_args, marker]
     )
 
 
+CAPSULE_SITE_DOMAIN = "test"  # RFC 2606's reserved top-level domain: never a real host
+
+
+def renderer_sharing_args() -> list[str]:
+    """Chromium switches that make the pages of one browser context share a renderer process:
+    a process limit of 1 (past it Chromium reuses a process of the same context; processes of
+    different contexts are never shared, so each context keeps one), site isolation off (else
+    every site needs a process of its own), and every `<name>.test` host resolved to the
+    loopback MiniWoB server. Capsules keep private storage because each generation's page
+    lives on a site of its own (see SharedBrowserBackend)."""
+    return [
+        "--renderer-process-limit=1",
+        "--disable-site-isolation-trials",
+        "--disable-features=IsolateOrigins,site-per-process",
+        f"--host-resolver-rules=MAP *.{CAPSULE_SITE_DOMAIN} 127.0.0.1",
+    ]
+
+
 class SharedBrowserBackend(RuntimeBackend):
-    """One Chromium for every capsule; each capsule gets its own browser context.
+    """One Chromium for every capsule.
+
+    renderers=None: each capsule generation gets its own browser context, so Chromium gives it
+    renderer processes of its own (a fixed cost per capsule). renderers=R: R *cells*, each a
+    browser context whose pages share one renderer process; every generation's page opens in
+    the cell with the fewest pages, on a host of its own (`c<n>.test`, never reused). A page's
+    cookies, local storage, IndexedDB and HTTP cache are keyed by its site, and `.test` names
+    are registrable domains of an unlisted suffix, so no page can reach another's storage or
+    set a cookie for a parent domain; releasing a generation closes its page and clears its
+    origin's data. The price is a shared fate: a renderer that crashes takes down every page
+    of its cell, and `CapsuleRuntime` quarantines exactly those capsules (each page reports
+    the crash); `Slot.cell` says which capsules share a fate.
 
     When the browser disconnects without being asked to close, `on_crash` quarantines its
     capsules and a new browser is launched; slots opened afterwards live on it.
@@ -275,7 +318,7 @@ class SharedBrowserBackend(RuntimeBackend):
 
     name = "capsules"
 
-    def __init__(self) -> None:
+    def __init__(self, renderers: int | None = 2) -> None:
         self._playwright: Any = None
         self._on_crash: CrashCallback | None = None
         self._browser: Any = None
@@ -286,6 +329,13 @@ class SharedBrowserBackend(RuntimeBackend):
         self._closing = False
         self._launches = itertools.count(1)
         self._restarts = 0
+        if renderers is not None and renderers < 1:
+            raise ValueError(f"renderers must be at least 1 (or None for a context per capsule), got {renderers}")
+        self.renderers = renderers
+        self._cells: list[Any] = []  # renderers=R: one browser context per shared renderer
+        self._cell_pages: list[int] = []  # live pages per cell
+        self._browser_cdp: Any = None  # clears a released site's data
+        self._sites = itertools.count(1)
 
     @property
     def runtime_id(self) -> str:
@@ -303,9 +353,14 @@ class SharedBrowserBackend(RuntimeBackend):
 
     async def _launch(self) -> None:
         self._marker = launch_marker()
-        browser = await launch_browser(self._playwright, self._marker)
+        extra = [] if self.renderers is None else renderer_sharing_args()
+        browser = await launch_browser(self._playwright, self._marker, extra)
         runtime_id = f"shared-browser-{next(self._launches)}"
         browser.on("disconnected", lambda _: self._disconnected(runtime_id))
+        if self.renderers is not None:
+            self._cells = [await browser.new_context(viewport=VIEWPORT) for _ in range(self.renderers)]
+            self._cell_pages = [0] * self.renderers
+            self._browser_cdp = await browser.new_browser_cdp_session()
         self._browser, self._runtime_id = browser, runtime_id
         self._pid = find_browser_pid(self._marker)
 
@@ -339,6 +394,8 @@ class SharedBrowserBackend(RuntimeBackend):
         browser, runtime_id = self._browser, self._runtime_id
         if browser is None:
             raise BrowserCrashedError(f"shared browser runtime {runtime_id} is down")
+        if self.renderers is not None:
+            return await self._open_shared_slot(runtime_id)
         try:
             context = await browser.new_context(viewport=VIEWPORT)
         except Exception as error:
@@ -353,6 +410,44 @@ class SharedBrowserBackend(RuntimeBackend):
                 raise BrowserCrashedError(f"shared browser runtime {runtime_id} died: {error}") from error
             raise
         return Slot(runtime_id, context, page, context.close)
+
+    async def _open_shared_slot(self, runtime_id: str) -> Slot:
+        cell = min(range(len(self._cells)), key=self._cell_pages.__getitem__)
+        context, cdp, counts = self._cells[cell], self._browser_cdp, self._cell_pages
+        site = f"c{next(self._sites)}.{CAPSULE_SITE_DOMAIN}"
+        try:
+            page = await context.new_page()
+        except Exception as error:
+            if not self.runtime_alive(runtime_id):
+                raise BrowserCrashedError(f"shared browser runtime {runtime_id} died: {error}") from error
+            raise
+        counts[cell] += 1
+
+        async def release() -> None:
+            counts[cell] -= 1
+            origin = page.url.split("/miniwob/", 1)[0] if site in page.url else None
+            await page.close()
+            if origin is not None:  # the site is never used again: its data would only pile up
+                await cdp.send("Storage.clearDataForOrigin", {"origin": origin, "storageTypes": "all"})
+
+        return Slot(runtime_id, context, page, release, site=site, cell=cell)
+
+    def renderer_pids(self) -> list[int]:
+        """The browser's live renderer processes (a cell's, and any spare Chromium keeps)."""
+        pid = self.browser_pid()
+        out = []
+        for child in process_tree([pid] if pid else []):
+            try:
+                with open(f"/proc/{child}/cmdline", "rb") as f:
+                    if b"--type=renderer" in f.read():
+                        out.append(child)
+            except OSError:
+                continue  # exited meanwhile
+        return out
+
+    def cell_pages(self) -> list[int]:
+        """Live pages per cell (renderers=R): how many capsules each renderer's crash would end."""
+        return list(self._cell_pages)
 
     def browser_pid(self) -> int | None:
         return find_browser_pid(self._marker) if self._marker else None
@@ -409,19 +504,41 @@ def process_tree(roots: Iterable[int]) -> list[int]:
     return seen
 
 
-def pss_bytes(pids: Iterable[int]) -> int:
-    """Summed proportional set size of `pids` (/proc/<pid>/smaps_rollup), in bytes."""
-    total = 0
+@dataclasses.dataclass(frozen=True)
+class PssReading:
+    """Summed proportional set size of a set of processes, and which of them could not be read.
+
+    pss_bytes: the sum over the processes read. unreadable: pids that exist but whose
+    /proc/<pid>/smaps_rollup could not be read (permissions, a kernel without it): their
+    memory is missing from pss_bytes, so a report must say so. exited: pids gone before
+    they were read (nothing of theirs is live).
+    """
+
+    pss_bytes: int
+    read: int
+    unreadable: tuple[int, ...]
+    exited: tuple[int, ...]
+
+
+def read_pss(pids: Iterable[int]) -> PssReading:
+    """The PSS of `pids` (/proc/<pid>/smaps_rollup), counting the processes it could not read."""
+    total, read, unreadable, exited = 0, 0, [], []
     for pid in pids:
         try:
             with open(f"/proc/{pid}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1]) * 1024
-                        break
+                pss = next((int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:")), None)
+        except (FileNotFoundError, ProcessLookupError):
+            exited.append(pid)
+            continue
         except OSError:
-            continue  # exited meanwhile
-    return total
+            (unreadable if os.path.exists(f"/proc/{pid}") else exited).append(pid)
+            continue
+        if pss is None:  # no memory map: a zombie holds no memory; anything else is unaccounted for
+            (unreadable if process_alive(pid) else exited).append(pid)
+            continue
+        total += pss
+        read += 1
+    return PssReading(total, read, tuple(unreadable), tuple(exited))
 
 
 # ------------------------------------------------------------------------------------
@@ -461,6 +578,36 @@ class _Route:
         return None if self.fault is None else self.fault.reason
 
 
+FORK_METHODS = ("capture", "replay")
+
+
+@dataclasses.dataclass(frozen=True)
+class CapsuleOptions:
+    """How a runtime's capsules share their browser: `renderers` cells sharing a renderer
+    process each (0: a browser context, and renderers, per capsule), `warm_pages` loaded pages
+    per task kept ready, fork and restore by captured state or by replay (`fork_by`)."""
+
+    renderers: int = 2
+    warm_pages: int = 2
+    fork_by: str = "capture"
+
+    def __post_init__(self) -> None:
+        if self.renderers < 0 or self.warm_pages < 0:
+            raise ValueError(f"capsule renderers and warm_pages must be 0 or more, got {self.renderers}, {self.warm_pages}")
+        if self.fork_by not in FORK_METHODS:
+            raise ValueError(f"capsule fork_by must be one of {FORK_METHODS}, got {self.fork_by!r}")
+
+    @classmethod
+    def from_config(cls, section: Any) -> "CapsuleOptions":
+        """From an experiment config's `env.capsules` section."""
+        return cls(int(section.renderers), int(section.warm_pages), str(section.fork_by))
+
+    def runtime(self, **kwargs: Any) -> "CapsuleRuntime":
+        """A CapsuleRuntime on a shared browser with these options (kwargs: its other arguments)."""
+        backend = SharedBrowserBackend(renderers=self.renderers or None)
+        return CapsuleRuntime(backend, warm_pages=self.warm_pages, fork_by=self.fork_by, **kwargs)
+
+
 class CapsuleRuntime:
     """MiniWoB environments as capsules on a backend's runtimes (default: one shared browser).
 
@@ -478,7 +625,7 @@ class CapsuleRuntime:
         restore(env_id, snapshot) -> MiniWoBObservation
         close(env_id); shutdown()
         evaluate(env_id, js) -> Any                    JavaScript in the page (evaluators, tests)
-        runtime_of(env_id), generation_of(env_id), quarantine_reason(env_id), pids()
+        runtime_of(env_id), cell_of(env_id), generation_of(env_id), quarantine_reason(env_id), pids()
 
     time_limit_s replaces MiniWoB's per-task episode limits (None keeps them), for every
     generation: created, reset, forked or restored. action_space (`actions.ACTION_SPACES`)
@@ -487,6 +634,13 @@ class CapsuleRuntime:
 
     Every step is bounded by step_timeout_s (plus the action's own wait) and every build by
     build_timeout_s: a hung page quarantines its capsule instead of hanging the caller.
+
+    warm_pages: how many loaded, not yet started pages of each task the runtime keeps ready
+    (0: none). A build takes one when it can, so a reset or fork begins on a page already
+    loaded, and a replacement loads in the background; a task gets its pool once it is built
+    the first time. fork_by: "capture" rebuilds snapshots from captured page state where that
+    is exact (`miniwob_state`) and by replay elsewhere, "replay" always replays;
+    `fork_methods` counts which way each rebuild went (with the reason for each replay).
     """
 
     def __init__(
@@ -500,9 +654,26 @@ class CapsuleRuntime:
         step_timeout_s: float = 60.0,
         build_timeout_s: float = 180.0,
         time_limit_s: float | None = None,
+        warm_pages: int = 0,
+        fork_by: str = "capture",
     ):
         if time_limit_s is not None and time_limit_s <= 0:
             raise ValueError(f"time_limit_s must be positive (or None for MiniWoB's own limits), got {time_limit_s}")
+        if warm_pages < 0:
+            raise ValueError(f"warm_pages must be 0 or more, got {warm_pages}")
+        if fork_by not in FORK_METHODS:
+            raise ValueError(f"fork_by must be one of {FORK_METHODS}, got {fork_by!r}")
+        self.warm_pages = int(warm_pages)
+        self.fork_by = fork_by
+        self.fork_methods: collections.Counter[str] = collections.Counter()
+        self.renderer_crashes: list[str] = []  # the quarantine reason of each capsule a renderer crash ended
+        self.warm_pool_failures: list[str] = []  # pages that failed to warm (their builds load cold)
+        self.warm_builds = 0  # generations built on a warm page
+        self.cold_builds = 0  # generations that loaded their own page
+        self._warm: dict[str, list[tuple[Slot, MiniWoBPage]]] = {}
+        self._warming: collections.Counter[str] = collections.Counter()
+        self._background: set[asyncio.Task] = set()
+        self._retired: list[Slot] = []  # pages of unpublished generations, not yet freed
         self.backend = backend or SharedBrowserBackend()
         self.include_dom_text = include_dom_text
         self.action_space = A.check_action_space(action_space)
@@ -609,31 +780,129 @@ class CapsuleRuntime:
 
     # ---- generations ----------------------------------------------------------------
 
-    async def _build(self, task: str, seed: int, actions: tuple[A.Action, ...] = (), elapsed_ms: float | None = None) -> _Generation:
-        """A new generation off any route: a fresh slot, the task loaded and seeded, the prefix replayed."""
+    async def _build(self, task: str, seed: int, snapshot: CapsuleSnapshot | None = None) -> _Generation:
+        """A new generation off any route: a (warm or fresh) page with the task loaded and seeded,
+        then the snapshot's state restored from its capture or by replaying its prefix."""
         try:
-            return await asyncio.wait_for(self._build_unbounded(task, seed, actions, elapsed_ms), self.build_timeout_s)
+            return await asyncio.wait_for(self._build_unbounded(task, seed, snapshot), self.build_timeout_s)
         except asyncio.TimeoutError:
             raise BuildTimeoutError(f"building a {task} capsule took longer than {self.build_timeout_s:.0f}s") from None
 
-    async def _build_unbounded(self, task: str, seed: int, actions: tuple[A.Action, ...], elapsed_ms: float | None) -> _Generation:
-        slot = await self.backend.open_slot()
+    async def _build_unbounded(self, task: str, seed: int, snapshot: CapsuleSnapshot | None) -> _Generation:
+        warm = self._take_warm(task)
+        if warm:
+            self.warm_builds += 1
+        else:
+            self.cold_builds += 1
+        slot = warm[0] if warm else await self.backend.open_slot()
         try:
-            driver = MiniWoBPage(slot.page, task)
-            await driver.load(self.backend.task_url(self._server, task))
-            await driver.begin_episode(seed, None if self.time_limit_s is None else self.time_limit_s * 1000)
-            for action in actions:
-                await driver.number_elements()  # where the original episode observed the page
-                await driver.perform(action)
-            if elapsed_ms is not None:
-                await driver.set_elapsed_ms(elapsed_ms)
+            driver = warm[1] if warm else await self._load(slot, task)
+            limit_ms = None if self.time_limit_s is None else self.time_limit_s * 1000
+            if snapshot is not None and snapshot.page_state is not None:
+                limit_ms = snapshot.page_state.max_time_ms  # the parent's limit, whoever set it
+            await driver.begin_episode(seed, limit_ms)
+            actions: tuple[A.Action, ...] = ()
+            if snapshot is not None:
+                actions = snapshot.actions
+                if snapshot.page_state is not None:
+                    try:
+                        await restore_state(slot.page, snapshot.page_state)
+                        self.fork_methods["capture"] += 1
+                    except StateRestoreMismatch as mismatch:
+                        # The page is half restored: start over on a fresh page, by replay.
+                        await _release_quietly(slot)
+                        slot = None  # type: ignore[assignment]
+                        return await self._build_unbounded(
+                            task, seed, dataclasses.replace(snapshot, page_state=None, replay_reason=f"restore did not match: {mismatch}")
+                        )
+                else:
+                    for action in actions:
+                        await driver.number_elements()  # where the original episode observed the page
+                        await driver.perform(action)
+                    self.fork_methods[f"replay: {snapshot.replay_reason or 'no captured state'}"] += 1
+                if snapshot.elapsed_ms is not None:
+                    await driver.set_elapsed_ms(snapshot.elapsed_ms)
             ended = (await driver.state()).done
             return _Generation(next(self._generation_ids), slot, driver, seed, list(actions), ended=ended)
         except BaseException as error:
-            await _release_quietly(slot)
-            if isinstance(error, Exception):
-                self._raise_if_runtime_down(slot.runtime_id, error)
+            if slot is not None:
+                await _release_quietly(slot)
+                if isinstance(error, Exception):
+                    self._raise_if_runtime_down(slot.runtime_id, error)
             raise
+
+    async def _load(self, slot: Slot, task: str) -> MiniWoBPage:
+        """The task's page loaded in `slot` (its start cover up, no episode begun)."""
+        slot.page.on("crash", lambda _: self._page_crashed(slot))
+        if self.fork_by == "capture":
+            await install_state_recorder(slot.page)
+        url = self.backend.task_url(self._server, task)
+        if slot.site is not None:  # the page's own site, served by the same loopback server
+            url = url.replace(f"//127.0.0.1:{self._server.port}/", f"//{slot.site}:{self._server.port}/", 1)
+        driver = MiniWoBPage(slot.page, task)
+        await driver.load(url)
+        return driver
+
+    def _page_crashed(self, slot: Slot) -> None:
+        """A renderer died: quarantine the capsule whose page it hosted (each of the pages that
+        renderer hosted reports its own crash, so exactly those capsules end)."""
+        for route in self._routes.values():
+            if route.generation is not None and route.generation.slot is slot:
+                slot.fault = Fault(
+                    FaultKind.RENDERER_CRASHED,
+                    f"the renderer process hosting environment {route.env_id!r} crashed (runtime {slot.runtime_id})",
+                )
+                if route.fault is None:
+                    route.fault = slot.fault
+                    self.renderer_crashes.append(slot.fault.reason)
+                return
+        slot.fault = Fault(FaultKind.RENDERER_CRASHED, f"the renderer process of a page on {slot.runtime_id} crashed")
+
+    # ---- warm pages -----------------------------------------------------------------
+
+    def _take_warm(self, task: str) -> tuple[Slot, MiniWoBPage] | None:
+        """A loaded page of `task` from the pool, if it holds a live one (dead ones are dropped)."""
+        pool = self._warm.get(task, [])
+        while pool:
+            slot, driver = pool.pop(0)
+            if slot.fault is None and not slot.page.is_closed() and self._runtime_down(slot.runtime_id) is None:
+                return slot, driver
+            self._in_background(_release_quietly(slot))
+        return None
+
+    def _replenish(self, task: str) -> None:
+        """Free the retired generations' pages and start loading pages of `task` until the pool
+        (with the loads under way) is full. Called once an operation has its observation, so
+        this work does not compete with it."""
+        while self._retired:
+            self._in_background(_release_quietly(self._retired.pop()))
+        if not self.warm_pages or self._shutting_down:
+            return
+        for _ in range(self.warm_pages - len(self._warm.get(task, [])) - self._warming[task]):
+            self._warming[task] += 1
+            self._in_background(self._warm_one(task))
+
+    def _in_background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = self._loop.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _warm_one(self, task: str) -> None:
+        try:
+            slot = await self.backend.open_slot()
+            try:
+                driver = await asyncio.wait_for(self._load(slot, task), self.build_timeout_s)
+            except BaseException:
+                await _release_quietly(slot)
+                raise
+            if self._shutting_down:
+                await _release_quietly(slot)
+            else:
+                self._warm.setdefault(task, []).append((slot, driver))
+        except Exception as error:  # the pool is an optimisation: a build without a warm page loads its own
+            self.warm_pool_failures.append(f"warming a {task} page failed: {type(error).__name__}: {error}")
+        finally:
+            self._warming[task] -= 1
 
     async def _transaction(self, route: _Route, operation: str, build: Callable[[], Coroutine[Any, Any, _Generation]]) -> _Generation:
         """Freeze, drain, build, publish (see the module docstring)."""
@@ -655,8 +924,8 @@ class CapsuleRuntime:
             route.fault = None
         finally:
             route.frozen = None
-        if old is not None:
-            await _release_quietly(old.slot)
+        if old is not None:  # unpublished: nothing reaches it; freed once the caller has its observation
+            self._retired.append(old.slot)
         return successor
 
     # ---- lifecycle (coroutines on the loop) -----------------------------------------
@@ -671,6 +940,7 @@ class CapsuleRuntime:
         try:
             route.generation = await self._build(task, seed)
             self.publications.append(PublicationRecord(env_id, "create", None, route.generation.number, 0))
+            self._replenish(task)
         except BaseException as error:
             del self._routes[env_id]
             if isinstance(error, Exception):
@@ -689,7 +959,9 @@ class CapsuleRuntime:
         check_task(task)
         seed = self._rng.randrange(2**31) if seed is None else int(seed)
         generation = await self._transaction(route, "reset", lambda: self._build(task, seed))
-        return await generation.driver.observe(self.include_dom_text, self.action_space)
+        observation = await generation.driver.observe(self.include_dom_text, self.action_space)
+        self._replenish(task)
+        return observation
 
     async def asnapshot(self, env_id: str) -> CapsuleSnapshot:
         route = self._route(env_id)
@@ -704,7 +976,11 @@ class CapsuleRuntime:
             assert g is not None
             state = await g.driver.state()
             elapsed = None if state.done else await g.driver.elapsed_ms()
-            return CapsuleSnapshot(g.task, g.seed, tuple(g.actions), elapsed, env_id, g.number)
+            page_state, replay_reason = None, "fork_by is replay"
+            if self.fork_by == "capture":
+                captured = await capture_state(g.driver.page)
+                page_state, replay_reason = (None, captured) if isinstance(captured, str) else (captured, None)
+            return CapsuleSnapshot(g.task, g.seed, tuple(g.actions), elapsed, env_id, g.number, page_state, replay_reason)
         finally:
             route.frozen = None
 
@@ -715,8 +991,9 @@ class CapsuleRuntime:
         route.frozen = "fork"
         self._routes[env_id] = route
         try:
-            route.generation = await self._build(snap.task, snap.seed, snap.actions, snap.elapsed_ms)
+            route.generation = await self._build(snap.task, snap.seed, snap)
             self.publications.append(PublicationRecord(env_id, "fork", None, route.generation.number, 0))
+            self._replenish(snap.task)
         except BaseException as error:
             del self._routes[env_id]
             if isinstance(error, Exception):
@@ -729,9 +1006,11 @@ class CapsuleRuntime:
     async def arestore(self, env_id: str, snapshot: CapsuleSnapshot) -> MiniWoBObservation:
         route = self._route(env_id)
         generation = await self._transaction(
-            route, "restore", lambda: self._build(snapshot.task, snapshot.seed, snapshot.actions, snapshot.elapsed_ms)
+            route, "restore", lambda: self._build(snapshot.task, snapshot.seed, snapshot)
         )
-        return await generation.driver.observe(self.include_dom_text, self.action_space)
+        observation = await generation.driver.observe(self.include_dom_text, self.action_space)
+        self._replenish(snapshot.task)
+        return observation
 
     async def aclose(self, env_id: str) -> None:
         route = self._route(env_id)
@@ -780,6 +1059,8 @@ class CapsuleRuntime:
                     return await asyncio.wait_for(request(generation), self.step_timeout_s)
                 except Exception as error:
                     self._raise_if_runtime_down(generation.slot.runtime_id, error)
+                    if generation.slot.fault is not None and classify_environment_error(error) is not None:
+                        raise CapsuleFaultError(generation.slot.fault) from error
                     raise
         finally:
             self._leave(route)
@@ -808,6 +1089,8 @@ class CapsuleRuntime:
                     return await asyncio.wait_for(self._step_page(generation, action), budget)
                 except Exception as error:
                     fault = self._environment_fault(generation.slot.runtime_id, error)
+                    if fault is not None and generation.slot.fault is not None:
+                        fault = generation.slot.fault  # the page's renderer crashed under the step
                     if fault is None:
                         raise  # a bug in this library, not the environment's fault
                     if fault.kind is FaultKind.SERVER_UNRESPONSIVE and isinstance(error, asyncio.TimeoutError):
@@ -886,6 +1169,13 @@ class CapsuleRuntime:
         assert generation is not None
         return generation.slot.runtime_id
 
+    def cell_of(self, env_id: str) -> int | None:
+        """The shared-renderer cell serving `env_id` (None when its backend does not share
+        renderers): capsules of one cell end together when its renderer crashes."""
+        generation = self._route(env_id).generation
+        assert generation is not None
+        return generation.slot.cell
+
     def quarantine_reason(self, env_id: str) -> str | None:
         return self._route(env_id).quarantine_reason
 
@@ -907,6 +1197,16 @@ class CapsuleRuntime:
 
     async def _shutdown(self) -> None:
         self._shutting_down = True  # requests failing from here on fail because of the shutdown
+        if self._background:  # releases finish (a container is removed); warm loads see the flag and release
+            _, pending = await asyncio.wait(list(self._background), timeout=60)
+            for task in pending:
+                task.cancel()
+        for pool in self._warm.values():
+            for slot, _ in pool:
+                await _release_quietly(slot)
+        self._warm.clear()
+        while self._retired:
+            await _release_quietly(self._retired.pop())
         for route in list(self._routes.values()):
             if route.generation is not None:
                 await _release_quietly(route.generation.slot)

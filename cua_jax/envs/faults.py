@@ -39,6 +39,7 @@ class FaultKind(str, enum.Enum):
     JUDGE_FAILED = "judge failed"
     ENGINE_FAILED = "engine failed"  # the rollout engine died mid-episode
     BROWSER_CRASHED = "browser crashed"  # the (shared) browser process died under the episode
+    RENDERER_CRASHED = "renderer crashed"  # a renderer process died, with every page it hosted
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,6 +64,10 @@ CHROMIUM_ARGS = (
     "--disable-background-timer-throttling",
     "--disable-renderer-backgrounding",
     "--disable-backgrounding-occluded-windows",
+    # A screenshot waits for the next frame; without a vsync-paced frame rate that wait is
+    # shorter (measured by experiments/benchmarks/capsules.py's observation lever).
+    "--disable-gpu-vsync",
+    "--disable-frame-rate-limit",
 )
 
 
@@ -157,8 +161,10 @@ class MiniWoBServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/"
 
-    def task_url(self, task: str) -> str:
-        return f"{self.base_url}miniwob/{check_task(task)}.html"
+    def task_url(self, task: str, host: str = "127.0.0.1") -> str:
+        """The task's page; `host` names the server by another name that resolves to it (a
+        browser launched with a host-resolver rule gives each capsule a site of its own)."""
+        return f"http://{host}:{self.port}/miniwob/{check_task(task)}.html"
 
     def close(self) -> None:
         if self._process.stdin is not None:

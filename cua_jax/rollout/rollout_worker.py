@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from cua_jax.envs.capsule_env import MiniWoBEnvironment
+from cua_jax.envs.capsules import CapsuleOptions
 from cua_jax.envs.contract import AgentEnvironment
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout
 from cua_jax.rollout.engine import (
@@ -118,7 +119,8 @@ class RolloutWorkerConfig:
     prompts arrived in. catalog: the tasks requests name (`cua_jax.tasks.sources`; None:
     MiniWoB names only). desktop_pool: the Docker desktop pool this worker runs desktop tasks
     on (`docker_pool.PoolConfig`; None: no desktop tasks). code_env: the containers of code
-    tasks (`code_env.CodeEnvConfig`; None: its defaults), each environment holding its own."""
+    tasks (`code_env.CodeEnvConfig`; None: its defaults), each environment holding its own.
+    capsules: how the MiniWoB capsules share their browser (`capsules.CapsuleOptions`)."""
 
     agent: AgentConfig = AgentConfig()
     eval_agent: AgentConfig | None = None
@@ -133,6 +135,7 @@ class RolloutWorkerConfig:
     catalog: Any = None
     desktop_pool: Any = None
     code_env: Any = None
+    capsules: CapsuleOptions = CapsuleOptions()
 
 
 class RolloutWorker:
@@ -151,7 +154,6 @@ class RolloutWorker:
         from cua_jax.context.render import ChatRenderer
         from cua_jax.context.segment import make_segmenter
         from cua_jax.context.tokenizer import load_processor
-        from cua_jax.envs.capsules import CapsuleRuntime
 
         self.config = config
         tokenizer, image_processor = load_processor(config.tokenizer_dir)
@@ -171,8 +173,8 @@ class RolloutWorker:
         try:
             if "miniwob" in kinds:
                 # The capsules show element ids (marks, DOM text) as the agent's action space needs.
-                self.runtime = CapsuleRuntime(include_dom_text=config.include_dom_text,
-                                              action_space=config.agent.action_space, seed=config.runtime_seed)
+                self.runtime = config.capsules.runtime(include_dom_text=config.include_dom_text,
+                                                       action_space=config.agent.action_space, seed=config.runtime_seed)
             if "desktop" in kinds:
                 from cua_jax.envs.docker_pool import DockerEnvPool
 

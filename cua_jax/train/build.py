@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cua_jax.context.tokenizer import load_processor
+from cua_jax.envs.capsules import CapsuleOptions
 from cua_jax.rollout.jax_engine import JaxEngineFactory
 from cua_jax.rollout.rollout_worker import (
     EnvWrapper,
@@ -108,6 +109,7 @@ def rollout_worker_config(settings: TrainSettings, worker: int) -> RolloutWorker
         screenshots=c.env.observation == "screenshot", time_limit_s=c.env.time_limit_s,
         runtime_seed=c.seed * 1000 + worker, canonical_order=True, catalog=settings.catalog,
         desktop_pool=desktop_pool_config(settings), code_env=settings.code_env,
+        capsules=CapsuleOptions.from_config(c.env.capsules),
     )
 
 

@@ -123,9 +123,10 @@ class Pretrainer:
     # -- demonstrations ---------------------------------------------------------------------
 
     def _runtime(self):
-        from cua_jax.envs.capsules import CapsuleRuntime
+        from cua_jax.envs.capsules import CapsuleOptions
 
-        return CapsuleRuntime(include_dom_text=True, action_space=self.config.env.action_space, seed=self.config.seed)
+        return CapsuleOptions.from_config(self.config.env.capsules).runtime(
+            include_dom_text=True, action_space=self.config.env.action_space, seed=self.config.seed)
 
     def demonstrations(self) -> dict[str, Demonstrations]:
         path = os.path.join(self.workdir, DEMONSTRATIONS_FILE)

@@ -201,6 +201,10 @@ class TrainSettings:
                              reset_mode=k.reset_mode, partial_credit=k.partial_credit)
         _require(c.env.action_space in ACTION_SPACES, "env.action_space",
                  f"{c.env.action_space!r} is not one of {ACTION_SPACES}")
+        from cua_jax.envs.capsules import CapsuleOptions
+
+        build("env.capsules", CapsuleOptions, renderers=c.env.capsules.renderers,
+              warm_pages=c.env.capsules.warm_pages, fork_by=c.env.capsules.fork_by)
         _require(c.env.train_seed_max >= 1, "env.train_seed_max", f"must be >= 1, got {c.env.train_seed_max}")
         _require(c.env.eval_seed_start >= c.env.train_seed_max, "env.eval_seed_start",
                  f"{c.env.eval_seed_start} overlaps the training seeds [0, {c.env.train_seed_max}): not held out")

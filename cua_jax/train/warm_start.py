@@ -690,7 +690,7 @@ def run_warm_start(policy, tasks: Sequence[str], config, settings, segmenter, re
     collected through the run's agent loop and segmenter on a capsule runtime of its own, and
     scored on held-out pages when config.warm_start.held_out_seeds. Returns the warm start's
     metrics; the loss curve and the record go to <workdir>/warm_start.json."""
-    from cua_jax.envs.capsules import CapsuleRuntime
+    from cua_jax.envs.capsules import CapsuleOptions
     from cua_jax.observe.metrics import TIMING_PREFIX
 
     c = config
@@ -723,7 +723,8 @@ def run_warm_start(policy, tasks: Sequence[str], config, settings, segmenter, re
         with contextlib.ExitStack() as stack:
             if miniwob:
                 runtime = stack.enter_context(
-                    CapsuleRuntime(include_dom_text=True, action_space=c.env.action_space, seed=c.seed))
+                    CapsuleOptions.from_config(c.env.capsules).runtime(
+                        include_dom_text=True, action_space=c.env.action_space, seed=c.seed))
                 parts.append(collect_demonstrations(
                     miniwob, seeds, runtime=runtime, segmenter=segmenter, agent_config=agent,
                     time_limit_s=c.env.time_limit_s, concurrency=c.warm_start.concurrency))

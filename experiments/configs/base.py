@@ -117,6 +117,14 @@ def base_config() -> ml_collections.ConfigDict:
     # screenshot as set-of-marks and listed in the DOM text) or "both".
     c.env.action_space = "coordinates"
     c.env.time_limit_s = 600.0  # replaces MiniWoB's 10 s limit (a CPU-sampled turn is slower)
+    # The MiniWoB capsules of each rollout worker (cua_jax/envs/capsules.py): pages of private
+    # sites in `renderers` cells that share a renderer process each (0: a browser context per
+    # capsule), `warm_pages` loaded pages per task kept ready for resets and forks, and forks
+    # from captured page state where that is exact ("capture") or always by replay ("replay").
+    c.env.capsules = ml_collections.ConfigDict()
+    c.env.capsules.renderers = 2
+    c.env.capsules.warm_pages = 2
+    c.env.capsules.fork_by = "capture"
     c.env.train_seed_max = 1_000_000  # training problem seeds are drawn from [0, train_seed_max)
     # Or from these fixed seeds (() : the range above): RL on a few fixed pages is the check
     # that the loop learns what it is rewarded for, before asking it to transfer.

@@ -1,5 +1,6 @@
-"""State capsules on one real, shared Chromium: fork / snapshot semantics, isolation,
-transactional publication, freezes, and recovery from a killed browser."""
+"""State capsules on one real, shared Chromium (the default options: shared renderers, warm
+pages, forks by captured state): fork / snapshot semantics, isolation, transactional
+publication, freezes, and recovery from a killed browser."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from cua_jax.envs import actions as A
 from cua_jax.envs.capsules import (
     CapsuleFrozenError,
+    CapsuleOptions,
     CapsuleSnapshot,
     CapsuleRuntime,
     LifecycleError,
@@ -31,7 +33,8 @@ TRIAL_ENVS = 4  # environments whose trials run concurrently
 
 @pytest.fixture(scope="module")
 def runtime():
-    rt = CapsuleRuntime(call_timeout_s=600)
+    # The capsules a training run gets by default: shared renderers, warm pages, capture forks.
+    rt = CapsuleOptions().runtime(call_timeout_s=600)
     yield rt
     rt.shutdown()
 

@@ -129,6 +129,8 @@ def mixed_step(tmp_path_factory):
     config.env.domain_weights = ("desktop=3", "miniwob=1")
     config.env.desktop.pool_size = 4  # two desktop groups at a time
     config.env.desktop.screen = "800x500"
+    config.env.capsules.renderers = 3  # reaches the worker's capsule runtime
+    config.env.capsules.warm_pages = 1
     with Trainer(config, env_wrapper=KillFirstStepOf) as trainer:
         worker = trainer.workers[0]
         oracle = OracleDemonstrator(trainer.tokenizer, trainer.renderer.end_of_turn_id, MINIWOB_TASK, reasoning=False)
@@ -138,9 +140,10 @@ def mixed_step(tmp_path_factory):
                                                   {t: (SOLUTIONS[t], WRONG_SOLUTIONS[t]) for t in DESKTOP_TASKS})
         metrics = trainer.train_step()
         publications = list(worker.runtime.publications)
+        capsules = (worker.runtime.backend.renderers, worker.runtime.warm_pages, dict(worker.runtime.fork_methods))
         with open(os.path.join(config.workdir, "episodes.jsonl")) as f:
             logged = [json.loads(line) for line in f]
-        yield trainer, metrics, publications, logged, oracle
+        yield trainer, metrics, (publications, capsules), logged, oracle
 
 
 def test_desktop_judges_verdicts_and_a_killed_container_quarantined_in_an_on_policy_update(mixed_step):
@@ -171,8 +174,11 @@ def test_mixed_run_logs_per_domain_metrics_and_episodes(mixed_step):
 
 
 def test_a_group_starts_from_one_state_and_diverges(mixed_step):
-    trainer, _, publications, _, oracle = mixed_step
+    trainer, _, (publications, capsules), _, oracle = mixed_step
     assert not oracle.errors, oracle.errors
+    # The capsules ran as env.capsules says: 3 shared renderers, 1 warm page, the group's
+    # second start rebuilt from the first's captured state.
+    assert capsules == (3, 1, {"capture": 1}), capsules
     episodes = [e for e in trainer.last_batch.episodes.values() if e.task_id == MINIWOB_TASK]
     assert len(episodes) == 2
     first = [e.turns[0].images[0] for e in episodes]
