@@ -2,16 +2,19 @@
 
 CUA-Sandbox (§3) observes that a trajectory needs its own mutable state, not its own
 runtime. Here the runtime is one Chromium process (launched once, through Playwright);
-each environment is a *capsule*: a private browser context (cookies, storage, cache),
-its page, the task and its seed, reached through a *route* keyed by the environment id.
-A route publishes one *generation* of the capsule at a time.
+each environment is a *capsule*: a page on a site of its own (so its own cookies, storage,
+IndexedDB and cache), in one of a few *cells* that share a renderer process each
+(SharedBrowserBackend; or a browser context per capsule), the task and its seed, reached
+through a *route* keyed by the environment id. A route publishes one *generation* of the
+capsule at a time; every generation gets a new page on a new site.
 
 Lifecycle operations are transactions (CUA-Sandbox §3.4):
 
     freeze the route  -> requests arriving now are refused with CapsuleFrozenError
     drain             -> wait until requests already admitted have finished
-    build successor   -> a new context + page, prepared off the route
+    build successor   -> a new page (a warm one when the pool has it), prepared off the route
     publish           -> one assignment on the event loop swaps the route to the successor
+    retire            -> the old generation's page is closed once the caller has its observation
 
 If building fails, the route keeps its previous generation (LifecycleError says so) and the
 half-built successor is closed. All route bookkeeping runs on one asyncio event loop, so
@@ -19,8 +22,13 @@ admission (check frozen, count in-flight) and publication are atomic with respec
 other; `publications` records, for every publish, how many requests were in flight (0 by
 construction, checked by the tests).
 
-How fork reproduces state: by *replay*. A generation records its task, its seed and the
-prefix of actions it performed. MiniWoB generates every problem from `Math.seedrandom`
+How fork reproduces state: from captured page state where that is exact, else by *replay*.
+`snapshot` asks `miniwob_state.capture_state` for the page's state (form fields, focus,
+selection, scroll, element ids, MiniWoB's globals), which it gives only when none of the
+task's own code has run since the episode began; a fork then begins the same seed on a
+fresh page and writes that state, and a fingerprint check sends a mismatch back to replay.
+Otherwise (and with fork_by="replay") the fork replays. A generation records its task, its
+seed and the prefix of actions it performed. MiniWoB generates every problem from `Math.seedrandom`
 (core.js), and its handlers are deterministic functions of the DOM and the input events,
 so loading the task, seeding, starting the episode and replaying the prefix rebuilds the
 same DOM, pixels and reward state (the tests check observation equality and equal rewards
@@ -29,14 +37,17 @@ after replay the fork's MiniWoB clock is moved to the parent's elapsed time at t
 and its time limit re-armed, so the fork keeps the time the parent had left then. Replay is
 exact for tasks whose state is a function of the seed and the input events (the scripted
 tasks and most of MiniWoB); tasks that move on their own clock (chase-circle, moving
-targets) come back at the same seed and inputs but not the same animation phase. `snapshot` captures
-(task, seed, prefix, elapsed time) without building anything; `fork` builds a new capsule
+targets) come back at the same seed and inputs but not the same animation phase (and capture
+refuses them). `snapshot` captures (task, seed, prefix, elapsed time, page state) without
+building anything; `fork` builds a new capsule
 from an environment or a snapshot; `restore` replaces an environment's generation by one.
 
 Faults: when the shared browser disconnects (crash, killed process), every capsule on it is
 quarantined as "browser crashed: ..." (steps return EpisodeStatus.QUARANTINED with that
 `fault`) and the backend relaunches the runtime; `reset` (or `restore`) of a quarantined
-environment builds a fresh generation on the new runtime. The runtime remembers which
+environment builds a fresh generation on the new runtime. When one renderer process dies,
+each page it hosted reports the crash and exactly those capsules (one cell's) are
+quarantined as "renderer crashed: ..."; the browser and the other cells serve on. The runtime remembers which
 runtimes died, and asks the backend whether a runtime's browser still lives, so a request
 that fails because its browser died (even before the disconnect is reported), and a build
 that fails until the browser is back, also carry the browser crash (CapsuleFaultError,
@@ -414,14 +425,15 @@ class SharedBrowserBackend(RuntimeBackend):
     async def _open_shared_slot(self, runtime_id: str) -> Slot:
         cell = min(range(len(self._cells)), key=self._cell_pages.__getitem__)
         context, cdp, counts = self._cells[cell], self._browser_cdp, self._cell_pages
+        counts[cell] += 1  # before the await: slots opened meanwhile see it and balance
         site = f"c{next(self._sites)}.{CAPSULE_SITE_DOMAIN}"
         try:
             page = await context.new_page()
-        except Exception as error:
-            if not self.runtime_alive(runtime_id):
+        except BaseException as error:
+            counts[cell] -= 1
+            if isinstance(error, Exception) and not self.runtime_alive(runtime_id):
                 raise BrowserCrashedError(f"shared browser runtime {runtime_id} died: {error}") from error
             raise
-        counts[cell] += 1
 
         async def release() -> None:
             counts[cell] -= 1

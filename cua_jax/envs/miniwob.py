@@ -28,6 +28,7 @@ covered are refused with a message (`InvalidElementError`), never acted on.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import ast
 import difflib
@@ -114,9 +115,32 @@ _SERVER_SCRIPT = """
 import functools, os, sys, threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
+ASSETS = sys.argv[2]
+
 class Quiet(SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
+
+    def do_GET(self):
+        # A task page opened on a capsule's own site takes its scripts from one shared host, so
+        # a renderer that hosts many capsules compiles jQuery, d3 and core.js once, not per page.
+        host = (self.headers.get("Host") or "").split(":")[0]
+        if host.endswith(".test") and host != ASSETS and self.path.split("?")[0].endswith(".html"):
+            try:
+                with open(self.translate_path(self.path), "rb") as f:
+                    body = f.read()
+            except OSError:
+                self.send_error(404)
+                return
+            shared = '<script src="http://%s:%d/' % (ASSETS, self.server.server_address[1])
+            body = body.replace(b'<script src="../', shared.encode())
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_GET()
 
 httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=sys.argv[1]))
 httpd.daemon_threads = True
@@ -124,6 +148,9 @@ print("serving on port", httpd.server_address[1], flush=True)
 threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
 httpd.serve_forever()
 """
+
+
+SHARED_ASSETS_HOST = "assets.test"  # where pages on capsule sites (*.test) load MiniWoB's scripts from
 
 
 class MiniWoBServer:
@@ -137,7 +164,7 @@ class MiniWoBServer:
     def __init__(self, root: pathlib.Path | None = None, start_timeout_s: float = 30.0):
         self.root = root or html_dir()
         self._process = subprocess.Popen(
-            [sys.executable, "-c", _SERVER_SCRIPT, str(self.root)],
+            [sys.executable, "-c", _SERVER_SCRIPT, str(self.root), SHARED_ASSETS_HOST],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.PIPE, text=True,
         )
         self.port = self._read_port(start_timeout_s)
@@ -541,6 +568,19 @@ def unsupported_reason(action: A.Action, action_space: str = "both") -> str | No
     return A.outside_action_space(action, action_space)
 
 
+# Screenshots must not depend on when they are taken: a blinking caret and running CSS
+# animations or transitions would make two captures of one state differ. Stilled once per page
+# (a style element in <head>, outside the task region and its DOM), not around every capture.
+_STILL_PAGE_JS = """() => {
+  const style = document.createElement('style');
+  style.id = 'cua-still';
+  style.textContent = '*, *::before, *::after { caret-color: transparent !important; ' +
+    'animation-duration: 0s !important; animation-delay: 0s !important; ' +
+    'animation-iteration-count: 1 !important; transition: none !important; }';
+  document.head.appendChild(style);
+}"""
+
+
 class MiniWoBPage:
     """One MiniWoB task page of a Playwright (async) `page`. Not safe for concurrent use."""
 
@@ -548,6 +588,7 @@ class MiniWoBPage:
         self.page = page
         self.task = check_task(task)
         self.max_time_ms: float | None = None
+        self._cdp: Any = None  # the page's DevTools session, for screenshots
 
     async def load(self, url: str) -> None:
         """Open the task and wait until MiniWoB shows its start cover (the task is loaded)."""
@@ -558,6 +599,7 @@ class MiniWoBPage:
         loaded = "() => typeof core !== 'undefined' && core.cover_div !== null"
         if not await self.page.evaluate(loaded):
             await self.page.wait_for_function(loaded)
+        await self.page.evaluate(_STILL_PAGE_JS)
 
     async def begin_episode(self, seed: int, time_limit_ms: float | None = None) -> None:
         """Seed MiniWoB's RNG and start an episode, as MiniWoB's own driver does.
@@ -624,10 +666,7 @@ class MiniWoBPage:
         (`draw_marks`); the DOM text leaves out geometry when only element actions are allowed.
         """
         page_info = await self.page.evaluate(_OBSERVE_JS)
-        png = await self.page.screenshot(
-            clip={"x": 0, "y": 0, "width": TASK_WIDTH, "height": TASK_HEIGHT}, type="png", animations="disabled"
-        )
-        image = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.uint8)
+        image = await self.screenshot()
         dom = _flatten_dom(page_info["dom"])
         if A.check_action_space(action_space) != "coordinates":
             image = draw_marks(image, dom)
@@ -639,6 +678,19 @@ class MiniWoBPage:
             dom_text=dom_to_text(dom, geometry=action_space != "elements") if include_dom_text else None,
         )
         return observation, _episode_state(page_info["state"])
+
+    async def screenshot(self) -> np.ndarray:
+        """The task region (uint8 [TASK_HEIGHT, TASK_WIDTH, 3]), captured by one DevTools call:
+        the page's caret and animations were stilled once at load (`_STILL_PAGE_JS`), so no
+        per-shot restyling is needed; PNG at the encoder's fast setting, decoded once."""
+        if self._cdp is None:
+            self._cdp = await self.page.context.new_cdp_session(self.page)
+        shot = await self._cdp.send("Page.captureScreenshot", {
+            "format": "png", "optimizeForSpeed": True, "captureBeyondViewport": False,
+            "clip": {"x": 0, "y": 0, "width": TASK_WIDTH, "height": TASK_HEIGHT, "scale": 1},
+        })
+        png = base64.b64decode(shot["data"])
+        return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.uint8)
 
     async def end_by_agent(self, action: A.Action) -> None:
         """The agent ended the episode (done / FAIL / answer): a failure unless the task already paid."""

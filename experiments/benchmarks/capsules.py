@@ -28,11 +28,12 @@ crash (a cell's capsules when renderers are shared; with a context per capsule, 
 A baseline runs at a concurrency only when its memory, projected from the previous
 concurrency's MiB/env, fits in the memory available now; the table says where each stops.
 
-Lever table (--levers, at the first concurrency of --lever-concurrency): the capsule deployment
-with its levers switched on one at a time: a browser context per capsule (each with its own
-renderers) -> shared renderers -> + warm pages -> + fork by captured state. The screenshot
-lever (frame-rate limit off) is timed on one page: the mean of 40 clipped screenshots with
-and without the switches.
+Lever table (--levers, at --lever-concurrency): the capsule deployment with its levers switched
+on one at a time: a browser context per capsule (each with its own renderers) -> shared
+renderers -> + warm pages -> + fork by captured state, and then a pool as large as c (what
+forks cost when every fork finds a loaded page, and what the pool costs in memory). The
+screenshot lever is timed on one page (mean of 40): Playwright's screenshot with and without
+the frame-rate limit, and the single DevTools call capsules use.
 
 Reset latency against MiniWoB++'s own environment (its Selenium driver on Debian's
 chromedriver, `miniwob_reference`): one environment each, nothing else running, --resets
@@ -281,30 +282,49 @@ def miniwob_reset_latencies(resets: int) -> list[float]:
         return latencies
 
 
-def screenshot_ms(switches: tuple[str, ...], shots: int = 40) -> float:
-    """Mean milliseconds per clipped screenshot of a loaded task page, Chromium launched with
-    this benchmark's arguments with or without the frame-rate switches."""
-    from playwright.sync_api import sync_playwright
+def screenshot_ms(switches: tuple[str, ...], playwright_shots: bool, shots: int = 40) -> float:
+    """Mean milliseconds per screenshot of a loaded task page's 160 x 210 region, decoded to an
+    array, Chromium launched with this benchmark's arguments with or without the frame-rate
+    switches: Playwright's screenshot (restyling the page around every capture for its caret
+    and animations) or `MiniWoBPage.screenshot` (one DevTools call on a page stilled at load)."""
+    import io
 
-    from cua_jax.envs.miniwob import VIEWPORT, MiniWoBServer
+    import numpy as np
+    from PIL import Image
+
+    from cua_jax.envs.miniwob import VIEWPORT, MiniWoBPage, MiniWoBServer
 
     args = [a for a in CHROMIUM_ARGS if a not in FRAME_RATE_SWITCHES] + list(switches)
+    clip = {"x": 0, "y": 0, "width": TASK_WIDTH, "height": TASK_HEIGHT}
     server = MiniWoBServer()
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM_EXECUTABLE, headless=True, args=args)
-            page = browser.new_page(viewport=VIEWPORT)
-            page.goto(server.task_url(TASK))
-            clip = {"x": 0, "y": 0, "width": TASK_WIDTH, "height": TASK_HEIGHT}
-            page.screenshot(clip=clip, type="png", animations="disabled")
+
+    async def shoot() -> float:
+        from playwright.async_api import async_playwright
+
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=CHROMIUM_EXECUTABLE, headless=True, args=args)
+            page = await browser.new_page(viewport=VIEWPORT)
+            driver = MiniWoBPage(page, TASK)
+            await driver.load(server.task_url(TASK))
+
+            async def one() -> np.ndarray:
+                if playwright_shots:
+                    png = await page.screenshot(clip=clip, type="png", animations="disabled")
+                    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+                return await driver.screenshot()
+
+            await one()
             started = time.perf_counter()
             for _ in range(shots):
-                page.screenshot(clip=clip, type="png", animations="disabled")
+                await one()
             elapsed = time.perf_counter() - started
-            browser.close()
+            await browser.close()
+        return elapsed / shots * 1000
+
+    try:
+        return asyncio.run(shoot())
     finally:
         server.close()
-    return elapsed / shots * 1000
 
 
 def print_row(concurrency: int, name: str, r: Measurement) -> None:
@@ -374,18 +394,22 @@ def main(argv: list[str] | None = None) -> None:
               f"capsules {ours:.1f} ms, MiniWoB's own (Selenium) {theirs:.1f} ms")
         print(f"reset+first observation miniwob/capsules: {theirs / ours:.2f}x", flush=True)
 
-    with_switches, without = screenshot_ms(FRAME_RATE_SWITCHES), screenshot_ms(())
-    print(f"screenshot (160x210 clip): {without:.1f} ms with the frame-rate limit, {with_switches:.1f} ms without "
-          f"({without / with_switches:.2f}x)", flush=True)
+    before = screenshot_ms((), playwright_shots=True)
+    unlimited = screenshot_ms(FRAME_RATE_SWITCHES, playwright_shots=True)
+    ours = screenshot_ms(FRAME_RATE_SWITCHES, playwright_shots=False)
+    print(f"screenshot (160x210 region, decoded): Playwright's with the frame-rate limit {before:.1f} ms, without it "
+          f"{unlimited:.1f} ms, one DevTools call on a stilled page {ours:.1f} ms; "
+          f"screenshot before/now: {before / ours:.2f}x", flush=True)
 
     if args.levers:
         c = args.lever_concurrency
         print(f"\ncapsule levers at c={c}\n{HEADER}", flush=True)
         levers = [
-            Deployment("context per capsule", SharedBrowserBackend),
+            Deployment("context per capsule", lambda: SharedBrowserBackend(renderers=None)),
             Deployment(f"shared renderers ({args.renderers})", capsules.backend),
             Deployment("+ warm pages", capsules.backend, warm_pages=args.warm_pages),
             Deployment("+ fork by capture", capsules.backend, warm_pages=args.warm_pages, fork_by="capture"),
+            Deployment(f"  with {c} warm pages", capsules.backend, warm_pages=c, fork_by="capture"),
         ]
         for lever in levers:
             r = run(lever, c, args.episodes)
