@@ -1209,10 +1209,10 @@ class CapsuleRuntime:
 
     async def _shutdown(self) -> None:
         self._shutting_down = True  # requests failing from here on fail because of the shutdown
-        if self._background:  # releases finish (a container is removed); warm loads see the flag and release
-            _, pending = await asyncio.wait(list(self._background), timeout=60)
-            for task in pending:
-                task.cancel()
+        # Releases run to their end (a cancelled one could leave a container running), and warm
+        # loads (bounded by build_timeout_s) see the flag and release their page.
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
         for pool in self._warm.values():
             for slot, _ in pool:
                 await _release_quietly(slot)

@@ -246,6 +246,22 @@ def run(deployment: Deployment, concurrency: int, episodes: int) -> Measurement:
         rt.shutdown()
 
 
+def settle(timeout_s: float = 300.0) -> None:
+    """Wait until no container of a container-per-environment run is left (Docker removes them
+    after the run returns) and give the machine a few quiet seconds, so that one deployment's
+    teardown is not measured as the next one's load."""
+    import subprocess
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        listed = subprocess.run(["docker", "ps", "-aq", "--filter", "name=cua-jax-container-"],
+                                capture_output=True, text=True)
+        if listed.returncode != 0 or not listed.stdout.strip():
+            break
+        time.sleep(1.0)
+    time.sleep(5.0)
+
+
 def available_mib() -> float:
     with open("/proc/meminfo") as f:
         info = {line.split(":")[0]: int(line.split()[1]) for line in f}
@@ -412,6 +428,7 @@ def main(argv: list[str] | None = None) -> None:
             Deployment(f"  with {c} warm pages", capsules.backend, warm_pages=c, fork_by="capture"),
         ]
         for lever in levers:
+            settle()
             r = run(lever, c, args.episodes)
             print_row(c, lever.name, r)
             print(f"    fork rebuilds: {r.fork_methods}; one renderer crash quarantined {r.blast_radius} "
@@ -433,6 +450,7 @@ def main(argv: list[str] | None = None) -> None:
                                      f"(with {MEMORY_HEADROOM}x headroom) > {free / 1024:.1f} GiB available")
                     print(f"{concurrency:>3} {name:<26} {stopped[name]}", flush=True)
                     continue
+            settle()
             try:
                 r = results[name] = run(deployment, concurrency, args.episodes)
             except Exception as error:

@@ -248,8 +248,9 @@ def test_a_playwright_timeout_in_a_step_quarantines_as_unresponsive(runtime):
 
     async def scenario():
         await env.reset("click-button", seed=3)
-        page = runtime._routes[env.env_id].generation.driver.page
-        page.set_default_timeout(1)  # no screenshot finishes within 1 ms: Playwright times out
+        driver = runtime._routes[env.env_id].generation.driver
+        # The step's screenshot waits on the page through Playwright, which gives up after 1 ms.
+        driver.screenshot = lambda: driver.page.wait_for_function("() => false", timeout=1)
         transition = await env.step(A.Click("left_click", 500, 500))
         await env.close()
         return transition
