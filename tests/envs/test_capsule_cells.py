@@ -14,6 +14,7 @@ from cua_jax.envs.capsules import CapsuleRuntime, SharedBrowserBackend
 from cua_jax.envs.faults import FaultKind
 from cua_jax.envs.miniwob_oracle import oracle_action
 from cua_jax.types import EpisodeStatus
+from tests.envs.test_capsules import INDEXED_DB_WRITE
 
 pytestmark = [pytest.mark.browser]
 
@@ -34,16 +35,7 @@ WRITE_EVERYTHING = """async (owner) => {
     // Cookies for a parent domain would reach every capsule's site: the browser must refuse them.
     document.cookie = 'parent=' + owner + '; domain=test; path=/';
     document.cookie = 'dotted=' + owner + '; domain=.test; path=/';
-    await new Promise((done, fail) => {
-        const request = indexedDB.open('capsule-store', 1);
-        request.onupgradeneeded = () => request.result.createObjectStore('entries');
-        request.onerror = () => fail(String(request.error));
-        request.onsuccess = () => {
-            const tx = request.result.transaction('entries', 'readwrite');
-            tx.objectStore('entries').put(owner, 'owner');
-            tx.oncomplete = () => { request.result.close(); done(true); };
-        };
-    });
+    await (""" + INDEXED_DB_WRITE + """)(owner);
 }"""
 READ_EVERYTHING = """async () => [
     localStorage.length, sessionStorage.length, document.cookie,
