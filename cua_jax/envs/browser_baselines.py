@@ -46,6 +46,7 @@ CONTAINER_IMAGE_NAME = "chromium"  # launch/images/chromium
 CONTAINER_HTML_DIR = "/miniwob"
 CONTAINER_SOCKET_DIR = "/run/cua"
 CONTAINER_READY_TIMEOUT_S = 60.0
+CONTAINER_RUNTIME_PREFIX = "container-"  # of every container runtime id
 
 
 class BrowserPerEnvironmentBackend(RuntimeBackend):
@@ -208,11 +209,11 @@ class ContainerPerEnvironmentBackend(RuntimeBackend):
 
     serves_over_http = False  # the HTML is bind-mounted into the container
 
-    def task_url(self, server: MiniWoBServer, task: str) -> str:
+    def task_url(self, server: MiniWoBServer, task: str, site: str | None = None) -> str:
         return f"file://{CONTAINER_HTML_DIR}/miniwob/{check_task(task)}.html"
 
     async def open_slot(self) -> Slot:
-        runtime_id = f"container-{uuid.uuid4().hex[:12]}"
+        runtime_id = f"{CONTAINER_RUNTIME_PREFIX}{uuid.uuid4().hex[:12]}"
         socket_dir = pathlib.Path(self._workdir) / runtime_id
         socket_dir.mkdir(mode=0o755)
         socket_path = str(socket_dir / "cdp.sock")
@@ -311,3 +312,7 @@ class ContainerPerEnvironmentBackend(RuntimeBackend):
         for runtime_id in list(self._containers):
             await self._release(runtime_id)
         shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+# The name every container of ContainerPerEnvironmentBackend starts with (to find them with `docker ps`).
+CONTAINER_NAME_PREFIX = ContainerPerEnvironmentBackend.container_name(CONTAINER_RUNTIME_PREFIX)

@@ -259,9 +259,10 @@ class RuntimeBackend(abc.ABC):
 
     serves_over_http = True  # pages load tasks from the runtime's MiniWoBServer
 
-    def task_url(self, server: MiniWoBServer, task: str) -> str:
-        """The URL a page of this backend opens for `task`."""
-        return server.task_url(task)
+    def task_url(self, server: MiniWoBServer, task: str, site: str | None = None) -> str:
+        """The URL a page of this backend opens for `task`; `site`: the slot's own host name
+        (`Slot.site`), which resolves to the same server."""
+        return server.task_url(task) if site is None else server.task_url(task, host=site)
 
 
 def launch_marker() -> str:
@@ -269,17 +270,22 @@ def launch_marker() -> str:
     return f"--cua-jax-runtime={uuid.uuid4().hex}"
 
 
+def command_line(pid: int) -> list[bytes] | None:
+    """The arguments `pid` was started with (/proc/<pid>/cmdline); None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return None
+
+
 def find_browser_pid(marker: str) -> int | None:
     """The pid of the browser process launched with `marker` (its children carry --type=)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if marker.encode() in argv and not any(a.startswith(b"--type=") for a in argv):
+        argv = command_line(int(entry))
+        if argv is not None and marker.encode() in argv and not any(a.startswith(b"--type=") for a in argv):
             return int(entry)
     return None
 
@@ -447,15 +453,9 @@ class SharedBrowserBackend(RuntimeBackend):
     def renderer_pids(self) -> list[int]:
         """The browser's live renderer processes (a cell's, and any spare Chromium keeps)."""
         pid = self.browser_pid()
-        out = []
-        for child in process_tree([pid] if pid else []):
-            try:
-                with open(f"/proc/{child}/cmdline", "rb") as f:
-                    if b"--type=renderer" in f.read():
-                        out.append(child)
-            except OSError:
-                continue  # exited meanwhile
-        return out
+        # Chromium rewrites its children's command lines into one space-joined argument: a substring test.
+        return [child for child in process_tree([pid] if pid else [])
+                if any(b"--type=renderer" in arg for arg in command_line(child) or ())]
 
     def cell_pages(self) -> list[int]:
         """Live pages per cell (renderers=R): how many capsules each renderer's crash would end."""
@@ -778,17 +778,7 @@ class CapsuleRuntime:
     def playwright_pids(self) -> list[int]:
         """The Playwright driver process(es) this runtime talks through (children of this process)."""
         me = os.getpid()
-        out = []
-        for pid in process_tree([me]):
-            if pid == me:
-                continue
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"playwright" in f.read():
-                        out.append(pid)
-            except OSError:
-                pass
-        return out
+        return [pid for pid in process_tree([me]) if pid != me and any(b"playwright" in a for a in command_line(pid) or ())]
 
     # ---- generations ----------------------------------------------------------------
 
@@ -848,9 +838,7 @@ class CapsuleRuntime:
         slot.page.on("crash", lambda _: self._page_crashed(slot))
         if self.fork_by == "capture":
             await install_state_recorder(slot.page)
-        url = self.backend.task_url(self._server, task)
-        if slot.site is not None:  # the page's own site, served by the same loopback server
-            url = url.replace(f"//127.0.0.1:{self._server.port}/", f"//{slot.site}:{self._server.port}/", 1)
+        url = self.backend.task_url(self._server, task, slot.site)
         driver = MiniWoBPage(slot.page, task)
         await driver.load(url)
         return driver

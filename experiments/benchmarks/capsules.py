@@ -62,6 +62,7 @@ from typing import Callable
 from cua_jax.envs import actions as A
 from cua_jax.envs.browser_baselines import (
     CONTAINER_IMAGE_NAME,
+    CONTAINER_NAME_PREFIX,
     BrowserPerEnvironmentBackend,
     ContainerPerEnvironmentBackend,
 )
@@ -254,7 +255,7 @@ def settle(timeout_s: float = 300.0) -> None:
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        listed = subprocess.run(["docker", "ps", "-aq", "--filter", "name=cua-jax-container-"],
+        listed = subprocess.run(["docker", "ps", "-aq", "--filter", f"name={CONTAINER_NAME_PREFIX}"],
                                 capture_output=True, text=True)
         if listed.returncode != 0 or not listed.stdout.strip():
             break
@@ -282,19 +283,6 @@ def capsule_reset_latencies(deployment: Deployment, resets: int) -> list[float]:
             started = time.perf_counter()
             rt.reset(env, seed=seed)
             latencies.append(time.perf_counter() - started)
-        return latencies
-
-
-def miniwob_reset_latencies(resets: int) -> list[float]:
-    """The same for MiniWoB's own environment (one untimed warm-up reset first)."""
-    from experiments.benchmarks.miniwob_reference import MiniWoBSeleniumEnvironment
-
-    with MiniWoBSeleniumEnvironment(TASK) as env:
-        env.reset_and_observe(1_000_000)
-        latencies = []
-        for seed in range(1, resets + 1):
-            time.sleep(TURN_S)
-            latencies.append(env.reset_and_observe(seed))
         return latencies
 
 
@@ -405,7 +393,9 @@ def main(argv: list[str] | None = None) -> None:
 
     if not args.skip_miniwob:
         ours = statistics.median(capsule_reset_latencies(capsules, args.resets)) * 1000
-        theirs = statistics.median(miniwob_reset_latencies(args.resets)) * 1000
+        from experiments.benchmarks.miniwob_reference import reset_latencies
+
+        theirs = statistics.median(reset_latencies(TASK, range(1, args.resets + 1), turn_s=TURN_S)) * 1000
         print(f"reset + first observation, one environment, {TURN_S} s apart, median of {args.resets}: "
               f"capsules {ours:.1f} ms, MiniWoB's own (Selenium) {theirs:.1f} ms")
         print(f"reset+first observation miniwob/capsules: {theirs / ours:.2f}x", flush=True)

@@ -174,14 +174,19 @@ class MiniWoBSeleniumEnvironment:
         self.close()
 
 
-def reset_latencies(task: str, seeds: Sequence[int]) -> list[float]:
-    """Seconds per reset + first observation of MiniWoB's own environment, one per seed.
+def reset_latencies(task: str, seeds: Sequence[int], turn_s: float = 0.0) -> list[float]:
+    """Seconds per reset + first observation of MiniWoB's own environment, one per seed, with
+    `turn_s` seconds (an agent's turn) before each.
 
     One environment serves all of them, after one untimed warm-up reset.
     """
     with MiniWoBSeleniumEnvironment(task) as env:
         env.reset_and_observe(WARM_UP_SEED)
-        return [env.reset_and_observe(seed) for seed in seeds]
+        latencies = []
+        for seed in seeds:
+            time.sleep(turn_s)
+            latencies.append(env.reset_and_observe(seed))
+        return latencies
 
 
 def main(argv: list[str] | None = None) -> None:

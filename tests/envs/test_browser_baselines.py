@@ -12,6 +12,7 @@ import pytest
 from cua_jax.envs import actions as A
 from cua_jax.envs.browser_baselines import (
     CONTAINER_IMAGE_NAME,
+    CONTAINER_NAME_PREFIX,
     BrowserPerEnvironmentBackend,
     ContainerPerEnvironmentBackend,
 )
@@ -70,7 +71,7 @@ def test_container_per_environment_runs_episodes_and_forks():
     rt = CapsuleRuntime(ContainerPerEnvironmentBackend(image), call_timeout_s=300)
     try:
         env = rt.create("enter-text", seed=8)
-        assert _running_containers("cua-jax-container-")
+        assert _running_containers(CONTAINER_NAME_PREFIX)
         network = subprocess.run(
             ["docker", "inspect", "-f", "{{.HostConfig.NetworkMode}}", rt.backend.container_name(rt.runtime_of(env))],
             capture_output=True, text=True,
@@ -84,4 +85,4 @@ def test_container_per_environment_runs_episodes_and_forks():
         rt.close(twin)
     finally:
         rt.shutdown()
-    assert not _running_containers("cua-jax-container-")
+    assert not _running_containers(CONTAINER_NAME_PREFIX)

@@ -290,7 +290,7 @@ def test_a_playwright_timeout_during_setup_is_a_setup_failure(runtime, monkeypat
     env = MiniWoBEnvironment(runtime)
     monkeypatch.setattr(miniwob, "PAGE_TIMEOUT_MS", 300)
     # A page without MiniWoB: waiting for its task to load times out in Playwright.
-    monkeypatch.setattr(runtime.backend, "task_url", lambda server, task: "data:text/html,<p>no task here</p>")
+    monkeypatch.setattr(runtime.backend, "task_url", lambda server, task, site=None: "data:text/html,<p>no task here</p>")
 
     async def scenario():
         with pytest.raises(EnvironmentFault) as caught:
