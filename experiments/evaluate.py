@@ -27,6 +27,8 @@ import json
 from absl import app, flags
 from ml_collections import config_flags
 
+from cua_jax.compilation import use_compilation_cache
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/evaluate.py", "Run settings the policy follows.", lock_config=True)
 _POLICY = flags.DEFINE_string("policy", None, "random | oracle | a Hugging Face directory | a run's workdir.",
@@ -103,6 +105,7 @@ def pilot() -> None:
         policy = load_eval_policy(_POLICY.value, _CONFIG.value, _STEP.value)
         c = policy.config
         settings = TrainSettings.from_config(c)
+        use_compilation_cache(c.compilation_cache_dir)
         tasks = list(_TASKS.value or settings.training_tasks)
         unknown = sorted(set(tasks) - set(settings.training_tasks))
         if unknown:

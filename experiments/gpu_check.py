@@ -14,6 +14,10 @@ Checks (each timed, each independent: one failing does not stop the others):
   learner_bf16     one learner step of a tiny Qwen3-VL (with an image) with bfloat16 parameters
                    and compute and rematerialised layers: finite loss, float32 optimizer state,
                    bfloat16 parameters, update direction vs the float32 step (cosine)
+  shared_prefix    the learner on a GRPO group with its prompt run once (learner.share_prefix) vs
+                   every item run whole: equal loss, gradient cosine, tokens/s of each; at full
+                   size a Qwen3-VL-2B-shaped model (random bfloat16 weights, 1,500-token prompt
+                   with a 640 x 448 screenshot, 8 members)
 
 Float32 matmuls run at "highest" precision in the parity and sharding checks (GPUs would
 otherwise use TF32, whose 10-bit mantissa is not what those tolerances measure).
@@ -43,7 +47,7 @@ if os.environ.get("JAX_PLATFORMS", "") == "cpu" and "xla_force_host_platform_dev
 
 MODEL_PACKAGES = ("numpy", "jax", "flax", "optax", "ml_dtypes", "tokenizers")
 PARITY_PACKAGES = ("torch", "transformers")
-CHECKS = ("parity_qwen3", "parity_qwen3_vl", "sharding", "learner_bf16")
+CHECKS = ("parity_qwen3", "parity_qwen3_vl", "sharding", "learner_bf16", "shared_prefix")
 PARITY_TOL = 1e-3  # float32 logits of spread ~1; a wrong layer is off by O(1)
 SHARDING_TOL = dict(atol=2e-5, rtol=2e-5)  # float32 reductions in another order
 MIN_COSINE = 0.99
@@ -328,11 +332,108 @@ def check_learner_bf16(small: bool) -> str:
             f"compiled step {seconds['bfloat16'] * 1e3:.0f} ms, {batch.ids.shape[0]}x{batch.ids.shape[1]} tokens")
 
 
+def qwen3_vl_2b_config(**text_overrides):
+    """Qwen3-VL-2B-Instruct's shapes (28 x 2048 text layers, a 24-block vision tower with DeepStack
+    from blocks 5, 11 and 17), for random weights."""
+    from cua_jax.models.configs import Qwen3Config, RopeConfig
+    from cua_jax.models.qwen3_vl import Qwen3VLConfig
+    from cua_jax.models.vision import VisionConfig
+
+    text = Qwen3Config(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                       rope=RopeConfig(rope_theta=5_000_000.0), tie_word_embeddings=True,
+                       max_position_embeddings=262144, bos_token_id=None, eos_token_id=151645, pad_token_id=151643,
+                       **text_overrides)
+    vision = VisionConfig(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2048,
+                          num_position_embeddings=2304, deepstack_visual_indexes=(5, 11, 17))
+    return Qwen3VLConfig(text=text, vision=vision, mrope_section=(24, 20, 20))
+
+
+def _group_items(config, members: int, image_grid: tuple[int, int, int], prompt_tokens: int, reply_tokens: int):
+    """One GRPO group: `members` items sharing a prompt (text and one screenshot), each with its
+    own reply, half of them with a second screenshot and a second reply; and their patches."""
+    import numpy as np
+
+    from cua_jax.types import ImageSpan, TrainingItem
+
+    rng = np.random.default_rng(0)
+    t, h, w = image_grid
+    image_tokens = t * h * w // config.vision.spatial_merge_size**2
+    run = [config.vision_start_token_id] + [config.image_token_id] * image_tokens + [config.vision_end_token_id]
+    prompt = [5, 6] + run + list(rng.integers(10, 3000, prompt_tokens))
+    screenshot = rng.normal(size=(t * h * w, config.vision.patch_dim)).astype(np.float32)
+    items, patches = [], {}
+    for k in range(members):
+        reply = list(rng.integers(10, 3000, reply_tokens))
+        ids, mask = prompt + reply, [0] * len(prompt) + [1] * len(reply)
+        spans = [ImageSpan(3, 3 + image_tokens, 0, 0, image_grid)]
+        patches[(f"ep{k}", 0, 0)] = screenshot
+        if k % 2:
+            start = len(ids) + 3
+            ids += [7, 8] + run + list(rng.integers(10, 3000, reply_tokens))
+            mask += [0] * (2 + len(run)) + [1] * reply_tokens
+            spans.append(ImageSpan(start, start + image_tokens, 1, 0, image_grid))
+            patches[(f"ep{k}", 1, 0)] = rng.normal(size=screenshot.shape).astype(np.float32)
+        ids = np.asarray(ids, np.int32)
+        mask = np.asarray(mask, np.int32)
+        logp = np.where(mask > 0, rng.uniform(-9.0, -7.0, len(ids)), 0).astype(np.float32)
+        items.append(TrainingItem(ids, mask, logp, spans, f"ep{k}", 0, (0, 1)))
+    return items, patches
+
+
+def check_shared_prefix(small: bool) -> str:
+    """The learner with a group's prompt run once (learner.share_prefix) against every item run
+    whole, on a GRPO group: equal loss, the same update direction, and tokens/s of each."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
+    from cua_jax.rl.losses import PolicyLossConfig
+    from cua_jax.train.batching import BatchingConfig, MultimodalPositions, batch_tokens, make_minibatches
+    from cua_jax.train.learner import Learner, LearnerConfig
+
+    if small:
+        config, members, grid, prompt, reply = tiny_qwen3_vl_config(), 4, (1, 4, 4), 60, 8
+    else:  # a screenshot of 640 x 448 and a 1,500-token prompt, as a desktop turn has
+        config = qwen3_vl_2b_config(dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, remat=True)
+        members, grid, prompt, reply = 8, (1, 28, 40), 1500, 100
+    items, patches = _group_items(config, members, grid, prompt, reply)
+    advantages = np.linspace(-1.0, 1.0, members).astype(np.float32)
+    learner_config = LearnerConfig(loss=PolicyLossConfig(kl_coef=1e-3), freeze_vision=True)
+    results = {}
+    for share in (False, True):
+        # The same random weights each time, built anew: the update donates the learner's
+        # parameters, which may be the model's own buffers.
+        learner = Learner(Qwen3VLForConditionalGeneration(config, rngs=nnx.Rngs(0)), learner_config)
+        batching = BatchingConfig(rows=members, length_multiple=128, share_prefix=share, suffix_length_multiple=64)
+        [micro] = make_minibatches(items, advantages, batching, 1, pixel_patches=patches,
+                                   multimodal=MultimodalPositions.of(config))
+        grads, metrics = learner.gradients(micro)  # compiles, and the direction to compare
+        start = time.perf_counter()
+        learner.update(micro)  # prepare (reference) + gradient + AdamW, compiled
+        seconds = time.perf_counter() - start
+        tokens = sum(len(item) for item in items)
+        flat = np.concatenate([np.asarray(g, np.float32).ravel() for g in jax.tree.leaves(grads)])
+        results[share] = (metrics["loss"], flat, tokens / seconds, sum(batch_tokens(mb) for mb in micro))
+        del learner
+    (loss0, g0, rate0, run0), (loss1, g1, rate1, run1) = results[False], results[True]
+    cosine = float(g0 @ g1 / (np.linalg.norm(g0) * np.linalg.norm(g1)))
+    tolerance = 1e-5 if small else 2e-2  # float32 / bfloat16
+    _require(abs(loss0 - loss1) <= tolerance * max(1.0, abs(loss0)), f"loss {loss1} shared vs {loss0} whole")
+    _require(cosine > 1 - tolerance, f"gradient cosine shared vs whole {cosine:.6f}")
+    return (f"{members} items of {sum(len(i) for i in items) // members} tokens: learner {rate0:.0f} item tokens/s "
+            f"whole, {rate1:.0f} shared ({rate1 / rate0:.2f}x; forward tokens {run0} -> {run1}), "
+            f"gradient cosine {cosine:.6f}")
+
+
 CHECK_FUNCTIONS: dict[str, tuple[Callable[[bool], str], tuple[str, ...]]] = {
     "parity_qwen3": (check_parity_qwen3, MODEL_PACKAGES + PARITY_PACKAGES),
     "parity_qwen3_vl": (check_parity_qwen3_vl, MODEL_PACKAGES + PARITY_PACKAGES),
     "sharding": (check_sharding, MODEL_PACKAGES),
     "learner_bf16": (check_learner_bf16, MODEL_PACKAGES),
+    "shared_prefix": (check_shared_prefix, MODEL_PACKAGES),
 }
 
 

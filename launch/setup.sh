@@ -79,6 +79,15 @@ print(os.path.join(matplotlib.get_cachedir(), f'fontlist-v{fm.FontManager.__vers
     && mv "$_mpl_stamp.tmp" "$_mpl_stamp"
 fi
 
+# ---- 2c. XLA's compilation cache ------------------------------------------------------
+# Compiled programs that runs and the test suite keep (cua_jax/compilation.py); emptied once it
+# passes 4 GiB (JAX's own size bound slows every write).
+_xla_cache="$CUA_JAX_CACHE/xla"
+if [ -d "$_xla_cache" ] && [ "$(du -sm "$_xla_cache" | cut -f1)" -gt 4096 ]; then
+  _log "emptying XLA's compilation cache $_xla_cache (over 4 GiB)"
+  rm -rf "$_xla_cache"
+fi
+
 # ---- 3-4. dockerd and environment images ------------------------------------------------
 if [ "${CUA_JAX_SETUP_NO_DOCKER:-0}" != 1 ]; then
   bash "$CUA_JAX_ROOT/launch/dockerd.sh"

@@ -154,19 +154,32 @@ def gated_delta_rule_chunked(
     return jnp.moveaxis(out, 1, 2), state
 
 
-def causal_conv1d(x: jax.Array, weight: jax.Array, state: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def causal_conv1d(x: jax.Array, weight: jax.Array, state: jax.Array | None = None,
+                  leading_padding: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Depthwise causal convolution followed by SiLU, with a carried input window.
 
     x [B, T, C]; weight [C, K] (torch's Conv1d weight [C, 1, K] squeezed); state [B, K - 1, C]:
     the K - 1 inputs before x (default zeros, the start of a sequence). Output t is
     silu(sum_j weight[:, j] * window[t + j]) over window = concat(state, x). Returns
     (out [B, T, C] in x's dtype, new state [B, K - 1, C]: the last K - 1 inputs of the window).
+
+    leading_padding int [B] (None: none): row b's first p_b inputs are padding (a left-padded
+    batch continuing from a cached state). The window is then [p_b zeros, state, the real
+    inputs], so the state sits right before the first real input: the real outputs and the new
+    state are those of the unpadded row (outputs at padding are meaningless).
     """
     b, t, ch = x.shape
     kernel = weight.shape[1]
     if state is None:
         state = jnp.zeros((b, kernel - 1, ch), x.dtype)
     window = jnp.concatenate([state.astype(x.dtype), x], axis=1)  # [B, K - 1 + T, C]
+    if leading_padding is not None:
+        # Source index in concat(state, x) of each window slot: padding, then the state, then x.
+        i = jnp.arange(kernel - 1 + t)[None, :]
+        p = jnp.asarray(leading_padding, jnp.int32)[:, None]
+        source = jnp.where(i < p, 0, jnp.where(i < p + kernel - 1, i - p, i))
+        window = jnp.take_along_axis(window, source[..., None], axis=1)
+        window = jnp.where((i < p)[..., None], jnp.zeros((), window.dtype), window)
     w = weight.astype(jnp.float32)
     acc = sum(window[:, j : j + t].astype(jnp.float32) * w[:, j] for j in range(kernel))
     return jax.nn.silu(acc).astype(x.dtype), window[:, t:]

@@ -509,15 +509,21 @@ class GatedDeltaNet(nnx.Module):
         self.A_log = nnx.Param(jnp.log(a).astype(cfg.param_dtype), **_meta("linear_heads"))
         self.norm = GatedRMSNorm(cfg.linear_value_head_dim, cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
 
-    def __call__(self, x: jax.Array, conv_state=None, recurrent_state=None):
+    def __call__(self, x: jax.Array, conv_state=None, recurrent_state=None, keep=None):
         """x [B, T, E] (padding rows already zeroed); conv_state [B, K - 1, C] and recurrent_state
-        [B, Hv, Dk, Dv] from the cache, or None (a fresh sequence).
+        [B, Hv, Dk, Dv] from the cache, or None (a fresh sequence); keep bool [B, T, 1] (None: no
+        padding): padding leaves both states as they were, wherever it sits in the row (before
+        the real tokens: the conv window skips it; anywhere: no decay, no update).
         Returns (out [B, T, E], new conv state, new recurrent state)."""
         cfg = self.cfg
         b, t, _ = x.shape
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        mixed, conv_state = causal_conv1d(project(self.in_proj_qkv, x), self.conv1d[...][:, 0], conv_state)
+        leading = None
+        if keep is not None and conv_state is not None:
+            real = keep[..., 0]
+            leading = jnp.where(jnp.any(real, axis=1), jnp.argmax(real, axis=1), t)
+        mixed, conv_state = causal_conv1d(project(self.in_proj_qkv, x), self.conv1d[...][:, 0], conv_state, leading)
         kd = cfg.linear_key_dim
         q = l2_normalize(mixed[..., :kd].reshape(b, t, hk, dk)) * dk**-0.5
         k = l2_normalize(mixed[..., kd:2 * kd].reshape(b, t, hk, dk))
@@ -527,6 +533,9 @@ class GatedDeltaNet(nnx.Module):
         beta = jax.nn.sigmoid(project(self.in_proj_b, x).astype(jnp.float32))
         a = project(self.in_proj_a, x).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
         g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
+        if keep is not None:  # padding: no decay and no write (k is not zero after a cached conv window)
+            g = jnp.where(keep, g, 0.0)
+            beta = jnp.where(keep, beta, 0.0)
         if t == 1 and recurrent_state is not None:
             out, recurrent_state = gated_delta_rule_recurrent(q, k, v, g, beta, recurrent_state)
         else:
@@ -557,7 +566,7 @@ class DecoderLayer(nnx.Module):
         h = self.input_layernorm(x)
         if self.layer_type == "linear_attention":
             conv, recurrent = state if state is not None else (None, None)
-            mixed, conv, recurrent = self.linear_attn(jnp.where(keep, h, 0).astype(h.dtype), conv, recurrent)
+            mixed, conv, recurrent = self.linear_attn(jnp.where(keep, h, 0).astype(h.dtype), conv, recurrent, keep)
             new_state = (conv, recurrent) if state is not None else None
         else:
             mixed, new_state = self.self_attn(h, cos, sin, mask, state)
@@ -721,15 +730,23 @@ class Qwen3_5ForConditionalGeneration(nnx.Module):
         return self.language_model.init_cache(batch, capacity, dtype)
 
     def hidden_states(self, input_ids, *, positions=None, segment_ids=None, kv_cache=None, pixel_values=None,
-                      image_grid_thw: ImageGrid | GridTHW | None = None) -> tuple[jax.Array, HybridCache | None]:
+                      image_grid_thw: ImageGrid | GridTHW | None = None,
+                      image_features=None) -> tuple[jax.Array, HybridCache | None]:
         """Final-normed hidden states [B, T, E] and the updated cache; arguments as
         `Qwen3VLForConditionalGeneration.hidden_states` (positions [3, B, T] from `rope_index`
-        are required with images)."""
+        are required with images; image_features: (tokens [B, T, E], ()), no DeepStack)."""
         cfg = self.config
         if (pixel_values is None) != (image_grid_thw is None):
             raise ValueError("pass pixel_values and image_grid_thw together")
+        if pixel_values is not None and image_features is not None:
+            raise ValueError("pass the images as pixel_values or as image_features, not both")
         embeds = self.language_model.model.embed_tokens(input_ids)
-        if pixel_values is not None:
+        if image_features is not None:
+            if positions is None or positions.ndim != 3:
+                raise ValueError("with images, pass positions [3, B, T] built by rope_index")
+            keep = (input_ids == cfg.image_token_id)[..., None]
+            embeds = jnp.where(keep, image_features[0].astype(embeds.dtype), embeds)
+        elif pixel_values is not None:
             if positions is None or positions.ndim != 3:
                 raise ValueError("with images, pass positions [3, B, T] built by rope_index")
             mask = input_ids == cfg.image_token_id

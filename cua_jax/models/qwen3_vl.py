@@ -361,6 +361,16 @@ def _scatter_rows(mask: jax.Array, rows: jax.Array) -> tuple[jax.Array, jax.Arra
     return rows[index], mask[..., None]
 
 
+def image_features(input_ids: jax.Array, image_token_id: int, tokens: jax.Array,
+                   deepstack: Sequence[jax.Array] = ()) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+    """The `image_features` model input for input_ids int [B, T]: merged image tokens [M, E] (and
+    DeepStack features, each [M, E]) in placeholder order, row-major over the batch, laid out
+    as [B, T, E] arrays (row i of `tokens` at the i-th placeholder; rows past the placeholders
+    are left over, so M may be padded)."""
+    mask = input_ids == image_token_id
+    return _scatter_rows(mask, tokens)[0], tuple(_scatter_rows(mask, d)[0] for d in deepstack)
+
+
 class Qwen3VLForConditionalGeneration(nnx.Module):
     """Qwen3-VL: `visual` (VisionTower) + `language_model` (Qwen3ForCausalLM, its decoder and LM head).
 
@@ -432,13 +442,22 @@ class Qwen3VLForConditionalGeneration(nnx.Module):
             )
         image_embeds, deepstack = self.encode_images(pixel_values, image_grid_thw)
         gathered, keep = _scatter_rows(mask, image_embeds.astype(embeds.dtype))
-        embeds = jnp.where(keep, gathered, embeds)
+        placed = tuple(_scatter_rows(mask, d)[0] for d in deepstack)
+        return self._place_image_features(input_ids, embeds, (gathered, placed))
+
+    def _place_image_features(self, input_ids, embeds, image_features):
+        """embeds [B, T, E] with image_features' tokens at the placeholders, and the DeepStack hook.
+
+        image_features: (tokens [B, T, E], DeepStack features: one [B, T, E] per injected layer),
+        aligned with input_ids and read only at its placeholders (anything elsewhere)."""
+        keep = (input_ids == self.config.image_token_id)[..., None]
+        tokens, deepstack = image_features
+        embeds = jnp.where(keep, tokens.astype(embeds.dtype), embeds)
 
         def deepstack_hook(layer: int, x: jax.Array) -> jax.Array:
             if layer >= len(deepstack):
                 return x
-            extra, _ = _scatter_rows(mask, deepstack[layer].astype(x.dtype))
-            return x + jnp.where(keep, extra, 0)
+            return x + jnp.where(keep, deepstack[layer].astype(x.dtype), 0)
 
         return embeds, deepstack_hook
 
@@ -453,6 +472,7 @@ class Qwen3VLForConditionalGeneration(nnx.Module):
         kv_cache: KVCache | None = None,
         pixel_values: jax.Array | None = None,
         image_grid_thw: ImageGrid | GridTHW | None = None,
+        image_features: tuple[jax.Array, tuple[jax.Array, ...]] | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Final-normed hidden states [B, T, E] and the updated cache.
 
@@ -463,16 +483,24 @@ class Qwen3VLForConditionalGeneration(nnx.Module):
         pixel_values [N, C*T*P*P] and image_grid_thw (t, h, w) per image: the images, in the
           order their placeholder runs appear (row-major over the batch). The number of
           placeholders must equal the image tokens (checked when input_ids is concrete).
+        image_features: instead of pixel_values, the images already encoded and laid out over
+          input_ids: (tokens [B, T, E], one DeepStack feature [B, T, E] per injected layer), read
+          at the placeholders (`place_image_tokens` builds them from `encode_images`' output).
         """
         text_model = self.language_model.model
         if (pixel_values is None) != (image_grid_thw is None):
             raise ValueError("pass pixel_values and image_grid_thw together")
+        if pixel_values is not None and image_features is not None:
+            raise ValueError("pass the images as pixel_values or as image_features, not both")
         embeds = text_model.embed_tokens(input_ids)
         after_layer = None
-        if pixel_values is not None:
+        if pixel_values is not None or image_features is not None:
             if positions is None or positions.ndim != 3:
                 raise ValueError("with images, pass positions [3, B, T] built by rope_index")
-            embeds, after_layer = self._inject_images(input_ids, embeds, pixel_values, image_grid_thw)
+            if image_features is not None:
+                embeds, after_layer = self._place_image_features(input_ids, embeds, image_features)
+            else:
+                embeds, after_layer = self._inject_images(input_ids, embeds, pixel_values, image_grid_thw)
         if positions is None:
             b, t = input_ids.shape
             start = kv_cache.end if kv_cache is not None else jnp.zeros((), jnp.int32)

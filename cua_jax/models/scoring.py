@@ -26,7 +26,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax import nnx, struct
+
+from cua_jax.models.cache_rows import take_rows
+from cua_jax.models.vision import ImageGrid
 
 # score_sequences' default: full logits up to this size are built at once (one chunk, no remat).
 UNCHUNKED_LOGITS_BYTES = 64 << 20
@@ -142,6 +145,57 @@ def token_logprobs_from_hidden(
     return logp, ent
 
 
+def image_model_inputs(pixel_values, image_grid, image_features) -> dict:
+    """The image keyword arguments of a model's forward: encoded features when a frozen tower
+    already ran, else patches and their grid, else nothing (text-only rows)."""
+    if image_features is not None:
+        return {"image_features": image_features}
+    if pixel_values is None:
+        return {}
+    return {"pixel_values": pixel_values, "image_grid_thw": image_grid}
+
+
+@struct.dataclass
+class SharedPrefix:
+    """Prompt prefixes that rows of a batch continue: each row's tokens follow its prefix row's.
+
+    ids / segment_ids: int32 [G, Lp], left-padded (segment 0 on padding; a row of padding only
+    is an empty prefix); positions: int32 [G, Lp] or [3, G, Lp] (multimodal), the positions the
+    tokens have in their whole sequences; index: int32 [B], the prefix row of each batch row.
+    pixel_values [N, D] / image_grid: the prefix rows' images (None without any), or
+    image_features: the same encoded by a frozen tower (the models' `image_features` input).
+    """
+
+    ids: jax.Array
+    segment_ids: jax.Array
+    positions: jax.Array
+    index: jax.Array
+    pixel_values: jax.Array | None = None
+    image_grid: ImageGrid | None = struct.field(pytree_node=False, default=None)
+    image_features: tuple | None = None
+
+    def model_inputs(self) -> dict:
+        return image_model_inputs(self.pixel_values, self.image_grid, self.image_features)
+
+
+def prefixed_hidden_states(model, ids: jax.Array, segment_ids: jax.Array, positions: jax.Array,
+                           prefix: SharedPrefix, **model_inputs) -> jax.Array:
+    """Final hidden states [B, T] of rows that continue `prefix`'s rows: each prefix row runs
+    through the model once (G rows, not B), and every batch row attends to its prefix row's keys
+    and values (and, for a hybrid model, starts from its recurrent state) as a decoding cache.
+    positions are the rows' positions in their whole sequences. The gradient reaching a prefix
+    row is the sum over the rows that continue it, so the result and its gradients are those
+    of the rows run whole."""
+    g, lp = prefix.ids.shape
+    cache = model.init_cache(g, lp)
+    _, cache = model.hidden_states(prefix.ids, positions=prefix.positions, segment_ids=prefix.segment_ids,
+                                   kv_cache=cache, **prefix.model_inputs())
+    cache = take_rows(cache, prefix.index, capacity=lp + ids.shape[1])
+    hidden, _ = model.hidden_states(ids, positions=positions, segment_ids=segment_ids, kv_cache=cache,
+                                    **model_inputs)
+    return hidden
+
+
 def score_sequences(
     model,
     ids: jax.Array,
@@ -153,6 +207,7 @@ def score_sequences(
     vocab_chunk: int = 32768,
     banned_token_ids: tuple[int, ...] = (),
     unchunked_logits_bytes: int = UNCHUNKED_LOGITS_BYTES,
+    prefix: SharedPrefix | None = None,
     **model_inputs,
 ) -> tuple[jax.Array, jax.Array]:
     """(logprobs, entropy) float32 [B, T] of `ids` int [B, T] under `model` (a DecoderLM
@@ -161,11 +216,16 @@ def score_sequences(
     segment_ids int [B, T] (0 = padding, several ids = packed sequences), positions and
     model_inputs (e.g. image inputs) go to the model's forward. banned_token_ids (static):
     the sampler's banned ids, left out of every softmax (module doc). unchunked_logits_bytes
-    (static): see `token_logprobs_from_hidden`. Differentiable.
+    (static): see `token_logprobs_from_hidden`. prefix: the rows continue these prefix rows
+    (`prefixed_hidden_states`; one sequence per row): position 0 of a row, whose prediction
+    sits in its prefix, gets 0 like the first token of a sequence. Differentiable.
     """
     if segment_ids is None:
         segment_ids = jnp.ones(ids.shape, jnp.int32)
-    hidden, _ = model.hidden_states(ids, positions=positions, segment_ids=segment_ids, **model_inputs)
+    if prefix is None:
+        hidden, _ = model.hidden_states(ids, positions=positions, segment_ids=segment_ids, **model_inputs)
+    else:
+        hidden = prefixed_hidden_states(model, ids, segment_ids, positions, prefix, **model_inputs)
     logp, ent = token_logprobs_from_hidden(
         hidden[:, :-1], model.output_projection(), ids[:, 1:],
         temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk, banned_token_ids=banned_token_ids,

@@ -50,6 +50,12 @@ class ImageGrid:
         return grid_thw if isinstance(grid_thw, ImageGrid) else cls(normalize_grid(grid_thw))
 
 
+def bucket_count(n: int) -> int:
+    """The padded image count for n images: 0 for none, else the next power of two (padding
+    images keep the set of compiled image shapes small)."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
 @dataclasses.dataclass(frozen=True)
 class VisionConfig:
     """Shape of the vision tower; field names follow HF's `Qwen3VLVisionConfig`."""

@@ -79,6 +79,7 @@ from cua_jax.context.segment import EpisodeContext, Segmenter
 from cua_jax.envs import actions as A
 from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvObservation
 from cua_jax.envs.faults import Attribution, Outcome, episode_outcome
+from cua_jax.observe import timeline
 from cua_jax.rollout.engine import EngineFault, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.rollout.prompts import PROMPT_STYLES, system_prompt
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
@@ -465,8 +466,9 @@ class AgentLoop:
         first reset or of the capture is that episode's; the others then reset on their own."""
         leader = envs[0]
         try:
-            first = await leader.reset(task, seed)
-            state = await leader.shared_state()
+            with timeline.span("env"):
+                first = await leader.reset(task, seed)
+                state = await leader.shared_state()
         except EnvironmentFault as error:
             fault = error.fault
 
@@ -543,15 +545,16 @@ class AgentLoop:
                     episode.info["budget"] = "response_tokens"
                     break
                 turn_budget = min(turn_budget, response_budget)
-            images = [np.asarray(image) for image in observation.images]
-            text = observation.text
-            if self.config.max_observation_tokens is not None:
-                text, truncated = truncate_observation(
-                    text, self.segmenter.renderer.tokenizer, self.config.max_observation_tokens
-                )
-                truncated_observations += truncated
-            context.observe(t, text, images)
-            prompt = context.prompt()
+            with timeline.span("agent_host"):  # the agent loop's own Python: render, tokenize, parse
+                images = [np.asarray(image) for image in observation.images]
+                text = observation.text
+                if self.config.max_observation_tokens is not None:
+                    text, truncated = truncate_observation(
+                        text, self.segmenter.renderer.tokenizer, self.config.max_observation_tokens
+                    )
+                    truncated_observations += truncated
+                context.observe(t, text, images)
+                prompt = context.prompt()
             prompt_tokens = int(len(prompt.ids))
             if prompt_tokens + self.config.max_new_tokens > self.config.max_context_tokens:
                 # This observation gets no response; the episode's turns end at the last
@@ -592,9 +595,10 @@ class AgentLoop:
             generations.append(generation)
             if response_budget is not None:
                 response_budget -= len(generation.token_ids)
-            context.respond(t, generation.token_ids, generation.logprobs)
-            response_text = context.response_text(generation.token_ids)
-            action = env.parse_action(response_text, self.config.action_space)
+            with timeline.span("agent_host"):
+                context.respond(t, generation.token_ids, generation.logprobs)
+                response_text = context.response_text(generation.token_ids)
+                action = env.parse_action(response_text, self.config.action_space)
             turn = Turn(
                 observation_text=text,
                 images=images,
@@ -658,12 +662,13 @@ class AgentLoop:
             truncated_observations=int(truncated_observations),
             policy_versions=sorted(set(int(v) for v in versions)),
         )
-        if context is None or not episode.turns:
-            items = []
-        elif unanswered:
-            items = self.segmenter.segment(episode)
-        else:
-            items = context.finish()
+        with timeline.span("agent_host"):
+            if context is None or not episode.turns:
+                items = []
+            elif unanswered:
+                items = self.segmenter.segment(episode)
+            else:
+                items = context.finish()
         episode.info["items"] = len(items)
         return Rollout(episode, items)
 
@@ -680,7 +685,11 @@ class _Clock:
         try:
             yield
         finally:
-            self.seconds[phase] += time.perf_counter() - start
+            end = time.perf_counter()
+            self.seconds[phase] += end - start
+            profile = timeline.active()
+            if profile is not None and phase == "env":
+                profile.add("env", start, end)
 
 
 async def _awaited(future: asyncio.Future) -> Any:

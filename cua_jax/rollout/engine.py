@@ -176,6 +176,12 @@ class RolloutEngine(abc.ABC):
     def health(self) -> EngineHealth:
         """Cheap liveness check; never raises for a dead engine, reports it instead."""
 
+    def stats(self) -> dict[str, float]:
+        """Counters of the engine's work so far, where it keeps any (for benchmarks). Shared keys:
+        prompt_tokens (prompt tokens asked for) and cached_tokens (those served from a prefix
+        cache, not computed again), so hit rates compare across engines. Default: none."""
+        return {}
+
     def close(self) -> None:
         """Releases processes and memory; the engine is unusable afterwards."""
 

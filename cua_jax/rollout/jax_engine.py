@@ -12,7 +12,10 @@ parameters), so a Ray actor can build its own copy in its own process.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
+import hashlib
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,7 +25,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cua_jax.models.sampler import Sampler, SamplingParams, normalized_token_ids
+from cua_jax.models.sampler import (
+    PrefixCache,
+    PromptImage,
+    PromptInput,
+    Sampler,
+    SamplingParams,
+    image_runs,
+    normalized_token_ids,
+)
+from cua_jax.observe import timeline
 from cua_jax.rollout.engine import (
     EngineHealth,
     FinishReason,
@@ -31,6 +43,10 @@ from cua_jax.rollout.engine import (
     RolloutEngine,
     SamplingConfig,
 )
+
+
+# Processed screenshots kept by content (a screenshot is processed again only once evicted).
+_PROCESSED_IMAGES = 64
 
 
 class JaxSamplerEngine(RolloutEngine):
@@ -48,6 +64,11 @@ class JaxSamplerEngine(RolloutEngine):
     interrupt_tokens: 0, a weight update waits for the generation in flight; N > 0, replies
     longer than N grow N tokens at a time and an update lands between chunks (partial
     rollouts, `_generate_in_chunks`), each token tagged with its version.
+    share_prompts: the part of a batch's prompts that several share (a group's first prompt)
+    is prefilled once and its screenshots encoded once (`Sampler.sample`).
+    prefix_cache_tokens: > 0 keeps each reply's prompt + reply keys and values (at most this
+    many cache slots over all), so an episode's next turn prefills only its new tokens; the
+    cache is dropped whenever the weights change. 0: every prompt is prefilled whole.
     """
 
     def __init__(
@@ -59,16 +80,25 @@ class JaxSamplerEngine(RolloutEngine):
         initial_version: int = 0,
         banned_token_ids: Sequence[int] = (),
         interrupt_tokens: int = 0,
+        share_prompts: bool = False,
+        prefix_cache_tokens: int = 0,
         **sampler_kwargs: Any,
     ):
         if interrupt_tokens < 0:
             raise ValueError(f"interrupt_tokens must be >= 0, got {interrupt_tokens}")
+        if prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
         self.interrupt_tokens = int(interrupt_tokens)
         self._sampler = Sampler(model, **sampler_kwargs)
         self.banned_token_ids = normalized_token_ids(banned_token_ids, "banned_token_ids")
+        self.share_prompts = bool(share_prompts)
+        self._prefix_cache = (PrefixCache(prefix_cache_tokens, exact=self._sampler.recurrent)
+                              if prefix_cache_tokens else None)
         self._base_key = jax.random.key(seed)
         self._calls = 0
         self._image_processor = image_processor
+        # The latest screenshots through the image processor, by content.
+        self._processed: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
         self._version = initial_version
         self._lock = threading.Lock()
         # Weight updates announce themselves before taking the lock, so a chunked generation
@@ -81,19 +111,58 @@ class JaxSamplerEngine(RolloutEngine):
     def model(self) -> nnx.Module:
         return self._sampler.model
 
-    def _prefill_extras(self, requests: Sequence[GenerationRequest]):
-        images = [image for r in requests for image in r.images]
-        if not images:
-            return None
-        if not hasattr(self.model, "encode_images"):
-            raise ValueError(f"{type(self.model).__name__} is text-only; the requests carry images")
+    def stats(self) -> dict[str, int]:
+        """The sampler's work so far (`Sampler.stats`: prompts, prompt / cached / prefilled /
+        generated tokens, images requested and encoded, ...) and the prefix cache's size."""
+        with self._lock:
+            out = dict(self._sampler.stats)
+            if self._prefix_cache is not None:
+                out["cache_entries"] = len(self._prefix_cache.entries)
+                out["cache_slots"] = self._prefix_cache.slots
+            return out
+
+    # -- prompts -----------------------------------------------------------------------------
+
+    def _patches(self, key: bytes, image: np.ndarray) -> np.ndarray:
+        """A screenshot's patches through the image processor, memoised by content (a screenshot
+        is encoded again when a prompt's cached part no longer holds it)."""
+        hit = self._processed.get(key)
+        if hit is not None:
+            self._processed.move_to_end(key)
+            return hit
+        processed = self._image_processor(images=[image], return_tensors="np")
+        hit = self._processed[key] = np.asarray(processed["pixel_values"], np.float32)
+        while len(self._processed) > _PROCESSED_IMAGES:
+            self._processed.popitem(last=False)
+        return hit
+
+    def _prompt_input(self, request: GenerationRequest) -> PromptInput:
+        """The sampler's view of a request: ids, multimodal positions, images with content keys
+        (the patches are computed only for images the sampler has to encode)."""
+        if not request.images:
+            return PromptInput(request.prompt_ids)
+        model = self.model
+        if not hasattr(model, "encode_images"):
+            raise ValueError(f"{type(model).__name__} is text-only; the requests carry images")
         if self._image_processor is None:
             raise ValueError("requests carry images but the engine has no image_processor")
-        from cua_jax.models.qwen3_vl import image_prefill_extras
+        from cua_jax.context.tokenizer import image_grid_thw
+        from cua_jax.models.qwen3_vl import rope_index
 
-        processed = self._image_processor(images=images, return_tensors="np")
-        grid = [tuple(int(x) for x in row) for row in np.asarray(processed["image_grid_thw"])]
-        return image_prefill_extras(self.model.config, np.asarray(processed["pixel_values"]), grid)
+        config = model.config
+        ids = request.prompt_ids
+        runs = image_runs(ids, config.image_token_id)
+        if len(runs) != len(request.images):
+            raise ValueError(f"the prompt holds {len(runs)} image placeholder runs for {len(request.images)} images")
+        images = []
+        for image, (start, end) in zip(request.images, runs):
+            array = np.ascontiguousarray(image)
+            key = hashlib.sha1(array.tobytes() + str(array.shape).encode()).digest()
+            grid = image_grid_thw(self._image_processor, *array.shape[:2])
+            images.append(PromptImage(start, end, grid, key, functools.partial(self._patches, key, array)))
+        positions, _ = rope_index(ids[None], [im.grid for im in images], image_token_id=config.image_token_id,
+                                  spatial_merge_size=config.vision.spatial_merge_size)
+        return PromptInput(ids, positions[:, 0], tuple(images))
 
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
@@ -114,10 +183,7 @@ class JaxSamplerEngine(RolloutEngine):
             key = self._call_key(sampling)
             version = self._version
             seeds = [r.seed for r in requests]
-            out = self._sampler.generate(
-                [r.prompt_ids for r in requests], params, key, prefill_extras=self._prefill_extras(requests),
-                row_seeds=None if all(s is None for s in seeds) else seeds,
-            )
+            out = self._sample(requests, params, key, None if all(s is None for s in seeds) else seeds)
         return [
             Generation(
                 token_ids=np.asarray(tokens, np.int32),
@@ -127,6 +193,14 @@ class JaxSamplerEngine(RolloutEngine):
             )
             for tokens, logprobs, reason in zip(out.tokens, out.logprobs, out.finish_reasons)
         ]
+
+    def _sample(self, requests: Sequence[GenerationRequest], params: SamplingParams, key: jax.Array, seeds):
+        """The sampler's output for `requests` (under the lock), with the engine's prompt sharing
+        and prefix cache."""
+        with timeline.span("engine_host"):
+            prompts = [self._prompt_input(r) for r in requests]
+            return self._sampler.sample(prompts, params, key, row_seeds=seeds, cache=self._prefix_cache,
+                                        share_prompts=self.share_prompts)
 
     def _call_key(self, sampling: SamplingConfig) -> jax.Array:
         """The call's key: its seed's, else the next of the engine's stream (under the lock)."""
@@ -161,10 +235,8 @@ class JaxSamplerEngine(RolloutEngine):
             seeds = [None if r.seed is None else (int(r.seed) * 1_000_003 + chunk) % 2**31 for r in continuing]
             with self._lock:
                 version = self._version
-                out = self._sampler.generate(
-                    [r.prompt_ids for r in continuing], dataclasses.replace(params, max_new_tokens=budget),
-                    jax.random.fold_in(key, chunk), prefill_extras=self._prefill_extras(continuing),
-                    row_seeds=None if all(s is None for s in seeds) else seeds)
+                out = self._sample(continuing, dataclasses.replace(params, max_new_tokens=budget),
+                                   jax.random.fold_in(key, chunk), None if all(s is None for s in seeds) else seeds)
             for row, i in enumerate(active):
                 tokens[i] += [int(t) for t in out.tokens[row]]
                 logprobs[i] += [float(x) for x in out.logprobs[row]]
@@ -195,6 +267,8 @@ class JaxSamplerEngine(RolloutEngine):
         with self._updated:
             nnx.update(self.model, _on_device(state))
             self._version = version
+            if self._prefix_cache is not None:  # keys and values of the old weights
+                self._prefix_cache.clear()
             with self._intent:
                 self._updates_waiting -= 1
             self._updated.notify_all()
@@ -227,8 +301,8 @@ class JaxEngineFactory:
     model_class / model_config: the policy's NNX class and its config (`model_class(config,
     rngs=...)`). params: the policy's `nnx.State`, host numpy leaves (what crosses a process
     boundary) or device arrays (copied, so the caller may donate its own). seed / pad_id /
-    initial_version / banned_token_ids / interrupt_tokens: as `JaxSamplerEngine`'s. tokenizer_dir: where the
-    image processor comes from (None: the shipped tiny one).
+    initial_version / banned_token_ids / interrupt_tokens / share_prompts / prefix_cache_tokens: as
+    `JaxSamplerEngine`'s. tokenizer_dir: where the image processor comes from (None: the shipped tiny one).
     """
 
     model_class: type
@@ -240,6 +314,8 @@ class JaxEngineFactory:
     initial_version: int = 0
     banned_token_ids: tuple[int, ...] = ()
     interrupt_tokens: int = 0
+    share_prompts: bool = False
+    prefix_cache_tokens: int = 0
 
     def __call__(self) -> JaxSamplerEngine:
         from cua_jax.context.tokenizer import load_processor
@@ -254,4 +330,5 @@ class JaxEngineFactory:
         _, image_processor = load_processor(self.tokenizer_dir)
         return JaxSamplerEngine(model, seed=self.seed, image_processor=image_processor,
                                 initial_version=self.initial_version, pad_id=self.pad_id,
-                                banned_token_ids=self.banned_token_ids, interrupt_tokens=self.interrupt_tokens)
+                                banned_token_ids=self.banned_token_ids, interrupt_tokens=self.interrupt_tokens,
+                                share_prompts=self.share_prompts, prefix_cache_tokens=self.prefix_cache_tokens)

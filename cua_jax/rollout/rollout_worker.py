@@ -80,6 +80,9 @@ class CanonicalOrderEngine(RolloutEngine):
     def health(self) -> EngineHealth:
         return self.engine.health()
 
+    def stats(self) -> dict[str, float]:
+        return self.engine.stats()
+
     def sampling_state(self) -> dict[str, int]:
         return engine_sampling_state(self.engine)
 
@@ -312,6 +315,10 @@ class RolloutWorker:
     def health(self) -> EngineHealth:
         return self.engine.health()
 
+    def engine_stats(self) -> dict[str, float]:
+        """The engine's work counters (`RolloutEngine.stats`)."""
+        return self.engine.stats()
+
     def sampling_state(self) -> dict[str, int]:
         """The engine's restorable sampling state (see `engine_sampling_state`)."""
         return engine_sampling_state(self.engine)
@@ -420,6 +427,11 @@ class RemoteRolloutWorker:
         import ray
 
         return ray.get(self.actor.health.remote())
+
+    def engine_stats(self) -> dict[str, float]:
+        import ray
+
+        return ray.get(self.actor.engine_stats.remote())
 
     def sampling_state(self) -> dict[str, int]:
         import ray

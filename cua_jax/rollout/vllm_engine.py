@@ -333,6 +333,7 @@ class VllmEngine(RolloutEngine):
             max_num_seqs=config.max_num_seqs,
             tensor_parallel_size=config.tensor_parallel_size,
             logprobs_mode="processed_logprobs",
+            disable_log_stats=False,  # the prefix cache's counters (`stats`)
             generation_config="vllm",
             worker_extension_cls=f"{__name__}.WeightSyncExtension",
             limit_mm_per_prompt={"image": config.limit_images_per_prompt, "video": 0}
@@ -457,6 +458,16 @@ class VllmEngine(RolloutEngine):
     @property
     def policy_version(self) -> int:
         return self._version
+
+    def stats(self) -> dict[str, float]:
+        """vLLM's automatic prefix caching, in tokens: prompt_tokens it looked up and
+        cached_tokens it found (this process's counters since the engine started)."""
+        names = {"vllm:prefix_cache_queries": "prompt_tokens", "vllm:prefix_cache_hits": "cached_tokens"}
+        out = dict.fromkeys(names.values(), 0.0)
+        for metric in self._llm.get_metrics():
+            if metric.name in names:
+                out[names[metric.name]] += float(metric.value)
+        return out
 
     def health(self) -> EngineHealth:
         if self._llm is None:

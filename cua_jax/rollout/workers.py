@@ -64,6 +64,9 @@ class EngineActor:
     def health(self) -> EngineHealth:
         return self._engine.health()
 
+    def stats(self) -> dict[str, float]:
+        return self._engine.stats()
+
     def in_flight(self) -> int:
         """Number of generate calls running right now."""
         return self._in_flight
@@ -349,6 +352,19 @@ class Router(RolloutEngine):
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as error:
                 out.append(EngineHealth(healthy=False, policy_version=-1, detail=repr(error)))
         return out
+
+    def stats(self) -> dict[str, float]:
+        """The engines' counters (`RolloutEngine.stats`), summed over the actors that answer."""
+        import ray
+
+        total: dict[str, float] = {}
+        for actor in self.actors:
+            try:
+                for key, value in ray.get(actor.stats.remote(), timeout=60.0).items():
+                    total[key] = total.get(key, 0.0) + value
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                continue
+        return total
 
     def health(self) -> EngineHealth:
         engines = self.engine_health()

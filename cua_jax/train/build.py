@@ -244,7 +244,8 @@ def build_rollout_workers(settings: TrainSettings, policy, pad_id: int, env_wrap
     specs = [
         (JaxEngineFactory(type(policy), policy.config, params, seed=c.seed * 1000 + w, pad_id=pad_id,
                           tokenizer_dir=tokenizer_dir(c), banned_token_ids=banned_token_ids,
-                          interrupt_tokens=c.rollout.partial_rollout_tokens),
+                          interrupt_tokens=c.rollout.partial_rollout_tokens, share_prompts=c.rollout.share_prompts,
+                          prefix_cache_tokens=c.rollout.prefix_cache_tokens),
          rollout_worker_config(settings, w))
         for w in range(c.rollout.num_workers)
     ]

@@ -182,7 +182,15 @@ def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num
     rewards = np.asarray([e.reward for e in episodes], np.float32)
     status = np.asarray([STATUS_CODES[e.status] for e in episodes], np.int32)
     group_ids = np.asarray(group_index, np.int32)
-    advantages = np.asarray(episode_advantages(rewards, status, group_ids, num_groups, settings.advantage))
+    credited_rewards, credited_status = rewards, status
+    if settings.config.advantage.permute_rewards:
+        # The control run: each episode is credited with the outcome of another episode of the
+        # batch (a permutation drawn from the seed and the policy version), so the advantages keep
+        # their distribution but no longer say which replies succeeded.
+        order = np.random.default_rng([int(settings.config.seed), int(version)]).permutation(len(episodes))
+        credited_rewards, credited_status = rewards[order], status[order]
+    advantages = np.asarray(episode_advantages(credited_rewards, credited_status, group_ids, num_groups,
+                                               settings.advantage))
     success = np.asarray([e.status is EpisodeStatus.SUCCESS for e in episodes])
     # Live coverage per difficulty tier (CANOPY §3.2): the informative share of each tier's groups.
     catalog = settings.catalog

@@ -64,8 +64,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from cua_jax.models.sampler import normalized_token_ids
 from cua_jax.models.scoring import score_sequences
 from cua_jax.models.sharding import DEFAULT_RULES, MeshConfig, logical_to_spec, make_mesh, shard_model, use_mesh
+from cua_jax.observe import timeline
 from cua_jax.rl.losses import PolicyLossConfig, PolicyLossMetrics, normalize, policy_loss
-from cua_jax.train.batching import TrainBatch
+from cua_jax.train.batching import TrainBatch, batch_tokens
 
 OBJECTIVES = ("policy_gradient", "sft")
 OLD_LOGPROB_SOURCES = ("rollout", "recompute", "current")
@@ -402,7 +403,52 @@ class Learner:
         fields["item_valid"] = spec(("activation_batch",), batch.item_valid)
         for name in ("pixel_values", "patch_offsets"):
             fields[name] = None if getattr(batch, name) is None else self._replicated
+        features = lambda f: None if f is None else jax.tree.map(lambda x: spec((*row, None), x), f)
+        fields["image_features"] = features(batch.image_features)
+        prefix = batch.prefix
+        if prefix is not None:
+            fields["prefix"] = prefix.replace(
+                ids=spec(row, prefix.ids), segment_ids=spec(row, prefix.segment_ids),
+                positions=spec(row if prefix.positions.ndim == 2 else (None, *row), prefix.positions),
+                index=spec(("activation_batch",), prefix.index),
+                pixel_values=None if prefix.pixel_values is None else self._replicated,
+                image_features=features(prefix.image_features))
         return batch.replace(**fields)
+
+    def _with_image_features(self, batch: TrainBatch) -> TrainBatch:
+        """With a frozen vision tower, `batch` with its images (and its prefix's) encoded once
+        here, as `image_features`, instead of by every pass that scores it: the reference, the
+        recomputed old logprobs and the gradient all read the same features, and their compiled
+        programs no longer depend on how many images a micro-batch holds."""
+        if not self.config.freeze_vision:
+            return batch
+        if batch.pixel_values is not None:
+            batch = batch.replace(image_features=self._encode(batch.ids, batch.pixel_values, batch.image_grid),
+                                  pixel_values=None, patch_offsets=None, image_grid=None)
+        prefix = batch.prefix
+        if prefix is not None and prefix.pixel_values is not None:
+            batch = batch.replace(prefix=prefix.replace(
+                image_features=self._encode(prefix.ids, prefix.pixel_values, prefix.image_grid),
+                pixel_values=None, image_grid=None))
+        return batch
+
+    def _encode(self, ids, pixel_values, grid):
+        from cua_jax.models.qwen3_vl import image_features
+
+        def encode(params, frozen, ids, pixel_values):
+            model = nnx.merge(self._graphdef, params, frozen)
+            tokens, deepstack = model.encode_images(pixel_values, grid)
+            return image_features(ids, model.config.image_token_id, tokens, deepstack)
+
+        with timeline.span("vision"), use_mesh(self.mesh, self.rules):
+            key = ("encode", grid)
+            fn = self._jit_cache.get(key)
+            if fn is None:
+                fn = self._jit_cache[key] = jax.jit(encode)
+            out = fn(self.params, self.frozen, ids, pixel_values)
+            if timeline.active() is not None:
+                jax.block_until_ready(out)
+            return out
 
     # -- the jitted passes ---------------------------------------------------------------------
 
@@ -412,7 +458,7 @@ class Learner:
         return score_sequences(
             model, batch.ids, batch.segment_ids, batch.positions, temperature=cfg.temperature,
             seq_chunk=cfg.seq_chunk, vocab_chunk=cfg.vocab_chunk, banned_token_ids=cfg.banned_token_ids,
-            **batch.model_inputs(),
+            prefix=batch.prefix, **batch.model_inputs(),
         )
 
     def _score_fn(self, params, frozen, batch: TrainBatch) -> jax.Array:
@@ -492,17 +538,21 @@ class Learner:
         self._jit_cache[key] = fn
         return fn
 
-    def _score(self, params, batch: TrainBatch) -> jax.Array:
-        with use_mesh(self.mesh, self.rules):  # activations follow the logical rules when traced
-            return self._compiled("score", self.batch_shardings(batch))(params, self.frozen, batch)
+    def _score(self, params, batch: TrainBatch, stage: str) -> jax.Array:
+        with timeline.span(stage), use_mesh(self.mesh, self.rules):  # activations follow the logical rules
+            out = self._compiled("score", self.batch_shardings(batch))(params, self.frozen, batch)
+            if timeline.active() is not None:
+                out.block_until_ready()
+                timeline.count(f"learner/{stage}_tokens", batch_tokens(batch))
+            return out
 
     # -- public API ------------------------------------------------------------------------------
 
     def score(self, batch: TrainBatch, params: nnx.State | None = None) -> np.ndarray:
         """float32 [B, L] logprobs of a micro-batch's tokens (aligned with its ids, as the loss
         sees them) under `params` (a copy of `train_state()["params"]`; default the current ones)."""
-        batch = jax.device_put(batch, self.batch_shardings(batch))
-        return np.asarray(self._score(self.params if params is None else params, batch))
+        batch = self._with_image_features(jax.device_put(batch, self.batch_shardings(batch)))
+        return np.asarray(self._score(self.params if params is None else params, batch, "old_logprobs"))
 
     def prepare(self, microbatches: Sequence[TrainBatch]) -> list[TrainBatch]:
         """Places micro-batches on the mesh and fills what the loss compares against, once.
@@ -516,11 +566,12 @@ class Learner:
         out = []
         for batch in microbatches:
             batch = jax.device_put(batch, self.batch_shardings(batch))
+            batch = self._with_image_features(batch)
             if self.reference_params is not None and batch.ref_logprobs is None:
-                batch = batch.replace(ref_logprobs=self._score(self.reference_params, batch))
+                batch = batch.replace(ref_logprobs=self._score(self.reference_params, batch, "reference"))
                 self.reference_scoring_passes += 1
             if self._policy_gradient and self.config.old_logprobs == "recompute" and batch.old_logprobs is None:
-                batch = batch.replace(old_logprobs=self._score(self.params, batch))
+                batch = batch.replace(old_logprobs=self._score(self.params, batch, "old_logprobs"))
             out.append(batch)
         return out
 
@@ -529,10 +580,14 @@ class Learner:
             raise ValueError("Learner.update needs at least one micro-batch")
         microbatches = self.prepare(microbatches)
         accumulator = self._zero_accumulator(self.params)
-        with use_mesh(self.mesh, self.rules):
+        with timeline.span("forward_backward"), use_mesh(self.mesh, self.rules):
             for batch in microbatches:
                 grad_step = self._compiled("grad", self.batch_shardings(batch))
                 accumulator = grad_step(self.params, self.frozen, accumulator, batch)
+                if timeline.active() is not None:
+                    timeline.count("learner/forward_backward_tokens", batch_tokens(batch))
+            if timeline.active() is not None:  # the span is the device work's, not its dispatch
+                jax.block_until_ready(accumulator)
         return accumulator
 
     def gradients(self, microbatches: Sequence[TrainBatch]) -> tuple[nnx.State, dict[str, float]]:
@@ -591,8 +646,10 @@ class Learner:
         rollout_logprob_gap_max, tis_capped_frac, tis_weight_mean, num_tokens.
         """
         accumulator = self._accumulate(microbatches)
-        self.params, self.opt_state, self.step, metrics = self._apply(self.params, self.opt_state, self.step, accumulator)
-        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+        with timeline.span("optimizer"):
+            self.params, self.opt_state, self.step, metrics = self._apply(self.params, self.opt_state, self.step,
+                                                                          accumulator)
+            return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
     def train_on_batch(self, minibatches: Sequence[Sequence[TrainBatch]]) -> list[dict[str, float]]:
         """All updates of one rollout batch: prepares every micro-batch first (reference and

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from cua_jax.compilation import use_compilation_cache
 from cua_jax.types import EpisodeStatus
 from cua_jax.train.warm_start import (
     DemonstrationData,
@@ -95,6 +96,7 @@ class Pretrainer:
         c = config
         self.config = c
         self.settings = TrainSettings.from_config(c)
+        use_compilation_cache(c.compilation_cache_dir)
         if self.settings.warm_start is None:
             raise ConfigError("config.warm_start.steps: pretraining needs supervised steps (> 0)")
         for name in ("checkpoint_every", "eval_seeds"):

@@ -238,6 +238,8 @@ class TrainSettings:
                      "streams rollouts in async mode only (train.mode = 'async'); on_policy steps run whole batches")
             _require(c.rollout.worker_backend == "local" and c.rollout.engine == "jax", "rollout.max_episodes_in_flight",
                      "streams groups on in-process workers with the JAX sampler (rollout.worker_backend = 'local')")
+        _require(c.rollout.prefix_cache_tokens >= 0, "rollout.prefix_cache_tokens",
+                 f"must be >= 0 (0: no cache), got {c.rollout.prefix_cache_tokens}")
         _require(c.rollout.partial_rollout_tokens >= 0, "rollout.partial_rollout_tokens",
                  f"must be >= 0, got {c.rollout.partial_rollout_tokens}")
         _require(c.rollout.engine == "jax" or not c.rollout.partial_rollout_tokens, "rollout.partial_rollout_tokens",
@@ -303,7 +305,8 @@ class TrainSettings:
                         freeze_vision=c.learner.freeze_vision, temperature=c.rollout.temperature or 1.0,
                         seq_chunk=c.learner.seq_chunk, vocab_chunk=c.learner.vocab_chunk)
         batching = build("learner", BatchingConfig, rows=c.learner.rows, length_multiple=c.learner.length_multiple,
-                         max_length=c.learner.max_length or None)
+                         max_length=c.learner.max_length or None, share_prefix=c.learner.share_prefix,
+                         suffix_length_multiple=c.learner.suffix_length_multiple or None)
         advantage = build("advantage", AdvantageConfig, estimator=c.advantage.estimator, std_eps=c.advantage.std_eps,
                           no_verdict_reward=c.advantage.no_verdict_reward)
         # Budgets and sampling both loops share; turns, context and sampling have eval's own fields.

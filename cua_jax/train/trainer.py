@@ -44,11 +44,13 @@ from typing import Any
 import jax
 import numpy as np
 
+from cua_jax.compilation import use_compilation_cache
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import make_segmenter
 from cua_jax.eval.held_out import evaluate_held_out, save_training_traces, success_gain
 from cua_jax.eval.pilot import apply_pilot_file, seed_pool
 from cua_jax.models.sharding import make_mesh
+from cua_jax.observe import timeline
 from cua_jax.observe.metrics import TIMING_PREFIX, MetricWriter, drop_records_from
 from cua_jax.observe.plots import plot_learning_curve
 from cua_jax.observe.progress import StepProgress
@@ -56,7 +58,7 @@ from cua_jax.rollout.agent_loop import reserved_token_ids
 from cua_jax.observe.episode_log import EpisodeLog
 from cua_jax.rollout.rollout_worker import EnvWrapper
 from cua_jax.tasks.samplers import build_sampler
-from cua_jax.train.batching import MultimodalPositions, make_minibatches, process_images, score_items
+from cua_jax.train.batching import MultimodalPositions, batch_tokens, make_minibatches, process_images, score_items
 from cua_jax.train.async_rollouts import RolloutFeeder
 from cua_jax.train.buffer import RolloutBuffer
 from cua_jax.train.build import (
@@ -90,6 +92,7 @@ class Trainer:
     def __init__(self, config, *, env_wrapper: EnvWrapper | None = None):
         config, pilot = apply_pilot_file(config)  # rollout.group_size from sampler.pilot_file
         self.settings = TrainSettings.from_config(config)
+        use_compilation_cache(config.compilation_cache_dir)
         self.config = config
         c = config
         self.workdir = c.workdir
@@ -179,8 +182,9 @@ class Trainer:
     def learn(self, groups: Sequence[CollectedGroup]) -> dict[str, float]:
         """Quarantine, advantages, updates on `groups`, then weight sync. Returns the metrics."""
         t0 = time.perf_counter()
-        batch = prepare_batch(groups, self.settings, self.config.learner.num_minibatches, self.version, self.domains)
-        self.episode_log.append(self.step, [e for g in groups for e in g.episodes], self.domains)
+        with timeline.span("learner_host"):
+            batch = prepare_batch(groups, self.settings, self.config.learner.num_minibatches, self.version, self.domains)
+            self.episode_log.append(self.step, [e for g in groups for e in g.episodes], self.domains)
         self.last_batch = batch
         metrics = dict(batch.metrics)
         if not batch.items:
@@ -189,16 +193,21 @@ class Trainer:
             return metrics
         if self.config.train.trace_every and self.step % self.config.train.trace_every == 0:
             self._trace(batch)
-        pixel_patches = process_images(batch.items, batch.episodes, self.image_processor)
-        minibatches = make_minibatches(batch.items, batch.item_advantages, self.settings.batching,
-                                       len(batch.minibatch_groups), pixel_patches=pixel_patches,
-                                       multimodal=self.multimodal)
+        with timeline.span("learner_host"):
+            pixel_patches = process_images(batch.items, batch.episodes, self.image_processor)
+            minibatches = make_minibatches(batch.items, batch.item_advantages, self.settings.batching,
+                                           len(batch.minibatch_groups), pixel_patches=pixel_patches,
+                                           multimodal=self.multimodal)
         self.last_minibatch_item_counts = [int(sum(np.asarray(mb.item_valid).sum() for mb in micro)) for micro in minibatches]
+        tokens = [batch_tokens(mb) for micro in minibatches for mb in micro]
         updates = self.learner.train_on_batch(minibatches)
         metrics.update({f"learner/{k}": v for k, v in mean_metrics(updates).items()})
         metrics["learner/updates"] = float(len(updates))
+        # Tokens one forward pass over the rollout batch runs (shared prefixes counted once each).
+        metrics["learner/forward_tokens"] = float(sum(tokens))
         t1 = time.perf_counter()
-        self.sync_weights()
+        with timeline.span("sync"):
+            self.sync_weights()
         metrics[TIMING_PREFIX + "learn_s"] = t1 - t0
         metrics[TIMING_PREFIX + "sync_s"] = time.perf_counter() - t1
         return metrics
@@ -227,9 +236,11 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One strictly on-policy step: collect with the current policy, one update, sync."""
         t0 = time.perf_counter()
-        groups, extra = self.collect(self.step)
+        with timeline.window("rollout"):
+            groups, extra = self.collect(self.step)
         rollout_s = time.perf_counter() - t0
-        metrics = self.learn(groups)
+        with timeline.window("learn"):
+            metrics = self.learn(groups)
         metrics.update(extra)
         metrics[TIMING_PREFIX + "rollout_s"] = rollout_s
         return self._finish_step(metrics)

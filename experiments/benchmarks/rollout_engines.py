@@ -20,6 +20,9 @@ timed steps with the same seeds. Printed per engine, over the timed steps:
   learn s    mean learner seconds per update, sync excluded (time/learn_s)
   sync frac  sync / (learn + sync): the weight sync's share of the update
   gap        mean and max |engine - learner| logprob per sampled token
+  prefix-cache hits  the share of prompt tokens served from a prefix cache instead of computed
+             (vLLM's automatic prefix caching; the JAX sampler's shared prompts and prefix cache,
+             rollout.share_prompts / rollout.prefix_cache_tokens), over the timed steps
 
 then the vllm / jax ratios of ep/s and tok/s, and a JSON under --out.
 
@@ -63,7 +66,11 @@ def measure(engine: str, args) -> dict:
         with Trainer(engine_config(engine, workdir, args.group_size, args.threads)) as trainer:
             for _ in range(args.warmup_steps):
                 trainer.train_step()
+            before = trainer.workers[0].engine_stats()
             steps = [trainer.train_step() for _ in range(args.steps)]
+            after = trainer.workers[0].engine_stats()
+    cached = after.get("cached_tokens", 0.0) - before.get("cached_tokens", 0.0)
+    prompted = after.get("prompt_tokens", 0.0) - before.get("prompt_tokens", 0.0)
     rollout_s = sum(m[TIMING_PREFIX + "rollout_s"] for m in steps)
     episodes = sum(m["episodes/total"] for m in steps)
     tokens = sum(m["episodes/total"] * m["episode/response_tokens"] for m in steps)
@@ -75,6 +82,7 @@ def measure(engine: str, args) -> dict:
         "gap_mean": float(np.mean([m["learner/rollout_logprob_gap"] for m in steps])),
         "gap_max": float(max(m["learner/rollout_logprob_gap_max"] for m in steps)),
         "success": float(np.mean([m["success/rate"] for m in steps])),
+        "prefix_cache_hit_rate": cached / prompted if prompted else float("nan"),
     }
 
 
@@ -93,7 +101,8 @@ def main() -> None:
         r = results[engine]
         print(f"{engine:5s} ep/s {r['episodes_per_s']:.3f}  tok/s {r['tokens_per_s']:.1f}  sync s {r['sync_s']:.3f}  "
               f"learn s {r['learn_s']:.2f}  sync frac {r['sync_fraction']:.3f}  gap mean {r['gap_mean']:.2e} "
-              f"max {r['gap_max']:.2e}  ({r['episodes']:.0f} episodes, success {r['success']:.2f})", flush=True)
+              f"max {r['gap_max']:.2e}  prefix-cache hits {r['prefix_cache_hit_rate']:.1%} of prompt tokens  "
+              f"({r['episodes']:.0f} episodes, success {r['success']:.2f})", flush=True)
     if set(ENGINES) <= set(results):
         ratios = {key: results["vllm"][key] / results["jax"][key] for key in ("episodes_per_s", "tokens_per_s")}
         results["ratio_vllm_over_jax"] = ratios

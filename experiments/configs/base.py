@@ -33,6 +33,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.name = "base"
     c.workdir = "runs/base"
     c.seed = 0  # base of every random stream of the run (task draws, seeds, sampling, init)
+    # XLA's compiled programs kept on disk (launch/setup.sh empties the folder past 4 GiB), so a run,
+    # a resumed run or the next run skips compiling a program another already compiled. "": off.
+    c.compilation_cache_dir = "~/.cache/cua_jax/xla"
 
     # The policy. "tiny_qwen3_vl" / "tiny_qwen3": random inits of the tiny Qwen3-VL / text-only
     # Qwen3 (with the shipped tokenizer); "qwen3_vl" / "qwen3": the Qwen3-VL
@@ -163,6 +166,14 @@ def base_config() -> ml_collections.ConfigDict:
     # draw when all have ended; N, it keeps up to N episodes in flight on its worker and buffers
     # each group as soon as its last episode ends (local workers).
     c.rollout.max_episodes_in_flight = 0
+    # Work the JAX sampler does not repeat (vLLM's automatic prefix caching does the same there):
+    # share_prompts prefills once the prompt part several prompts of a generation batch share (a
+    # group's first prompt, its screenshot encoded once); prefix_cache_tokens > 0 keeps each
+    # episode's keys and values between its turns (at most this many cache slots in all), so a turn
+    # prefills only its new tokens. Both give the tokens and logprobs of the full recomputation (to
+    # float rounding); the cache is dropped at every weight update. 0 / False: recompute.
+    c.rollout.share_prompts = True
+    c.rollout.prefix_cache_tokens = 65536
     c.rollout.batch_wait_s = 0.0  # 0: a generation batch waits for every running episode
     # "fresh": each episode of a group resets on its own; "shared": the group starts from one
     # prepared state (one reset, the others fork it: a capsule fork for MiniWoB, the task's
@@ -205,6 +216,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.advantage.no_verdict_reward = -0.2  # incomplete episodes (turn / token budget ran out)
     c.advantage.item_advantages = "broadcast"  # broadcast (ScaleCUA) | stepo (EvoCUA-1.5)
     c.advantage.reward = "sparse"  # sparse {0, 1} verifier reward
+    # A control, not a recipe: each episode's advantage is computed from the outcome of another
+    # episode of its batch (a seeded permutation per update), everything else unchanged. RL on it
+    # learns nothing about success; what a real run gains beyond it is RL's.
+    c.advantage.permute_rewards = False
 
     # The policy loss (cua_jax.rl.losses.PolicyLossConfig).
     c.loss = ml_collections.ConfigDict()
@@ -240,6 +255,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.learner.freeze_vision = False
     c.learner.num_minibatches = 1  # optimizer updates per rollout batch (whole groups each)
     c.learner.rows = 4  # sequences per micro-batch (gradient accumulation only)
+    # A group's items share one prefix row, their common prompt, run once by the learner, the
+    # reference and the old-logprob scorer (exact gradients; False: every item runs whole).
+    c.learner.share_prefix = True
+    c.learner.suffix_length_multiple = 64  # share_prefix: what follows a prefix pads to this (0: length_multiple)
     c.learner.length_multiple = 128
     c.learner.max_length = 0  # longest item allowed (0: no limit); ScaleCUA 40,000
     c.learner.seq_chunk = 256

@@ -143,11 +143,12 @@ def mixed_step(tmp_path_factory):
         capsules = (worker.runtime.backend.renderers, worker.runtime.warm_pages, dict(worker.runtime.fork_methods))
         with open(os.path.join(config.workdir, "episodes.jsonl")) as f:
             logged = [json.loads(line) for line in f]
-        yield trainer, metrics, (publications, capsules), logged, oracle
+        engine_stats = worker.engine_stats()
+        yield trainer, metrics, (publications, capsules), logged, oracle, engine_stats
 
 
 def test_desktop_judges_verdicts_and_a_killed_container_quarantined_in_an_on_policy_update(mixed_step):
-    trainer, metrics, _, logged, _ = mixed_step
+    trainer, metrics, _, logged, _, _ = mixed_step
     assert metrics["learner/updates"] == 1
     assert metrics["quarantine/total"] == 1
     assert metrics["quarantine/container_exited"] == 1
@@ -164,7 +165,7 @@ def test_desktop_judges_verdicts_and_a_killed_container_quarantined_in_an_on_pol
 
 
 def test_mixed_run_logs_per_domain_metrics_and_episodes(mixed_step):
-    _, metrics, _, logged, _ = mixed_step
+    _, metrics, _, logged, _, _ = mixed_step
     assert metrics["domain/desktop/episodes"] == 6
     assert metrics["domain/miniwob/episodes"] == 2
     assert 0 < metrics["domain/desktop/success_rate"] < 1
@@ -173,8 +174,21 @@ def test_mixed_run_logs_per_domain_metrics_and_episodes(mixed_step):
         [(task, "desktop") for task in DESKTOP_TASKS] + [(MINIWOB_TASK, "miniwob")])
 
 
+def test_groups_prompts_run_once_and_later_turns_continue_cached_keys_and_values(mixed_step):
+    """The run's defaults share work (rollout.share_prompts, rollout.prefix_cache_tokens,
+    learner.share_prefix): the learner ran each group's prompt once for the desktop and MiniWoB
+    groups alike, and the policy engine prefilled the MiniWoB episode's later turns from its cache."""
+    trainer, metrics, _, _, _, engine_stats = mixed_step
+    items = trainer.last_batch.items
+    groups = {item.group_id for item in items}
+    assert len(groups) >= 3 and {trainer.settings.catalog[e.task_id].kind for e in trainer.last_batch.episodes.values()} \
+        == {"desktop", "miniwob"}
+    assert 0 < metrics["learner/forward_tokens"] < sum(len(item) for item in items)
+    assert engine_stats["cached_tokens"] > 0 and engine_stats["prefill_tokens"] < engine_stats["prompt_tokens"]
+
+
 def test_a_group_starts_from_one_state_and_diverges(mixed_step):
-    trainer, _, (publications, capsules), _, oracle = mixed_step
+    trainer, _, (publications, capsules), _, oracle, _ = mixed_step
     assert not oracle.errors, oracle.errors
     # The capsules ran as env.capsules says: 3 shared renderers, 1 warm page, the group's
     # second start rebuilt from the first's captured state.
