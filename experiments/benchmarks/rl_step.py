@@ -38,7 +38,7 @@ then the ratios, one per line:
 
 and a JSON under --out.
 
-  python -m experiments.benchmarks.rl_step [--steps 3] [--warmup_steps 1] [--modes off on]
+  python -m experiments.benchmarks.rl_step [--steps 3] [--warmup_steps 4] [--modes off on]
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def table(results: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--warmup_steps", type=int, default=1)
+    parser.add_argument("--warmup_steps", type=int, default=4)  # until most shapes are compiled
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--out", default="runs/benchmarks")
     args = parser.parse_args()
