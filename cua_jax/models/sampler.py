@@ -521,7 +521,7 @@ class Sampler:
             cache, last_logits, next_pos = _prefill(
                 graphdef, state, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(positions, jnp.int32), extras,
                 None, capacity=ids.shape[1] + n_bucket, cache_dtype=self.cache_dtype)
-            last_logits.block_until_ready()
+            timeline.settle(last_logits)
         self._count(prompt_tokens=int(segments.sum()), prefill_tokens=int(segments.sum()), prompts=len(prompts))
         done = jnp.asarray(segments.sum(axis=1) == 0)  # batch-padding rows are finished from the start
         out, _, _ = self._decode(cache, last_logits, next_pos, done, len(prompts), params,
@@ -685,7 +685,7 @@ class Sampler:
             cache, last_logits, next_pos = _prefill(
                 graphdef, state, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(positions), model_inputs,
                 cached_rows, capacity=capacity, cache_dtype=self.cache_dtype)
-            last_logits.block_until_ready()
+            timeline.settle(last_logits)
         done = jnp.asarray(np.arange(batch) >= n)  # batch-padding rows are finished from the start
         return batch, (cache, last_logits, next_pos, done)
 
@@ -700,7 +700,7 @@ class Sampler:
             return {}
         if not hasattr(self.model, "encode_images"):
             raise ValueError(f"{type(self.model).__name__} is text-only; the prompts hold images")
-        from cua_jax.models.vision import ImageGrid, bucket_count
+        from cua_jax.models.vision import ImageGrid, bucket_count, pad_image_count
 
         # Each distinct image once when prompts are shared (share_images); else each occurrence.
         unique: dict[Any, PromptImage] = {}
@@ -717,9 +717,7 @@ class Sampler:
         with timeline.span("vision"):
             patches = [np.asarray(im.patches(), np.float32) for im in unique.values()]
             grids = [tuple(int(x) for x in im.grid) for im in unique.values()]
-            for _ in range(bucket_count(len(grids)) - len(grids)):  # blank images to a bucketed count
-                patches.append(np.zeros_like(patches[-1]))
-                grids.append(grids[-1])
+            pad_image_count(patches, grids)
             tokens, deepstack = _encode_images(graphdef, state, jnp.asarray(np.concatenate(patches)),
                                                ImageGrid(tuple(grids)))
             # Row-major over the padded ids: rows in order, runs left to right.
@@ -729,7 +727,7 @@ class Sampler:
             token_rows = np.pad(token_rows, (0, bucket_count(len(token_rows)) - len(token_rows)))
             features = _layout_images(jnp.asarray(ids), jnp.asarray(token_rows, jnp.int32), tokens, deepstack,
                                       image_token_id=int(self.model.config.image_token_id))
-            jax.block_until_ready(features)
+            timeline.settle(features)
         return {"image_features": features}
 
     def _cached_rows(self, rows: Sequence[_Row], batch: int, slots: int) -> CachedRows:

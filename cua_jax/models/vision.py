@@ -56,6 +56,23 @@ def bucket_count(n: int) -> int:
     return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
+def pad_image_count(patches: list[np.ndarray], grids: list[tuple[int, int, int]]) -> None:
+    """Appends blank copies of the last image to `patches` (each [t*h*w, D]) and its grid to
+    `grids` (in place) until they hold `bucket_count` images."""
+    for _ in range(bucket_count(len(grids)) - len(grids)):
+        patches.append(np.zeros_like(patches[-1]))
+        grids.append(grids[-1])
+
+
+def image_content_key(image: np.ndarray) -> bytes:
+    """A key equal for screenshots with equal pixels and shape (what lets a group's shared
+    first screenshot be processed and encoded once)."""
+    import hashlib
+
+    image = np.ascontiguousarray(image)
+    return hashlib.sha1(image.tobytes() + str(image.shape).encode()).digest()
+
+
 @dataclasses.dataclass(frozen=True)
 class VisionConfig:
     """Shape of the vision tower; field names follow HF's `Qwen3VLVisionConfig`."""

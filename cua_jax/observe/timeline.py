@@ -167,6 +167,17 @@ def window(name: str):
     return timeline.window(name) if timeline is not None else contextlib.nullcontext()
 
 
+def settle(outputs):
+    """`outputs` (arrays, or a pytree of them), waited for only while a timeline records: a
+    stage's span then ends when its device work does, not when it was dispatched; otherwise
+    dispatch stays asynchronous."""
+    if _ACTIVE is not None:
+        import jax
+
+        jax.block_until_ready(outputs)
+    return outputs
+
+
 def count(name: str, n: float) -> None:
     """Adds n to the active timeline's counter `name` (none active: nothing)."""
     timeline = _ACTIVE

@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import hashlib
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -148,6 +147,7 @@ class JaxSamplerEngine(RolloutEngine):
             raise ValueError("requests carry images but the engine has no image_processor")
         from cua_jax.context.tokenizer import image_grid_thw
         from cua_jax.models.qwen3_vl import rope_index
+        from cua_jax.models.vision import image_content_key
 
         config = model.config
         ids = request.prompt_ids
@@ -157,7 +157,7 @@ class JaxSamplerEngine(RolloutEngine):
         images = []
         for image, (start, end) in zip(request.images, runs):
             array = np.ascontiguousarray(image)
-            key = hashlib.sha1(array.tobytes() + str(array.shape).encode()).digest()
+            key = image_content_key(array)
             grid = image_grid_thw(self._image_processor, *array.shape[:2])
             images.append(PromptImage(start, end, grid, key, functools.partial(self._patches, key, array)))
         positions, _ = rope_index(ids[None], [im.grid for im in images], image_token_id=config.image_token_id,

@@ -28,7 +28,7 @@ import numpy as np
 from flax import struct
 
 from cua_jax.models.scoring import SharedPrefix, image_model_inputs
-from cua_jax.models.vision import ImageGrid, bucket_count
+from cua_jax.models.vision import ImageGrid, bucket_count, image_content_key, pad_image_count
 from cua_jax.train.buffer import whole_group_minibatches
 from cua_jax.types import Episode, ImageSpan, TrainingItem
 
@@ -219,9 +219,7 @@ def _image_arrays(images: Sequence[tuple[TrainingItem, ImageSpan]], pixel_patche
         patches.append(p)
         grids.append(tuple(int(x) for x in span.grid_thw))
         offsets[row + 1:] += p.shape[0]
-    for _ in range(bucket_count(len(grids)) - len(grids)):
-        patches.append(np.zeros_like(patches[-1]))
-        grids.append(grids[-1])
+    pad_image_count(patches, grids)
     return np.concatenate(patches, axis=0), offsets, ImageGrid(tuple(grids))
 
 
@@ -406,8 +404,6 @@ def process_images(
     index); screenshots with the same pixels (a group's shared first page) share one array.
     Raises when the processor's grid disagrees with the item's ImageSpan.
     """
-    import hashlib
-
     out: dict[ImageKey, np.ndarray] = {}
     by_content: dict[bytes, tuple[tuple[int, ...], np.ndarray]] = {}
     for item in items:
@@ -416,7 +412,7 @@ def process_images(
             if key in out:
                 continue
             image = np.ascontiguousarray(episodes[item.episode_id].turns[span.turn].images[span.index])
-            content = hashlib.sha1(image.tobytes() + str(image.shape).encode()).digest()
+            content = image_content_key(image)
             if content not in by_content:
                 processed = image_processor(images=[image], return_tensors="np")
                 grid = tuple(int(x) for x in np.asarray(processed["image_grid_thw"])[0])

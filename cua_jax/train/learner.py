@@ -445,10 +445,7 @@ class Learner:
             fn = self._jit_cache.get(key)
             if fn is None:
                 fn = self._jit_cache[key] = jax.jit(encode)
-            out = fn(self.params, self.frozen, ids, pixel_values)
-            if timeline.active() is not None:
-                jax.block_until_ready(out)
-            return out
+            return timeline.settle(fn(self.params, self.frozen, ids, pixel_values))
 
     # -- the jitted passes ---------------------------------------------------------------------
 
@@ -540,9 +537,8 @@ class Learner:
 
     def _score(self, params, batch: TrainBatch, stage: str) -> jax.Array:
         with timeline.span(stage), use_mesh(self.mesh, self.rules):  # activations follow the logical rules
-            out = self._compiled("score", self.batch_shardings(batch))(params, self.frozen, batch)
+            out = timeline.settle(self._compiled("score", self.batch_shardings(batch))(params, self.frozen, batch))
             if timeline.active() is not None:
-                out.block_until_ready()
                 timeline.count(f"learner/{stage}_tokens", batch_tokens(batch))
             return out
 
@@ -586,9 +582,7 @@ class Learner:
                 accumulator = grad_step(self.params, self.frozen, accumulator, batch)
                 if timeline.active() is not None:
                     timeline.count("learner/forward_backward_tokens", batch_tokens(batch))
-            if timeline.active() is not None:  # the span is the device work's, not its dispatch
-                jax.block_until_ready(accumulator)
-        return accumulator
+            return timeline.settle(accumulator)  # the span is the device work's, not its dispatch
 
     def gradients(self, microbatches: Sequence[TrainBatch]) -> tuple[nnx.State, dict[str, float]]:
         """The mini-batch's loss gradient (before clipping) w.r.t. the trainable parameters, and
