@@ -78,16 +78,6 @@ class Timeline:
         finally:
             self.add(stage, start, time.perf_counter())
 
-    def busy(self, start: float, end: float) -> dict[str, float]:
-        """Seconds each stage was active inside [start, end], concurrent intervals summed (a
-        stage run by 8 episodes at once for 1 s counts 8 s)."""
-        out = dict.fromkeys(STAGES, 0.0)
-        with self._lock:
-            intervals = list(self.intervals)
-        for stage, a, b in intervals:
-            out[stage] += max(0.0, min(b, end) - max(a, start))
-        return out
-
     def breakdown(self, start: float, end: float, priority: Sequence[str] = STAGES) -> dict[str, float]:
         """The window [start, end] partitioned among the stages (module doc): seconds per stage
         plus "other" (no stage active); the values add up to end - start."""
