@@ -131,7 +131,16 @@ def test_a_renderer_crash_quarantines_exactly_the_capsules_of_its_cell():
                 break
         assert quarantined, "no renderer hosted a capsule"
         crashed_cell = cells[quarantined[0]]
-        assert quarantined == [e for e in envs if cells[e] == crashed_cell]  # blast radius: one cell
+        cell_envs = [e for e in envs if cells[e] == crashed_cell]
+        # Each page of the dead renderer reports its own crash: wait for the cell's last report,
+        # then for a stray report from another cell, before judging the blast radius.
+        deadline = time.monotonic() + 10
+        while set(quarantined) != set(cell_envs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            quarantined = [e for e in envs if rt.quarantine_reason(e)]
+        time.sleep(0.5)
+        quarantined = [e for e in envs if rt.quarantine_reason(e)]
+        assert quarantined == cell_envs  # blast radius: one cell
         for e in envs:
             result = rt.step(e, A.Click("left_click", 900, 40))  # on the task's instructions: harmless
             if e in quarantined:

@@ -106,7 +106,7 @@ def _open_terminal(env) -> str | None:
     for command, wm_class in ((["xterm"], "XTerm"), (["gnome-terminal", "--wait"], "Gnome-terminal")):
         if env.client.execute(f"command -v {command[0]}", shell=True)["returncode"] == 0:
             env.client.launch(command)
-            found = env.client.execute(f"xdotool search --sync --onlyvisible --class {wm_class}",
+            found = env.client.execute(f"until xdotool search --onlyvisible --class {wm_class} 2>/dev/null; do sleep 0.1; done",
                                        shell=True, timeout=30)
             assert found["returncode"] == 0, found
             return wm_class

@@ -205,7 +205,7 @@ def test_image_keeps_osworld_conventions(pool):
             == "/usr/bin/soffice\n3\n"
 
         assert client.step(A.Key(("ctrl", "alt", "t")), screenshot=False).ok
-        run(client, "xdotool search --sync --onlyvisible --class gnome-terminal", timeout=60)
+        run(client, "until xdotool search --onlyvisible --class gnome-terminal 2>/dev/null; do sleep 0.1; done", timeout=60)
         tree = ET.fromstring(client.accessibility_tree())
         assert tree.tag == "desktop-frame"
         applications = list(tree)

@@ -50,7 +50,7 @@ def test_pointer_actions_land_on_the_mapped_pixels(env):
 
 def test_typing_into_a_terminal_runs_the_command(env):
     env.client.launch(["xterm"])
-    env.client.execute("xdotool search --sync --onlyvisible --class XTerm", shell=True, timeout=60)
+    env.client.execute("until xdotool search --onlyvisible --class XTerm 2>/dev/null; do sleep 0.1; done", shell=True, timeout=60)
     tree = env.client.accessibility_tree()
     assert 'class="XTerm"' in tree
     for action in (A.Click("left_click", 500, 500), A.Type("echo typed > /tmp/typed.txt\n"), A.Wait(0.5)):

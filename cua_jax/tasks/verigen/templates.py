@@ -37,7 +37,7 @@ DIRS = ("/root/Documents", "/root/projects", "/root/notes", "/root/reports", "/r
 ITEMS = ("apple", "pear", "plum", "kiwi", "mango", "lemon", "fig", "lime")
 XTERM = ["xterm", "-fa", "DejaVu Sans Mono", "-fs", "12"]
 XTERM_READY = {"type": "execute", "parameters": {
-    "command": "xdotool search --sync --onlyvisible --class XTerm", "shell": True, "timeout": 60}}
+    "command": "until xdotool search --onlyvisible --class XTerm 2>/dev/null; do sleep 0.1; done", "shell": True, "timeout": 60}}
 
 
 def _texts(*actions: A.Action) -> list[str]:
