@@ -19,6 +19,13 @@ the process limit (a fork refused) or filled the work tree, or whose container d
 stopped answering, quarantines the episode (EnvTransition.fault); the container is then
 replaced before the next episode. Nothing else is affected: each container has its own caps.
 
+The judge (on submit) scores only the fix: the repository's tests run on a pristine copy, the
+clean repository with the task's bug and the agent's versions of the package's source files
+(`CodePackage.sources`), under a pytest that nothing in the work tree can configure. Everything
+else the agent changed is left out of the verdict and listed in the episode's info:
+`changes_outside_sources` (the first 50 paths) and `changes_outside_sources_count`.
+launch/images/code/runner.py says how, and what it cannot rule out.
+
 Reset modes: "pooled" keeps the container between episodes and resets it to a clean tree
 (every process killed, /work and /tmp emptied, the repository copied afresh); "fresh" starts
 a new container for every episode (the baseline experiments/benchmarks/code_env.py compares).
@@ -41,7 +48,7 @@ import logging
 import re
 import time
 import uuid
-from typing import Any
+from typing import Any, Sequence
 
 import docker
 import docker.errors
@@ -57,7 +64,8 @@ from cua_jax.envs.contract import (
     TaskIsGroupStart,
 )
 from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, container_fault, episode_outcome
-from cua_jax.tasks.code_tasks import CodeTask, verdict
+from cua_jax.tasks.code_packages import PACKAGES
+from cua_jax.tasks.code_tasks import CodeTask, Hunk, verdict
 
 log = logging.getLogger(__name__)
 
@@ -349,7 +357,9 @@ class CodeContainer:
         answer (the container died, a fork was refused, the runner was OOM-killed)."""
         payload = base64.b64encode(json.dumps(request).encode()).decode()
         try:
-            exec_id = self.client.api.exec_create(self.id, ["python3", RUNNER, payload])["Id"]
+            # -I: the agent's tree is on the image's PYTHONPATH and under HOME; none of it may load
+            # into the runner (a sitecustomize.py, a .pth file)
+            exec_id = self.client.api.exec_create(self.id, ["python3", "-I", RUNNER, payload])["Id"]
             stdout, stderr = self.client.api.exec_start(exec_id, demux=True)
             code = self.client.api.exec_inspect(exec_id)["ExitCode"]
         except _DOCKER_ERRORS as error:
@@ -388,6 +398,19 @@ def limit_fault(before: dict, after: dict, work_free_min: int) -> Fault | None:
         return Fault(FaultKind.SERVER_ERROR, f"work tree full: {after['work_free_bytes']} bytes left on the "
                                              "size-capped tmpfs")
     return None
+
+
+def judge_request(package: str, hunks: Sequence[Hunk], test_files: Sequence[str], timeout: float,
+                  isolated: bool = True) -> dict:
+    """The runner's judge request for a tree reset to `package` with the bug `hunks`: the verdict's
+    tests run on the clean repository with the bug and the work tree's versions of the package's
+    source files only (launch/images/code/runner.py). `isolated=False` asks for the former judge
+    in the work tree itself, the baseline of experiments/benchmarks/code_env.py and nothing else."""
+    request = {"op": "judge", "package": package, "hunks": [h.to_json() for h in hunks],
+               "sources": list(PACKAGES[package].sources), "test_files": list(test_files), "timeout": timeout}
+    if not isolated:
+        request["isolated"] = False
+    return request
 
 
 # ---------------------------------------------------------------------------------------
@@ -448,19 +471,22 @@ class CodeEpisode:
         return text, None
 
     def _judge(self) -> Outcome:
+        task = self.task
         started = time.monotonic()
         try:
-            answer = self._call({"op": "judge", "package": self.task.package,
-                                 "test_files": list(self.task.test_files), "timeout": self.task.timeout})
+            answer = self._call(judge_request(task.package, task.bug, task.test_files, task.timeout))
         except ContainerFault as error:
             return self._end(fault=error.fault)
         self.judge_seconds = time.monotonic() - started
-        if not answer["ok"]:  # the tests hang or crash pytest itself: the fix's failure
-            return self._end(agent_failure=f"the tests did not run: {answer['error']}")
-        result = verdict(self.task, answer["outcomes"], self.env.config.partial_credit)
-        self.info = {"fail_to_pass_passed": result.fail_to_pass_passed,
-                     "fail_to_pass_total": result.fail_to_pass_total, "broken": list(result.broken[:20]),
+        # What the agent changed besides the package's sources: never judged, always reported.
+        self.info = {"changes_outside_sources": list(answer.get("changes_outside_sources", [])),
+                     "changes_outside_sources_count": answer.get("changes_outside_sources_count", 0),
                      "judge_seconds": self.judge_seconds}
+        if not answer["ok"]:  # the tests hang, crash pytest, or the fix cannot be judged: the fix's failure
+            return self._end(agent_failure=answer["error"])
+        result = verdict(task, answer["outcomes"], self.env.config.partial_credit)
+        self.info.update({"fail_to_pass_passed": result.fail_to_pass_passed,
+                          "fail_to_pass_total": result.fail_to_pass_total, "broken": list(result.broken[:20])})
         return self._end(verdict=result.reward)
 
     def _end(self, **kwargs) -> Outcome:

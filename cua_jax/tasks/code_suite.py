@@ -20,6 +20,7 @@ import random
 import tarfile
 from typing import Any
 
+from cua_jax.envs.code_env import judge_request
 from cua_jax.tasks.bug_injection import Mutation, mutations
 from cua_jax.tasks.code_packages import PACKAGES, CodePackage
 from cua_jax.tasks.code_tasks import SNAPSHOT, CodeTask
@@ -49,8 +50,7 @@ def run_tests(container, package: CodePackage, hunks: list, timeout: float) -> T
     answer = container.call({"op": "reset", "package": package.name, "hunks": [h.to_json() for h in hunks]})
     if not answer["ok"]:
         raise RuntimeError(f"{package.name}: reset failed: {answer['error']}")
-    answer = container.call({"op": "judge", "package": package.name, "test_files": list(package.test_files),
-                             "timeout": timeout})
+    answer = container.call(judge_request(package.name, hunks, package.test_files, timeout))
     if not answer["ok"]:
         return None
     return TestRun(answer["outcomes"], answer["messages"], answer["seconds"])

@@ -227,6 +227,12 @@ def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num
         "policy/lag_max": float(np.max(lags)),
         "batch/items": float(len(items)),
     })
+    # Code episodes: how many files the judge left out (changed outside the package's sources).
+    outside = [e.turns[-1].info["changes_outside_sources_count"] for e in episodes
+               if e.turns and "changes_outside_sources_count" in e.turns[-1].info]
+    if outside:
+        metrics["episode/changes_outside_sources"] = float(np.mean(outside))
+        metrics["episode/changed_outside_sources_fraction"] = float(np.mean([n > 0 for n in outside]))
     plan: list[list[int]] = []
     if items:
         order = group_order(items)

@@ -128,6 +128,7 @@ def test_judge_right_fix_wrong_fix_and_test_tampering(env, task):
     step = run(env.step(Submit()))
     assert step.outcome.status is EpisodeStatus.SUCCESS and step.reward == 1.0
     assert step.info["fail_to_pass_passed"] == step.info["fail_to_pass_total"] >= 1
+    assert step.info["changes_outside_sources"] == [] and step.info["changes_outside_sources_count"] == 0
     # no fix
     run(env.reset(task))
     step = run(env.step(Submit()))
@@ -140,10 +141,11 @@ def test_judge_right_fix_wrong_fix_and_test_tampering(env, task):
     assert "edited" in text_of(run(env.step(regression)))
     step = run(env.step(Submit()))
     assert step.reward == 0.0 and any("dasherize" in t for t in step.info["broken"])
-    # editing the tests instead of the code: the judge runs the clean tests
+    # editing the tests instead of the code: the judge runs the clean tests, and names the edit
     run(env.reset(task))
     run(env.step(Bash("printf 'def test_nothing():\\n    pass\\n' > test_inflection.py")))
-    assert run(env.step(Submit())).reward == 0.0
+    step = run(env.step(Submit()))
+    assert step.reward == 0.0 and step.info["changes_outside_sources"] == ["test_inflection.py"]
     # a "fix" that makes the tests hang: killed at the task's timeout, scored as a failure
     import dataclasses
     run(env.reset(dataclasses.replace(task, timeout=3.0)))

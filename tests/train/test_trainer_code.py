@@ -126,6 +126,8 @@ def test_an_on_policy_step_on_code_containers(code_step):
     assert metrics["learner/ratio_min"] == metrics["learner/ratio_max"] == 1.0  # strictly on-policy
     assert metrics["learner/grad_norm"] > 0 and metrics["quarantine/total"] == 0
     assert metrics["episodes/trained"] == 4 and metrics["policy/version"] == 1
+    # Only the judged episodes (the oracle's) count; the fix touched nothing but a source file.
+    assert metrics["episode/changes_outside_sources"] == metrics["episode/changed_outside_sources_fraction"] == 0.0
     assert len(containers) == 4  # one pooled container per environment of the two groups
     for task_id, domain in (("code-six-012", "six"), ("code-inflection-006", "inflection")):
         assert metrics[f"domain/{domain}/episodes"] == 2 and metrics[f"domain/{domain}/success_rate"] == 0.5
@@ -143,6 +145,7 @@ def test_an_on_policy_step_on_code_containers(code_step):
         assert oracle.turns[1].observation_text.startswith(f"edited {edit.path}:")  # the editor's answer
         info = oracle.turns[-1].info
         assert info["fail_to_pass_passed"] == info["fail_to_pass_total"] >= 1 and info["broken"] == []
+        assert info["changes_outside_sources"] == [] and info["changes_outside_sources_count"] == 0
         # The random policy's replies are no tool calls: invalid actions fed back, no verdict.
         assert policy.status is EpisodeStatus.NO_VERDICT and policy.info["budget"] == "turns"
         assert policy.reward == trainer.config.advantage.no_verdict_reward

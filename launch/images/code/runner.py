@@ -14,10 +14,45 @@ the answer as one JSON line on stdout:
                                                         T seconds; the first and last N/2
                                                         bytes of each stream come back
     {"op": "edit", "command": "view"|"create"|"str_replace"|"insert", "path": ..., ...}
-    {"op": "judge", "package": P, "test_files": [...], "timeout": T}
-                                                        restore the test files from the clean
-                                                        copy, run pytest with a JUnit XML
-                                                        report; per-test outcomes
+    {"op": "judge", "package": P, "hunks": [...], "sources": [...], "test_files": [...], "timeout": T}
+                                                        the verdict's test run (below); per-test
+                                                        outcomes, and the agent's changes that
+                                                        were not judged
+
+The host runs the runner as `python3 -I` (isolated): the agent's tree is on the image's
+PYTHONPATH and HOME is /work, so a plain `python3` would import the agent's sitecustomize.py,
+usercustomize.py or .pth files into the runner itself.
+
+The judge scores only the fix. It kills every process but PID 1 and itself, empties /tmp,
+copies the clean repository /opt/repos/P to a fresh folder there, applies the task's bug
+(`hunks`) and carries over from the work tree only the package's source files (`sources`): their
+bytes, or their deletion; a source that is a symlink, a folder or any other non-regular file
+fails the episode. Every other difference of the work tree from the clean tree with the bug
+(files added, changed or deleted, tests edited; __pycache__ apart) is left behind and listed in
+the answer (`changes_outside_sources`, the first 50, and their count). pytest runs on that copy
+through judge_pytest.py with `python3 -I -B`, a fixed environment (PATH, LANG, an empty HOME,
+PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, no PYTEST_ADDOPTS), `-p no:cacheprovider` and the rootdir
+fixed to the copy, so configuration files and conftest.py are the clean repository's own. The
+outcomes come from the judge plugin through a pipe whose write end only pytest holds (no report
+file anyone could plant or rewrite); per test the worst outcome reported wins (error, failed,
+skipped, passed), so a line forged after a failure cannot undo it. Every process is killed again
+once pytest exits. The judge fails the episode when the tests run past the timeout, when pytest
+ends without finishing its session, when the channel carries lines the plugin did not write,
+and when the plugin finds that the code under test replaced pytest internals that decide
+outcomes (judge_pytest.py's WATCHED, and the hook implementations of the plugin manager).
+
+What stays open: the code under test runs inside pytest's own process, so it can alter that
+process in memory in ways the identity check does not see, e.g. patch the judge plugin's own
+state found through the garbage collector, write forged lines and a forged end of session to the
+report pipe and exit at once, patch something outside WATCHED (the test module's globals, the
+builtins the tests call), or return objects whose __eq__ always holds. One Python process cannot
+protect a part of itself from other code it runs; closing this needs the code under test in a
+process of its own whose results the tests check from outside it, which the repositories' own
+test suites (assertions in the same process as the code) do not allow.
+
+`{"op": "judge", ..., "isolated": false}` runs the former judge, pytest in the work tree itself
+with a JUnit report (judge_in_work_tree); only experiments/benchmarks/code_env.py sends it, as
+the baseline of the judge's cost.
 
 Every answer carries `limits`: the cgroup's OOM-kill count, how often the pids limit refused
 a fork, and the work tree's free bytes, from which the host tells resource faults apart.
@@ -27,12 +62,15 @@ from __future__ import annotations
 
 import base64
 import collections
+import filecmp
 import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -314,12 +352,236 @@ def edit(request: dict) -> dict:
         return {"ok": False, "error": f"{path}: {error.strerror or error}"}
 
 
-# ---- the judge ------------------------------------------------------------------------------
+# ---- the judge ----------------------------------------------------------------------------
+JUDGE_PYTEST = "/opt/cua/judge_pytest.py"
+JUDGE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+OUTCOME_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}  # the worst outcome of a test wins
+MAX_LISTED_CHANGES = 50
+MAX_SOURCE_BYTES = 1 << 20
+MAX_REPORT_LINE = 1 << 16
+MAX_REPORTED_TESTS = 100_000
+
+
+class JudgeRefusal(Exception):
+    """The agent's tree cannot be judged (a source that is no regular file): the episode fails."""
+
+
+def _entries(root: str) -> dict[str, os.stat_result]:
+    """Every path under `root` (relative, '/'-separated) with its lstat; __pycache__ and .pyc
+    left out (bytecode is no change)."""
+    found: dict[str, os.stat_result] = {}
+    folders = [(root, "")]  # a stack, not recursion: the agent decides how deep the tree is
+    while folders:
+        folder, prefix = folders.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name == "__pycache__" or entry.name.endswith(".pyc"):
+                continue
+            rel = prefix + entry.name
+            found[rel] = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(found[rel].st_mode):
+                folders.append((entry.path, rel + "/"))
+    return found
+
+
+def _same(rel: str, a: os.stat_result, b: os.stat_result, root_a: str, root_b: str) -> bool:
+    if stat.S_IFMT(a.st_mode) != stat.S_IFMT(b.st_mode):
+        return False
+    if stat.S_ISDIR(a.st_mode):
+        return True
+    if stat.S_ISLNK(a.st_mode):
+        return os.readlink(os.path.join(root_a, rel)) == os.readlink(os.path.join(root_b, rel))
+    if stat.S_ISREG(a.st_mode):
+        return a.st_size == b.st_size and filecmp.cmp(os.path.join(root_a, rel), os.path.join(root_b, rel),
+                                                      shallow=False)
+    return False
+
+
+def changed_paths(tree: str, reference: str) -> list[str]:
+    """The paths where `tree` differs from `reference`, sorted: files added, removed or changed
+    (content, or kind: file, folder, symlink); a folder that only one side has is named by its
+    contents, or by itself (with a trailing '/') when empty."""
+    ours, theirs = _entries(tree), _entries(reference)
+    parents = {rel.rpartition("/")[0] for rel in list(ours) + list(theirs)}
+    changed = []
+    for rel in sorted(ours.keys() | theirs.keys()):
+        a, b = ours.get(rel), theirs.get(rel)
+        if a is not None and b is not None:
+            if not _same(rel, a, b, tree, reference):
+                changed.append(rel)
+            continue
+        one = a or b
+        if stat.S_ISDIR(one.st_mode):
+            if rel not in parents:
+                changed.append(rel + "/")
+        else:
+            changed.append(rel)
+    return changed
+
+
+def _carry_source(rel: str, tree: str, judged: str) -> None:
+    """Put the agent's version of the source file `rel` into the judged copy: its bytes, or its
+    deletion when the agent deleted it (or a folder above it)."""
+    if rel.startswith("/") or ".." in rel.split("/"):
+        raise JudgeRefusal(f"{rel!r} is no path inside the repository")
+    path, parts = tree, rel.split("/")
+    for depth, part in enumerate(parts):
+        path = os.path.join(path, part)
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            if os.path.lexists(os.path.join(judged, rel)):
+                os.unlink(os.path.join(judged, rel))
+            return
+        where = "/".join(parts[:depth + 1])
+        if stat.S_ISLNK(info.st_mode):
+            raise JudgeRefusal(f"the source file {rel} cannot be judged: {where} is a symlink (to "
+                               f"{os.readlink(path)}); a source must be a regular file in the repository")
+        if depth < len(parts) - 1 and not stat.S_ISDIR(info.st_mode):
+            raise JudgeRefusal(f"the source file {rel} cannot be judged: {where} is not a folder")
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "no regular file"
+        raise JudgeRefusal(f"the source file {rel} cannot be judged: it is {kind}")
+    if info.st_size > MAX_SOURCE_BYTES:
+        raise JudgeRefusal(f"the source file {rel} cannot be judged: {info.st_size} bytes, at most {MAX_SOURCE_BYTES}")
+    target = os.path.join(judged, rel)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.copyfile(path, target)
+
+
+class _ReportReader:
+    """The judge plugin's report lines (judge_pytest.py), read from a pipe until every writer
+    has exited: per test its worst outcome, so that a later line cannot undo a failure."""
+
+    def __init__(self, fd: int):
+        self.outcomes: dict[str, str] = {}
+        self.messages: dict[str, str] = {}
+        self.finished = 0
+        self.altered: list[str] = []
+        self.unreadable = 0
+        self.thread = threading.Thread(target=self._run, args=(fd,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fd: int) -> None:
+        with os.fdopen(fd, "rb") as pipe:
+            while line := pipe.readline(MAX_REPORT_LINE):
+                try:
+                    self._take(json.loads(line))
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    self.unreadable += 1
+
+    def _take(self, record: dict) -> None:
+        if record.get("finished") is True:
+            self.finished += 1
+            self.altered += [str(name) for name in record["altered"]]
+            return
+        test, outcome, message = record["test"], record["outcome"], str(record.get("message", ""))
+        if not isinstance(test, str) or outcome not in OUTCOME_RANK:
+            raise ValueError(record)
+        if test not in self.outcomes and len(self.outcomes) >= MAX_REPORTED_TESTS:
+            raise ValueError("too many tests")
+        if test not in self.outcomes or OUTCOME_RANK[outcome] > OUTCOME_RANK[self.outcomes[test]]:
+            self.outcomes[test] = outcome
+            if message:
+                self.messages[test] = message[:500]
+
+
+def _remove(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def judge(request: dict) -> dict:
+    """The verdict's test run on a pristine copy: the clean repository with the task's bug and
+    the agent's versions of the package's source files, nothing else of the agent's tree."""
+    if request.get("isolated", True) is False:
+        return judge_in_work_tree(request)
+    if "hunks" not in request or "sources" not in request:
+        return {"ok": False, "error": "a judge request names the task's bug ('hunks') and the package's "
+                                      "source files ('sources')"}
+    clean = os.path.join(REPOS, request["package"])
+    if not os.path.isdir(clean):
+        return {"ok": False, "error": f"no repository {request['package']!r} in this image"}
+    _kill_others()  # nothing the agent started may watch or touch the judged copy
+    _empty("/tmp")
+    judged = tempfile.mkdtemp(prefix="cua-judge-", dir="/tmp")
+    home = tempfile.mkdtemp(prefix="cua-judge-home-", dir="/tmp")
+    try:
+        return _judge_copy(request, clean, judged, home)
+    finally:
+        _remove(judged)
+        _remove(home)
+
+
+def _judge_copy(request: dict, clean: str, judged: str, home: str) -> dict:
+    shutil.copytree(clean, judged, symlinks=True, dirs_exist_ok=True)
+    apply_hunks(judged, request["hunks"])
+    sources = set(request["sources"])
+    if os.path.islink(REPO) or (os.path.lexists(REPO) and not os.path.isdir(REPO)):
+        return {"ok": False, "error": f"the work tree {REPO} is no folder", "changes_outside_sources": [],
+                "changes_outside_sources_count": 0}
+    changed = [rel for rel in changed_paths(REPO, judged) if rel not in sources]
+    listing = {"changes_outside_sources": changed[:MAX_LISTED_CHANGES], "changes_outside_sources_count": len(changed)}
+    try:
+        for rel in sorted(sources):
+            _carry_source(rel, REPO, judged)
+    except JudgeRefusal as refusal:
+        return {"ok": False, "error": str(refusal), **listing}
+    except OSError as error:
+        return {"ok": False, "error": f"cannot copy the sources for the judge: {error}", **listing}
+
+    read_end, write_end = os.pipe()
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-B", JUDGE_PYTEST, str(write_end), judged, "-q", "-p", "no:cacheprovider",
+             f"--rootdir={judged}", *request["test_files"]],
+            cwd=judged, env={**JUDGE_ENV, "HOME": home}, pass_fds=(write_end,), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        os.close(write_end)  # pytest (and whatever it forks) holds the only write end
+    reports = _ReportReader(read_end)
+    output = _Capture(proc.stdout, 1000)
+    try:
+        proc.wait(timeout=float(request["timeout"]))
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    code = proc.wait()
+    seconds = time.monotonic() - started
+    _kill_others()  # whatever the tests started, in their session or not; the report pipe closes
+    reports.thread.join(5.0)
+    output.thread.join(2.0)
+    tail = b"".join(output.tail)[-1500:].decode(errors="replace") or bytes(output.head).decode(errors="replace")
+    if seconds > float(request["timeout"]):
+        return {"ok": False, "error": f"the tests ran past {request['timeout']}s", **listing}
+    if reports.thread.is_alive():
+        return {"ok": False, "error": "the judge's report channel stayed open after pytest ended", **listing}
+    if reports.unreadable:
+        return {"ok": False, "error": "the judge's report channel carried lines the judge did not write "
+                                      f"({reports.unreadable})", **listing}
+    if not reports.finished:
+        return {"ok": False, "error": f"pytest ended without finishing its session (exit {code}): {tail}", **listing}
+    if reports.altered:
+        return {"ok": False, "error": "the tests' harness was altered by the code under test: "
+                                      + ", ".join(sorted(set(reports.altered))), **listing}
+    return {"ok": True, "outcomes": reports.outcomes, "messages": reports.messages, "exit_code": code,
+            "seconds": seconds, "output_tail": tail, **listing}
+
+
 def _junit_key(classname: str, name: str) -> str:
     return f"{classname}::{name}" if classname else name
 
 
-def judge(request: dict) -> dict:
+def judge_in_work_tree(request: dict) -> dict:
+    """The former judge, a baseline for experiments/benchmarks/code_env.py only: pytest in the
+    agent's own tree (test files restored) with a JUnit report, which the agent's conftest.py,
+    configuration files, sitecustomize.py and leftover processes all reach."""
     source = os.path.join(REPOS, request["package"])
     for rel in request["test_files"]:  # the tests the verdict rests on are the clean ones
         clean, target = os.path.join(source, rel), os.path.join(REPO, rel)
