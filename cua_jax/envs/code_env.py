@@ -392,11 +392,10 @@ def limit_fault(before: dict, after: dict, work_free_min: int) -> Fault | None:
         return Fault(FaultKind.OOM_KILLED, f"{after['oom_kills'] - before['oom_kills']} process(es) killed at "
                                            "the container's memory limit")
     if after["pids_max_hits"] > before["pids_max_hits"]:
-        return Fault(FaultKind.SERVER_ERROR, "process limit reached: the container's pids limit refused "
-                                             f"{after['pids_max_hits'] - before['pids_max_hits']} fork(s)")
+        return Fault(FaultKind.PROCESS_LIMIT, "the container's pids limit refused "
+                                              f"{after['pids_max_hits'] - before['pids_max_hits']} fork(s)")
     if 0 <= after["work_free_bytes"] < work_free_min:
-        return Fault(FaultKind.SERVER_ERROR, f"work tree full: {after['work_free_bytes']} bytes left on the "
-                                             "size-capped tmpfs")
+        return Fault(FaultKind.WORK_TREE_FULL, f"{after['work_free_bytes']} bytes left on the size-capped tmpfs")
     return None
 
 

@@ -13,8 +13,8 @@ Every episode ends with one `EpisodeStatus`:
 The attribution is a serving-layer heuristic, as CANOPY stresses: a fault the policy
 provoked but the infrastructure reports (say, an application the agent opened that
 exhausted the container's memory) is quarantined. CANOPY scores an episode whose own
-allocation exhausts its budget as a failure; `Attribution.oom_is_agent_fault` selects
-that rule, and the default follows this project's issue (OOM-kill quarantines).
+allocation exhausts its budget as a failure; `Attribution.agent_faults` names the kinds
+scored so (experiment configs: `advantage.agent_faults`, by default AGENT_OWNED_FAULTS).
 
 Environment faults quarantine; library bugs raise. `classify_environment_error` is the one
 rule that tells them apart for an exception caught around an environment call.
@@ -40,6 +40,16 @@ class FaultKind(str, enum.Enum):
     ENGINE_FAILED = "engine failed"  # the rollout engine died mid-episode
     BROWSER_CRASHED = "browser crashed"  # the (shared) browser process died under the episode
     RENDERER_CRASHED = "renderer crashed"  # a renderer process died, with every page it hosted
+    PROCESS_LIMIT = "process limit reached"  # the environment's pids limit refused a fork
+    WORK_TREE_FULL = "work tree full"  # the environment's size-capped work tree filled up
+
+
+# Faults an agent's own actions bring about in an environment capped for it alone: a command
+# that exhausts the container's memory, its pids limit or its work tree. Scored as the agent's
+# failure by default (`Attribution.agent_faults`): a quarantine leaves the group, which for a
+# policy behind its group's mean scores better than failing, and an agent could learn to ask
+# for one on purpose. Crashes of shared browsers, servers and engines stay quarantined.
+AGENT_OWNED_FAULTS = (FaultKind.OOM_KILLED, FaultKind.PROCESS_LIMIT, FaultKind.WORK_TREE_FULL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,12 +140,17 @@ class Attribution:
 
     no_verdict_reward: the terminal reward of a budget-exhausted episode (ScaleCUA uses
         -0.2 via configuration; 0 keeps it neutral).
-    oom_is_agent_fault: score an OOM-killed environment as the agent's failure (CANOPY's
-        rule for one episode per worker) instead of quarantining it.
+    agent_faults: the fault kinds scored as the agent's failure (reward 0, the episode stays
+        in its group) instead of quarantined; CANOPY scores an OOM kill of an episode's own
+        allocation so. Experiment configs set `advantage.agent_faults` (default
+        AGENT_OWNED_FAULTS); this class's default owns none.
     """
 
     no_verdict_reward: float = 0.0
-    oom_is_agent_fault: bool = False
+    agent_faults: frozenset[FaultKind] = frozenset()
+
+    def __post_init__(self):
+        object.__setattr__(self, "agent_faults", frozenset(FaultKind(kind) for kind in self.agent_faults))
 
 
 def episode_outcome(
@@ -157,7 +172,7 @@ def episode_outcome(
             task, an action that timed out); scored 0.
     """
     if fault is not None:
-        if fault.kind is FaultKind.OOM_KILLED and rule.oom_is_agent_fault:
+        if fault.kind in rule.agent_faults:
             return Outcome(EpisodeStatus.FAILURE, 0.0, fault.reason)
         return Outcome(EpisodeStatus.QUARANTINED, 0.0, fault.reason)
     if agent_failure is not None:

@@ -78,7 +78,7 @@ import numpy as np
 from cua_jax.context.segment import EpisodeContext, Segmenter
 from cua_jax.envs import actions as A
 from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvObservation
-from cua_jax.envs.faults import Attribution, Outcome, episode_outcome
+from cua_jax.envs.faults import Attribution, FaultKind, Outcome, episode_outcome
 from cua_jax.observe import timeline
 from cua_jax.rollout.engine import EngineFault, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.rollout.prompts import PROMPT_STYLES, system_prompt
@@ -109,7 +109,9 @@ class AgentConfig:
         same turns whatever batches their requests share, so comparing two policies on them
         uses common random numbers (evaluation before / after training).
     no_verdict_reward: terminal reward of a NO_VERDICT episode (ScaleCUA: -0.2).
-    oom_is_agent_fault: CANOPY's rule for an OOM-killed environment (see faults.Attribution).
+    agent_faults: the fault kinds (`faults.FaultKind` or their values) scored as the agent's
+        failure instead of quarantined (see faults.Attribution); the loop applies it to the
+        faults its environments report.
     max_batch: the most prompts sent to the engine in one generate call (None: all waiting).
     batch_wait_s: how long a batch may wait for the group's other episodes to reach the
         engine (None: until all do); see GenerationBatcher.
@@ -132,7 +134,7 @@ class AgentConfig:
     seed: int | None = None
     seed_per_turn: bool = False
     no_verdict_reward: float = 0.0
-    oom_is_agent_fault: bool = False
+    agent_faults: tuple[str, ...] = ()
     max_batch: int | None = None
     batch_wait_s: float | None = 0.5
     max_response_tokens: int | None = None
@@ -142,6 +144,10 @@ class AgentConfig:
     group_start: str = "fresh"
 
     def __post_init__(self):
+        kinds = {kind.value for kind in FaultKind}
+        unknown = [kind for kind in self.agent_faults if kind not in kinds]
+        if unknown:
+            raise ValueError(f"agent_faults {unknown} are no fault kinds; choose from {sorted(kinds)}")
         if self.group_start not in GROUP_STARTS:
             raise ValueError(f"group_start {self.group_start!r} is unknown; choose one of {GROUP_STARTS}")
         if self.prompt_style not in PROMPT_STYLES:
@@ -172,7 +178,7 @@ class AgentConfig:
 
     @property
     def attribution(self) -> Attribution:
-        return Attribution(no_verdict_reward=self.no_verdict_reward, oom_is_agent_fault=self.oom_is_agent_fault)
+        return Attribution(no_verdict_reward=self.no_verdict_reward, agent_faults=frozenset(self.agent_faults))
 
     def sampling(self, stop_token_ids: Sequence[int]) -> SamplingConfig:
         return SamplingConfig(
@@ -622,7 +628,9 @@ class AgentLoop:
             turn.reward = float(transition.reward)
             turn.info.update(transition.info)
             if transition.done:
-                outcome = transition.outcome
+                # A fault the environment reports is judged by this loop's rule (who owns it).
+                outcome = (transition.outcome if transition.fault is None
+                           else episode_outcome(fault=transition.fault, rule=self.config.attribution))
                 break
             if transition.observation is None:
                 raise RuntimeError(f"{episode_id}: turn {t}: the environment returned no observation and no outcome")

@@ -214,6 +214,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.advantage.estimator = "grpo"  # grpo | dr_grpo | rloo
     c.advantage.std_eps = 1e-6
     c.advantage.no_verdict_reward = -0.2  # incomplete episodes (turn / token budget ran out)
+    # Faults the agent's own actions cause in an environment capped for it alone, scored as its
+    # failure (reward 0, kept in the group) rather than quarantined: a quarantine leaves the
+    # group, which an agent could learn to ask for. Any `faults.FaultKind` value may be listed.
+    c.advantage.agent_faults = ("OOM-killed", "process limit reached", "work tree full")
     c.advantage.item_advantages = "broadcast"  # broadcast (ScaleCUA) | stepo (EvoCUA-1.5)
     c.advantage.reward = "sparse"  # sparse {0, 1} verifier reward
     # A control, not a recipe: each episode's advantage is computed from the outcome of another

@@ -12,7 +12,8 @@ from cua_jax.envs import actions as A
 from cua_jax.envs.code_env import (Bash, CodeEnvConfig, CodeEnvironment, Edit, Submit, bash_observation,
                                    escape_output, parse_code_action, render_code_action, stream_text)
 from cua_jax.envs.contract import EnvironmentFault
-from cua_jax.envs.faults import FaultKind
+from cua_jax.envs.faults import FaultKind, episode_outcome
+from cua_jax.rollout.agent_loop import AgentConfig
 from cua_jax.tasks import code_suite as S
 from cua_jax.tasks.code_tasks import load_code_task
 from cua_jax.types import EpisodeStatus
@@ -166,16 +167,21 @@ def test_the_turn_budget_ends_the_episode_without_verdict(task):
 
 
 @pytest.mark.parametrize("command, kind, detail", [
-    ("python3 -c 'import os\nwhile True: os.fork()'", FaultKind.SERVER_ERROR, "process limit reached"),
+    ("python3 -c 'import os\nwhile True: os.fork()'", FaultKind.PROCESS_LIMIT, "pids limit"),
     ("python3 -c 'x = []\nwhile True: x.append(bytearray(10**7))'", FaultKind.OOM_KILLED, "memory limit"),
-    ("dd if=/dev/zero of=big bs=1M count=200", FaultKind.SERVER_ERROR, "work tree full"),
+    ("dd if=/dev/zero of=big bs=1M count=200", FaultKind.WORK_TREE_FULL, "size-capped tmpfs"),
 ])
-def test_resource_faults_quarantine_and_the_next_episode_is_clean(env, task, command, kind, detail):
+def test_resource_faults_end_the_episode_and_the_next_episode_is_clean(env, task, command, kind, detail):
     run(env.reset(task))
     started = env.counters["containers_started"]
     step = run(env.step(Bash(command, timeout=60)))
-    assert step.outcome.status is EpisodeStatus.QUARANTINED
+    assert step.outcome.status is EpisodeStatus.QUARANTINED  # the environment's own view: a fault
     assert step.fault.kind is kind and detail in step.fault.detail
+    # The agent's command caused it: under the experiments' default rule it is the agent's failure.
+    from experiments.configs.base import base_config
+
+    rule = AgentConfig(agent_faults=tuple(base_config().advantage.agent_faults)).attribution
+    assert episode_outcome(fault=step.fault, rule=rule).status is EpisodeStatus.FAILURE
     run(env.end_episode())
     run(env.reset(task))  # a new container replaced the broken one
     assert env.counters["containers_started"] == started + 1

@@ -13,11 +13,16 @@ def test_infrastructure_faults_quarantine_whatever_the_verdict():
     assert outcome.reason == "server unresponsive: no answer in 20s"
 
 
-def test_oom_kill_quarantines_unless_configured_as_the_agents_fault():
-    fault = Fault(FaultKind.OOM_KILLED, "exit status 137")
+@pytest.mark.parametrize("kind", list(FaultKind))
+def test_a_fault_quarantines_unless_the_rule_makes_it_the_agents(kind):
+    fault = Fault(kind, "detail")
     assert episode_outcome(fault=fault).status is EpisodeStatus.QUARANTINED
-    agent_rule = Attribution(oom_is_agent_fault=True)
-    assert episode_outcome(fault=fault, rule=agent_rule).status is EpisodeStatus.FAILURE
+    owned = episode_outcome(fault=fault, rule=Attribution(agent_faults=frozenset({kind.value})))
+    assert (owned.status, owned.reward, owned.reason) == (EpisodeStatus.FAILURE, 0.0, fault.reason)
+    others = Attribution(agent_faults=frozenset(set(FaultKind) - {kind}))
+    assert episode_outcome(fault=fault, rule=others).status is EpisodeStatus.QUARANTINED
+    with pytest.raises(ValueError):
+        Attribution(agent_faults=frozenset({"a typo"}))
 
 
 def test_verdicts_budget_and_agent_failures():

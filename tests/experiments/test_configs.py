@@ -137,6 +137,7 @@ def test_unknown_override_is_rejected():
     ("rollout.partial_rollout_tokens", -1, "config.rollout.partial_rollout_tokens"),
     ("eval.every_steps", -1, "config.eval.every_steps"),
     ("sampler.pilot_target", 1.0, "config.sampler.pilot_target"),
+    ("advantage.agent_faults", ("OOM-killed", "out of memory"), "config.advantage.agent_faults"),
 ])
 def test_a_malformed_field_is_named(field, value, named):
     config = canopy.get_config()

@@ -1,6 +1,6 @@
 """A group's start (AgentConfig.group_start): "fresh" resets every environment, "shared" resets
 one and starts the others from its `shared_state()`; a fault of the first start leaves the
-others to reset on their own."""
+others to reset on their own. And who owns a fault a step reports (AgentConfig.agent_faults)."""
 
 from __future__ import annotations
 
@@ -99,3 +99,35 @@ def test_a_failed_first_start_quarantines_its_episode_and_the_others_reset_on_th
 def test_group_start_is_checked():
     with pytest.raises(ValueError, match="group_start 'forked' is unknown"):
         AgentConfig(group_start="forked")
+
+
+class FaultingStepEnv(CountingEnv):
+    """Its first step ends the episode with `kind`, as an environment reports a fault."""
+
+    def __init__(self, kind: FaultKind):
+        super().__init__()
+        self.kind = kind
+
+    async def step(self, action):
+        fault = Fault(self.kind, "caused by the step")
+        return EnvTransition(None, 0.0, episode_outcome(fault=fault), fault=fault)
+
+
+@pytest.mark.parametrize("agent_faults, status", [
+    ((), EpisodeStatus.QUARANTINED),
+    (("process limit reached",), EpisodeStatus.FAILURE),
+    ((FaultKind.OOM_KILLED,), EpisodeStatus.QUARANTINED),
+])
+def test_the_loop_scores_a_step_fault_by_who_owns_it(renderer, agent_faults, status):
+    loop = AgentLoop(DoneEngine(renderer.tokenizer, renderer.end_of_turn_id), make_segmenter("whole_trajectory", renderer),
+                     AgentConfig(max_turns=2, max_context_tokens=2048, agent_faults=agent_faults))
+    (rollout,) = asyncio.run(loop.run_group([FaultingStepEnv(FaultKind.PROCESS_LIMIT)], "task", seed=7))
+    episode = rollout.episode
+    assert episode.status is status and episode.reward == 0.0
+    reason = episode.quarantine_reason if status is EpisodeStatus.QUARANTINED else episode.info["end_reason"]
+    assert reason == "process limit reached: caused by the step"
+
+
+def test_agent_faults_are_checked():
+    with pytest.raises(ValueError, match="agent_faults \\['OOM'\\] are no fault kinds"):
+        AgentConfig(agent_faults=("OOM",))
