@@ -50,6 +50,7 @@ class FaultKind(str, enum.Enum):
 # policy behind its group's mean scores better than failing, and an agent could learn to ask
 # for one on purpose. Crashes of shared browsers, servers and engines stay quarantined.
 AGENT_OWNED_FAULTS = (FaultKind.OOM_KILLED, FaultKind.PROCESS_LIMIT, FaultKind.WORK_TREE_FULL)
+FAULT_KINDS = tuple(kind.value for kind in FaultKind)  # what configs may name
 
 
 @dataclasses.dataclass(frozen=True)

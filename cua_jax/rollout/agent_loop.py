@@ -78,7 +78,7 @@ import numpy as np
 from cua_jax.context.segment import EpisodeContext, Segmenter
 from cua_jax.envs import actions as A
 from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvObservation
-from cua_jax.envs.faults import Attribution, FaultKind, Outcome, episode_outcome
+from cua_jax.envs.faults import FAULT_KINDS, Attribution, Outcome, episode_outcome
 from cua_jax.observe import timeline
 from cua_jax.rollout.engine import EngineFault, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.rollout.prompts import PROMPT_STYLES, system_prompt
@@ -144,10 +144,9 @@ class AgentConfig:
     group_start: str = "fresh"
 
     def __post_init__(self):
-        kinds = {kind.value for kind in FaultKind}
-        unknown = [kind for kind in self.agent_faults if kind not in kinds]
+        unknown = [kind for kind in self.agent_faults if kind not in FAULT_KINDS]
         if unknown:
-            raise ValueError(f"agent_faults {unknown} are no fault kinds; choose from {sorted(kinds)}")
+            raise ValueError(f"agent_faults {unknown} are no fault kinds; choose from {sorted(FAULT_KINDS)}")
         if self.group_start not in GROUP_STARTS:
             raise ValueError(f"group_start {self.group_start!r} is unknown; choose one of {GROUP_STARTS}")
         if self.prompt_style not in PROMPT_STYLES:

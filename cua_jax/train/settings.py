@@ -12,7 +12,7 @@ from typing import Any
 
 from cua_jax.context.segment import SEGMENTER_OPTIONS
 from cua_jax.envs.actions import ACTION_SPACES
-from cua_jax.envs.faults import FaultKind
+from cua_jax.envs.faults import FAULT_KINDS
 from cua_jax.tasks.sources import SourceTask, TaskCatalog
 from cua_jax.models.sharding import MeshConfig
 from cua_jax.rl.advantages import AdvantageConfig
@@ -311,9 +311,8 @@ class TrainSettings:
         advantage = build("advantage", AdvantageConfig, estimator=c.advantage.estimator, std_eps=c.advantage.std_eps,
                           no_verdict_reward=c.advantage.no_verdict_reward)
         # Budgets and sampling both loops share; turns, context and sampling have eval's own fields.
-        fault_kinds = [kind.value for kind in FaultKind]
-        _require(all(kind in fault_kinds for kind in c.advantage.agent_faults), "advantage.agent_faults",
-                 f"{list(c.advantage.agent_faults)} names something that is no fault kind; choose from {fault_kinds}")
+        _require(all(kind in FAULT_KINDS for kind in c.advantage.agent_faults), "advantage.agent_faults",
+                 f"{list(c.advantage.agent_faults)} names something that is no fault kind; choose from {list(FAULT_KINDS)}")
         shared = dict(max_new_tokens=c.rollout.max_new_tokens, no_verdict_reward=c.advantage.no_verdict_reward,
                       agent_faults=tuple(c.advantage.agent_faults),
                       batch_wait_s=c.rollout.batch_wait_s or None,

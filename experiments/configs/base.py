@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from cua_jax.envs.faults import AGENT_OWNED_FAULTS
+
 # MiniWoB++ tasks the scripted oracle solves (cua_jax.envs.miniwob_oracle.ORACLE_TASKS): the
 # embedded run's pool, so the warm start has demonstrations for every task.
 MINIWOB_TASKS = ("click-button", "click-link", "focus-text", "click-dialog", "click-tab", "click-checkboxes", "enter-text")
@@ -214,10 +216,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.advantage.estimator = "grpo"  # grpo | dr_grpo | rloo
     c.advantage.std_eps = 1e-6
     c.advantage.no_verdict_reward = -0.2  # incomplete episodes (turn / token budget ran out)
-    # Faults the agent's own actions cause in an environment capped for it alone, scored as its
-    # failure (reward 0, kept in the group) rather than quarantined: a quarantine leaves the
-    # group, which an agent could learn to ask for. Any `faults.FaultKind` value may be listed.
-    c.advantage.agent_faults = ("OOM-killed", "process limit reached", "work tree full")
+    # Faults scored as the agent's failure (reward 0, kept in the group) rather than quarantined;
+    # faults.AGENT_OWNED_FAULTS says why these. Any of faults.FAULT_KINDS may be listed.
+    c.advantage.agent_faults = tuple(kind.value for kind in AGENT_OWNED_FAULTS)
     c.advantage.item_advantages = "broadcast"  # broadcast (ScaleCUA) | stepo (EvoCUA-1.5)
     c.advantage.reward = "sparse"  # sparse {0, 1} verifier reward
     # A control, not a recipe: each episode's advantage is computed from the outcome of another
