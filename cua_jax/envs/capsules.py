@@ -1091,6 +1091,8 @@ class CapsuleRuntime:
                     fault = self._environment_fault(generation.slot.runtime_id, error)
                     if fault is not None and generation.slot.fault is not None:
                         fault = generation.slot.fault  # the page's renderer crashed under the step
+                    elif fault is not None:
+                        fault = await _left_task(generation) or fault
                     if fault is None:
                         raise  # a bug in this library, not the environment's fault
                     if fault.kind is FaultKind.SERVER_UNRESPONSIVE and isinstance(error, asyncio.TimeoutError):
@@ -1227,6 +1229,22 @@ class CapsuleRuntime:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
+
+
+async def _left_task(generation: _Generation) -> Fault | None:
+    """PAGE_LEFT_TASK when the capsule's page no longer holds its task's document (it navigated
+    to another URL, or to one without MiniWoB's globals), else None."""
+    page, expected = generation.driver.page, generation.driver.url
+    try:
+        if page.is_closed():
+            return None
+        if expected is not None and page.url != expected:
+            return Fault(FaultKind.PAGE_LEFT_TASK, f"the page went from its task to {page.url[:200]}")
+        if not await asyncio.wait_for(page.evaluate("() => typeof WOB_DONE_GLOBAL !== 'undefined'"), 5.0):
+            return Fault(FaultKind.PAGE_LEFT_TASK, "the page's document is no longer its task's")
+    except Exception:  # noqa: BLE001 - the page cannot tell: the original fault stands
+        return None
+    return None
 
 
 def _action_seconds(action: A.Action | A.InvalidAction) -> float:

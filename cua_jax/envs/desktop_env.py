@@ -35,6 +35,7 @@ from cua_jax.envs.contract import (
 from cua_jax.envs.docker_pool import DockerEnvPool, PooledEnv, PoolError
 from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, episode_outcome
 from cua_jax.tasks import judges
+from cua_jax.tasks.metrics.base import JudgeTamperedError
 from cua_jax.tasks.schema import Task
 
 log = logging.getLogger(__name__)
@@ -169,9 +170,12 @@ class DesktopEpisode:
         finished = last is not None and A.is_terminal(last)
         if self.fault is None and finished:
             try:
-                verdict = judges.evaluate(self.task, self.env.client, self.cache_dir, last_action=last)
+                verdict = judges.evaluate(self.task, self.env.client, self.cache_dir, last_action=last,
+                                          judge=self.env.judge)
             except judges.SetupError as error:
                 self.fault = self._fault_from(error, FaultKind.SETUP_FAILED)
+            except JudgeTamperedError as error:
+                self.fault = self._fault_from(error, FaultKind.JUDGE_TAMPERED)
             except judges.JudgeError as error:
                 self.fault = self._fault_from(error, FaultKind.JUDGE_FAILED)
             except EnvError as error:

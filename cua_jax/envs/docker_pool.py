@@ -42,6 +42,7 @@ import docker
 import docker.errors
 
 from cua_jax.envs.client import EnvClient
+from cua_jax.envs.container_judge import ContainerJudge, judge_volume
 from cua_jax.envs.faults import Fault, FaultKind, container_fault
 from cua_jax.envs.osworld_bridge import LoopbackBridge
 
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 LABEL_POOL = "cua-jax.pool"
 LABEL_ROLE = "cua-jax.role"
 SOCKET_NAME = "env.sock"
+EXIT_GRACE_S = 3.0  # how long a container whose server stopped answering may take to exit
 CONTAINER_SOCKET_DIR = "/run/cua"
 
 
@@ -103,6 +105,8 @@ class PooledEnv:
     socket_dir: str
     client: EnvClient
     started_at: float
+    # Judge code runs here, by docker exec from the host, not through the server (container_judge).
+    judge: ContainerJudge | None = None
 
     @property
     def socket_path(self) -> str:
@@ -155,7 +159,7 @@ class DockerEnvPool:
                 labels=self._labels(slot), network_mode="none", init=True,
                 nano_cpus=int(cfg.cpus * 1e9), mem_limit=cfg.memory, memswap_limit=cfg.memory,
                 pids_limit=cfg.pids_limit, shm_size="256m",
-                volumes={socket_dir: {"bind": CONTAINER_SOCKET_DIR, "mode": "rw"}},
+                volumes={socket_dir: {"bind": CONTAINER_SOCKET_DIR, "mode": "rw"}, **judge_volume()},
             )
         except docker.errors.DockerException as error:
             shutil.rmtree(socket_dir, ignore_errors=True)
@@ -164,7 +168,7 @@ class DockerEnvPool:
             raise PoolError(f"cannot start a container of {cfg.image}: {error}") from None
         env = PooledEnv(slot, name, container.id, socket_dir,
                         EnvClient(os.path.join(socket_dir, SOCKET_NAME), timeout=cfg.call_timeout),
-                        time.monotonic())
+                        time.monotonic(), ContainerJudge(lambda: self.docker, container.id))
         try:
             self._wait_ready(env)
         except PoolError:
@@ -405,6 +409,17 @@ class DockerEnvPool:
         if fault is not None:
             return fault
         if not env.client.health(timeout=self.config.health_timeout):
+            # A server that just exited leaves a container that is still stopping: its exit
+            # status says who stopped it (container_fault), so it is read once the container is down.
+            deadline = time.monotonic() + EXIT_GRACE_S
+            while time.monotonic() < deadline:
+                try:
+                    fault = container_fault(self._state(env))
+                except docker.errors.DockerException:
+                    break
+                if fault is not None:
+                    return fault
+                time.sleep(0.1)
             return Fault(FaultKind.SERVER_UNRESPONSIVE, f"{env.name} does not answer its health probe")
         return None
 

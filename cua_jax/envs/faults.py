@@ -42,15 +42,33 @@ class FaultKind(str, enum.Enum):
     RENDERER_CRASHED = "renderer crashed"  # a renderer process died, with every page it hosted
     PROCESS_LIMIT = "process limit reached"  # the environment's pids limit refused a fork
     WORK_TREE_FULL = "work tree full"  # the environment's size-capped work tree filled up
+    JUDGE_TAMPERED = "judge output tampered"  # something besides the judge wrote a verdict
+    # The environment's main process (a desktop's server, the code runner's reaper) ended cleanly
+    # or on a catchable signal mid-episode: only a process inside the container does that (the
+    # host removes containers with SIGKILL, between episodes).
+    SERVER_STOPPED = "server stopped in the environment"
+    PAGE_LEFT_TASK = "page left its task"  # a MiniWoB page navigated away from its task's document
 
 
 # Faults an agent's own actions bring about in an environment capped for it alone: a command
 # that exhausts the container's memory, its pids limit or its work tree. Scored as the agent's
 # failure by default (`Attribution.agent_faults`): a quarantine leaves the group, which for a
 # policy behind its group's mean scores better than failing, and an agent could learn to ask
-# for one on purpose. Crashes of shared browsers, servers and engines stay quarantined.
-AGENT_OWNED_FAULTS = (FaultKind.OOM_KILLED, FaultKind.PROCESS_LIMIT, FaultKind.WORK_TREE_FULL)
+# for one on purpose. So are a judge's output with a verdict the judge did not write and a server
+# stopped from inside its container (the work of processes the agent ran there), and a MiniWoB
+# page that left its task's document (no task page navigates by itself; only what the agent did
+# on it can). Crashes of shared browsers, servers and engines stay quarantined.
+AGENT_OWNED_FAULTS = (FaultKind.OOM_KILLED, FaultKind.PROCESS_LIMIT, FaultKind.WORK_TREE_FULL,
+                      FaultKind.JUDGE_TAMPERED, FaultKind.SERVER_STOPPED, FaultKind.PAGE_LEFT_TASK)
+# Exit statuses of a main process that ended by itself or on SIGHUP / SIGINT / SIGTERM.
+STOPPED_FROM_INSIDE = (0, 128 + 1, 128 + 2, 128 + 15)
 FAULT_KINDS = tuple(kind.value for kind in FaultKind)  # what configs may name
+
+
+def fault_kind_of(reason: str | None) -> FaultKind | None:
+    """The FaultKind a recorded reason names (`Fault.reason`: the kind's value before ':'), or None."""
+    head = (reason or "").split(":", 1)[0].strip()
+    return next((kind for kind in FaultKind if kind.value == head), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,5 +218,7 @@ def container_fault(state: dict | None) -> Fault | None:
         detail = f"status {state.get('ExitCode')}"
         if state.get("Error"):
             detail += f", {state['Error']}"
+        elif state.get("Status") == "exited" and state.get("ExitCode") in STOPPED_FROM_INSIDE:
+            return Fault(FaultKind.SERVER_STOPPED, f"the container's main process ended with {detail}")
         return Fault(FaultKind.CONTAINER_EXITED, detail)
     return None

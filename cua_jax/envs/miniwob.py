@@ -588,6 +588,7 @@ class MiniWoBPage:
         self.page = page
         self.task = check_task(task)
         self.max_time_ms: float | None = None
+        self.url: str | None = None  # the task's document, once loaded
         self._cdp: Any = None  # the page's DevTools session, for screenshots
 
     async def load(self, url: str) -> None:
@@ -596,6 +597,7 @@ class MiniWoBPage:
         if self.page.viewport_size != VIEWPORT:
             await self.page.set_viewport_size(VIEWPORT)
         await self.page.goto(url, wait_until="load")
+        self.url = self.page.url
         loaded = "() => typeof core !== 'undefined' && core.cover_div !== null"
         if not await self.page.evaluate(loaded):
             await self.page.wait_for_function(loaded)

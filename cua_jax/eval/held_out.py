@@ -181,6 +181,10 @@ def trace_record(episode: Episode, tokenizer: Any = None, learner_logprobs: Sequ
     return {"format": TRACE_FORMAT, "episode_id": episode.episode_id, "task_id": episode.task_id,
             "group_id": episode.group_id, "seed": None if episode.info.get("seed") is None else int(episode.info["seed"]), "instruction": episode.instruction,
             "status": episode.status.value, "reward": episode.reward, "quarantine_reason": episode.quarantine_reason,
+            # How a scored episode ended (e.g. a fault its agent owns), and (code) what it changed
+            # outside the files the judge takes.
+            "end_reason": episode.info.get("end_reason"),
+            "changes_outside_sources": episode.info.get("changes_outside_sources_count"),
             "policy_version": episode.policy_version, "saved_at_version": version,
             "staleness": None if version is None else int(version) - int(episode.policy_version),
             "advantage": advantage, "turns": turns}

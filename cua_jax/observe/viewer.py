@@ -25,6 +25,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cua_jax.envs.faults import fault_kind_of
 from cua_jax.observe.episode_log import EPISODE_LOG, EpisodeRecord, read_episode_log
 from cua_jax.observe.metrics import read_metrics
 
@@ -326,6 +327,10 @@ def _episode_facts(record: Mapping[str, Any]) -> str:
              f"<span>seed {_number(record.get('seed'))}</span>"]
     if record.get("quarantine_reason"):
         facts.append(f'<span class="quarantined">quarantined: {_e(record["quarantine_reason"])}</span>')
+    if fault_kind_of(record.get("end_reason")) is not None:  # a fault scored as the agent's failure
+        facts.append(f'<span class="failure">agent fault: {_e(record["end_reason"])}</span>')
+    if record.get("changes_outside_sources"):
+        facts.append(f'<span class="failure">changes outside the sources: {_number(record["changes_outside_sources"])}</span>')
     return f'<p class="facts">{"".join(facts)}</p><p>{_e(record.get("instruction"))}</p>'
 
 

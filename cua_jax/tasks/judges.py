@@ -733,8 +733,12 @@ assert IMPLEMENTED_STEPS <= set(SETUP_STEPS)
 
 
 def evaluate(task: Task, client: EnvClient, cache_dir: str | pathlib.Path,
-             last_action: A.Action | A.InvalidAction | None = None) -> float:
+             last_action: A.Action | A.InvalidAction | None = None, judge: Any = None) -> float:
     """Run postconfig, then the task's metrics; the reward in [0, 1].
+
+    judge runs judge code (`python_judge`) in the environment: a desktop pool's
+    `ContainerJudge`, apart from what the agent can change. None: through the environment's
+    server (`client.run_python`), for environments without one (a remote server).
 
     An infeasible task (metric `infeasible`) is judged on the last action alone. Raises
     SetupError (postconfig), JudgeError or EnvError when no verdict can be reached.
@@ -748,7 +752,7 @@ def evaluate(task: Task, client: EnvClient, cache_dir: str | pathlib.Path,
     getters = Getters(client, task, cache_dir)
     scores = []
     for check in evaluator.checks:
-        score = _score(check, getters, evaluator, client)
+        score = _score(check, getters, evaluator, client, client if judge is None else judge)
         if evaluator.conj == "and" and score == 0.0:
             return 0.0
         if evaluator.conj == "or" and score == 1.0:
@@ -757,14 +761,14 @@ def evaluate(task: Task, client: EnvClient, cache_dir: str | pathlib.Path,
     return sum(scores) / len(scores) if evaluator.conj == "and" else max(scores)
 
 
-def _score(check: Check, getters: Getters, evaluator, client: EnvClient) -> float:
+def _score(check: Check, getters: Getters, evaluator, client: EnvClient, judge: Any) -> float:
     """One metric's reward: its getter values (as many as it takes; the expected one only
     when the task names it, as OSWorld calls metrics) and options, through the registry."""
     entry = metrics.lookup(check.func)
     getter_values = [getters.get(g) for g in (check.result, check.expected)[:entry.arity]]
     if entry.arity == 2 and check.expected is None:
         getter_values = getter_values[:1]
-    context = {"client": client, "evaluator": evaluator, "last_action": None}
+    context = {"client": client, "judge": judge, "evaluator": evaluator, "last_action": None}
     try:
         score = float(entry.fn(*getter_values, **check.options, **{k: context[k] for k in entry.needs}))
     except (JudgeError, EnvError):

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import jax
 import numpy as np
 
-from cua_jax.envs.faults import FaultKind
+from cua_jax.envs.faults import fault_kind_of
 from cua_jax.rl.advantages import (
     STATUS_CODES,
     broadcast_to_items,
@@ -39,13 +39,17 @@ def draw_group_seeds(key: jax.Array, count: int, train_seeds: Sequence[int], tra
 
 
 
+def agent_fault_kind(reason: str | None) -> str | None:
+    """The metric name of the fault a scored episode's end reason names (a fault its agent owns,
+    `advantage.agent_faults`), or None when the reason names no fault."""
+    kind = fault_kind_of(reason)
+    return None if kind is None else kind.name.lower()
+
+
 def quarantine_kind(reason: str | None) -> str:
     """The metric name of a quarantine reason: its FaultKind (the text before ':'), slugged."""
-    head = (reason or "").split(":", 1)[0].strip()
-    for kind in FaultKind:
-        if head == kind.value:
-            return kind.name.lower()
-    return "other"
+    kind = fault_kind_of(reason)
+    return "other" if kind is None else kind.name.lower()
 
 
 @dataclasses.dataclass
@@ -166,12 +170,17 @@ def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num
                 metrics["quarantine/total"] += 1
                 quarantined[episode.episode_id] = episode.quarantine_reason or ""
                 continue
+            owned = agent_fault_kind(episode.info.get("end_reason"))
+            if owned is not None:  # a fault the agent caused, scored as its failure: counted all the same
+                metrics[f"agent_fault/{owned}"] += 1
+                metrics["agent_fault/total"] += 1
             episodes.append(episode)
             group_index.append(g)
             kept_groups[group.group_id].append(episode.episode_id)
     num_groups = len(groups)
     metrics = dict(metrics)
     metrics.setdefault("quarantine/total", 0.0)
+    metrics.setdefault("agent_fault/total", 0.0)
     metrics["episodes/total"] = float(sum(len(g.episodes) for g in groups))
     metrics["episodes/trained"] = float(len(episodes))
     metrics["groups/total"] = float(num_groups)

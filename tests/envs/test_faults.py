@@ -44,6 +44,10 @@ def test_verdicts_budget_and_agent_failures():
         (None, FaultKind.CONTAINER_EXITED),
         ({"Running": False, "Status": "exited", "ExitCode": 137, "OOMKilled": True}, FaultKind.OOM_KILLED),
         ({"Running": False, "Status": "exited", "ExitCode": 1, "OOMKilled": False}, FaultKind.CONTAINER_EXITED),
+        ({"Running": False, "Status": "exited", "ExitCode": 137, "OOMKilled": False}, FaultKind.CONTAINER_EXITED),
+        # stopped from inside: the main process exited cleanly or on SIGTERM / SIGINT / SIGHUP
+        ({"Running": False, "Status": "exited", "ExitCode": 0, "OOMKilled": False}, FaultKind.SERVER_STOPPED),
+        ({"Running": False, "Status": "exited", "ExitCode": 143, "OOMKilled": False}, FaultKind.SERVER_STOPPED),
         ({"Running": True, "Status": "running", "ExitCode": 0, "OOMKilled": False}, None),
     ],
 )

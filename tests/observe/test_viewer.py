@@ -15,6 +15,7 @@ from cua_jax.envs import actions as A
 from cua_jax.envs.miniwob import CHROMIUM_ARGS
 from cua_jax.eval.held_out import save_traces, save_training_traces, turn_logprobs_from_items
 from cua_jax.observe.episode_log import EpisodeLog
+from cua_jax.observe import viewer
 from cua_jax.observe.viewer import build_site, read_run
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
 
@@ -240,3 +241,16 @@ def test_the_site_in_chromium(tmp_path):
         finally:
             browser.close()
     assert errors == []
+
+
+def test_an_agent_owned_fault_and_changes_outside_the_sources_are_shown(tmp_path):
+    traced = episodes(CharTokenizer(), flip=False)[:1]
+    traced[0].info.update(end_reason="page left its task: the page went from its task to about:blank",
+                          changes_outside_sources_count=2)
+    save_traces(str(tmp_path), traced)
+    record = json.load(open(tmp_path / "00" / "trace.json"))
+    assert record["end_reason"].startswith("page left its task") and record["changes_outside_sources"] == 2
+    facts = viewer._episode_facts(record)
+    assert "agent fault: page left its task" in facts and "changes outside the sources: 2" in facts
+    record.update(end_reason="the agent declared done", changes_outside_sources=0)
+    assert "agent fault" not in viewer._episode_facts(record) and "outside the sources" not in viewer._episode_facts(record)

@@ -2,6 +2,7 @@
 
 import datetime
 import io
+import re
 import tarfile
 import zipfile
 from types import SimpleNamespace
@@ -10,6 +11,7 @@ import pytest
 
 from cua_jax.envs import actions as A
 from cua_jax.tasks.metrics import JudgeError
+from cua_jax.tasks.metrics.base import JudgeTamperedError
 from cua_jax.tasks.metrics import apps as Ap
 from cua_jax.tasks.metrics import general as G
 
@@ -132,24 +134,41 @@ def test_infeasible():
     assert G.infeasible(last_action=A.Done()) == 0.0
 
 
-class FakeClient:
-    def __init__(self, output):
-        self.output, self.code = output, None
+class FakeJudge:
+    """Answers with `output`, each JUDGE_MARKER in it replaced by the run's own marker (with
+    its nonce) when `knows_nonce`, as the judge code would print it."""
+
+    def __init__(self, output, knows_nonce=True, returncode=0):
+        self.output, self.knows_nonce, self.returncode, self.code = output, knows_nonce, returncode, None
 
     def run_python(self, code, timeout):
         self.code = code
-        return {"output": self.output, "error": "boom"}
+        marker = re.search(re.escape(G.JUDGE_MARKER) + "[0-9a-f]{32}:", code).group(0)
+        output = self.output.replace(G.JUDGE_MARKER, marker) if self.knows_nonce else self.output
+        return {"output": output, "error": "boom", "returncode": self.returncode}
 
 
 def test_python_judge_runs_in_the_environment():
     evaluator = SimpleNamespace(code="def check():\n    return 1\n", entry="check", timeout=5.0)
-    client = FakeClient(f"noise\n{G.JUDGE_MARKER}0.75\n")
-    assert G.python_judge(client=client, evaluator=evaluator) == 0.75
-    assert "def check():" in client.code and "_value = check()" in client.code
+    judge = FakeJudge(f"noise\n{G.JUDGE_MARKER}0.75\n")
+    assert G.python_judge(judge=judge, evaluator=evaluator) == 0.75
+    assert "def check():" in judge.code and "_value = check()" in judge.code
     with pytest.raises(JudgeError, match="not a reward"):
-        G.python_judge(client=FakeClient(f"{G.JUDGE_MARKER}7\n"), evaluator=evaluator)
-    with pytest.raises(JudgeError, match="no result: boom"):
-        G.python_judge(client=FakeClient(""), evaluator=evaluator)
+        G.python_judge(judge=FakeJudge(f"{G.JUDGE_MARKER}7\n"), evaluator=evaluator)
+    with pytest.raises(JudgeError, match="no result .*boom"):
+        G.python_judge(judge=FakeJudge(""), evaluator=evaluator)
+
+
+def test_python_judge_takes_only_its_own_verdict():
+    """A verdict line without this run's nonce is not the judge's; a second one is tampering;
+    a judge that did not exit cleanly gave no verdict, whatever it printed."""
+    evaluator = SimpleNamespace(code="def check():\n    return 0\n", entry="check", timeout=5.0)
+    with pytest.raises(JudgeError, match="no result"):  # an old-style or guessed marker
+        G.python_judge(judge=FakeJudge(f"{G.JUDGE_MARKER}1.0\n", knows_nonce=False), evaluator=evaluator)
+    with pytest.raises(JudgeTamperedError, match="2 verdicts"):
+        G.python_judge(judge=FakeJudge(f"{G.JUDGE_MARKER}1.0\n{G.JUDGE_MARKER}0.0\n"), evaluator=evaluator)
+    with pytest.raises(JudgeError, match="exit -9"):
+        G.python_judge(judge=FakeJudge(f"{G.JUDGE_MARKER}1.0\n", returncode=-9), evaluator=evaluator)
 
 
 # ---- VLC, LibreOffice, Thunderbird files ---------------------------------------------

@@ -190,3 +190,17 @@ def test_all_quarantined_batch_has_nothing_to_train():
     groups = [group_from_rollouts(0, "a", [_rollout("a", 0, 0, Q, 0.0, 1)])]
     batch = prepare_batch(groups, _settings(), num_minibatches=1, version=0)
     assert batch.items == [] and batch.metrics["quarantine/total"] == 1
+
+
+def test_faults_an_agent_owns_are_counted_and_stay_in_their_group():
+    """An episode that ended with a fault its agent owns (scored as failure) keeps its place in
+    the group's advantages and is counted per kind, beside the quarantines."""
+    owned = _rollout("a", 0, 1, F, 0.0, 1)
+    owned.episode.info["end_reason"] = "judge output tampered: the judge's output holds 2 verdicts"
+    plain = _rollout("a", 0, 2, F, 0.0, 1)
+    plain.episode.info["end_reason"] = "the agent declared done"
+    groups = [group_from_rollouts(0, "a", [_rollout("a", 0, 0, S, 1.0, 1), owned, plain])]
+    batch = prepare_batch(groups, _settings(), num_minibatches=1, version=0)
+    assert batch.metrics["agent_fault/judge_tampered"] == 1 and batch.metrics["agent_fault/total"] == 1
+    assert batch.metrics["quarantine/total"] == 0
+    assert "a/g0/e1" in {item.episode_id for item in batch.items}

@@ -8,6 +8,7 @@ import ast
 import datetime
 import os
 import pathlib
+import secrets
 import tarfile
 import tempfile
 import zipfile
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from cua_jax.envs import actions as A
 from cua_jax.tasks.metrics.base import (
-    JudgeError, expected_file, fuzzy_ratio, metric, read_text, result_file, rule,
+    JudgeError, JudgeTamperedError, expected_file, fuzzy_ratio, metric, read_text, result_file, rule,
 )
 
 if TYPE_CHECKING:
@@ -384,7 +385,7 @@ def infeasible(*_, last_action=None, **__) -> float:
     return float(isinstance(last_action, A.Fail))
 
 
-JUDGE_MARKER = "__cua_jax_judge_result__"
+JUDGE_MARKER = "__cua_jax_judge_result__"  # then the run's nonce, ":", and the verdict
 
 _JUDGE_RUNNER = """
 import json as _json
@@ -395,21 +396,31 @@ print({marker!r} + _json.dumps(float(_value)))
 """
 
 
-def run_python_judge(client: EnvClient, code: str, entry: str, timeout: float) -> float:
-    """Run judge code inside the environment; its entry function returns a reward in [0, 1]."""
-    reply = client.run_python(_JUDGE_RUNNER.format(code=code, entry=entry, marker=JUDGE_MARKER), timeout=timeout)
-    for line in reversed(reply.get("output", "").splitlines()):
-        if line.startswith(JUDGE_MARKER):
-            value = float(line[len(JUDGE_MARKER):])
-            if not 0.0 <= value <= 1.0:
-                raise JudgeError(f"the judge returned {value}, not a reward in [0, 1]")
-            return value
-    raise JudgeError(f"the judge gave no result: {reply.get('error', '')[-500:]}")
+def run_python_judge(runner: Any, code: str, entry: str, timeout: float) -> float:
+    """Run judge code in the environment; its entry function returns a reward in [0, 1].
+
+    runner: what runs Python there, `run_python(code, timeout) -> reply` (a desktop pool's
+    `ContainerJudge`, apart from the agent; an `EnvClient`, through the environment's server).
+    The verdict line carries a nonce fresh for this run and must be the only one: a second
+    verdict was written by something else (JudgeTamperedError), and a judge that did not exit
+    cleanly gave none."""
+    marker = f"{JUDGE_MARKER}{secrets.token_hex(16)}:"
+    reply = runner.run_python(_JUDGE_RUNNER.format(code=code, entry=entry, marker=marker), timeout=timeout)
+    verdicts = [line[len(marker):] for line in reply.get("output", "").splitlines() if line.startswith(marker)]
+    if len(verdicts) > 1:
+        raise JudgeTamperedError(f"the judge's output holds {len(verdicts)} verdicts; only one was the judge's")
+    if not verdicts or reply.get("returncode", 0) != 0:
+        raise JudgeError(f"the judge gave no result (exit {reply.get('returncode')}): "
+                         f"{(reply.get('message') or reply.get('error') or '')[-500:]}")
+    value = float(verdicts[0])
+    if not 0.0 <= value <= 1.0:
+        raise JudgeError(f"the judge returned {value}, not a reward in [0, 1]")
+    return value
 
 
-@metric(arity=0, needs=("client", "evaluator"))
-def python_judge(*, client: EnvClient, evaluator) -> float:
+@metric(arity=0, needs=("judge", "evaluator"))
+def python_judge(*, judge: Any, evaluator) -> float:
     """ScaleCUA's Python judge: `evaluator.code` defines `evaluator.entry`, a function of no
-    arguments returning a reward in [0, 1], run inside the environment with
-    `evaluator.timeout` (never in this process)."""
-    return run_python_judge(client, evaluator.code, evaluator.entry, evaluator.timeout)
+    arguments returning a reward in [0, 1], run in the environment with `evaluator.timeout`
+    (never in this process) by `judge` (see run_python_judge)."""
+    return run_python_judge(judge, evaluator.code, evaluator.entry, evaluator.timeout)

@@ -77,7 +77,7 @@ class ProbeSession:
 
     def judge(self, task: Task) -> float:
         """The task's verdict on the current state; the Python judge runs inside the environment."""
-        return judges.evaluate(task, self._env.client, self.cache_dir / task.id)
+        return judges.evaluate(task, self._env.client, self.cache_dir / task.id, judge=self._env.judge)
 
     def run_python(self, code: str, timeout: float = 30.0) -> dict:
         return self._env.client.run_python(code, timeout=timeout)
