@@ -30,8 +30,10 @@ RL settings, measured from this base (one run each, 96 held-out episodes, paired
   learning rate 3e-4, training temperature 0.5, 12 updates of 2 groups: 33 -> 26 (-0.073,
   [-0.162, +0.017]); 1e-4, temperature 1.0, 16 updates of 3 groups (this config): 33 -> 33
   (+0.000, [-0.073, +0.073]; k3 KL to the base 0.005 after 16 updates); 3e-4, temperature 1.0,
-  16 updates of 3 groups: 33 -> 29 (-0.042, [-0.129, +0.047]); 1e-3: collapse (54% invalid
-  actions by update 9). None is a held-out gain; at temperature 0.5 the base's replies are nearly
+  16 updates of 3 groups: 33 -> 29 (-0.042, [-0.129, +0.047]); the same for 48 updates with
+  evaluation at the training temperature 1.0: 30 -> 28 (-0.021, [-0.133, +0.092]; k3 KL to the
+  base 0.02-0.04 from update 7 on, training success 0.0-0.71 per update with no trend); 1e-3:
+  collapse (54% invalid actions by update 9). None is a held-out gain; at temperature 0.5 the base's replies are nearly
   deterministic (0.02-0.07 nats per token) and half the groups had one outcome, at 1.0 67-100%
   of the groups were informative and its tool calls stay valid (96-100%).
 
