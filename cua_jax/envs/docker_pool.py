@@ -106,7 +106,7 @@ class PooledEnv:
     client: EnvClient
     started_at: float
     # Judge code runs here, by docker exec from the host, not through the server (container_judge).
-    judge: ContainerJudge | None = None
+    judge: ContainerJudge
 
     @property
     def socket_path(self) -> str:

@@ -40,16 +40,15 @@ def draw_group_seeds(key: jax.Array, count: int, train_seeds: Sequence[int], tra
 
 
 def agent_fault_kind(reason: str | None) -> str | None:
-    """The metric name of the fault a scored episode's end reason names (a fault its agent owns,
-    `advantage.agent_faults`), or None when the reason names no fault."""
+    """The metric name of the FaultKind a reason names (the text before ':', slugged), or None:
+    for a scored episode's end reason, a fault its agent owns (`advantage.agent_faults`)."""
     kind = fault_kind_of(reason)
     return None if kind is None else kind.name.lower()
 
 
 def quarantine_kind(reason: str | None) -> str:
-    """The metric name of a quarantine reason: its FaultKind (the text before ':'), slugged."""
-    kind = fault_kind_of(reason)
-    return "other" if kind is None else kind.name.lower()
+    """The metric name of a quarantine reason: its FaultKind's, or "other"."""
+    return agent_fault_kind(reason) or "other"
 
 
 @dataclasses.dataclass

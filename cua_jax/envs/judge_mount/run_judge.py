@@ -55,23 +55,12 @@ def main():
     child = os.fork()
     if child == 0:
         os.setpgid(0, 0)
-        namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-        try:
-            exec(compile(request["code"], "<judge>", "exec"), namespace)
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-            if stop.code is not None and not isinstance(stop.code, int):
-                sys.stderr.write(str(stop.code) + "\n")
-            sys.stdout.flush()
-            os._exit(code)
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-            sys.stdout.flush()
-            os._exit(1)
-        sys.stdout.flush()
-        os._exit(0)
+        exec(compile(request["code"], "<judge>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        return  # the interpreter exits as after any script: output flushed, SystemExit's status, tracebacks
+    try:
+        os.setpgid(child, child)  # as the child does: whichever runs first, the group exists before a kill
+    except OSError:
+        pass  # the child already set it, or already exited
 
     def expire(*_):
         try:
