@@ -180,10 +180,14 @@ class History:
         first_full_turn: int = 0,
         action_summary: Callable[[str], str] = action_text,
         last_turn: int | None = None,
+        placeholder: str = "",
     ) -> list[dict[str, Any]]:
         """Chat messages for turns [first_full_turn, last_turn] (default: all), earlier turns as an action list.
 
-        `dropped` holds (turn, index) of screenshots left out. Turns before `first_full_turn` are
+        `dropped` holds (turn, index) of screenshots left out; with `placeholder` (a format string
+        over {step}, the turn's 1-based number, and {action}, `action_summary` of that turn's
+        response, "" before it has one) each stands in as that short text (ScaleCUA Fig. 4's text
+        in place of a dropped screenshot). Turns before `first_full_turn` are
         collapsed into a "Previous actions" list (EvoCUA-1.5 eq. 4) in the first user message.
         Ends with the last observation when that turn has no response yet.
         """
@@ -204,7 +208,12 @@ class History:
                     )
                     preamble = f"{preamble}\n\nPrevious actions:\n{steps}"
                 content.append({"type": "text", "text": preamble + "\n"})
-            content.extend({"type": "image", "ref": ref} for ref in refs if (ref.turn, ref.index) not in dropped)
+            for ref in refs:
+                if (ref.turn, ref.index) not in dropped:
+                    content.append({"type": "image", "ref": ref})
+                elif placeholder:
+                    action = action_summary(self.responses[t]) if t < len(self.responses) else ""
+                    content.append({"type": "text", "text": placeholder.format(step=t + 1, action=action) + "\n"})
             if text:
                 content.append({"type": "text", "text": text})
             messages.append({"role": "user", "content": content})

@@ -10,11 +10,12 @@ saw during the rollout is exactly what the learner trains on:
 
 Strategies:
 
-* `SlidingWindow(keep=K, min_removal=Delta)`: ScaleCUA's Visual Context Segmentation (Alg. 2).
-  One token stream grows by diffs; when the history would hold more than K + Delta screenshots the
-  stream is saved as an item, the oldest (at least Delta) screenshots are dropped and the remaining
-  history is re-tokenized with loss mask 0. Each response is trained in exactly one item; no item
-  holds more than K + Delta images.
+* `SlidingWindow(keep=K, min_removal=Delta, placeholder_text=...)`: ScaleCUA's Visual Context
+  Segmentation (Alg. 2). One token stream grows by diffs; when the history would hold more than
+  K + Delta screenshots the stream is saved as an item, the oldest (at least Delta) screenshots
+  are dropped (each replaced by `placeholder_text` when set, Fig. 4) and the remaining history is
+  re-tokenized with loss mask 0. Each response is trained in exactly one item; no item holds more
+  than K + Delta images.
 * `WholeTrajectory()`: one stream over the whole episode, never pruned.
 * `StepWise(keep_images=None)`: one item per turn; its context is the full history (only the last
   `keep_images` screenshots when set).
@@ -104,15 +105,17 @@ class EpisodeContext(abc.ABC):
 class _StreamContext(EpisodeContext):
     """A diff-grown token stream, pruned (sliding window) when `keep` is set."""
 
-    def __init__(self, renderer, episode_id, group_id, system_prompt, instruction, keep: int | None, min_removal: int):
+    def __init__(self, renderer, episode_id, group_id, system_prompt, instruction, keep: int | None, min_removal: int,
+                 placeholder: str = ""):
         super().__init__(renderer, episode_id, group_id, system_prompt, instruction)
         self.keep = keep
         self.min_removal = min_removal
+        self.placeholder = placeholder
         self.dropped: set[tuple[int, int]] = set()
         self.builder: TokenStreamBuilder | None = None
 
     def _messages(self):
-        return self.history.messages(dropped=frozenset(self.dropped))
+        return self.history.messages(dropped=frozenset(self.dropped), placeholder=self.placeholder)
 
     def observe(self, turn, text, images):
         self._add_observation(turn, text, images)
@@ -160,11 +163,13 @@ class _StepContext(EpisodeContext):
         keep_images: int | None,
         full_turns: int | None,
         action_summary: Callable[[str], str],
+        placeholder: str = "",
     ):
         super().__init__(renderer, episode_id, group_id, system_prompt, instruction)
         self.keep_images = keep_images
         self.full_turns = full_turns
         self.action_summary = action_summary
+        self.placeholder = placeholder
         self._rendered = None
 
     def observe(self, turn, text, images):
@@ -179,7 +184,8 @@ class _StepContext(EpisodeContext):
             visible = [ref for ref in self.history.images if ref.turn >= first_full]
             hidden = visible[: max(0, len(visible) - self.keep_images)]
             dropped = frozenset((ref.turn, ref.index) for ref in hidden)
-        return self.history.messages(dropped=dropped, first_full_turn=first_full, action_summary=self.action_summary)
+        return self.history.messages(dropped=dropped, first_full_turn=first_full, action_summary=self.action_summary,
+                                     placeholder=self.placeholder)
 
     def _render(self):
         if not self.history.observations or len(self.history.responses) == len(self.history.observations):
@@ -236,22 +242,33 @@ class Segmenter(abc.ABC):
 SEGMENTERS: Registry[type[Segmenter]] = Registry("segmenter")
 
 
+def check_placeholder(text: str) -> str:
+    """A dropped screenshot's stand-in text ("" for none): a format string over {step} and {action} only."""
+    try:
+        text.format(step=1, action="click(1)")
+    except (KeyError, IndexError, ValueError) as error:
+        raise ValueError(f"placeholder_text {text!r} may name only {{step}} and {{action}}: {error!r}") from None
+    return text
+
+
 @SEGMENTERS.register("sliding_window")
 class SlidingWindow(Segmenter):
     """ScaleCUA Visual Context Segmentation: keep K screenshots, drop at least Delta when over K + Delta."""
 
-    options = ("keep", "min_removal")
+    options = ("keep", "min_removal", "placeholder_text")
 
-    def __init__(self, renderer: ChatRenderer, keep: int = 5, min_removal: int | None = None):
+    def __init__(self, renderer: ChatRenderer, keep: int = 5, min_removal: int | None = None, placeholder_text: str = ""):
         super().__init__(renderer)
         min_removal = keep if min_removal is None else min_removal
         if keep < 0 or min_removal < 1:
             raise ValueError(f"sliding window needs keep >= 0 and min_removal >= 1, got keep={keep}, min_removal={min_removal}")
         self.keep = keep
         self.min_removal = min_removal
+        self.placeholder_text = check_placeholder(placeholder_text)
 
     def start(self, episode_id, group_id, system_prompt, instruction):
-        return _StreamContext(self.renderer, episode_id, group_id, system_prompt, instruction, self.keep, self.min_removal)
+        return _StreamContext(self.renderer, episode_id, group_id, system_prompt, instruction, self.keep, self.min_removal,
+                              self.placeholder_text)
 
 
 @SEGMENTERS.register("whole_trajectory")
@@ -266,16 +283,18 @@ class WholeTrajectory(Segmenter):
 class StepWise(Segmenter):
     """One item per turn; context = full history, or its last `keep_images` screenshots when set."""
 
-    options = ("keep_images",)
+    options = ("keep_images", "placeholder_text")
 
-    def __init__(self, renderer: ChatRenderer, keep_images: int | None = None):
+    def __init__(self, renderer: ChatRenderer, keep_images: int | None = None, placeholder_text: str = ""):
         super().__init__(renderer)
         if keep_images is not None and keep_images < 0:
             raise ValueError(f"keep_images must be >= 0, got {keep_images}")
         self.keep_images = keep_images
+        self.placeholder_text = check_placeholder(placeholder_text)
 
     def start(self, episode_id, group_id, system_prompt, instruction):
-        return _StepContext(self.renderer, episode_id, group_id, system_prompt, instruction, self.keep_images, None, action_text)
+        return _StepContext(self.renderer, episode_id, group_id, system_prompt, instruction, self.keep_images, None, action_text,
+                            self.placeholder_text)
 
 
 @SEGMENTERS.register("compact_context")

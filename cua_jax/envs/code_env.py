@@ -481,8 +481,15 @@ class CodeEpisode:
         self.info = {"changes_outside_sources": list(answer.get("changes_outside_sources", [])),
                      "changes_outside_sources_count": answer.get("changes_outside_sources_count", 0),
                      "judge_seconds": self.judge_seconds}
-        if not answer["ok"]:  # the tests hang, crash pytest, or the fix cannot be judged: the fix's failure
-            return self._end(agent_failure=answer["error"])
+        # Nothing to test (CANOPY App. H's terminal states, scored by the attribution rule's
+        # constants): no change to the sources, a change that cannot be carried over, a test
+        # run that hangs or crashes pytest.
+        if answer.get("changed_sources_count") == 0:
+            return self._end(no_patch="no patch: the agent changed none of the package's sources")
+        if not answer["ok"]:
+            if answer.get("stage") == "carry":
+                return self._end(no_patch=f"the patch does not apply: {answer['error']}")
+            return self._end(crash=answer["error"])
         result = verdict(task, answer["outcomes"], self.env.config.partial_credit)
         self.info.update({"fail_to_pass_passed": result.fail_to_pass_passed,
                           "fail_to_pass_total": result.fail_to_pass_total, "broken": list(result.broken[:20])})

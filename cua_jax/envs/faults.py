@@ -159,6 +159,10 @@ class Attribution:
 
     no_verdict_reward: the terminal reward of a budget-exhausted episode (ScaleCUA uses
         -0.2 via configuration; 0 keeps it neutral).
+    no_patch_reward / crash_reward: CANOPY's SWE terminal constants (App. H, -0.2 each there)
+        for a code episode that left nothing to test: no change to the sources or a change
+        that cannot be applied, and a test run that could not finish (hang, crash). 0: a
+        plain failure.
     agent_faults: the fault kinds scored as the agent's failure (reward 0, the episode stays
         in its group) instead of quarantined; CANOPY scores an OOM kill of an episode's own
         allocation so. Experiment configs set `advantage.agent_faults` (default
@@ -167,6 +171,8 @@ class Attribution:
 
     no_verdict_reward: float = 0.0
     agent_faults: frozenset[FaultKind] = frozenset()
+    no_patch_reward: float = 0.0
+    crash_reward: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "agent_faults", frozenset(FaultKind(kind) for kind in self.agent_faults))
@@ -178,10 +184,13 @@ def episode_outcome(
     verdict: float | None = None,
     budget_exhausted: bool = False,
     agent_failure: str | None = None,
+    no_patch: str | None = None,
+    crash: str | None = None,
     rule: Attribution = Attribution(),
 ) -> Outcome:
-    """Decide how an episode ended. Precedence: infrastructure fault, then agent failure,
-    then the verifier's verdict, then budget exhaustion.
+    """Decide how an episode ended. Precedence: infrastructure fault, then agent failure
+    (no patch, a crashed test run, any other), then the verifier's verdict, then budget
+    exhaustion.
 
     Args:
         fault: an infrastructure fault seen during setup, the episode or judging.
@@ -189,11 +198,17 @@ def episode_outcome(
         budget_exhausted: the turn or token budget ran out before the agent finished.
         agent_failure: why the policy itself ended the episode (declared FAIL on a feasible
             task, an action that timed out); scored 0.
+        no_patch / crash: a code episode left nothing to test (why); scored
+            `rule.no_patch_reward` / `rule.crash_reward`.
     """
     if fault is not None:
         if fault.kind in rule.agent_faults:
             return Outcome(EpisodeStatus.FAILURE, 0.0, fault.reason)
         return Outcome(EpisodeStatus.QUARANTINED, 0.0, fault.reason)
+    if no_patch is not None:
+        return Outcome(EpisodeStatus.FAILURE, float(rule.no_patch_reward), no_patch)
+    if crash is not None:
+        return Outcome(EpisodeStatus.FAILURE, float(rule.crash_reward), crash)
     if agent_failure is not None:
         return Outcome(EpisodeStatus.FAILURE, 0.0, agent_failure)
     if verdict is not None:

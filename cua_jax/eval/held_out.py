@@ -185,6 +185,9 @@ def trace_record(episode: Episode, tokenizer: Any = None, learner_logprobs: Sequ
             # outside the files the judge takes.
             "end_reason": episode.info.get("end_reason"),
             "changes_outside_sources": episode.info.get("changes_outside_sources_count"),
+            # A DTAC replay: the episode whose cached success this is (its policy_version is the
+            # version that sampled it, so its staleness is its true age).
+            "replay_of": episode.info.get("replay_of"),
             "policy_version": episode.policy_version, "saved_at_version": version,
             "staleness": None if version is None else int(version) - int(episode.policy_version),
             "advantage": advantage, "turns": turns}

@@ -325,6 +325,9 @@ def _episode_facts(record: Mapping[str, Any]) -> str:
              f"<span>policy version {_number(record.get('policy_version'))}</span>",
              f"<span>staleness {_number(record.get('staleness'))}</span>",
              f"<span>seed {_number(record.get('seed'))}</span>"]
+    if record.get("replay_of"):
+        facts.append(f'<span>replayed success of {_e(record["replay_of"])}, sampled by policy version '
+                     f'{_number(record.get("policy_version"))}</span>')
     if record.get("quarantine_reason"):
         facts.append(f'<span class="quarantined">quarantined: {_e(record["quarantine_reason"])}</span>')
     if fault_kind_of(record.get("end_reason")) is not None:  # a fault scored as the agent's failure

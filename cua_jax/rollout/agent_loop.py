@@ -112,6 +112,8 @@ class AgentConfig:
     agent_faults: the fault kinds (`faults.FaultKind` or their values) scored as the agent's
         failure instead of quarantined (see faults.Attribution); the loop applies it to the
         faults its environments report.
+    no_patch_reward / crash_reward: CANOPY's terminal constants for a code episode that left
+        nothing to test (faults.Attribution).
     max_batch: the most prompts sent to the engine in one generate call (None: all waiting).
     batch_wait_s: how long a batch may wait for the group's other episodes to reach the
         engine (None: until all do); see GenerationBatcher.
@@ -135,6 +137,8 @@ class AgentConfig:
     seed_per_turn: bool = False
     no_verdict_reward: float = 0.0
     agent_faults: tuple[str, ...] = ()
+    no_patch_reward: float = 0.0
+    crash_reward: float = 0.0
     max_batch: int | None = None
     batch_wait_s: float | None = 0.5
     max_response_tokens: int | None = None
@@ -177,7 +181,8 @@ class AgentConfig:
 
     @property
     def attribution(self) -> Attribution:
-        return Attribution(no_verdict_reward=self.no_verdict_reward, agent_faults=frozenset(self.agent_faults))
+        return Attribution(no_verdict_reward=self.no_verdict_reward, agent_faults=frozenset(self.agent_faults),
+                           no_patch_reward=self.no_patch_reward, crash_reward=self.crash_reward)
 
     def sampling(self, stop_token_ids: Sequence[int]) -> SamplingConfig:
         return SamplingConfig(

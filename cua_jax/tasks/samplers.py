@@ -1,5 +1,5 @@
-"""Task samplers over a `TaskPool`: uniform, Frontier Sampling (ScaleCUA) and DTAC
-(EvoCUA-1.5), their configs, and `build_sampler`, which builds the sampler a training config
+"""Task samplers over a `TaskPool`: uniform, Frontier Sampling (ScaleCUA), DTAC (EvoCUA-1.5)
+and a fixed curriculum (the baseline ScaleCUA's Fig. 6a compares Frontier Sampling with), their configs, and `build_sampler`, which builds the sampler a training config
 names (wrapped in pass-rate calibration when it asks for one).
 
 Each implements `cua_jax.tasks.sampler_interface.TaskSampler`; the weights and draws are the
@@ -20,6 +20,8 @@ from cua_jax.tasks.calibration import CalibrationConfig, PassRateCalibration
 from cua_jax.tasks.pool import GroupOutcome, TaskPool
 from cua_jax.tasks.sampler_interface import Replay, RunGroups, TaskSampler, check_fraction
 from cua_jax.tasks.selection import (
+    curriculum_competence,
+    curriculum_select,
     dtac_select,
     frontier_select,
     frontier_weights,
@@ -34,6 +36,7 @@ _uniform_select_jit = jax.jit(uniform_select)
 _weighted_select_jit = jax.jit(weighted_select)
 _frontier_select_jit = jax.jit(frontier_select)
 _dtac_select_jit = jax.jit(dtac_select)
+_curriculum_select_jit = jax.jit(curriculum_select)
 _frontier_weights_jit = jax.jit(frontier_weights)
 _vas_weights_jit = jax.jit(vas_weights)
 
@@ -117,6 +120,42 @@ class DTACConfig:
             raise ValueError(
                 f"DTACConfig.replay_cache_size must be >= 1, got {self.replay_cache_size}"
             )
+
+
+CURRICULUM_DIFFICULTIES = ("tier", "pass_rate")
+CURRICULUM_SCHEDULES = ("linear", "sqrt")
+
+
+@dataclasses.dataclass(frozen=True)
+class CurriculumConfig:
+    """A fixed curriculum: tasks ordered once by a difficulty measure, the easiest share open
+    first, widened on a schedule that ignores how the policy does (ScaleCUA Fig. 6a's baseline).
+
+    difficulty: "tier" (the task's tier, higher is harder) or "pass_rate" (1 - the pass rate the
+      pool holds at the first draw: a pilot file's or the pilot pass's; unknown tasks take
+      unknown_pass_rate), with ties in pool order.
+    start: the share of the pool open at the first draw. steps: draws until all of it is open.
+    schedule: how the share grows (`selection.curriculum_competence`).
+    """
+
+    ema_alpha: float = 0.2
+    difficulty: str = "tier"
+    start: float = 0.25
+    steps: int = 100
+    schedule: str = "sqrt"
+    unknown_pass_rate: float = 0.5
+
+    def __post_init__(self):
+        check_fraction("CurriculumConfig", "ema_alpha", self.ema_alpha, low_open=True)
+        check_fraction("CurriculumConfig", "unknown_pass_rate", self.unknown_pass_rate)
+        if not 0.0 < self.start <= 1.0:
+            raise ValueError(f"CurriculumConfig.start must lie in (0, 1], got {self.start}")
+        if self.steps < 1:
+            raise ValueError(f"CurriculumConfig.steps must be >= 1, got {self.steps}")
+        if self.difficulty not in CURRICULUM_DIFFICULTIES:
+            raise ValueError(f"CurriculumConfig.difficulty {self.difficulty!r} is not one of {CURRICULUM_DIFFICULTIES}")
+        if self.schedule not in CURRICULUM_SCHEDULES:
+            raise ValueError(f"CurriculumConfig.schedule {self.schedule!r} is not one of {CURRICULUM_SCHEDULES}")
 
 
 class PoolSampler(TaskSampler):
@@ -297,7 +336,47 @@ class DTACSampler(PoolSampler):
         super().update(outcomes)
 
 
-SAMPLER_KINDS = ("uniform", "frontier", "dtac")
+class CurriculumSampler(PoolSampler):
+    """A fixed curriculum: uniform draws among the easiest `competence(draw)` share of the
+    eligible tasks (at least a batch), by a difficulty fixed at the first draw."""
+
+    def __init__(self, pool: TaskPool, config: CurriculumConfig = CurriculumConfig()):
+        super().__init__(pool, config.ema_alpha)
+        self.config = config
+        self._draws = 0
+        self._difficulty: np.ndarray | None = None
+
+    def difficulty(self) -> np.ndarray:
+        """float32 [N], lower is easier; fixed at the first call."""
+        if self._difficulty is None:
+            if self.config.difficulty == "tier":
+                self._difficulty = self._pool.tiers.astype(np.float32)
+            else:
+                self._difficulty = (1.0 - self._known_pass_rate(self.config.unknown_pass_rate)).astype(np.float32)
+        return self._difficulty
+
+    def open_share(self) -> float:
+        """The share of the eligible tasks the next draw may take."""
+        return curriculum_competence(self._draws, self.config.start, self.config.steps, self.config.schedule)
+
+    def _select(self, key, batch_size, eligible):
+        window = max(batch_size, int(np.ceil(self.open_share() * int(eligible.sum()) - 1e-9)))
+        (gumbel,) = _gumbels(key, 1, len(self._pool))
+        order = _curriculum_select_jit(gumbel, self.difficulty(), eligible, np.int32(window))
+        self._draws += 1
+        return order
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "draws": self._draws,
+                "difficulty": None if self._difficulty is None else self._difficulty.tolist()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._draws = int(state["draws"])
+        self._difficulty = None if state["difficulty"] is None else np.asarray(state["difficulty"], np.float32)
+
+
+SAMPLER_KINDS = ("uniform", "frontier", "dtac", "curriculum")
 
 
 def build_sampler(
@@ -307,6 +386,7 @@ def build_sampler(
     uniform: UniformConfig = UniformConfig(),
     frontier: FrontierConfig = FrontierConfig(),
     dtac: DTACConfig = DTACConfig(),
+    curriculum: CurriculumConfig = CurriculumConfig(),
     calibration: CalibrationConfig | None = None,
     run_groups: RunGroups | None = None,
 ) -> TaskSampler:
@@ -320,6 +400,7 @@ def build_sampler(
         "uniform": lambda: UniformSampler(pool, uniform),
         "frontier": lambda: FrontierSampler(pool, frontier),
         "dtac": lambda: DTACSampler(pool, dtac),
+        "curriculum": lambda: CurriculumSampler(pool, curriculum),
     }
     if kind not in samplers:
         raise ValueError(f"unknown sampler kind {kind!r}; choose one of {list(SAMPLER_KINDS)}")

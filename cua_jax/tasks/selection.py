@@ -198,6 +198,42 @@ def dtac_select(
     return _batch_order(vas_rank, n_vas, infeasible_rank, n_infeasible)
 
 
+def curriculum_competence(step: int, start: float, steps: int, schedule: str = "sqrt") -> float:
+    """The share of the pool, easiest first, a fixed curriculum opens at `step` (competence-based
+    curriculum learning, Platanios et al. 2019): `start` at step 0, all of it from `steps` on.
+
+    schedule: "linear", c(t) = start + (1 - start) t / steps, or "sqrt", c(t) = sqrt(t (1 -
+    start^2) / steps + start^2) (faster early, as the paper recommends); both clipped to 1.
+    """
+    if steps < 1:
+        return 1.0
+    t = min(max(step, 0), steps) / steps
+    if schedule == "linear":
+        return min(1.0, start + (1.0 - start) * t)
+    if schedule == "sqrt":
+        return min(1.0, math.sqrt(t * (1.0 - start * start) + start * start))
+    raise ValueError(f"unknown curriculum schedule {schedule!r}; choose 'linear' or 'sqrt'")
+
+
+def curriculum_select(gumbel: jax.Array, difficulty: jax.Array, eligible: jax.Array, window: jax.Array) -> jax.Array:
+    """Uniform draws among the `window` easiest eligible tasks (a fixed curriculum's open set).
+
+    Args:
+      gumbel: float [N] i.i.d. noise.
+      difficulty: float [N], lower is easier; ties go to the lower index.
+      eligible: bool [N].
+      window: int scalar, how many of the easiest eligible tasks are open (>= the batch size).
+
+    Returns:
+      int32 [N] permutation; its first k entries are k distinct tasks drawn uniformly from the
+      open set, for any k <= min(window, number eligible).
+    """
+    by_difficulty = jnp.argsort(jnp.where(eligible, difficulty, jnp.inf), stable=True)
+    rank = jnp.zeros_like(by_difficulty).at[by_difficulty].set(jnp.arange(by_difficulty.shape[0]))
+    open_set = eligible & (rank < window)
+    return jnp.argsort(-jnp.where(open_set, gumbel, -jnp.inf), stable=True).astype(jnp.int32)
+
+
 def share_count(batch_size: int, fraction: float) -> int:
     """The number of a batch's B slots a share `fraction` takes: fraction * B rounded half up."""
     return int(math.floor(fraction * batch_size + 0.5))

@@ -20,8 +20,9 @@ from cua_jax.types import Episode
 class RolloutGroup:
     """All episodes of one task drawn for one update, with the version that produced them.
 
-    `policy_version` is the oldest version among the episodes: a group is as stale as its
-    stalest member.
+    `policy_version` is the oldest version among the episodes the group sampled itself: a group
+    is as stale as its stalest member. A DTAC replay (`is_replay`) carries the older version
+    that sampled it and is off-policy by design, so it does not age the group.
     """
 
     group_id: int
@@ -32,7 +33,13 @@ class RolloutGroup:
     def policy_version(self) -> int:
         if not self.episodes:
             raise ValueError(f"group {self.group_id} ({self.task_id}) has no episodes")
-        return min(e.policy_version for e in self.episodes)
+        sampled = [e.policy_version for e in self.episodes if not is_replay(e)]
+        return min(sampled) if sampled else min(e.policy_version for e in self.episodes)
+
+
+def is_replay(episode: Episode) -> bool:
+    """Whether `episode` is a cached success replayed into a later group (DTAC's AdaPR)."""
+    return "replay_of" in episode.info
 
 
 class RolloutBuffer:

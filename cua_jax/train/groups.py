@@ -25,7 +25,7 @@ from cua_jax.rl.coverage import group_outcome_stats
 from cua_jax.rollout.agent_loop import Rollout
 from cua_jax.tasks.pool import GroupOutcome
 from cua_jax.train.batching import group_order
-from cua_jax.train.buffer import RolloutGroup, whole_group_minibatches
+from cua_jax.train.buffer import RolloutGroup, is_replay, whole_group_minibatches
 from cua_jax.train.settings import TrainSettings
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem
 
@@ -97,7 +97,11 @@ def swap_in_replay(group: CollectedGroup, replay: Rollout) -> None:
     """Puts a cached success in place of the group's last failed episode (DTAC positive replay).
 
     The replayed episode is renamed into the group (ids `<task>/g<group>/replay`), so its items
-    join the group's statistics and its mini-batch like the group's own episodes.
+    join the group's statistics and its mini-batch like the group's own episodes. It keeps the
+    policy version that sampled it, so logs, traces and the viewer show its true age, and
+    `info["replay_of"]` names the episode it copies. A replay is off-policy by design: the
+    group's staleness (`RolloutGroup.policy_version`) is that of its own sampled episodes, so a
+    staleness window never drops a group for the replay it received.
     """
     failed = [i for i, e in enumerate(group.episodes) if e.status is not EpisodeStatus.SUCCESS
               and e.status is not EpisodeStatus.QUARANTINED]
@@ -108,7 +112,7 @@ def swap_in_replay(group: CollectedGroup, replay: Rollout) -> None:
     episode = copy.copy(replay.episode)
     episode.episode_id = f"{group.task_id}/g{group.group_id}/replay"
     episode.group_id = group.group_id
-    episode.policy_version = old.policy_version  # a replay is as fresh as the group it joins
+    episode.info = {**replay.episode.info, "replay_of": replay.episode.episode_id}
     group.items.pop(old.episode_id, None)
     group.items[episode.episode_id] = [
         dataclasses.replace(item, episode_id=episode.episode_id, group_id=group.group_id) for item in replay.items
@@ -160,6 +164,7 @@ def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num
     metrics: dict[str, float] = collections.Counter()
     if domains is not None:
         metrics.update(domain_metrics(groups, domains))
+    as_failure = bool(settings.config.advantage.quarantine_as_failure)
     episodes, group_index, kept_groups, quarantined = [], [], {}, {}
     for g, group in enumerate(groups):
         kept_groups[group.group_id] = []
@@ -167,10 +172,16 @@ def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num
             if episode.status is EpisodeStatus.QUARANTINED:
                 metrics[f"quarantine/{quarantine_kind(episode.quarantine_reason)}"] += 1
                 metrics["quarantine/total"] += 1
-                quarantined[episode.episode_id] = episode.quarantine_reason or ""
-                continue
-            owned = agent_fault_kind(episode.info.get("end_reason"))
-            if owned is not None:  # a fault the agent caused, scored as its failure: counted all the same
+                if not as_failure:
+                    quarantined[episode.episode_id] = episode.quarantine_reason or ""
+                    continue
+                # CANOPY App. G's sensitivity check: the faulted episode stays in its group as a
+                # failure (reward 0) instead of leaving it; its items, if any, take that advantage.
+                metrics["quarantine/scored_as_failure"] += 1
+                episode = copy.copy(episode)  # keeps its quarantine_reason; the group's record is untouched
+                episode.status, episode.reward = EpisodeStatus.FAILURE, 0.0
+            elif (owned := agent_fault_kind(episode.info.get("end_reason"))) is not None:
+                # a fault the agent caused, scored as its failure: counted all the same
                 metrics[f"agent_fault/{owned}"] += 1
                 metrics["agent_fault/total"] += 1
             episodes.append(episode)
@@ -180,6 +191,8 @@ def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num
     metrics = dict(metrics)
     metrics.setdefault("quarantine/total", 0.0)
     metrics.setdefault("agent_fault/total", 0.0)
+    if as_failure:
+        metrics.setdefault("quarantine/scored_as_failure", 0.0)
     metrics["episodes/total"] = float(sum(len(g.episodes) for g in groups))
     metrics["episodes/trained"] = float(len(episodes))
     metrics["groups/total"] = float(num_groups)
@@ -216,7 +229,11 @@ def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num
     spread = stepo_item_advantages if settings.config.advantage.item_advantages == "stepo" else broadcast_to_items
     item_advantages = np.asarray(spread(advantages, item_episode), np.float32) if items else np.zeros(0, np.float32)
 
-    lags = [version - e.policy_version for e in episodes]
+    lags = [version - e.policy_version for e in episodes if not is_replay(e)]
+    replay_ages = [version - e.policy_version for e in episodes if is_replay(e)]
+    if replay_ages:  # how old the replayed successes were when trained on (their own sampling version)
+        metrics["replay/age_mean"] = float(np.mean(replay_ages))
+        metrics["replay/age_max"] = float(np.max(replay_ages))
     metrics.update({
         "reward/mean": float(scored.mean()),
         "success/rate": float(success.mean()),
@@ -231,8 +248,8 @@ def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num
         "episode/items": float(len(items) / len(episodes)),
         "episode/no_verdict_fraction": float(np.mean(status == STATUS_CODES[EpisodeStatus.NO_VERDICT])),
         "episode/invalid_actions": float(np.mean([e.info.get("invalid_actions", 0) for e in episodes])),
-        "policy/lag_mean": float(np.mean(lags)),
-        "policy/lag_max": float(np.max(lags)),
+        "policy/lag_mean": float(np.mean(lags)) if lags else 0.0,
+        "policy/lag_max": float(np.max(lags)) if lags else 0.0,
         "batch/items": float(len(items)),
     })
     # Code episodes: how many files the judge left out (changed outside the package's sources).

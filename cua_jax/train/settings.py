@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 
-from cua_jax.context.segment import SEGMENTER_OPTIONS
+from cua_jax.context.segment import SEGMENTER_OPTIONS, check_placeholder
 from cua_jax.envs.actions import ACTION_SPACES
 from cua_jax.envs.faults import FAULT_KINDS
 from cua_jax.tasks.sources import SourceTask, TaskCatalog
@@ -21,11 +21,12 @@ from cua_jax.rollout.agent_loop import AgentConfig
 from cua_jax.tasks.calibration import CalibrationConfig
 from cua_jax.tasks.dynamic_sampling import DynamicSamplingConfig
 from cua_jax.rollout.workers import PLACEMENT_STRATEGIES
-from cua_jax.tasks.samplers import DTACConfig, FrontierConfig, UniformConfig
+from cua_jax.tasks.samplers import CurriculumConfig, DTACConfig, FrontierConfig, UniformConfig
 from cua_jax.train.batching import BatchingConfig
 from cua_jax.train.learner import LearnerConfig, OptimizerConfig
 
 MODES = ("on_policy", "async")
+REWARDS = ("sparse", "pass_fraction")  # advantage.reward
 ITEM_ADVANTAGES = ("broadcast", "stepo")
 WORKER_BACKENDS = ("local", "ray")
 # Random inits (the shipped tokenizer) and Hugging Face checkpoints (model.init_from).
@@ -47,11 +48,12 @@ class ConfigError(ValueError):
     """A bad config value; the message starts with the field's full name (config.x.y)."""
 
 
-def _field_error(section: str, fields: Sequence[str], error: Exception) -> ConfigError:
-    """Names the field of `section` that `error`'s message talks about (the earliest mentioned)."""
+def _field_error(section: str, fields: Sequence[str], error: Exception, prefix: str = "") -> ConfigError:
+    """Names the field of `section` that `error`'s message talks about (the earliest mentioned);
+    `prefix` is what the config's field names add to the constructor's (e.g. "curriculum_")."""
     message = str(error)
     mentioned = [(message.find(name), name) for name in fields if name in message]
-    where = f"config.{section}" + (f".{min(mentioned)[1]}" if mentioned else "")
+    where = f"config.{section}" + (f".{prefix}{min(mentioned)[1]}" if mentioned else "")
     return ConfigError(f"{where}: {message}")
 
 
@@ -101,11 +103,11 @@ class TrainSettings:
     def from_config(cls, config) -> "TrainSettings":
         c = config
 
-        def build(section: str, kind, **values):
+        def build(section: str, kind, prefix: str = "", **values):
             try:
                 return kind(**values)
             except (ValueError, TypeError) as error:
-                raise _field_error(section, list(values), error) from error
+                raise _field_error(section, list(values), error, prefix) from error
 
         _require(c.train.mode in MODES, "train.mode", f"{c.train.mode!r} is not one of {MODES}")
         _require(c.train.num_steps >= 0, "train.num_steps", f"must be >= 0, got {c.train.num_steps}")
@@ -199,7 +201,7 @@ class TrainSettings:
             code_env = build("env.code", _code_env_config, cpus=k.cpus, memory=k.memory, pids_limit=k.pids_limit,
                              work_size=k.work_size, default_timeout=k.bash_timeout_s,
                              max_timeout=k.max_bash_timeout_s, output_limit=k.output_limit,
-                             reset_mode=k.reset_mode, partial_credit=k.partial_credit)
+                             reset_mode=k.reset_mode, partial_credit=c.advantage.reward == "pass_fraction")
         _require(c.env.action_space in ACTION_SPACES, "env.action_space",
                  f"{c.env.action_space!r} is not one of {ACTION_SPACES}")
         from cua_jax.envs.capsules import CapsuleOptions
@@ -213,7 +215,13 @@ class TrainSettings:
         _require(not outside, "env.train_seeds", f"{outside} lie outside the training seeds [0, {c.env.train_seed_max})")
         _require(c.advantage.item_advantages in ITEM_ADVANTAGES, "advantage.item_advantages",
                  f"{c.advantage.item_advantages!r} is not one of {ITEM_ADVANTAGES}")
-        _require(c.advantage.reward == "sparse", "advantage.reward", f"{c.advantage.reward!r}: only 'sparse' verifier rewards")
+        _require(c.advantage.reward in REWARDS, "advantage.reward", f"{c.advantage.reward!r} is not one of {REWARDS}")
+        # The dense form scores a code fix by the share of its tests that pass; the other kinds'
+        # judges give their own rewards.
+        _require(c.advantage.reward == "sparse" or "code" in catalog.kinds, "advantage.reward",
+                 "'pass_fraction' scores code tasks by the share of fail-to-pass tests fixed, and the run has none")
+        for name in ("no_patch_reward", "crash_reward"):
+            _require(-1.0 <= c.advantage[name] <= 0.0, f"advantage.{name}", f"must lie in [-1, 0], got {c.advantage[name]}")
         _require(c.context.segmenter in SEGMENTER_OPTIONS, "context.segmenter",
                  f"{c.context.segmenter!r} is not one of {sorted(SEGMENTER_OPTIONS)}")
         _require(c.learner.num_minibatches >= 1, "learner.num_minibatches", f"must be >= 1, got {c.learner.num_minibatches}")
@@ -222,8 +230,11 @@ class TrainSettings:
                  f"(rollout.batch_tasks = {c.rollout.batch_tasks})")
         if c.train.mode == "on_policy":
             _require(c.train.staleness_window == 0, "train.staleness_window", "must be 0 in on_policy mode")
-            _require(c.learner.num_minibatches == 1, "learner.num_minibatches",
-                     "on_policy mode takes exactly one update per rollout batch; set 1")
+            # k sequential updates on one freshly collected batch (CANOPY App. D's control): the
+            # first is on-policy, the later ones' ratios are live against the sampling policy.
+            _require(c.learner.num_minibatches == 1 or c.learner.old_logprobs != "current", "learner.num_minibatches",
+                     f"{c.learner.num_minibatches} sequential updates on one batch need the sampling policy's "
+                     "logprobs for the later ones: set learner.old_logprobs = 'recompute' (or 'rollout'), or 1 update")
         else:
             _require(c.train.staleness_window >= 0, "train.staleness_window", f"must be >= 0, got {c.train.staleness_window}")
             _require(not c.train.dapo, "train.dapo", "DAPO filtering is supported in on_policy mode only")
@@ -314,7 +325,8 @@ class TrainSettings:
         _require(all(kind in FAULT_KINDS for kind in c.advantage.agent_faults), "advantage.agent_faults",
                  f"{list(c.advantage.agent_faults)} names something that is no fault kind; choose from {list(FAULT_KINDS)}")
         shared = dict(max_new_tokens=c.rollout.max_new_tokens, no_verdict_reward=c.advantage.no_verdict_reward,
-                      agent_faults=tuple(c.advantage.agent_faults),
+                      agent_faults=tuple(c.advantage.agent_faults), no_patch_reward=c.advantage.no_patch_reward,
+                      crash_reward=c.advantage.crash_reward,
                       batch_wait_s=c.rollout.batch_wait_s or None,
                       max_response_tokens=c.rollout.max_response_tokens or None,
                       max_observation_tokens=c.rollout.max_observation_tokens or None,
@@ -337,6 +349,11 @@ class TrainSettings:
                           max_replays_per_trajectory=s.max_replays_per_trajectory,
                           replay_cache_size=s.replay_cache_size, rho_inf=s.rho_inf,
                           unknown_pass_rate=s.unknown_pass_rate),
+            # ema_alpha and unknown_pass_rate were checked by the configs above.
+            "curriculum": dataclasses.replace(
+                build("sampler", CurriculumConfig, "curriculum_", difficulty=s.curriculum_difficulty,
+                      start=s.curriculum_start, steps=s.curriculum_steps, schedule=s.curriculum_schedule),
+                ema_alpha=s.ema_alpha, unknown_pass_rate=s.unknown_pass_rate),
         }
         _require(s.kind in sampler_configs, "sampler.kind", f"{s.kind!r} is not one of {sorted(sampler_configs)}")
         calibration = None
@@ -360,6 +377,10 @@ class TrainSettings:
                                length_multiple=c.learner.length_multiple, seed=c.seed,
                                seq_chunk=c.learner.seq_chunk, vocab_chunk=c.learner.vocab_chunk)
         options = {name: c.context[name] for name in SEGMENTER_OPTIONS[c.context.segmenter]}
+        try:
+            check_placeholder(c.context.placeholder_text)
+        except ValueError as error:
+            raise ConfigError(f"config.context.placeholder_text: {error}") from None
         return cls(config, learner, batching, advantage, agent, eval_agent, mesh, s.kind,
                    {s.kind: sampler_configs[s.kind]}, calibration, dynamic, options, catalog, training,
                    domain_weights, desktop_pool, warm_start, code_env)

@@ -17,7 +17,10 @@ One training step (`Trainer.train_step`):
 Modes (config.train.mode):
   on_policy  collect and learn alternate; one update per rollout batch (num_minibatches = 1),
              old logprobs = the learner's own (stop-gradient), so the logged ratio is exactly
-             1 and the clip fraction exactly 0 (CANOPY App. C).
+             1 and the clip fraction exactly 0 (CANOPY App. C). With num_minibatches = k > 1
+             and old_logprobs = "recompute" (or "rollout"), k sequential updates of whole groups
+             on the one batch, with no asynchrony: the PPO ratio is live from the second on
+             (CANOPY App. D's control).
   async      a rollout thread per worker draws tasks and runs groups continuously, tagging every
              episode with the policy version that produced it, into a `RolloutBuffer`; the
              learner takes whole groups, the buffer drops (and counts) groups older than the

@@ -46,6 +46,7 @@ from cua_jax.context.tokenizer import build_image_processor, load_tokenizer
 from cua_jax.types import Episode, Turn
 
 TURNS = (10, 30, 50)
+PLACEHOLDER = "[Screenshot of step {step} removed; action: {action}]"  # experiments/configs/scalecua.py's
 WINDOWS = (1, 3, 5, 8, 10, 15)
 SCREEN = (800, 1280)  # height, width
 # Qwen3-VL's preprocessor_config pixel bounds.
@@ -284,6 +285,11 @@ def main(argv: list[str] | None = None) -> None:
     longest = max(turns)
     print(f"attention-cost ratio step-wise/sliding-window (T={longest}, K=5): {ratios[longest, 5][1]:.2f}")
     print(f"ratio step-wise/sliding-window (T={longest}, K=5): {ratios[longest, 5][0]:.2f}")
+    # ScaleCUA Fig. 4's text in place of each dropped screenshot (scalecua.py's placeholder_text).
+    plain = Cost.of(SlidingWindow(renderer, keep=5, min_removal=5), episodes[longest])
+    marked = Cost.of(SlidingWindow(renderer, keep=5, min_removal=5, placeholder_text=PLACEHOLDER), episodes[longest])
+    print(f"placeholder text for dropped screenshots (T={longest}, K=5): {marked.tokens - plain.tokens:+d} tokens "
+          f"({marked.tokens / plain.tokens - 1:+.2%}), attention cost {marked.attention / plain.attention - 1:+.2%}")
     if not args.learner:
         return
     learner_start = time.perf_counter()

@@ -103,7 +103,6 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.code.tasks = ()  # ids of the folder's tasks the run uses (() : all of them)
     # pooled: one container per environment, reset to a clean tree each episode | fresh: one per episode
     c.env.code.reset_mode = "pooled"
-    c.env.code.partial_credit = False  # reward the fraction of fail-to-pass tests fixed (if nothing else broke)
     c.env.code.cpus = 1.0
     c.env.code.memory = "512m"  # without swap: a memory hog is OOM-killed and its episode quarantined
     c.env.code.pids_limit = 128  # a fork bomb hits it and its episode is quarantined
@@ -209,6 +208,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.context.keep = 5  # sliding_window K: images kept
     c.context.min_removal = 5  # sliding_window Delta: images dropped at once
     c.context.keep_images = 1  # step_wise: screenshots kept per step item
+    # sliding_window / step_wise: the text a dropped screenshot leaves behind (ScaleCUA Fig. 4), a
+    # format string over {step} and {action} (that turn's action); "": the screenshot just goes.
+    c.context.placeholder_text = ""
     c.context.window = 3  # compact_context: recent turns kept in full
 
     # Rewards and advantages.
@@ -219,8 +221,20 @@ def base_config() -> ml_collections.ConfigDict:
     # Faults scored as the agent's failure (reward 0, kept in the group) rather than quarantined;
     # faults.AGENT_OWNED_FAULTS says why these. Any of faults.FAULT_KINDS may be listed.
     c.advantage.agent_faults = tuple(kind.value for kind in AGENT_OWNED_FAULTS)
+    # A sensitivity check, not a recipe (CANOPY App. G): every episode that would be quarantined
+    # (any cause, the worker's too) stays in its group scored as a failure, counted as
+    # quarantine/scored_as_failure beside quarantine/<kind>.
+    c.advantage.quarantine_as_failure = False
     c.advantage.item_advantages = "broadcast"  # broadcast (ScaleCUA) | stepo (EvoCUA-1.5)
-    c.advantage.reward = "sparse"  # sparse {0, 1} verifier reward
+    # "sparse": the verifier's {0, 1} reward; "pass_fraction" (code tasks): the share of the
+    # fail-to-pass tests a fix makes pass, 0 if it breaks another (CANOPY eq. 1's dense form).
+    c.advantage.reward = "sparse"
+    # CANOPY's SWE terminal constants (App. H, -0.2 each there) for a code episode that leaves
+    # nothing to test: no change to the package's sources or one that cannot be applied
+    # (no_patch), a test run that hangs or crashes (crash); a timeout is no_verdict_reward's.
+    # 0: scored as a plain failure.
+    c.advantage.no_patch_reward = 0.0
+    c.advantage.crash_reward = 0.0
     # A control, not a recipe: each episode's advantage is computed from the outcome of another
     # episode of its batch (a seeded permutation per update), everything else unchanged. RL on it
     # learns nothing about success; what a real run gains beyond it is RL's.
@@ -287,7 +301,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     # Task sampling (cua_jax.tasks.samplers.build_sampler).
     c.sampler = ml_collections.ConfigDict()
-    c.sampler.kind = "uniform"  # uniform | frontier | dtac
+    c.sampler.kind = "uniform"  # uniform | frontier | dtac | curriculum
     c.sampler.ema_alpha = 0.2
     c.sampler.mu = 0.5  # frontier: target success rate
     c.sampler.sigma = 0.25  # frontier: bandwidth
@@ -299,6 +313,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.sampler.max_replays_per_trajectory = 2
     c.sampler.replay_cache_size = 4
     c.sampler.rho_inf = 0.0  # dtac: infeasible share of the batch
+    # curriculum (the fixed-schedule baseline of ScaleCUA Fig. 6a): tasks ordered once by
+    # "tier" or "pass_rate" (the pilot's), the easiest `curriculum_start` share open at the first
+    # draw, all of it after `curriculum_steps` draws, widened "linear"-ly or as "sqrt".
+    c.sampler.curriculum_difficulty = "tier"
+    c.sampler.curriculum_start = 0.25
+    c.sampler.curriculum_steps = 100
+    c.sampler.curriculum_schedule = "sqrt"
     c.sampler.calibration = False  # pilot filter / periodic pass-rate calibration
     c.sampler.p_min = 0.0  # calibration band
     c.sampler.p_max = 1.0

@@ -47,8 +47,10 @@ def get_config():
     c.rollout.max_turns = 10  # paper 50
     c.rollout.max_new_tokens = 64  # per-turn generation cap: none in the paper
     c.rollout.max_context_tokens = 4096  # prompt cap 4,096
-    c.rollout.max_response_tokens = 0  # paper 32,768 per episode (not enforced by the agent loop)
-    c.rollout.max_observation_tokens = 0  # paper 4,096 (not enforced by the agent loop)
+    # The paper's episode caps, enforced by the agent loop (cua_jax/rollout/agent_loop.py): at
+    # most 32,768 generated tokens per episode, an observation's text cut to 4,096 tokens.
+    c.rollout.max_response_tokens = 32768
+    c.rollout.max_observation_tokens = 4096
     c.context.segmenter = "whole_trajectory"
     c.sampler.kind = "uniform"
     c.eval.group_size = 4  # validation group size

@@ -15,7 +15,9 @@ experiments/benchmarks/code_env.py).
 
 CANOPY's settings as in experiments/configs/canopy.py (Table A1): one update per rollout
 batch with the ratio exactly 1, k3 KL to the frozen base, token-mean loss over action tokens,
-sparse {0, 1} reward, GRPO advantages, no entropy bonus, the whole trajectory as one item.
+sparse {0, 1} reward with the SWE terminal constants (-0.2 for an episode with nothing to
+test: no patch, one that does not apply, a crashed test run, the budget run out), GRPO
+advantages, no entropy bonus, the whole trajectory as one item.
 Scaled for two CPU cores: the tiny text-only Qwen3 (observations are text: the issue,
 the shell's output, the editor's views), groups of 8 (paper 32), 2 tasks per step, 8 turns
 (paper 50), each observation capped at 512 tokens (paper 4,096) and each stream at 2,000
@@ -74,7 +76,13 @@ def get_config():
     c.loss.entropy_coef = 0.0
     c.loss.aggregation = "token_mean"
     c.advantage.estimator = "grpo"
-    c.advantage.reward = "sparse"
+    c.advantage.reward = "sparse"  # the paper's choice over the dense "pass_fraction" (App. A2)
+    # SWE terminal constants (§4.4, App. H): an episode that leaves nothing to test (no patch,
+    # a patch that does not apply, a test run that crashes, the budget run out) scores -0.2,
+    # below a wrong patch's 0.
+    c.advantage.no_patch_reward = -0.2
+    c.advantage.crash_reward = -0.2
+    c.advantage.no_verdict_reward = -0.2
     c.advantage.item_advantages = "broadcast"
     c.context.segmenter = "whole_trajectory"
     c.sampler.kind = "uniform"

@@ -63,6 +63,8 @@ def get_config():
     c.context.segmenter = "sliding_window"
     c.context.keep = 5  # images to keep K (OSWorld; ScienceBoard: 8)
     c.context.min_removal = 5  # min removal threshold Delta
+    # Fig. 4: a dropped screenshot leaves a short text behind (its step and the action taken there).
+    c.context.placeholder_text = "[Screenshot of step {step} removed; action: {action}]"
     c.eval.max_turns = 50
     c.eval.max_context_tokens = 40000
     c.eval.temperature = 0.8

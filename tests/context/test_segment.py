@@ -78,11 +78,15 @@ def check_live_rollout_matches_replay(segmenter, episode, items):
     return prompts
 
 
+PLACEHOLDER = "[Screenshot of step {step} removed; action: {action}]"
+
+
 def segmenter_strategy(renderer):
     return st.one_of(
-        st.builds(lambda k, d: SlidingWindow(renderer, k, d), st.integers(0, 4), st.integers(1, 4)),
+        st.builds(lambda k, d, p: SlidingWindow(renderer, k, d, p), st.integers(0, 4), st.integers(1, 4),
+                  st.sampled_from(["", PLACEHOLDER])),
         st.just(WholeTrajectory(renderer)),
-        st.builds(lambda k: StepWise(renderer, k), st.none() | st.integers(0, 3)),
+        st.builds(lambda k, p: StepWise(renderer, k, p), st.none() | st.integers(0, 3), st.sampled_from(["", PLACEHOLDER])),
         st.builds(lambda w: CompactContext(renderer, w), st.integers(0, 3)),
     )
 
@@ -136,6 +140,25 @@ def test_sliding_window_follows_algorithm_2(renderer):
     # The second item re-tokenizes turns 0-3 (their responses as mask-0 context, screenshots 0-1 dropped).
     second = renderer.tokenizer.decode(items[1].ids[items[1].loss_mask == 0].tolist())
     assert "click 0" in second and "page 0" in second and "click 4" not in second
+
+
+def test_a_dropped_screenshot_leaves_its_placeholder_text(renderer):
+    """ScaleCUA Fig. 4: with placeholder_text, each screenshot the window drops is replaced by a
+    short text naming its step and the action taken there; without it the screenshot just goes."""
+    episode = _one_image_episode(renderer, 5)
+    items = SlidingWindow(renderer, keep=1, min_removal=1, placeholder_text=PLACEHOLDER).segment(episode)
+    plain = SlidingWindow(renderer, keep=1, min_removal=1).segment(episode)
+    assert [item.step_indices for item in items] == [item.step_indices for item in plain]
+    assert [[s.turn for s in item.images] for item in items] == [[s.turn for s in item.images] for item in plain]
+    check_items(episode, items, renderer)
+    second = renderer.tokenizer.decode(items[1].ids.tolist())
+    assert "[Screenshot of step 1 removed; action: <tool_call>click 0</tool_call>]" in second
+    assert "step 2 removed" not in second and "removed" not in renderer.tokenizer.decode(plain[1].ids.tolist())
+    assert len(items[1].ids) > len(plain[1].ids)
+    step_items = StepWise(renderer, keep_images=1, placeholder_text="(step {step} screenshot)").segment(episode)
+    assert "(step 1 screenshot)" in renderer.tokenizer.decode(step_items[2].ids.tolist())
+    with pytest.raises(ValueError, match="may name only"):
+        SlidingWindow(renderer, keep=1, placeholder_text="{title}")
 
 
 def test_compact_context_collapses_old_turns_into_an_action_history(renderer):
@@ -198,8 +221,8 @@ def test_contexts_reject_turns_out_of_order(renderer, name):
 
 def test_segmenter_options_are_the_constructors_keywords():
     assert SEGMENTER_OPTIONS == {
-        "sliding_window": ("keep", "min_removal"),
-        "step_wise": ("keep_images",),
+        "sliding_window": ("keep", "min_removal", "placeholder_text"),
+        "step_wise": ("keep_images", "placeholder_text"),
         "compact_context": ("window",),
         "whole_trajectory": (),
     }

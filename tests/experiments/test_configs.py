@@ -10,7 +10,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from cua_jax.train.settings import ConfigError, TrainSettings
-from experiments.configs import base, canopy, default, desktop, evocua, pretrain, qwen3_vl_gpu, scalecua, text_vllm, tiny
+from experiments.configs import (base, canopy, canopy_code, default, desktop, evocua, pretrain, qwen3_vl_gpu, scalecua,
+                                 text_vllm, tiny)
 
 RECIPES = {"default": default, "canopy": canopy, "scalecua": scalecua, "evocua": evocua, "tiny": tiny,
            "text_vllm": text_vllm, "desktop": desktop}
@@ -44,6 +45,22 @@ def test_gpu_recipe_needs_its_checkpoint_and_then_passes():
     assert set(_flatten(config.to_dict())) == set(_flatten(base.base_config().to_dict()))
 
 
+def test_canopy_code_terminal_constants_and_the_dense_reward():
+    c = canopy_code.get_config()
+    s = TrainSettings.from_config(c)
+    assert (s.agent.no_patch_reward, s.agent.crash_reward, s.agent.no_verdict_reward) == (-0.2, -0.2, -0.2)
+    assert s.agent.attribution.no_patch_reward == -0.2 and not s.code_env.partial_credit
+    c.advantage.reward = "pass_fraction"
+    assert TrainSettings.from_config(c).code_env.partial_credit
+    miniwob = canopy.get_config()
+    miniwob.advantage.reward = "pass_fraction"
+    with pytest.raises(ConfigError, match="config.advantage.reward: 'pass_fraction' scores code tasks"):
+        TrainSettings.from_config(miniwob)
+    c.advantage.crash_reward = 0.5
+    with pytest.raises(ConfigError, match=r"config.advantage.crash_reward: must lie in \[-1, 0\]"):
+        TrainSettings.from_config(c)
+
+
 def test_canopy_table_a1():
     c = canopy.get_config()
     s = TrainSettings.from_config(c)
@@ -57,6 +74,8 @@ def test_canopy_table_a1():
     assert s.eval_agent.max_turns > s.agent.max_turns
     assert (c.eval.group_size, c.eval.temperature, c.eval.top_k, c.eval.top_p) == (4, 0.6, 20, 0.95)
     assert s.agent.temperature == 0.9
+    # Table A1's episode caps, which the agent loop enforces.
+    assert (s.agent.max_response_tokens, s.agent.max_observation_tokens) == (32768, 4096)
 
 
 def test_scalecua_table_10():
@@ -71,7 +90,8 @@ def test_scalecua_table_10():
     frontier = s.sampler_configs["frontier"]
     assert (frontier.mu, frontier.sigma, frontier.gamma, frontier.ema_alpha, frontier.pool_factor) == (0.5, 0.25, 0.2, 0.2, 3)
     assert (c.sampler.p_min, c.sampler.p_max) == (0.0, 1.0)
-    assert s.segmenter_options == {"keep": 5, "min_removal": 5}
+    assert s.segmenter_options == {"keep": 5, "min_removal": 5, "placeholder_text": c.context.placeholder_text}
+    assert c.context.placeholder_text.format(step=3, action="click(2)") == "[Screenshot of step 3 removed; action: click(2)]"
     assert s.learner.freeze_vision and s.learner.optimizer.weight_decay == 0.0
     assert c.train.checkpoint_every == 25
 
@@ -138,6 +158,9 @@ def test_unknown_override_is_rejected():
     ("eval.every_steps", -1, "config.eval.every_steps"),
     ("sampler.pilot_target", 1.0, "config.sampler.pilot_target"),
     ("advantage.agent_faults", ("OOM-killed", "out of memory"), "config.advantage.agent_faults"),
+    ("context.placeholder_text", "{page_title}", "config.context.placeholder_text"),
+    ("sampler.curriculum_difficulty", "length", "config.sampler.curriculum_difficulty"),
+    ("sampler.curriculum_start", 0.0, "config.sampler.curriculum_start"),
 ])
 def test_a_malformed_field_is_named(field, value, named):
     config = canopy.get_config()

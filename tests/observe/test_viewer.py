@@ -254,3 +254,13 @@ def test_an_agent_owned_fault_and_changes_outside_the_sources_are_shown(tmp_path
     assert "agent fault: page left its task" in facts and "changes outside the sources: 2" in facts
     record.update(end_reason="the agent declared done", changes_outside_sources=0)
     assert "agent fault" not in viewer._episode_facts(record) and "outside the sources" not in viewer._episode_facts(record)
+
+
+def test_a_replayed_success_shows_what_it_copies_and_its_true_version(tmp_path):
+    traced = episodes(CharTokenizer(), flip=False)[:1]
+    traced[0].info["replay_of"] = "click-test/g3/e1"
+    traced[0].policy_version = 2
+    save_traces(str(tmp_path), traced, version=6)
+    record = json.load(open(tmp_path / "00" / "trace.json"))
+    assert record["replay_of"] == "click-test/g3/e1" and record["staleness"] == 4
+    assert "replayed success of click-test/g3/e1, sampled by policy version 2" in viewer._episode_facts(record)

@@ -11,6 +11,8 @@ from cua_jax.tasks.pool import GroupOutcome, PoolTask, TaskPool, load_state, sav
 from cua_jax.tasks.calibration import CalibrationConfig
 from cua_jax.tasks.dynamic_sampling import collect_informative_groups
 from cua_jax.tasks.samplers import (
+    CurriculumConfig,
+    CurriculumSampler,
     DTACConfig,
     DTACSampler,
     FrontierConfig,
@@ -18,6 +20,8 @@ from cua_jax.tasks.samplers import (
     build_sampler,
 )
 from cua_jax.tasks.selection import (
+    curriculum_competence,
+    curriculum_select,
     dtac_select,
     frontier_select,
     frontier_weights,
@@ -255,6 +259,115 @@ def test_dtac_replay_cap(cap, num_cached, groups):
     assert len(replayed) == min(groups, cap * num_cached)
 
 
+def adapr_reference(steps, num_tasks, p_low, p_high, cap, capacity, alpha):
+    """DTAC's positive replay (AdaPR) written out in numpy from its rule, step by step: replays
+    are assigned before the step's statistics move; an all-fail group (>= 2 attempts) of a task
+    whose pass rate lies in [p_low, p_high] takes the cached success replayed least often (ties:
+    the oldest), which leaves the cache at `cap` replays; then every group with a success of its
+    own caches it when its task's rate (before this step) is unknown or <= p_high, keeping the
+    newest `capacity`; then the pooled EMA of the step's rates. Returns the replayed names per step."""
+    rate = np.full(num_tasks, np.nan)
+    cache = [[] for _ in range(num_tasks)]  # [name, replays] oldest first
+    replayed = []
+    for outcomes in steps:
+        picks = []
+        for g, (task, successes, attempts, name) in enumerate(outcomes):
+            if successes or attempts < 2 or not (p_low <= rate[task] <= p_high) or not cache[task]:
+                continue
+            k = min(range(len(cache[task])), key=lambda j: (cache[task][j][1], j))
+            cache[task][k][1] += 1
+            picks.append((g, cache[task][k][0]))
+            if cache[task][k][1] >= cap:
+                del cache[task][k]
+        replayed.append(picks)
+        for task, successes, attempts, name in outcomes:
+            if successes and (np.isnan(rate[task]) or rate[task] <= p_high):
+                cache[task].append([name, 0])
+                del cache[task][: max(0, len(cache[task]) - capacity)]
+        for task in range(num_tasks):
+            mine = [(s, a) for t, s, a, _ in outcomes if t == task]
+            attempts = sum(a for _, a in mine)
+            if attempts:
+                observed = sum(s for s, _ in mine) / attempts
+                rate[task] = observed if np.isnan(rate[task]) else np.float32((1 - alpha) * rate[task] + alpha * observed)
+    return replayed
+
+
+outcome_st = st.tuples(st.integers(0, 2), st.integers(0, 4), st.integers(0, 4)).map(
+    lambda t: (t[0], min(t[1], t[2]), t[2]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.lists(outcome_st, min_size=1, max_size=4), min_size=1, max_size=12),
+       p_low=st.sampled_from([0.0, 0.1]), p_high=st.sampled_from([0.3, 0.5, 1.0]),
+       cap=st.integers(1, 3), capacity=st.integers(1, 3))
+def test_dtac_replays_follow_the_adapr_reference(steps, p_low, p_high, cap, capacity):
+    named = [[(t, s, a, f"s{i}g{g}") for g, (t, s, a) in enumerate(step)] for i, step in enumerate(steps)]
+    pool = TaskPool([PoolTask(f"t{i}", "d", 0, True, {"kind": "test"}) for i in range(3)])
+    sampler = DTACSampler(pool, DTACConfig(p_low=p_low, p_high=p_high, max_replays_per_trajectory=cap,
+                                           replay_cache_size=capacity, ema_alpha=0.3))
+    got = []
+    for step in named:
+        outcomes = [GroupOutcome(f"t{t}", s, a, name if s else None) for t, s, a, name in step]
+        got.append([(r.group_index, r.trajectory) for r in sampler.assign_replays(outcomes)])
+        sampler.update(outcomes)
+    assert got == adapr_reference(named, 3, p_low, p_high, cap, capacity, alpha=0.3)
+
+
+# -- the fixed curriculum (ScaleCUA Fig. 6a's baseline) --------------------------------------
+
+
+def curriculum_competence_ref(step, start, steps, schedule):
+    t = np.clip(step / steps, 0.0, 1.0)
+    c = start + (1 - start) * t if schedule == "linear" else np.sqrt(t * (1 - start**2) + start**2)
+    return min(1.0, float(c))
+
+
+def curriculum_open_ref(difficulty, eligible, window):
+    order = sorted(np.flatnonzero(eligible), key=lambda i: (difficulty[i], i))
+    return set(order[:window])
+
+
+@settings(max_examples=60, deadline=None)
+@given(step=st.integers(-2, 300), start=st.floats(0.01, 1.0), steps=st.integers(1, 200),
+       schedule=st.sampled_from(["linear", "sqrt"]))
+def test_curriculum_competence_matches_reference_and_grows(step, start, steps, schedule):
+    c = curriculum_competence(step, start, steps, schedule)
+    assert c == pytest.approx(curriculum_competence_ref(step, start, steps, schedule), abs=1e-12)
+    assert start - 1e-12 <= c <= 1.0 and curriculum_competence(step + 1, start, steps, schedule) >= c
+    assert curriculum_competence(steps, start, steps, schedule) == pytest.approx(1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(difficulty=st.lists(st.integers(0, 4), min_size=N, max_size=N), eligible=st.lists(st.booleans(), min_size=N, max_size=N),
+       window=st.integers(1, N), seed=st.integers(0, 2**16))
+def test_curriculum_select_draws_only_the_easiest_window(difficulty, eligible, window, seed):
+    difficulty, eligible = np.asarray(difficulty, np.float32), np.asarray(eligible)
+    (gumbel,) = gumbels(seed, 1)
+    order = np.asarray(jax.jit(curriculum_select)(gumbel, difficulty, eligible, np.int32(window)))
+    assert sorted(order.tolist()) == list(range(N))
+    open_set = curriculum_open_ref(difficulty, eligible, window)
+    k = len(open_set)
+    assert set(order[:k].tolist()) == open_set
+    # Within the open set the order is the noise's: uniform draws.
+    assert order[:k].tolist() == sorted(open_set, key=lambda i: (-gumbel[i], i))
+
+
+def test_curriculum_sampler_opens_the_pool_easiest_first_on_its_schedule():
+    pool = TaskPool([PoolTask(f"t{i}", "d", tier, True, {"kind": "test"}) for i, tier in enumerate([2, 0, 1, 0, 2, 1, 0, 2])])
+    sampler = CurriculumSampler(pool, CurriculumConfig(difficulty="tier", start=0.25, steps=4, schedule="linear"))
+    seen = []
+    for step in range(6):
+        share = sampler.open_share()
+        drawn = sampler.sample(jax.random.key(step), 2)
+        window = max(2, int(np.ceil(share * 8 - 1e-9)))
+        assert set(pool.indices_of(drawn)) <= curriculum_open_ref(pool.tiers, np.ones(8, bool), window)
+        seen.append(share)
+    assert seen == pytest.approx([0.25, 0.4375, 0.625, 0.8125, 1.0, 1.0])
+    # Drawn from the tier-0 tasks (t1, t3, t6) first: 2 of the 8 open.
+    assert set(CurriculumSampler(pool, sampler.config).sample(jax.random.key(0), 2)) <= {"t1", "t3", "t6"}
+
+
 # -- determinism and state round-trips -----------------------------------------------------
 
 SIM_CONFIG = SimulatorConfig(
@@ -272,10 +385,13 @@ def build(kind: str, seed: int):
         "dtac": CalibrationConfig(
             pilot=True, every_k_steps=2, sample_size=30, group_size=4, min_active=40
         ),
+        # The pilot's rates order the fixed curriculum.
+        "curriculum": CalibrationConfig(pilot=True, keep_infeasible=False),
     }[kind]
     dtac = DTACConfig(rho_inf=0.25, p_high=0.6)
+    curriculum = CurriculumConfig(difficulty="pass_rate", start=0.3, steps=5)
     return sim, build_sampler(
-        kind, pool, dtac=dtac, calibration=calibration, run_groups=sim.run_groups
+        kind, pool, dtac=dtac, curriculum=curriculum, calibration=calibration, run_groups=sim.run_groups
     )
 
 
@@ -311,7 +427,7 @@ def step_keys(seed, steps):
     return [jax.random.fold_in(base, t) for t in range(steps)]
 
 
-@pytest.mark.parametrize("kind", ["uniform", "frontier", "dtac"])
+@pytest.mark.parametrize("kind", ["uniform", "frontier", "dtac", "curriculum"])
 def test_sampling_is_deterministic_under_a_seed(kind):
     first, _, _ = run(kind, 0, step_keys(0, 4))
     again, _, sampler = run(kind, 0, step_keys(0, 4))
@@ -322,7 +438,7 @@ def test_sampling_is_deterministic_under_a_seed(kind):
         assert [(r.step, r.pilot) for r in sampler.reports] == [(0, True), (2, False)]
 
 
-@pytest.mark.parametrize("kind", ["uniform", "frontier", "dtac"])
+@pytest.mark.parametrize("kind", ["uniform", "frontier", "dtac", "curriculum"])
 def test_state_round_trips_through_save_and_restore(kind, tmp_path):
     keys = step_keys(3, 6)
     uninterrupted, sim_a, sampler_a = run(kind, 3, keys)

@@ -153,6 +153,19 @@ def test_a_checkpoint_of_another_seed_or_worker_count_is_refused_before_anything
     assert trainer.trainer_state().step == state.step and trainer.version == state.version
 
 
+def test_on_policy_mode_runs_sequential_minibatch_updates_with_a_live_ratio(tmp_path):
+    """CANOPY App. D's control: two sequential updates of whole groups on one freshly collected
+    batch, no asynchrony. The first update's ratio is 1; the second's is live against the
+    sampling policy's recomputed logprobs, so the step's extrema leave 1."""
+    config = tiny_config(tmp_path, learner__num_minibatches=2, learner__old_logprobs="recompute")
+    with Trainer(config) as trainer:
+        metrics = trainer.train_step()
+        _assert_whole_groups(trainer)
+    assert metrics["learner/updates"] == 2 and metrics["policy/version"] == 1
+    assert metrics["learner/ratio_min"] < 1.0 < metrics["learner/ratio_max"]
+    assert metrics["episodes/trained"] == 4 and math.isfinite(metrics["learner/loss"])
+
+
 def test_async_mode_drops_stale_groups_and_keeps_groups_whole(tmp_path):
     config = tiny_config(tmp_path, train__mode="async", train__staleness_window=1, train__buffer_groups=6,
                          learner__num_minibatches=2, learner__old_logprobs="rollout", loss__kl_coef=0.0)

@@ -204,3 +204,58 @@ def test_faults_an_agent_owns_are_counted_and_stay_in_their_group():
     assert batch.metrics["agent_fault/judge_tampered"] == 1 and batch.metrics["agent_fault/total"] == 1
     assert batch.metrics["quarantine/total"] == 0
     assert "a/g0/e1" in {item.episode_id for item in batch.items}
+
+
+def test_quarantine_as_failure_keeps_the_episode_in_its_group_as_a_failure():
+    """CANOPY App. G's sensitivity check: the faulted episode stays, scored 0, and is counted
+    both as its quarantine kind and as scored_as_failure; the group's own record is untouched."""
+    faulted = _rollout("a", 0, 2, Q, 0.0, 1)
+    groups = [group_from_rollouts(0, "a", [_rollout("a", 0, 0, S, 1.0, 1), _rollout("a", 0, 1, F, 0.0, 1), faulted])]
+    batch = prepare_batch(groups, _settings(quarantine_as_failure=True), num_minibatches=1, version=3)
+    assert batch.metrics["quarantine/setup_failed"] == 1 and batch.metrics["quarantine/scored_as_failure"] == 1
+    assert batch.metrics["agent_fault/total"] == 0 and batch.quarantined == {}
+    assert batch.metrics["episodes/trained"] == 3 and sorted(batch.kept_groups[0]) == ["a/g0/e0", "a/g0/e1", "a/g0/e2"]
+    assert batch.episodes["a/g0/e2"].status is F and faulted.episode.status is Q
+    # GRPO over rewards (1, 0, 0): mean 1/3, population std sqrt(2)/3.
+    adv = {i.episode_id: a for i, a in zip(batch.items, batch.item_advantages)}
+    std = math.sqrt(2) / 3
+    assert adv["a/g0/e0"] == pytest.approx((2 / 3) / std, abs=1e-4)
+    assert adv["a/g0/e2"] == pytest.approx(adv["a/g0/e1"]) == pytest.approx((-1 / 3) / std, abs=1e-4)
+    assert batch.metrics["success/rate"] == pytest.approx(1 / 3)
+
+
+def test_a_replayed_success_keeps_its_own_version_and_does_not_age_its_group():
+    """DTAC's AdaPR swap: the group's last failure gives its place to a cached success, renamed
+    into the group; the replay keeps the version that sampled it (its true age is logged as
+    replay/age_*), while the group's staleness and policy/lag_* stay those of its own episodes."""
+    from cua_jax.train.groups import swap_in_replay
+
+    cached = _rollout("a", 0, 5, S, 1.0, 2)
+    cached.episode.policy_version = 1
+    group = group_from_rollouts(7, "a", [_rollout("a", 7, 0, F, 0.0, 1), _rollout("a", 7, 1, F, 0.0, 1)])
+    last_failure = group.episodes[-1].episode_id
+    swap_in_replay(group, cached)
+    replay = group.episodes[-1]
+    assert replay.episode_id == "a/g7/replay" and replay.group_id == 7 and group.replayed
+    assert replay.info["replay_of"] == "a/g0/e5" and "replay_of" not in cached.episode.info
+    assert replay.policy_version == 1 and cached.episode.episode_id == "a/g0/e5"
+    assert last_failure not in group.items and [i.group_id for i in group.items["a/g7/replay"]] == [7, 7]
+    assert group.policy_version == 3  # its own episodes' version, not the replay's
+    batch = prepare_batch([group], _settings(), num_minibatches=1, version=4)
+    assert batch.metrics["replay/age_max"] == batch.metrics["replay/age_mean"] == 3.0
+    assert batch.metrics["policy/lag_max"] == 1.0 and batch.metrics["groups/replayed"] == 1.0
+    adv = {i.episode_id: a for i, a in zip(batch.items, batch.item_advantages)}
+    assert adv["a/g7/replay"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_stale_replay_is_not_dropped_by_the_staleness_window():
+    from cua_jax.train.buffer import RolloutBuffer
+    from cua_jax.train.groups import swap_in_replay
+
+    cached = _rollout("a", 0, 5, S, 1.0, 1)
+    cached.episode.policy_version = 0
+    group = group_from_rollouts(1, "a", [_rollout("a", 1, 0, F, 0.0, 1), _rollout("a", 1, 1, F, 0.0, 1)])
+    swap_in_replay(group, cached)
+    buffer = RolloutBuffer(staleness_window=1, capacity=4)
+    buffer.put(group)
+    assert buffer.take(1, current_version=4, timeout=1) == [group] and buffer.dropped_stale_groups == 0

@@ -1,10 +1,12 @@
-"""The trainer on code tasks (env.kind = "code"): one strictly on-policy update of the
-canopy_code recipe, shrunk to two tasks of the code suite, groups of 2 and 2 turns, on real
-code containers.
+"""The trainer on code tasks (env.kind = "code"): two strictly on-policy updates of the
+canopy_code recipe (the first one checked in detail), shrunk to two tasks of the code suite,
+groups of 2 and 2 turns, on real code containers.
 
 The engine plays one episode of each group with the task's oracle fix (a str_replace, then
-submit: the repository's tests judge it inside its container) and leaves the other to the
-tiny random policy, so each group holds a success and a non-success and the update has a
+submit: the repository's tests judge it inside its container). The other episode of one task
+submits at once, without a patch (CANOPY's terminal constant, -0.2 in the recipe); the other
+task's is left to the tiny random policy, whose replies are no tool calls (the turn budget
+runs out: no verdict). So each group holds a success and a non-success and the update has a
 signal. The agent loop asked the code environment for its system prompt and its parser.
 """
 
@@ -29,6 +31,7 @@ from experiments.configs import base, canopy_code
 from tests.experiments.test_configs import _flatten
 
 TASKS = ("code-six-012", "code-inflection-006")
+NO_PATCH_TASKS = frozenset({"code-six-012"})  # its non-oracle episode submits at once
 
 
 class OracleForOneEpisode(RolloutEngine):
@@ -36,9 +39,11 @@ class OracleForOneEpisode(RolloutEngine):
     at each turn whose earlier replies followed the script; every other request goes to
     `policy`. Tasks are told apart by their instruction in the prompt."""
 
-    def __init__(self, policy: RolloutEngine, tokenizer, end_of_turn_id: int, scripts: dict[str, tuple[str, list[str]]]):
+    def __init__(self, policy: RolloutEngine, tokenizer, end_of_turn_id: int, scripts: dict[str, tuple[str, list[str]]],
+                 submit_at_once: frozenset[str] = frozenset()):
         self.policy, self.tokenizer, self.end_of_turn_id = policy, tokenizer, int(end_of_turn_id)
         self.scripts = scripts  # task id -> (instruction, replies)
+        self.submit_at_once = submit_at_once  # tasks whose other episode submits without a patch
 
     def _script_reply(self, text: str, taken: set) -> str | None:
         task_id = next((t for t, (instruction, _) in self.scripts.items() if instruction in text), None)
@@ -48,8 +53,8 @@ class OracleForOneEpisode(RolloutEngine):
         replies = [chunk.split("<|im_end|>")[0].strip() for chunk in text.split("<|im_start|>assistant")[1:-1]]
         if len(replies) >= len(script) or any(r != s.strip() for r, s in zip(replies, script)):
             return None
-        if (task_id, len(replies)) in taken:  # the group's other episode: the policy's
-            return None
+        if (task_id, len(replies)) in taken:  # the group's other episode
+            return render_code_action(Submit()) if task_id in self.submit_at_once and not replies else None
         taken.add((task_id, len(replies)))
         return script[len(replies)]
 
@@ -107,8 +112,12 @@ def code_step(tmp_path_factory):
     with Trainer(config) as trainer:
         worker = trainer.workers[0]
         worker.train_loop.engine = OracleForOneEpisode(worker.train_loop.engine, trainer.tokenizer,
-                                                       trainer.renderer.end_of_turn_id, scripts)
+                                                       trainer.renderer.end_of_turn_id, scripts, NO_PATCH_TASKS)
         metrics = trainer.train_step()
+        first_batch = trainer.last_batch
+        second = trainer.train_step()  # the recipe runs on: a second update on fresh episodes
+        assert math.isfinite(second["learner/loss"]) and second["policy/version"] == 2
+        trainer.last_batch = first_batch
         trainer.evaluate("after")  # the held-out evaluation (the harness) on code containers
         containers = [env.container.id for env in worker.envs["code"] if env.container is not None]
         yield trainer, metrics, containers
@@ -120,7 +129,7 @@ def code_step(tmp_path_factory):
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_an_on_policy_step_on_code_containers(code_step):
+def test_the_canopy_code_recipe_steps_on_code_containers(code_step):
     trainer, metrics, containers = code_step
     assert math.isfinite(metrics["learner/loss"]) and metrics["learner/updates"] == 1.0
     assert metrics["learner/ratio_min"] == metrics["learner/ratio_max"] == 1.0  # strictly on-policy
@@ -128,7 +137,7 @@ def test_an_on_policy_step_on_code_containers(code_step):
     assert metrics["episodes/trained"] == 4 and metrics["policy/version"] == 1
     # Only the judged episodes (the oracle's) count; the fix touched nothing but a source file.
     assert metrics["episode/changes_outside_sources"] == metrics["episode/changed_outside_sources_fraction"] == 0.0
-    assert len(containers) == 4  # one pooled container per environment of the two groups
+    assert len(containers) == 4  # one pooled container per environment of the two groups (reused by step 2)
     for task_id, domain in (("code-six-012", "six"), ("code-inflection-006", "inflection")):
         assert metrics[f"domain/{domain}/episodes"] == 2 and metrics[f"domain/{domain}/success_rate"] == 0.5
     by_task: dict[str, list] = {}
@@ -146,6 +155,10 @@ def test_an_on_policy_step_on_code_containers(code_step):
         info = oracle.turns[-1].info
         assert info["fail_to_pass_passed"] == info["fail_to_pass_total"] >= 1 and info["broken"] == []
         assert info["changes_outside_sources"] == [] and info["changes_outside_sources_count"] == 0
+        if task_id in NO_PATCH_TASKS:  # submitted with the sources untouched: the recipe's -0.2
+            assert policy.status is EpisodeStatus.FAILURE and policy.reward == -0.2 == trainer.config.advantage.no_patch_reward
+            assert policy.info["end_reason"].startswith("no patch") and len(policy.turns) == 1
+            continue
         # The random policy's replies are no tool calls: invalid actions fed back, no verdict.
         assert policy.status is EpisodeStatus.NO_VERDICT and policy.info["budget"] == "turns"
         assert policy.reward == trainer.config.advantage.no_verdict_reward

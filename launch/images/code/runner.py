@@ -29,7 +29,9 @@ copies the clean repository /opt/repos/P to a fresh folder there, applies the ta
 bytes, or their deletion; a source that is a symlink, a folder or any other non-regular file
 fails the episode. Every other difference of the work tree from the clean tree with the bug
 (files added, changed or deleted, tests edited; __pycache__ apart) is left behind and listed in
-the answer (`changes_outside_sources`, the first 50, and their count). pytest runs on that copy
+the answer (`changes_outside_sources`, the first 50, and their count), beside how many of the
+sources the agent changed (`changed_sources_count`, 0: no patch). A failure to carry the sources
+over (the patch does not apply) answers with `"stage": "carry"`. pytest runs on that copy
 through judge_pytest.py with `python3 -I -B`, a fixed environment (PATH, LANG, an empty HOME,
 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, no PYTEST_ADDOPTS), `-p no:cacheprovider` and the rootdir
 fixed to the copy, so configuration files and conftest.py are the clean repository's own. The
@@ -520,17 +522,19 @@ def _judge_copy(request: dict, clean: str, judged: str, home: str) -> dict:
     apply_hunks(judged, request["hunks"])
     sources = set(request["sources"])
     if os.path.islink(REPO) or (os.path.lexists(REPO) and not os.path.isdir(REPO)):
-        return {"ok": False, "error": f"the work tree {REPO} is no folder", "changes_outside_sources": [],
-                "changes_outside_sources_count": 0}
-    changed = [rel for rel in changed_paths(REPO, judged) if rel not in sources]
-    listing = {"changes_outside_sources": changed[:MAX_LISTED_CHANGES], "changes_outside_sources_count": len(changed)}
+        return {"ok": False, "stage": "carry", "error": f"the work tree {REPO} is no folder",
+                "changes_outside_sources": [], "changes_outside_sources_count": 0, "changed_sources_count": 0}
+    paths = changed_paths(REPO, judged)
+    changed = [rel for rel in paths if rel not in sources]
+    listing = {"changes_outside_sources": changed[:MAX_LISTED_CHANGES], "changes_outside_sources_count": len(changed),
+               "changed_sources_count": len(paths) - len(changed)}
     try:
         for rel in sorted(sources):
             _carry_source(rel, REPO, judged)
     except JudgeRefusal as refusal:
-        return {"ok": False, "error": str(refusal), **listing}
+        return {"ok": False, "stage": "carry", "error": str(refusal), **listing}
     except OSError as error:
-        return {"ok": False, "error": f"cannot copy the sources for the judge: {error}", **listing}
+        return {"ok": False, "stage": "carry", "error": f"cannot copy the sources for the judge: {error}", **listing}
 
     read_end, write_end = os.pipe()
     started = time.monotonic()
