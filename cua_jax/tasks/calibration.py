@@ -159,6 +159,10 @@ class PassRateCalibration(TaskSampler):
     def num_eligible(self, exclude: Sequence[str] = ()) -> int:
         return self.inner.num_eligible(exclude)
 
+    def metrics(self) -> dict[str, float]:
+        """The inner sampler's, and how many calibration passes have run (the pilot included)."""
+        return {**self.inner.metrics(), "sampler/calibrations": float(len(self.reports))}
+
     def assign_replays(self, outcomes: Sequence[GroupOutcome]) -> list[Replay]:
         return self.inner.assign_replays(outcomes)
 

@@ -24,6 +24,7 @@ import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import numpy as np
 
 from cua_jax.tasks.pool import GroupOutcome, TaskPool
 
@@ -68,6 +69,17 @@ class TaskSampler(abc.ABC):
     @abc.abstractmethod
     def update(self, outcomes: Sequence[GroupOutcome]) -> None:
         """Records this step's groups (all of them, dropped ones included) and ends the step."""
+
+    def metrics(self) -> dict[str, float]:
+        """What the sampler's draws rest on, for the run's metrics (`sampler/...`): by default
+        the pool's active tasks and the mean of its pass-rate estimates (NaN-free: tasks with
+        an estimate only)."""
+        pool = self.pool
+        known = pool.pass_rate[~np.isnan(pool.pass_rate)]
+        out = {"sampler/active_tasks": float(pool.active.sum()), "sampler/estimated_tasks": float(len(known))}
+        if len(known):
+            out["sampler/pass_rate_mean"] = float(known.mean())
+        return out
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, Any]: ...

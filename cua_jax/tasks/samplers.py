@@ -258,6 +258,13 @@ class FrontierSampler(PoolSampler):
         p = self._known_pass_rate(self.config.unknown_pass_rate)
         return np.asarray(_frontier_weights_jit(p, self.config.mu, self.config.sigma)) * self._pool.prior
 
+    def metrics(self) -> dict[str, float]:
+        """Beside the pool's: the eq. 2 weights over the active tasks (mean, max), which the
+        draws follow."""
+        weights = self.weights()[self._pool.active]
+        return {**super().metrics(), "sampler/frontier_weight_mean": float(weights.mean()),
+                "sampler/frontier_weight_max": float(weights.max())}
+
     def _select(self, key, batch_size, eligible):
         n_explore = share_count(batch_size, self.config.gamma)
         gumbel_frontier, gumbel_explore = _gumbels(key, 2, len(self._pool))
@@ -303,6 +310,19 @@ class DTACSampler(PoolSampler):
         return _dtac_select_jit(
             gumbel_vas, gumbel_infeasible, self.weights(), eligible, feasible, n_vas, n_infeasible
         )
+
+    def metrics(self) -> dict[str, float]:
+        """Beside the pool's: tasks in the replay band, cached successes, and the mean pass rate
+        of each tier that has estimates (DTAC's curriculum moving through the tiers)."""
+        pool = self._pool
+        out = {**super().metrics(),
+               "sampler/replay_band_tasks": float(sum(self._in_replay_band(i) for i in range(len(pool)))),
+               "sampler/replay_cache": float(sum(len(entries) for entries in pool.replay_cache.values()))}
+        for tier in np.unique(pool.tiers):
+            rates = pool.pass_rate[(pool.tiers == tier) & ~np.isnan(pool.pass_rate)]
+            if len(rates):
+                out[f"sampler/tier_{int(tier)}/pass_rate"] = float(rates.mean())
+        return out
 
     def _in_replay_band(self, index: int) -> bool:
         p = self._pool.pass_rate[index]
@@ -354,6 +374,9 @@ class CurriculumSampler(PoolSampler):
             else:
                 self._difficulty = (1.0 - self._known_pass_rate(self.config.unknown_pass_rate)).astype(np.float32)
         return self._difficulty
+
+    def metrics(self) -> dict[str, float]:
+        return {**super().metrics(), "sampler/open_share": self.open_share()}
 
     def open_share(self) -> float:
         """The share of the eligible tasks the next draw may take."""

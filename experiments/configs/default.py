@@ -33,7 +33,14 @@ RL settings, measured from this base (one run each, 96 held-out episodes, paired
   16 updates of 3 groups: 33 -> 29 (-0.042, [-0.129, +0.047]); the same for 48 updates with
   evaluation at the training temperature 1.0: 30 -> 28 (-0.021, [-0.133, +0.092]; k3 KL to the
   base 0.02-0.04 from update 7 on, training success 0.0-0.71 per update with no trend); 1e-3:
-  collapse (54% invalid actions by update 9). None is a held-out gain; at temperature 0.5 the base's replies are nearly
+  collapse (54% invalid actions by update 9). Two more designs, stopped early: nine
+  mid-range pretraining tasks, 8 groups of 4 per update (8 pages instead of 3), two sequential
+  mini-batch updates per batch, 2e-4, evaluated at 1.0 (before 34/108): 14 updates, the groups'
+  successes fell (click-button 4, 1, 3, 4 of 4 in the first updates, 0-2 after), KL 0.024;
+  three tasks the base never saw (identify-shape, grid-coordinate, navigate-tree; 16/96 before
+  at 1.0, 3 turns), 3e-4: 11 updates, 0-0.33 training success with no trend, grid-coordinate
+  0/8 in every group, KL 0.06, up to 25% invalid actions: on unseen pages the base names
+  elements it invents, so its successes are chance. None is a held-out gain; at temperature 0.5 the base's replies are nearly
   deterministic (0.02-0.07 nats per token) and half the groups had one outcome, at 1.0 67-100%
   of the groups were informative and its tool calls stay valid (96-100%).
 

@@ -467,3 +467,24 @@ def test_restore_refuses_a_different_task_set():
     other = TaskPool([PoolTask("x", "d", 0, True, {"kind": "test"})])
     with pytest.raises(ValueError, match="does not match this pool's tasks"):
         other.load_state_dict(sampler.pool.state_dict())
+
+
+def test_each_sampler_reports_what_its_draws_rest_on():
+    """sampler.metrics(): the pool's estimates, and each kind's own quantities."""
+    tasks = [PoolTask(f"t{i}", "d", i % 2, True, {"kind": "test"}) for i in range(4)]
+    outcomes = [GroupOutcome("t0", 1, 4, "t0-win"), GroupOutcome("t1", 3, 4, "t1-win"), GroupOutcome("t2", 2, 4, "t2-win")]
+    for kind in ("uniform", "frontier", "dtac", "curriculum"):
+        sampler = build_sampler(kind, TaskPool(tasks))
+        sampler.update(outcomes)
+        metrics = sampler.metrics()
+        assert metrics["sampler/active_tasks"] == 4 and metrics["sampler/estimated_tasks"] == 3
+        assert metrics["sampler/pass_rate_mean"] == pytest.approx((0.25 + 0.75 + 0.5) / 3)
+        if kind == "frontier":
+            p = np.asarray([0.25, 0.75, 0.5, 0.5])  # t3 unknown: unknown_pass_rate 0.5
+            assert metrics["sampler/frontier_weight_max"] == pytest.approx(1.0)
+            assert metrics["sampler/frontier_weight_mean"] == pytest.approx(frontier_weights_ref(p, 0.5, 0.25).mean(), rel=1e-5)
+        if kind == "dtac":  # band [0.05, 0.5]: t0 (0.25) and t2 (0.5); successes cached where p was unknown
+            assert metrics["sampler/replay_band_tasks"] == 2 and metrics["sampler/replay_cache"] == 3
+            assert metrics["sampler/tier_0/pass_rate"] == pytest.approx(0.375) and metrics["sampler/tier_1/pass_rate"] == 0.75
+        if kind == "curriculum":
+            assert metrics["sampler/open_share"] == pytest.approx(0.25)

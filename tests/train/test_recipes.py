@@ -61,3 +61,4 @@ def test_the_canopy_recipe_through_the_entrypoint(tmp_path):
         assert metrics["learner/num_tokens"] == pytest.approx(metrics["episode/response_tokens"] * metrics["episodes/trained"])
     assert steps[0]["learner/ref_kl"] == pytest.approx(0.0, abs=1e-7)  # the policy is the reference at first
     assert steps[1]["learner/ref_kl"] > 0  # after an update the k3 estimate measures the drift it anchors
+
