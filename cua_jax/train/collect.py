@@ -58,6 +58,9 @@ class GroupCollector:
         # Reentrant: under DAPO, collect() holds it across its rounds, whose group runs take it
         # again for group ids.
         self.lock = threading.RLock()
+        # The sampler's metrics as of its last update, taken under the lock where the update
+        # happens, so a learner step reads them without waiting on draws or calibration passes.
+        self.sampler_metrics: dict[str, float] = {}
 
     def _group_seeds(self, key: jax.Array, count: int) -> list[int]:
         return draw_group_seeds(key, count, self.config.env.train_seeds, self.config.env.train_seed_max)
@@ -95,6 +98,7 @@ class GroupCollector:
             for replay in self.sampler.assign_replays([outcome]):
                 swap_in_replay(group, replay.trajectory)
             self.sampler.update([outcome])
+            self.sampler_metrics = self.sampler.metrics()
         return group
 
     def run_outcome_groups(self, task_ids: Sequence[str], group_size: int) -> list[GroupOutcome]:
@@ -126,6 +130,7 @@ class GroupCollector:
             with self.lock:
                 dynamic = collect_informative_groups(draw_key, self.sampler, run_round, batch_tasks, n,
                                                      self.settings.dynamic)
+                self.sampler_metrics = self.sampler.metrics()
             groups = [ran[o.task_id] for o in dynamic.groups]
             for replay in dynamic.replays:
                 swap_in_replay(groups[replay.group_index], replay.trajectory)
@@ -140,4 +145,5 @@ class GroupCollector:
             for replay in self.sampler.assign_replays(outcomes):
                 swap_in_replay(groups[replay.group_index], replay.trajectory)
             self.sampler.update(outcomes)
+            self.sampler_metrics = self.sampler.metrics()
         return groups, {}

@@ -250,8 +250,7 @@ class Trainer:
 
     def _finish_step(self, metrics: dict[str, float]) -> dict[str, float]:
         metrics["policy/version"] = float(self.version)
-        with self.collector.lock:  # rollout threads draw (and calibrate) under it
-            metrics.update(self.sampler.metrics())
+        metrics.update(self.collector.sampler_metrics)
         if self.buffer is not None:
             metrics["buffer/dropped_stale_groups"] = float(self.buffer.dropped_stale_groups)
             metrics["buffer/dropped_stale_episodes"] = float(self.buffer.dropped_stale_episodes)

@@ -87,7 +87,8 @@ def test_on_policy_step_has_ratio_one_and_no_clipping(on_policy):
     for key in ("groups/informative_fraction", "groups/all_pass_fraction", "groups/all_fail_fraction",
                 "learner/grad_norm", "learner/entropy", "learner/ref_kl", "learner/rollout_logprob_gap",
                 "learner/rollout_logprob_gap_p99", "learner/rollout_logprob_gap_max", "learner/tis_weight_mean",
-                "episode/response_tokens", "episode/items", "time/rollout_s", "time/learn_s", "time/sync_s"):
+                "episode/response_tokens", "episode/items", "time/rollout_s", "time/learn_s", "time/sync_s",
+                "sampler/active_tasks", "sampler/pass_rate_mean"):
         assert math.isfinite(metrics[key]), key
     assert metrics["learner/grad_norm"] > 0  # the entropy bonus moves the policy
 
