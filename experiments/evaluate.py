@@ -22,6 +22,7 @@ tasks.csv, domains.csv, summary.json (`cua_jax.eval.harness`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from absl import app, flags
@@ -104,6 +105,10 @@ def pilot() -> None:
     try:
         policy = load_eval_policy(_POLICY.value, _CONFIG.value, _STEP.value)
         c = policy.config
+        if c.eval.rope_scaling:  # the pilot estimates training's pass rates: the model's own rope
+            c = c.copy_and_resolve_references()
+            c.eval.rope_scaling = 0.0
+            policy = dataclasses.replace(policy, config=c)
         settings = TrainSettings.from_config(c)
         use_compilation_cache(c.compilation_cache_dir)
         tasks = list(_TASKS.value or settings.training_tasks)

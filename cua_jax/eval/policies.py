@@ -214,8 +214,9 @@ def load_eval_policy(spec: str, config: Any, step: int | None = None) -> EvalPol
     config.model.name, config.model.init_from = found.kind, str(path.resolve())
     hf = read_hf_config(path)
     positions = (hf.get("text_config") or hf).get("max_position_embeddings")
-    if positions:  # no context past the policy's positions
-        config.eval.max_context_tokens = min(config.eval.max_context_tokens, int(positions))
+    if positions:  # no context past the policy's positions (at evaluation, YaRN's: eval.rope_scaling)
+        scaled = int(int(positions) * config.eval.rope_scaling) if config.eval.rope_scaling else int(positions)
+        config.eval.max_context_tokens = min(config.eval.max_context_tokens, scaled)
         config.rollout.max_context_tokens = min(config.rollout.max_context_tokens, int(positions))
     return EvalPolicy(path.name, config, build_policy(TrainSettings.from_config(config), config.seed))
 

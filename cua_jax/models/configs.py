@@ -202,6 +202,46 @@ class Qwen3Config:
         }
 
 
+def rope_scaled(config: Any, factor: float) -> Any:
+    """`config` with its text decoder's default rope replaced by YaRN at `factor` over the
+    context the model was trained at, its max_position_embeddings (HF: `rope_scaling={"rope_type":
+    "yarn", "factor": factor, "original_max_position_embeddings": max_position_embeddings}`), and
+    max_position_embeddings scaled by `factor`: test-time context extension, same weights.
+
+    config: a Qwen3Config, or a config whose `text` is one (Qwen3-VL). A ValueError for a factor
+    <= 1, a rope that is not "default", or another text config (Qwen3.5 has only its default rope).
+    """
+    if hasattr(config, "text"):
+        return dataclasses.replace(config, text=rope_scaled(config.text, factor))
+    if not isinstance(config, Qwen3Config):
+        raise ValueError(f"{type(config).__name__} supports only its default rope; YaRN scaling needs a Qwen3 "
+                         "or Qwen3-VL text decoder")
+    if not factor > 1:
+        raise ValueError(f"a YaRN factor must exceed 1, got {factor}")
+    if config.rope.rope_type != "default":
+        raise ValueError(f"YaRN scaling extends a model's default rope; this one is already {config.rope.rope_type!r}")
+    original = config.max_position_embeddings
+    rope = RopeConfig(rope_theta=config.rope.rope_theta, rope_type="yarn", factor=float(factor),
+                      original_max_position_embeddings=original)
+    return dataclasses.replace(config, rope=rope, max_position_embeddings=int(original * factor))
+
+
+def rope_scaled_model(model: Any, factor: float) -> Any:
+    """An NNX module of `model`'s class under `rope_scaled(model.config, factor)` holding
+    `model`'s parameter arrays themselves (nothing copied or initialised). It shares the arrays,
+    not the variables: once `model`'s weights change, `nnx.update(view, nnx.state(model))`
+    brings the view up to date."""
+    import jax
+    from flax import nnx
+
+    config = rope_scaled(model.config, factor)
+    view = nnx.eval_shape(lambda: type(model)(config, rngs=nnx.Rngs(0)))
+    nnx.update(view, nnx.state(model))
+    if any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(nnx.state(view))):
+        raise ValueError(f"{type(model).__name__} under a scaled rope has state the model lacks")
+    return view
+
+
 def tiny_qwen3_config(**overrides: Any) -> Qwen3Config:
     """A small random-init config for tests and the embedded default run (item 6).
 

@@ -60,8 +60,9 @@ from cua_jax.observe import timeline
 
 # Prompt lengths pad up to the next bucket: steps of 1.5x and 2x alternate above 256, so a
 # prompt pays at most ~1.5x its length (each bucket is one compiled program per batch bucket).
+# The longest reach a 61k context (evaluation with YaRN, config.eval.rope_scaling).
 DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288,
-                          16384, 24576, 32768)
+                          16384, 24576, 32768, 49152, 65536)
 # Batch sizes pad to powers of two and three times powers of two (a batch pays at most 1.33x its rows).
 DEFAULT_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 DEFAULT_NEW_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)

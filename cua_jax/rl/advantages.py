@@ -51,11 +51,17 @@ class AdvantageConfig:
     estimator: a name registered in ADVANTAGE_ESTIMATORS ("grpo", "dr_grpo", "rloo").
     std_eps: added to the group std before dividing (GRPO only).
     no_verdict_reward: the reward of an episode that ran out of turns or tokens.
+    negative_scale: multiplies every negative advantage, in [0, 1]. 1 is the estimator as
+      published; 0 keeps only the episodes that beat their group's mean, each weighted by its
+      margin (reward-weighted filtering as in RAFT / ReST: the policy is pushed towards its own
+      successes and never away from its failures, which on a small policy spreads the pushed-off
+      probability over every other token).
     """
 
     estimator: str = "grpo"
     std_eps: float = 1e-6
     no_verdict_reward: float = DEFAULT_NO_VERDICT_REWARD
+    negative_scale: float = 1.0
 
     def __post_init__(self):
         if self.estimator not in ADVANTAGE_ESTIMATORS:
@@ -65,6 +71,8 @@ class AdvantageConfig:
             )
         if self.std_eps < 0:
             raise ValueError(f"AdvantageConfig.std_eps must be >= 0, got {self.std_eps}")
+        if not 0.0 <= self.negative_scale <= 1.0:
+            raise ValueError(f"AdvantageConfig.negative_scale must lie in [0, 1], got {self.negative_scale}")
 
 
 def score_terminal_rewards(
@@ -237,14 +245,18 @@ def episode_advantages(
       valid: optional extra bool [E] mask (e.g. padding), combined with the quarantine mask.
 
     Returns:
-      float [E] trajectory advantages; 0 for quarantined/invalid episodes and degenerate groups.
+      float [E] trajectory advantages; 0 for quarantined/invalid episodes and degenerate groups;
+      negative ones multiplied by config.negative_scale.
     """
     config = config or AdvantageConfig()
     scored = score_terminal_rewards(rewards, status_codes, config.no_verdict_reward)
     keep = valid_from_status(status_codes)
     if valid is not None:
         keep = keep & jnp.asarray(valid, dtype=bool)
-    return ADVANTAGE_ESTIMATORS[config.estimator](scored, group_ids, num_groups, keep, config)
+    advantages = ADVANTAGE_ESTIMATORS[config.estimator](scored, group_ids, num_groups, keep, config)
+    if config.negative_scale == 1.0:  # static: the published estimator, unchanged
+        return advantages
+    return jnp.where(advantages < 0, advantages * config.negative_scale, advantages)
 
 
 def _item_arrays(caller, trajectory_advantages, item_episode, item_valid):

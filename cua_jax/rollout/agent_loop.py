@@ -125,6 +125,9 @@ class AgentConfig:
         an invalid action. The environment must show element ids for "elements" / "both".
     group_start: "fresh" (every episode of a group resets on its own) or "shared" (one
         resets, the others start from its state: `AgentEnvironment.shared_state`).
+    rope_scaling: the engine runs the policy's rope extended by YaRN at this factor (> 1;
+        0: the model's own rope), `SamplingConfig.rope_scaling`: the evaluation agent's
+        config.eval.rope_scaling.
     """
 
     max_turns: int = 15
@@ -146,6 +149,7 @@ class AgentConfig:
     prompt_style: str = "tool_schema"
     action_space: str = "coordinates"
     group_start: str = "fresh"
+    rope_scaling: float = 0.0
 
     def __post_init__(self):
         unknown = [kind for kind in self.agent_faults if kind not in FAULT_KINDS]
@@ -159,6 +163,8 @@ class AgentConfig:
             raise ValueError(f"action_space {self.action_space!r} is unknown; choose one of {A.ACTION_SPACES}")
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.rope_scaling != 0 and not self.rope_scaling > 1:
+            raise ValueError(f"rope_scaling must be 0 (off) or a YaRN factor > 1, got {self.rope_scaling}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_context_tokens <= self.max_new_tokens:
@@ -192,6 +198,7 @@ class AgentConfig:
             top_k=self.top_k,
             stop_token_ids=tuple(int(t) for t in stop_token_ids),
             seed=self.seed,
+            rope_scaling=self.rope_scaling,
         )
 
 

@@ -40,6 +40,9 @@ class SamplingConfig:
     stop_token_ids end a generation when sampled (the stop token is included in the
     output). seed makes a call reproducible (each engine derives its per-request
     streams from it: vLLM seeds request i with seed + i, the JAX sampler splits one key).
+    rope_scaling: > 1 runs the policy with its rope extended by YaRN at that factor
+    (`cua_jax.models.configs.rope_scaled`: a longer context, same weights); 0 its own rope.
+    Only the JAX sampler supports it (evaluation at a longer context, config.eval.rope_scaling).
     """
 
     max_new_tokens: int
@@ -48,6 +51,7 @@ class SamplingConfig:
     top_k: int = 0
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    rope_scaling: float = 0.0
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -58,6 +62,8 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(int(t) < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids}")
+        if self.rope_scaling != 0 and not self.rope_scaling > 1:
+            raise ValueError(f"rope_scaling must be 0 (off) or a YaRN factor > 1, got {self.rope_scaling}")
 
     @property
     def greedy(self) -> bool:

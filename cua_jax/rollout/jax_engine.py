@@ -68,6 +68,11 @@ class JaxSamplerEngine(RolloutEngine):
     prefix_cache_tokens: > 0 keeps each reply's prompt + reply keys and values (at most this
     many cache slots over all), so an episode's next turn prefills only its new tokens; the
     cache is dropped whenever the weights change. 0: every prompt is prefilled whole.
+
+    A call whose `SamplingConfig.rope_scaling` is set samples from a view of the model under
+    YaRN at that factor (`configs.rope_scaled_model`, built on first use): the same parameter
+    arrays, kept in step by every weight update, with a prefix cache of its own (its keys
+    rotate otherwise). The model itself, and every other call, keep the model's own rope.
     """
 
     def __init__(
@@ -88,11 +93,14 @@ class JaxSamplerEngine(RolloutEngine):
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0, got {prefix_cache_tokens}")
         self.interrupt_tokens = int(interrupt_tokens)
+        self._sampler_kwargs = dict(sampler_kwargs)
         self._sampler = Sampler(model, **sampler_kwargs)
         self.banned_token_ids = normalized_token_ids(banned_token_ids, "banned_token_ids")
         self.share_prompts = bool(share_prompts)
-        self._prefix_cache = (PrefixCache(prefix_cache_tokens, exact=self._sampler.recurrent)
-                              if prefix_cache_tokens else None)
+        self._prefix_cache_tokens = int(prefix_cache_tokens)
+        self._prefix_cache = self._new_prefix_cache()
+        # rope_scaling factor -> (sampler over the YaRN view of the model, its prefix cache).
+        self._scaled: dict[float, tuple[Sampler, PrefixCache | None]] = {}
         self._base_key = jax.random.key(seed)
         self._calls = 0
         self._image_processor = image_processor
@@ -110,15 +118,41 @@ class JaxSamplerEngine(RolloutEngine):
     def model(self) -> nnx.Module:
         return self._sampler.model
 
-    def stats(self) -> dict[str, int]:
-        """The sampler's work so far (`Sampler.stats`: prompts, prompt / cached / prefilled /
-        generated tokens, images requested and encoded, ...) and the prefix cache's size."""
+    @property
+    def scaled_models(self) -> dict[float, nnx.Module]:
+        """The YaRN views of the model built so far (class doc), by rope_scaling factor."""
         with self._lock:
-            out = dict(self._sampler.stats)
-            if self._prefix_cache is not None:
-                out["cache_entries"] = len(self._prefix_cache.entries)
-                out["cache_slots"] = self._prefix_cache.slots
-            return out
+            return {factor: sampler.model for factor, (sampler, _) in self._scaled.items()}
+
+    def _new_prefix_cache(self) -> PrefixCache | None:
+        if not self._prefix_cache_tokens:
+            return None
+        return PrefixCache(self._prefix_cache_tokens, exact=self._sampler.recurrent)
+
+    def _sampler_for(self, rope_scaling: float) -> tuple[Sampler, PrefixCache | None]:
+        """The sampler and prefix cache of calls at `rope_scaling` (under the lock)."""
+        if not rope_scaling:
+            return self._sampler, self._prefix_cache
+        factor = float(rope_scaling)
+        if factor not in self._scaled:
+            from cua_jax.models.configs import rope_scaled_model
+
+            self._scaled[factor] = (Sampler(rope_scaled_model(self.model, factor), **self._sampler_kwargs),
+                                    self._new_prefix_cache())
+        return self._scaled[factor]
+
+    def stats(self) -> dict[str, int]:
+        """The samplers' work so far (`Sampler.stats`: prompts, prompt / cached / prefilled /
+        generated tokens, images requested and encoded, ...) and the prefix caches' size."""
+        with self._lock:
+            out: collections.Counter = collections.Counter()
+            samplers = [(self._sampler, self._prefix_cache), *self._scaled.values()]
+            for sampler, cache in samplers:
+                out.update(sampler.stats)
+                if cache is not None:
+                    out["cache_entries"] += len(cache.entries)
+                    out["cache_slots"] += cache.slots
+            return dict(out)
 
     # -- prompts -----------------------------------------------------------------------------
 
@@ -183,7 +217,8 @@ class JaxSamplerEngine(RolloutEngine):
             key = self._call_key(sampling)
             version = self._version
             seeds = [r.seed for r in requests]
-            out = self._sample(requests, params, key, None if all(s is None for s in seeds) else seeds)
+            out = self._sample(requests, params, key, None if all(s is None for s in seeds) else seeds,
+                               sampling.rope_scaling)
         return [
             Generation(
                 token_ids=np.asarray(tokens, np.int32),
@@ -194,13 +229,14 @@ class JaxSamplerEngine(RolloutEngine):
             for tokens, logprobs, reason in zip(out.tokens, out.logprobs, out.finish_reasons)
         ]
 
-    def _sample(self, requests: Sequence[GenerationRequest], params: SamplingParams, key: jax.Array, seeds):
-        """The sampler's output for `requests` (under the lock), with the engine's prompt sharing
-        and prefix cache."""
+    def _sample(self, requests: Sequence[GenerationRequest], params: SamplingParams, key: jax.Array, seeds,
+                rope_scaling: float = 0.0):
+        """The output for `requests` (under the lock) of the sampler at `rope_scaling`, with the
+        engine's prompt sharing and that sampler's prefix cache."""
+        sampler, cache = self._sampler_for(rope_scaling)
         with timeline.span("engine_host"):
             prompts = [self._prompt_input(r) for r in requests]
-            return self._sampler.sample(prompts, params, key, row_seeds=seeds, cache=self._prefix_cache,
-                                        share_prompts=self.share_prompts)
+            return sampler.sample(prompts, params, key, row_seeds=seeds, cache=cache, share_prompts=self.share_prompts)
 
     def _call_key(self, sampling: SamplingConfig) -> jax.Array:
         """The call's key: its seed's, else the next of the engine's stream (under the lock)."""
@@ -236,7 +272,8 @@ class JaxSamplerEngine(RolloutEngine):
             with self._lock:
                 version = self._version
                 out = self._sample(continuing, dataclasses.replace(params, max_new_tokens=budget),
-                                   jax.random.fold_in(key, chunk), None if all(s is None for s in seeds) else seeds)
+                                   jax.random.fold_in(key, chunk), None if all(s is None for s in seeds) else seeds,
+                                   sampling.rope_scaling)
             for row, i in enumerate(active):
                 tokens[i] += [int(t) for t in out.tokens[row]]
                 logprobs[i] += [float(x) for x in out.logprobs[row]]
@@ -266,9 +303,13 @@ class JaxSamplerEngine(RolloutEngine):
             self._updates_waiting += 1
         with self._updated:
             nnx.update(self.model, _on_device(state))
+            current = nnx.state(self.model)
+            for sampler, _ in self._scaled.values():  # the YaRN views take the same arrays
+                nnx.update(sampler.model, current)
             self._version = version
-            if self._prefix_cache is not None:  # keys and values of the old weights
-                self._prefix_cache.clear()
+            for cache in [self._prefix_cache] + [cache for _, cache in self._scaled.values()]:
+                if cache is not None:  # keys and values of the old weights
+                    cache.clear()
             with self._intent:
                 self._updates_waiting -= 1
             self._updated.notify_all()

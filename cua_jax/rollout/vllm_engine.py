@@ -412,6 +412,9 @@ class VllmEngine(RolloutEngine):
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
     ) -> list[Generation]:
+        if sampling.rope_scaling:
+            raise ValueError("a vLLM engine serves the exported model's own rope; rope_scaling (YaRN at "
+                             "evaluation) runs on the JAX sampler")
         check_prompt_lengths(requests, sampling, self.config.max_model_len)
         if not requests:
             return []

@@ -304,6 +304,14 @@ class TrainSettings:
             _require(c.eval[name] >= 1, f"eval.{name}", f"must be >= 1, got {c.eval[name]}")
         for name in ("every_steps", "max_reruns"):
             _require(c.eval[name] >= 0, f"eval.{name}", f"must be >= 0, got {c.eval[name]}")
+        _require(c.eval.rope_scaling == 0 or c.eval.rope_scaling > 1, "eval.rope_scaling",
+                 f"must be 0 (off) or a YaRN factor > 1, got {c.eval.rope_scaling}")
+        if c.eval.rope_scaling:
+            _require(c.rollout.engine == "jax", "eval.rope_scaling",
+                     "YaRN at evaluation runs on the JAX sampler; the vLLM engines serve the exported model's "
+                     "own rope: set rollout.engine = 'jax' or eval.rope_scaling = 0")
+            _require(c.model.name not in ("qwen3_5", "qwen3_5_text", "tiny_qwen3_5"), "eval.rope_scaling",
+                     f"model.name {c.model.name!r} (Qwen3.5) supports only its default rope; set 0")
         _require(0 < c.sampler.pilot_target < 1, "sampler.pilot_target",
                  f"must lie in (0, 1), got {c.sampler.pilot_target}")
 
@@ -320,7 +328,8 @@ class TrainSettings:
                          max_length=c.learner.max_length or None, share_prefix=c.learner.share_prefix,
                          suffix_length_multiple=c.learner.suffix_length_multiple or None)
         advantage = build("advantage", AdvantageConfig, estimator=c.advantage.estimator, std_eps=c.advantage.std_eps,
-                          no_verdict_reward=c.advantage.no_verdict_reward)
+                          no_verdict_reward=c.advantage.no_verdict_reward,
+                          negative_scale=c.advantage.negative_scale)
         # Budgets and sampling both loops share; turns, context and sampling have eval's own fields.
         _require(all(kind in FAULT_KINDS for kind in c.advantage.agent_faults), "advantage.agent_faults",
                  f"{list(c.advantage.agent_faults)} names something that is no fault kind; choose from {list(FAULT_KINDS)}")
@@ -338,7 +347,7 @@ class TrainSettings:
         eval_agent = build("eval", AgentConfig, max_turns=c.eval.max_turns,
                            max_context_tokens=c.eval.max_context_tokens, temperature=c.eval.temperature,
                            top_p=c.eval.top_p, top_k=c.eval.top_k, seed_per_turn=c.eval.seed_per_turn,
-                           seed=c.seed if c.eval.seed_per_turn else None, **shared)
+                           seed=c.seed if c.eval.seed_per_turn else None, rope_scaling=c.eval.rope_scaling, **shared)
         mesh = mesh_settings(c)
         s = c.sampler
         sampler_configs = {
@@ -362,7 +371,10 @@ class TrainSettings:
             calibration = build("sampler", CalibrationConfig, p_min=s.p_min, p_max=s.p_max,
                                 pilot=s.pilot and not s.pilot_file,
                                 pilot_group_size=s.pilot_group_size, every_k_steps=s.calibrate_every,
-                                sample_size=s.calibration_sample_size, group_size=s.calibration_group_size)
+                                sample_size=s.calibration_sample_size, group_size=s.calibration_group_size,
+                                # A band that leaves fewer tasks than a batch draws keeps the ones
+                                # nearest to it, so a re-calibration never stops the run.
+                                min_active=c.rollout.batch_tasks)
         dynamic = None
         if c.train.dapo:
             dynamic = build("train", DynamicSamplingConfig, max_rounds=c.train.dapo_max_rounds,

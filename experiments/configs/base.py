@@ -218,6 +218,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.advantage.estimator = "grpo"  # grpo | dr_grpo | rloo
     c.advantage.std_eps = 1e-6
     c.advantage.no_verdict_reward = -0.2  # incomplete episodes (turn / token budget ran out)
+    # Multiplies negative advantages, in [0, 1]: 1 the estimator as published, 0 reward-weighted
+    # filtering (RAFT / ReST: only episodes above their group's mean push the policy).
+    c.advantage.negative_scale = 1.0
     # Faults scored as the agent's failure (reward 0, kept in the group) rather than quarantined;
     # faults.AGENT_OWNED_FAULTS says why these. Any of faults.FAULT_KINDS may be listed.
     c.advantage.agent_faults = tuple(kind.value for kind in AGENT_OWNED_FAULTS)
@@ -347,6 +350,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.max_reruns = 1  # reruns of a quarantined sample before it is given up
     c.eval.max_turns = 15  # turn budget at evaluation (CANOPY raises it over training's)
     c.eval.max_context_tokens = 4096
+    # CANOPY's test-time YaRN (to a 61k context): > 1 evaluates the policy with its rope extended
+    # by YaRN at this factor over the model's max_position_embeddings, same weights; training
+    # keeps the model's own rope. 0: off. JAX engine, Qwen3 / Qwen3-VL only.
+    c.eval.rope_scaling = 0.0
     c.eval.temperature = 1.0
     c.eval.top_p = 1.0
     c.eval.top_k = 0

@@ -104,6 +104,8 @@ def test_evocua_recipe():
     assert c.learner.num_minibatches > 1 and s.learner.old_logprobs != "current"
     assert s.calibration is not None and s.calibration.pilot and s.calibration.every_k_steps == 20
     assert (s.calibration.p_min, s.calibration.p_max) == (0.05, 0.95)
+    # A narrow band keeps the tasks nearest to it, enough for a batch (the run never stops on it).
+    assert s.calibration.min_active == c.rollout.batch_tasks
 
 
 def _parse(*argv):
@@ -161,6 +163,15 @@ def test_unknown_override_is_rejected():
     ("context.placeholder_text", "{page_title}", "config.context.placeholder_text"),
     ("sampler.curriculum_difficulty", "length", "config.sampler.curriculum_difficulty"),
     ("sampler.curriculum_start", 0.0, "config.sampler.curriculum_start"),
+    ("sampler.curriculum_schedule", "exp", "config.sampler.curriculum_schedule"),
+    ("sampler.curriculum_steps", 0, "config.sampler.curriculum_steps"),
+    ("advantage.negative_scale", 1.5, "config.advantage.negative_scale"),
+    ("advantage.no_patch_reward", 0.5, "config.advantage.no_patch_reward"),
+    ("advantage.crash_reward", -2.0, "config.advantage.crash_reward"),
+    ("advantage.reward", "dense", "config.advantage.reward"),
+    ("eval.rope_scaling", -1.0, "config.eval.rope_scaling"),
+    ("eval.rope_scaling", 1.0, "config.eval.rope_scaling"),  # a YaRN factor exceeds 1 (0: off)
+    ("eval.rope_scaling", 0.5, "config.eval.rope_scaling"),
 ])
 def test_a_malformed_field_is_named(field, value, named):
     config = canopy.get_config()
@@ -181,6 +192,21 @@ def test_a_bad_vllm_placement_is_named():
         TrainSettings.from_config(config)
     config.model.name, config.rollout.partial_rollout_tokens = text_vllm.get_config().model.name, 8
     with pytest.raises(ConfigError, match="config.rollout.partial_rollout_tokens: partial rollouts run on the JAX"):
+        TrainSettings.from_config(config)
+
+
+def test_eval_rope_scaling_reaches_the_evaluation_agent_only_and_needs_a_jax_qwen3():
+    config = canopy.get_config()
+    config.eval.rope_scaling = 2.0
+    settings = TrainSettings.from_config(config)
+    assert settings.eval_agent.rope_scaling == 2.0 and settings.agent.rope_scaling == 0.0
+    config = text_vllm.get_config()
+    config.eval.rope_scaling = 2.0
+    with pytest.raises(ConfigError, match="config.eval.rope_scaling: YaRN at evaluation runs on the JAX sampler"):
+        TrainSettings.from_config(config)
+    config = tiny.get_config()
+    config.model.name, config.eval.rope_scaling = "tiny_qwen3_5", 2.0
+    with pytest.raises(ConfigError, match="config.eval.rope_scaling: model.name 'tiny_qwen3_5' .Qwen3.5. supports only"):
         TrainSettings.from_config(config)
 
 

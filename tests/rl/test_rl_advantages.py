@@ -197,11 +197,37 @@ def test_episode_advantages_is_score_then_quarantine_then_estimate(rewards, stat
     np.testing.assert_allclose(got, reference_advantages(kind, scored, group_ids, keep), rtol=1e-5, atol=1e-5)
 
 
+NEGATIVE_SCALES = (0.0, 0.25)
+episode_advantages_scaled_jit = {
+    scale: jax.jit(
+        functools.partial(
+            episode_advantages, num_groups=NUM_GROUPS, config=AdvantageConfig(estimator="dr_grpo", negative_scale=scale)
+        )
+    )
+    for scale in NEGATIVE_SCALES
+}
+
+
+@PROPERTY
+@given(rewards=REWARDS, status=STATUS, group_ids=GROUP_IDS, scale=st.sampled_from(NEGATIVE_SCALES))
+def test_negative_scale_shrinks_only_the_advantages_below_the_group_mean(rewards, status, group_ids, scale):
+    got = np.asarray(episode_advantages_scaled_jit[scale](rewards, status, group_ids))
+    scored = np.where(status == STATUS_CODES[EpisodeStatus.NO_VERDICT], np.float32(-0.2), rewards)
+    keep = status != STATUS_CODES[EpisodeStatus.QUARANTINED]
+    want = reference_advantages("dr_grpo", scored, group_ids, keep)
+    want = np.where(want < 0, want * scale, want)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if scale == 0.0:
+        assert np.all(got >= 0)
+
+
 def test_advantage_config_rejects_unknown_estimator():
     with pytest.raises(ValueError, match="unknown.*grpo"):
         AdvantageConfig(estimator="ppo")
     with pytest.raises(ValueError, match="std_eps"):
         AdvantageConfig(std_eps=-1.0)
+    with pytest.raises(ValueError, match="negative_scale"):
+        AdvantageConfig(negative_scale=1.5)
 
 
 def test_group_stats_rejects_mismatched_shapes():

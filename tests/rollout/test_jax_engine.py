@@ -44,6 +44,42 @@ def test_seeded_calls_repeat_and_unseeded_calls_draw_afresh(model):
     assert not np.array_equal(c.token_ids, d.token_ids)
 
 
+def test_a_rope_scaled_call_samples_the_yarn_view_of_the_current_weights(model):
+    """SamplingConfig.rope_scaling (evaluation's config.eval.rope_scaling): the call samples the
+    model under YaRN, from the engine's own parameter arrays, with a prefix cache of its own;
+    weight updates reach the view; calls without it keep the model's rope."""
+    import dataclasses
+
+    import jax
+
+    from cua_jax.models.configs import rope_scaled_model
+
+    engine = JaxSamplerEngine(nnx.clone(model), prefix_cache_tokens=512)
+    requests = [GenerationRequest(p) for p in PROMPTS]
+    yarn = dataclasses.replace(GREEDY, rope_scaling=2.0)
+
+    def expect(generations, reference):
+        for request, g in zip(requests, generations):
+            ids = np.concatenate([request.prompt_ids, g.token_ids])[None]
+            want = np.asarray(score_sequences(reference, ids)[0])[0, len(request.prompt_ids):]
+            np.testing.assert_allclose(g.logprobs, want, atol=LOGPROB_ATOL)
+
+    plain = engine.generate(requests, GREEDY)  # fills the model's prefix cache
+    expect(plain, model)
+    assert engine.scaled_models == {}
+    scaled = engine.generate(requests, yarn)
+    expect(scaled, rope_scaled_model(model, 2.0))  # not the cached keys of the model's rope
+    assert any(not np.allclose(a.logprobs, b.logprobs, atol=LOGPROB_ATOL) for a, b in zip(plain, scaled))
+    view = engine.scaled_models[2.0]
+    assert view.config.rope.rope_type == "yarn" and view.config.rope.factor == 2.0
+    assert engine.model.config.rope.rope_type == "default"
+    new_model = perturbed(model, seed=1)
+    engine.update_weights(nnx.state(new_model), version=1)
+    assert all(a is b for a, b in zip(jax.tree.leaves(nnx.state(engine.model)), jax.tree.leaves(nnx.state(view))))
+    expect(engine.generate(requests, yarn), rope_scaled_model(new_model, 2.0))
+    expect(engine.generate(requests, GREEDY), new_model)
+
+
 def test_images_for_a_text_model_are_refused(model):
     image = np.zeros((32, 32, 3), np.uint8)
     with pytest.raises(ValueError, match="text-only"):

@@ -33,6 +33,8 @@ def test_requests_and_sampling_reject_bad_input():
         SamplingConfig(max_new_tokens=1, top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingConfig(max_new_tokens=1, temperature=-1.0)
+    with pytest.raises(ValueError, match="rope_scaling must be 0"):
+        SamplingConfig(max_new_tokens=1, rope_scaling=1.0)  # a YaRN factor exceeds 1
     with pytest.raises(ValueError, match="equal-length"):
         Generation(np.zeros(3, np.int32), np.zeros(2, np.float32), FinishReason.STOP, 0)
     assert GenerationRequest([4, 5]).prompt_ids.dtype == np.int32

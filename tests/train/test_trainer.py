@@ -17,6 +17,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from cua_jax.envs.contract import EnvironmentWrapper
 from cua_jax.observe.metrics import TIMING_PREFIX
@@ -63,7 +64,10 @@ def on_policy(tmp_path_factory):
         wrappers.append(CapsuleClosingEnvironment(env))
         return wrappers[-1]
 
-    trainer = Trainer(tiny_config(tmp_path_factory.mktemp("on_policy")), env_wrapper=wrap)
+    # Its evaluations run at YaRN 2 (eval.rope_scaling): training, and so the on-policy tests,
+    # keep the model's own rope; a one-turn budget keeps the evaluation test short.
+    trainer = Trainer(tiny_config(tmp_path_factory.mktemp("on_policy"), eval__rope_scaling=2.0, eval__max_turns=1),
+                      env_wrapper=wrap)
     try:
         yield trainer, wrappers
     finally:
@@ -154,6 +158,22 @@ def test_a_checkpoint_of_another_seed_or_worker_count_is_refused_before_anything
     assert trainer.trainer_state().step == state.step and trainer.version == state.version
 
 
+def test_held_out_evaluation_runs_the_policy_under_yarn_on_the_engines_weights(on_policy):
+    """config.eval.rope_scaling reaches the engine through the harness: the evaluation sampled a
+    YaRN view of the worker's model (same arrays), and the model itself keeps its rope."""
+    trainer, _ = on_policy
+    trainer.config.eval.num_seeds = 1
+    engine = trainer.workers[0].engine.engine  # the JAX sampler behind the canonical-order wrapper
+    assert engine.scaled_models == {}  # training never asks for it
+    result = trainer.evaluate("yarn")
+    assert result["episodes"] + result["given_up"] == 2
+    view = engine.scaled_models[2.0]
+    assert view.config.text.rope.rope_type == "yarn" and view.config.text.rope.factor == 2.0
+    assert view.config.text.rope.original_max_position_embeddings == engine.model.config.text.max_position_embeddings
+    assert engine.model.config.text.rope.rope_type == "default"
+    assert all(a is b for a, b in zip(jax.tree.leaves(nnx.state(engine.model)), jax.tree.leaves(nnx.state(view))))
+
+
 def test_on_policy_mode_runs_sequential_minibatch_updates_with_a_live_ratio(tmp_path):
     """CANOPY App. D's control: two sequential updates of whole groups on one freshly collected
     batch, no asynchrony. The first update's ratio is 1; the second's is live against the
@@ -167,11 +187,46 @@ def test_on_policy_mode_runs_sequential_minibatch_updates_with_a_live_ratio(tmp_
     assert metrics["episodes/trained"] == 4 and math.isfinite(metrics["learner/loss"])
 
 
+def _calibrate_during_a_rollout(trainer):
+    """Starts the rollout threads, waits until one runs groups on the calibration worker, and
+    runs a calibration pass there meanwhile (the call EvoCUA's periodic calibration makes from
+    whichever thread draws). Returns (its outcomes, whether a rollout was in flight on that
+    worker when it was called, every rollout call's (start, end))."""
+    import threading
+
+    worker, real = trainer.collector.default_worker, trainer.collector.default_worker.run_groups
+    state = {"active": 0, "overlapped": None, "spans": []}
+    lock = threading.Lock()
+
+    def recording(requests, n, evaluation=False):
+        calibrating = all(group_id < 0 for _, _, group_id in requests)  # calibration's ids are negative
+        with lock:
+            if calibrating:
+                state["overlapped"] = state["active"] > 0
+            else:
+                state["active"] += 1
+        start = time.monotonic()
+        try:
+            return real(requests, n, evaluation)
+        finally:
+            if not calibrating:
+                with lock:
+                    state["active"] -= 1
+                    state["spans"].append((start, time.monotonic()))
+
+    worker.run_groups = recording
+    trainer.start_rollouts()
+    _wait_for(lambda: state["active"] > 0, "a rollout on the calibration worker")
+    tasks = list(trainer.config.env.tasks)
+    outcomes = trainer.collector.run_outcome_groups(tasks, 2)
+    return outcomes, state["overlapped"], state["spans"], tasks
+
+
 def test_async_mode_drops_stale_groups_and_keeps_groups_whole(tmp_path):
     config = tiny_config(tmp_path, train__mode="async", train__staleness_window=1, train__buffer_groups=6,
                          learner__num_minibatches=2, learner__old_logprobs="rollout", loss__kl_coef=0.0)
     with Trainer(config) as trainer:
-        trainer.start_rollouts()
+        calibration = _calibrate_during_a_rollout(trainer)
         # Rollouts run ahead until the buffer is full: 6 groups of version 0.
         _wait_for(lambda: len(trainer.buffer) == trainer.buffer.capacity, "a full rollout buffer")
         steps = []
@@ -189,6 +244,13 @@ def test_async_mode_drops_stale_groups_and_keeps_groups_whole(tmp_path):
     for metrics in steps:
         assert metrics["learner/updates"] == 2 and math.isfinite(metrics["learner/loss"])
         assert metrics["episodes/trained"] == 4
+    # Calibration beside the rollout threads (EvoCUA's async recipe): called while a rollout ran
+    # on the same worker, it waited for it (the worker runs one call at a time) and came back
+    # whole, and the rollouts went on around it.
+    outcomes, overlapped, spans, tasks = calibration
+    assert overlapped
+    assert [o.task_id for o in outcomes] == tasks and all(o.attempts == 2 for o in outcomes)
+    assert len(spans) >= 2
 
 
 def test_dapo_step_draws_again_and_skips_an_uninformative_batch(tmp_path):
