@@ -40,7 +40,14 @@ RL settings, measured from this base (one run each, 96 held-out episodes, paired
   three tasks the base never saw (identify-shape, grid-coordinate, navigate-tree; 16/96 before
   at 1.0, 3 turns), 3e-4: 11 updates, 0-0.33 training success with no trend, grid-coordinate
   0/8 in every group, KL 0.06, up to 25% invalid actions: on unseen pages the base names
-  elements it invents, so its successes are chance. None is a held-out gain; at temperature 0.5 the base's replies are nearly
+  elements it invents, so its successes are chance. Reward-weighted filtering
+(advantage.negative_scale = 0, dr_grpo), evaluated at 1.0 (before 30/96): lr 3e-4, 40 updates:
+30 -> 32 (+0.021, paired [-0.084, +0.125]); lr 1e-3: training success fell to 0-0.08 by update
+10 (KL 0.1-0.26), also with Adam eps 1e-4. Paired by page against a run at learning rate 0
+(the same draws, pages and sampling keys, so a step's difference is the updates' effect, not the
+page's difficulty): mean training-success difference per update -0.08 (3e-4, 24 updates), -0.17
+(1e-3, eps 1e-4), -0.22 (1e-3): updates on this base lower success on fresh pages of the same
+tasks even when they only raise the probability of its own successes, more so at higher rates. None is a held-out gain; at temperature 0.5 the base's replies are nearly
   deterministic (0.02-0.07 nats per token) and half the groups had one outcome, at 1.0 67-100%
   of the groups were informative and its tool calls stay valid (96-100%).
 
