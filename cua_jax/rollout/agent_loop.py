@@ -80,7 +80,8 @@ from cua_jax.envs import actions as A
 from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvObservation
 from cua_jax.envs.faults import FAULT_KINDS, Attribution, Outcome, episode_outcome
 from cua_jax.observe import timeline
-from cua_jax.rollout.engine import EngineFault, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.rollout.engine import (EngineFault, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig,
+                                    check_rope_scaling)
 from cua_jax.rollout.prompts import PROMPT_STYLES, system_prompt
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
 
@@ -163,8 +164,7 @@ class AgentConfig:
             raise ValueError(f"action_space {self.action_space!r} is unknown; choose one of {A.ACTION_SPACES}")
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
-        if self.rope_scaling != 0 and not self.rope_scaling > 1:
-            raise ValueError(f"rope_scaling must be 0 (off) or a YaRN factor > 1, got {self.rope_scaling}")
+        check_rope_scaling(self.rope_scaling)
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_context_tokens <= self.max_new_tokens:

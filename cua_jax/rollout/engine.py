@@ -32,6 +32,12 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"
 
 
+def check_rope_scaling(factor: float) -> None:
+    """A rope_scaling value is 0 (the model's own rope) or a YaRN factor above 1."""
+    if factor != 0 and not factor > 1:
+        raise ValueError(f"rope_scaling must be 0 (off) or a YaRN factor > 1, got {factor}")
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
     """How to sample one batch.
@@ -62,8 +68,7 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(int(t) < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids}")
-        if self.rope_scaling != 0 and not self.rope_scaling > 1:
-            raise ValueError(f"rope_scaling must be 0 (off) or a YaRN factor > 1, got {self.rope_scaling}")
+        check_rope_scaling(self.rope_scaling)
 
     @property
     def greedy(self) -> bool:
