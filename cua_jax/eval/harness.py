@@ -133,12 +133,13 @@ def _take_jobs(pending: collections.deque, limit: int) -> list[Job]:
 def run_jobs(workers: Sequence[Any], policy: Any, jobs: Sequence[Job], tasks: Sequence[str], seeds: Sequence[int],
              domains: Mapping[str, str], results_path: str | os.PathLike, max_reruns: int,
              progress: bool = True, groups_per_call: int = 1,
-             on_group: Callable[[Job, Sequence[Any]], None] | None = None) -> None:
+             on_group: Callable[[Job, Sequence[Any]], None] | None = None, temperature: float | None = None) -> None:
     """Runs `jobs` over the workers (one thread each, each taking up to `groups_per_call`
     groups per call, so a worker batches generation across them), appending each finished
     episode's record to `results_path`; quarantined samples go back in the queue until they
     have run max_reruns + 1 times. `on_group(job, rollouts)` sees every finished group. The
-    first error of any worker stops the others and is raised.
+    first error of any worker stops the others and is raised. `temperature` replaces the
+    workers' evaluation temperature (None: their own).
 
     A policy that must be told its task (`policy.per_task`, the oracle) runs one group per call."""
     from tqdm import tqdm
@@ -175,8 +176,9 @@ def run_jobs(workers: Sequence[Any], policy: Any, jobs: Sequence[Job], tasks: Se
 
     def run_batch(worker, batch: list[Job]) -> list[Job]:
         policy.bind(worker, batch[0].task)
+        override = {} if temperature is None else {"temperature": temperature}
         results = worker.run_groups([(job.task, job.seed, group_id(tasks, seeds, job)) for job in batch],
-                                    len(batch[0].samples), evaluation=True)
+                                    len(batch[0].samples), evaluation=True, **override)
         again = []
         with changed:
             with open(results_path, "a") as f:
@@ -313,12 +315,14 @@ def write_tables(out: str | os.PathLike, summary: Mapping[str, Any]) -> None:
 def evaluate(workers: Sequence[Any], policy: Any, suite: Any, seeds: Sequence[int], k: int,
              out: str | os.PathLike, *, max_reruns: int = 2, confidence: float = 0.95,
              progress: bool = True, title: str | None = None, groups_per_call: int = 1,
-             on_group: Callable[[Job, Sequence[Any]], None] | None = None) -> dict[str, Any]:
+             on_group: Callable[[Job, Sequence[Any]], None] | None = None,
+             temperature: float | None = None) -> dict[str, Any]:
     """Evaluates `policy` (an `EvalPolicy`, or anything with `unsupported(task)` and
     `bind(worker, task_id)`) running on `workers` over `suite`'s tasks (a `suites.Suite`) x
     `seeds`, k samples each, resuming from <out>/results.jsonl; writes the tables and returns
     the summary (`tables` plus the tasks skipped and why, and "records": the scored and
-    quarantined episodes' records). `groups_per_call` and `on_group`: see `run_jobs`."""
+    quarantined episodes' records). `groups_per_call`, `on_group` and `temperature`: see
+    `run_jobs`."""
     if k < 1:
         raise ValueError(f"k (samples per task and seed) must be >= 1, got {k}")
     if not seeds:
@@ -345,7 +349,7 @@ def evaluate(workers: Sequence[Any], policy: Any, suite: Any, seeds: Sequence[in
             f.writelines(json.dumps(r) + "\n" for r in records)
     jobs = pending_jobs(records, runnable, seeds, k, max_reruns)
     run_jobs(workers, policy, jobs, runnable, seeds, suite.catalog.domains(), results_path, max_reruns, progress,
-             groups_per_call, on_group)
+             groups_per_call, on_group, temperature)
     records = [r for r in read_results(results_path) if r["task"] in set(runnable) and r["seed"] in set(seeds)]
     summary = {"title": title or f"{getattr(policy, 'name', 'policy')} on {suite.name}", "suite": suite.name,
                "seeds": seeds, **tables(records, k, confidence), "skipped": skipped}

@@ -80,6 +80,27 @@ def success_gain(first: Mapping[str, Any], second: Mapping[str, Any], confidence
     return gain
 
 
+def task_result(result: Mapping[str, Any], task: str) -> dict[str, Any]:
+    """One task's part of an evaluation's metrics (`summary_metrics`): its successes, episodes
+    and outcomes, read off the per-episode outcomes ("task/seed/sample" keys)."""
+    outcomes = {key: value for key, value in result["outcomes"].items() if key.rsplit("/", 2)[0] == task}
+    return {"successes": float(sum(outcomes.values())), "episodes": float(len(outcomes)), "outcomes": outcomes}
+
+
+def per_task_gains(first: Mapping[str, Any], second: Mapping[str, Any], tasks: Sequence[str], confidence: float,
+                   paired: bool) -> dict[str, dict[str, float]]:
+    """`success_gain` of each task in `tasks` that both evaluations scored, with its
+    before and after rates ("before", "after")."""
+    gains = {}
+    for task in tasks:
+        a, b = task_result(first, task), task_result(second, task)
+        if a["episodes"] and b["episodes"]:
+            gains[task] = {"before": a["successes"] / a["episodes"], "after": b["successes"] / b["episodes"],
+                           "successes_before": a["successes"], "successes_after": b["successes"],
+                           "episodes": b["episodes"], **success_gain(a, b, confidence, paired)}
+    return gains
+
+
 COMPUTER_ACTIONS = typing.get_args(A.Action)
 TRACE_FORMAT = 2  # trace.json layout: per-turn tokens, logprobs, points; per-episode advantage, staleness
 
@@ -259,14 +280,16 @@ def save_training_traces(directory: str, batch: Any, score_items: Callable[[Sequ
 
 
 def evaluate_held_out(workers: Sequence[Any], tasks: Sequence[str], config: Any, catalog: Any, out: str,
-                      traces: str, tokenizer: Any = None, version: int | None = None) -> dict[str, Any]:
+                      traces: str, tokenizer: Any = None, version: int | None = None,
+                      temperature: float | None = None) -> dict[str, Any]:
     """One held-out evaluation of a run through the evaluation harness: config.eval.num_seeds
     seeds from config.env.eval_seed_start of each task in `tasks` (SourceTasks of `catalog`),
     config.eval.group_size samples each, config.eval.concurrent_groups groups per worker call
     over `workers`, quarantined samples re-run up to config.eval.max_reruns times; the harness
     files and tables go to `out` (a killed evaluation resumes there). Returns `summary_metrics`;
     config.eval.num_traces traces spread over the tasks go to `traces` (`save_traces`: with
-    `tokenizer`, the replies' tokens; with `version`, the policy's current version)."""
+    `tokenizer`, the replies' tokens; with `version`, the policy's current version).
+    `temperature` replaces config.eval.temperature (the same seeds and per-turn sampling seeds)."""
     from cua_jax.eval.harness import evaluate
     from cua_jax.eval.suites import Suite
     from cua_jax.tasks.sources import TaskCatalog
@@ -281,7 +304,8 @@ def evaluate_held_out(workers: Sequence[Any], tasks: Sequence[str], config: Any,
 
     summary = evaluate(workers, RunPolicy(), suite, suite.seeds(e.num_seeds), e.group_size, out,
                        max_reruns=e.max_reruns, confidence=e.confidence, progress=False,
-                       groups_per_call=e.concurrent_groups, on_group=keep, title="held-out evaluation")
+                       groups_per_call=e.concurrent_groups, on_group=keep, temperature=temperature,
+                       title="held-out evaluation" + ("" if temperature is None else f" at temperature {temperature:g}"))
     episodes = [first_episode[t] for t in tasks if t in first_episode]
     stride = max(1, len(episodes) // max(e.num_traces, 1))
     save_traces(traces, episodes[::stride][: e.num_traces], tokenizer, version=version)

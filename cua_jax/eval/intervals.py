@@ -1,9 +1,11 @@
 """Interval statistics of held-out success rates: Wilson's interval of one rate, Newcombe's
-square-and-add interval of a difference, for independent samples and paired by seed."""
+square-and-add interval of a difference, for independent samples and paired by seed; and the
+least-squares slope of a training curve with its Student-t interval."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
     """The Wilson score interval of a binomial success rate.
@@ -86,3 +88,33 @@ def paired_difference_interval(both: int, first_only: int, second_only: int, nei
     low = difference - half_width(p_second - low_second, high_first - p_first)
     high = difference + half_width(high_second - p_second, p_first - low_first)
     return difference, max(-1.0, low), min(1.0, high)
+
+
+def slope_interval(x: Sequence[float], y: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """The ordinary least-squares slope of y on x with its Student-t interval (n - 2 degrees
+    of freedom): a training curve's trend, e.g. success per update against the update index.
+
+    Args: x, y of equal length n >= 2, x not all equal; confidence in (0, 1).
+    Returns (slope, low, high); with n = 2 the interval is (-inf, inf) (no residual left to
+    estimate the noise), and it has zero width when the points lie on a line.
+    """
+    if len(x) != len(y):
+        raise ValueError(f"slope_interval: x and y differ in length ({len(x)} vs {len(y)})")
+    if len(x) < 2:
+        raise ValueError(f"slope_interval: need at least 2 points, got {len(x)}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"slope_interval: confidence must be in (0, 1), got {confidence}")
+    n = len(x)
+    mean_x, mean_y = math.fsum(x) / n, math.fsum(y) / n
+    sxx = math.fsum((xi - mean_x) ** 2 for xi in x)
+    if sxx == 0:
+        raise ValueError("slope_interval: x takes a single value, so no slope is defined")
+    slope = math.fsum((xi - mean_x) * (yi - mean_y) for xi, yi in zip(x, y)) / sxx
+    if n == 2:
+        return slope, -math.inf, math.inf
+    intercept = mean_y - slope * mean_x
+    residual = math.fsum((yi - intercept - slope * xi) ** 2 for xi, yi in zip(x, y))
+    from scipy.stats import t as student_t
+
+    half = float(student_t.ppf(0.5 + confidence / 2, n - 2)) * math.sqrt(residual / (n - 2) / sxx)
+    return slope, slope - half, slope + half

@@ -167,6 +167,7 @@ class RolloutWorker:
         self.engine = CanonicalOrderEngine(engine) if config.canonical_order else engine
         self.train_loop = AgentLoop(self.engine, self.segmenter, config.agent)
         self.eval_loop = AgentLoop(self.engine, self.segmenter, config.eval_agent or config.agent)
+        self._eval_loops: dict[float, AgentLoop] = {}  # the evaluation loop at other temperatures
         kinds = {"miniwob"} if config.catalog is None else config.catalog.kinds
         if "desktop" in kinds and config.desktop_pool is None:
             raise ValueError("the task catalog holds desktop tasks, but the worker has no desktop_pool config")
@@ -264,14 +265,29 @@ class RolloutWorker:
 
             return list(asyncio.run(run_all()))
 
-    def run_groups(self, requests: Sequence[GroupRequest], n: int, evaluation: bool = False) -> list[list[Rollout]]:
+    def run_groups(self, requests: Sequence[GroupRequest], n: int, evaluation: bool = False,
+                   temperature: float | None = None) -> list[list[Rollout]]:
         """Groups of n episodes, one per (task, seed, group_id) request, all concurrently on one
-        event loop, with the evaluation agent loop when `evaluation`. Returns each group's
-        rollouts (in environment order), in request order."""
+        event loop, with the evaluation agent loop when `evaluation`. `temperature` (evaluation
+        only) samples at that temperature instead of the evaluation agent's own, all else equal
+        (0: greedy). Returns each group's rollouts (in environment order), in request order."""
         for request in requests:
             if len(request) != 3:
                 raise ValueError(f"a group request is (task, seed, group_id), got {request!r}")
-        return self._run(self.eval_loop if evaluation else self.train_loop, list(requests), n)
+        if temperature is not None and not evaluation:
+            raise ValueError("run_groups: a temperature override is for evaluation groups only")
+        loop = self.eval_loop if evaluation else self.train_loop
+        if temperature is not None and float(temperature) != loop.config.temperature:
+            loop = self._eval_loop_at(float(temperature))
+        return self._run(loop, list(requests), n)
+
+    def _eval_loop_at(self, temperature: float) -> AgentLoop:
+        """The evaluation agent loop at another sampling temperature (made once, then kept)."""
+        loop = self._eval_loops.get(temperature)
+        if loop is None:
+            config = dataclasses.replace(self.eval_loop.config, temperature=temperature)
+            loop = self._eval_loops[temperature] = AgentLoop(self.engine, self.segmenter, config)
+        return loop
 
     def run_group(self, task: str, n: int, *, seed: int | None = None, group_id: int = 0) -> list[Rollout]:
         """n concurrent training episodes of `task` (one seed for the whole group)."""
@@ -407,10 +423,11 @@ class RemoteRolloutWorker:
         """Starts one actor and waits until it has built its engine and browser."""
         return start_remote_workers([(engine_factory, config)], env_wrapper, num_cpus=num_cpus, env_vars=env_vars)[0]
 
-    def run_groups(self, requests: Sequence[GroupRequest], n: int, evaluation: bool = False) -> list[list[Rollout]]:
+    def run_groups(self, requests: Sequence[GroupRequest], n: int, evaluation: bool = False,
+                   temperature: float | None = None) -> list[list[Rollout]]:
         import ray
 
-        return ray.get(self.actor.run_groups.remote(list(requests), n, evaluation))
+        return ray.get(self.actor.run_groups.remote(list(requests), n, evaluation, temperature))
 
     def run_group(self, task: str, n: int, *, seed: int | None = None, group_id: int = 0) -> list[Rollout]:
         import ray

@@ -304,6 +304,9 @@ class TrainSettings:
             _require(c.eval[name] >= 1, f"eval.{name}", f"must be >= 1, got {c.eval[name]}")
         for name in ("every_steps", "max_reruns"):
             _require(c.eval[name] >= 0, f"eval.{name}", f"must be >= 0, got {c.eval[name]}")
+        _require(c.eval.low_temperature < 0 or c.eval.low_temperature < c.eval.temperature, "eval.low_temperature",
+                 f"must be below eval.temperature ({c.eval.temperature}) to run, or < 0 (off); "
+                 f"got {c.eval.low_temperature}")
         _require(c.eval.rope_scaling == 0 or c.eval.rope_scaling > 1, "eval.rope_scaling",
                  f"must be 0 (off) or a YaRN factor > 1, got {c.eval.rope_scaling}")
         if c.eval.rope_scaling:

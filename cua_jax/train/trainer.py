@@ -50,11 +50,12 @@ import numpy as np
 from cua_jax.compilation import use_compilation_cache
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import make_segmenter
-from cua_jax.eval.held_out import evaluate_held_out, save_training_traces, success_gain
+from cua_jax.eval.held_out import evaluate_held_out, per_task_gains, save_training_traces, success_gain
 from cua_jax.eval.pilot import apply_pilot_file, seed_pool
 from cua_jax.models.sharding import make_mesh
 from cua_jax.observe import timeline
-from cua_jax.observe.metrics import TIMING_PREFIX, MetricWriter, drop_records_from
+from cua_jax.eval.intervals import slope_interval
+from cua_jax.observe.metrics import TIMING_PREFIX, MetricWriter, drop_records_from, read_metrics
 from cua_jax.observe.plots import plot_learning_curve
 from cua_jax.observe.progress import StepProgress
 from cua_jax.rollout.agent_loop import reserved_token_ids
@@ -78,6 +79,11 @@ from cua_jax.train.collect import GroupCollector
 from cua_jax.train.groups import CollectedGroup, PreparedBatch, mean_metrics, prepare_batch
 from cua_jax.train.learner import Learner
 from cua_jax.train.settings import TrainSettings
+
+# The evaluations at eval.low_temperature (beside the headline ones at eval.temperature) and
+# their gain, as keys of Trainer.evaluations and of the run's summary.
+LOW_TEMPERATURE_BEFORE, LOW_TEMPERATURE_AFTER = "before_low_temperature", "after_low_temperature"
+LOW_TEMPERATURE_GAIN = "gain_low_temperature"
 
 
 # ---------------------------------------------------------------------------------------
@@ -291,27 +297,36 @@ class Trainer:
 
     # -- evaluation -----------------------------------------------------------------------
 
-    def evaluate(self, label: str) -> dict[str, float]:
+    def evaluate(self, label: str, temperature: float | None = None) -> dict[str, float]:
         """Held-out success of the current policy through the evaluation harness, over every
         worker (`cua_jax.eval.held_out.evaluate_held_out`; its files under evals/<label>_<step>),
-        logged, kept in evaluations[label], with a few traces spread over the tasks."""
+        logged, kept in evaluations[label], with a few traces spread over the tasks.
+        `temperature` replaces eval.temperature (the same seeds and sampling seeds)."""
         folder = f"{label}_{self.step:06d}"
         result = evaluate_held_out(self.workers, self.eval_tasks, self.config, self.settings.catalog,
                                    os.path.join(self.workdir, "evals", folder),
-                                   os.path.join(self.workdir, "traces", label), self.tokenizer, self.version)
+                                   os.path.join(self.workdir, "traces", label), self.tokenizer, self.version,
+                                   temperature=temperature)
         self._log(self.step, {f"eval_{label}/{k}": v for k, v in result.items() if k != "outcomes"})
         self.evaluations[label] = result
         return result
 
-    def compare_evaluations(self, first: str = "before", second: str = "after") -> dict[str, float] | None:
+    def compare_evaluations(self, first: str = "before", second: str = "after",
+                            name: str = "gain") -> dict[str, Any] | None:
         """The gain in held-out success from evaluation `first` to `second` (`success_gain`;
         paired by seed when each seed ran one episode: larger groups share a seed's
-        difficulty), stored as evaluations["gain"] and logged."""
+        difficulty), with each task's under "per_task" (`per_task_gains`), stored as
+        evaluations[name] and logged under eval_<name>/."""
         if first not in self.evaluations or second not in self.evaluations:
             return None
-        gain = self.evaluations["gain"] = success_gain(self.evaluations[first], self.evaluations[second],
-                                                       self.config.eval.confidence, paired=self.config.eval.group_size == 1)
-        self._log(self.step, {f"eval_gain/{k}": v for k, v in gain.items()})
+        a, b = self.evaluations[first], self.evaluations[second]
+        paired, confidence = self.config.eval.group_size == 1, self.config.eval.confidence
+        gain = self.evaluations[name] = {**success_gain(a, b, confidence, paired),
+                                         "per_task": per_task_gains(a, b, self.eval_tasks, confidence, paired)}
+        metrics = {f"eval_{name}/{k}": v for k, v in gain.items() if k != "per_task"}
+        for task, task_gain in gain["per_task"].items():
+            metrics.update({f"eval_{name}/{task}/{k}": v for k, v in task_gain.items()})
+        self._log(self.step, metrics)
         return gain
 
     # -- the run --------------------------------------------------------------------------
@@ -363,8 +378,12 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         """Evaluate, train config.train.num_steps steps (checkpointing), evaluate, plot."""
         c = self.config
-        if c.eval.enabled and "before" not in self.evaluations and self.step == 0:
-            self.evaluate("before")
+        low = c.eval.low_temperature if c.eval.low_temperature >= 0 else None
+        if c.eval.enabled and self.step == 0:
+            if "before" not in self.evaluations:
+                self.evaluate("before")
+            if low is not None and LOW_TEMPERATURE_BEFORE not in self.evaluations:
+                self.evaluate(LOW_TEMPERATURE_BEFORE, temperature=low)
         asynchronous = c.train.mode == "async"
         if asynchronous and self.step < c.train.num_steps:
             self.start_rollouts()
@@ -385,13 +404,36 @@ class Trainer:
         if c.eval.enabled:
             self.evaluate("after")
             self.compare_evaluations()
+            if low is not None:
+                self.evaluate(LOW_TEMPERATURE_AFTER, temperature=low)
+                self.compare_evaluations(LOW_TEMPERATURE_BEFORE, LOW_TEMPERATURE_AFTER, LOW_TEMPERATURE_GAIN)
+        trend = self.training_trend()
+        if trend is not None:
+            self._log(self.step, {f"train_trend/{k}": v for k, v in trend.items()})
         self.writer.flush()
         curve = plot_learning_curve(self.workdir, self.config.name)
         summary = {"steps": self.step, "evaluations": self.evaluations, "curve": curve,
-                   "warm_start": self.warm_start_metrics}
+                   "warm_start": self.warm_start_metrics, "training_trend": trend}
         with open(os.path.join(self.workdir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         return summary
+
+    def training_trend(self) -> dict[str, float] | None:
+        """The least-squares slope of training success per update over this run's steps (each
+        update's batch is drawn on fresh pages), with its interval at eval.confidence
+        (`slope_interval`), and the fitted rates at the first and last update; None with fewer
+        than 3 updates."""
+        self.writer.flush()
+        points = [(r["step"], r["success/rate"]) for r in read_metrics(self.writer.jsonl_path)
+                  if "success/rate" in r and np.isfinite(r["success/rate"])]
+        if len({step for step, _ in points}) < 3:
+            return None
+        steps, rates = zip(*points)
+        slope, low, high = slope_interval(steps, rates, self.config.eval.confidence)
+        mean_step, mean_rate = float(np.mean(steps)), float(np.mean(rates))
+        return {"slope": slope, "ci_low": low, "ci_high": high, "updates": float(len(points)),
+                "fitted_first": mean_rate + slope * (min(steps) - mean_step),
+                "fitted_last": mean_rate + slope * (max(steps) - mean_step)}
 
     def close(self) -> None:
         self.stop_rollouts()

@@ -355,6 +355,9 @@ def base_config() -> ml_collections.ConfigDict:
     # keeps the model's own rope. 0: off. JAX engine, Qwen3 / Qwen3-VL only.
     c.eval.rope_scaling = 0.0
     c.eval.temperature = 1.0
+    # >= 0: the before and after evaluations also run at this lower temperature (0: greedy) on
+    # the same seeds, and their paired gain is reported after the headline's. < 0: off.
+    c.eval.low_temperature = -1.0
     c.eval.top_p = 1.0
     c.eval.top_k = 0
     # Each evaluation turn samples from its own stream, seeded by (config.seed, episode id, seed,

@@ -113,5 +113,8 @@ def get_config():
     c.eval.num_seeds = 32
     c.eval.max_turns = 2
     c.eval.concurrent_groups = 16
-    c.eval.temperature = 0.5
+    # The headline evaluation samples as training does (RL trains the sampled policy); greedy
+    # decoding is evaluated beside it on the same seeds.
+    c.eval.temperature = c.rollout.temperature
+    c.eval.low_temperature = 0.0
     return c

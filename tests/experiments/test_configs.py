@@ -172,6 +172,7 @@ def test_unknown_override_is_rejected():
     ("eval.rope_scaling", -1.0, "config.eval.rope_scaling"),
     ("eval.rope_scaling", 1.0, "config.eval.rope_scaling"),  # a YaRN factor exceeds 1 (0: off)
     ("eval.rope_scaling", 0.5, "config.eval.rope_scaling"),
+    ("eval.low_temperature", 5.0, "config.eval.low_temperature"),  # above eval.temperature: not low
 ])
 def test_a_malformed_field_is_named(field, value, named):
     config = canopy.get_config()

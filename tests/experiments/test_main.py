@@ -34,22 +34,37 @@ def test_an_unknown_job_is_named(tmp_path):
 @pytest.mark.slow
 def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
     """The README's main job, shrunk by overrides only: the shipped base loaded, evaluation
-    before, two RL steps with an evaluation between them, evaluation after with the gain's
-    interval, and every artefact in the workdir."""
+    before (at the training temperature and greedy), three RL steps with an evaluation between
+    them, evaluation after with the gains' intervals (overall, greedy, per task), the training
+    trend's slope, and every artefact in the workdir."""
     workdir = tmp_path / "run"
     overrides = [
         "--config.env.tasks=('click-button',)", "--config.env.task_tiers=(0,)", "--config.rollout.group_size=2",
         "--config.rollout.batch_tasks=1", "--config.rollout.max_turns=1", "--config.eval.num_seeds=2",
-        "--config.eval.max_turns=1", "--config.train.num_steps=2", "--config.eval.every_steps=1",
+        "--config.eval.max_turns=1", "--config.train.num_steps=3", "--config.eval.every_steps=2",
         "--config.train.progress_bar=False",
     ]
     result = run_main("--config=experiments/configs/default.py", *overrides, workdir=workdir)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "held-out success before:" in result.stdout and "held-out success after:" in result.stdout
-    assert "held-out success after - before:" in result.stdout and "Newcombe 95%" in result.stdout
+    out = result.stdout
+    assert "held-out success before:" in out and "held-out success after:" in out
+    assert "held-out success after - before:" in out and "Newcombe 95%" in out
+    # The headline at the training temperature, then greedy decoding on the same seeds, then
+    # per task, then the training trend.
+    assert "held-out evaluation at temperature 1 (training samples at 1):" in out
+    assert "held-out success before, temperature 0:" in out and "held-out success after, temperature 0:" in out
+    assert out.index("paired by seed (2 seeds,") < out.index("paired by seed, temperature 0 (2 seeds,")
+    assert out.index("paired by seed, temperature 0") < out.index("  click-button: ")
+    assert "training success per update (fresh pages each update), least-squares slope over 3 updates:" in out
     summary = json.loads((workdir / "summary.json").read_text())
-    assert summary["steps"] == 2 and not summary["warm_start"]  # the base needs none
-    assert summary["evaluations"]["step_1"]["episodes"] + summary["evaluations"]["step_1"]["given_up"] == 2
+    assert summary["steps"] == 3 and not summary["warm_start"]  # the base needs none
+    assert summary["evaluations"]["step_2"]["episodes"] + summary["evaluations"]["step_2"]["given_up"] == 2
+    greedy = summary["evaluations"]["gain_low_temperature"]
+    assert greedy["paired_episodes"] + summary["evaluations"]["after_low_temperature"]["given_up"] == 2
+    task_gain = summary["evaluations"]["gain"]["per_task"]["click-button"]
+    assert task_gain["paired_difference"] == pytest.approx(summary["evaluations"]["gain"]["paired_difference"])
+    trend = summary["training_trend"]
+    assert trend["updates"] == 3 and trend["ci_low"] <= trend["slope"] <= trend["ci_high"]
     gain = summary["evaluations"]["gain"]
     assert gain["ci_low"] <= gain["difference"] <= gain["ci_high"]
     # One episode per held-out seed: the gain is also paired by seed, over the same episodes.
@@ -62,7 +77,8 @@ def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
     # The evaluations ran through the evaluation harness: its results file and tables.
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert any("groups/tier_0/informative_fraction" in r for r in records)  # live coverage per tier
-    for path in ("evals/before_000000/results.jsonl", "evals/step_1_000001/results.md", "evals/after_000002/results.md",
+    for path in ("evals/before_000000/results.jsonl", "evals/step_2_000002/results.md", "evals/after_000003/results.md",
+                 "evals/before_low_temperature_000000/results.md", "evals/after_low_temperature_000003/results.md",
                  "metrics.jsonl", "learning_curve.png", "traces/before/00/trace.json",
                  "traces/after/00/trace.json", "checkpoints"):
         assert (workdir / path).exists(), path

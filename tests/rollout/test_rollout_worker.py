@@ -112,6 +112,14 @@ def test_groups_share_batched_engine_calls_and_sampling_state_replays_them(jax_w
             assert episode.num_turns == 1 and episode.status is EpisodeStatus.NO_VERDICT
             np.testing.assert_array_equal(_trained_ids(rollout), episode.turns[0].response_ids)
 
+    # An evaluation at temperature 0 (eval.low_temperature) decodes greedily: a group's
+    # episodes see one prompt, so they give one reply, where sampling gave two.
+    greedy = jax_worker.run_groups(requests[:1], 2, evaluation=True, temperature=0.0)[0]
+    assert len(_responses([greedy])[0]) == 2 and len(set(_responses([greedy])[0])) == 1
+    assert len(set(_responses(first[:1])[0])) == 2
+    with pytest.raises(ValueError, match="evaluation groups only"):
+        jax_worker.run_groups(requests, 2, temperature=0.0)
+    jax_worker.load_sampling_state({"calls": start["calls"] + 1})
     fresh = jax_worker.run_groups(requests, 2)  # the next call of the stream: other samples
     jax_worker.load_sampling_state(start)
     replayed = jax_worker.run_groups(requests, 2)

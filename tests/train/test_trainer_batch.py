@@ -1,4 +1,4 @@
-"""The trainer's pure pieces: Wilson intervals, quarantine + advantages + the mini-batch plan."""
+"""The trainer's pure pieces: Wilson intervals, the trend slope, quarantine + advantages + the mini-batch plan."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cua_jax.rollout.agent_loop import Rollout
-from cua_jax.eval.intervals import difference_interval, paired_difference_interval, wilson_interval
+from cua_jax.eval.intervals import difference_interval, paired_difference_interval, slope_interval, wilson_interval
 from cua_jax.train.groups import draw_group_seeds, group_from_rollouts, prepare_batch, quarantine_kind
 from cua_jax.train.settings import TrainSettings
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
@@ -118,6 +118,45 @@ def test_paired_difference_interval_edges():
     assert paired_difference_interval(10, 0, 0, 0)[0] == 0.0
     with pytest.raises(ValueError, match="non-negative"):
         paired_difference_interval(1, -1, 0, 0)
+
+
+def slope_reference(x, y, confidence):
+    """OLS in numpy matrix form: beta = (X'X)^-1 X'y, Var(beta) = s^2 (X'X)^-1, t quantile."""
+    from scipy.stats import t as student_t
+
+    design = np.stack([np.ones(len(x)), np.asarray(x, np.float64)], axis=1)
+    beta, *_ = np.linalg.lstsq(design, np.asarray(y, np.float64), rcond=None)
+    residual = np.asarray(y) - design @ beta
+    s2 = residual @ residual / (len(x) - 2)
+    se = np.sqrt(s2 * np.linalg.inv(design.T @ design)[1, 1])
+    half = student_t.ppf(0.5 + confidence / 2, len(x) - 2) * se
+    return beta[1], beta[1] - half, beta[1] + half
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(3, 80).flatmap(lambda n: st.lists(st.floats(0, 1), min_size=n, max_size=n)),
+       st.floats(-0.05, 0.05), st.sampled_from([0.8, 0.95]))
+def test_slope_interval_matches_the_matrix_reference_and_holds_the_slope(values, trend, confidence):
+    x = list(range(len(values)))
+    y = [v + trend * i for i, v in enumerate(values)]
+    slope, low, high = slope_interval(x, y, confidence)
+    ref = slope_reference(x, y, confidence)
+    assert (slope, low, high) == pytest.approx(ref, abs=1e-9)
+    assert low <= slope <= high
+    # Shifting y by a constant moves nothing; scaling y scales the slope and its interval.
+    assert slope_interval(x, [v + 3.0 for v in y], confidence) == pytest.approx((slope, low, high), abs=1e-9)
+    scaled = slope_interval(x, [2 * v for v in y], confidence)
+    assert scaled == pytest.approx((2 * slope, 2 * low, 2 * high), abs=1e-9)
+
+
+def test_slope_interval_edges():
+    assert slope_interval([0, 1, 2, 3], [1.0, 1.5, 2.0, 2.5]) == pytest.approx((0.5, 0.5, 0.5))  # on a line
+    slope, low, high = slope_interval([0, 1], [0.0, 1.0])
+    assert slope == 1.0 and (low, high) == (-math.inf, math.inf)
+    with pytest.raises(ValueError, match="single value"):
+        slope_interval([2, 2, 2], [0.0, 1.0, 0.5])
+    with pytest.raises(ValueError, match="at least 2"):
+        slope_interval([0], [1.0])
 
 
 def test_group_seeds_come_from_the_fixed_pages_when_given():

@@ -25,6 +25,7 @@ from cua_jax.rollout.engine import Generation, GenerationRequest, RolloutEngine,
 from cua_jax.train.batching import make_minibatches, process_images
 from cua_jax.train.trainer import Trainer
 from cua_jax.train.warm_start import OracleDemonstrator
+from experiments.configs import default
 from tests.train.test_trainer import tiny_config
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -61,12 +62,26 @@ class OracleForFirstOfEachPrompt(RolloutEngine):
         return self.engine.health()
 
 
-def test_a_successful_episode_per_group_raises_its_reply_logprob(tmp_path):
+def adopt_learning_settings(config, recipe) -> None:
+    """The recipe's loss, advantage and sampler sections and its learner's objective settings
+    in `config` (sizes, tasks and the learning rate stay the test's)."""
+    for section in ("loss", "advantage", "sampler"):
+        config[section] = recipe[section].copy_and_resolve_references()
+    for field in ("old_logprobs", "num_minibatches", "freeze_vision"):
+        config.learner[field] = recipe.learner[field]
+
+
+@pytest.mark.parametrize("recipe", ["tiny", "default"])
+def test_a_successful_episode_per_group_raises_its_reply_logprob(tmp_path, recipe):
+    """Under tiny.py's settings and under the main job's (default.py's loss, advantage and
+    sampler settings: the update the main job makes)."""
     config = tiny_config(
         tmp_path, env__include_dom_text=True, env__action_space="elements", rollout__group_size=4,
         rollout__batch_tasks=1, rollout__max_new_tokens=48, rollout__prompt_style="compact",
         optimizer__learning_rate=1e-3,
     )
+    if recipe == "default":
+        adopt_learning_settings(config, default.get_config())
     config.env.tasks = (TASK,)
     config.env.task_tiers = (0,)
     config.loss.entropy_coef = 0.0  # only the verdicts move the policy
@@ -105,7 +120,9 @@ def test_a_successful_episode_per_group_raises_its_reply_logprob(tmp_path):
     # learner (the oracle's reply, logprob 0 from the engine, does not), and the viewer reads them.
     traces = [json.load(open(tmp_path / "traces" / "train_000000" / k / "trace.json")) for k in ("00", "01")]
     assert traces[0]["status"] == "success" and traces[1]["status"] != "success"
-    assert traces[0]["advantage"] > 0 > traces[1]["advantage"]
+    assert traces[0]["advantage"] > 0
+    # A failure is pushed down unless negative advantages are scaled to 0 (reward-weighted filtering).
+    assert traces[1]["advantage"] < 0 if config.advantage.negative_scale > 0 else traces[1]["advantage"] == 0
     sampled = traces[1]["turns"][0]
     gap = np.abs(np.asarray(sampled["learner_logprobs"]) - np.asarray(sampled["rollout_logprobs"]))
     assert len(sampled["tokens"]) == len(sampled["rollout_logprobs"]) and gap.max() < 1e-3, gap.max()
