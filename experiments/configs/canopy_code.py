@@ -8,7 +8,8 @@ package of its six, chosen for their short issue reports. Each episode runs in a
 `--network none` container of the code image (a shell and a file editor as the tools, the
 system prompt `code_env.SYSTEM_PROMPT`), ends on `submit` or at the turn budget, and is
 rewarded 1 when every test the bug broke passes again and nothing else fails. A memory hog,
-a fork bomb or a filled work tree quarantines its episode before advantages. Each rollout
+a fork bomb or a filled work tree is the agent's own fault (advantage.agent_faults): a failure
+scored 0 that stays in its group and is counted (agent_fault/<kind>), not a quarantine. Each rollout
 environment keeps one container and resets it to a clean tree per episode
 (env.code.reset_mode = "pooled", 4.4x the episodes/s of a fresh container:
 experiments/benchmarks/code_env.py).

@@ -3,11 +3,14 @@ canopy_code recipe (the first one checked in detail), shrunk to two tasks of the
 groups of 2 and 2 turns, on real code containers.
 
 The engine plays one episode of each group with the task's oracle fix (a str_replace, then
-submit: the repository's tests judge it inside its container). The other episode of one task
-submits at once, without a patch (CANOPY's terminal constant, -0.2 in the recipe); the other
-task's is left to the tiny random policy, whose replies are no tool calls (the turn budget
-runs out: no verdict). So each group holds a success and a non-success and the update has a
-signal. The agent loop asked the code environment for its system prompt and its parser.
+submit: the repository's tests judge it inside its container). In the first update the other
+episode of one task submits at once, without a patch (CANOPY's terminal constant, -0.2 in the
+recipe); the other task's fills its work tree (a resource fault the agent owns under
+advantage.agent_faults: a failure that stays in its group and is counted, not a quarantine).
+In the second update both are left to the tiny random policy, whose replies are no tool calls
+(the turn budget runs out: no verdict). So each group holds a success and a non-success and
+every update has a signal. The agent loop asked the code environment for its system prompt and
+its parser.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import numpy as np
 import pytest
 
 from cua_jax.envs import actions as A
-from cua_jax.envs.code_env import SYSTEM_PROMPT, CodeEnvironment, Edit, Submit, render_code_action
+from cua_jax.envs.code_env import SYSTEM_PROMPT, Bash, CodeEnvironment, Edit, Submit, render_code_action
 from cua_jax.envs.contract import AgentEnvironment, EnvironmentWrapper
 from cua_jax.rollout.engine import FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.tasks.code_suite import oracle_actions
@@ -32,6 +35,8 @@ from tests.experiments.test_configs import _flatten
 
 TASKS = ("code-six-012", "code-inflection-006")
 NO_PATCH_TASKS = frozenset({"code-six-012"})  # its non-oracle episode submits at once
+FILL_TASKS = frozenset({"code-inflection-006"})  # its non-oracle episode fills the work tree
+FILL_COMMAND = "dd if=/dev/zero of=big bs=1M count=200"  # past the 64 MB tmpfs cap
 
 
 class OracleForOneEpisode(RolloutEngine):
@@ -40,10 +45,11 @@ class OracleForOneEpisode(RolloutEngine):
     `policy`. Tasks are told apart by their instruction in the prompt."""
 
     def __init__(self, policy: RolloutEngine, tokenizer, end_of_turn_id: int, scripts: dict[str, tuple[str, list[str]]],
-                 submit_at_once: frozenset[str] = frozenset()):
+                 submit_at_once: frozenset[str] = frozenset(), fill_at_once: frozenset[str] = frozenset()):
         self.policy, self.tokenizer, self.end_of_turn_id = policy, tokenizer, int(end_of_turn_id)
         self.scripts = scripts  # task id -> (instruction, replies)
         self.submit_at_once = submit_at_once  # tasks whose other episode submits without a patch
+        self.fill_at_once = fill_at_once  # tasks whose other episode fills its work tree
 
     def _script_reply(self, text: str, taken: set) -> str | None:
         task_id = next((t for t, (instruction, _) in self.scripts.items() if instruction in text), None)
@@ -54,6 +60,8 @@ class OracleForOneEpisode(RolloutEngine):
         if len(replies) >= len(script) or any(r != s.strip() for r, s in zip(replies, script)):
             return None
         if (task_id, len(replies)) in taken:  # the group's other episode
+            if task_id in self.fill_at_once and not replies:
+                return render_code_action(Bash(FILL_COMMAND, timeout=60))
             return render_code_action(Submit()) if task_id in self.submit_at_once and not replies else None
         taken.add((task_id, len(replies)))
         return script[len(replies)]
@@ -96,6 +104,13 @@ def code_config(workdir, **overrides):
     return c
 
 
+def _by_task(batch) -> dict[str, list]:
+    by_task: dict[str, list] = {}
+    for episode in batch.episodes.values():
+        by_task.setdefault(episode.task_id, []).append(episode)
+    return by_task
+
+
 @pytest.fixture(scope="module")
 def code_step(tmp_path_factory):
     settings = TrainSettings.from_config(code_config(tmp_path_factory.mktemp("check")))
@@ -111,12 +126,23 @@ def code_step(tmp_path_factory):
                          eval__max_turns=2, train__trace_every=1)
     with Trainer(config) as trainer:
         worker = trainer.workers[0]
-        worker.train_loop.engine = OracleForOneEpisode(worker.train_loop.engine, trainer.tokenizer,
-                                                       trainer.renderer.end_of_turn_id, scripts, NO_PATCH_TASKS)
+        policy = worker.train_loop.engine
+        worker.train_loop.engine = OracleForOneEpisode(policy, trainer.tokenizer, trainer.renderer.end_of_turn_id,
+                                                       scripts, NO_PATCH_TASKS, FILL_TASKS)
         metrics = trainer.train_step()
         first_batch = trainer.last_batch
-        second = trainer.train_step()  # the recipe runs on: a second update on fresh episodes
+        # The recipe runs on: a second update on fresh episodes, the non-oracle ones the policy's.
+        worker.train_loop.engine = OracleForOneEpisode(policy, trainer.tokenizer, trainer.renderer.end_of_turn_id,
+                                                       scripts)
+        second = trainer.train_step()
         assert math.isfinite(second["learner/loss"]) and second["policy/version"] == 2
+        for episodes in _by_task(trainer.last_batch).values():
+            oracle, other = sorted(episodes, key=lambda e: e.status is not EpisodeStatus.SUCCESS)
+            assert oracle.status is EpisodeStatus.SUCCESS
+            # The random policy's replies are no tool calls: invalid actions fed back, no verdict.
+            assert other.status is EpisodeStatus.NO_VERDICT and other.info["budget"] == "turns"
+            assert other.reward == trainer.config.advantage.no_verdict_reward
+            assert len(other.turns) == 2 and other.turns[1].observation_text.startswith("Invalid action:")
         trainer.last_batch = first_batch
         trainer.evaluate("after")  # the held-out evaluation (the harness) on code containers
         containers = [env.container.id for env in worker.envs["code"] if env.container is not None]
@@ -135,15 +161,15 @@ def test_the_canopy_code_recipe_steps_on_code_containers(code_step):
     assert metrics["learner/ratio_min"] == metrics["learner/ratio_max"] == 1.0  # strictly on-policy
     assert metrics["learner/grad_norm"] > 0 and metrics["quarantine/total"] == 0
     assert metrics["episodes/trained"] == 4 and metrics["policy/version"] == 1
+    # The filled work tree: the agent's fault, counted, its episode kept in its group.
+    assert metrics["agent_fault/work_tree_full"] == metrics["agent_fault/total"] == 1.0
     # Only the judged episodes (the oracle's) count; the fix touched nothing but a source file.
     assert metrics["episode/changes_outside_sources"] == metrics["episode/changed_outside_sources_fraction"] == 0.0
     assert len(containers) == 4  # one pooled container per environment of the two groups (reused by step 2)
     for task_id, domain in (("code-six-012", "six"), ("code-inflection-006", "inflection")):
         assert metrics[f"domain/{domain}/episodes"] == 2 and metrics[f"domain/{domain}/success_rate"] == 0.5
-    by_task: dict[str, list] = {}
-    for episode in trainer.last_batch.episodes.values():
-        assert episode.system_prompt == SYSTEM_PROMPT
-        by_task.setdefault(episode.task_id, []).append(episode)
+    by_task = _by_task(trainer.last_batch)
+    assert all(episode.system_prompt == SYSTEM_PROMPT for episodes in by_task.values() for episode in episodes)
     assert sorted(by_task) == sorted(TASKS)
     for task_id, episodes in by_task.items():
         oracle, policy = sorted(episodes, key=lambda e: e.status is not EpisodeStatus.SUCCESS)
@@ -159,10 +185,10 @@ def test_the_canopy_code_recipe_steps_on_code_containers(code_step):
             assert policy.status is EpisodeStatus.FAILURE and policy.reward == -0.2 == trainer.config.advantage.no_patch_reward
             assert policy.info["end_reason"].startswith("no patch") and len(policy.turns) == 1
             continue
-        # The random policy's replies are no tool calls: invalid actions fed back, no verdict.
-        assert policy.status is EpisodeStatus.NO_VERDICT and policy.info["budget"] == "turns"
-        assert policy.reward == trainer.config.advantage.no_verdict_reward
-        assert len(policy.turns) == 2 and policy.turns[1].observation_text.startswith("Invalid action:")
+        # The work tree filled by the agent's own command: a failure scored 0 that stays in its group.
+        assert task_id in FILL_TASKS and policy.status is EpisodeStatus.FAILURE and policy.reward == 0.0
+        assert policy.info["end_reason"].startswith("work tree full") and len(policy.turns) == 1
+        assert policy.turns[0].action == Bash(FILL_COMMAND, timeout=60)
     # The held-out evaluation ran both tasks through the harness; traces record code tool calls.
     after = trainer.evaluations["after"]
     assert after["episodes"] + after["given_up"] == 2 and 0.0 <= after["success_rate"] <= 1.0
