@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -136,7 +137,12 @@ def apply_pilot_file(config: Any) -> tuple[Any, dict[str, Any] | None]:
         raise ConfigError(f"config.sampler.pilot_file: {path}: no tier succeeded in the pilot, so it gives no "
                           "group size")
     config = config.copy_and_resolve_references()
-    config.rollout.group_size = int(report["group_size_floor"])
+    floor = int(report["group_size_floor"])
+    if floor != config.rollout.group_size:
+        # Applied visibly: logged here, and the run's saved config holds the pilot's value.
+        logging.info("rollout.group_size = %d from the pilot file %s (its floor at P_sig >= %g), replacing %d",
+                     floor, path, report["target"], config.rollout.group_size)
+    config.rollout.group_size = floor
     return config, report
 
 

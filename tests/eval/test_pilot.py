@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -80,6 +81,20 @@ def test_pilot_file_errors_name_the_field(tmp_path):
     c.sampler.pilot_file = write_pilot_file(tmp_path, unreached)
     with pytest.raises(ConfigError, match="no tier succeeded"):
         apply_pilot_file(c)
+
+
+def test_a_pilot_files_group_size_is_logged_and_kept_in_the_config(tmp_path, caplog):
+    from experiments.configs import tiny
+
+    c = tiny.get_config()
+    report = pilot_report(records({"a": [1, 0, 0, 0]}), {"a": 0}, 4, 0.9, 4)
+    c.sampler.pilot_file = write_pilot_file(tmp_path, report)
+    with caplog.at_level(logging.INFO):
+        applied, read = apply_pilot_file(c)
+    floor = report["group_size_floor"]
+    assert applied.rollout.group_size == floor != c.rollout.group_size and read == report
+    assert f"rollout.group_size = {floor} from the pilot file" in caplog.text
+    assert f"replacing {c.rollout.group_size}" in caplog.text
 
 
 @pytest.mark.browser
