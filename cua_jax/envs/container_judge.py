@@ -10,7 +10,7 @@ bind-mounted read-only at `JUDGE_MOUNT` when the pool creates the container (the
 cannot remount it), under `/usr/bin/python3 -I -S` with a fixed PATH. The reply has the
 fields of the server's /run_python (status, output, error, returncode).
 
-What root in the container can still alter, and this does not close (README, "Reward
+What root in the container can still alter, and this does not close (docs/reliability.md, "Reward
 integrity"): the interpreter binary and the standard library in the image's writable layer,
 the system's dist-packages directories (appended after the standard library, without their
 .pth files), and the judge process itself from a process the agent left running (same uid:

@@ -213,7 +213,7 @@ class DesktopEnvironment(TaskIsGroupStart, AgentEnvironment):
     A group's shared start is the task: each container runs its setup again. The alternative,
     a `docker commit` of the prepared container and containers started from it (whose launch
     steps must run again, since a commit keeps files but no running programs), measured slower
-    (experiments/benchmarks/group_fork.py; the README's group-start row).
+    (experiments/benchmarks/group_fork.py; its row in docs/benchmarks.md).
     """
 
     def __init__(self, pool: Any, *, cache_dir: str | None = None, attribution: Attribution = Attribution()):

@@ -6,7 +6,7 @@ fooled, and by the pool's `ContainerJudge` (docker exec of a read-only runner un
 `python3 -I -S`, fixed PATH), which the episode's own verdict uses and which each must fail.
 
 What root in the container can still alter is listed in cua_jax/envs/container_judge.py and
-the README ("Reward integrity")."""
+docs/reliability.md ("Reward integrity")."""
 
 import json
 import textwrap
