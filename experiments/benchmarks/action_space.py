@@ -10,7 +10,7 @@ of `--sft_steps` on the oracle's demonstrations, held-out success ("after SFT"),
 on-policy GRPO updates, held-out success again ("after RL"). Printed side by side, with the
 ratio elements / coordinates, the paired gain of RL in each arm, and each arm's wall time.
 
-    python -m experiments.benchmarks.action_space [--sft_steps=200 --rl_steps=6 --eval_seeds=16]
+    python -m experiments.benchmarks.action_space [--sft_steps=200 --rl_steps=6 --eval_seeds=16 --eval_temperature=0.5]
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ def arm_config(action_space: str, args, workdir: str):
     c.train.checkpoint_every = max(args.rl_steps, 1)
     c.train.progress_bar = False
     c.eval.num_seeds = args.eval_seeds
+    c.eval.temperature = args.eval_temperature
+    c.eval.low_temperature = -1.0  # one evaluation temperature per arm
     return c
 
 
@@ -74,13 +76,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--demos_per_task", type=int, default=16)
     parser.add_argument("--rl_steps", type=int, default=6)
     parser.add_argument("--eval_seeds", type=int, default=16, help="held-out seeds per task")
+    parser.add_argument("--eval_temperature", type=float, default=0.5, help="held-out sampling temperature")
     parser.add_argument("--workdir", default="", help="where the two runs write (default: a temporary folder)")
     args = parser.parse_args(argv)
 
     root = args.workdir or tempfile.mkdtemp(prefix="action_space_")
     rows = {arm: run_arm(arm, args, root) for arm in ARMS}
     print(f"tasks {args.tasks}; {args.sft_steps} SFT steps on {args.demos_per_task} demonstrations per task, "
-          f"then {args.rl_steps} RL updates; held-out success over {int(rows['elements']['episodes'])} episodes per arm")
+          f"then {args.rl_steps} RL updates; held-out success over {int(rows['elements']['episodes'])} episodes per arm "
+          f"at temperature {args.eval_temperature:g}")
     print(f"{'':>22}" + "".join(f"{arm:>14}" for arm in ARMS) + f"{'ratio':>10}")
     for key in ("after_sft", "after_rl", "rl_paired_gain", "target_nll", "target_prior_nll", "seconds"):
         coordinates, elements = rows["coordinates"][key], rows["elements"][key]
