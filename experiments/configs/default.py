@@ -114,7 +114,8 @@ def get_config():
     c.eval.max_turns = 2
     c.eval.concurrent_groups = 16
     # The headline evaluation samples as training does (RL trains the sampled policy); greedy
-    # decoding is evaluated beside it on the same seeds.
+    # decoding is evaluated beside it on the same seeds. A run that overrides
+    # rollout.temperature overrides eval.temperature with it (the two are separate fields).
     c.eval.temperature = c.rollout.temperature
     c.eval.low_temperature = 0.0
     return c
