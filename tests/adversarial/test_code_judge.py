@@ -16,7 +16,7 @@ from cua_jax.envs.code_env import Bash, Edit, Submit
 from cua_jax.tasks import code_suite as S
 from cua_jax.tasks.code_tasks import load_code_task
 from cua_jax.types import EpisodeStatus
-from tests.envs.test_code_env import SUITE, env, run, task, text_of  # noqa: F401  (module-scope fixtures)
+from tests.support.code_env import SUITE, run, text_of
 
 JUNIT = "/tmp/.cua-judge.xml"  # the former judge's report, which it read back
 

@@ -14,7 +14,7 @@ from cua_jax.envs.capsules import CapsuleRuntime, SharedBrowserBackend
 from cua_jax.envs.faults import FaultKind
 from cua_jax.envs.miniwob_oracle import oracle_action
 from cua_jax.types import EpisodeStatus
-from tests.envs.test_capsules import INDEXED_DB_WRITE
+from tests.support.capsules import INDEXED_DB_WRITE
 
 pytestmark = [pytest.mark.browser]
 

@@ -24,6 +24,7 @@ from cua_jax.envs.capsules import (
 from cua_jax.envs.miniwob import EpisodeEndedError
 from cua_jax.envs.miniwob_oracle import oracle_action
 from cua_jax.types import EpisodeStatus
+from tests.support.capsules import INDEXED_DB_WRITE
 
 pytestmark = [pytest.mark.browser]
 
@@ -139,16 +140,6 @@ def test_capsules_are_isolated_under_concurrency(runtime):
         runtime.close(e)
 
 
-INDEXED_DB_WRITE = """(owner) => new Promise((done, fail) => {
-    const request = indexedDB.open('capsule-store', 1);
-    request.onupgradeneeded = () => request.result.createObjectStore('entries');
-    request.onerror = () => fail(String(request.error));
-    request.onsuccess = () => {
-        const tx = request.result.transaction('entries', 'readwrite');
-        tx.objectStore('entries').put(owner, 'owner');
-        tx.oncomplete = () => { request.result.close(); done(true); };
-    };
-})"""
 INDEXED_DB_NAMES = "async () => (await indexedDB.databases()).map((d) => d.name)"
 
 

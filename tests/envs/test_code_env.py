@@ -2,9 +2,7 @@
 fixes, resource faults that quarantine, pooled and fresh resets; action parsing and
 observation text as pure functions."""
 
-import asyncio
 import base64
-import pathlib
 
 import pytest
 
@@ -15,11 +13,8 @@ from cua_jax.envs.contract import EnvironmentFault
 from cua_jax.envs.faults import FaultKind, episode_outcome
 from cua_jax.rollout.agent_loop import AgentConfig
 from cua_jax.tasks import code_suite as S
-from cua_jax.tasks.code_tasks import load_code_task
 from cua_jax.types import EpisodeStatus
-
-SUITE = pathlib.Path(__file__).resolve().parents[2] / "cua_jax" / "tasks" / "suites" / "code"
-
+from tests.support.code_env import run, text_of
 
 # ---- pure: actions and observations -------------------------------------------------------
 
@@ -62,27 +57,6 @@ def test_binary_is_escaped_and_truncation_is_marked():
 
 
 # ---- real containers ----------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def task():
-    return load_code_task(SUITE / "code-inflection-000.json")
-
-
-@pytest.fixture(scope="module")
-def env():
-    environment = CodeEnvironment(CodeEnvConfig(default_timeout=20, output_limit=2000))
-    yield environment
-    asyncio.run(environment.close())
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-def text_of(step) -> str:
-    assert not step.done, step.outcome
-    return step.observation.text
-
 
 def test_bash_output_exit_code_truncation_binary_and_timeout(env, task):
     start = run(env.reset(task))

@@ -10,6 +10,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from cua_jax.train.settings import ConfigError, TrainSettings
+from tests.support.configs import flatten
 from experiments.configs import (base, canopy, canopy_code, default, desktop, evocua, pretrain, qwen3_vl_gpu, scalecua,
                                  text_vllm, tiny)
 
@@ -17,21 +18,11 @@ RECIPES = {"default": default, "canopy": canopy, "scalecua": scalecua, "evocua":
            "text_vllm": text_vllm, "desktop": desktop}
 
 
-def _flatten(d, prefix=""):
-    out = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
-
-
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_recipe_passes_the_checks_and_adds_no_field(name):
     config = RECIPES[name].get_config()
     TrainSettings.from_config(config)
-    assert set(_flatten(config.to_dict())) == set(_flatten(base.base_config().to_dict()))
+    assert set(flatten(config.to_dict())) == set(flatten(base.base_config().to_dict()))
 
 
 def test_gpu_recipe_needs_its_checkpoint_and_then_passes():
@@ -42,7 +33,7 @@ def test_gpu_recipe_needs_its_checkpoint_and_then_passes():
     settings = TrainSettings.from_config(config)
     assert config.rollout.engine == "vllm" and config.model.param_dtype == "bfloat16" and config.model.remat
     assert settings.learner.loss.tis_cap == 2.0
-    assert set(_flatten(config.to_dict())) == set(_flatten(base.base_config().to_dict()))
+    assert set(flatten(config.to_dict())) == set(flatten(base.base_config().to_dict()))
 
 
 def test_canopy_code_terminal_constants_and_the_dense_reward():

@@ -9,14 +9,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def run_main(*args, workdir):
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, "-m", "experiments.main", *args, f"--workdir={workdir}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
-
+from tests.support.entrypoint import ROOT, run_main
 
 def test_a_malformed_field_stops_the_run_naming_it(tmp_path):
     result = run_main("--config=experiments/configs/canopy.py", "--config.loss.clip_eps_low=1.5", workdir=tmp_path / "run")

@@ -27,7 +27,7 @@ from cua_jax.context.tokenizer import (
 from cua_jax.models.hf_policy import check_policy_directory, export_policy, load_policy
 from cua_jax.models.qwen3 import Qwen3ForCausalLM
 from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
-from tests.models.test_qwen3_vl import hf_logits, our_logits, screenshot, vl_inputs
+from tests.support.qwen3_vl import hf_logits, our_logits, screenshot, vl_inputs
 
 TOL = 1e-4
 SUPPORTED = "Qwen3ForCausalLM, Qwen3VLForConditionalGeneration"

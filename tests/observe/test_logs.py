@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 
 from absl import logging as absl_logging
 

@@ -9,7 +9,6 @@ tokens (logprob 0: a deterministic policy).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import threading
@@ -17,87 +16,28 @@ import threading
 import numpy as np
 import pytest
 
-from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import SlidingWindow, WholeTrajectory
-from cua_jax.context.tokenizer import load_processor
 from cua_jax.envs import actions as A
 from cua_jax.envs.capsules import CapsuleRuntime
 from cua_jax.envs.miniwob import UnknownTaskError, dom_from_text
-from cua_jax.envs.miniwob_oracle import oracle_action
-from cua_jax.envs.capsule_env import MiniWoBEnvironment
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, turn_sampling_seed
-from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, RolloutEngine
+from cua_jax.rollout.engine import RolloutEngine
 from cua_jax.rollout.prompts import DOM_TEXT_HEADER, INVALID_ACTION_PREFIX
-from cua_jax.train.warm_start import observation_from_prompt
 from cua_jax.types import EpisodeStatus
+from tests.support.agent_loop import (
+    LONG_TIME_LIMIT_S,
+    FixedReplyEngine,
+    ScriptedOracleEngine,
+    assert_items_equal,
+    run,
+    with_envs,
+)
 
 pytestmark = pytest.mark.browser
-
-LONG_TIME_LIMIT_S = 600.0  # MiniWoB's 10 s limit is shorter than a CPU-sampled turn
-
 
 # ------------------------------------------------------------------------------------
 # Engines used by the tests
 # ------------------------------------------------------------------------------------
-
-class ScriptedOracleEngine(RolloutEngine):
-    """A scripted policy for tests: the MiniWoB oracle's next action, read off the prompt.
-
-    The prompt's first user message starts with the instruction (MiniWoB's utterance); its last
-    user message holds the page's DOM as text (include_dom_text=True). The response is the
-    rendered action plus the end-of-turn token, each token with logprob 0.
-    """
-
-    def __init__(self, tokenizer, task: str, end_of_turn_id: int):
-        self.tokenizer = tokenizer
-        self.task = task
-        self.end_of_turn_id = end_of_turn_id
-        self.version = 0
-        self.calls = 0
-
-    def generate(self, requests, sampling):
-        self.calls += 1
-        out = []
-        for request in requests:
-            text = self.tokenizer.decode(request.prompt_ids.tolist(), skip_special_tokens=False)
-            observation = observation_from_prompt(text, self.task, request.images[-1])
-            ids = self.tokenizer.encode(A.render_action(oracle_action(observation)), add_special_tokens=False)
-            ids = np.asarray([*ids, self.end_of_turn_id], np.int32)
-            out.append(Generation(ids, np.zeros(len(ids), np.float32), FinishReason.STOP, self.version))
-        return out
-
-    def update_weights(self, params, version):
-        self.version = version
-
-    def health(self):
-        return EngineHealth(True, self.version)
-
-
-class FixedReplyEngine(RolloutEngine):
-    """A scripted policy for tests: engine call i answers every request with replies[i] (the
-    last reply once they run out), logprob 0 per token."""
-
-    def __init__(self, replies):
-        self.replies = [np.asarray(reply, np.int32) for reply in replies]
-        self.calls = 0
-
-    def generate(self, requests, sampling):
-        reply = self.replies[min(self.calls, len(self.replies) - 1)]
-        self.calls += 1
-        return [Generation(reply.copy(), np.zeros(len(reply), np.float32), FinishReason.STOP, 0) for _ in requests]
-
-    def update_weights(self, params, version):
-        raise NotImplementedError("a fixed-reply policy has no weights")
-
-    def health(self):
-        return EngineHealth(True, 0)
-
-
-def scripted_oracle_engine(task: str) -> ScriptedOracleEngine:
-    """The scripted oracle policy for `task` with the shipped tokenizer (an engine factory)."""
-    tokenizer, image_processor = load_processor()
-    return ScriptedOracleEngine(tokenizer, task, ChatRenderer(tokenizer, image_processor).end_of_turn_id)
-
 
 class RecordingEngine(RolloutEngine):
     """Passes every call to `engine` and keeps each request with the generation it got."""
@@ -160,18 +100,6 @@ def tiny_vl_engine(renderer):
     return JaxSamplerEngine(model, seed=0, image_processor=renderer.image_processor)
 
 
-def run(coro):
-    return asyncio.run(coro)
-
-
-async def _with_envs(runtime, n, body, **env_kwargs):
-    envs = [MiniWoBEnvironment(runtime, **env_kwargs) for _ in range(n)]
-    try:
-        return await body(envs)
-    finally:
-        await asyncio.gather(*(env.close() for env in envs))
-
-
 def _response_concat(episode):
     ids = np.concatenate([turn.response_ids for turn in episode.turns])
     logprobs = np.concatenate([turn.response_logprobs for turn in episode.turns])
@@ -184,15 +112,6 @@ def _trained_concat(items):
     ids = np.concatenate([item.ids[item.loss_mask == 1] for item in items])
     logprobs = np.concatenate([item.rollout_logprobs[item.loss_mask == 1] for item in items])
     return ids, logprobs
-
-
-def _assert_items_equal(left, right):
-    assert len(left) == len(right)
-    for a, b in zip(left, right):
-        np.testing.assert_array_equal(a.ids, b.ids)
-        np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
-        np.testing.assert_array_equal(a.rollout_logprobs, b.rollout_logprobs)
-        assert a.images == b.images and a.step_indices == b.step_indices
 
 
 # ------------------------------------------------------------------------------------
@@ -230,7 +149,7 @@ def test_tiny_model_group_runs_concurrently_with_exact_tokens(runtime, renderer,
     loop = AgentLoop(engine, segmenter, config)
 
     rollouts = run(
-        _with_envs(
+        with_envs(
             runtime, 2,
             lambda envs: loop.run_group(envs, "click-button", seed=11, group_id=7),
             time_limit_s=LONG_TIME_LIMIT_S,
@@ -269,7 +188,7 @@ def test_tiny_model_group_runs_concurrently_with_exact_tokens(runtime, renderer,
         np.testing.assert_array_equal(trained_ids, response_ids)
         np.testing.assert_array_equal(trained_logprobs, response_logprobs)
         assert sum(int(item.loss_mask.sum()) for item in rollout.items) == episode.info["response_tokens"]
-        _assert_items_equal(rollout.items, segmenter.segment(episode))
+        assert_items_equal(rollout.items, segmenter.segment(episode))
         assert episode.info["env_seconds"] > 0 and episode.info["generation_seconds"] > 0
         assert episode.info["invalid_actions"] == 2
     # The prompts the engine saw were exactly the context's (token-in, token-out).
@@ -287,7 +206,7 @@ def test_seed_per_turn_samples_an_episode_the_same_in_any_batch(runtime, rendere
     loop = AgentLoop(engine, SlidingWindow(renderer, keep=0, min_removal=1), config)
 
     def group(size):
-        return run(_with_envs(runtime, size, lambda envs: loop.run_group(envs, "click-button", seed=11, group_id=7),
+        return run(with_envs(runtime, size, lambda envs: loop.run_group(envs, "click-button", seed=11, group_id=7),
                               time_limit_s=LONG_TIME_LIMIT_S))
 
     pair = group(2)
@@ -311,7 +230,7 @@ def test_scripted_oracle_policy_earns_reward(runtime, renderer):
         segmenter = SlidingWindow(renderer, keep=1, min_removal=1)
         loop = AgentLoop(engine, segmenter, AgentConfig(max_turns=6, max_new_tokens=64))
         rollouts = run(
-            _with_envs(runtime, 2, lambda envs: loop.run_group(envs, task, seed=3, group_id=1), time_limit_s=LONG_TIME_LIMIT_S)
+            with_envs(runtime, 2, lambda envs: loop.run_group(envs, task, seed=3, group_id=1), time_limit_s=LONG_TIME_LIMIT_S)
         )
         for rollout in rollouts:
             episode = rollout.episode
@@ -321,7 +240,7 @@ def test_scripted_oracle_policy_earns_reward(runtime, renderer):
             assert all(turn.action is not None for turn in episode.turns)
             trained_ids, _ = _trained_concat(rollout.items)
             np.testing.assert_array_equal(trained_ids, _response_concat(episode)[0])
-            _assert_items_equal(rollout.items, segmenter.segment(episode))
+            assert_items_equal(rollout.items, segmenter.segment(episode))
 
 
 def test_token_budget_ends_no_verdict(runtime, renderer):
@@ -329,17 +248,17 @@ def test_token_budget_ends_no_verdict(runtime, renderer):
     engine = ScriptedOracleEngine(renderer.tokenizer, "enter-text", renderer.end_of_turn_id)
     segmenter = WholeTrajectory(renderer)
     free = AgentLoop(engine, segmenter, AgentConfig(max_turns=6, max_new_tokens=64))
-    first = run(_with_envs(runtime, 1, lambda envs: free.run_episode(envs[0], "enter-text", seed=9)))
+    first = run(with_envs(runtime, 1, lambda envs: free.run_episode(envs[0], "enter-text", seed=9)))
     assert first.episode.status is EpisodeStatus.SUCCESS and first.episode.num_turns == 3
     budget = first.episode.info["prompt_tokens"][0] + 64
 
     tight = AgentLoop(engine, segmenter, AgentConfig(max_turns=6, max_new_tokens=64, max_context_tokens=budget))
-    rollout = run(_with_envs(runtime, 1, lambda envs: tight.run_episode(envs[0], "enter-text", seed=9)))
+    rollout = run(with_envs(runtime, 1, lambda envs: tight.run_episode(envs[0], "enter-text", seed=9)))
     episode = rollout.episode
     assert episode.status is EpisodeStatus.NO_VERDICT and episode.info["budget"] == "tokens"
     assert episode.num_turns == 1
     np.testing.assert_array_equal(episode.turns[0].response_ids, first.episode.turns[0].response_ids)
-    _assert_items_equal(rollout.items, segmenter.segment(episode))
+    assert_items_equal(rollout.items, segmenter.segment(episode))
 
 
 def _reply_ids(renderer, text):
@@ -351,7 +270,7 @@ def test_declared_fail_ends_with_the_verifiers_verdict(runtime, renderer):
     """A declared FAIL ends the MiniWoB episode; MiniWoB's JS scores it (raw reward -1): FAILURE."""
     engine = FixedReplyEngine([_reply_ids(renderer, "Cannot do it.\n" + A.render_action(A.Fail()))])
     loop = AgentLoop(engine, WholeTrajectory(renderer), AgentConfig(max_turns=4, max_new_tokens=64))
-    rollout = run(_with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=2)))
+    rollout = run(with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=2)))
     episode = rollout.episode
     assert episode.status is EpisodeStatus.FAILURE and episode.reward == 0.0
     assert episode.num_turns == 1 and episode.turns[0].action == A.Fail()
@@ -367,21 +286,21 @@ def test_reply_with_an_image_placeholder_fails_the_episode_without_raising(runti
     segmenter = WholeTrajectory(renderer)
     loop = AgentLoop(FixedReplyEngine([move, pad]), segmenter, AgentConfig(max_turns=4, max_new_tokens=64))
     rollout = run(
-        _with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=2), time_limit_s=LONG_TIME_LIMIT_S)
+        with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=2), time_limit_s=LONG_TIME_LIMIT_S)
     )
     episode = rollout.episode
     assert episode.status is EpisodeStatus.FAILURE and episode.num_turns == 1
     assert "<|image_pad|>" in episode.info["end_reason"]
     np.testing.assert_array_equal(episode.info["rejected_response"]["ids"], pad)
     np.testing.assert_array_equal(_trained_concat(rollout.items)[0], move)
-    _assert_items_equal(rollout.items, segmenter.segment(episode))
+    assert_items_equal(rollout.items, segmenter.segment(episode))
 
 
 def test_unknown_task_is_an_error_not_a_quarantine(runtime, renderer):
     engine = ScriptedOracleEngine(renderer.tokenizer, "click-button", renderer.end_of_turn_id)
     loop = AgentLoop(engine, WholeTrajectory(renderer))
     with pytest.raises(UnknownTaskError, match="click-buton"):
-        run(_with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-buton")))
+        run(with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-buton")))
 
 
 def test_browser_killed_mid_episode_is_quarantined_then_recovers(renderer):
@@ -397,7 +316,7 @@ def test_browser_killed_mid_episode_is_quarantined_then_recovers(renderer):
             recovered = await loop.run_group(envs, "enter-text", seed=4)
             return crashed, recovered
 
-        crashed, recovered = run(_with_envs(crashing, 2, crash_then_recover, time_limit_s=LONG_TIME_LIMIT_S))
+        crashed, recovered = run(with_envs(crashing, 2, crash_then_recover, time_limit_s=LONG_TIME_LIMIT_S))
         assert engine.killed_pid is not None
         for rollout in crashed:
             episode = rollout.episode
@@ -417,7 +336,7 @@ def test_capsule_that_cannot_be_set_up_in_time_is_quarantined(runtime, renderer)
     default_timeout = runtime.call_timeout_s
     runtime.call_timeout_s = 1e-4  # far below what building a browser context takes
     try:
-        rollout = run(_with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=1)))
+        rollout = run(with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=1)))
     finally:
         runtime.call_timeout_s = default_timeout
     episode = rollout.episode

@@ -32,7 +32,7 @@ from cua_jax.rollout.agent_loop import (
 )
 from cua_jax.rollout.engine import FinishReason, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.types import EpisodeStatus
-from tests.rollout.test_agent_loop import LONG_TIME_LIMIT_S, FixedReplyEngine, _assert_items_equal, _with_envs, run
+from tests.support.agent_loop import LONG_TIME_LIMIT_S, FixedReplyEngine, with_envs, assert_items_equal, run
 
 
 class SamplingRecorder(RolloutEngine):
@@ -145,7 +145,7 @@ def test_reserved_ids_are_banned_in_the_jax_sampler_and_the_response_budget_ends
     def episode_with(engine):
         loop = AgentLoop(engine, segmenter, config)
         return run(
-            _with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=5),
+            with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=5),
                        time_limit_s=LONG_TIME_LIMIT_S)
         )
 
@@ -168,7 +168,7 @@ def test_reserved_ids_are_banned_in_the_jax_sampler_and_the_response_budget_ends
         assert turn.info["finish_reason"] == "length"
         # Uniform over the allowed tokens: every other logit is 0.
         np.testing.assert_allclose(turn.response_logprobs, -np.log(len(renderer.tokenizer) - len(banned)), atol=1e-4)
-    _assert_items_equal(rollout.items, segmenter.segment(episode))
+    assert_items_equal(rollout.items, segmenter.segment(episode))
 
 
 @pytest.mark.browser
@@ -184,7 +184,7 @@ def test_long_observations_are_cut_with_a_marker_and_prompts_stay_token_diffs(ru
         engine = SamplingRecorder(FixedReplyEngine([reply]))
         loop = AgentLoop(engine, segmenter, config)
         rollout = run(
-            _with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=2),
+            with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=2),
                        time_limit_s=LONG_TIME_LIMIT_S)
         )
         return rollout, engine
@@ -205,4 +205,4 @@ def test_long_observations_are_cut_with_a_marker_and_prompts_stay_token_diffs(ru
         assert OBSERVATION_TRUNCATED_MARKER.strip() in renderer.tokenizer.decode(prompts[t].tolist())
         if t:
             np.testing.assert_array_equal(prompts[t][: len(prompts[t - 1])], prompts[t - 1])
-    _assert_items_equal(capped.items, segmenter.segment(capped.episode))
+    assert_items_equal(capped.items, segmenter.segment(capped.episode))

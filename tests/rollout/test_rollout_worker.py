@@ -29,7 +29,7 @@ from cua_jax.rollout.rollout_worker import (
 from cua_jax.types import EpisodeStatus
 
 # Imported by its package path, so that the actor process can import the factory too.
-from tests.rollout.test_agent_loop import scripted_oracle_engine
+from tests.support.agent_loop import scripted_oracle_engine
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -17,7 +17,7 @@ import pytest
 from cua_jax.eval.pilot import pilot_report, write_pilot_file
 from experiments.configs import canopy, evocua, scalecua
 from experiments.configs.default import BASE
-from tests.experiments.test_main import run_main
+from tests.support.entrypoint import run_main
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

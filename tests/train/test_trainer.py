@@ -20,22 +20,11 @@ import pytest
 from flax import nnx
 
 from cua_jax.envs.contract import EnvironmentWrapper
-from cua_jax.observe.metrics import TIMING_PREFIX
 from cua_jax.train.trainer import Trainer
 from cua_jax.types import EpisodeStatus
-from experiments.configs import tiny
+from tests.support.trainer import tiny_config, without_timing
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-def tiny_config(workdir, **train):
-    """experiments/configs/tiny.py in `workdir`, with section__field=value overrides."""
-    c = tiny.get_config()
-    c.workdir = str(workdir)
-    for key, value in train.items():
-        section, name = key.split("__")
-        c[section][name] = value
-    return c
 
 
 class CapsuleClosingEnvironment(EnvironmentWrapper):
@@ -72,10 +61,6 @@ def on_policy(tmp_path_factory):
         yield trainer, wrappers
     finally:
         trainer.close()
-
-
-def without_timing(metrics):
-    return {k: v for k, v in metrics.items() if not k.startswith(TIMING_PREFIX)}
 
 
 def test_on_policy_step_has_ratio_one_and_no_clipping(on_policy):

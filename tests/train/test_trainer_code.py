@@ -31,7 +31,7 @@ from cua_jax.train.settings import ConfigError, TrainSettings
 from cua_jax.train.trainer import Trainer
 from cua_jax.types import EpisodeStatus
 from experiments.configs import base, canopy_code
-from tests.experiments.test_configs import _flatten
+from tests.support.configs import flatten
 
 TASKS = ("code-six-012", "code-inflection-006")
 NO_PATCH_TASKS = frozenset({"code-six-012"})  # its non-oracle episode submits at once
@@ -228,7 +228,7 @@ def test_the_recipe_passes_the_checks_and_adds_no_field():
     assert settings.catalog.kinds == {"code"} and settings.training_tasks == canopy_code.CODE_TASKS
     assert {settings.catalog[t].domain for t in settings.training_tasks} == {t.spec.package for t in settings.catalog}
     assert settings.learner.old_logprobs == "current" and settings.code_env.reset_mode == "pooled"
-    assert set(_flatten(config.to_dict())) == set(_flatten(base.base_config().to_dict()))
+    assert set(flatten(config.to_dict())) == set(flatten(base.base_config().to_dict()))
 
 
 @pytest.mark.parametrize("field, value, named, says", [

@@ -29,7 +29,7 @@ from cua_jax.tasks.suites.desktop.solutions import SOLUTIONS, SUITE_DIR, WRONG_S
 from cua_jax.train.trainer import Trainer
 from cua_jax.train.warm_start import OracleDemonstrator
 from cua_jax.types import EpisodeStatus
-from tests.train.test_trainer import tiny_config
+from tests.support.trainer import tiny_config
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser, pytest.mark.slow]
 

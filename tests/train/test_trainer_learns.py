@@ -26,7 +26,7 @@ from cua_jax.train.batching import make_minibatches, process_images
 from cua_jax.train.trainer import Trainer
 from cua_jax.train.warm_start import OracleDemonstrator
 from experiments.configs import default
-from tests.train.test_trainer import tiny_config
+from tests.support.trainer import tiny_config
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

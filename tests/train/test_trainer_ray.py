@@ -17,7 +17,7 @@ import pytest
 from cua_jax.rollout.rollout_worker import RemoteRolloutWorker
 from cua_jax.train.settings import ConfigError, TrainSettings
 from cua_jax.train.trainer import Trainer
-from tests.train.test_trainer import tiny_config, without_timing
+from tests.support.trainer import tiny_config, without_timing
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

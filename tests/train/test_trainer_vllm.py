@@ -25,7 +25,7 @@ from cua_jax.envs.contract import EnvironmentWrapper
 from cua_jax.train.build import ENGINE_MODEL_DIR
 from cua_jax.train.settings import ConfigError, TrainSettings
 from cua_jax.train.trainer import Trainer
-from tests.train.test_trainer import tiny_config
+from tests.support.trainer import tiny_config
 
 pytestmark = [pytest.mark.browser, pytest.mark.vllm, pytest.mark.slow]
 

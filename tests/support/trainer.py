@@ -1,0 +1,20 @@
+"""Trainer configs for tests."""
+
+from __future__ import annotations
+
+from cua_jax.observe.metrics import TIMING_PREFIX
+from experiments.configs import tiny
+
+
+def tiny_config(workdir, **train):
+    """experiments/configs/tiny.py in `workdir`, with section__field=value overrides."""
+    c = tiny.get_config()
+    c.workdir = str(workdir)
+    for key, value in train.items():
+        section, name = key.split("__")
+        c[section][name] = value
+    return c
+
+
+def without_timing(metrics):
+    return {k: v for k, v in metrics.items() if not k.startswith(TIMING_PREFIX)}
