@@ -19,6 +19,7 @@ from cua_jax.context.segment import (
     make_segmenter,
 )
 from cua_jax.context.tokenizer import load_processor, save_tokenizer_and_processor, special_token_ids
+from tests.support.items import assert_items_equal
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -68,13 +69,7 @@ def check_live_rollout_matches_replay(segmenter, episode, items):
         context.observe(t, turn.observation_text, turn.images)
         prompts.append(context.prompt())
         context.respond(t, turn.response_ids, turn.response_logprobs)
-    live = context.finish()
-    assert len(live) == len(items)
-    for a, b in zip(live, items):
-        np.testing.assert_array_equal(a.ids, b.ids)
-        np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
-        np.testing.assert_array_equal(a.rollout_logprobs, b.rollout_logprobs)
-        assert a.images == b.images and a.step_indices == b.step_indices
+    assert_items_equal(context.finish(), items)
     return prompts
 
 

@@ -25,6 +25,7 @@ from cua_jax.models.qwen3_5 import (
 from cua_jax.models.qwen3_vl import rope_index
 from cua_jax.models.sampler import Sampler, SamplingParams
 from cua_jax.models.vision import ImageGrid
+from tests.support.qwen3_vl import chat_rows
 
 TOL = 1e-4
 CHUNK = 8
@@ -67,21 +68,6 @@ def screenshot(height, width, seed):
     rng = np.random.RandomState(seed)
     base = rng.randint(0, 255, size=(height // 10 + 1, width // 10 + 1, 3)).astype(np.uint8)
     return Image.fromarray(np.kron(base, np.ones((10, 10, 1), np.uint8))[:height, :width])
-
-
-def chat_rows(tokenizer, conversations, grid):
-    """Chat-rendered token rows with each image placeholder expanded to its merged token count.
-    conversations: per row, user-turn items (strings, or "IMG" for the next image)."""
-    image_pad = special_token_ids(tokenizer)["<|image_pad|>"]
-    counts = iter(t * h * w // 4 for t, h, w in grid)
-    rows = []
-    for items in conversations:
-        content = [{"type": "image"} if item == "IMG" else {"type": "text", "text": item} for item in items]
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
-        ids = list(ids["input_ids"]) if isinstance(ids, dict) else list(ids)
-        rows.append([t for tok in ids for t in ([tok] * next(counts) if tok == image_pad else [tok])])
-    return rows
 
 
 def images_in(sizes):

@@ -15,6 +15,7 @@ from cua_jax.envs.capsule_env import MiniWoBEnvironment
 from cua_jax.envs.miniwob_oracle import oracle_action
 from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, RolloutEngine
 from cua_jax.train.warm_start import observation_from_prompt
+from tests.support.items import assert_items_equal  # noqa: F401 - the agent-loop tests' import point
 
 LONG_TIME_LIMIT_S = 600.0  # MiniWoB's 10 s limit is shorter than a CPU-sampled turn
 
@@ -88,12 +89,3 @@ async def with_envs(runtime, n, body, **env_kwargs):
         return await body(envs)
     finally:
         await asyncio.gather(*(env.close() for env in envs))
-
-
-def assert_items_equal(left, right):
-    assert len(left) == len(right)
-    for a, b in zip(left, right):
-        np.testing.assert_array_equal(a.ids, b.ids)
-        np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
-        np.testing.assert_array_equal(a.rollout_logprobs, b.rollout_logprobs)
-        assert a.images == b.images and a.step_indices == b.step_indices

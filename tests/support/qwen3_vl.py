@@ -21,6 +21,22 @@ def screenshot(height, width, seed):
     return Image.fromarray(np.kron(base, np.ones((10, 10, 1), np.uint8))[:height, :width])
 
 
+def chat_rows(tokenizer, conversations, grid, merge=2):
+    """Chat-rendered token rows with each image placeholder expanded to its merged token count.
+    conversations: per row, user-turn items (strings, or "IMG" for the next image); grid: the
+    images' (t, h, w) patch grids in order; merge: the processor's spatial merge size."""
+    image_pad = special_token_ids(tokenizer)["<|image_pad|>"]
+    counts = iter(t * h * w // merge**2 for t, h, w in grid)
+    rows = []
+    for items in conversations:
+        content = [{"type": "image"} if item == "IMG" else {"type": "text", "text": item} for item in items]
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)
+        ids = list(ids["input_ids"]) if isinstance(ids, dict) else list(ids)
+        rows.append([t for tok in ids for t in ([tok] * next(counts) if tok == image_pad else [tok])])
+    return rows
+
+
 def vl_inputs(tokenizer, conversations, images):
     """Chat-rendered, image-expanded, left-padded ids with HF-style mask, pixels and grids.
 
@@ -32,18 +48,7 @@ def vl_inputs(tokenizer, conversations, images):
     if images:
         out = processor(images=images, return_tensors="np")
         pixel_values, grid = out["pixel_values"].astype(np.float32), tuple(map(tuple, out["image_grid_thw"].tolist()))
-    image_pad = special_token_ids(tokenizer)["<|image_pad|>"]
-    counts = iter(t * h * w // merge**2 for t, h, w in grid)
-    rows = []
-    for items in conversations:
-        content = [{"type": "image"} if item == "IMG" else {"type": "text", "text": item} for item in items]
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
-        ids = list(ids["input_ids"]) if isinstance(ids, dict) else list(ids)
-        expanded = []
-        for tok in ids:
-            expanded += [tok] * next(counts) if tok == image_pad else [tok]
-        rows.append(expanded)
+    rows = chat_rows(tokenizer, conversations, grid, merge)
     length = max(map(len, rows))
     pad = special_token_ids(tokenizer)["<|endoftext|>"]
     ids = np.full((len(rows), length), pad, np.int64)
