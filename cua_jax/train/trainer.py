@@ -51,10 +51,10 @@ from cua_jax.compilation import use_compilation_cache
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import make_segmenter
 from cua_jax.eval.held_out import evaluate_held_out, per_task_gains, save_training_traces, success_gain
+from cua_jax.eval.intervals import slope_interval
 from cua_jax.eval.pilot import apply_pilot_file, seed_pool
 from cua_jax.models.sharding import make_mesh
 from cua_jax.observe import timeline
-from cua_jax.eval.intervals import slope_interval
 from cua_jax.observe.metrics import TIMING_PREFIX, MetricWriter, drop_records_from, read_metrics
 from cua_jax.observe.plots import plot_learning_curve
 from cua_jax.observe.progress import StepProgress
