@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import jax
 import numpy as np
@@ -147,6 +148,13 @@ def _accounted(feeder: RolloutFeeder, taken: list[int]) -> tuple[list[int], int]
     return sorted(draws), state["next_draw"]
 
 
+def _wait_until_full(feeder: RolloutFeeder, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(feeder.buffer) < feeder.buffer.capacity:
+        assert time.monotonic() < deadline, "the rollout thread did not fill the buffer"
+        time.sleep(0.01)
+
+
 def test_the_feeder_accounts_for_every_draw_and_hands_out_whole_groups():
     collect = Versioned()
     feeder = RolloutFeeder(staleness_window=1, capacity=2)
@@ -171,6 +179,7 @@ def test_the_feeder_drops_groups_past_the_staleness_window_and_counts_them():
     feeder.start([object()], collect)
     try:
         feeder.take(1, version=0, timeout_s=30)
+        _wait_until_full(feeder)  # version-0 groups wait in the buffer
         collect.version = 3  # groups sampled from now on are fresh at version 3
         groups, _ = feeder.take(2, version=3, timeout_s=30)
     finally:
@@ -182,12 +191,11 @@ def test_the_feeder_drops_groups_past_the_staleness_window_and_counts_them():
 
 def test_a_failed_rollout_thread_reaches_the_learner():
     feeder = RolloutFeeder(staleness_window=0, capacity=2)
-    feeder.start([object()], Versioned(fail_at=1))
+    feeder.start([object()], Versioned(fail_at=0))
     try:
-        feeder.take(1, version=0, timeout_s=30)  # draw 0
         with pytest.raises(RuntimeError, match="a rollout thread failed") as error:
             feeder.take(1, version=0, timeout_s=30)
-        assert "draw 1 broke" in str(error.value.__cause__)
+        assert "draw 0 broke" in str(error.value.__cause__)
     finally:
         feeder.stop()
 
@@ -198,11 +206,7 @@ def test_a_restored_feeder_hands_out_the_saved_groups_first_and_loses_no_draw():
     feeder.start([object()], collect)
     try:
         first, _ = feeder.take(1, version=0, timeout_s=30)
-        # Let the thread fill the buffer, then save between learner steps.
-        for _ in range(200):
-            if len(feeder.buffer) == 3:
-                break
-            threading.Event().wait(0.02)
+        _wait_until_full(feeder)  # then save between learner steps
         state = feeder.state_dict()
     finally:
         feeder.stop()
