@@ -111,8 +111,8 @@ def report_lines(summary, config) -> list[str]:
     if per_task:
         lines.append(f"per task at temperature {config.eval.temperature:g}, successes before -> after:")
     for task, task_gain in per_task.items():
-        n = int(task_gain["episodes"])
-        line = (f"  {task}: {int(task_gain['successes_before'])}/{n} -> {int(task_gain['successes_after'])}/{n}")
+        line = (f"  {task}: {int(task_gain['successes_before'])}/{int(task_gain['episodes_before'])} -> "
+                f"{int(task_gain['successes_after'])}/{int(task_gain['episodes_after'])}")
         if "paired_difference" in task_gain:
             line += (f", paired {task_gain['paired_difference']:+.3f} "
                      f"[{task_gain['paired_ci_low']:+.3f}, {task_gain['paired_ci_high']:+.3f}]")

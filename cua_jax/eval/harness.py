@@ -174,9 +174,10 @@ def run_jobs(workers: Sequence[Any], policy: Any, jobs: Sequence[Job], tasks: Se
                     running[0] -= 1
                     changed.notify_all()
 
+    override = {} if temperature is None else {"temperature": temperature}
+
     def run_batch(worker, batch: list[Job]) -> list[Job]:
         policy.bind(worker, batch[0].task)
-        override = {} if temperature is None else {"temperature": temperature}
         results = worker.run_groups([(job.task, job.seed, group_id(tasks, seeds, job)) for job in batch],
                                     len(batch[0].samples), evaluation=True, **override)
         again = []

@@ -89,15 +89,15 @@ def task_result(result: Mapping[str, Any], task: str) -> dict[str, Any]:
 
 def per_task_gains(first: Mapping[str, Any], second: Mapping[str, Any], tasks: Sequence[str], confidence: float,
                    paired: bool) -> dict[str, dict[str, float]]:
-    """`success_gain` of each task in `tasks` that both evaluations scored, with its
-    before and after rates ("before", "after")."""
+    """`success_gain` of each task in `tasks` that both evaluations scored, with its successes
+    and scored episodes in each ("successes_before", "episodes_before", ...)."""
     gains = {}
     for task in tasks:
         a, b = task_result(first, task), task_result(second, task)
         if a["episodes"] and b["episodes"]:
-            gains[task] = {"before": a["successes"] / a["episodes"], "after": b["successes"] / b["episodes"],
-                           "successes_before": a["successes"], "successes_after": b["successes"],
-                           "episodes": b["episodes"], **success_gain(a, b, confidence, paired)}
+            gains[task] = {"successes_before": a["successes"], "episodes_before": a["episodes"],
+                           "successes_after": b["successes"], "episodes_after": b["episodes"],
+                           **success_gain(a, b, confidence, paired)}
     return gains
 
 

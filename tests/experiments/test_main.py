@@ -56,6 +56,9 @@ def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
     assert greedy["paired_episodes"] + summary["evaluations"]["after_low_temperature"]["given_up"] == 2
     task_gain = summary["evaluations"]["gain"]["per_task"]["click-button"]
     assert task_gain["paired_difference"] == pytest.approx(summary["evaluations"]["gain"]["paired_difference"])
+    for when in ("before", "after"):  # one task: its counts are the evaluation's
+        assert task_gain[f"episodes_{when}"] == summary["evaluations"][when]["episodes"]
+        assert task_gain[f"successes_{when}"] == summary["evaluations"][when]["successes"]
     trend = summary["training_trend"]
     assert trend["updates"] == 3 and trend["ci_low"] <= trend["slope"] <= trend["ci_high"]
     gain = summary["evaluations"]["gain"]
