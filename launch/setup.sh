@@ -10,26 +10,36 @@
 #
 # Exports CUA_JAX_VENV, CUA_JAX_PYTHON, CUA_JAX_ROOT and puts the checkout on PYTHONPATH.
 # Steps 3-4 are skipped with CUA_JAX_SETUP_NO_DOCKER=1.
+#
+# Each step prints one line (launch/setup_steps.sh); what apt, pip, dockerd and the image builds
+# print goes to $CUA_JAX_CACHE/logs/setup-<UTC time>-<pid>.log, whose path comes first. A failed
+# step prints the log's last lines and its path, and exits with the failed command's status.
 set -euo pipefail
 
 CUA_JAX_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CUA_JAX_CACHE="${CUA_JAX_CACHE:-$HOME/.cache/cua_jax}"
 mkdir -p "$CUA_JAX_CACHE"
-
-_log() { printf '[setup] %s\n' "$*" >&2; }
+source "$CUA_JAX_ROOT/launch/setup_steps.sh"
+setup_log_start "$CUA_JAX_CACHE/logs"
 
 # ---- 1. Debian packages -------------------------------------------------------------
 _missing=()
+_packages=0
 while read -r pkg; do
   pkg="${pkg%%#*}"; pkg="$(echo "$pkg" | xargs)"
   [ -z "$pkg" ] && continue
+  _packages=$((_packages + 1))
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || _missing+=("$pkg")
 done < "$CUA_JAX_ROOT/launch/debian-packages.txt"
 if [ "${#_missing[@]}" -gt 0 ]; then
-  _log "installing Debian packages: ${_missing[*]}"
+  setup_step "installing Debian packages: ${_missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${_missing[@]}" >/dev/null
+  setup_run apt-get update -q
+  setup_run apt-get install -y -q --no-install-recommends "${_missing[@]}"
+  setup_done done
+else
+  setup_step "Debian packages"
+  setup_done "all $_packages installed"
 fi
 
 # ---- 2. Cached virtualenv -------------------------------------------------------------
@@ -46,20 +56,24 @@ _python="${CUA_JAX_BASE_PYTHON:-python3}"
 _hash="$( { cat "${_reqs[@]}" "$_reqs_nodeps"; "$_python" --version; echo "$_platform uninstall:torchvision,torchaudio,torchcodec"; } | sha256sum | cut -c1-16)"
 CUA_JAX_VENV="$CUA_JAX_CACHE/venv-$_platform-$_hash"
 if [ ! -f "$CUA_JAX_VENV/.complete" ]; then
-  _log "creating virtualenv $CUA_JAX_VENV (this takes a few minutes once)"
-  rm -rf "$CUA_JAX_VENV"
-  "$_python" -m venv "$CUA_JAX_VENV"
-  "$CUA_JAX_VENV/bin/pip" install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
+  setup_step "creating virtualenv $CUA_JAX_VENV (a few minutes, once)"
+  setup_run rm -rf "$CUA_JAX_VENV"
+  setup_run "$_python" -m venv "$CUA_JAX_VENV"
+  setup_run "$CUA_JAX_VENV/bin/pip" install --progress-bar off --upgrade pip
   # The torch pin is installed first so that nothing later pulls another build.
-  "$CUA_JAX_VENV/bin/pip" install -q --progress-bar off "${_reqs[@]/#/-r}" 2>&1 | grep -v "is ignored" || true
-  "$CUA_JAX_VENV/bin/pip" install -q --progress-bar off --no-deps -r "$_reqs_nodeps" 2>&1 | grep -v "is ignored" || true
+  setup_run "$CUA_JAX_VENV/bin/pip" install --progress-bar off "${_reqs[@]/#/-r}"
+  setup_run "$CUA_JAX_VENV/bin/pip" install --progress-bar off --no-deps -r "$_reqs_nodeps"
   if [ "$_platform" = cpu ]; then
-    # PyPI's builds of these do not match torch 2.13+cpu and break `import transformers`.
-    "$CUA_JAX_VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    # PyPI's builds of these do not match torch 2.13+cpu and break `import transformers`
+    # (pip skips, and succeeds on, those not installed).
+    setup_run "$CUA_JAX_VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec
   fi
-  "$CUA_JAX_VENV/bin/python" -c "import jax, flax, optax, transformers, ray, playwright, docker, openpyxl, docx, pptx, pypdf, desktop_env" \
-    || { _log "virtualenv check failed"; exit 1; }
+  setup_run "$CUA_JAX_VENV/bin/python" -c "import jax, flax, optax, transformers, ray, playwright, docker, openpyxl, docx, pptx, pypdf, desktop_env"
   touch "$CUA_JAX_VENV/.complete"
+  setup_done done
+else
+  setup_step "virtualenv $CUA_JAX_VENV"
+  setup_done cached
 fi
 CUA_JAX_PYTHON="$CUA_JAX_VENV/bin/python"
 export CUA_JAX_ROOT CUA_JAX_CACHE CUA_JAX_VENV CUA_JAX_PYTHON
@@ -72,27 +86,49 @@ export PATH="$CUA_JAX_VENV/bin:$PATH"
 _mpl_dir="${MPLCONFIGDIR:-${XDG_CACHE_HOME:-$HOME/.cache}/matplotlib}"
 _mpl_stamp="$CUA_JAX_VENV/.mpl-fontlist"
 if [ ! -f "$_mpl_stamp" ] || [ "$(dirname "$(cat "$_mpl_stamp")")" != "$_mpl_dir" ] || [ ! -f "$(cat "$_mpl_stamp")" ]; then
-  _log "building matplotlib's font cache in $_mpl_dir"
-  "$CUA_JAX_PYTHON" -c "
-import os, matplotlib, matplotlib.font_manager as fm
-print(os.path.join(matplotlib.get_cachedir(), f'fontlist-v{fm.FontManager.__version__}.json'))" > "$_mpl_stamp.tmp" \
-    && mv "$_mpl_stamp.tmp" "$_mpl_stamp"
+  setup_step "building matplotlib's font cache in $_mpl_dir"
+  setup_run "$CUA_JAX_PYTHON" -c "
+import os, sys, matplotlib, matplotlib.font_manager as fm
+with open(sys.argv[1], 'w') as stamp:
+    print(os.path.join(matplotlib.get_cachedir(), f'fontlist-v{fm.FontManager.__version__}.json'), file=stamp)" \
+    "$_mpl_stamp.tmp"
+  setup_run mv "$_mpl_stamp.tmp" "$_mpl_stamp"
+  setup_done done
+else
+  setup_step "matplotlib's font cache"
+  setup_done cached
 fi
 
 # ---- 2c. XLA's compilation cache ------------------------------------------------------
 # Compiled programs that runs and the test suite keep (cua_jax/compilation.py); emptied once it
 # passes 4 GiB (JAX's own size bound slows every write).
 _xla_cache="$CUA_JAX_CACHE/xla"
-if [ -d "$_xla_cache" ] && [ "$(du -sm "$_xla_cache" | cut -f1)" -gt 4096 ]; then
-  _log "emptying XLA's compilation cache $_xla_cache (over 4 GiB)"
-  rm -rf "$_xla_cache"
+_xla_mib=0
+if [ -d "$_xla_cache" ]; then _xla_mib="$(du -sm "$_xla_cache" | cut -f1)"; fi
+if [ "$_xla_mib" -gt 4096 ]; then
+  setup_step "emptying XLA's compilation cache $_xla_cache ($_xla_mib MiB, over 4 GiB)"
+  setup_run rm -rf "$_xla_cache"
+  setup_done done
+else
+  setup_step "XLA's compilation cache"
+  setup_done "$_xla_mib MiB"
 fi
 
 # ---- 3-4. dockerd and environment images ------------------------------------------------
 if [ "${CUA_JAX_SETUP_NO_DOCKER:-0}" != 1 ]; then
-  bash "$CUA_JAX_ROOT/launch/dockerd.sh"
+  setup_step dockerd
+  setup_run bash "$CUA_JAX_ROOT/launch/dockerd.sh"
+  # dockerd.sh says so when it starts a daemon.
+  case "$(setup_step_output)" in
+    *"starting dockerd"*) setup_done started ;;
+    *) setup_done running ;;
+  esac
   if [ -x "$CUA_JAX_ROOT/launch/images/build.sh" ]; then
-    bash "$CUA_JAX_ROOT/launch/images/build.sh"
+    setup_step "environment images"
+    setup_run bash "$CUA_JAX_ROOT/launch/images/build.sh"
+    # The builder logs "[images] built cua-jax/<name>:<hash> in <n>s" for each image it built.
+    _built="$(setup_step_output | sed -n 's|^\[images\] built cua-jax/\([^:]*\):.*|\1|p' | paste -sd ' ')"
+    if [ -n "$_built" ]; then setup_done "built $_built"; else setup_done "all present"; fi
   fi
 fi
-_log "ready: python=$CUA_JAX_PYTHON platform=$_platform"
+printf '[setup] ready: python=%s platform=%s\n' "$CUA_JAX_PYTHON" "$_platform" >&2

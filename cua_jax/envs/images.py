@@ -150,7 +150,7 @@ def build(name: str, force: bool = False) -> str:
                 check=True, env={**os.environ, "DOCKER_BUILDKIT": "0"},
             )
     subprocess.run(["docker", "tag", tag, latest], check=True)
-    _log(f"built {tag} in {time.monotonic() - started:.0f}s")
+    _log(f"built {tag} in {time.monotonic() - started:.0f}s")  # launch/setup.sh's summary reads these
     return tag
 
 
