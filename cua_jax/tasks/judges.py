@@ -39,6 +39,7 @@ import pathlib
 import posixpath
 import shutil
 import time
+import traceback
 import urllib.parse
 import urllib.request
 import zipfile
@@ -775,7 +776,9 @@ def _score(check: Check, getters: Getters, evaluator, client: EnvClient, judge: 
     except (JudgeError, EnvError):
         raise
     except Exception as error:  # noqa: BLE001 - a metric that breaks is the judge's fault
-        raise JudgeError(f"metric {check.func} failed: {type(error).__name__}: {error}") from None
+        # The traceback is in the message: the message is what the episode's fault records.
+        where = "".join(traceback.format_exception(error)).rstrip()
+        raise JudgeError(f"metric {check.func} failed: {type(error).__name__}: {error}\n{where}") from error
     if not 0.0 <= score <= 1.0:
         raise JudgeError(f"metric {check.func} gave {score}, not a reward in [0, 1]")
     return score
