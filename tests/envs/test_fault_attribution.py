@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import signal
 import time
@@ -27,6 +28,7 @@ from cua_jax.envs.capsules import (
     CapsuleFrozenError,
     CapsuleRuntime,
     LifecycleError,
+    RuntimeBackend,
     RuntimeShutDownError,
     RuntimeStartError,
     UnknownEnvironmentError,
@@ -337,3 +339,36 @@ def test_a_shut_down_runtime_is_a_fault_not_a_hang():
     assert transition.outcome.reason.startswith("server unresponsive: ") and "shut down" in transition.outcome.reason
     assert seconds < 5
 
+
+class _PagelessBackend(RuntimeBackend):
+    """A browser that gives no pages: every open_slot raises `error`."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    async def start(self, playwright, on_crash):
+        pass
+
+    async def open_slot(self):
+        raise self.error
+
+    async def close(self):
+        pass
+
+    def pids(self):
+        return []
+
+
+@pytest.mark.parametrize("error,level", [(ConnectionResetError(errno.ECONNRESET, "browser gone"), logging.WARNING),
+                                         (TypeError("open_slot() takes no arguments"), logging.ERROR)])
+def test_a_page_that_fails_to_warm_is_counted_and_logged_with_its_traceback(caplog, error, level):
+    rt = CapsuleRuntime(_PagelessBackend(error), warm_pages=1, call_timeout_s=60)
+    try:
+        with caplog.at_level(logging.WARNING, logger="cua_jax.envs.capsules"):
+            rt.run_async(rt._warm_one("click-button"))
+            rt.run_async(rt._warm_one("click-button"))
+        assert rt.warm_pool_failures == 2
+        records = [r for r in caplog.records if "warming a click-button page failed" in r.getMessage()]
+        assert len(records) == 2 and all(r.levelno == level and r.exc_info[1] is error for r in records)
+    finally:
+        rt.shutdown()
