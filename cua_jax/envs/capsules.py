@@ -70,6 +70,7 @@ import asyncio
 import collections
 import dataclasses
 import itertools
+import logging
 import os
 import random
 import threading
@@ -93,6 +94,8 @@ from cua_jax.envs.miniwob import (
 )
 from cua_jax.envs.miniwob_state import PageState, StateRestoreMismatch, capture_state, install_state_recorder, restore_state
 from cua_jax.types import EpisodeStatus
+
+log = logging.getLogger(__name__)
 
 CrashCallback = Callable[[str, str], None]  # (runtime id, reason)
 
@@ -679,7 +682,7 @@ class CapsuleRuntime:
         self.fork_by = fork_by
         self.fork_methods: collections.Counter[str] = collections.Counter()
         self.renderer_crashes: list[str] = []  # the quarantine reason of each capsule a renderer crash ended
-        self.warm_pool_failures: list[str] = []  # pages that failed to warm (their builds load cold)
+        self.warm_pool_failures = 0  # pages that failed to warm (their builds load cold); each is logged
         self.warm_builds = 0  # generations built on a warm page
         self.cold_builds = 0  # generations that loaded their own page
         self._warm: dict[str, list[tuple[Slot, MiniWoBPage]]] = {}
@@ -899,8 +902,13 @@ class CapsuleRuntime:
                 await _release_quietly(slot)
             else:
                 self._warm.setdefault(task, []).append((slot, driver))
-        except Exception as error:  # the pool is an optimisation: a build without a warm page loads its own
-            self.warm_pool_failures.append(f"warming a {task} page failed: {type(error).__name__}: {error}")
+        except Exception as error:  # noqa: BLE001 - the pool is an optimisation: a build without a warm page loads cold
+            # Nothing awaits this task, so the failure is logged here; one that is no environment
+            # fault is a bug, which the cold build that follows runs into as well.
+            self.warm_pool_failures += 1
+            bug = classify_environment_error(error) is None
+            log.log(logging.ERROR if bug else logging.WARNING, "warming a %s page failed%s", task,
+                    " (a bug, not an environment fault)" if bug else "", exc_info=True)
         finally:
             self._warming[task] -= 1
 

@@ -177,6 +177,7 @@ class DesktopEpisode:
             except JudgeTamperedError as error:
                 self.fault = self._fault_from(error, FaultKind.JUDGE_TAMPERED)
             except judges.JudgeError as error:
+                log.error("judging an episode of %s failed", self.task.id, exc_info=True)
                 self.fault = self._fault_from(error, FaultKind.JUDGE_FAILED)
             except EnvError as error:
                 self.fault = self._fault_from(error, FaultKind.SERVER_UNRESPONSIVE)

@@ -94,6 +94,10 @@ class FaultError(Exception):
         return Fault(self.fault_kind, str(self))
 
 
+# OSErrors about a path on this host: the library named a wrong path, not an environment fault.
+LOCAL_PATH_ERRORS = (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError, FileExistsError)
+
+
 def _playwright_errors() -> tuple[type[BaseException], ...]:
     try:
         from playwright.async_api import Error  # TimeoutError and TargetClosedError derive from it
@@ -123,11 +127,13 @@ def classify_environment_error(error: BaseException, *, setup: bool = False) -> 
         timeouts (TimeoutError, asyncio's and Playwright's)      SERVER_UNRESPONSIVE
         ConnectionError (refused, reset, BrokenPipeError)       SERVER_UNRESPONSIVE
         other Playwright errors (closed target, crashed page)   SERVER_ERROR
-        other OSError                                           SERVER_ERROR
+        other OSError (sockets, ENOSPC, EIO, ...)               SERVER_ERROR
+        LOCAL_PATH_ERRORS (FileNotFoundError, PermissionError,  none: a wrong local path
+            NotADirectoryError, IsADirectoryError, FileExistsError)   is this library's bug
 
     With setup=True (the error came while setting a task up) every kind but a FaultError's
     is SETUP_FAILED. A chain with no infrastructure error (TypeError, AttributeError,
-    KeyError, AssertionError, ValueError, ...) is a library bug: None.
+    KeyError, AssertionError, ValueError, a local path error, ...) is a library bug: None.
     """
     detail = f"{type(error).__name__}: {error}"  # the outermost error says where it failed
     link: BaseException | None = error
@@ -138,7 +144,7 @@ def classify_environment_error(error: BaseException, *, setup: bool = False) -> 
             return link.fault
         if _is_timeout(link) or isinstance(link, ConnectionError):
             return Fault(FaultKind.SETUP_FAILED if setup else FaultKind.SERVER_UNRESPONSIVE, detail)
-        if isinstance(link, (*_playwright_errors(), OSError)):
+        if isinstance(link, (*_playwright_errors(), OSError)) and not isinstance(link, LOCAL_PATH_ERRORS):
             return Fault(FaultKind.SETUP_FAILED if setup else FaultKind.SERVER_ERROR, detail)
         link = link.__cause__
     return None

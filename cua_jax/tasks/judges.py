@@ -39,6 +39,7 @@ import pathlib
 import posixpath
 import shutil
 import time
+import traceback
 import urllib.parse
 import urllib.request
 import zipfile
@@ -49,6 +50,7 @@ from cua_jax.envs import actions as A
 from cua_jax.envs.client import EnvClient, EnvError, EnvRequestError
 from cua_jax.tasks import metrics
 from cua_jax.tasks.metrics import JudgeError  # raised by the metrics too
+from cua_jax.tasks.metrics.base import load_result
 from cua_jax.tasks.schema import GETTERS, SETUP_STEPS, Check, Getter, Step, Task
 from cua_jax.tasks.metrics.general import infeasible
 
@@ -573,15 +575,15 @@ class Getters:
         value, as strings; empty cells "nan", as pandas writes them)."""
         if (file_type, file_content) != ("xlsx", "last_row"):
             raise JudgeError(f"content_from_vm_file reads xlsx last_row, not {file_type} {file_content}")
-        local = self.vm_file(path)
-        if local is None:
-            return None
-        import openpyxl
 
-        try:
+        def rows_with_values(local: str) -> list[tuple]:
+            import openpyxl
+
             sheet = openpyxl.load_workbook(local, read_only=True, data_only=True).worksheets[0]
-            rows = [row for row in sheet.iter_rows(values_only=True) if any(v is not None for v in row)]
-        except Exception:  # noqa: BLE001 - whatever the agent saved, it is not a workbook
+            return [row for row in sheet.iter_rows(values_only=True) if any(v is not None for v in row)]
+
+        rows = load_result(rows_with_values, self.vm_file(path), "xlsx")
+        if rows is None:
             return None
         return [("nan" if v is None else str(v)) for v in rows[-1]] if len(rows) > 1 else None
 
@@ -774,7 +776,9 @@ def _score(check: Check, getters: Getters, evaluator, client: EnvClient, judge: 
     except (JudgeError, EnvError):
         raise
     except Exception as error:  # noqa: BLE001 - a metric that breaks is the judge's fault
-        raise JudgeError(f"metric {check.func} failed: {type(error).__name__}: {error}") from None
+        # The traceback is in the message: the message is what the episode's fault records.
+        where = "".join(traceback.format_exception(error)).rstrip()
+        raise JudgeError(f"metric {check.func} failed: {type(error).__name__}: {error}\n{where}") from error
     if not 0.0 <= score <= 1.0:
         raise JudgeError(f"metric {check.func} gave {score}, not a reward in [0, 1]")
     return score

@@ -8,6 +8,8 @@ the runtime's own code, a Playwright timeout and a closed page.
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import os
 import signal
 import time
@@ -26,6 +28,7 @@ from cua_jax.envs.capsules import (
     CapsuleFrozenError,
     CapsuleRuntime,
     LifecycleError,
+    RuntimeBackend,
     RuntimeShutDownError,
     RuntimeStartError,
     UnknownEnvironmentError,
@@ -69,6 +72,8 @@ async def _timed_out_wait_for() -> BaseException:
         (BrokenPipeError("pipe"), FaultKind.SERVER_UNRESPONSIVE),
         (PlaywrightError("Target page, context or browser has been closed"), FaultKind.SERVER_ERROR),
         (OSError("no space left on device"), FaultKind.SERVER_ERROR),
+        (OSError(errno.ECONNRESET, "reset by peer"), FaultKind.SERVER_UNRESPONSIVE),  # a ConnectionResetError
+        (OSError(errno.EHOSTUNREACH, "no route to host"), FaultKind.SERVER_ERROR),
         (BrowserCrashedError("shared browser runtime shared-browser-1 is down"), FaultKind.BROWSER_CRASHED),
         (RuntimeShutDownError("the capsule runtime is shut down"), FaultKind.SERVER_UNRESPONSIVE),
         (RuntimeStartError("docker run cua-jax/chromium failed"), FaultKind.SETUP_FAILED),
@@ -100,6 +105,13 @@ def test_target_closed_is_a_playwright_error_fault():
         EpisodeEndedError("the episode already ended"),
         CapsuleFrozenError("frozen by reset"),
         LifecycleError("environment 'env-1' has no task; pass one"),
+        # A wrong local path is this library's bug, not the environment's.
+        FileNotFoundError(errno.ENOENT, "No such file or directory", "/tmp/miniwob/click-button.html"),
+        PermissionError(errno.EACCES, "Permission denied", "/proc/1/smaps_rollup"),
+        NotADirectoryError(errno.ENOTDIR, "Not a directory", "/etc/hosts/x"),
+        IsADirectoryError(errno.EISDIR, "Is a directory", "/tmp"),
+        OSError(errno.ENOENT, "No such file or directory"),  # Python makes it a FileNotFoundError
+        _raised(LifecycleError("reset failed"), FileNotFoundError("task page missing")),
     ],
 )
 def test_library_bugs_are_not_faults(bug):
@@ -326,3 +338,37 @@ def test_a_shut_down_runtime_is_a_fault_not_a_hang():
     assert transition.outcome.status is EpisodeStatus.QUARANTINED
     assert transition.outcome.reason.startswith("server unresponsive: ") and "shut down" in transition.outcome.reason
     assert seconds < 5
+
+
+class _PagelessBackend(RuntimeBackend):
+    """A browser that gives no pages: every open_slot raises `error`."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    async def start(self, playwright, on_crash):
+        pass
+
+    async def open_slot(self):
+        raise self.error
+
+    async def close(self):
+        pass
+
+    def pids(self):
+        return []
+
+
+@pytest.mark.parametrize("error,level", [(ConnectionResetError(errno.ECONNRESET, "browser gone"), logging.WARNING),
+                                         (TypeError("open_slot() takes no arguments"), logging.ERROR)])
+def test_a_page_that_fails_to_warm_is_counted_and_logged_with_its_traceback(caplog, error, level):
+    rt = CapsuleRuntime(_PagelessBackend(error), warm_pages=1, call_timeout_s=60)
+    try:
+        with caplog.at_level(logging.WARNING, logger="cua_jax.envs.capsules"):
+            rt.run_async(rt._warm_one("click-button"))
+            rt.run_async(rt._warm_one("click-button"))
+        assert rt.warm_pool_failures == 2
+        records = [r for r in caplog.records if "warming a click-button page failed" in r.getMessage()]
+        assert len(records) == 2 and all(r.levelno == level and r.exc_info[1] is error for r in records)
+    finally:
+        rt.shutdown()

@@ -4,6 +4,7 @@ functions, every implemented metric tested, and the schema and judges using the 
 import inspect
 import pathlib
 import re
+import zipfile
 
 import pytest
 from docx import Document
@@ -188,3 +189,39 @@ def test_verdict_errors_are_the_judges(tmp_path):
     sqlite3.connect(tmp_path / "db.sqlite").close()
     with pytest.raises(judges.JudgeError, match="gave 7.0, not a reward"):
         judges.evaluate(sqlite, FakeClient(), tmp_path / "cache", last_action=A.Done())
+
+
+def test_a_broken_metric_is_a_judge_error_with_its_traceback(tmp_path):
+    literal = task({"func": "literal_match", "result": {"type": "rule", "rules": {}},
+                    "expected": {"type": "rule", "rules": {}}, "options": {"flavour": 1}}, tmp_path)
+    with pytest.raises(judges.JudgeError) as caught:
+        judges.evaluate(literal, FakeClient(), tmp_path / "cache", last_action=A.Done())
+    assert isinstance(caught.value.__cause__, TypeError)
+    # The message is what an episode's fault records: it carries the traceback.
+    assert "Traceback (most recent call last)" in str(caught.value) and "in _score" in str(caught.value)
+
+
+def test_a_malformed_result_scores_zero_and_a_reader_bug_raises(tmp_path):
+    from cua_jax.tasks.metrics.base import load_result
+    from cua_jax.tasks.metrics.documents import result_docx
+
+    document = Document()
+    document.add_paragraph("Hello")
+    document.save(tmp_path / "e.docx")
+    (tmp_path / "junk.docx").write_text("not a document")
+    with zipfile.ZipFile(tmp_path / "partless.docx", "w") as archive:  # python-docx: a KeyError from zipfile
+        archive.writestr("word/other.xml", "<x/>")
+    for name in ("junk.docx", "partless.docx"):
+        docs = {"func": "compare_docx_files", "result": {"type": "local_file", "path": name},
+                "expected": {"type": "local_file", "path": "e.docx"}}
+        assert judges.evaluate(task(docs, tmp_path), FakeClient(), tmp_path / "cache", last_action=A.Done()) == 0.0
+        assert result_docx(str(tmp_path / name)) is None
+    assert result_docx(str(tmp_path / "absent.docx")) is None
+
+    def reader_with_a_bug(path):
+        return result_docx(path).paragraphs[0].text.upper(1)  # a TypeError of this reader's own
+
+    with pytest.raises(TypeError):
+        load_result(reader_with_a_bug, str(tmp_path / "e.docx"), "docx")
+    with pytest.raises(ValueError, match="no parse errors known for file format 'doc'"):
+        load_result(result_docx, str(tmp_path / "e.docx"), "doc")

@@ -47,6 +47,38 @@ def test_plain_mode_compares_cells_of_csv_and_xlsx(tmp_path):
         compare_table(expected, None)
 
 
+def rewritten(source, path, part, edit):
+    """A copy of the xlsx `source` with `part` replaced by edit(its bytes)."""
+    with zipfile.ZipFile(source) as archive:
+        parts = {name: archive.read(name) for name in archive.namelist()}
+    parts[part] = edit(parts[part])
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in parts.items():
+            archive.writestr(name, data)
+    return str(path)
+
+
+def test_a_malformed_result_workbook_scores_zero(tmp_path):
+    """Workbooks an agent could craft by hand score 0 in both modes; none is a judge error."""
+    expected = book(tmp_path / "e.xlsx", ROWS)
+    good = book(tmp_path / "r.xlsx", ROWS)
+    sheet, workbook = "xl/worksheets/sheet1.xml", "xl/workbook.xml"
+    crafted = [
+        rewritten(good, tmp_path / "ref.xlsx", sheet, lambda xml: xml.replace(b'r="A1"', b'r="1A"')),
+        rewritten(good, tmp_path / "shared.xlsx", sheet,  # a shared string the workbook does not hold
+                  lambda xml: xml.replace(b'<c r="A1" t="inlineStr"><is><t>item</t></is>', b'<c r="A1" t="s"><v>9</v>')),
+        rewritten(good, tmp_path / "rels.xlsx", workbook, lambda xml: xml.replace(b'r:id="rId1"', b'r:id="rId9"')),
+        rewritten(good, tmp_path / "sheets.xlsx", workbook, lambda xml: xml.replace(b"sheets", b"sheetz")),
+    ]
+    for path in crafted:
+        assert compare_table(path, expected) == 0.0, path
+    # openpyxl reports a malformed attribute with a TypeError of its own: still the agent's file.
+    typed = rewritten(good, tmp_path / "typed.xlsx", workbook, lambda xml: xml.replace(b'sheetId="1"', b'sheetId="one"'))
+    assert compare_table(typed, expected, rules=[{"type": "sheet_name"}]) == 0.0
+    assert S.compare_conference_city_in_order(typed, {"expected": ["Paris"]}) == 0.0
+    assert S.compare_conference_city_in_order(write(tmp_path / "junk.xlsx", "not a zip"), {"expected": ["Paris"]}) == 0.0
+
+
 def test_sheet_name_and_sheet_data_with_precision(tmp_path):
     expected = book(tmp_path / "e.xlsx", ROWS)
     rules = [{"type": "sheet_name"}, {"type": "sheet_data", "sheet_idx0": 0, "sheet_idx1": "EI0"}]

@@ -3,10 +3,11 @@ matching and the readers that tell an agent's missing file from a judge's missin
 
 Conventions (OSWorld's): a metric is `fn(result, expected, **options) -> float in [0, 1]`,
 called with the getter values in order; one that takes a single getter value is
-`fn(result, **options)`. A result the agent failed to produce (None, a missing or
-unreadable file) scores 0. Anything wrong on the judge's side (a missing expected file,
-rules without a required key, an unknown option value) raises JudgeError, so the task is
-quarantined instead of scored.
+`fn(result, **options)`. A result the agent failed to produce (None, a missing file, or
+one malformed in its format: `is_parse_error`) scores 0. Anything wrong on the judge's side
+(a missing expected file, rules without a required key, an unknown option value) raises
+JudgeError, so the task is quarantined instead of scored; any other error of a metric is a
+bug, which the judge reports as a JudgeError with its traceback.
 """
 
 from __future__ import annotations
@@ -125,15 +126,95 @@ def load_expected(loader: Callable[[str], Any], path: Any, what: str) -> Any:
         raise JudgeError(f"cannot read {what} {local}: {type(error).__name__}: {error}") from None
 
 
-def load_result(loader: Callable[[str], Any], path: Any) -> Any:
-    """Parse the agent's file; None when it is missing or unreadable (a score of 0)."""
+class MalformedFileError(ValueError):
+    """A file that is not valid in its format, found by this package's own readers."""
+
+
+@functools.cache
+def _format_readers(file_format: str) -> tuple[tuple[type[BaseException], ...], tuple[str, ...]]:
+    """(error types, reader modules) of a file format: what `is_parse_error` accepts."""
+    import zipfile
+    import zlib
+    from xml.etree import ElementTree
+
+    from lxml import etree
+
+    xml = ((etree.XMLSyntaxError, etree.ParserError, ElementTree.ParseError, MalformedFileError),
+           ("lxml", "xml.etree", "xml.parsers"))
+    archive = ((zipfile.BadZipFile, zlib.error, *xml[0]), ("zipfile", "zlib", *xml[1]))
+    if file_format == "xml":
+        return xml
+    if file_format == "zip":
+        return archive
+    if file_format == "table":  # sheets.read_table: csv, or xlsx read as zipped XML
+        import csv
+
+        return (csv.Error, *archive[0]), archive[1]
+    if file_format == "docx":
+        from docx.opc.exceptions import OpcError
+
+        return (OpcError, *archive[0]), ("docx", *archive[1])
+    if file_format == "pptx":
+        from pptx.exc import PythonPptxError
+
+        return (PythonPptxError, *archive[0]), ("pptx", *archive[1])
+    if file_format == "xlsx":
+        from openpyxl.utils.exceptions import InvalidFileException
+
+        return (InvalidFileException, *archive[0]), ("openpyxl", *archive[1])
+    if file_format == "image":
+        from PIL import UnidentifiedImageError
+
+        return (UnidentifiedImageError,), ("PIL",)
+    if file_format == "pdf":
+        from pypdf.errors import PyPdfError
+
+        return (PyPdfError,), ("pypdf",)
+    raise ValueError(f"no parse errors known for file format {file_format!r}; "
+                     "known: xml, zip, table, docx, pptx, xlsx, image, pdf")
+
+
+def _raised_in(error: BaseException, modules: tuple[str, ...]) -> bool:
+    """Whether the innermost frame of `error`'s traceback runs code of one of `modules`."""
+    frame = error.__traceback__
+    if frame is None:
+        return False
+    while frame.tb_next is not None:
+        frame = frame.tb_next
+    name = frame.tb_frame.f_globals.get("__name__") or ""
+    return any(name == module or name.startswith(module + ".") for module in modules)
+
+
+def is_parse_error(error: BaseException, file_format: str) -> bool:
+    """Whether `error` says a file is malformed in `file_format`: one of the format's own
+    error types, or any error raised inside its readers (the format's library, zipfile, the
+    XML parsers), which report malformed input with KeyError, TypeError, AttributeError and
+    the like too. The same errors raised by this package's own code are bugs, not malformed
+    files (this package's readers raise MalformedFileError for those).
+
+    Formats: docx, pptx, xlsx (python-docx, python-pptx, openpyxl), image (Pillow), pdf
+    (pypdf), zip (a zip archive of XML parts), table (`sheets.read_table`: csv, or xlsx read
+    as such an archive), xml.
+    """
+    types, modules = _format_readers(file_format)
+    if isinstance(error, JudgeError):
+        return False
+    return isinstance(error, types) or _raised_in(error, modules)
+
+
+def load_result(loader: Callable[[str], Any], path: Any, file_format: str) -> Any:
+    """Parse the agent's file; None when it is missing or malformed in `file_format` (a score
+    of 0, see `is_parse_error`). Any other error of the loader propagates: a judge's bug."""
+    _format_readers(file_format)  # an unknown format fails here, not only on a malformed file
     local = result_file(path)
     if local is None:
         return None
     try:
         return loader(local)
-    except Exception:  # noqa: BLE001 - whatever the agent saved, it is not a valid file
-        return None
+    except Exception as error:  # noqa: BLE001 - sorted: the agent's malformed file, or a bug
+        if is_parse_error(error, file_format):
+            return None
+        raise
 
 
 def option_choice(name: str, value: Any, choices: tuple) -> Any:

@@ -26,7 +26,7 @@ def _document(path: str):
 
 def result_docx(path: Any):
     """The agent's .docx as a python-docx Document, or None when missing or unreadable."""
-    return load_result(_document, path)
+    return load_result(_document, path, "docx")
 
 
 def expected_docx(path: Any):
@@ -101,7 +101,7 @@ def compare_docx_files(result_path: str | None, expected_path: str | None, ignor
     expected = load_expected(lambda p: _paragraphs(p, kind), expected_path, "expected document")
     if result_file(result_path) is None or pathlib.Path(result_path).suffix.lower() != kind:
         return 0.0
-    result = load_result(lambda p: _paragraphs(p, kind), result_path)
+    result = load_result(lambda p: _paragraphs(p, kind), result_path, "docx" if kind == ".docx" else "zip")
     if result is None:
         return 0.0
     if ignore_order:
@@ -203,7 +203,7 @@ def _image_pixels(document) -> list[bytes]:
 def compare_docx_images(result_path: str | None, expected_path: str | None) -> float:
     """1 when the documents embed the same number of images with identical pixels."""
     expected = load_expected(lambda p: _image_pixels(_document(p)), expected_path, "expected document")
-    result = load_result(lambda p: _image_pixels(_document(p)), result_path)
+    result = load_result(lambda p: _image_pixels(_document(p)), result_path, "docx")
     return float(result is not None and result == expected)
 
 
@@ -374,7 +374,7 @@ def check_highlighted_words(result_path: str | None, expected_path: str | None) 
     span left."""
     if not _same_text(result_path, expected_path):
         return 0.0
-    highlighted = load_result(odt_highlighted, result_path)
+    highlighted = load_result(odt_highlighted, result_path, "zip")
     return float(highlighted is False)
 
 
@@ -508,7 +508,7 @@ def docx_highlighted_texts(path: str) -> set[str]:
 def compare_highlighted_text(result_path: str | None, expected_path: str | None) -> float:
     """1 when both documents highlight the same set of run texts."""
     expected = load_expected(docx_highlighted_texts, expected_path, "expected document")
-    result = load_result(docx_highlighted_texts, result_path)
+    result = load_result(docx_highlighted_texts, result_path, "zip")
     return float(result is not None and result == expected)
 
 
@@ -595,7 +595,7 @@ def find_default_font(config_path: str | None, rules: dict) -> float:
     rules['font_name']."""
     wanted = rule(rules, "font_name")
     font = load_result(lambda p: registry_value(p, "/org.openoffice.Office.Writer/DefaultFont", "Standard"),
-                       config_path)
+                       config_path, "xml")
     return float(font is not None and font == wanted)
 
 
@@ -623,7 +623,7 @@ def epub_parts(path: str) -> list[tuple[str, list[str]]]:
 def compare_epub(result_path: str | None, expected_path: str | None) -> float:
     """The mean line-level similarity of the two EPUBs' parts, paired in name order."""
     expected = load_expected(epub_parts, expected_path, "expected EPUB")
-    result = load_result(epub_parts, result_path)
+    result = load_result(epub_parts, result_path, "zip")
     if not result:
         return 0.0
     return sum(sequence_ratio(a[1], b[1]) for a, b in zip(result, expected)) / len(result)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from cua_jax.envs import actions as A
 from cua_jax.tasks.metrics.base import (
-    JudgeError, JudgeTamperedError, expected_file, fuzzy_ratio, metric, read_text, result_file, rule,
+    JudgeError, JudgeTamperedError, expected_file, fuzzy_ratio, is_parse_error, metric, read_text, result_file, rule,
 )
 
 if TYPE_CHECKING:
@@ -291,8 +291,10 @@ def compare_zip_files(result_path: str | None, expected_path: str | None, **_) -
                     try:
                         if not pdf_texts_similar(a, b, 0.95):
                             return 0.0
-                    except Exception:  # noqa: BLE001 - an unreadable PDF member
-                        return 0.0
+                    except Exception as error:  # noqa: BLE001 - sorted: a malformed PDF member, or a bug
+                        if is_parse_error(error, "pdf"):
+                            return 0.0
+                        raise
                 elif a != b:
                     return 0.0
     except zipfile.BadZipFile:

@@ -25,7 +25,7 @@ def _open(path: str):
 
 def result_image(path: Any):
     """The agent's image, or None when missing or unreadable."""
-    return load_result(_open, path)
+    return load_result(_open, path, "image")
 
 
 def expected_image(path: Any):

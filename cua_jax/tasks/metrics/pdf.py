@@ -36,7 +36,7 @@ def check_pdf_pages(pdf_path: str | None, rules: dict) -> float:
     relation, reference = rule(rules, "relation"), rule(rules, "ref_value")
     if relation not in _RELATIONS:
         raise JudgeError(f"check_pdf_pages relation {relation!r} is not one of {list(_RELATIONS)}")
-    pages = load_result(pdf_page_count, pdf_path)
+    pages = load_result(pdf_page_count, pdf_path, "pdf")
     return float(pages is not None and _RELATIONS[relation](pages, reference))
 
 
@@ -53,7 +53,7 @@ def compare_pdfs(result_paths: str | list | None, expected_paths: str | list) ->
     total = 0.0
     for result_path, expected_path in zip(result_paths, expected_paths):
         expected = load_expected(pdf_text, expected_path, "expected PDF").strip()
-        result = load_result(pdf_text, result_path)
+        result = load_result(pdf_text, result_path, "pdf")
         if result is not None:
             total += fuzzy_ratio(result.strip(), expected)
     return total / len(expected_paths)
@@ -68,7 +68,7 @@ def is_gold_text_included_in_pdf(pdf_path: str | None, gold_path: str | None) ->
         raise JudgeError(f"the gold text file is not JSON: {error}") from None
     if not isinstance(gold, dict):
         raise JudgeError("the gold text file must hold a JSON object")
-    text = load_result(pdf_text, pdf_path)
+    text = load_result(pdf_text, pdf_path, "pdf")
     return float(text is not None and all(str(value) in text for value in gold.values()))
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 from cua_jax.tasks.metrics.base import (
-    JudgeError, expected_file, fuzzy_ratio, match_value, metric, result_file, rule,
+    JudgeError, MalformedFileError, expected_file, fuzzy_ratio, load_result, match_value, metric, rule,
 )
 from cua_jax.tasks.metrics.data import read_text_any_encoding
 
@@ -30,7 +30,7 @@ _NS = {"m": "http://schemas.openxmlformats.org/spreadsheetml/2006/main",
 def _cell_index(ref: str) -> tuple[int, int]:
     match = re.fullmatch(r"([A-Z]+)(\d+)", ref or "")
     if not match:
-        raise JudgeError(f"bad cell reference {ref!r} in the spreadsheet")
+        raise MalformedFileError(f"bad cell reference {ref!r} in the spreadsheet")
     column = 0
     for char in match.group(1):
         column = column * 26 + ord(char) - ord("A") + 1
@@ -42,9 +42,15 @@ def _sheet_targets(archive: zipfile.ZipFile) -> dict[str, str]:
     rels = ElementTree.fromstring(archive.read("xl/_rels/workbook.xml.rels"))
     targets = {rel.get("Id"): rel.get("Target") for rel in rels}
     workbook = ElementTree.fromstring(archive.read("xl/workbook.xml"))
+    sheets = workbook.find("m:sheets", _NS)
+    if sheets is None:
+        raise MalformedFileError("the workbook lists no sheets")
     parts = {}
-    for sheet in workbook.find("m:sheets", _NS):
-        target = targets[sheet.get(f"{{{_NS['r']}}}id")].lstrip("/")
+    for sheet in sheets:
+        target = targets.get(sheet.get(f"{{{_NS['r']}}}id"))
+        if target is None:
+            raise MalformedFileError(f"sheet {sheet.get('name')!r} has no part in the workbook's relationships")
+        target = target.lstrip("/")
         parts[sheet.get("name")] = target if target.startswith("xl/") else "xl/" + target
     return parts
 
@@ -65,6 +71,8 @@ def _xlsx_sheets(path: str) -> dict[str, list[list[str]]]:
                 kind = cell.get("t", "n")
                 value = cell.find("m:v", _NS)
                 if kind == "s" and value is not None:
+                    if not (value.text or "").isdigit() or int(value.text) >= len(shared):
+                        raise MalformedFileError(f"cell {cell.get('r')} names no shared string: {value.text!r}")
                     text = shared[int(value.text)]
                 elif kind == "inlineStr":
                     text = "".join(t.text or "" for t in cell.iter(f"{{{_NS['m']}}}t"))
@@ -111,13 +119,10 @@ def _compare_plain(result_path: str | None, expected_path: str | None) -> float:
     if expected_path is None:
         raise JudgeError("compare_table without rules needs an expected table")
     expected = [_normalise_sheet(s) for s in read_table(expected_file(expected_path, "expected table"))]
-    if result_file(result_path) is None:
+    result = load_result(read_table, result_path, "table")
+    if result is None:
         return 0.0
-    try:
-        result = [_normalise_sheet(s) for s in read_table(result_path)]
-    except (zipfile.BadZipFile, KeyError, ElementTree.ParseError, UnicodeError):
-        return 0.0  # the agent saved something unreadable
-    return float(result == expected)
+    return float([_normalise_sheet(s) for s in result] == expected)
 
 
 # ------------------------------------------------------------------------------------
@@ -716,11 +721,8 @@ def compare_table(result_path: str | None, expected_path: str | None = None, rul
         return _compare_plain(result_path, expected_path)
     if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
         raise JudgeError(f"compare_table rules must be a list of objects, got {rules!r}")
-    if result_file(result_path) is None:
-        return 0.0
-    try:
-        books = _Books(result_path, expected_path)
-    except Exception:  # noqa: BLE001 - the agent's file is not a readable workbook
+    books = load_result(lambda path: _Books(path, expected_path), result_path, "xlsx")
+    if books is None:
         return 0.0
     return float(all(_check_rule(books, spec) for spec in rules))
 
@@ -742,13 +744,10 @@ def compare_conference_city_in_order(result_path: str | None, rules: dict) -> fl
     cities = rule(rules, "expected")
     if not isinstance(cities, list):
         raise JudgeError(f"compare_conference_city_in_order needs a list rules['expected'], got {cities!r}")
-    local = result_file(result_path)
-    if local is None:
+    book = load_result(lambda path: _load(path, values=False), result_path, "xlsx")
+    if book is None:
         return 0.0
-    try:
-        sheet = _load(local, values=False).active
-    except Exception:  # noqa: BLE001
-        return 0.0
+    sheet = book.active
     actual = [cell.value for row in sheet["C2:C22"] for cell in row]
     for position, value in enumerate(actual):
         if position >= len(cities):

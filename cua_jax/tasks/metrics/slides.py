@@ -25,7 +25,7 @@ def _presentation(path: str):
 
 
 def result_pptx(path: Any):
-    return load_result(_presentation, path)
+    return load_result(_presentation, path, "pptx")
 
 
 def expected_pptx(path: Any):
@@ -441,7 +441,7 @@ def check_page_number_colors(result_path: str | None, rules: dict) -> float:
     """1 when the slide master's slide-number colour reads as rules['color'] (red, blue,
     green or black)."""
     wanted = rule(rules, "color")
-    colour = load_result(master_number_colour, result_path)
+    colour = load_result(master_number_colour, result_path, "zip")
     rgb = _hex_rgb(colour)
     return float(rgb is not None and colour_is(wanted, rgb))
 
@@ -495,7 +495,7 @@ def check_image_stretch_and_center(result_path: str | None, original_path: str |
 def _registry(path: Any, item_path: str, prop: str) -> str | None:
     from cua_jax.tasks.metrics.documents import registry_value
 
-    return load_result(lambda p: registry_value(p, item_path, prop), path)
+    return load_result(lambda p: registry_value(p, item_path, prop), path, "xml")
 
 
 @metric(arity=1)
