@@ -49,20 +49,23 @@ from cua_jax.models.gated_deltanet import (
     gated_delta_rule_recurrent,
     l2_normalize,
 )
-from cua_jax.models.qwen3 import (  # a Qwen3_5TextConfig has the fields these read
+from cua_jax.models.layers import (  # a Qwen3_5TextConfig has the fields these read
+    BATCH,
+    EMBED,
+    INIT,
+    LENGTH,
     MLP,
     OutputHead,
-    _INIT,
-    _linear,
-    _meta,
     attention_mask,
+    axis_metadata,
     checkpointed,
     dot_product_attention,
+    linear,
     project,
+    scatter_rows,
     write_kv_cache,
 )
-from cua_jax.models.qwen3_vl import _scatter_rows, mrope_cos_sin
-from cua_jax.models.rope import apply_rotary
+from cua_jax.models.rope import apply_rotary, mrope_cos_sin
 from cua_jax.models.sharding import DEFAULT_RULES, constrain
 from cua_jax.models.vision import (
     VISION_RULES,
@@ -74,7 +77,6 @@ from cua_jax.models.vision import (
     normalize_grid,
 )
 
-BATCH, LENGTH, EMBED = "activation_batch", "activation_length", "activation_embed"
 LAYER_TYPES = ("linear_attention", "full_attention")
 QWEN3_5_RULES: Mapping[str, Any] = {**DEFAULT_RULES, **VISION_RULES}
 
@@ -421,7 +423,7 @@ class ZeroCenteredRMSNorm(nnx.Module):
 
     def __init__(self, size: int, eps: float, *, param_dtype=jnp.float32, axis_name: str = "norm"):
         self.eps = eps
-        self.weight = nnx.Param(jnp.zeros((size,), param_dtype), **_meta(axis_name))
+        self.weight = nnx.Param(jnp.zeros((size,), param_dtype), **axis_metadata(axis_name))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         xf = x.astype(jnp.float32)
@@ -434,7 +436,7 @@ class GatedRMSNorm(nnx.Module):
 
     def __init__(self, size: int, eps: float, *, param_dtype=jnp.float32):
         self.eps = eps
-        self.weight = nnx.Param(jnp.ones((size,), param_dtype), **_meta("head_dim"))
+        self.weight = nnx.Param(jnp.ones((size,), param_dtype), **axis_metadata("head_dim"))
 
     def __call__(self, x: jax.Array, gate: jax.Array) -> jax.Array:
         dtype = x.dtype
@@ -455,10 +457,10 @@ class GatedAttention(nnx.Module):
         self.rotary_dim = cfg.rotary_dim
         self.query_chunk = cfg.attention_query_chunk
         e, d = cfg.hidden_size, cfg.head_dim
-        self.q_proj = _linear(cfg, e, self.num_heads * d * 2, ("embed", "q_heads"), cfg.attention_bias, rngs)
-        self.k_proj = _linear(cfg, e, self.num_kv_heads * d, ("embed", "kv_heads"), cfg.attention_bias, rngs)
-        self.v_proj = _linear(cfg, e, self.num_kv_heads * d, ("embed", "kv_heads"), cfg.attention_bias, rngs)
-        self.o_proj = _linear(cfg, self.num_heads * d, e, ("q_heads", "embed"), cfg.attention_bias, rngs)
+        self.q_proj = linear(cfg, e, self.num_heads * d * 2, ("embed", "q_heads"), cfg.attention_bias, rngs)
+        self.k_proj = linear(cfg, e, self.num_kv_heads * d, ("embed", "kv_heads"), cfg.attention_bias, rngs)
+        self.v_proj = linear(cfg, e, self.num_kv_heads * d, ("embed", "kv_heads"), cfg.attention_bias, rngs)
+        self.o_proj = linear(cfg, self.num_heads * d, e, ("q_heads", "embed"), cfg.attention_bias, rngs)
         self.q_norm = ZeroCenteredRMSNorm(d, cfg.rms_norm_eps, param_dtype=cfg.param_dtype, axis_name="head_dim")
         self.k_norm = ZeroCenteredRMSNorm(d, cfg.rms_norm_eps, param_dtype=cfg.param_dtype, axis_name="head_dim")
 
@@ -496,17 +498,17 @@ class GatedDeltaNet(nnx.Module):
     def __init__(self, cfg: Qwen3_5TextConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         e, hv = cfg.hidden_size, cfg.linear_num_value_heads
-        self.in_proj_qkv = _linear(cfg, e, cfg.conv_dim, ("embed", "linear_conv"), False, rngs)
-        self.in_proj_z = _linear(cfg, e, cfg.linear_value_dim, ("embed", "linear_heads"), False, rngs)
-        self.in_proj_b = _linear(cfg, e, hv, ("embed", "linear_heads"), False, rngs)
-        self.in_proj_a = _linear(cfg, e, hv, ("embed", "linear_heads"), False, rngs)
-        self.out_proj = _linear(cfg, cfg.linear_value_dim, e, ("linear_heads", "embed"), False, rngs)
+        self.in_proj_qkv = linear(cfg, e, cfg.conv_dim, ("embed", "linear_conv"), False, rngs)
+        self.in_proj_z = linear(cfg, e, cfg.linear_value_dim, ("embed", "linear_heads"), False, rngs)
+        self.in_proj_b = linear(cfg, e, hv, ("embed", "linear_heads"), False, rngs)
+        self.in_proj_a = linear(cfg, e, hv, ("embed", "linear_heads"), False, rngs)
+        self.out_proj = linear(cfg, cfg.linear_value_dim, e, ("linear_heads", "embed"), False, rngs)
         # Stored as torch's Conv1d weight [C, 1, K] so the checkpoint maps without reshaping.
-        self.conv1d = nnx.Param(_INIT(rngs.params(), (cfg.conv_dim, 1, cfg.linear_conv_kernel_dim), cfg.param_dtype),
-                                **_meta("linear_conv", None, None))
-        self.dt_bias = nnx.Param(jnp.ones((hv,), cfg.param_dtype), **_meta("linear_heads"))
+        self.conv1d = nnx.Param(INIT(rngs.params(), (cfg.conv_dim, 1, cfg.linear_conv_kernel_dim), cfg.param_dtype),
+                                **axis_metadata("linear_conv", None, None))
+        self.dt_bias = nnx.Param(jnp.ones((hv,), cfg.param_dtype), **axis_metadata("linear_heads"))
         a = jax.random.uniform(rngs.params(), (hv,), jnp.float32, 0.01, 16.0)
-        self.A_log = nnx.Param(jnp.log(a).astype(cfg.param_dtype), **_meta("linear_heads"))
+        self.A_log = nnx.Param(jnp.log(a).astype(cfg.param_dtype), **axis_metadata("linear_heads"))
         self.norm = GatedRMSNorm(cfg.linear_value_head_dim, cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
 
     def __call__(self, x: jax.Array, conv_state=None, recurrent_state=None, keep=None):
@@ -582,7 +584,7 @@ class Qwen3_5TextModel(nnx.Module):
         self.config = cfg
         self.embed_tokens = nnx.Embed(
             cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-            embedding_init=nnx.with_partitioning(_INIT, ("vocab", "embed"), eager_sharding=False), rngs=rngs)
+            embedding_init=nnx.with_partitioning(INIT, ("vocab", "embed"), eager_sharding=False), rngs=rngs)
         self.layers = nnx.List([DecoderLayer(cfg, kind, rngs=rngs) for kind in cfg.layer_types])
         self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
 
@@ -679,7 +681,7 @@ class Qwen3_5ForCausalLM(OutputHead, nnx.Module):
         self.config = cfg
         self.model = Qwen3_5TextModel(cfg, rngs=rngs)
         if not cfg.tie_word_embeddings:
-            self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, ("embed", "vocab"), False, rngs)
+            self.lm_head = linear(cfg, cfg.hidden_size, cfg.vocab_size, ("embed", "vocab"), False, rngs)
         if cfg.mtp_tensors:
             self.mtp = CheckpointTensors(cfg.mtp_tensors)
 
@@ -755,7 +757,7 @@ class Qwen3_5ForConditionalGeneration(nnx.Module):
                 raise ValueError(f"input_ids hold {int(jnp.sum(mask))} image tokens but the images give "
                                  f"{n_image_tokens} (grids {normalize_grid(image_grid_thw)})")
             image_embeds, _ = self.encode_images(pixel_values, image_grid_thw)
-            gathered, keep = _scatter_rows(mask, image_embeds.astype(embeds.dtype))
+            gathered, keep = scatter_rows(mask, image_embeds.astype(embeds.dtype))
             embeds = jnp.where(keep, gathered, embeds)
         return self.language_model.model(inputs_embeds=embeds, positions=positions, segment_ids=segment_ids,
                                          kv_cache=kv_cache)

@@ -31,7 +31,8 @@ from flax import nnx
 from cua_jax.models import checkpoint
 from cua_jax.models.configs import Qwen3Config, RopeConfig, tiny_qwen3_config
 from cua_jax.models.qwen3 import KVCache, Qwen3ForCausalLM
-from cua_jax.models.rope import rope_inv_freq
+from cua_jax.models.layers import scatter_rows
+from cua_jax.models.rope import mrope_cos_sin, rope_inv_freq
 from cua_jax.models.sharding import DEFAULT_RULES
 from cua_jax.models.vision import (
     VISION_RULES,
@@ -306,35 +307,6 @@ def decode_positions(num_real_before: jax.Array, rope_deltas: jax.Array) -> jax.
 # ---------------------------------------------------------------------------
 
 
-def mrope_axis_of_frequency(mrope_section: Sequence[int]) -> np.ndarray:
-    """Which position axis (0 = t, 1 = h, 2 = w) drives each rotary frequency: int [sum(sections)].
-
-    Interleaved layout: frequency j uses h when j % 3 == 1 and j < 3 * sections[1], w when
-    j % 3 == 2 and j < 3 * sections[2], else t.
-    """
-    n = int(sum(mrope_section))
-    j = np.arange(n)
-    axis = np.zeros(n, np.int32)
-    axis[(j % 3 == 1) & (j < 3 * mrope_section[1])] = 1
-    axis[(j % 3 == 2) & (j < 3 * mrope_section[2])] = 2
-    return axis
-
-
-def mrope_cos_sin(positions: jax.Array, inv_freq: jax.Array, mrope_section: Sequence[int],
-                  scaling: float = 1.0) -> tuple[jax.Array, jax.Array]:
-    """cos, sin float32 [B, L, 2 * F] for 3-axis positions int [3, B, L] and inv_freq [F].
-
-    Each frequency takes its angle from the axis `mrope_axis_of_frequency` assigns it; the
-    frequencies are laid out twice ([f, f]) for the rotate-half convention.
-    """
-    axis = jnp.asarray(mrope_axis_of_frequency(mrope_section))
-    pos = positions.astype(jnp.float32)  # [3, B, L]
-    picked = jnp.take(pos, axis, axis=0)  # [F, B, L]: the driving axis' position per frequency
-    freqs = jnp.moveaxis(picked, 0, -1) * jnp.asarray(inv_freq, jnp.float32)
-    emb = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(emb) * scaling, jnp.sin(emb) * scaling
-
-
 def text_rope_tables(cfg: Qwen3VLConfig) -> tuple[np.ndarray, float]:
     """inv_freq float32 [head_dim // 2] and cos/sin scaling of the text decoder's rotary."""
     return rope_inv_freq(cfg.text.rope, cfg.text.head_dim, cfg.text.max_position_embeddings)
@@ -350,17 +322,6 @@ def image_token_counts(cfg: Qwen3VLConfig, image_grid_thw: GridTHW) -> tuple[int
 # ---------------------------------------------------------------------------
 
 
-def _scatter_rows(mask: jax.Array, rows: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Row i of `rows` for the i-th True of `mask` (row-major over [B, T]), as HF's masked_scatter.
-
-    mask bool [B, T]; rows [M, E]. Returns (gathered [B, T, E] (garbage where mask is False),
-    mask[..., None]).
-    """
-    index = jnp.cumsum(mask.reshape(-1)) - 1
-    index = jnp.clip(index, 0, rows.shape[0] - 1).reshape(mask.shape)
-    return rows[index], mask[..., None]
-
-
 def image_features(input_ids: jax.Array, image_token_id: int, tokens: jax.Array,
                    deepstack: Sequence[jax.Array] = ()) -> tuple[jax.Array, tuple[jax.Array, ...]]:
     """The `image_features` model input for input_ids int [B, T]: merged image tokens [M, E] (and
@@ -368,7 +329,7 @@ def image_features(input_ids: jax.Array, image_token_id: int, tokens: jax.Array,
     as [B, T, E] arrays (row i of `tokens` at the i-th placeholder; rows past the placeholders
     are left over, so M may be padded)."""
     mask = input_ids == image_token_id
-    return _scatter_rows(mask, tokens)[0], tuple(_scatter_rows(mask, d)[0] for d in deepstack)
+    return scatter_rows(mask, tokens)[0], tuple(scatter_rows(mask, d)[0] for d in deepstack)
 
 
 class Qwen3VLForConditionalGeneration(nnx.Module):
@@ -441,8 +402,8 @@ class Qwen3VLForConditionalGeneration(nnx.Module):
                 f"{cfg.vision.spatial_merge_size} merging)"
             )
         image_embeds, deepstack = self.encode_images(pixel_values, image_grid_thw)
-        gathered, keep = _scatter_rows(mask, image_embeds.astype(embeds.dtype))
-        placed = tuple(_scatter_rows(mask, d)[0] for d in deepstack)
+        gathered, keep = scatter_rows(mask, image_embeds.astype(embeds.dtype))
+        placed = tuple(scatter_rows(mask, d)[0] for d in deepstack)
         return self._place_image_features(input_ids, embeds, (gathered, placed))
 
     def _place_image_features(self, input_ids, embeds, image_features):

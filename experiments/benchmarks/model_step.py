@@ -24,7 +24,7 @@ with their shapes and source. What it showed here (2 threads, nothing else runni
     other 20%. The largest copies (2.7 ms each, one per layer) were the SwiGLU
     backward's [768, 512] gradient written transposed for the weight-gradient dot of a
     3-D [B, T, E] projection; attention's grouped-head einsums added more.
-  * projections as 2-D matmuls (`cua_jax.models.qwen3.project`): 74 ms, copies 11%;
+  * projections as 2-D matmuls (`cua_jax.models.layers.project`): 74 ms, copies 11%;
     fwd+bwd 1.02x -> 1.21x eager at hidden 256 and 1.12x -> 1.42x at hidden 512.
   * `jax.nn.dot_product_attention` instead of the einsum attention: 74 -> 71 ms at
     hidden 256, 698 -> 665 ms at hidden 512. What remains is matmul-bound: the LM head
