@@ -24,20 +24,11 @@ from typing import Any
 
 import jax
 
-from cua_jax.models.checkpoint import INDEX_FILE, SINGLE_FILE, export_qwen3, load_qwen3
+from cua_jax.models.checkpoint import INDEX_FILE, SINGLE_FILE
+from cua_jax.models.registry import MODEL_KINDS, model_kind_of
 
 # config.json `architectures` entry -> policy kind (which is also the config's `model_type`).
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "Qwen3ForCausalLM": "qwen3",
-    "Qwen3VLForConditionalGeneration": "qwen3_vl",
-    "Qwen3_5ForConditionalGeneration": "qwen3_5",
-    "Qwen3_5ForCausalLM": "qwen3_5_text",
-}
-_ARCHITECTURE_OF_KIND = {kind: name for name, kind in SUPPORTED_ARCHITECTURES.items()}
-# Where each kind's config.json keeps the vocabulary size (a Qwen3-VL's is its text model's).
-_VOCAB_FIELD = {"qwen3": ("vocab_size",), "qwen3_vl": ("text_config", "vocab_size"),
-                "qwen3_5": ("text_config", "vocab_size"), "qwen3_5_text": ("vocab_size",)}
-_TEXT_KINDS = ("qwen3", "qwen3_5_text")  # kinds whose config holds vocab_size itself
+SUPPORTED_ARCHITECTURES: dict[str, str] = {kind.architecture: kind.name for kind in MODEL_KINDS.values()}
 _TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -101,15 +92,15 @@ def _policy_kind(config: dict[str, Any], config_file: pathlib.Path) -> tuple[str
             raise ValueError(f"{config_file}: field `model_type` is {model_type!r}, but field `architectures` "
                              f"names {architecture}, whose model_type is {kind!r}")
         return kind, architecture
-    if model_type in _ARCHITECTURE_OF_KIND:
-        return model_type, _ARCHITECTURE_OF_KIND[model_type]
+    if model_type in MODEL_KINDS:
+        return model_type, MODEL_KINDS[model_type].architecture
     raise ValueError(f"{config_file}: no field `architectures`, and field `model_type` ({model_type!r}) names no "
                      f"supported model; supported architectures: {supported}")
 
 
 def _vocab_size(config: dict[str, Any], kind: str, config_file: pathlib.Path) -> tuple[str, int]:
     """(dotted field name, value) of the model's vocabulary size."""
-    path = _VOCAB_FIELD[kind]
+    path = MODEL_KINDS[kind].vocab_field
     value: Any = config
     for key in path:
         value = value.get(key) if isinstance(value, dict) else None
@@ -175,42 +166,23 @@ def check_policy_directory(directory: str | os.PathLike) -> PolicyDirectory:
 
 
 def load_policy(directory: str | os.PathLike, **overrides):
-    """(model, kind) for the policy directory: kind "qwen3" gives our Qwen3ForCausalLM
-    (`checkpoint.load_qwen3`), "qwen3_vl" our Qwen3VLForConditionalGeneration
-    (`qwen3_vl.load_qwen3_vl`), "qwen3_5" / "qwen3_5_text" our Qwen3.5 (`qwen3_5.load_qwen3_5`).
+    """(model, kind) for the policy directory, loaded by its kind's `MODEL_KINDS` entry: kind
+    "qwen3" gives our Qwen3ForCausalLM (`checkpoint.load_qwen3`), "qwen3_vl" our
+    Qwen3VLForConditionalGeneration (`qwen3_vl.load_qwen3_vl`), "qwen3_5" / "qwen3_5_text" our
+    Qwen3.5 (`qwen3_5.load_qwen3_5`).
     The directory is checked first (`check_policy_directory`); overrides go to the loader (mesh, rules, dtype, param_dtype, freeze_vision for Qwen3-VL)."""
     policy = check_policy_directory(directory)
-    if policy.kind == "qwen3":
-        model, _ = load_qwen3(directory, **overrides)
-    elif policy.kind in ("qwen3_5", "qwen3_5_text"):
-        from cua_jax.models.qwen3_5 import load_qwen3_5
-
-        if policy.kind == "qwen3_5_text":
-            overrides.pop("freeze_vision", None)
-        model, _ = load_qwen3_5(directory, **overrides)
-    else:
-        from cua_jax.models.qwen3_vl import load_qwen3_vl
-
-        model, _ = load_qwen3_vl(directory, **overrides)
+    model, _ = MODEL_KINDS[policy.kind].load(directory, **overrides)
     return model, policy.kind
 
 
 def policy_kind(model) -> str:
-    """"qwen3", "qwen3_vl", "qwen3_5" or "qwen3_5_text" for one of our models; TypeError for anything else."""
-    from cua_jax.models.qwen3 import Qwen3ForCausalLM
-    from cua_jax.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
-    from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration
-
-    if isinstance(model, Qwen3_5ForConditionalGeneration):
-        return "qwen3_5"
-    if isinstance(model, Qwen3_5ForCausalLM):
-        return "qwen3_5_text"
-    if isinstance(model, Qwen3VLForConditionalGeneration):
-        return "qwen3_vl"
-    if isinstance(model, Qwen3ForCausalLM):
-        return "qwen3"
-    raise TypeError(f"cannot export a {type(model).__name__}: a policy is a Qwen3ForCausalLM or a "
-                    "Qwen3VLForConditionalGeneration")
+    """The kind (a `MODEL_KINDS` name: "qwen3", "qwen3_vl", "qwen3_5", "qwen3_5_text") of one of our
+    models; TypeError for anything else."""
+    try:
+        return model_kind_of(model).name
+    except TypeError as error:
+        raise TypeError(f"cannot export a {type(model).__name__}: {error}") from None
 
 
 def export_policy(model, directory: str | os.PathLike, *, tokenizer, image_processor=None,
@@ -243,17 +215,12 @@ def export_policy(model, directory: str | os.PathLike, *, tokenizer, image_proce
     else:
         size = token_id_bound(tokenizer)
         where = f"the tokenizer ({type(tokenizer).__name__})"
-    vocab_size = model.config.vocab_size if kind in _TEXT_KINDS else model.config.text.vocab_size
+    text_only = MODEL_KINDS[kind].text_only
+    vocab_size = model.config.vocab_size if text_only else model.config.text.vocab_size
     if size > vocab_size:
-        field = "vocab_size" if kind in _TEXT_KINDS else "text.vocab_size"
+        field = "vocab_size" if text_only else "text.vocab_size"
         raise ValueError(f"{where} produces ids up to {size - 1}, past the model's vocabulary "
                          f"(its config's {field} is {vocab_size})")
-    if kind == "qwen3":
-        export = export_qwen3
-    elif kind in ("qwen3_5", "qwen3_5_text"):
-        from cua_jax.models.qwen3_5 import export_qwen3_5 as export
-    else:
-        from cua_jax.models.qwen3_vl import export_qwen3_vl as export
-    export(model, directory, dtype=dtype, tokenizer=tokenizer, image_processor=image_processor,
+    MODEL_KINDS[kind].export(model, directory, dtype=dtype, tokenizer=tokenizer, image_processor=image_processor,
            chat_template=chat_template)
     return check_policy_directory(directory) if jax.process_index() == 0 else None

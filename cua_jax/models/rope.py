@@ -3,13 +3,14 @@
 The split is: `rope_inv_freq` gives the per-frequency inverse wavelengths for a config
 (default / linear / dynamic-NTK / yarn, exactly as transformers computes them);
 `rope_cos_sin` turns positions into cos/sin tables; `apply_rotary` rotates queries and
-keys given any cos/sin. Multimodal RoPE (Qwen3-VL) builds its own cos/sin from 3-axis
-positions and reuses `apply_rotary` unchanged.
+keys given any cos/sin. Multimodal RoPE (Qwen3-VL, Qwen3.5: `mrope_cos_sin`) builds its
+cos/sin from 3-axis positions and reuses `apply_rotary` unchanged.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -100,3 +101,33 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos + rotated * sin
+
+
+def mrope_axis_of_frequency(mrope_section: Sequence[int]) -> np.ndarray:
+    """Which position axis (0 = t, 1 = h, 2 = w) drives each rotary frequency: int [sum(sections)].
+
+    Interleaved layout: frequency j uses h when j % 3 == 1 and j < 3 * sections[1], w when
+    j % 3 == 2 and j < 3 * sections[2], else t.
+    """
+    n = int(sum(mrope_section))
+    j = np.arange(n)
+    axis = np.zeros(n, np.int32)
+    axis[(j % 3 == 1) & (j < 3 * mrope_section[1])] = 1
+    axis[(j % 3 == 2) & (j < 3 * mrope_section[2])] = 2
+    return axis
+
+
+def mrope_cos_sin(positions: jax.Array, inv_freq: jax.Array, mrope_section: Sequence[int],
+                  scaling: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """cos, sin float32 [B, L, 2 * F] for 3-axis positions int [3, B, L] and inv_freq [F].
+
+    Each frequency takes its angle from the axis `mrope_axis_of_frequency` assigns it; the
+    frequencies are laid out twice ([f, f]) for the rotate-half convention.
+    """
+    axis = jnp.asarray(mrope_axis_of_frequency(mrope_section))
+    pos = positions.astype(jnp.float32)  # [3, B, L]
+    picked = jnp.take(pos, axis, axis=0)  # [F, B, L]: the driving axis' position per frequency
+    freqs = jnp.moveaxis(picked, 0, -1) * jnp.asarray(inv_freq, jnp.float32)
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb) * scaling, jnp.sin(emb) * scaling
+

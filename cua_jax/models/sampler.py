@@ -1,3 +1,4 @@
+# Single job: sampling replies from a decoder (bucketed prefill and decode over a KV cache, prefix reuse).
 """A JAX sampler with a KV cache: prefill, then decode, static shapes by bucketing.
 
 Prompts of different lengths are left-padded to a bucket length P (padding has segment

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cua_jax.models.qwen3 import checkpointed
+from cua_jax.models.layers import axis_metadata, checkpointed
 from cua_jax.models.rope import apply_rotary
 
 GridTHW = tuple[tuple[int, int, int], ...]
@@ -247,16 +247,11 @@ VISION_RULES = {
 }
 
 
-def _meta(*names: str | None) -> dict:
-    # eager_sharding off: placement comes later from the rules, so building needs no mesh.
-    return {"out_sharding": names, "eager_sharding": False}
-
-
 def _linear(d_in: int, d_out: int, axes: tuple[str, str], rngs: nnx.Rngs, dtype, param_dtype) -> nnx.Linear:
     """Linear layer with bias, kernel [in, out] carrying logical axes (in_axis, out_axis)."""
     return nnx.Linear(d_in, d_out, use_bias=True, dtype=dtype, param_dtype=param_dtype,
-                      kernel_init=jax.nn.initializers.normal(0.02), kernel_metadata=_meta(*axes),
-                      bias_metadata=_meta(axes[1]), rngs=rngs)
+                      kernel_init=jax.nn.initializers.normal(0.02), kernel_metadata=axis_metadata(*axes),
+                      bias_metadata=axis_metadata(axes[1]), rngs=rngs)
 
 
 class LayerNorm(nnx.Module):
@@ -264,8 +259,8 @@ class LayerNorm(nnx.Module):
 
     def __init__(self, dim: int, *, eps: float, param_dtype=jnp.float32):
         self.eps = eps
-        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), **_meta("norm"))
-        self.bias = nnx.Param(jnp.zeros((dim,), param_dtype), **_meta("norm"))
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), **axis_metadata("norm"))
+        self.bias = nnx.Param(jnp.zeros((dim,), param_dtype), **axis_metadata("norm"))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
@@ -337,8 +332,8 @@ class PatchEmbed(nnx.Module):
         p, t, c, d = cfg.patch_size, cfg.temporal_patch_size, cfg.in_channels, cfg.hidden_size
         init = jax.nn.initializers.normal(0.02)
         self.kernel = nnx.Param(init(rngs.params(), (p, p, t, c, d), param_dtype),
-                                **_meta("vision_patch", "vision_patch", "vision_patch", "vision_patch", "vision_embed"))
-        self.bias = nnx.Param(jnp.zeros((d,), param_dtype), **_meta("vision_embed"))
+                                **axis_metadata("vision_patch", "vision_patch", "vision_patch", "vision_patch", "vision_embed"))
+        self.bias = nnx.Param(jnp.zeros((d,), param_dtype), **axis_metadata("vision_embed"))
 
     def __call__(self, pixel_values: jax.Array) -> jax.Array:
         """pixel_values [N, C * T * P * P] (torch's C, T, P_h, P_w flattening) -> [N, hidden]."""
@@ -437,7 +432,7 @@ class VisionTower(nnx.Module):
         self.pos_embed = nnx.Param(
             jax.nn.initializers.normal(0.02)(rngs.params(), (cfg.num_position_embeddings, cfg.hidden_size),
                                              param_dtype),
-            **_meta("vision_positions", "vision_embed"),
+            **axis_metadata("vision_positions", "vision_embed"),
         )
         self.blocks = nnx.List([VisionBlock(cfg, **kw) for _ in range(cfg.depth)])
         self.merger = PatchMerger(cfg, postshuffle_norm=False, **kw)

@@ -39,30 +39,14 @@ def tokenizer_dir(config) -> str | None:
 def build_policy(settings: TrainSettings, seed: int):
     """The policy model a config names: a random init of the tiny Qwen3-VL, Qwen3 or Qwen3.5, or
     the Qwen3-VL / Qwen3 / Qwen3.5 checkpoint in model.init_from (`cua_jax.models.hf_policy.load_policy`)."""
-    from flax import nnx
-
     from cua_jax.models.hf_policy import load_policy
-    from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
+    from cua_jax.models.registry import TINY_MODELS
 
     model = settings.config.model
     precision = dict(dtype=model.compute_dtype, param_dtype=model.param_dtype, remat=model.remat)
     if model.name in LOADED_POLICIES:
         return load_policy(model.init_from, **precision)[0]
-    if model.name == "tiny_qwen3":
-        from cua_jax.context.tokenizer import VOCAB_SIZE
-        from cua_jax.models.configs import tiny_qwen3_config
-        from cua_jax.models.qwen3 import Qwen3ForCausalLM
-
-        overrides = {"num_hidden_layers": model.num_layers} if model.num_layers else {}
-        return Qwen3ForCausalLM(tiny_qwen3_config(vocab_size=VOCAB_SIZE, **overrides, **precision), rngs=nnx.Rngs(seed))
-    if model.name == "tiny_qwen3_5":
-        from cua_jax.models.qwen3_5 import Qwen3_5ForConditionalGeneration, tiny_qwen3_5_config
-
-        # model.num_layers keeps Qwen3.5's pattern: every 4th layer full attention.
-        overrides = {"num_hidden_layers": model.num_layers, "layer_types": ()} if model.num_layers else {}
-        return Qwen3_5ForConditionalGeneration(tiny_qwen3_5_config(**overrides, **precision), rngs=nnx.Rngs(seed))
-    overrides = {"num_hidden_layers": model.num_layers} if model.num_layers else {}
-    return Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(**overrides, **precision), rngs=nnx.Rngs(seed))
+    return TINY_MODELS[model.name](model.num_layers, seed, **precision)
 
 
 def check_init_from(config):

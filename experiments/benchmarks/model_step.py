@@ -24,7 +24,7 @@ with their shapes and source. What it showed here (2 threads, nothing else runni
     other 20%. The largest copies (2.7 ms each, one per layer) were the SwiGLU
     backward's [768, 512] gradient written transposed for the weight-gradient dot of a
     3-D [B, T, E] projection; attention's grouped-head einsums added more.
-  * projections as 2-D matmuls (`cua_jax.models.qwen3.project`): 74 ms, copies 11%;
+  * projections as 2-D matmuls (`cua_jax.models.layers.project`): 74 ms, copies 11%;
     fwd+bwd 1.02x -> 1.21x eager at hidden 256 and 1.12x -> 1.42x at hidden 512.
   * `jax.nn.dot_product_attention` instead of the einsum attention: 74 -> 71 ms at
     hidden 256, 698 -> 665 ms at hidden 512. What remains is matmul-bound: the LM head
@@ -55,9 +55,7 @@ import numpy as np
 import torch
 from flax import nnx
 
-from cua_jax.models.checkpoint import export_qwen3
 from cua_jax.models.configs import tiny_qwen3_config
-from cua_jax.models.qwen3 import Qwen3ForCausalLM
 from cua_jax.models.sampler import Sampler, SamplingParams
 
 # (hidden, layers, batch, seq) of the default runs.
@@ -90,28 +88,38 @@ def set_threads(threads: int | None) -> int:
     return len(cpus)
 
 
-def make_config(hidden: int, layers: int, vocab: int, model: str = "qwen3"):
-    shape = dict(hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers, vocab_size=vocab,
-                 num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128))
-    if model == "qwen3":
-        return tiny_qwen3_config(**shape)
+def qwen3_config(shape: dict):
+    return tiny_qwen3_config(**shape)
+
+
+def qwen3_5_config(shape: dict):
     from cua_jax.models.qwen3_5 import tiny_qwen3_5_text_config
 
+    hidden = shape["hidden_size"]
     # Qwen3.5's proportions: head_dim 64 with rotary on a quarter, value heads twice the key heads.
     return tiny_qwen3_5_text_config(**shape, head_dim=64, mrope_section=(4, 2, 2), layer_types=(),
                                     linear_key_head_dim=64, linear_value_head_dim=64,
                                     linear_num_key_heads=max(1, hidden // 128), linear_num_value_heads=hidden // 64)
 
 
+# --model -> the benchmark's config of that size.
+BENCHMARK_CONFIGS = {"qwen3": qwen3_config, "qwen3_5": qwen3_5_config}
+
+
+def make_config(hidden: int, layers: int, vocab: int, model: str = "qwen3"):
+    shape = dict(hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers, vocab_size=vocab,
+                 num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128))
+    return BENCHMARK_CONFIGS[model](shape)
+
+
 def model_kind(config):
     """(our model class, export function, transformers class) for a config."""
     import transformers
 
-    from cua_jax.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig, export_qwen3_5
+    from cua_jax.models.registry import model_kind_of_config
 
-    if isinstance(config, Qwen3_5TextConfig):
-        return Qwen3_5ForCausalLM, export_qwen3_5, transformers.Qwen3_5ForCausalLM
-    return Qwen3ForCausalLM, export_qwen3, transformers.Qwen3ForCausalLM
+    kind = model_kind_of_config(config)
+    return kind.model_class, kind.export, getattr(transformers, kind.architecture)
 
 
 def profile_step(step, args, runs: int = 10, top: int = 15) -> None:
@@ -273,7 +281,7 @@ def decode(config, ids: np.ndarray, new_tokens: int, iters: int) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=("qwen3", "qwen3_5"), default="qwen3")
+    parser.add_argument("--model", choices=tuple(BENCHMARK_CONFIGS), default="qwen3")
     parser.add_argument("--batch", type=int, default=None, help="with --hidden: rows (default 4)")
     parser.add_argument("--seq", type=int, default=None, help="with --hidden: tokens per row (default 128)")
     parser.add_argument("--hidden", type=int, default=None, help="one custom size instead of the defaults")

@@ -104,7 +104,7 @@ def test_inputs_embeds_and_layer_hook(our_qwen3, token_batch):
     assert seen == list(range(config.num_hidden_layers))
     # adding after layer 0 is the same as feeding layer 1 the sum: run layer by layer by hand
     cos, sin = model.model.rotary_cos_sin(jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape))
-    from cua_jax.models.qwen3 import attention_mask
+    from cua_jax.models.layers import attention_mask
 
     slots = jnp.arange(ids.shape[1])
     segments = jnp.ones(ids.shape, jnp.int32)

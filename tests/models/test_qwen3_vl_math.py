@@ -11,12 +11,10 @@ from hypothesis import strategies as st
 
 from cua_jax.models.qwen3_vl import (
     decode_positions,
-    mrope_axis_of_frequency,
-    mrope_cos_sin,
     rope_index,
     text_positions,
 )
-from cua_jax.models.rope import rope_cos_sin
+from cua_jax.models.rope import mrope_axis_of_frequency, mrope_cos_sin, rope_cos_sin
 from cua_jax.models.vision import (
     attention_segment_runs,
     segment_attention,

@@ -15,207 +15,31 @@ Matches transformers' `Qwen3VLForConditionalGeneration` (images; videos are not 
 Position ids are host-side data (`rope_index`, numpy), like the token ids they are built
 from: the model takes them as a [3, B, L] int array. Decoding continues them with the
 per-sequence `rope_deltas` (`decode_positions`).
+
+Configs are in `config`, checkpoint tables and loading in `params`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cua_jax.models import checkpoint
-from cua_jax.models.configs import Qwen3Config, RopeConfig, tiny_qwen3_config
+from cua_jax.models.layers import scatter_rows
 from cua_jax.models.qwen3 import KVCache, Qwen3ForCausalLM
-from cua_jax.models.rope import rope_inv_freq
-from cua_jax.models.sharding import DEFAULT_RULES
+from cua_jax.models.qwen3_vl.config import Qwen3VLConfig
+from cua_jax.models.rope import mrope_cos_sin, rope_inv_freq
 from cua_jax.models.vision import (
-    VISION_RULES,
     GridTHW,
     ImageGrid,
-    VisionConfig,
     VisionTower,
     merged_token_counts,
     normalize_grid,
 )
-
-# Sharding rules covering the text decoder's and the vision tower's logical axes.
-QWEN3_VL_RULES: Mapping[str, Any] = {**DEFAULT_RULES, **VISION_RULES}
-
-
-# ---------------------------------------------------------------------------
-# Configuration
-# ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Qwen3VLConfig:
-    """HF `Qwen3VLConfig`: a Qwen3 text config, a vision config, M-RoPE sections and the
-    special token ids. `mrope_section` (t, h, w) counts rotary frequencies per axis and sums
-    to text.head_dim // 2."""
-
-    text: Qwen3Config
-    vision: VisionConfig
-    mrope_section: tuple[int, int, int] = (24, 20, 20)
-    image_token_id: int = 151655
-    video_token_id: int = 151656
-    vision_start_token_id: int = 151652
-    vision_end_token_id: int = 151653
-
-    def __post_init__(self):
-        if len(self.mrope_section) != 3 or sum(self.mrope_section) != self.text.head_dim // 2:
-            raise ValueError(
-                f"mrope_section {self.mrope_section} must have 3 entries summing to head_dim // 2 = "
-                f"{self.text.head_dim // 2}"
-            )
-        if self.vision.out_hidden_size != self.text.hidden_size:
-            raise ValueError(
-                f"vision out_hidden_size {self.vision.out_hidden_size} must equal text hidden_size "
-                f"{self.text.hidden_size} (image tokens replace text embeddings)"
-            )
-        if self.text.rope.rope_type == "dynamic":
-            raise ValueError("dynamic-NTK rope is not supported with multimodal RoPE")
-        if len(self.vision.deepstack_visual_indexes) > self.text.num_hidden_layers:
-            raise ValueError(
-                f"{len(self.vision.deepstack_visual_indexes)} DeepStack features but only "
-                f"{self.text.num_hidden_layers} decoder layers to inject them into"
-            )
-
-    @property
-    def tie_word_embeddings(self) -> bool:
-        return self.text.tie_word_embeddings
-
-    @classmethod
-    def from_hf_dict(cls, hf: Mapping[str, Any], **text_overrides: Any) -> "Qwen3VLConfig":
-        """From a Qwen3-VL config.json dict; `text_overrides` set dtype, param_dtype, ...."""
-        if "text_config" not in hf or "vision_config" not in hf:
-            raise ValueError("a Qwen3-VL config.json needs 'text_config' and 'vision_config'")
-        text_hf = dict(hf["text_config"])
-        rope_params = dict(text_hf.get("rope_parameters") or text_hf.get("rope_scaling") or {})
-        mrope = rope_params.get("mrope_section", [24, 20, 20])
-        if rope_params.get("mrope_interleaved") is False:
-            raise ValueError("only interleaved M-RoPE (Qwen3-VL) is supported, config has mrope_interleaved=false")
-        # Qwen3-VL keeps tie_word_embeddings at the top level; the text config's copy (older files) is ignored.
-        text_hf["tie_word_embeddings"] = hf.get("tie_word_embeddings", text_hf.get("tie_word_embeddings", False))
-        text = Qwen3Config.from_hf_dict(text_hf, **text_overrides)
-        v = dict(hf["vision_config"])
-        vision_rope = dict(v.get("rope_parameters") or {})
-        vision = VisionConfig(
-            depth=v["depth"],
-            hidden_size=v["hidden_size"],
-            intermediate_size=v["intermediate_size"],
-            num_heads=v["num_heads"],
-            in_channels=v.get("in_channels", 3),
-            patch_size=v.get("patch_size", 16),
-            temporal_patch_size=v.get("temporal_patch_size", 2),
-            spatial_merge_size=v.get("spatial_merge_size", 2),
-            out_hidden_size=v["out_hidden_size"],
-            num_position_embeddings=v["num_position_embeddings"],
-            deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes", ())),
-            rope_theta=float(vision_rope.get("rope_theta", v.get("rope_theta", 10000.0))),
-            hidden_act=v.get("hidden_act", "gelu_pytorch_tanh"),
-        )
-        return cls(
-            text=text,
-            vision=vision,
-            mrope_section=tuple(int(x) for x in mrope),
-            image_token_id=hf.get("image_token_id", 151655),
-            video_token_id=hf.get("video_token_id", 151656),
-            vision_start_token_id=hf.get("vision_start_token_id", 151652),
-            vision_end_token_id=hf.get("vision_end_token_id", 151653),
-        )
-
-    def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
-        """The config.json dict transformers' `Qwen3VLForConditionalGeneration` loads."""
-        text = self.text.to_hf_dict(torch_dtype)
-        for key in ("architectures", "use_sliding_window", "tie_word_embeddings", "dtype"):
-            text.pop(key, None)
-        text["model_type"] = "qwen3_vl_text"
-        text["rope_parameters"] = {
-            **self.text.rope.to_hf_dict(),
-            "mrope_section": list(self.mrope_section),
-            "mrope_interleaved": True,
-        }
-        v = self.vision
-        return {
-            "architectures": ["Qwen3VLForConditionalGeneration"],
-            "model_type": "qwen3_vl",
-            "image_token_id": self.image_token_id,
-            "video_token_id": self.video_token_id,
-            "vision_start_token_id": self.vision_start_token_id,
-            "vision_end_token_id": self.vision_end_token_id,
-            "tie_word_embeddings": self.text.tie_word_embeddings,
-            "dtype": torch_dtype,
-            "text_config": text,
-            "vision_config": {
-                "model_type": "qwen3_vl_vision",
-                "depth": v.depth,
-                "hidden_size": v.hidden_size,
-                "hidden_act": v.hidden_act,
-                "intermediate_size": v.intermediate_size,
-                "num_heads": v.num_heads,
-                "in_channels": v.in_channels,
-                "patch_size": v.patch_size,
-                "spatial_merge_size": v.spatial_merge_size,
-                "temporal_patch_size": v.temporal_patch_size,
-                "out_hidden_size": v.out_hidden_size,
-                "num_position_embeddings": v.num_position_embeddings,
-                "deepstack_visual_indexes": list(v.deepstack_visual_indexes),
-                "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
-            },
-        }
-
-
-def _tiny_tokenizer_special_ids() -> dict[str, int]:
-    """Ids of Qwen's added tokens in the shipped tiny tokenizer (they follow the BPE vocabulary in order)."""
-    from cua_jax.context.tokenizer import QWEN_ADDED_TOKENS, VOCAB_SIZE
-
-    first = VOCAB_SIZE - len(QWEN_ADDED_TOKENS)
-    return {content: first + i for i, (content, _) in enumerate(QWEN_ADDED_TOKENS)}
-
-
-def tiny_qwen3_vl_config(**text_overrides: Any) -> Qwen3VLConfig:
-    """A small random-init Qwen3-VL for tests and the embedded default run (item 6).
-
-    Text: `tiny_qwen3_config` (hidden 128, 4 heads / 2 KV heads of head_dim 64) with 3 layers
-    and the shipped tiny tokenizer's 4096-token vocabulary and special ids. Vision: Qwen3-VL's
-    patch geometry (16 px patches, 2 frames, 2x2 merge), width 64, 2 heads, 3 blocks, DeepStack
-    from blocks 0 and 1 into decoder layers 0 and 1, a 16x16 learned positional grid (a 160x210
-    MiniWoB screenshot is a 14x10 patch grid, 35 image tokens).
-    """
-    from cua_jax.context.tokenizer import VOCAB_SIZE
-
-    ids = _tiny_tokenizer_special_ids()
-    text = dict(
-        vocab_size=VOCAB_SIZE,
-        num_hidden_layers=3,
-        bos_token_id=None,
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-        rope=RopeConfig(rope_theta=10000.0),
-    )
-    text.update(text_overrides)
-    return Qwen3VLConfig(
-        text=tiny_qwen3_config(**text),
-        vision=VisionConfig(
-            depth=3,
-            hidden_size=64,
-            intermediate_size=128,
-            num_heads=2,
-            out_hidden_size=128,
-            num_position_embeddings=256,
-            deepstack_visual_indexes=(0, 1),
-        ),
-        mrope_section=(12, 10, 10),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -306,35 +130,6 @@ def decode_positions(num_real_before: jax.Array, rope_deltas: jax.Array) -> jax.
 # ---------------------------------------------------------------------------
 
 
-def mrope_axis_of_frequency(mrope_section: Sequence[int]) -> np.ndarray:
-    """Which position axis (0 = t, 1 = h, 2 = w) drives each rotary frequency: int [sum(sections)].
-
-    Interleaved layout: frequency j uses h when j % 3 == 1 and j < 3 * sections[1], w when
-    j % 3 == 2 and j < 3 * sections[2], else t.
-    """
-    n = int(sum(mrope_section))
-    j = np.arange(n)
-    axis = np.zeros(n, np.int32)
-    axis[(j % 3 == 1) & (j < 3 * mrope_section[1])] = 1
-    axis[(j % 3 == 2) & (j < 3 * mrope_section[2])] = 2
-    return axis
-
-
-def mrope_cos_sin(positions: jax.Array, inv_freq: jax.Array, mrope_section: Sequence[int],
-                  scaling: float = 1.0) -> tuple[jax.Array, jax.Array]:
-    """cos, sin float32 [B, L, 2 * F] for 3-axis positions int [3, B, L] and inv_freq [F].
-
-    Each frequency takes its angle from the axis `mrope_axis_of_frequency` assigns it; the
-    frequencies are laid out twice ([f, f]) for the rotate-half convention.
-    """
-    axis = jnp.asarray(mrope_axis_of_frequency(mrope_section))
-    pos = positions.astype(jnp.float32)  # [3, B, L]
-    picked = jnp.take(pos, axis, axis=0)  # [F, B, L]: the driving axis' position per frequency
-    freqs = jnp.moveaxis(picked, 0, -1) * jnp.asarray(inv_freq, jnp.float32)
-    emb = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(emb) * scaling, jnp.sin(emb) * scaling
-
-
 def text_rope_tables(cfg: Qwen3VLConfig) -> tuple[np.ndarray, float]:
     """inv_freq float32 [head_dim // 2] and cos/sin scaling of the text decoder's rotary."""
     return rope_inv_freq(cfg.text.rope, cfg.text.head_dim, cfg.text.max_position_embeddings)
@@ -350,17 +145,6 @@ def image_token_counts(cfg: Qwen3VLConfig, image_grid_thw: GridTHW) -> tuple[int
 # ---------------------------------------------------------------------------
 
 
-def _scatter_rows(mask: jax.Array, rows: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Row i of `rows` for the i-th True of `mask` (row-major over [B, T]), as HF's masked_scatter.
-
-    mask bool [B, T]; rows [M, E]. Returns (gathered [B, T, E] (garbage where mask is False),
-    mask[..., None]).
-    """
-    index = jnp.cumsum(mask.reshape(-1)) - 1
-    index = jnp.clip(index, 0, rows.shape[0] - 1).reshape(mask.shape)
-    return rows[index], mask[..., None]
-
-
 def image_features(input_ids: jax.Array, image_token_id: int, tokens: jax.Array,
                    deepstack: Sequence[jax.Array] = ()) -> tuple[jax.Array, tuple[jax.Array, ...]]:
     """The `image_features` model input for input_ids int [B, T]: merged image tokens [M, E] (and
@@ -368,7 +152,7 @@ def image_features(input_ids: jax.Array, image_token_id: int, tokens: jax.Array,
     as [B, T, E] arrays (row i of `tokens` at the i-th placeholder; rows past the placeholders
     are left over, so M may be padded)."""
     mask = input_ids == image_token_id
-    return _scatter_rows(mask, tokens)[0], tuple(_scatter_rows(mask, d)[0] for d in deepstack)
+    return scatter_rows(mask, tokens)[0], tuple(scatter_rows(mask, d)[0] for d in deepstack)
 
 
 class Qwen3VLForConditionalGeneration(nnx.Module):
@@ -441,8 +225,8 @@ class Qwen3VLForConditionalGeneration(nnx.Module):
                 f"{cfg.vision.spatial_merge_size} merging)"
             )
         image_embeds, deepstack = self.encode_images(pixel_values, image_grid_thw)
-        gathered, keep = _scatter_rows(mask, image_embeds.astype(embeds.dtype))
-        placed = tuple(_scatter_rows(mask, d)[0] for d in deepstack)
+        gathered, keep = scatter_rows(mask, image_embeds.astype(embeds.dtype))
+        placed = tuple(scatter_rows(mask, d)[0] for d in deepstack)
         return self._place_image_features(input_ids, embeds, (gathered, placed))
 
     def _place_image_features(self, input_ids, embeds, image_features):
@@ -517,82 +301,6 @@ class Qwen3VLForConditionalGeneration(nnx.Module):
         """(logits float32 [B, T, V], updated cache); arguments as `hidden_states`."""
         hidden, cache = self.hidden_states(input_ids, **kwargs)
         return self.logits(hidden), cache
-
-
-# ---------------------------------------------------------------------------
-# Checkpoint I/O
-# ---------------------------------------------------------------------------
-
-
-def vision_key_rules(hf_prefix: str = "model.visual.", our_prefix: str = "visual.") -> list[checkpoint.KeyRule]:
-    """The vision tower's table (placeholders {block} and {merger})."""
-    h, o = hf_prefix, our_prefix
-    R = checkpoint.KeyRule
-
-    def linear(hf: str, ours: str) -> list[checkpoint.KeyRule]:
-        return [R(f"{hf}.weight", f"{ours}.kernel", transpose=True), R(f"{hf}.bias", f"{ours}.bias")]
-
-    def norm(hf: str, ours: str) -> list[checkpoint.KeyRule]:
-        return [R(f"{hf}.weight", f"{ours}.scale"), R(f"{hf}.bias", f"{ours}.bias")]
-
-    # The patch kernel is stored as the axis reversal of torch's Conv3d weight: a transpose.
-    rules = linear(f"{h}patch_embed.proj", f"{o}patch_embed") + [R(f"{h}pos_embed.weight", f"{o}pos_embed")]
-    blk_h, blk_o = f"{h}blocks.{{block}}.", f"{o}blocks.{{block}}."
-    rules += norm(f"{blk_h}norm1", f"{blk_o}norm1") + norm(f"{blk_h}norm2", f"{blk_o}norm2")
-    rules += linear(f"{blk_h}attn.qkv", f"{blk_o}attn.qkv") + linear(f"{blk_h}attn.proj", f"{blk_o}attn.proj")
-    rules += linear(f"{blk_h}mlp.linear_fc1", f"{blk_o}mlp.linear_fc1")
-    rules += linear(f"{blk_h}mlp.linear_fc2", f"{blk_o}mlp.linear_fc2")
-    for hf_merger, our_merger in ((f"{h}merger", f"{o}merger"),
-                                  (f"{h}deepstack_merger_list.{{merger}}", f"{o}deepstack_merger_list.{{merger}}")):
-        rules += norm(f"{hf_merger}.norm", f"{our_merger}.norm")
-        rules += linear(f"{hf_merger}.linear_fc1", f"{our_merger}.linear_fc1")
-        rules += linear(f"{hf_merger}.linear_fc2", f"{our_merger}.linear_fc2")
-    return rules
-
-
-def qwen3_vl_key_table(config: Qwen3VLConfig) -> list[checkpoint.KeyMapping]:
-    """HF `Qwen3VLForConditionalGeneration` keys <-> our parameter paths, for load and export."""
-    text = checkpoint.qwen3_key_rules(
-        "model.language_model.", "language_model.model.",
-        tie_word_embeddings=config.text.tie_word_embeddings, attention_bias=config.text.attention_bias,
-    )
-    # The LM head sits at the top level in HF and inside our language model.
-    text = [checkpoint.KeyRule(r.hf, "language_model." + r.ours, r.transpose) if r.hf == "lm_head.weight" else r
-            for r in text]
-    counts = {
-        "layer": config.text.num_hidden_layers,
-        "block": config.vision.depth,
-        "merger": len(config.vision.deepstack_visual_indexes),
-    }
-    return checkpoint.expand_key_table(text + vision_key_rules(), counts)
-
-
-def load_qwen3_vl(directory, *, mesh=None, rules: Mapping[str, Any] = QWEN3_VL_RULES, freeze_vision: bool = False,
-                  **text_overrides) -> tuple[Qwen3VLForConditionalGeneration, Qwen3VLConfig]:
-    """(model, config) for the Qwen3-VL checkpoint in `directory`, parameters placed on `mesh`.
-
-    text_overrides set non-HF fields such as dtype / param_dtype.
-    """
-    config = Qwen3VLConfig.from_hf_dict(checkpoint.read_hf_config(directory), **text_overrides)
-    tied = config.text.tie_word_embeddings
-    model = checkpoint.load_hf_checkpoint(
-        directory,
-        lambda: Qwen3VLForConditionalGeneration(config, rngs=nnx.Rngs(0), freeze_vision=freeze_vision),
-        qwen3_vl_key_table(config),
-        mesh=mesh,
-        rules=rules,
-        ignore_hf_keys=lambda k: k.endswith("inv_freq") or (tied and k == "lm_head.weight"),
-    )
-    return model, config
-
-
-def export_qwen3_vl(model: Qwen3VLForConditionalGeneration, directory, **kwargs):
-    """Writes a Qwen3-VL as a HF directory (config, safetensors, tokenizer and processor files);
-    kwargs as `checkpoint.export_hf_checkpoint`."""
-    config = model.config
-    torch_dtype = kwargs.get("dtype") or np.dtype(config.text.param_dtype).name
-    hf_config = config.to_hf_dict(torch_dtype="bfloat16" if torch_dtype in ("bf16", "bfloat16") else str(torch_dtype))
-    return checkpoint.export_hf_checkpoint(model, directory, qwen3_vl_key_table(config), hf_config, **kwargs)
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,296 @@
+"""Qwen3.5 configurations: `Qwen3_5TextConfig` (HF `Qwen3_5TextConfig`) and `Qwen3_5Config`
+(text + vision tower + special token ids), read from and written to config.json dicts, and the
+small random-init configs tests and default runs use."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+from cua_jax.models.configs import model_dtype
+from cua_jax.models.vision import VisionConfig
+
+LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointTensorSpec:
+    """A checkpoint tensor kept verbatim (an `mtp.*` weight): its HF key, shape and dtype name."""
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3_5TextConfig:
+    """The fields of HF's `Qwen3_5TextConfig` that determine the computation, plus ours.
+
+    layer_types: one of LAYER_TYPES per layer (HF's default: every 4th layer full attention).
+    Ours: dtype / param_dtype / attention_query_chunk / remat as `Qwen3Config`; chunk_size: tokens
+    per chunk of the chunked delta rule; mtp_tensors: the `mtp.*` weights the checkpoint carries;
+    hf_extra: other text-config fields of the config.json (JSON-encoded), written back on export.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    layer_types: tuple[str, ...] = ()
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000000.0
+    partial_rotary_factor: float = 0.25
+    mrope_section: tuple[int, int, int] = (11, 11, 10)
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 32768
+    attention_bias: bool = False
+    hidden_act: str = "silu"
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    attention_query_chunk: int = 1024
+    remat: bool = False
+    chunk_size: int = 64
+    mtp_tensors: tuple[CheckpointTensorSpec, ...] = ()
+    hf_extra: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", model_dtype(self.dtype, "Qwen3_5TextConfig.dtype"))
+        object.__setattr__(self, "param_dtype", model_dtype(self.param_dtype, "Qwen3_5TextConfig.param_dtype"))
+        if not self.layer_types:
+            object.__setattr__(self, "layer_types", tuple(
+                "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(self.num_hidden_layers)))
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        object.__setattr__(self, "mrope_section", tuple(int(x) for x in self.mrope_section))
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if bad:
+            raise ValueError(f"layer_types holds unknown types {bad}; known: {LAYER_TYPES}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ValueError(f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
+                             f"linear_num_key_heads ({self.linear_num_key_heads})")
+        if self.rotary_dim % 2 or self.rotary_dim == 0:
+            raise ValueError(f"head_dim {self.head_dim} x partial_rotary_factor {self.partial_rotary_factor} must "
+                             "give a positive even rotary dimension")
+        if len(self.mrope_section) != 3 or sum(self.mrope_section) != self.rotary_dim // 2:
+            raise ValueError(f"mrope_section {self.mrope_section} must have 3 entries summing to the rotary "
+                             f"dimension / 2 = {self.rotary_dim // 2}")
+        if self.hidden_act != "silu":
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (Qwen3.5 uses 'silu')")
+        if not isinstance(self.remat, bool):
+            raise ValueError(f"Qwen3_5TextConfig.remat must be a bool, got {self.remat!r}")
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.linear_key_dim + self.linear_value_dim
+
+    _KNOWN = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "linear_conv_kernel_dim", "linear_key_head_dim",
+              "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads", "layer_types",
+              "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings", "attention_bias", "hidden_act",
+              "bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters", "rope_scaling", "rope_theta",
+              "partial_rotary_factor", "model_type", "architectures", "dtype", "torch_dtype", "use_cache",
+              "attention_dropout", "initializer_range", "transformers_version", "full_attention_interval")
+
+    @classmethod
+    def from_hf_dict(cls, hf: Mapping[str, Any], **overrides: Any) -> "Qwen3_5TextConfig":
+        """From a Qwen3.5 text config.json dict (or a VL config's text_config); `overrides` set
+        dtype, param_dtype, mtp_tensors, ...."""
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        missing = [k for k in required if k not in hf]
+        if missing:
+            raise ValueError(f"config.json lacks required Qwen3.5 text fields {missing}")
+        rope = {**dict(hf.get("rope_scaling") or {}), **dict(hf.get("rope_parameters") or {})}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"rope_type {rope_type!r} is not supported for Qwen3.5 (only 'default')")
+        layers = hf["num_hidden_layers"]
+        layer_types = hf.get("layer_types")
+        if not layer_types:
+            interval = hf.get("full_attention_interval", 4)
+            layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+        eos = hf.get("eos_token_id")
+        kwargs = dict(
+            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=layers, num_attention_heads=hf["num_attention_heads"],
+            num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+            linear_conv_kernel_dim=hf.get("linear_conv_kernel_dim", 4),
+            linear_key_head_dim=hf.get("linear_key_head_dim", 128),
+            linear_value_head_dim=hf.get("linear_value_head_dim", 128),
+            linear_num_key_heads=hf.get("linear_num_key_heads", 16),
+            linear_num_value_heads=hf.get("linear_num_value_heads", 32),
+            layer_types=tuple(layer_types), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+            partial_rotary_factor=float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))),
+            mrope_section=tuple(rope.get("mrope_section", (11, 11, 10))),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            max_position_embeddings=hf.get("max_position_embeddings", 32768),
+            attention_bias=hf.get("attention_bias", False), hidden_act=hf.get("hidden_act", "silu"),
+            bos_token_id=hf.get("bos_token_id"), eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            pad_token_id=hf.get("pad_token_id"),
+            hf_extra=tuple(sorted((k, json.dumps(v)) for k, v in hf.items() if k not in cls._KNOWN)),
+        )
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
+        """The config.json dict transformers' `Qwen3_5ForCausalLM` loads."""
+        eos = list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id
+        out = {k: json.loads(v) for k, v in self.hf_extra}
+        out.update({
+            "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim, "linear_conv_kernel_dim": self.linear_conv_kernel_dim,
+            "linear_key_head_dim": self.linear_key_head_dim, "linear_value_head_dim": self.linear_value_head_dim,
+            "linear_num_key_heads": self.linear_num_key_heads, "linear_num_value_heads": self.linear_num_value_heads,
+            "layer_types": list(self.layer_types), "hidden_act": self.hidden_act,
+            "max_position_embeddings": self.max_position_embeddings, "rms_norm_eps": self.rms_norm_eps,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta,
+                                "partial_rotary_factor": self.partial_rotary_factor,
+                                "mrope_section": list(self.mrope_section), "mrope_interleaved": True},
+            "tie_word_embeddings": self.tie_word_embeddings, "attention_bias": self.attention_bias,
+            "attention_dropout": 0.0, "use_cache": True, "bos_token_id": self.bos_token_id, "eos_token_id": eos,
+            "pad_token_id": self.pad_token_id, "dtype": torch_dtype,
+        })
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3_5Config:
+    """HF `Qwen3_5Config`: the text config, a vision config (Qwen3-VL's tower, no DeepStack) and
+    the special token ids."""
+
+    text: Qwen3_5TextConfig
+    vision: VisionConfig
+    image_token_id: int = 248056
+    video_token_id: int = 248057
+    vision_start_token_id: int = 248053
+    vision_end_token_id: int = 248054
+
+    def __post_init__(self):
+        if self.vision.deepstack_visual_indexes:
+            raise ValueError("the Qwen3.5 vision tower has no DeepStack mergers "
+                             "(deepstack_visual_indexes must be empty)")
+        if self.vision.out_hidden_size != self.text.hidden_size:
+            raise ValueError(f"vision out_hidden_size {self.vision.out_hidden_size} must equal text hidden_size "
+                             f"{self.text.hidden_size} (image tokens replace text embeddings)")
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        return self.text.tie_word_embeddings
+
+    @classmethod
+    def from_hf_dict(cls, hf: Mapping[str, Any], **text_overrides: Any) -> "Qwen3_5Config":
+        if "text_config" not in hf or "vision_config" not in hf:
+            raise ValueError("a Qwen3.5 vision-language config.json needs 'text_config' and 'vision_config'")
+        text_hf = dict(hf["text_config"])
+        text_hf["tie_word_embeddings"] = hf.get("tie_word_embeddings", text_hf.get("tie_word_embeddings", False))
+        text = Qwen3_5TextConfig.from_hf_dict(text_hf, **text_overrides)
+        v = dict(hf["vision_config"])
+        vision_rope = dict(v.get("rope_parameters") or {})
+        vision = VisionConfig(
+            depth=v["depth"], hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
+            num_heads=v["num_heads"], in_channels=v.get("in_channels", 3), patch_size=v.get("patch_size", 16),
+            temporal_patch_size=v.get("temporal_patch_size", 2), spatial_merge_size=v.get("spatial_merge_size", 2),
+            out_hidden_size=v["out_hidden_size"], num_position_embeddings=v["num_position_embeddings"],
+            deepstack_visual_indexes=(), rope_theta=float(vision_rope.get("rope_theta", 10000.0)),
+            hidden_act=v.get("hidden_act", "gelu_pytorch_tanh"),
+        )
+        return cls(text=text, vision=vision, image_token_id=hf.get("image_token_id", 248056),
+                   video_token_id=hf.get("video_token_id", 248057),
+                   vision_start_token_id=hf.get("vision_start_token_id", 248053),
+                   vision_end_token_id=hf.get("vision_end_token_id", 248054))
+
+    def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
+        """The config.json dict transformers' `Qwen3_5ForConditionalGeneration` loads."""
+        text = self.text.to_hf_dict(torch_dtype)
+        for key in ("architectures", "tie_word_embeddings", "dtype"):
+            text.pop(key, None)
+        v = self.vision
+        return {
+            "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+            "image_token_id": self.image_token_id, "video_token_id": self.video_token_id,
+            "vision_start_token_id": self.vision_start_token_id, "vision_end_token_id": self.vision_end_token_id,
+            "tie_word_embeddings": self.text.tie_word_embeddings, "dtype": torch_dtype, "text_config": text,
+            "vision_config": {
+                "model_type": "qwen3_5_vision", "depth": v.depth, "hidden_size": v.hidden_size,
+                "hidden_act": v.hidden_act, "intermediate_size": v.intermediate_size, "num_heads": v.num_heads,
+                "in_channels": v.in_channels, "patch_size": v.patch_size,
+                "spatial_merge_size": v.spatial_merge_size, "temporal_patch_size": v.temporal_patch_size,
+                "out_hidden_size": v.out_hidden_size, "num_position_embeddings": v.num_position_embeddings,
+                "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
+            },
+        }
+
+
+def tiny_qwen3_5_text_config(**overrides: Any) -> Qwen3_5TextConfig:
+    """A small random-init Qwen3.5 text config for tests: hidden 128, 4 layers (linear, linear,
+    linear, full), 4 query / 2 KV heads of head_dim 32 (rotary on 8 channels), linear attention
+    with 2 key / 4 value heads of dim 32, vocab 512."""
+    base = dict(
+        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=32,
+        linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, rope_theta=10000.0,
+        partial_rotary_factor=0.25, mrope_section=(2, 1, 1), max_position_embeddings=2048,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    base.update(overrides)
+    return Qwen3_5TextConfig(**base)
+
+
+def _tiny_tokenizer_special_ids() -> dict[str, int]:
+    from cua_jax.context.tokenizer import QWEN_ADDED_TOKENS, VOCAB_SIZE
+
+    first = VOCAB_SIZE - len(QWEN_ADDED_TOKENS)
+    return {content: first + i for i, (content, _) in enumerate(QWEN_ADDED_TOKENS)}
+
+
+def tiny_qwen3_5_config(**text_overrides: Any) -> Qwen3_5Config:
+    """A small random-init Qwen3.5 vision-language config: `tiny_qwen3_5_text_config` with the
+    shipped tiny tokenizer's vocabulary and special ids, and a 2-block, width-64 vision tower with
+    Qwen3-VL's patch geometry (as `tiny_qwen3_vl_config`'s, without DeepStack)."""
+    from cua_jax.context.tokenizer import VOCAB_SIZE
+
+    ids = _tiny_tokenizer_special_ids()
+    text = dict(vocab_size=VOCAB_SIZE, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
+                pad_token_id=ids["<|endoftext|>"])
+    text.update(text_overrides)
+    return Qwen3_5Config(
+        text=tiny_qwen3_5_text_config(**text),
+        vision=VisionConfig(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
+                            num_position_embeddings=256, deepstack_visual_indexes=()),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+    )

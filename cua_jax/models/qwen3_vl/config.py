@@ -1,0 +1,177 @@
+"""Qwen3-VL's configuration: `Qwen3VLConfig` (HF `Qwen3VLConfig`: text config, vision config,
+M-RoPE sections, special token ids), read from and written to config.json dicts, and the small
+random-init config tests and default runs use."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from cua_jax.models.configs import Qwen3Config, RopeConfig, tiny_qwen3_config
+from cua_jax.models.vision import VisionConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3VLConfig:
+    """HF `Qwen3VLConfig`: a Qwen3 text config, a vision config, M-RoPE sections and the
+    special token ids. `mrope_section` (t, h, w) counts rotary frequencies per axis and sums
+    to text.head_dim // 2."""
+
+    text: Qwen3Config
+    vision: VisionConfig
+    mrope_section: tuple[int, int, int] = (24, 20, 20)
+    image_token_id: int = 151655
+    video_token_id: int = 151656
+    vision_start_token_id: int = 151652
+    vision_end_token_id: int = 151653
+
+    def __post_init__(self):
+        if len(self.mrope_section) != 3 or sum(self.mrope_section) != self.text.head_dim // 2:
+            raise ValueError(
+                f"mrope_section {self.mrope_section} must have 3 entries summing to head_dim // 2 = "
+                f"{self.text.head_dim // 2}"
+            )
+        if self.vision.out_hidden_size != self.text.hidden_size:
+            raise ValueError(
+                f"vision out_hidden_size {self.vision.out_hidden_size} must equal text hidden_size "
+                f"{self.text.hidden_size} (image tokens replace text embeddings)"
+            )
+        if self.text.rope.rope_type == "dynamic":
+            raise ValueError("dynamic-NTK rope is not supported with multimodal RoPE")
+        if len(self.vision.deepstack_visual_indexes) > self.text.num_hidden_layers:
+            raise ValueError(
+                f"{len(self.vision.deepstack_visual_indexes)} DeepStack features but only "
+                f"{self.text.num_hidden_layers} decoder layers to inject them into"
+            )
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        return self.text.tie_word_embeddings
+
+    @classmethod
+    def from_hf_dict(cls, hf: Mapping[str, Any], **text_overrides: Any) -> "Qwen3VLConfig":
+        """From a Qwen3-VL config.json dict; `text_overrides` set dtype, param_dtype, ...."""
+        if "text_config" not in hf or "vision_config" not in hf:
+            raise ValueError("a Qwen3-VL config.json needs 'text_config' and 'vision_config'")
+        text_hf = dict(hf["text_config"])
+        rope_params = dict(text_hf.get("rope_parameters") or text_hf.get("rope_scaling") or {})
+        mrope = rope_params.get("mrope_section", [24, 20, 20])
+        if rope_params.get("mrope_interleaved") is False:
+            raise ValueError("only interleaved M-RoPE (Qwen3-VL) is supported, config has mrope_interleaved=false")
+        # Qwen3-VL keeps tie_word_embeddings at the top level; the text config's copy (older files) is ignored.
+        text_hf["tie_word_embeddings"] = hf.get("tie_word_embeddings", text_hf.get("tie_word_embeddings", False))
+        text = Qwen3Config.from_hf_dict(text_hf, **text_overrides)
+        v = dict(hf["vision_config"])
+        vision_rope = dict(v.get("rope_parameters") or {})
+        vision = VisionConfig(
+            depth=v["depth"],
+            hidden_size=v["hidden_size"],
+            intermediate_size=v["intermediate_size"],
+            num_heads=v["num_heads"],
+            in_channels=v.get("in_channels", 3),
+            patch_size=v.get("patch_size", 16),
+            temporal_patch_size=v.get("temporal_patch_size", 2),
+            spatial_merge_size=v.get("spatial_merge_size", 2),
+            out_hidden_size=v["out_hidden_size"],
+            num_position_embeddings=v["num_position_embeddings"],
+            deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes", ())),
+            rope_theta=float(vision_rope.get("rope_theta", v.get("rope_theta", 10000.0))),
+            hidden_act=v.get("hidden_act", "gelu_pytorch_tanh"),
+        )
+        return cls(
+            text=text,
+            vision=vision,
+            mrope_section=tuple(int(x) for x in mrope),
+            image_token_id=hf.get("image_token_id", 151655),
+            video_token_id=hf.get("video_token_id", 151656),
+            vision_start_token_id=hf.get("vision_start_token_id", 151652),
+            vision_end_token_id=hf.get("vision_end_token_id", 151653),
+        )
+
+    def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
+        """The config.json dict transformers' `Qwen3VLForConditionalGeneration` loads."""
+        text = self.text.to_hf_dict(torch_dtype)
+        for key in ("architectures", "use_sliding_window", "tie_word_embeddings", "dtype"):
+            text.pop(key, None)
+        text["model_type"] = "qwen3_vl_text"
+        text["rope_parameters"] = {
+            **self.text.rope.to_hf_dict(),
+            "mrope_section": list(self.mrope_section),
+            "mrope_interleaved": True,
+        }
+        v = self.vision
+        return {
+            "architectures": ["Qwen3VLForConditionalGeneration"],
+            "model_type": "qwen3_vl",
+            "image_token_id": self.image_token_id,
+            "video_token_id": self.video_token_id,
+            "vision_start_token_id": self.vision_start_token_id,
+            "vision_end_token_id": self.vision_end_token_id,
+            "tie_word_embeddings": self.text.tie_word_embeddings,
+            "dtype": torch_dtype,
+            "text_config": text,
+            "vision_config": {
+                "model_type": "qwen3_vl_vision",
+                "depth": v.depth,
+                "hidden_size": v.hidden_size,
+                "hidden_act": v.hidden_act,
+                "intermediate_size": v.intermediate_size,
+                "num_heads": v.num_heads,
+                "in_channels": v.in_channels,
+                "patch_size": v.patch_size,
+                "spatial_merge_size": v.spatial_merge_size,
+                "temporal_patch_size": v.temporal_patch_size,
+                "out_hidden_size": v.out_hidden_size,
+                "num_position_embeddings": v.num_position_embeddings,
+                "deepstack_visual_indexes": list(v.deepstack_visual_indexes),
+                "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
+            },
+        }
+
+
+def _tiny_tokenizer_special_ids() -> dict[str, int]:
+    """Ids of Qwen's added tokens in the shipped tiny tokenizer (they follow the BPE vocabulary in order)."""
+    from cua_jax.context.tokenizer import QWEN_ADDED_TOKENS, VOCAB_SIZE
+
+    first = VOCAB_SIZE - len(QWEN_ADDED_TOKENS)
+    return {content: first + i for i, (content, _) in enumerate(QWEN_ADDED_TOKENS)}
+
+
+def tiny_qwen3_vl_config(**text_overrides: Any) -> Qwen3VLConfig:
+    """A small random-init Qwen3-VL for tests and the embedded default run (item 6).
+
+    Text: `tiny_qwen3_config` (hidden 128, 4 heads / 2 KV heads of head_dim 64) with 3 layers
+    and the shipped tiny tokenizer's 4096-token vocabulary and special ids. Vision: Qwen3-VL's
+    patch geometry (16 px patches, 2 frames, 2x2 merge), width 64, 2 heads, 3 blocks, DeepStack
+    from blocks 0 and 1 into decoder layers 0 and 1, a 16x16 learned positional grid (a 160x210
+    MiniWoB screenshot is a 14x10 patch grid, 35 image tokens).
+    """
+    from cua_jax.context.tokenizer import VOCAB_SIZE
+
+    ids = _tiny_tokenizer_special_ids()
+    text = dict(
+        vocab_size=VOCAB_SIZE,
+        num_hidden_layers=3,
+        bos_token_id=None,
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        rope=RopeConfig(rope_theta=10000.0),
+    )
+    text.update(text_overrides)
+    return Qwen3VLConfig(
+        text=tiny_qwen3_config(**text),
+        vision=VisionConfig(
+            depth=3,
+            hidden_size=64,
+            intermediate_size=128,
+            num_heads=2,
+            out_hidden_size=128,
+            num_position_embeddings=256,
+            deepstack_visual_indexes=(0, 1),
+        ),
+        mrope_section=(12, 10, 10),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )

@@ -1,0 +1,128 @@
+"""The model kinds: one `MODEL_KINDS` entry per kind of policy checkpoint, and one `TINY_MODELS`
+entry per small random-init policy.
+
+A `ModelKind` gives what code choosing between models needs: the transformers architecture a
+config.json names, our config and model classes, where config.json keeps the vocabulary size,
+and the checkpoint loader and exporter. Looking up an unknown kind raises
+`cua_jax.registry.UnknownNameError`, naming the registered kinds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from flax import nnx
+
+from cua_jax.models.checkpoint import export_qwen3, load_qwen3
+from cua_jax.models.configs import Qwen3Config, tiny_qwen3_config
+from cua_jax.models.qwen3 import Qwen3ForCausalLM
+from cua_jax.models.qwen3_5 import (
+    Qwen3_5Config,
+    Qwen3_5ForCausalLM,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5TextConfig,
+    export_qwen3_5,
+    load_qwen3_5,
+    tiny_qwen3_5_config,
+)
+from cua_jax.models.qwen3_vl import (
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    export_qwen3_vl,
+    load_qwen3_vl,
+    tiny_qwen3_vl_config,
+)
+from cua_jax.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelKind:
+    """One kind of policy checkpoint.
+
+    name: the kind, which is also its config.json's `model_type`.
+    architecture: the transformers class config.json's `architectures` names.
+    config_class / model_class: our config and model classes.
+    vocab_field: the path of the vocabulary size in config.json (a vision-language model's is
+      its text config's).
+    load: (directory, **overrides) -> (model, config); overrides as `hf_policy.load_policy`'s.
+    export: (model, directory, **kwargs) writes the model as a Hugging Face directory.
+    """
+
+    name: str
+    architecture: str
+    config_class: type
+    model_class: type
+    vocab_field: tuple[str, ...]
+    load: Callable[..., tuple[Any, Any]]
+    export: Callable[..., Any]
+
+    @property
+    def text_only(self) -> bool:
+        """The config holds vocab_size itself (no text_config, no vision tower)."""
+        return self.vocab_field == ("vocab_size",)
+
+
+MODEL_KINDS: Registry[ModelKind] = Registry("model kind")
+
+
+def _register(kind: ModelKind) -> None:
+    MODEL_KINDS.register(kind.name)(kind)
+
+
+def _load_qwen3_5_text(directory, *, freeze_vision: bool = False, **overrides):
+    # A text model has no vision tower to freeze.
+    return load_qwen3_5(directory, **overrides)
+
+
+_register(ModelKind("qwen3", "Qwen3ForCausalLM", Qwen3Config, Qwen3ForCausalLM, ("vocab_size",), load_qwen3,
+                    export_qwen3))
+_register(ModelKind("qwen3_vl", "Qwen3VLForConditionalGeneration", Qwen3VLConfig, Qwen3VLForConditionalGeneration,
+                    ("text_config", "vocab_size"), load_qwen3_vl, export_qwen3_vl))
+_register(ModelKind("qwen3_5", "Qwen3_5ForConditionalGeneration", Qwen3_5Config, Qwen3_5ForConditionalGeneration,
+                    ("text_config", "vocab_size"), load_qwen3_5, export_qwen3_5))
+_register(ModelKind("qwen3_5_text", "Qwen3_5ForCausalLM", Qwen3_5TextConfig, Qwen3_5ForCausalLM, ("vocab_size",),
+                    _load_qwen3_5_text, export_qwen3_5))
+
+
+def model_kind_of(model) -> ModelKind:
+    """The kind of one of our models; TypeError naming the model classes for anything else."""
+    for kind in MODEL_KINDS.values():
+        if isinstance(model, kind.model_class):
+            return kind
+    classes = ", ".join(kind.model_class.__name__ for kind in MODEL_KINDS.values())
+    raise TypeError(f"{type(model).__name__} is not one of the model classes ({classes})")
+
+
+def model_kind_of_config(config) -> ModelKind:
+    """The kind whose models `config` builds; TypeError naming the config classes for anything else."""
+    for kind in MODEL_KINDS.values():
+        if isinstance(config, kind.config_class):
+            return kind
+    classes = ", ".join(kind.config_class.__name__ for kind in MODEL_KINDS.values())
+    raise TypeError(f"{type(config).__name__} is not one of the config classes ({classes})")
+
+
+# Small random-init policies: (num_layers (0: the config's own), seed, **precision) -> model.
+TINY_MODELS: Registry[Callable[..., Any]] = Registry("tiny model")
+
+
+@TINY_MODELS.register("tiny_qwen3_vl")
+def tiny_qwen3_vl(num_layers: int, seed: int, **precision):
+    overrides = {"num_hidden_layers": num_layers} if num_layers else {}
+    return Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(**overrides, **precision), rngs=nnx.Rngs(seed))
+
+
+@TINY_MODELS.register("tiny_qwen3")
+def tiny_qwen3(num_layers: int, seed: int, **precision):
+    from cua_jax.context.tokenizer import VOCAB_SIZE
+
+    overrides = {"num_hidden_layers": num_layers} if num_layers else {}
+    return Qwen3ForCausalLM(tiny_qwen3_config(vocab_size=VOCAB_SIZE, **overrides, **precision), rngs=nnx.Rngs(seed))
+
+
+@TINY_MODELS.register("tiny_qwen3_5")
+def tiny_qwen3_5(num_layers: int, seed: int, **precision):
+    # num_layers keeps Qwen3.5's pattern: every 4th layer full attention.
+    overrides = {"num_hidden_layers": num_layers, "layer_types": ()} if num_layers else {}
+    return Qwen3_5ForConditionalGeneration(tiny_qwen3_5_config(**overrides, **precision), rngs=nnx.Rngs(seed))
