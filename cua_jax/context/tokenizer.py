@@ -331,6 +331,13 @@ def load_tokenizer(path: str | os.PathLike | None = None):
     return tokenizer
 
 
+def shipped_special_token_ids() -> dict[str, int]:
+    """Ids of Qwen's added tokens in the shipped tiny tokenizer, without loading it: they
+    follow its BPE vocabulary in order (`train_bpe`)."""
+    first = VOCAB_SIZE - len(QWEN_ADDED_TOKENS)
+    return {content: first + i for i, (content, _) in enumerate(QWEN_ADDED_TOKENS)}
+
+
 def special_token_ids(tokenizer) -> dict[str, int]:
     """The ids of Qwen's added tokens that `tokenizer` knows, by token text (read from the tokenizer)."""
     vocab = tokenizer.get_vocab()

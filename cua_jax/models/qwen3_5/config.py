@@ -270,20 +270,13 @@ def tiny_qwen3_5_text_config(**overrides: Any) -> Qwen3_5TextConfig:
     return Qwen3_5TextConfig(**base)
 
 
-def _tiny_tokenizer_special_ids() -> dict[str, int]:
-    from cua_jax.context.tokenizer import QWEN_ADDED_TOKENS, VOCAB_SIZE
-
-    first = VOCAB_SIZE - len(QWEN_ADDED_TOKENS)
-    return {content: first + i for i, (content, _) in enumerate(QWEN_ADDED_TOKENS)}
-
-
 def tiny_qwen3_5_config(**text_overrides: Any) -> Qwen3_5Config:
     """A small random-init Qwen3.5 vision-language config: `tiny_qwen3_5_text_config` with the
     shipped tiny tokenizer's vocabulary and special ids, and a 2-block, width-64 vision tower with
     Qwen3-VL's patch geometry (as `tiny_qwen3_vl_config`'s, without DeepStack)."""
-    from cua_jax.context.tokenizer import VOCAB_SIZE
+    from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
 
-    ids = _tiny_tokenizer_special_ids()
+    ids = shipped_special_token_ids()
     text = dict(vocab_size=VOCAB_SIZE, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
                 pad_token_id=ids["<|endoftext|>"])
     text.update(text_overrides)

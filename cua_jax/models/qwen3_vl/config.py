@@ -129,14 +129,6 @@ class Qwen3VLConfig:
         }
 
 
-def _tiny_tokenizer_special_ids() -> dict[str, int]:
-    """Ids of Qwen's added tokens in the shipped tiny tokenizer (they follow the BPE vocabulary in order)."""
-    from cua_jax.context.tokenizer import QWEN_ADDED_TOKENS, VOCAB_SIZE
-
-    first = VOCAB_SIZE - len(QWEN_ADDED_TOKENS)
-    return {content: first + i for i, (content, _) in enumerate(QWEN_ADDED_TOKENS)}
-
-
 def tiny_qwen3_vl_config(**text_overrides: Any) -> Qwen3VLConfig:
     """A small random-init Qwen3-VL for tests and the embedded default run (item 6).
 
@@ -146,9 +138,9 @@ def tiny_qwen3_vl_config(**text_overrides: Any) -> Qwen3VLConfig:
     from blocks 0 and 1 into decoder layers 0 and 1, a 16x16 learned positional grid (a 160x210
     MiniWoB screenshot is a 14x10 patch grid, 35 image tokens).
     """
-    from cua_jax.context.tokenizer import VOCAB_SIZE
+    from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
 
-    ids = _tiny_tokenizer_special_ids()
+    ids = shipped_special_token_ids()
     text = dict(
         vocab_size=VOCAB_SIZE,
         num_hidden_layers=3,
