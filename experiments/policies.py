@@ -13,7 +13,7 @@
            are skipped with the reason
   a directory holding a Hugging Face policy: loaded as model.init_from
   a training run's workdir (it holds checkpoints/): checkpoint `step` (default the latest), its
-           own config, as `experiments.export` restores it
+           own config, as `experiments.export` reads and restores it
 """
 
 from __future__ import annotations
