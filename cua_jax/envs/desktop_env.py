@@ -225,7 +225,7 @@ class DesktopEnvironment(TaskIsGroupStart, AgentEnvironment):
     @staticmethod
     def _observation(observation: Any) -> EnvObservation:
         from cua_jax.envs.client import decode_png
-        from cua_jax.rollout.prompts import observation_text
+        from cua_jax.envs.prompts import observation_text
 
         images = () if observation.screenshot_png is None else (decode_png(observation.screenshot_png),)
         return EnvObservation(images, observation_text(feedback=observation.feedback))

@@ -53,7 +53,7 @@ from cua_jax.envs.miniwob_oracle import OracleError, oracle_action
 from cua_jax.envs.capsule_env import MiniWoBEnvironment
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout
 from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
-from cua_jax.rollout.prompts import DOM_TEXT_HEADER
+from cua_jax.envs.prompts import DOM_TEXT_HEADER
 from cua_jax.train.batching import (
     BatchingConfig,
     ImageKey,
