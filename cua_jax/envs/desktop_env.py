@@ -24,6 +24,7 @@ from typing import Any
 
 from cua_jax.envs import actions as A
 from cua_jax.envs.client import EnvClient, EnvError, EnvServerError
+from cua_jax.envs.container_judge import JudgeTamperedError
 from cua_jax.envs.contract import (
     AgentEnvironment,
     EnvironmentFault,
@@ -35,7 +36,6 @@ from cua_jax.envs.contract import (
 from cua_jax.envs.docker_pool import DockerEnvPool, PooledEnv, PoolError
 from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, episode_outcome
 from cua_jax.tasks import judges
-from cua_jax.tasks.metrics.base import JudgeTamperedError
 from cua_jax.tasks.schema import Task
 
 log = logging.getLogger(__name__)
