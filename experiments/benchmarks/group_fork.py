@@ -82,7 +82,7 @@ def _desktop_fresh(pool, task, n: int) -> float:
 
 
 def _desktop_commit(pool, task, n: int, image: str) -> float:
-    from cua_jax.envs.desktop_env import set_up_task
+    from cua_jax.tasks.judges import set_up_task
     from cua_jax.envs.docker_pool import DockerEnvPool, PoolConfig
     from cua_jax.tasks import judges
 
