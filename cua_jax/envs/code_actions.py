@@ -6,7 +6,7 @@
     <tool_call>{"name": "submit", "arguments": {}}</tool_call>
 
 `parse_code_action` reads a reply into a `CodeAction` (or an `actions.InvalidAction` naming the
-problem); `render_code_action` writes one back. `code_env.CodeEnvironment` runs them.
+problem); `render_code_action` writes one back. `cua_jax.environments.code_env` runs them.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ class TrainSettings:
     domain_weights: dict  # domain -> sampling weight (env.domain_weights)
     desktop_pool: Any = None  # cua_jax.envs.docker_pool.PoolConfig without its image, or None
     warm_start: Any = None  # cua_jax.train.warm_start.WarmStartConfig, or None (no warm start)
-    code_env: Any = None  # cua_jax.envs.code_env.CodeEnvConfig (env.kind "code"), or None
+    code_env: Any = None  # cua_jax.environments.code_env.CodeEnvConfig (env.kind "code"), or None
 
     @classmethod
     def from_config(cls, config) -> "TrainSettings":
@@ -413,7 +413,7 @@ def _desktop_pool_config(**values):
 
 def _code_env_config(**values):
     """The code environment's config; its image (`code`) is resolved when a worker starts."""
-    from cua_jax.envs.code_env import CodeEnvConfig
+    from cua_jax.environments.code_env import CodeEnvConfig
 
     return CodeEnvConfig(**values)
 
