@@ -28,7 +28,7 @@ import pathlib
 import sys
 import time
 
-from cua_jax.envs.code_env import CodeContainer, CodeEnvConfig, CodeEnvironment, ContainerFault
+from cua_jax.environments.code_env import CodeContainer, CodeEnvConfig, CodeEnvironment, ContainerFault
 from cua_jax.envs.images import ensure_image
 from cua_jax.tasks import code_suite as S
 from cua_jax.tasks.bug_injection import sample_mutations

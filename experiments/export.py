@@ -19,89 +19,20 @@ import pathlib
 
 from absl import app, flags
 
-CHECKPOINTS = "checkpoints"
+from cua_jax.context.tokenizer import SHIPPED_TOKENIZER_DIR
+from cua_jax.models.hf_policy import export_policy
+from cua_jax.observe.logs import quiet_library_logging
+from cua_jax.train.build import tokenizer_dir
+from cua_jax.train.checkpoint import read_saved_config, resolve_step, restore_policy
+from experiments.configs.base import config_from_dict
+
 DTYPES = ("float32", "bfloat16")
 
 
-def _manager(workdir: str | os.PathLike):
-    import orbax.checkpoint as ocp
-
-    directory = pathlib.Path(workdir).resolve() / CHECKPOINTS
-    if not directory.is_dir():
-        raise ValueError(f"{workdir} is not a training run's workdir: it has no {CHECKPOINTS}/ directory")
-    return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
-
-
-def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
-    """The steps checkpointed under <workdir>/checkpoints, ascending."""
-    manager = _manager(workdir)
-    try:
-        return sorted(manager.all_steps())
-    finally:
-        manager.close()
-
-
-def resolve_step(workdir: str | os.PathLike, step: int | None) -> int:
-    """`step`, or the latest checkpointed step when None; ValueError listing the steps present
-    when that step has no checkpoint."""
-    steps = checkpoint_steps(workdir)
-    if not steps:
-        raise ValueError(f"{workdir}/{CHECKPOINTS} holds no checkpoint")
-    if step is None:
-        return steps[-1]
-    if step not in steps:
-        raise ValueError(f"{workdir}/{CHECKPOINTS} has no checkpoint of step {step}; steps present: {steps}")
-    return step
-
-
 def read_run_config(workdir: str | os.PathLike, step: int):
-    """The run's config as the trainer saved it with checkpoint `step` (the checkpoint's `config`
-    item, JSON of `config.to_dict()`), on today's base config (`config_from_dict`: fields added
-    since the run keep their defaults)."""
-    import orbax.checkpoint as ocp
-
-    from experiments.configs.base import config_from_dict
-
-    manager = _manager(workdir)
-    try:
-        restored = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
-    finally:
-        manager.close()
-    return config_from_dict(restored["config"])
-
-
-def restore_policy(workdir: str | os.PathLike, step: int, config):
-    """The run's policy with the parameters of checkpoint `step`, on the host CPU.
-
-    The policy's structure comes from `build_policy` under `nnx.eval_shape` (no parameters are
-    initialised); the checkpoint's train state holds the trainable `params` and the `frozen` rest,
-    split as the learner splits them (`trainable_filter`, with learner.freeze_vision)."""
-    import jax
-    import orbax.checkpoint as ocp
-    from flax import nnx
-    from jax.sharding import SingleDeviceSharding
-
-    from cua_jax.train.build import build_policy
-    from cua_jax.train.settings import TrainSettings
-
-    settings = TrainSettings.from_config(config)
-    abstract = nnx.eval_shape(lambda: build_policy(settings, config.seed))
-    if settings.learner.freeze_vision:
-        abstract.freeze_vision = True
-    trainable = abstract.trainable_filter() if hasattr(abstract, "trainable_filter") else nnx.Param
-    graphdef, params, frozen = nnx.split(abstract, trainable, ...)
-    target = {"params": params, "frozen": frozen}
-    host = SingleDeviceSharding(jax.devices("cpu")[0])
-    restore_args = jax.tree.map(
-        lambda leaf: ocp.ArrayRestoreArgs(sharding=host, global_shape=leaf.shape, dtype=leaf.dtype), target)
-    manager = _manager(workdir)
-    try:
-        restored = manager.restore(step, args=ocp.args.Composite(train_state=ocp.args.PyTreeRestore(
-            item=target, restore_args=restore_args, partial_restore=True)))
-    finally:
-        manager.close()
-    state = restored["train_state"]
-    return nnx.merge(graphdef, state["params"], state["frozen"])
+    """The run's config as the trainer saved it with checkpoint `step`, on today's base config
+    (`config_from_dict`: fields added since the run keep their defaults)."""
+    return config_from_dict(read_saved_config(workdir, step))
 
 
 def export_run(workdir: str | os.PathLike, out: str | os.PathLike, step: int | None = None,
@@ -109,10 +40,6 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, step: int | N
     """Exports the policy of checkpoint `step` (default the latest) of the run in `workdir` to
     `out` (which must not exist or be empty), with the run's tokenizer, chat template and image
     processor. Returns (step, the written directory's `PolicyDirectory`)."""
-    from cua_jax.context.tokenizer import SHIPPED_TOKENIZER_DIR
-    from cua_jax.models.hf_policy import export_policy
-    from cua_jax.train.build import tokenizer_dir
-
     out = pathlib.Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {out} exists and is not an empty directory; choose a new one")
@@ -131,8 +58,6 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, step: int | N
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
-    from cua_jax.observe.logs import quiet_library_logging
-
     quiet_library_logging()
     FLAGS = flags.FLAGS
     try:

@@ -30,8 +30,6 @@ from typing import Any
 import docker.errors
 import requests
 
-from cua_jax.tasks.metrics.base import JudgeError
-
 JUDGE_MOUNT = "/opt/cua-judge"  # where the pool mounts judge_mount/, read-only
 HOST_JUDGE_DIR = pathlib.Path(__file__).resolve().parent / "judge_mount"
 RUNNER = f"{JUDGE_MOUNT}/run_judge.py"
@@ -39,6 +37,15 @@ RUNNER = f"{JUDGE_MOUNT}/run_judge.py"
 # pgrep) resolve through these, which only root can change.
 JUDGE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 INTERPRETER = "/usr/bin/python3"
+
+
+class JudgeError(RuntimeError):
+    """The judge could not reach a verdict through no fault of the agent."""
+
+
+class JudgeTamperedError(JudgeError):
+    """The judge's output holds a verdict the judge did not write: the agent's doing (a process
+    it left running in the environment wrote to the judge's output)."""
 
 
 def judge_volume() -> dict[str, dict[str, str]]:

@@ -10,14 +10,13 @@ of P_sig(p_i, n) (`tier_signal_coverage`). The floor is `min_group_size(p_min, t
 p_min the lowest pass rate among the tiers the pilot reached (a tier with no success has no
 finite floor; it is listed as unreached). A run given the file (`sampler.pilot_file`) takes
 rollout.group_size from the floor and its pool's pass rates from the pilot
-(`apply_pilot_file`, `seed_pool`).
+(`cua_jax.train.settings.apply_pilot_file`, `seed_pool`).
 """
 
 from __future__ import annotations
 
 import collections
 import json
-import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -118,42 +117,3 @@ def read_pilot_file(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(report, dict) or report.get("format") != PILOT_FORMAT or "tasks" not in report:
         raise ValueError(f"{path} is not a pilot file of format {PILOT_FORMAT}")
     return report
-
-
-def apply_pilot_file(config: Any) -> tuple[Any, dict[str, Any] | None]:
-    """(config with rollout.group_size from config.sampler.pilot_file's floor, the pilot), or
-    (config, None) without a pilot file. A bad file, or one with no floor (no tier reached),
-    is a ConfigError naming the field."""
-    from cua_jax.train.settings import ConfigError
-
-    path = config.sampler.pilot_file
-    if not path:
-        return config, None
-    try:
-        report = read_pilot_file(path)
-    except ValueError as error:
-        raise ConfigError(f"config.sampler.pilot_file: {error}") from None
-    if report["group_size_floor"] is None:
-        raise ConfigError(f"config.sampler.pilot_file: {path}: no tier succeeded in the pilot, so it gives no "
-                          "group size")
-    config = config.copy_and_resolve_references()
-    floor = int(report["group_size_floor"])
-    if floor != config.rollout.group_size:
-        # Applied visibly: logged here, and the run's saved config holds the pilot's value.
-        logging.info("rollout.group_size = %d from the pilot file %s (its floor at P_sig >= %g), replacing %d",
-                     floor, path, report["target"], config.rollout.group_size)
-    config.rollout.group_size = floor
-    return config, report
-
-
-def seed_pool(pool: Any, report: Mapping[str, Any], training_tasks: Sequence[str], path: str) -> None:
-    """Sets the pool's pass rates of the training tasks from the pilot's counts; a training task
-    the pilot did not run raises, naming the file."""
-    from cua_jax.train.settings import ConfigError
-
-    missing = sorted(set(training_tasks) - set(report["tasks"]))
-    if missing:
-        raise ConfigError(f"config.sampler.pilot_file: {path} has no estimate for training tasks {missing}")
-    rows = [report["tasks"][t] for t in training_tasks]
-    pool.set_pass_rates(pool.indices_of(training_tasks),
-                        np.asarray([r["successes"] for r in rows]), np.asarray([r["attempts"] for r in rows]))

@@ -82,7 +82,7 @@ from cua_jax.envs.faults import FAULT_KINDS, Attribution, Outcome, episode_outco
 from cua_jax.observe import timeline
 from cua_jax.rollout.engine import (EngineFault, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig,
                                     check_rope_scaling)
-from cua_jax.rollout.prompts import PROMPT_STYLES, system_prompt
+from cua_jax.envs.prompts import PROMPT_STYLES, system_prompt
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
 
 # ------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from cua_jax.envs.capsule_env import MiniWoBEnvironment
+from cua_jax.environments.capsule_env import MiniWoBEnvironment
 from cua_jax.envs.capsules import CapsuleOptions
 from cua_jax.envs.contract import AgentEnvironment
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout
@@ -184,7 +184,7 @@ class RolloutWorker:
 
                 self.desktop_pool = DockerEnvPool(config.desktop_pool).start()
             if "code" in kinds:
-                from cua_jax.envs.code_env import CodeEnvConfig
+                from cua_jax.environments.code_env import CodeEnvConfig
                 from cua_jax.envs.images import ensure_image
 
                 # The image is resolved (built when missing) once, not by every environment.
@@ -206,11 +206,11 @@ class RolloutWorker:
 
     def _new_env(self, kind: str) -> AgentEnvironment:
         if kind == "desktop":
-            from cua_jax.envs.desktop_env import DesktopEnvironment
+            from cua_jax.environments.desktop_env import DesktopEnvironment
 
             return DesktopEnvironment(self.desktop_pool, attribution=self.config.agent.attribution)
         if kind == "code":
-            from cua_jax.envs.code_env import CodeEnvironment
+            from cua_jax.environments.code_env import CodeEnvironment
 
             return CodeEnvironment(self.code_env, attribution=self.config.agent.attribution)
         return MiniWoBEnvironment(self.runtime, time_limit_s=self.config.time_limit_s, screenshots=self.config.screenshots)

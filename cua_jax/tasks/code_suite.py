@@ -20,10 +20,10 @@ import random
 import tarfile
 from typing import Any
 
-from cua_jax.envs.code_env import judge_request
+from cua_jax.envs.code_actions import Bash, Edit, Submit
 from cua_jax.tasks.bug_injection import Mutation, mutations
 from cua_jax.tasks.code_packages import PACKAGES, CodePackage
-from cua_jax.tasks.code_tasks import SNAPSHOT, CodeTask
+from cua_jax.tasks.code_tasks import SNAPSHOT, CodeTask, judge_request
 
 MAX_FAIL_TO_PASS = 12  # a bug that breaks more is no longer a focused issue
 SHOWN_FAILURES = 5
@@ -147,8 +147,6 @@ def fix_diff(task_json_value: dict[str, Any], buggy_source: str, clean_source: s
 
 def oracle_actions(task: CodeTask) -> list:
     """The oracle's episode: the fix as one str_replace, then submit."""
-    from cua_jax.envs.code_env import Edit, Submit
-
     edit = (task.raw.get("metadata") or {}).get("oracle_edit")
     if edit is None:
         raise ValueError(f"{task.id}: metadata.oracle_edit is missing")
@@ -156,8 +154,6 @@ def oracle_actions(task: CodeTask) -> list:
 
 
 def noop_actions(task: CodeTask) -> list:
-    from cua_jax.envs.code_env import Submit
-
     return [Submit()]
 
 
@@ -173,8 +169,6 @@ class RandomPolicy:
         self.seed, self.turns = seed, turns
 
     def actions(self, task: CodeTask, sources: dict[str, str]) -> list:
-        from cua_jax.envs.code_env import Bash, Edit, Submit
-
         rng = random.Random(f"{self.seed}:{task.id}")
         package = PACKAGES[task.package]
         buggy = {p: t for p, t in sources.items()}

@@ -28,7 +28,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+from collections.abc import Sequence
 from typing import Any
+
+from cua_jax.tasks.code_packages import PACKAGES
 
 SNAPSHOT = "code"
 EVALUATOR = "pytest"
@@ -192,3 +195,16 @@ def verdict(task: CodeTask, outcomes: dict[str, str], partial_credit: bool = Fal
     else:
         reward = float(passed == total)
     return Verdict(reward, passed, total, broken)
+
+
+def judge_request(package: str, hunks: Sequence[Hunk], test_files: Sequence[str], timeout: float,
+                  isolated: bool = True) -> dict:
+    """The runner's judge request for a tree reset to `package` with the bug `hunks`: the verdict's
+    tests run on the clean repository with the bug and the work tree's versions of the package's
+    source files only (launch/images/code/runner.py). `isolated=False` asks for the former judge
+    in the work tree itself, the baseline of experiments/benchmarks/code_env.py and nothing else."""
+    request = {"op": "judge", "package": package, "hunks": [h.to_json() for h in hunks],
+               "sources": list(PACKAGES[package].sources), "test_files": list(test_files), "timeout": timeout}
+    if not isolated:
+        request["isolated"] = False
+    return request

@@ -457,6 +457,26 @@ def set_up(task: Task, client: EnvClient, cache_dir: str | pathlib.Path | None =
 # Getters
 # ------------------------------------------------------------------------------------
 
+def set_up_task(task: Task, client: EnvClient, setup_actions: list[str] | None = None) -> None:
+    """The task's whole setup on `client`'s environment: whether the environment can run it
+    at all (cua_jax.tasks.runnable), its `config` steps, then the action texts `setup_actions`
+    (None: the task file's `metadata.setup_actions`: a synthesized sub-task starts where a
+    trajectory prefix left the screen). A terminal action replays as nothing.
+    SetupError names the failing step or action, or why the task cannot run here."""
+    set_up(task, client)
+    if setup_actions is None:
+        setup_actions = (task.raw.get("metadata") or {}).get("setup_actions", [])
+    for index, text in enumerate(setup_actions):
+        action = A.parse_action(text)
+        if isinstance(action, A.InvalidAction):
+            raise SetupError(f"{task.id}: setup action {index} {text!r} is invalid: {action.message}")
+        if A.is_terminal(action):
+            continue
+        result = client.step(action, screenshot=False)
+        if not result.ok:
+            raise SetupError(f"{task.id}: replaying setup action {index} failed: {result.error}")
+
+
 IMPLEMENTED_GETTERS = frozenset({
     "vm_file", "cloud_file", "cache_file", "local_file", "content_from_vm_file",
     "vm_command_line", "vm_command_error", "vm_terminal_output", "accessibility_tree",

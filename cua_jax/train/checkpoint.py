@@ -11,7 +11,7 @@ holds three items:
                engine sampling state (the JAX sampler's call counter), the task pool +
                sampler state, the evaluations so far and, in async mode, the rollout
                buffer's groups and draw accounting;
-  config       the run's config as JSON (what was trained; `experiments.export` reads it).
+  config       the run's config as JSON (what was trained; `read_saved_config` reads it).
 
 The checkpointer only moves records: the trainer makes its `TrainerState` and applies a
 restored one (`Trainer.trainer_state` / `Trainer.load_trainer_state`), so no field of the
@@ -27,12 +27,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 import pickle
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from flax import nnx
+from jax.sharding import SingleDeviceSharding
+
+from cua_jax.train.build import build_policy
+from cua_jax.train.settings import TrainSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,3 +143,74 @@ class TrainCheckpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+# ---- reading a run's directory ------------------------------------------------------------
+
+CHECKPOINTS = "checkpoints"
+
+
+def _manager(workdir: str | os.PathLike):
+    directory = pathlib.Path(workdir).resolve() / CHECKPOINTS
+    if not directory.is_dir():
+        raise ValueError(f"{workdir} is not a training run's workdir: it has no {CHECKPOINTS}/ directory")
+    return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
+
+
+def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
+    """The steps checkpointed under <workdir>/checkpoints, ascending."""
+    manager = _manager(workdir)
+    try:
+        return sorted(manager.all_steps())
+    finally:
+        manager.close()
+
+
+def resolve_step(workdir: str | os.PathLike, step: int | None) -> int:
+    """`step`, or the latest checkpointed step when None; ValueError listing the steps present
+    when that step has no checkpoint."""
+    steps = checkpoint_steps(workdir)
+    if not steps:
+        raise ValueError(f"{workdir}/{CHECKPOINTS} holds no checkpoint")
+    if step is None:
+        return steps[-1]
+    if step not in steps:
+        raise ValueError(f"{workdir}/{CHECKPOINTS} has no checkpoint of step {step}; steps present: {steps}")
+    return step
+
+
+def read_saved_config(workdir: str | os.PathLike, step: int) -> dict[str, Any]:
+    """The run's config as the trainer saved it with checkpoint `step` (the checkpoint's `config`
+    item, JSON of `config.to_dict()`)."""
+    manager = _manager(workdir)
+    try:
+        restored = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
+    finally:
+        manager.close()
+    return restored["config"]
+
+
+def restore_policy(workdir: str | os.PathLike, step: int, config):
+    """The run's policy with the parameters of checkpoint `step`, on the host CPU.
+
+    The policy's structure comes from `build_policy` under `nnx.eval_shape` (no parameters are
+    initialised); the checkpoint's train state holds the trainable `params` and the `frozen` rest,
+    split as the learner splits them (`trainable_filter`, with learner.freeze_vision)."""
+    settings = TrainSettings.from_config(config)
+    abstract = nnx.eval_shape(lambda: build_policy(settings, config.seed))
+    if settings.learner.freeze_vision:
+        abstract.freeze_vision = True
+    trainable = abstract.trainable_filter() if hasattr(abstract, "trainable_filter") else nnx.Param
+    graphdef, params, frozen = nnx.split(abstract, trainable, ...)
+    target = {"params": params, "frozen": frozen}
+    host = SingleDeviceSharding(jax.devices("cpu")[0])
+    restore_args = jax.tree.map(
+        lambda leaf: ocp.ArrayRestoreArgs(sharding=host, global_shape=leaf.shape, dtype=leaf.dtype), target)
+    manager = _manager(workdir)
+    try:
+        restored = manager.restore(step, args=ocp.args.Composite(train_state=ocp.args.PyTreeRestore(
+            item=target, restore_args=restore_args, partial_restore=True)))
+    finally:
+        manager.close()
+    state = restored["train_state"]
+    return nnx.merge(graphdef, state["params"], state["frozen"])

@@ -5,14 +5,17 @@ into the typed settings the learner, agent loops, samplers and warm start take."
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 
 from cua_jax.context.segment import SEGMENTER_OPTIONS, check_placeholder
 from cua_jax.envs.actions import ACTION_SPACES
 from cua_jax.envs.faults import FAULT_KINDS
+from cua_jax.eval.pilot import read_pilot_file
 from cua_jax.tasks.sources import SourceTask, TaskCatalog
 from cua_jax.models.sharding import MeshConfig
 from cua_jax.rl.advantages import AdvantageConfig
@@ -97,7 +100,7 @@ class TrainSettings:
     domain_weights: dict  # domain -> sampling weight (env.domain_weights)
     desktop_pool: Any = None  # cua_jax.envs.docker_pool.PoolConfig without its image, or None
     warm_start: Any = None  # cua_jax.train.warm_start.WarmStartConfig, or None (no warm start)
-    code_env: Any = None  # cua_jax.envs.code_env.CodeEnvConfig (env.kind "code"), or None
+    code_env: Any = None  # cua_jax.environments.code_env.CodeEnvConfig (env.kind "code"), or None
 
     @classmethod
     def from_config(cls, config) -> "TrainSettings":
@@ -410,7 +413,7 @@ def _desktop_pool_config(**values):
 
 def _code_env_config(**values):
     """The code environment's config; its image (`code`) is resolved when a worker starts."""
-    from cua_jax.envs.code_env import CodeEnvConfig
+    from cua_jax.environments.code_env import CodeEnvConfig
 
     return CodeEnvConfig(**values)
 
@@ -474,3 +477,41 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
     for task in c.eval.tasks:
         _require(task in catalog, "eval.tasks", f"unknown task {task!r} (neither a MiniWoB task nor one of env.task_dirs)")
     return catalog, tuple(task.task_id for task in training), weights
+
+
+# ---- the pilot file (cua_jax.eval.pilot writes it) ------------------------------------------
+
+
+def apply_pilot_file(config: Any) -> tuple[Any, dict[str, Any] | None]:
+    """(config with rollout.group_size from config.sampler.pilot_file's floor, the pilot), or
+    (config, None) without a pilot file. A bad file, or one with no floor (no tier reached),
+    is a ConfigError naming the field."""
+    path = config.sampler.pilot_file
+    if not path:
+        return config, None
+    try:
+        report = read_pilot_file(path)
+    except ValueError as error:
+        raise ConfigError(f"config.sampler.pilot_file: {error}") from None
+    if report["group_size_floor"] is None:
+        raise ConfigError(f"config.sampler.pilot_file: {path}: no tier succeeded in the pilot, so it gives no "
+                          "group size")
+    config = config.copy_and_resolve_references()
+    floor = int(report["group_size_floor"])
+    if floor != config.rollout.group_size:
+        # Applied visibly: logged here, and the run's saved config holds the pilot's value.
+        logging.info("rollout.group_size = %d from the pilot file %s (its floor at P_sig >= %g), replacing %d",
+                     floor, path, report["target"], config.rollout.group_size)
+    config.rollout.group_size = floor
+    return config, report
+
+
+def seed_pool(pool: Any, report: Mapping[str, Any], training_tasks: Sequence[str], path: str) -> None:
+    """Sets the pool's pass rates of the training tasks from the pilot's counts; a training task
+    the pilot did not run raises, naming the file."""
+    missing = sorted(set(training_tasks) - set(report["tasks"]))
+    if missing:
+        raise ConfigError(f"config.sampler.pilot_file: {path} has no estimate for training tasks {missing}")
+    rows = [report["tasks"][t] for t in training_tasks]
+    pool.set_pass_rates(pool.indices_of(training_tasks),
+                        np.asarray([r["successes"] for r in rows]), np.asarray([r["attempts"] for r in rows]))

@@ -52,7 +52,6 @@ from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import make_segmenter
 from cua_jax.eval.held_out import evaluate_held_out, per_task_gains, save_training_traces, success_gain
 from cua_jax.eval.intervals import slope_interval
-from cua_jax.eval.pilot import apply_pilot_file, seed_pool
 from cua_jax.models.sharding import make_mesh
 from cua_jax.observe import timeline
 from cua_jax.observe.metrics import TIMING_PREFIX, MetricWriter, drop_records_from, read_metrics
@@ -78,7 +77,7 @@ from cua_jax.train.checkpoint import TrainCheckpointer, TrainerState
 from cua_jax.train.collect import GroupCollector
 from cua_jax.train.groups import CollectedGroup, PreparedBatch, mean_metrics, prepare_batch
 from cua_jax.train.learner import Learner
-from cua_jax.train.settings import TrainSettings
+from cua_jax.train.settings import TrainSettings, apply_pilot_file, seed_pool
 
 # The evaluations at eval.low_temperature (beside the headline ones at eval.temperature) and
 # their gain, as keys of Trainer.evaluations and of the run's summary.

@@ -50,10 +50,10 @@ from cua_jax.context.segment import Segmenter
 from cua_jax.envs import actions as A
 from cua_jax.envs.miniwob import DomElement, MiniWoBObservation, dom_from_text, dom_line
 from cua_jax.envs.miniwob_oracle import OracleError, oracle_action
-from cua_jax.envs.capsule_env import MiniWoBEnvironment
+from cua_jax.environments.capsule_env import MiniWoBEnvironment
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout
 from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
-from cua_jax.rollout.prompts import DOM_TEXT_HEADER
+from cua_jax.envs.prompts import DOM_TEXT_HEADER
 from cua_jax.train.batching import (
     BatchingConfig,
     ImageKey,

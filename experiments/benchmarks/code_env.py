@@ -30,10 +30,10 @@ import pathlib
 import statistics
 import time
 
-from cua_jax.envs.code_env import CodeEnvConfig, CodeEnvironment, judge_request
+from cua_jax.environments.code_env import CodeEnvConfig, CodeEnvironment
 from cua_jax.envs.images import ensure_image
 from cua_jax.tasks.code_suite import oracle_actions
-from cua_jax.tasks.code_tasks import load_code_suite, verdict
+from cua_jax.tasks.code_tasks import judge_request, load_code_suite, verdict
 
 SUITE = pathlib.Path(__file__).resolve().parents[2] / "cua_jax" / "tasks" / "suites" / "code"
 

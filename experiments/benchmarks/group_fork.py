@@ -47,7 +47,7 @@ async def _capsule_round(envs, seed: int) -> tuple[float, float]:
 
 
 def measure_capsules(n: int, repeats: int) -> dict[str, float]:
-    from cua_jax.envs.capsule_env import MiniWoBEnvironment
+    from cua_jax.environments.capsule_env import MiniWoBEnvironment
     from cua_jax.envs.capsules import CapsuleRuntime
 
     runtime = CapsuleRuntime(include_dom_text=True)
@@ -67,7 +67,7 @@ def measure_capsules(n: int, repeats: int) -> dict[str, float]:
 
 
 def _desktop_fresh(pool, task, n: int) -> float:
-    from cua_jax.envs.desktop_env import DesktopEnvironment
+    from cua_jax.environments.desktop_env import DesktopEnvironment
 
     envs = [DesktopEnvironment(pool) for _ in range(n)]
 
@@ -82,7 +82,7 @@ def _desktop_fresh(pool, task, n: int) -> float:
 
 
 def _desktop_commit(pool, task, n: int, image: str) -> float:
-    from cua_jax.envs.desktop_env import set_up_task
+    from cua_jax.tasks.judges import set_up_task
     from cua_jax.envs.docker_pool import DockerEnvPool, PoolConfig
     from cua_jax.tasks import judges
 

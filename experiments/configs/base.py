@@ -97,7 +97,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.desktop.health_interval_s = 10.0  # health checks of idle containers (0: on acquire only)
     # Code tasks (env.kind = "code"): bugs injected into real Python repositories, each episode in
     # a `--network none` container of the code image with a shell and a file editor as its tools,
-    # judged on submit by the repository's own tests (cua_jax/envs/code_env.py).
+    # judged on submit by the repository's own tests (cua_jax/environments/code_env.py).
     c.env.code = ml_collections.ConfigDict()
     c.env.code.suite_dir = "cua_jax/tasks/suites/code"  # a folder of code task JSON (from the repository root)
     c.env.code.tasks = ()  # ids of the folder's tasks the run uses (() : all of them)

@@ -6,7 +6,7 @@ real Python repositories, judged by the repositories' own tests.
 The tasks (env.kind = "code") come from the code suite (cua_jax/tasks/suites/code): one per
 package of its six, chosen for their short issue reports. Each episode runs in a
 `--network none` container of the code image (a shell and a file editor as the tools, the
-system prompt `code_env.SYSTEM_PROMPT`), ends on `submit` or at the turn budget, and is
+system prompt `code_actions.SYSTEM_PROMPT`), ends on `submit` or at the turn budget, and is
 rewarded 1 when every test the bug broke passes again and nothing else fails. A memory hog,
 a fork bomb or a filled work tree is the agent's own fault (advantage.agent_faults): a failure
 scored 0 that stays in its group and is counted (agent_fault/<kind>), not a quarantine. Each rollout

@@ -12,7 +12,7 @@ import xml.sax.saxutils
 
 import pytest
 
-from cua_jax.envs.code_env import Bash, Edit, Submit
+from cua_jax.envs.code_actions import Bash, Edit, Submit
 from cua_jax.tasks import code_suite as S
 from cua_jax.tasks.code_tasks import load_code_task
 from cua_jax.types import EpisodeStatus

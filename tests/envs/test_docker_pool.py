@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cua_jax.envs.desktop_env import DesktopEpisode, run_scripted
+from cua_jax.environments.desktop_env import DesktopEpisode, run_scripted
 from cua_jax.envs.docker_pool import LABEL_POOL, DockerEnvPool, PoolConfig
 from cua_jax.envs.faults import FaultKind
 from cua_jax.envs.images import ensure_image

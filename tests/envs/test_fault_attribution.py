@@ -37,7 +37,7 @@ from cua_jax.envs.capsules import (
 from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error
 from cua_jax.envs.miniwob import EpisodeEndedError
 from cua_jax.envs.miniwob_oracle import oracle_action
-from cua_jax.envs.capsule_env import MiniWoBEnvironment
+from cua_jax.environments.capsule_env import MiniWoBEnvironment
 from cua_jax.envs.contract import EnvironmentFault
 from cua_jax.types import EpisodeStatus
 

@@ -12,7 +12,7 @@ import pytest
 
 from cua_jax.envs.contract import EnvironmentWrapper
 from cua_jax.eval.harness import Job, _take_jobs, evaluate, pending_jobs, read_results, sweep
-from cua_jax.eval.policies import (
+from experiments.policies import (
     EvalPolicy,
     build_eval_workers,
     eval_settings,

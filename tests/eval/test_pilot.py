@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cua_jax.eval.pilot import apply_pilot_file, pilot_report, read_pilot_file, report_lines, write_pilot_file
+from cua_jax.eval.pilot import pilot_report, read_pilot_file, report_lines, write_pilot_file
 from cua_jax.rl.coverage import min_group_size, tier_signal_coverage
-from cua_jax.train.settings import ConfigError
+from cua_jax.train.settings import ConfigError, apply_pilot_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NUM_TASKS, NUM_TIERS = 9, 3

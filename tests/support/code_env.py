@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from cua_jax.envs.code_env import CodeEnvConfig, CodeEnvironment
+from cua_jax.environments.code_env import CodeEnvConfig, CodeEnvironment
 from cua_jax.tasks.code_tasks import load_code_task
 
 SUITE = pathlib.Path(__file__).resolve().parents[2] / "cua_jax" / "tasks" / "suites" / "code"

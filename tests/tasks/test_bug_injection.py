@@ -156,7 +156,7 @@ def test_the_committed_suite_has_100_validated_tasks_over_5_packages():
 
 
 def test_mutants_are_kept_by_their_fail_to_pass_tests_on_a_real_container():
-    from cua_jax.envs.code_env import CodeContainer, CodeEnvConfig
+    from cua_jax.environments.code_env import CodeContainer, CodeEnvConfig
     from cua_jax.envs.images import ensure_image
 
     task = next(t for t in load_code_suite(SUITE) if t.package == "inflection")

@@ -11,7 +11,7 @@ import pytest
 
 from cua_jax.envs import actions as A
 from cua_jax.tasks.metrics import JudgeError
-from cua_jax.tasks.metrics.base import JudgeTamperedError
+from cua_jax.envs.container_judge import JudgeTamperedError
 from cua_jax.tasks.metrics import apps as Ap
 from cua_jax.tasks.metrics import general as G
 

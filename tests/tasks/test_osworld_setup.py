@@ -13,7 +13,7 @@ import pathlib
 
 import pytest
 
-from cua_jax.envs.desktop_env import DesktopEpisode
+from cua_jax.environments.desktop_env import DesktopEpisode
 from cua_jax.envs.docker_pool import DockerEnvPool, PoolConfig
 from cua_jax.envs.images import ensure_image
 from cua_jax.tasks import judges

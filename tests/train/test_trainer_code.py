@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from cua_jax.envs import actions as A
-from cua_jax.envs.code_env import SYSTEM_PROMPT, Bash, CodeEnvironment, Edit, Submit, render_code_action
+from cua_jax.envs.code_actions import SYSTEM_PROMPT, Bash, Edit, Submit, render_code_action
+from cua_jax.environments.code_env import CodeEnvironment
 from cua_jax.envs.contract import AgentEnvironment, EnvironmentWrapper
 from cua_jax.rollout.engine import FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.tasks.code_suite import oracle_actions

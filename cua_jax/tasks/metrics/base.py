@@ -21,20 +21,12 @@ import pathlib
 import re
 from typing import Any, Callable
 
+from cua_jax.envs.container_judge import JudgeError, JudgeTamperedError  # noqa: F401  the metrics raise them too
 from cua_jax.registry import Registry
 
 # Judge-side inputs a metric may ask for by keyword (Metric.needs), besides getter values.
 # judge: what runs judge code in the environment (`general.run_python_judge`).
 CONTEXT_INPUTS = ("last_action", "client", "judge", "evaluator")
-
-
-class JudgeError(RuntimeError):
-    """The judge could not reach a verdict through no fault of the agent."""
-
-
-class JudgeTamperedError(JudgeError):
-    """The judge's output holds a verdict the judge did not write: the agent's doing (a process
-    it left running in the environment wrote to the judge's output)."""
 
 
 @dataclasses.dataclass(frozen=True)

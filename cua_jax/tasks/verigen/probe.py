@@ -71,9 +71,7 @@ class ProbeSession:
     def setup(self, task: Task, actions: list[str] = ()) -> None:
         """Run the task's setup steps, then replay `actions` (a trajectory prefix).
         Raises judges.SetupError naming the failing step."""
-        from cua_jax.envs.desktop_env import set_up_task
-
-        set_up_task(task, self._env.client, list(actions))
+        judges.set_up_task(task, self._env.client, list(actions))
 
     def judge(self, task: Task) -> float:
         """The task's verdict on the current state; the Python judge runs inside the environment."""

@@ -23,7 +23,8 @@ import tempfile
 from typing import Any
 
 from cua_jax.envs import actions as A
-from cua_jax.envs.client import EnvClient, EnvError, EnvServerError
+from cua_jax.envs.client import EnvError, EnvServerError
+from cua_jax.envs.container_judge import JudgeTamperedError
 from cua_jax.envs.contract import (
     AgentEnvironment,
     EnvironmentFault,
@@ -35,30 +36,9 @@ from cua_jax.envs.contract import (
 from cua_jax.envs.docker_pool import DockerEnvPool, PooledEnv, PoolError
 from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, episode_outcome
 from cua_jax.tasks import judges
-from cua_jax.tasks.metrics.base import JudgeTamperedError
 from cua_jax.tasks.schema import Task
 
 log = logging.getLogger(__name__)
-
-
-def set_up_task(task: Task, client: EnvClient, setup_actions: list[str] | None = None) -> None:
-    """The task's whole setup on `client`'s environment: whether the environment can run it
-    at all (cua_jax.tasks.runnable), its `config` steps, then the action texts `setup_actions`
-    (None: the task file's `metadata.setup_actions`: a synthesized sub-task starts where a
-    trajectory prefix left the screen). A terminal action replays as nothing.
-    judges.SetupError names the failing step or action, or why the task cannot run here."""
-    judges.set_up(task, client)
-    if setup_actions is None:
-        setup_actions = (task.raw.get("metadata") or {}).get("setup_actions", [])
-    for index, text in enumerate(setup_actions):
-        action = A.parse_action(text)
-        if isinstance(action, A.InvalidAction):
-            raise judges.SetupError(f"{task.id}: setup action {index} {text!r} is invalid: {action.message}")
-        if A.is_terminal(action):
-            continue
-        result = client.step(action, screenshot=False)
-        if not result.ok:
-            raise judges.SetupError(f"{task.id}: replaying setup action {index} failed: {result.error}")
 
 
 @dataclasses.dataclass
@@ -116,7 +96,7 @@ class DesktopEpisode:
             self._quarantine(Fault(FaultKind.SETUP_FAILED, f"no environment: {error}"))
             return Observation(None, "")
         try:
-            set_up_task(self.task, self.env.client)
+            judges.set_up_task(self.task, self.env.client)
             return Observation(self.env.client.screenshot())
         except judges.SetupError as error:
             self._quarantine(self._fault_from(error, FaultKind.SETUP_FAILED))
@@ -226,7 +206,7 @@ class DesktopEnvironment(TaskIsGroupStart, AgentEnvironment):
     @staticmethod
     def _observation(observation: Any) -> EnvObservation:
         from cua_jax.envs.client import decode_png
-        from cua_jax.rollout.prompts import observation_text
+        from cua_jax.envs.prompts import observation_text
 
         images = () if observation.screenshot_png is None else (decode_png(observation.screenshot_png),)
         return EnvObservation(images, observation_text(feedback=observation.feedback))

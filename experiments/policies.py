@@ -13,7 +13,7 @@
            are skipped with the reason
   a directory holding a Hugging Face policy: loaded as model.init_from
   a training run's workdir (it holds checkpoints/): checkpoint `step` (default the latest), its
-           own config, as `experiments.export` restores it
+           own config, as `experiments.export` reads and restores it
 """
 
 from __future__ import annotations
@@ -196,7 +196,8 @@ def load_eval_policy(spec: str, config: Any, step: int | None = None) -> EvalPol
         raise ValueError(f"--policy {spec!r} is neither one of {SCRIPTED_POLICIES} nor a directory (a Hugging Face "
                          "policy or a training run's workdir)")
     if (path / "checkpoints").is_dir():
-        from experiments.export import read_run_config, resolve_step, restore_policy
+        from cua_jax.train.checkpoint import resolve_step, restore_policy
+        from experiments.export import read_run_config
 
         step = resolve_step(path, step)
         run_config = read_run_config(path, step)

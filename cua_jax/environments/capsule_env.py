@@ -10,7 +10,7 @@ from typing import Any
 from cua_jax.envs import actions as A
 from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvObservation, EnvReset, EnvTransition
 from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error, episode_outcome
-from cua_jax.rollout.prompts import INVALID_ACTION_PREFIX, observation_text
+from cua_jax.envs.prompts import INVALID_ACTION_PREFIX, observation_text
 from cua_jax.types import EpisodeStatus
 
 # Re-arms MiniWoB's episode timer with a new limit, counting the time already spent.
