@@ -80,6 +80,7 @@ class Sweep:
 
 # -- loading -------------------------------------------------------------------------------------
 
+
 def _load_module(path: str, what: str):
     if not os.path.isfile(path):
         raise SweepError(f"{what} {path!r} does not exist")
@@ -158,8 +159,9 @@ def _run_overrides(spec: Mapping[str, Any], sweep_path: str) -> list[dict[str, A
     return [dict(r) for r in runs]
 
 
-def load_sweep(sweep_path: str, config_path: str, directory: str = "",
-               extra_overrides: Mapping[str, Any] | None = None) -> Sweep:
+def load_sweep(
+    sweep_path: str, config_path: str, directory: str = "", extra_overrides: Mapping[str, Any] | None = None
+) -> Sweep:
     """The runs of `sweep_path` over the config file `config_path`.
 
     extra_overrides: fields set on every run before the sweep's own (the command line's
@@ -203,8 +205,10 @@ def load_sweep(sweep_path: str, config_path: str, directory: str = "",
         if adjust is not None:
             others = int(np.prod([_get(config, k) for k in BUDGET_FIELDS if k != adjust]))
             if budget % others:
-                raise SweepError(f"{sweep_path}: run {run_name(variant)}: compute_matched.budget {budget} is not a "
-                                 f"multiple of {' x '.join(k for k in BUDGET_FIELDS if k != adjust)} = {others}")
+                raise SweepError(
+                    f"{sweep_path}: run {run_name(variant)}: compute_matched.budget {budget} is not a "
+                    f"multiple of {' x '.join(k for k in BUDGET_FIELDS if k != adjust)} = {others}"
+                )
             overrides[adjust] = budget // others
             apply_overrides(config, {adjust: budget // others}, f"{sweep_path}: run {run_name(variant)}")
         name_ = run_name(variant)
@@ -212,21 +216,41 @@ def load_sweep(sweep_path: str, config_path: str, directory: str = "",
             raise SweepError(f"{sweep_path}: two runs are both named {name_!r}")
         names.add(name_)
         tiers = {str(t): int(k) for t, k in zip(config.env.tasks, config.env.task_tiers)}
-        runs.append(SweepRun(
-            name=name_, swept=dict(variant), overrides=overrides, workdir=os.path.join(directory, name_),
-            num_steps=int(config.train.num_steps),
-            budget=int(np.prod([_get(config, k) for k in BUDGET_FIELDS])), task_tiers=tiers))
-    return Sweep(name=name, config_path=os.path.abspath(config_path), sweep_path=os.path.abspath(sweep_path),
-                 directory=directory, runs=tuple(runs))
+        runs.append(
+            SweepRun(
+                name=name_,
+                swept=dict(variant),
+                overrides=overrides,
+                workdir=os.path.join(directory, name_),
+                num_steps=int(config.train.num_steps),
+                budget=int(np.prod([_get(config, k) for k in BUDGET_FIELDS])),
+                task_tiers=tiers,
+            )
+        )
+    return Sweep(
+        name=name,
+        config_path=os.path.abspath(config_path),
+        sweep_path=os.path.abspath(sweep_path),
+        directory=directory,
+        runs=tuple(runs),
+    )
 
 
 # -- commands and state ---------------------------------------------------------------------------
 
+
 def run_command(sweep: Sweep, run: SweepRun, python: str = sys.executable) -> list[str]:
     """The training command of `run` (always --resume: a checkpointed run continues)."""
     flags = [f"--config.{key}={_format_value(value)}" for key, value in run.overrides.items()]
-    return [python, "-m", "experiments.main", f"--config={sweep.config_path}", *flags,
-            f"--workdir={run.workdir}", "--resume"]
+    return [
+        python,
+        "-m",
+        "experiments.main",
+        f"--config={sweep.config_path}",
+        *flags,
+        f"--workdir={run.workdir}",
+        "--resume",
+    ]
 
 
 def shell_command(argv: Sequence[str]) -> str:
@@ -269,8 +293,16 @@ def write_manifest(sweep: Sweep) -> str:
     os.makedirs(sweep.directory, exist_ok=True)
     path = os.path.join(sweep.directory, MANIFEST)
     with open(path, "w") as f:
-        json.dump({"name": sweep.name, "config": sweep.config_path, "sweep": sweep.sweep_path,
-                   "runs": [r.to_json() for r in sweep.runs]}, f, indent=2)
+        json.dump(
+            {
+                "name": sweep.name,
+                "config": sweep.config_path,
+                "sweep": sweep.sweep_path,
+                "runs": [r.to_json() for r in sweep.runs],
+            },
+            f,
+            indent=2,
+        )
     return path
 
 
@@ -284,6 +316,7 @@ def read_manifest(directory: str) -> tuple[str, list[SweepRun]]:
 
 
 # -- results --------------------------------------------------------------------------------------
+
 
 def tier_coverage(episodes: Sequence[Mapping[str, Any]], task_tiers: Mapping[str, int]) -> dict[int, tuple[float, int]]:
     """Per tier: (fraction of groups with both a success and a failure, number of groups), over
@@ -300,11 +333,16 @@ def tier_coverage(episodes: Sequence[Mapping[str, Any]], task_tiers: Mapping[str
     stats = group_outcome_stats(
         np.asarray([e["status"] == "success" for e in episodes]),
         np.asarray([index[(e["step"], e["group_id"], e["task_id"])] for e in episodes], np.int32),
-        len(keys), valid=np.asarray([e["status"] != "quarantined" for e in episodes]),
-        group_tiers=group_tiers, num_tiers=len(tiers))
+        len(keys),
+        valid=np.asarray([e["status"] != "quarantined" for e in episodes]),
+        group_tiers=group_tiers,
+        num_tiers=len(tiers),
+    )
     counts = np.asarray(stats.tier_num_groups)
-    return {t: (float(stats.tier_informative_fraction[i]) if counts[i] else math.nan, int(counts[i]))
-            for t, i in tier_slot.items()}
+    return {
+        t: (float(stats.tier_informative_fraction[i]) if counts[i] else math.nan, int(counts[i]))
+        for t, i in tier_slot.items()
+    }
 
 
 def predicted_tier_coverage(episodes: Sequence[Mapping[str, Any]], task_tiers: Mapping[str, int]) -> dict[int, float]:
@@ -337,8 +375,12 @@ def run_results(run: SweepRun) -> dict[str, Any]:
     from cua_jax.observe.episode_log import EPISODE_LOG
     from cua_jax.observe.metrics import read_metrics
 
-    row: dict[str, Any] = {"run": run.name, **{k: _format_value(v) for k, v in run.swept.items()},
-                           "state": run_state(run), "budget": run.budget}
+    row: dict[str, Any] = {
+        "run": run.name,
+        **{k: _format_value(v) for k, v in run.swept.items()},
+        "state": run_state(run),
+        "budget": run.budget,
+    }
     metrics_path = os.path.join(run.workdir, "metrics.jsonl")
     records = [r for r in read_metrics(metrics_path) if "success/rate" in r] if os.path.isfile(metrics_path) else []
     row["steps"] = len(records)

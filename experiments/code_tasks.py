@@ -91,10 +91,20 @@ def generate(args: argparse.Namespace) -> int:
     image = ensure_image("code")
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
-        counts = dict(zip(names, pool.map(
-            lambda n: generate_package(n, image, args.per_package, args.candidates, args.seed, out), names)))
-    print(json.dumps({"tasks": sum(counts.values()), "per_package": counts,
-                      "seconds": round(time.monotonic() - started)}, indent=1))
+        counts = dict(
+            zip(
+                names,
+                pool.map(
+                    lambda n: generate_package(n, image, args.per_package, args.candidates, args.seed, out), names
+                ),
+            )
+        )
+    print(
+        json.dumps(
+            {"tasks": sum(counts.values()), "per_package": counts, "seconds": round(time.monotonic() - started)},
+            indent=1,
+        )
+    )
     return 0
 
 
@@ -127,14 +137,21 @@ async def validate_tasks(tasks, image: str, workers: int, random_seeds: int) -> 
         try:
             while not queue.empty():
                 task = queue.get_nowait()
-                row = {"oracle": await play(env, task, S.oracle_actions(task)),
-                       "noop": await play(env, task, S.noop_actions(task))}
+                row = {
+                    "oracle": await play(env, task, S.oracle_actions(task)),
+                    "noop": await play(env, task, S.noop_actions(task)),
+                }
                 if task.package not in sources_cache:
                     package = PACKAGES[task.package]
-                    sources_cache[task.package] = {p: S.read_clean_file(env.container, package.name, p)
-                                                   for p in package.sources}
-                row["random"] = [await play(env, task, S.RandomPolicy(seed).actions(task, sources_cache[task.package]),
-                                            may_fault=True) for seed in range(random_seeds)]
+                    sources_cache[task.package] = {
+                        p: S.read_clean_file(env.container, package.name, p) for p in package.sources
+                    }
+                row["random"] = [
+                    await play(
+                        env, task, S.RandomPolicy(seed).actions(task, sources_cache[task.package]), may_fault=True
+                    )
+                    for seed in range(random_seeds)
+                ]
                 results[task.id] = row
                 _log(f"{task.id}: {row}")
         finally:
@@ -154,14 +171,31 @@ def validate(args: argparse.Namespace) -> int:
     oracle = sum(r["oracle"] for r in results.values()) / n
     noop = sum(r["noop"] for r in results.values()) / n
     random_rewards = [x for r in results.values() for x in r["random"] if x is not None]
-    summary = {"tasks": n, "packages": len({t.package for t in tasks}), "oracle_success": oracle,
-               "noop_success": noop, "random_success": sum(random_rewards) / max(1, len(random_rewards)),
-               "random_episodes": len(random_rewards),
-               "random_quarantined": sum(x is None for r in results.values() for x in r["random"]),
-               "seconds": round(time.monotonic() - started)}
-    (suite / "validation.json").write_text(json.dumps({"summary": summary, "tasks": dict(sorted(
-        (k, {"oracle": v["oracle"], "noop": v["noop"], "random": v["random"]}) for k, v in results.items()))},
-        indent=1) + "\n")
+    summary = {
+        "tasks": n,
+        "packages": len({t.package for t in tasks}),
+        "oracle_success": oracle,
+        "noop_success": noop,
+        "random_success": sum(random_rewards) / max(1, len(random_rewards)),
+        "random_episodes": len(random_rewards),
+        "random_quarantined": sum(x is None for r in results.values() for x in r["random"]),
+        "seconds": round(time.monotonic() - started),
+    }
+    (suite / "validation.json").write_text(
+        json.dumps(
+            {
+                "summary": summary,
+                "tasks": dict(
+                    sorted(
+                        (k, {"oracle": v["oracle"], "noop": v["noop"], "random": v["random"]})
+                        for k, v in results.items()
+                    )
+                ),
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(json.dumps(summary, indent=1))
     return 0 if oracle == 1.0 and noop == 0.0 else 1
 

@@ -31,9 +31,11 @@ from ml_collections import config_flags
 from cua_jax.compilation import use_compilation_cache
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", "experiments/configs/evaluate.py", "Run settings the policy follows.", lock_config=True)
-_POLICY = flags.DEFINE_string("policy", None, "random | oracle | a Hugging Face directory | a run's workdir.",
-                              required=True)
+    "config", "experiments/configs/evaluate.py", "Run settings the policy follows.", lock_config=True
+)
+_POLICY = flags.DEFINE_string(
+    "policy", None, "random | oracle | a Hugging Face directory | a run's workdir.", required=True
+)
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step of a run's workdir (default: the latest).")
 _SUITE = flags.DEFINE_string("suite", "miniwob", "miniwob | browsergym | webgum | desktop | os | a task folder.")
 _K = flags.DEFINE_integer("k", 1, "Samples (episodes) per task and seed.")
@@ -74,17 +76,28 @@ def main(argv: list[str]) -> None:
         turns = _numbers(_TURNS.value, int, "turn_budgets") or [policy.config.eval.max_turns]
         temperatures = _numbers(_TEMPERATURES.value, float, "temperatures") or [policy.config.eval.temperature]
         with local_ray(policy.config):
-            summaries = sweep(worker_factory(policy, suite, _WORKERS.value, group_size=_K.value), policy, suite,
-                              suite.seeds(_SEEDS.value), _K.value, _OUT.value, turns, temperatures,
-                              max_reruns=_MAX_RERUNS.value, confidence=policy.config.eval.confidence,
-                              groups_per_call=policy.config.eval.concurrent_groups)
+            summaries = sweep(
+                worker_factory(policy, suite, _WORKERS.value, group_size=_K.value),
+                policy,
+                suite,
+                suite.seeds(_SEEDS.value),
+                _K.value,
+                _OUT.value,
+                turns,
+                temperatures,
+                max_reruns=_MAX_RERUNS.value,
+                confidence=policy.config.eval.confidence,
+                groups_per_call=policy.config.eval.concurrent_groups,
+            )
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     for folder, summary in summaries.items():
         o = summary["overall"]
-        print(f"{folder}: success {o['success_rate']:.3f} ({o['successes']}/{o['episodes']}) "
-              f"[{o['ci_low']:.3f}, {o['ci_high']:.3f}], pass@{summary['k']} {o['pass@k']:.3f}, "
-              f"quarantined {o['quarantined']}, {len(summary['skipped'])} tasks not run")
+        print(
+            f"{folder}: success {o['success_rate']:.3f} ({o['successes']}/{o['episodes']}) "
+            f"[{o['ci_low']:.3f}, {o['ci_high']:.3f}], pass@{summary['k']} {o['pass@k']:.3f}, "
+            f"quarantined {o['quarantined']}, {len(summary['skipped'])} tasks not run"
+        )
     print(json.dumps({"out": _OUT.value, "evaluations": sorted(summaries)}))
 
 
@@ -100,8 +113,10 @@ def pilot() -> None:
     from cua_jax.train.settings import TrainSettings
 
     if _K.present or _TURNS.value or _TEMPERATURES.value:
-        raise app.UsageError("--pilot takes its samples from config.sampler.pilot_group_size and runs the training "
-                             "agent's budget; drop --k, --turn_budgets and --temperatures")
+        raise app.UsageError(
+            "--pilot takes its samples from config.sampler.pilot_group_size and runs the training "
+            "agent's budget; drop --k, --turn_budgets and --temperatures"
+        )
     try:
         policy = load_eval_policy(_POLICY.value, _CONFIG.value, _STEP.value)
         c = policy.config
@@ -122,19 +137,41 @@ def pilot() -> None:
         with local_ray(c):
             workers = make_workers(settings.agent.max_turns, settings.agent.temperature)
             try:
-                summary = evaluate(workers, policy, suite, suite.seeds(_SEEDS.value), k, _OUT.value,
-                                   max_reruns=_MAX_RERUNS.value, confidence=c.eval.confidence,
-                                   groups_per_call=c.eval.concurrent_groups, title=f"pilot of {policy.name}")
+                summary = evaluate(
+                    workers,
+                    policy,
+                    suite,
+                    suite.seeds(_SEEDS.value),
+                    k,
+                    _OUT.value,
+                    max_reruns=_MAX_RERUNS.value,
+                    confidence=c.eval.confidence,
+                    groups_per_call=c.eval.concurrent_groups,
+                    title=f"pilot of {policy.name}",
+                )
             finally:
                 for worker in workers:
                     worker.shutdown()
-        report = pilot_report(summary["records"], {t: settings.catalog[t].tier for t in tasks},
-                              c.rollout.group_size, c.sampler.pilot_target, k, policy.name)
+        report = pilot_report(
+            summary["records"],
+            {t: settings.catalog[t].tier for t in tasks},
+            c.rollout.group_size,
+            c.sampler.pilot_target,
+            k,
+            policy.name,
+        )
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     print("\n".join(report_lines(report)))
-    print(json.dumps({"out": _OUT.value, "pilot_file": write_pilot_file(_OUT.value, report),
-                      "group_size_floor": report["group_size_floor"]}))
+    print(
+        json.dumps(
+            {
+                "out": _OUT.value,
+                "pilot_file": write_pilot_file(_OUT.value, report),
+                "group_size_floor": report["group_size_floor"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,7 @@ def read_run_config(workdir: str | os.PathLike, step: int):
     return config_from_dict(read_saved_config(workdir, step))
 
 
-def export_run(workdir: str | os.PathLike, out: str | os.PathLike, step: int | None = None,
-               dtype: str | None = None):
+def export_run(workdir: str | os.PathLike, out: str | os.PathLike, step: int | None = None, dtype: str | None = None):
     """Exports the policy of checkpoint `step` (default the latest) of the run in `workdir` to
     `out` (which must not exist or be empty), with the run's tokenizer, chat template and image
     processor. Returns (step, the written directory's `PolicyDirectory`)."""
@@ -49,8 +48,10 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, step: int | N
     config = read_run_config(workdir, step)
     source = tokenizer_dir(config) or SHIPPED_TOKENIZER_DIR
     if not pathlib.Path(source).is_dir():
-        raise ValueError(f"the run's tokenizer directory {str(source)!r} (config.model.tokenizer_dir, else "
-                         "config.model.init_from) is not a directory")
+        raise ValueError(
+            f"the run's tokenizer directory {str(source)!r} (config.model.tokenizer_dir, else "
+            "config.model.init_from) is not a directory"
+        )
     model = restore_policy(workdir, step, config)
     return step, export_policy(model, out, tokenizer=source, dtype=dtype)
 
@@ -65,16 +66,17 @@ def main(argv: list[str]) -> None:
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     if policy is not None:  # the writing process
-        print(f"exported step {step} of {FLAGS.workdir} to {policy.directory}: a {policy.architecture} with "
-              f"{policy.vocab_size} vocabulary entries in {len(policy.safetensors)} safetensors file(s)")
+        print(
+            f"exported step {step} of {FLAGS.workdir} to {policy.directory}: a {policy.architecture} with "
+            f"{policy.vocab_size} vocabulary entries in {len(policy.safetensors)} safetensors file(s)"
+        )
 
 
 def define_flags() -> None:
     """The command line's flags (defined only when run as a program, so importing this module
     next to another entrypoint defining --workdir does not clash)."""
     flags.DEFINE_string("workdir", None, "The training run's directory (holds checkpoints/).", required=True)
-    flags.DEFINE_string("out", None, "Directory to write the Hugging Face policy into (new or empty).",
-                        required=True)
+    flags.DEFINE_string("out", None, "Directory to write the Hugging Face policy into (new or empty).", required=True)
     flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest).")
     flags.DEFINE_enum("dtype", None, DTYPES, "On-disk dtype of the weights (default: the parameters' own).")
 

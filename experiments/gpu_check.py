@@ -42,7 +42,8 @@ from typing import Callable
 # The CPU backend gets 8 devices so the sharding check builds real meshes there too; the flag
 # must be set before JAX starts and does not change the devices of a GPU backend.
 if os.environ.get("JAX_PLATFORMS", "") == "cpu" and "xla_force_host_platform_device_count" not in os.environ.get(
-        "XLA_FLAGS", ""):
+    "XLA_FLAGS", ""
+):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 MODEL_PACKAGES = ("numpy", "jax", "flax", "optax", "ml_dtypes", "tokenizers")
@@ -102,10 +103,21 @@ def check_parity_qwen3(small: bool) -> str:
 
     torch.manual_seed(0)
     hf_config = transformers.Qwen3Config(
-        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=1 if small else 2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
-        tie_word_embeddings=False, rope_theta=10000.0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=1 if small else 2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     hf = transformers.Qwen3ForCausalLM(hf_config).eval()
     _spread_weights(hf, ("norm.weight",))
     ids = np.random.RandomState(0).randint(3, 512, size=(2, 12 if small else 64))
@@ -137,8 +149,11 @@ def check_parity_qwen3_vl(small: bool) -> str:
 
     config = tiny_qwen3_vl_config()
     if small:
-        config = dc.replace(config, text=dc.replace(config.text, num_hidden_layers=2),
-                            vision=dc.replace(config.vision, depth=2, deepstack_visual_indexes=(0, 1)))
+        config = dc.replace(
+            config,
+            text=dc.replace(config.text, num_hidden_layers=2),
+            vision=dc.replace(config.vision, depth=2, deepstack_visual_indexes=(0, 1)),
+        )
     torch.manual_seed(0)
     hf = transformers.Qwen3VLForConditionalGeneration(transformers.Qwen3VLConfig(**config.to_hf_dict())).eval()
     _spread_weights(hf, ("norm.weight", "norm1.weight", "norm2.weight"))
@@ -159,27 +174,40 @@ def check_parity_qwen3_vl(small: bool) -> str:
     ids = np.full((2, length), config.text.pad_token_id, np.int64)
     mask = np.zeros_like(ids)
     ids[0], mask[0] = row0, 1
-    ids[1, length - len(row1):], mask[1, length - len(row1):] = row1, 1
+    ids[1, length - len(row1) :], mask[1, length - len(row1) :] = row1, 1
     patches = sum(t * h * w for t, h, w in grid)
     pixels = rng.normal(size=(patches, config.vision.patch_dim)).astype(np.float32)
 
     with torch.no_grad():
-        expected = hf(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
-                      pixel_values=torch.as_tensor(pixels), image_grid_thw=torch.as_tensor(grid),
-                      mm_token_type_ids=torch.as_tensor((ids == config.image_token_id).astype(np.int64))).logits.numpy()
+        expected = hf(
+            input_ids=torch.as_tensor(ids),
+            attention_mask=torch.as_tensor(mask),
+            pixel_values=torch.as_tensor(pixels),
+            image_grid_thw=torch.as_tensor(grid),
+            mm_token_type_ids=torch.as_tensor((ids == config.image_token_id).astype(np.int64)),
+        ).logits.numpy()
     with tempfile.TemporaryDirectory() as directory:
         hf.save_pretrained(directory)
         model, _ = load_qwen3_vl(directory)
-    positions, _ = rope_index(ids, grid, image_token_id=config.image_token_id, spatial_merge_size=merge,
-                              attention_mask=mask)
+    positions, _ = rope_index(
+        ids, grid, image_token_id=config.image_token_id, spatial_merge_size=merge, attention_mask=mask
+    )
 
     def forward(model, ids, segment_ids, positions, pixels):
-        return model(ids, positions=positions, segment_ids=segment_ids, pixel_values=pixels,
-                     image_grid_thw=ImageGrid(grid))[0]
+        return model(
+            ids, positions=positions, segment_ids=segment_ids, pixel_values=pixels, image_grid_thw=ImageGrid(grid)
+        )[0]
 
     with jax.default_matmul_precision("highest"):
-        got = np.asarray(nnx.jit(forward)(model, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
-                                          jnp.asarray(positions), jnp.asarray(pixels)))
+        got = np.asarray(
+            nnx.jit(forward)(
+                model,
+                jnp.asarray(ids, jnp.int32),
+                jnp.asarray(mask, jnp.int32),
+                jnp.asarray(positions),
+                jnp.asarray(pixels),
+            )
+        )
     real = mask.astype(bool)
     error = float(np.abs(got[real] - expected[real]).max())
     _require(expected[real].std() > 0.5, f"reference logits barely vary (std {expected[real].std():.3f})")
@@ -236,8 +264,10 @@ def check_sharding(small: bool) -> str:
             for name, a, b in (("logits", got[0], reference[0]), ("loss", got[1], reference[1])):
                 _require(np.allclose(a, b, **SHARDING_TOL), f"{shape}: {name} differ by {np.abs(a - b).max():.2e}")
             for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got[2]), jax.tree.leaves(reference[2])):
-                _require(np.allclose(a, b, **SHARDING_TOL),
-                         f"{shape}: gradient {jax.tree_util.keystr(path)} differs by {np.abs(a - b).max():.2e}")
+                _require(
+                    np.allclose(a, b, **SHARDING_TOL),
+                    f"{shape}: gradient {jax.tree_util.keystr(path)} differs by {np.abs(a - b).max():.2e}",
+                )
             kernel = model.model.layers[0].mlp.gate_proj.kernel[...]
             placed = len(kernel.sharding.device_set)
             _require(placed == n, f"{shape}: a kernel sits on {placed} of {n} devices")
@@ -245,9 +275,11 @@ def check_sharding(small: bool) -> str:
                 sharded = jax.tree.map(lambda a: a if not a.sharding.is_fully_replicated else None, nnx.state(model))
                 total = sum(a.nbytes for a in jax.tree.leaves(sharded))
                 per_device = bytes_per_device(sharded)
-                _require(set(per_device.values()) == {total // n},
-                         f"{shape}: sharded parameters take {sorted(set(per_device.values()))} bytes per device, "
-                         f"expected {total // n}")
+                _require(
+                    set(per_device.values()) == {total // n},
+                    f"{shape}: sharded parameters take {sorted(set(per_device.values()))} bytes per device, "
+                    f"expected {total // n}",
+                )
             checked.append(shape)
     return f"{n} {devices[0].platform} device(s): {', '.join(checked)} equal one device"
 
@@ -268,13 +300,20 @@ def _vl_training_batch(config, rows: int, image_grid: tuple[int, int, int], text
         ids += [config.vision_end_token_id] + list(rng.integers(10, 3000, text_tokens))
         ids = np.asarray(ids, np.int32)
         mask = np.zeros(len(ids), np.int32)
-        mask[-text_tokens // 2:] = 1
+        mask[-text_tokens // 2 :] = 1
         logp = np.where(mask > 0, rng.uniform(-9.0, -7.0, len(ids)), 0).astype(np.float32)
-        items.append(TrainingItem(ids, mask, logp, [ImageSpan(3, 3 + image_tokens, 0, 0, image_grid)], f"ep{k}", 0, (0,)))
+        items.append(
+            TrainingItem(ids, mask, logp, [ImageSpan(3, 3 + image_tokens, 0, 0, image_grid)], f"ep{k}", 0, (0,))
+        )
         patches[(f"ep{k}", 0, 0)] = rng.normal(size=(t * h * w, config.vision.patch_dim)).astype(np.float32)
     advantages = np.linspace(-1.0, 1.0, rows).astype(np.float32)
-    return collate(items, advantages, BatchingConfig(rows=rows, length_multiple=16), pixel_patches=patches,
-                   multimodal=MultimodalPositions.of(config))
+    return collate(
+        items,
+        advantages,
+        BatchingConfig(rows=rows, length_multiple=16),
+        pixel_patches=patches,
+        multimodal=MultimodalPositions.of(config),
+    )
 
 
 def check_learner_bf16(small: bool) -> str:
@@ -291,19 +330,24 @@ def check_learner_bf16(small: bool) -> str:
 
     config = tiny_qwen3_vl_config()
     if small:
-        config = dc.replace(config, text=dc.replace(config.text, num_hidden_layers=1),
-                            vision=dc.replace(config.vision, depth=1, deepstack_visual_indexes=(0,)))
+        config = dc.replace(
+            config,
+            text=dc.replace(config.text, num_hidden_layers=1),
+            vision=dc.replace(config.vision, depth=1, deepstack_visual_indexes=(0,)),
+        )
     low = dc.replace(config, text=dc.replace(config.text, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, remat=True))
-    batch = _vl_training_batch(config, rows=2 if small else 4, image_grid=(1, 4, 4) if small else (1, 14, 10),
-                               text_tokens=12 if small else 200)
+    batch = _vl_training_batch(
+        config, rows=2 if small else 4, image_grid=(1, 4, 4) if small else (1, 14, 10), text_tokens=12 if small else 200
+    )
     reference = Qwen3VLForConditionalGeneration(config, rngs=nnx.Rngs(0))
     rounded = jax.tree.map(lambda a: a.astype(jnp.bfloat16), nnx.state(reference, nnx.Param))
     nnx.update(reference, jax.tree.map(lambda a: a.astype(jnp.float32), rounded))
     model = Qwen3VLForConditionalGeneration(low, rngs=nnx.Rngs(0))
     nnx.update(model, rounded)
     # A large Adam eps keeps the step a smooth function of the gradient (eps 1e-8 is a sign step).
-    learner_config = LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-2, eps=1e-3),
-                                   loss=PolicyLossConfig(kl_coef=0.0))
+    learner_config = LearnerConfig(
+        optimizer=OptimizerConfig(learning_rate=1e-2, eps=1e-3), loss=PolicyLossConfig(kl_coef=0.0)
+    )
     steps, losses, seconds = {}, {}, {}
     for name, policy in (("float32", reference), ("bfloat16", model)):
         learner = Learner(policy, learner_config)
@@ -313,10 +357,13 @@ def check_learner_bf16(small: bool) -> str:
         state = learner.opt_state
         after = state.master if isinstance(state, MasterWeightsState) else learner.params
         steps[name] = np.concatenate(
-            [(np.asarray(a, np.float32) - s).ravel() for a, s in zip(jax.tree.leaves(after), start)])
+            [(np.asarray(a, np.float32) - s).ravel() for a, s in zip(jax.tree.leaves(after), start)]
+        )
         if name == "bfloat16":
-            _require(np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0,
-                     f"loss {metrics['loss']}, grad_norm {metrics['grad_norm']}")
+            _require(
+                np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0,
+                f"loss {metrics['loss']}, grad_norm {metrics['grad_norm']}",
+            )
             _require(isinstance(state, MasterWeightsState), "bfloat16 parameters but no float32 master weights")
             dtypes = {str(a.dtype) for a in jax.tree.leaves(learner.params)}
             _require(dtypes == {"bfloat16"}, f"parameters are {sorted(dtypes)} after the step")
@@ -328,8 +375,10 @@ def check_learner_bf16(small: bool) -> str:
     a, b = steps["float32"], steps["bfloat16"]
     cosine = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
     _require(cosine > MIN_COSINE, f"update direction cosine vs float32 {cosine:.4f} <= {MIN_COSINE}")
-    return (f"loss {losses['bfloat16']:.4f} (float32 {losses['float32']:.4f}), update cosine {cosine:.5f}, "
-            f"compiled step {seconds['bfloat16'] * 1e3:.0f} ms, {batch.ids.shape[0]}x{batch.ids.shape[1]} tokens")
+    return (
+        f"loss {losses['bfloat16']:.4f} (float32 {losses['float32']:.4f}), update cosine {cosine:.5f}, "
+        f"compiled step {seconds['bfloat16'] * 1e3:.0f} ms, {batch.ids.shape[0]}x{batch.ids.shape[1]} tokens"
+    )
 
 
 def qwen3_vl_2b_config(**text_overrides):
@@ -339,13 +388,32 @@ def qwen3_vl_2b_config(**text_overrides):
     from cua_jax.models.qwen3_vl import Qwen3VLConfig
     from cua_jax.models.vision import VisionConfig
 
-    text = Qwen3Config(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-                       rope=RopeConfig(rope_theta=5_000_000.0), tie_word_embeddings=True,
-                       max_position_embeddings=262144, bos_token_id=None, eos_token_id=151645, pad_token_id=151643,
-                       **text_overrides)
-    vision = VisionConfig(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2048,
-                          num_position_embeddings=2304, deepstack_visual_indexes=(5, 11, 17))
+    text = Qwen3Config(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope=RopeConfig(rope_theta=5_000_000.0),
+        tie_word_embeddings=True,
+        max_position_embeddings=262144,
+        bos_token_id=None,
+        eos_token_id=151645,
+        pad_token_id=151643,
+        **text_overrides,
+    )
+    vision = VisionConfig(
+        depth=24,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_heads=16,
+        out_hidden_size=2048,
+        num_position_embeddings=2304,
+        deepstack_visual_indexes=(5, 11, 17),
+    )
     return Qwen3VLConfig(text=text, vision=vision, mrope_section=(24, 20, 20))
 
 
@@ -408,8 +476,9 @@ def check_shared_prefix(small: bool) -> str:
         # parameters, which may be the model's own buffers.
         learner = Learner(Qwen3VLForConditionalGeneration(config, rngs=nnx.Rngs(0)), learner_config)
         batching = BatchingConfig(rows=members, length_multiple=128, share_prefix=share, suffix_length_multiple=64)
-        [micro] = make_minibatches(items, advantages, batching, 1, pixel_patches=patches,
-                                   multimodal=MultimodalPositions.of(config))
+        [micro] = make_minibatches(
+            items, advantages, batching, 1, pixel_patches=patches, multimodal=MultimodalPositions.of(config)
+        )
         grads, metrics = learner.gradients(micro)  # compiles, and the direction to compare
         start = time.perf_counter()
         learner.update(micro)  # prepare (reference) + gradient + AdamW, compiled
@@ -423,9 +492,11 @@ def check_shared_prefix(small: bool) -> str:
     tolerance = 1e-5 if small else 2e-2  # float32 / bfloat16
     _require(abs(loss0 - loss1) <= tolerance * max(1.0, abs(loss0)), f"loss {loss1} shared vs {loss0} whole")
     _require(cosine > 1 - tolerance, f"gradient cosine shared vs whole {cosine:.6f}")
-    return (f"{members} items of {sum(len(i) for i in items) // members} tokens: learner {rate0:.0f} item tokens/s "
-            f"whole, {rate1:.0f} shared ({rate1 / rate0:.2f}x; forward tokens {run0} -> {run1}), "
-            f"gradient cosine {cosine:.6f}")
+    return (
+        f"{members} items of {sum(len(i) for i in items) // members} tokens: learner {rate0:.0f} item tokens/s "
+        f"whole, {rate1:.0f} shared ({rate1 / rate0:.2f}x; forward tokens {run0} -> {run1}), "
+        f"gradient cosine {cosine:.6f}"
+    )
 
 
 CHECK_FUNCTIONS: dict[str, tuple[Callable[[bool], str], tuple[str, ...]]] = {
@@ -482,8 +553,10 @@ def platform_header() -> str:
 
     devices = jax.devices()
     kinds = sorted({d.device_kind for d in devices})
-    return (f"platform {devices[0].platform}: {len(devices)} device(s) ({', '.join(kinds)}); jax {jax.__version__}, "
-            f"python {sys.version.split()[0]}")
+    return (
+        f"platform {devices[0].platform}: {len(devices)} device(s) ({', '.join(kinds)}); jax {jax.__version__}, "
+        f"python {sys.version.split()[0]}"
+    )
 
 
 def main(argv=None) -> int:
@@ -498,8 +571,11 @@ def main(argv=None) -> int:
         parser.error(f"--checks: unknown {unknown}; known: {','.join(CHECK_FUNCTIONS)}")
     missing = missing_packages(MODEL_PACKAGES)
     if missing:
-        print(f"[gpu_check] missing package(s) the model code needs: {', '.join(missing)}. Put their wheels in "
-              "launch/wheels/ (launch/gpu_check.sh installs them with pip --no-index) or install them.", file=sys.stderr)
+        print(
+            f"[gpu_check] missing package(s) the model code needs: {', '.join(missing)}. Put their wheels in "
+            "launch/wheels/ (launch/gpu_check.sh installs them with pip --no-index) or install them.",
+            file=sys.stderr,
+        )
         return 2
     header = platform_header()
     print(f"[gpu_check] {header}")

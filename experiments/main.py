@@ -58,17 +58,22 @@ def _run_training(config) -> None:
         summary = trainer.run()
     for line in report_lines(summary, config):
         print(line)
-    print(json.dumps({"workdir": os.path.abspath(config.workdir), "steps": summary["steps"],
-                      "curve": summary["curve"]}))
+    print(
+        json.dumps({"workdir": os.path.abspath(config.workdir), "steps": summary["steps"], "curve": summary["curve"]})
+    )
 
 
 def _gain_lines(gain, level: str, label: str = "") -> list[str]:
-    lines = [f"held-out success after - before{label}: {gain['difference']:+.3f}, Newcombe {level} "
-             f"[{gain['ci_low']:+.3f}, {gain['ci_high']:+.3f}] (independent samples)"]
+    lines = [
+        f"held-out success after - before{label}: {gain['difference']:+.3f}, Newcombe {level} "
+        f"[{gain['ci_low']:+.3f}, {gain['ci_high']:+.3f}] (independent samples)"
+    ]
     if "paired_difference" in gain:
-        lines.append(f"paired by seed{label} ({int(gain['paired_episodes'])} seeds, {int(gain['gained'])} gained, "
-                     f"{int(gain['lost'])} lost): {gain['paired_difference']:+.3f}, Newcombe {level} "
-                     f"[{gain['paired_ci_low']:+.3f}, {gain['paired_ci_high']:+.3f}]")
+        lines.append(
+            f"paired by seed{label} ({int(gain['paired_episodes'])} seeds, {int(gain['gained'])} gained, "
+            f"{int(gain['lost'])} lost): {gain['paired_difference']:+.3f}, Newcombe {level} "
+            f"[{gain['paired_ci_low']:+.3f}, {gain['paired_ci_high']:+.3f}]"
+        )
     return lines
 
 
@@ -82,21 +87,27 @@ def report_lines(summary, config) -> list[str]:
     lines = []
     warm = summary["warm_start"]
     if "warm_start/held_out_click_nll" in warm:
-        lines.append(f"warm start, held-out pages: {warm['warm_start/held_out_nll']:.3f} nats per reply token; "
-                     f"click-point digits {warm['warm_start/held_out_click_nll']:.3f} nats each, against "
-                     f"{warm['warm_start/click_prior_nll']:.3f} for a page-blind prior (0 if read off the page)")
+        lines.append(
+            f"warm start, held-out pages: {warm['warm_start/held_out_nll']:.3f} nats per reply token; "
+            f"click-point digits {warm['warm_start/held_out_click_nll']:.3f} nats each, against "
+            f"{warm['warm_start/click_prior_nll']:.3f} for a page-blind prior (0 if read off the page)"
+        )
     evaluations = summary["evaluations"]
     level = f"{100 * config.eval.confidence:g}%"
 
     def rate_line(label, result, suffix=""):
-        return (f"held-out success {label}{suffix}: {result['success_rate']:.3f} ({int(result['successes'])}/"
-                f"{int(result['episodes'])} episodes), Wilson {level} [{result['ci_low']:.3f}, {result['ci_high']:.3f}]")
+        return (
+            f"held-out success {label}{suffix}: {result['success_rate']:.3f} ({int(result['successes'])}/"
+            f"{int(result['episodes'])} episodes), Wilson {level} [{result['ci_low']:.3f}, {result['ci_high']:.3f}]"
+        )
 
     low_labels = (LOW_TEMPERATURE_BEFORE, LOW_TEMPERATURE_AFTER, LOW_TEMPERATURE_GAIN)
     headline = {k: v for k, v in evaluations.items() if k not in low_labels and not k.startswith("gain")}
     if "before" in evaluations:
-        lines.append(f"held-out evaluation at temperature {config.eval.temperature:g} "
-                     f"(training samples at {config.rollout.temperature:g}):")
+        lines.append(
+            f"held-out evaluation at temperature {config.eval.temperature:g} "
+            f"(training samples at {config.rollout.temperature:g}):"
+        )
     for label, result in headline.items():
         lines.append(rate_line(label, result))
     gain = evaluations.get("gain")
@@ -111,18 +122,24 @@ def report_lines(summary, config) -> list[str]:
     if per_task:
         lines.append(f"per task at temperature {config.eval.temperature:g}, successes before -> after:")
     for task, task_gain in per_task.items():
-        line = (f"  {task}: {int(task_gain['successes_before'])}/{int(task_gain['episodes_before'])} -> "
-                f"{int(task_gain['successes_after'])}/{int(task_gain['episodes_after'])}")
+        line = (
+            f"  {task}: {int(task_gain['successes_before'])}/{int(task_gain['episodes_before'])} -> "
+            f"{int(task_gain['successes_after'])}/{int(task_gain['episodes_after'])}"
+        )
         if "paired_difference" in task_gain:
-            line += (f", paired {task_gain['paired_difference']:+.3f} "
-                     f"[{task_gain['paired_ci_low']:+.3f}, {task_gain['paired_ci_high']:+.3f}]")
+            line += (
+                f", paired {task_gain['paired_difference']:+.3f} "
+                f"[{task_gain['paired_ci_low']:+.3f}, {task_gain['paired_ci_high']:+.3f}]"
+            )
         lines.append(line)
     trend = summary.get("training_trend")
     if trend:
-        lines.append(f"training success per update (fresh pages each update), least-squares slope over "
-                     f"{int(trend['updates'])} updates: {trend['slope']:+.4f}, {level} [{trend['ci_low']:+.4f}, "
-                     f"{trend['ci_high']:+.4f}]; fitted {trend['fitted_first']:.3f} at the first update, "
-                     f"{trend['fitted_last']:.3f} at the last")
+        lines.append(
+            f"training success per update (fresh pages each update), least-squares slope over "
+            f"{int(trend['updates'])} updates: {trend['slope']:+.4f}, {level} [{trend['ci_low']:+.4f}, "
+            f"{trend['ci_high']:+.4f}]; fitted {trend['fitted_first']:.3f} at the first update, "
+            f"{trend['fitted_last']:.3f} at the last"
+        )
     return lines
 
 

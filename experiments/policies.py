@@ -1,19 +1,19 @@
 """The policies an evaluation runs, and the rollout workers that run them.
 
-    policy = load_eval_policy("random", config)            # or "oracle", an HF directory,
-                                                           # or a training run's workdir (+ step)
-    make_workers = worker_factory(policy, suite, num_workers=2, group_size=k)
-    workers = make_workers(15, 1.0)                        # turn budget, temperature
+  policy = load_eval_policy("random", config)            # or "oracle", an HF directory,
+                                                         # or a training run's workdir (+ step)
+  make_workers = worker_factory(policy, suite, num_workers=2, group_size=k)
+  workers = make_workers(15, 1.0)                        # turn budget, temperature
 
-  random   `RandomActionEngine`: a uniformly random action of the action grammar each turn
-           (clicks anywhere on the grid, a short typed word, a key, a scroll), seeded by the
-           request's own sampling seed, so a rerun replays it
-  oracle   the scripted MiniWoB oracle through `OracleDemonstrator` (`TaskOracleEngine`: one
-           per task, the harness names the task before each group); tasks without a script
-           are skipped with the reason
-  a directory holding a Hugging Face policy: loaded as model.init_from
-  a training run's workdir (it holds checkpoints/): checkpoint `step` (default the latest), its
-           own config, as `experiments.export` reads and restores it
+random   `RandomActionEngine`: a uniformly random action of the action grammar each turn
+         (clicks anywhere on the grid, a short typed word, a key, a scroll), seeded by the
+         request's own sampling seed, so a rerun replays it
+oracle   the scripted MiniWoB oracle through `OracleDemonstrator` (`TaskOracleEngine`: one
+         per task, the harness names the task before each group); tasks without a script
+         are skipped with the reason
+a directory holding a Hugging Face policy: loaded as model.init_from
+a training run's workdir (it holds checkpoints/): checkpoint `step` (default the latest), its
+         own config, as `experiments.export` reads and restores it
 """
 
 from __future__ import annotations
@@ -107,8 +107,9 @@ class TaskOracleEngine(RolloutEngine):
         if self.task is None:
             raise RuntimeError("the oracle engine was not told its task (TaskOracleEngine.task) before the group")
         if self.task not in self.demonstrators:
-            self.demonstrators[self.task] = OracleDemonstrator(self.tokenizer, self.end_of_turn_id, self.task,
-                                                               reasoning=False, action_space=self.action_space)
+            self.demonstrators[self.task] = OracleDemonstrator(
+                self.tokenizer, self.end_of_turn_id, self.task, reasoning=False, action_space=self.action_space
+            )
         return self.demonstrators[self.task].generate(requests, sampling)
 
     def update_weights(self, params: Any, version: int) -> None:
@@ -175,11 +176,15 @@ class EvalPolicy:
 
 def _check_scripted_config(name: str, config: Any) -> None:
     if name == "random" and config.env.action_space == "elements":
-        raise ValueError("--policy random emits grid actions; config.env.action_space 'elements' refuses them "
-                         "(use 'coordinates' or 'both')")
+        raise ValueError(
+            "--policy random emits grid actions; config.env.action_space 'elements' refuses them "
+            "(use 'coordinates' or 'both')"
+        )
     if name == "oracle" and (not config.env.include_dom_text or config.env.observation != "screenshot"):
-        raise ValueError("--policy oracle reads the page from the prompt: it needs config.env.include_dom_text=True "
-                         "and config.env.observation='screenshot'")
+        raise ValueError(
+            "--policy oracle reads the page from the prompt: it needs config.env.include_dom_text=True "
+            "and config.env.observation='screenshot'"
+        )
 
 
 def load_eval_policy(spec: str, config: Any, step: int | None = None) -> EvalPolicy:
@@ -193,8 +198,10 @@ def load_eval_policy(spec: str, config: Any, step: int | None = None) -> EvalPol
         return EvalPolicy(spec, config)
     path = pathlib.Path(spec)
     if not path.is_dir():
-        raise ValueError(f"--policy {spec!r} is neither one of {SCRIPTED_POLICIES} nor a directory (a Hugging Face "
-                         "policy or a training run's workdir)")
+        raise ValueError(
+            f"--policy {spec!r} is neither one of {SCRIPTED_POLICIES} nor a directory (a Hugging Face "
+            "policy or a training run's workdir)"
+        )
     if (path / "checkpoints").is_dir():
         from cua_jax.train.checkpoint import resolve_step, restore_policy
         from experiments.export import read_run_config
@@ -239,8 +246,14 @@ def eval_settings(policy: EvalPolicy, suite: Any, agent: AgentConfig, num_worker
     return dataclasses.replace(settings, catalog=suite.catalog, eval_agent=agent)
 
 
-def build_eval_workers(policy: EvalPolicy, suite: Any, agent: AgentConfig, num_workers: int,
-                       env_wrapper: EnvWrapper | None = None, group_size: int = 1) -> list:
+def build_eval_workers(
+    policy: EvalPolicy,
+    suite: Any,
+    agent: AgentConfig,
+    num_workers: int,
+    env_wrapper: EnvWrapper | None = None,
+    group_size: int = 1,
+) -> list:
     """`num_workers` rollout workers running `policy` on the tasks of `suite` (a
     `suites.Suite`), with `agent` as their evaluation agent loop and groups of up to
     `group_size` episodes."""
@@ -257,15 +270,25 @@ def build_eval_workers(policy: EvalPolicy, suite: Any, agent: AgentConfig, num_w
     settings = eval_settings(policy, suite, agent, num_workers, group_size)
     if policy.scripted:
         # Scripted engines draw per request, so the engine needs no canonical order.
-        return start_local_workers([
-            (ScriptedEngineFactory(policy.name, tokenizer_dir(policy.config), seed=policy.config.seed + w,
-                                   action_space=policy.config.env.action_space),
-             dataclasses.replace(rollout_worker_config(settings, w), canonical_order=False))
-            for w in range(num_workers)
-        ], env_wrapper)
+        return start_local_workers(
+            [
+                (
+                    ScriptedEngineFactory(
+                        policy.name,
+                        tokenizer_dir(policy.config),
+                        seed=policy.config.seed + w,
+                        action_space=policy.config.env.action_space,
+                    ),
+                    dataclasses.replace(rollout_worker_config(settings, w), canonical_order=False),
+                )
+                for w in range(num_workers)
+            ],
+            env_wrapper,
+        )
     if policy.config.rollout.engine != "jax":
-        raise ValueError(f"evaluation runs a policy on the JAX sampler; config.rollout.engine is "
-                         f"{policy.config.rollout.engine!r}")
+        raise ValueError(
+            f"evaluation runs a policy on the JAX sampler; config.rollout.engine is {policy.config.rollout.engine!r}"
+        )
     from cua_jax.context.render import ChatRenderer
     from cua_jax.rollout.agent_loop import reserved_token_ids
 
@@ -274,8 +297,9 @@ def build_eval_workers(policy: EvalPolicy, suite: Any, agent: AgentConfig, num_w
     return build_rollout_workers(settings, policy.model, int(tokenizer.pad_token_id or 0), env_wrapper, banned)
 
 
-def worker_factory(policy: EvalPolicy, suite: Any, num_workers: int, env_wrapper: EnvWrapper | None = None,
-                   group_size: int = 1) -> Callable[[int, float], list]:
+def worker_factory(
+    policy: EvalPolicy, suite: Any, num_workers: int, env_wrapper: EnvWrapper | None = None, group_size: int = 1
+) -> Callable[[int, float], list]:
     """(turn budget, temperature) -> `build_eval_workers` with the policy config's evaluation
     agent at that budget and temperature (what `harness.sweep` takes)."""
     from cua_jax.train.settings import TrainSettings

@@ -40,11 +40,19 @@ def main(argv: list[str]) -> None:
         pretrainer.close()
     held_out, success = manifest["held_out"], manifest["held_out_success"]
     print(f"pretrained {manifest['steps']} steps in {manifest['wall_seconds']:.0f} s -> {pretrainer.export_dir()}")
-    print(f"held-out pages: {held_out['held_out_nll']:.3f} nats per reply token"
-          + (f"; click-target digits {held_out['held_out_click_nll']:.3f} nats each, against "
-             f"{held_out['click_prior_nll']:.3f} for a page-blind prior" if "held_out_click_nll" in held_out else ""))
-    print(f"greedy held-out success {success['success_rate']:.3f} over {success['episodes']} episodes: "
-          + json.dumps(success["per_task"]))
+    print(
+        f"held-out pages: {held_out['held_out_nll']:.3f} nats per reply token"
+        + (
+            f"; click-target digits {held_out['held_out_click_nll']:.3f} nats each, against "
+            f"{held_out['click_prior_nll']:.3f} for a page-blind prior"
+            if "held_out_click_nll" in held_out
+            else ""
+        )
+    )
+    print(
+        f"greedy held-out success {success['success_rate']:.3f} over {success['episodes']} episodes: "
+        + json.dumps(success["per_task"])
+    )
 
 
 if __name__ == "__main__":

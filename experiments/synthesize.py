@@ -24,14 +24,17 @@ import time
 from absl import app
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/verigen.py", "VeriGen configuration.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "experiments/configs/verigen.py", "VeriGen configuration.", lock_config=True
+)
 
 
 def progress_line(report) -> None:
     summary = report.summary()
-    sys.stderr.write(f"\r[verigen] candidates {summary['candidates']:4d}  accepted {summary['accepted']:4d}  "
-                     f"executable {100 * summary['executable_rate']:5.1f}%  {report.seconds:7.1f}s")
+    sys.stderr.write(
+        f"\r[verigen] candidates {summary['candidates']:4d}  accepted {summary['accepted']:4d}  "
+        f"executable {100 * summary['executable_rate']:5.1f}%  {report.seconds:7.1f}s"
+    )
     sys.stderr.flush()
 
 
@@ -44,9 +47,15 @@ def build_roles(config, probe):
         checker = roles.ScriptedChecker(probe, judge_timeout_cap=config.loop.judge_timeout_cap)
         return proposer, roles.ProgrammaticJudger(), checker, roles.TemplateFixer(), lambda: 0.0
     if config.roles == "llm":
-        chat = llm.ChatClient(config.llm.base_url, config.llm.model, config.llm.api_key_env, config.llm.timeout,
-                              config.llm.retries, price_prompt=config.llm.price_prompt,
-                              price_completion=config.llm.price_completion)
+        chat = llm.ChatClient(
+            config.llm.base_url,
+            config.llm.model,
+            config.llm.api_key_env,
+            config.llm.timeout,
+            config.llm.retries,
+            price_prompt=config.llm.price_prompt,
+            price_completion=config.llm.price_completion,
+        )
         checker = llm.LLMChecker(probe, chat, judge_timeout_cap=config.loop.judge_timeout_cap)
         return llm.LLMProposer(chat), llm.LLMJudger(chat), checker, llm.LLMFixer(chat), chat.ledger.cost
     raise ValueError(f"config.roles must be 'programmatic' or 'llm', got {config.roles!r}")
@@ -85,23 +94,37 @@ def synthesize_from_run(config, records, tasks, verigen, judger_chat, out: pathl
     from cua_jax.tasks.verigen.similarity import default_embedder
 
     settings, started = config.from_run, time.monotonic()
-    made = trajectory.from_run(records, tasks, default_embedder().encode, judger_chat, settings.max_pass_rate,
-                               settings.min_pass_rate, config.augment.cluster_threshold, settings.max_subtasks,
-                               settings.max_composed)
+    made = trajectory.from_run(
+        records,
+        tasks,
+        default_embedder().encode,
+        judger_chat,
+        settings.max_pass_rate,
+        settings.min_pass_rate,
+        config.augment.cluster_threshold,
+        settings.max_subtasks,
+        settings.max_composed,
+    )
     candidates = made.subtasks + made.composed
     with concurrent.futures.ThreadPoolExecutor(max(1, config.workers)) as executor:
         results = list(executor.map(verigen.process, candidates))
     accepted = [r.candidate for r in results if r.accepted]
     pipeline.write_tasks(accepted, out)
     known = [rate for task_id, rate in made.pass_rates.items() if task_id in tasks]
-    return {"episodes": len(records), "tasks": len(known), "unknown_tasks": made.unknown_tasks,
-            "failed_tasks": sum(rate <= settings.max_pass_rate for rate in known),
-            "solved_tasks": sum(rate >= settings.min_pass_rate for rate in known),
-            "pass_rates": dict(sorted(made.pass_rates.items())), "subtasks": len(made.subtasks),
-            "composed": len(made.composed), "accepted": len(accepted),
-            "accepted_ids": sorted(c.id for c in accepted),
-            "rejected": [{"id": r.candidate.id, "reason": r.reason} for r in results if not r.accepted],
-            "seconds": round(time.monotonic() - started, 1)}
+    return {
+        "episodes": len(records),
+        "tasks": len(known),
+        "unknown_tasks": made.unknown_tasks,
+        "failed_tasks": sum(rate <= settings.max_pass_rate for rate in known),
+        "solved_tasks": sum(rate >= settings.min_pass_rate for rate in known),
+        "pass_rates": dict(sorted(made.pass_rates.items())),
+        "subtasks": len(made.subtasks),
+        "composed": len(made.composed),
+        "accepted": len(accepted),
+        "accepted_ids": sorted(c.id for c in accepted),
+        "rejected": [{"id": r.candidate.id, "reason": r.reason} for r in results if not r.accepted],
+        "seconds": round(time.monotonic() - started, 1),
+    }
 
 
 def main(argv) -> None:
@@ -120,12 +143,22 @@ def main(argv) -> None:
     out.mkdir(parents=True, exist_ok=True)
     run = load_run(config.from_run) if config.from_run.workdir else None  # bad input fails before the pool starts
     written = out / "from_run" if run is not None else out
-    pool_config = PoolConfig(image=ensure_image("desktop"), size=config.pool.size, cpus=config.pool.cpus,
-                             memory=config.pool.memory, health_interval=None)
+    pool_config = PoolConfig(
+        image=ensure_image("desktop"),
+        size=config.pool.size,
+        cpus=config.pool.cpus,
+        memory=config.pool.memory,
+        health_interval=None,
+    )
     with DockerEnvPool(pool_config) as pool, InteractionProbe(pool) as probe:
         proposer, judger, checker, fixer, cost = build_roles(config, probe)
-        loop = pipeline.LoopConfig(config.loop.use_rules, config.loop.use_judger, config.loop.use_fixer,
-                                   config.loop.max_fix_rounds, config.loop.candidates_per_call)
+        loop = pipeline.LoopConfig(
+            config.loop.use_rules,
+            config.loop.use_judger,
+            config.loop.use_fixer,
+            config.loop.max_fix_rounds,
+            config.loop.candidates_per_call,
+        )
         observe = probe.observe_fresh if config.roles == "llm" else None  # templates need no screen
         verigen = pipeline.VeriGen(proposer, judger, checker, fixer, loop, DESKTOP_KNOWLEDGE, cost, observe)
         if run is not None:
@@ -144,24 +177,34 @@ def main(argv) -> None:
             started = time.monotonic()
             written_tasks = pipeline.read_tasks(written)
             rerun = verify(written_tasks, probe, config.loop.judge_timeout_cap, config.workers)
-            summary["from_scratch"] = {"tasks": len(rerun), "passed": sum(r["passed"] for r in rerun),
-                                       "failed": [r for r in rerun if not r["passed"]],
-                                       "distinct_instructions": len({c.instruction for c in written_tasks}),
-                                       "seconds": round(time.monotonic() - started, 1)}
+            summary["from_scratch"] = {
+                "tasks": len(rerun),
+                "passed": sum(r["passed"] for r in rerun),
+                "failed": [r for r in rerun if not r["passed"]],
+                "distinct_instructions": len({c.instruction for c in written_tasks}),
+                "seconds": round(time.monotonic() - started, 1),
+            }
             (out / "from_scratch.json").write_text(json.dumps(rerun, indent=1) + "\n")
 
             # the reference solutions' pass rates on a fresh environment: 1 verified, 0 not
             scratch_rates = {r["id"]: float(r["passed"]) for r in rerun}
             if config.augment.composed and run is None and any(scratch_rates.values()):
-                composed = trajectory.compose_solved(accepted, scratch_rates, default_embedder().encode,
-                                                     threshold=config.augment.cluster_threshold,
-                                                     max_tasks=config.augment.composed)
+                composed = trajectory.compose_solved(
+                    accepted,
+                    scratch_rates,
+                    default_embedder().encode,
+                    threshold=config.augment.cluster_threshold,
+                    max_tasks=config.augment.composed,
+                )
                 with concurrent.futures.ThreadPoolExecutor(config.workers) as executor:
                     results = list(executor.map(verigen.process, composed))
                 augmented = [r.candidate for r in results if r.accepted]
                 pipeline.write_tasks(augmented, out / "augmented")
-                summary["augmented"] = {"composed": len(composed), "accepted": len(augmented),
-                                        "rejected": [r.reason for r in results if not r.accepted]}
+                summary["augmented"] = {
+                    "composed": len(composed),
+                    "accepted": len(augmented),
+                    "rejected": [r.reason for r in results if not r.accepted],
+                }
 
     evaluation = [json.loads(p.read_text()) for p in sorted(SUITE_DIR.glob("*.json"))]
     generated = [json.loads(p.read_text()) for p in sorted((written / "tasks").glob("*.json"))]
@@ -172,15 +215,21 @@ def main(argv) -> None:
         print(json.dumps(summary["synthesis"], indent=1))
     if "from_run" in summary:
         fr = summary["from_run"]
-        print(f"from run: {fr['episodes']} episodes over {fr['tasks']} tasks ({fr['failed_tasks']} failed, "
-              f"{fr['solved_tasks']} solved); {fr['accepted']}/{fr['subtasks'] + fr['composed']} accepted "
-              f"({fr['subtasks']} sub-tasks, {fr['composed']} composed)")
+        print(
+            f"from run: {fr['episodes']} episodes over {fr['tasks']} tasks ({fr['failed_tasks']} failed, "
+            f"{fr['solved_tasks']} solved); {fr['accepted']}/{fr['subtasks'] + fr['composed']} accepted "
+            f"({fr['subtasks']} sub-tasks, {fr['composed']} composed)"
+        )
     if "from_scratch" in summary:
         fs = summary["from_scratch"]
-        print(f"from scratch: {fs['passed']}/{fs['tasks']} written tasks score 0 untouched and 1 solved "
-              f"({fs['distinct_instructions']} distinct instructions)")
+        print(
+            f"from scratch: {fs['passed']}/{fs['tasks']} written tasks score 0 untouched and 1 solved "
+            f"({fs['distinct_instructions']} distinct instructions)"
+        )
     if "augmented" in summary:
-        print(f"augmented: {summary['augmented']['accepted']}/{summary['augmented']['composed']} composed tasks accepted")
+        print(
+            f"augmented: {summary['augmented']['accepted']}/{summary['augmented']['composed']} composed tasks accepted"
+        )
     print(audit.format_audit("verigen", table))
     print(f"wrote {len(generated)} tasks to {written / 'tasks'}")
 

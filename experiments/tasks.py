@@ -35,12 +35,15 @@ def resolve_image(name: str) -> str:
     for tag in candidates:
         if images.image_exists(tag):
             return tag
-    raise SystemExit(f"image {name!r} is not built ({' or '.join(candidates)}); build it with "
-                     f"`bash launch/images/build.sh {name}` or pass --apps")
+    raise SystemExit(
+        f"image {name!r} is not built ({' or '.join(candidates)}); build it with "
+        f"`bash launch/images/build.sh {name}` or pass --apps"
+    )
 
 
-def classify(folder: str | pathlib.Path, image_apps: set[str] | None = None, image: str | None = None,
-             mirror: str | None = None) -> list[dict[str, Any]]:
+def classify(
+    folder: str | pathlib.Path, image_apps: set[str] | None = None, image: str | None = None, mirror: str | None = None
+) -> list[dict[str, Any]]:
     """One row per task file: {path, domain, id, status, reasons, groups}; status is
     "runnable", "not runnable" or "schema error". The apps are `image_apps`, else probed
     in `image`."""
@@ -69,8 +72,9 @@ def classify(folder: str | pathlib.Path, image_apps: set[str] | None = None, ima
 def _table(header: list[str], lines: list[list[Any]], widths: list[int] | None = None) -> str:
     cells = [header] + [[str(c) for c in line] for line in lines]
     widths = widths or [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) if i < len(row) - 1 else c for i, (c, w) in enumerate(zip(row, widths)))
-                     for row in cells)
+    return "\n".join(
+        "  ".join(c.ljust(w) if i < len(row) - 1 else c for i, (c, w) in enumerate(zip(row, widths))) for row in cells
+    )
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -88,8 +92,9 @@ def summary(rows: list[dict[str, Any]]) -> str:
         for group in row["groups"]:
             by_reason[group][row["domain"]] += 1
     ordered = sorted(by_reason.items(), key=lambda item: (-sum(item[1].values()), item[0]))
-    reason_lines = [[group, sum(c.values()), ", ".join(f"{d} {n}" for d, n in sorted(c.items()))]
-                    for group, c in ordered]
+    reason_lines = [
+        [group, sum(c.values()), ", ".join(f"{d} {n}" for d, n in sorted(c.items()))] for group, c in ordered
+    ]
     out.append(_table(["REASON (tasks not runnable or not parsed)", "TASKS", "BY DOMAIN"], reason_lines))
     return "\n\n".join(out)
 
@@ -104,12 +109,16 @@ def check(args: argparse.Namespace) -> int:
         print(f"check: {error}", file=sys.stderr)
         return 2
     if not rows:
-        print(f"check: {args.folder} holds no task files (JSON objects with an 'id', 'instruction' or 'evaluator')",
-              file=sys.stderr)
+        print(
+            f"check: {args.folder} holds no task files (JSON objects with an 'id', 'instruction' or 'evaluator')",
+            file=sys.stderr,
+        )
         return 2
     if not args.summary:
         root = pathlib.Path(args.folder)
-        lines = [[pathlib.Path(row["path"]).relative_to(root), row["status"], "; ".join(row["reasons"])] for row in rows]
+        lines = [
+            [pathlib.Path(row["path"]).relative_to(root), row["status"], "; ".join(row["reasons"])] for row in rows
+        ]
         print(_table(["TASK FILE", "STATUS", "WHY NOT"], lines))
         print()
     print(summary(rows))
@@ -123,10 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     checker = commands.add_parser("check", help="classify every task file of a folder: runnable here or why not")
     checker.add_argument("folder", help="a task folder, e.g. OSWorld's evaluation_examples/examples")
-    checker.add_argument("--image", default="desktop",
-                         help="the environment image whose apps count: a name under launch/images or a full tag")
-    checker.add_argument("--apps", help="comma-separated apps (and interpreter:module names) instead of probing "
-                                        "the image; 'none' for no app")
+    checker.add_argument(
+        "--image",
+        default="desktop",
+        help="the environment image whose apps count: a name under launch/images or a full tag",
+    )
+    checker.add_argument(
+        "--apps",
+        help="comma-separated apps (and interpreter:module names) instead of probing the image; 'none' for no app",
+    )
     checker.add_argument("--mirror", help="the download mirror folder (default: $CUA_JAX_DOWNLOAD_MIRROR)")
     checker.add_argument("--summary", action="store_true", help="print only the per-domain and per-reason tables")
     checker.add_argument("--json", help="also write the rows as JSON to this file")

@@ -30,8 +30,19 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from cua_jax.sweeps import (RUN_LOG, Sweep, SweepError, SweepRun, load_sweep, prepare_run, run_command,
-                            run_state, shell_command, write_manifest, write_results)
+from cua_jax.sweeps import (
+    RUN_LOG,
+    Sweep,
+    SweepError,
+    SweepRun,
+    load_sweep,
+    prepare_run,
+    run_command,
+    run_state,
+    shell_command,
+    write_manifest,
+    write_results,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,8 +53,9 @@ _BACKEND = flags.DEFINE_enum("backend", "local", ["local", "ray", "slurm", "resu
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "Runs at once (local and ray); given with slurm, the array's % limit.")
 _RAY_ADDRESS = flags.DEFINE_string("ray_address", "http://127.0.0.1:8265", "Ray dashboard address (ray back end).")
 _RAY_CPUS = flags.DEFINE_float("ray_job_cpus", 1.0, "CPUs each Ray job's entrypoint reserves.")
-_RAY_RESOURCES = flags.DEFINE_multi_string("ray_job_resource", [],
-                                           "NAME=AMOUNT custom resources each Ray job reserves.")
+_RAY_RESOURCES = flags.DEFINE_multi_string(
+    "ray_job_resource", [], "NAME=AMOUNT custom resources each Ray job reserves."
+)
 _SLURM = flags.DEFINE_multi_string("slurm", [], "An #SBATCH option for the array script, e.g. --slurm=--partition=gpu.")
 _POLL = flags.DEFINE_float("poll_s", 1.0, "Seconds between checks on running runs.")
 
@@ -80,8 +92,9 @@ def run_local(sweep: Sweep, parallel: int, poll_s: float) -> dict[str, int]:
             while queue and len(running) < parallel:
                 run = queue.pop(0)
                 log = open(os.path.join(run.workdir, RUN_LOG), "a")
-                process = subprocess.Popen(run_command(sweep, run), cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True)
+                process = subprocess.Popen(
+                    run_command(sweep, run), cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
                 running[run.name] = (process, log)
             time.sleep(poll_s)
             for name, (process, log) in list(running.items()):
@@ -107,8 +120,9 @@ def run_local(sweep: Sweep, parallel: int, poll_s: float) -> dict[str, int]:
     return codes
 
 
-def run_ray(sweep: Sweep, address: str, parallel: int, poll_s: float, cpus: float,
-            resources: dict[str, float]) -> dict[str, int]:
+def run_ray(
+    sweep: Sweep, address: str, parallel: int, poll_s: float, cpus: float, resources: dict[str, float]
+) -> dict[str, int]:
     """Submits the unfinished runs as Ray jobs, `parallel` at a time; each job writes its log into
     its run's workdir. Returns 0 / 1 per run (succeeded / not)."""
     from ray.job_submission import JobStatus, JobSubmissionClient
@@ -125,12 +139,17 @@ def run_ray(sweep: Sweep, address: str, parallel: int, poll_s: float, cpus: floa
                 # The run writes its log straight into its workdir (a file system the nodes share,
                 # as the workdirs must be): Ray's own log API needs each node's dashboard agent.
                 log = shlex.quote(os.path.join(run.workdir, RUN_LOG))
-                entrypoint = (f"cd {shlex.quote(REPO_ROOT)} && echo Ray job on $(hostname) >> {log} && "
-                              f"exec {shell_command(run_command(sweep, run))} >> {log} 2>&1")
+                entrypoint = (
+                    f"cd {shlex.quote(REPO_ROOT)} && echo Ray job on $(hostname) >> {log} && "
+                    f"exec {shell_command(run_command(sweep, run))} >> {log} 2>&1"
+                )
                 job_id = client.submit_job(
-                    entrypoint=entrypoint, submission_id=f"{sweep.name}-{run.name}-{time.time_ns()}".replace(",", "-"),
-                    entrypoint_num_cpus=cpus, entrypoint_resources=resources or None,
-                    metadata={"sweep": sweep.name, "run": run.name})
+                    entrypoint=entrypoint,
+                    submission_id=f"{sweep.name}-{run.name}-{time.time_ns()}".replace(",", "-"),
+                    entrypoint_num_cpus=cpus,
+                    entrypoint_resources=resources or None,
+                    metadata={"sweep": sweep.name, "run": run.name},
+                )
                 running[run.name] = job_id
                 logging.info("%s: submitted as Ray job %s", run.name, job_id)
             time.sleep(poll_s)
@@ -157,12 +176,20 @@ def write_slurm(sweep: Sweep, parallel: int, options: list[str]) -> str | None:
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "sweep.sbatch")
     limit = f"%{parallel}" if parallel > 0 else ""  # at most this many array tasks at once
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={sweep.name}", f"#SBATCH --array=0-{len(pending) - 1}{limit}",
-             f"#SBATCH --output={folder}/%A_%a.out"]
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={sweep.name}",
+        f"#SBATCH --array=0-{len(pending) - 1}{limit}",
+        f"#SBATCH --output={folder}/%A_%a.out",
+    ]
     lines += [f"#SBATCH {option}" for option in options]
     # The node's own Python: the project venv (launch/setup.sh), unless CUA_JAX_PYTHON names one.
-    lines += ["set -euo pipefail", f"cd {shlex.quote(REPO_ROOT)}",
-              'if [[ -z "${CUA_JAX_PYTHON:-}" ]]; then source launch/setup.sh; fi', "RUNS=("]
+    lines += [
+        "set -euo pipefail",
+        f"cd {shlex.quote(REPO_ROOT)}",
+        'if [[ -z "${CUA_JAX_PYTHON:-}" ]]; then source launch/setup.sh; fi',
+        "RUNS=(",
+    ]
     lines += [f"  {shlex.quote(shell_command(run_command(sweep, run)[1:]))}  # {run.name}" for run in pending]
     lines += [")", r'eval "exec \"\$CUA_JAX_PYTHON\" ${RUNS[$SLURM_ARRAY_TASK_ID]}"', ""]
     with open(path, "w") as f:
@@ -178,8 +205,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError("--config and --sweep are required")
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     try:
-        sweep = load_sweep(_SWEEP.value, config_flags.get_config_filename(flags.FLAGS["config"]),
-                           _DIR.value, overrides)
+        sweep = load_sweep(_SWEEP.value, config_flags.get_config_filename(flags.FLAGS["config"]), _DIR.value, overrides)
     except SweepError as error:
         raise app.UsageError(str(error)) from error
     write_manifest(sweep)

@@ -193,7 +193,9 @@ class History:
         """
         last = len(self.observations) - 1 if last_turn is None else last_turn
         if not 0 <= first_full_turn <= last < len(self.observations):
-            raise ValueError(f"turn range [{first_full_turn}, {last}] outside the {len(self.observations)} observed turns")
+            raise ValueError(
+                f"turn range [{first_full_turn}, {last}] outside the {len(self.observations)} observed turns"
+            )
         messages: list[dict[str, Any]] = []
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})

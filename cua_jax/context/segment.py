@@ -54,7 +54,9 @@ def image_refs(turn: int, images: Sequence[ImageLike]) -> tuple[ImageRef, ...]:
         elif isinstance(image, tuple) and len(image) == 2:
             height, width = image
         else:
-            raise ValueError(f"turn {turn} image {index}: expected a [H, W, C] array or (height, width), got {type(image).__name__}")
+            raise ValueError(
+                f"turn {turn} image {index}: expected a [H, W, C] array or (height, width), got {type(image).__name__}"
+            )
         refs.append(ImageRef(turn, index, int(height), int(width)))
     return tuple(refs)
 
@@ -91,7 +93,9 @@ class EpisodeContext(abc.ABC):
 
     def _add_observation(self, turn: int, text: str, images: Sequence[ImageLike]) -> None:
         if turn != len(self.history.observations):
-            raise ValueError(f"observation for turn {turn} out of order (expected turn {len(self.history.observations)})")
+            raise ValueError(
+                f"observation for turn {turn} out of order (expected turn {len(self.history.observations)})"
+            )
         self.history.add_observation(text, image_refs(turn, images))
 
     def response_text(self, ids: np.ndarray) -> str:
@@ -105,8 +109,17 @@ class EpisodeContext(abc.ABC):
 class _StreamContext(EpisodeContext):
     """A diff-grown token stream, pruned (sliding window) when `keep` is set."""
 
-    def __init__(self, renderer, episode_id, group_id, system_prompt, instruction, keep: int | None, min_removal: int,
-                 placeholder: str = ""):
+    def __init__(
+        self,
+        renderer,
+        episode_id,
+        group_id,
+        system_prompt,
+        instruction,
+        keep: int | None,
+        min_removal: int,
+        placeholder: str = "",
+    ):
         super().__init__(renderer, episode_id, group_id, system_prompt, instruction)
         self.keep = keep
         self.min_removal = min_removal
@@ -184,8 +197,12 @@ class _StepContext(EpisodeContext):
             visible = [ref for ref in self.history.images if ref.turn >= first_full]
             hidden = visible[: max(0, len(visible) - self.keep_images)]
             dropped = frozenset((ref.turn, ref.index) for ref in hidden)
-        return self.history.messages(dropped=dropped, first_full_turn=first_full, action_summary=self.action_summary,
-                                     placeholder=self.placeholder)
+        return self.history.messages(
+            dropped=dropped,
+            first_full_turn=first_full,
+            action_summary=self.action_summary,
+            placeholder=self.placeholder,
+        )
 
     def _render(self):
         if not self.history.observations or len(self.history.responses) == len(self.history.observations):
@@ -201,7 +218,9 @@ class _StepContext(EpisodeContext):
 
     def respond(self, turn, ids, logprobs):
         if turn != len(self.history.observations) - 1:
-            raise ValueError(f"response for turn {turn} out of order (turn {len(self.history.observations) - 1} awaits one)")
+            raise ValueError(
+                f"response for turn {turn} out of order (turn {len(self.history.observations) - 1} awaits one)"
+            )
         rendered = self._render()
         stream = TokenStream()
         stream.append_context(rendered.ids, rendered.images)
@@ -257,18 +276,30 @@ class SlidingWindow(Segmenter):
 
     options = ("keep", "min_removal", "placeholder_text")
 
-    def __init__(self, renderer: ChatRenderer, keep: int = 5, min_removal: int | None = None, placeholder_text: str = ""):
+    def __init__(
+        self, renderer: ChatRenderer, keep: int = 5, min_removal: int | None = None, placeholder_text: str = ""
+    ):
         super().__init__(renderer)
         min_removal = keep if min_removal is None else min_removal
         if keep < 0 or min_removal < 1:
-            raise ValueError(f"sliding window needs keep >= 0 and min_removal >= 1, got keep={keep}, min_removal={min_removal}")
+            raise ValueError(
+                f"sliding window needs keep >= 0 and min_removal >= 1, got keep={keep}, min_removal={min_removal}"
+            )
         self.keep = keep
         self.min_removal = min_removal
         self.placeholder_text = check_placeholder(placeholder_text)
 
     def start(self, episode_id, group_id, system_prompt, instruction):
-        return _StreamContext(self.renderer, episode_id, group_id, system_prompt, instruction, self.keep, self.min_removal,
-                              self.placeholder_text)
+        return _StreamContext(
+            self.renderer,
+            episode_id,
+            group_id,
+            system_prompt,
+            instruction,
+            self.keep,
+            self.min_removal,
+            self.placeholder_text,
+        )
 
 
 @SEGMENTERS.register("whole_trajectory")
@@ -293,8 +324,17 @@ class StepWise(Segmenter):
         self.placeholder_text = check_placeholder(placeholder_text)
 
     def start(self, episode_id, group_id, system_prompt, instruction):
-        return _StepContext(self.renderer, episode_id, group_id, system_prompt, instruction, self.keep_images, None, action_text,
-                            self.placeholder_text)
+        return _StepContext(
+            self.renderer,
+            episode_id,
+            group_id,
+            system_prompt,
+            instruction,
+            self.keep_images,
+            None,
+            action_text,
+            self.placeholder_text,
+        )
 
 
 @SEGMENTERS.register("compact_context")
@@ -311,7 +351,9 @@ class CompactContext(Segmenter):
         self.action_summary = action_summary
 
     def start(self, episode_id, group_id, system_prompt, instruction):
-        return _StepContext(self.renderer, episode_id, group_id, system_prompt, instruction, None, self.window, self.action_summary)
+        return _StepContext(
+            self.renderer, episode_id, group_id, system_prompt, instruction, None, self.window, self.action_summary
+        )
 
 
 # Each registered segmenter's config options, by name (the segmenters above are all registered).

@@ -122,7 +122,9 @@ class TokenStreamBuilder:
     def add_response(self, turn: int, ids: np.ndarray, logprobs: np.ndarray, text: str) -> None:
         """Append the engine's response ids/logprobs; `text` (its decoded content) extends H for later diffs."""
         if not self._awaiting_response or turn != self._turn:
-            raise ValueError(f"response for turn {turn} out of order (expecting {'response' if self._awaiting_response else 'observation'} of turn {self._turn})")
+            raise ValueError(
+                f"response for turn {turn} out of order (expecting {'response' if self._awaiting_response else 'observation'} of turn {self._turn})"
+            )
         self.messages.append({"role": "assistant", "content": text})
         rendered = self.renderer.render(self.messages, add_generation_prompt=False)
         before = self._rendered.ids
@@ -135,7 +137,9 @@ class TokenStreamBuilder:
         _check_prefix(before[:stable], rendered.ids, turn, "its response", tokenizer)
         header = tokenizer.decode(before[stable:].tolist())
         if not tokenizer.decode(rendered.ids[stable:].tolist()).startswith(header):
-            raise PrefixMismatchError(f"turn {turn}: adding its response changed the generation prompt's text {header!r}")
+            raise PrefixMismatchError(
+                f"turn {turn}: adding its response changed the generation prompt's text {header!r}"
+            )
         turn_tokens = rendered.ids[stable:]
         closers = np.flatnonzero(turn_tokens == self.renderer.end_of_turn_id)
         if len(closers) == 0:
@@ -152,7 +156,9 @@ class TokenStreamBuilder:
     def add_observation(self, turn: int, message: dict[str, Any]) -> None:
         """Append the diff Tokenize(H + o)[len(Tokenize(H)):] (observation + generation prompt), mask 0."""
         if self._awaiting_response or turn != self._turn + 1:
-            raise ValueError(f"observation for turn {turn} out of order (turn {self._turn} awaits {'its response' if self._awaiting_response else 'the next observation'})")
+            raise ValueError(
+                f"observation for turn {turn} out of order (turn {self._turn} awaits {'its response' if self._awaiting_response else 'the next observation'})"
+            )
         self.messages.append(message)
         rendered = self.renderer.render(self.messages, add_generation_prompt=True)
         before = self._rendered.ids

@@ -73,9 +73,7 @@ QWEN_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 
 # Qwen2/Qwen3's pre-tokenizer split (contractions, letters, single digits, punctuation runs, newlines).
-QWEN_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 # Renders like Qwen3-VL-Instruct's chat template: ChatML turns, images and videos as one
 # vision_start/pad/vision_end triple each (the processor expands the pad to the merged patch
@@ -201,7 +199,11 @@ def assemble_corpus() -> str:
         parts.append(page.read_text(encoding="utf-8", errors="replace"))
 
     for word in _ACTION_WORDS:
-        parts.append(f"{word}\n{word}(x=512, y=384)\n<tool_call>\n" + json.dumps({"name": "computer_use", "arguments": {"action": word}}) + "\n</tool_call>")
+        parts.append(
+            f"{word}\n{word}(x=512, y=384)\n<tool_call>\n"
+            + json.dumps({"name": "computer_use", "arguments": {"action": word}})
+            + "\n</tool_call>"
+        )
     for value in range(0, 1001, 7):  # coordinates on the 1000x1000 grid
         parts.append(f"click(x={value}, y={1000 - value}) ({value}, {1000 - value})")
     return "\n\n".join(p for p in parts if p.strip())
@@ -258,7 +260,9 @@ def _added_token(content: str, special: bool):
     return AddedToken(content, special=special, normalized=False, single_word=False, lstrip=False, rstrip=False)
 
 
-def build_tokenizer(out_dir: str | os.PathLike, corpus: str | None = None, vocab_size: int = VOCAB_SIZE) -> pathlib.Path:
+def build_tokenizer(
+    out_dir: str | os.PathLike, corpus: str | None = None, vocab_size: int = VOCAB_SIZE
+) -> pathlib.Path:
     """Train the tiny tokenizer (on the shipped corpus by default) and write it as a HF tokenizer directory.
 
     Writes tokenizer.json, tokenizer_config.json, special_tokens_map.json and chat_template.jinja
@@ -327,7 +331,9 @@ def load_tokenizer(path: str | os.PathLike | None = None):
     if not tokenizer.chat_template and processor_template.is_file():
         tokenizer.chat_template = json.loads(processor_template.read_text(encoding="utf-8"))["chat_template"]
     if not tokenizer.chat_template:
-        raise ValueError(f"the tokenizer in {directory} has no chat template (chat_template.jinja or tokenizer_config.json)")
+        raise ValueError(
+            f"the tokenizer in {directory} has no chat template (chat_template.jinja or tokenizer_config.json)"
+        )
     return tokenizer
 
 
@@ -384,14 +390,21 @@ def load_processor(path: str | os.PathLike | None = None):
 # The files of a HF model directory that make up its tokenizer (with the chat template) and its
 # image processor; `save_tokenizer_and_processor` copies these from a source directory.
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
-    "merges.txt", "chat_template.jinja", "chat_template.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
 )
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
 
 
-def save_tokenizer_and_processor(out_dir: str | os.PathLike, tokenizer=None, image_processor=None, *,
-                                 chat_template: str | None = None) -> pathlib.Path:
+def save_tokenizer_and_processor(
+    out_dir: str | os.PathLike, tokenizer=None, image_processor=None, *, chat_template: str | None = None
+) -> pathlib.Path:
     """Write tokenizer files, chat template and preprocessor_config.json into `out_dir` (a HF model directory),
     so that `load_processor(out_dir)` gives back the same tokenizer, chat template and image processor.
 

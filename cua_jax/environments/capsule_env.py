@@ -96,8 +96,9 @@ class MiniWoBEnvironment(AgentEnvironment):
         return EnvReset(observation.utterance, self._observation(observation), screen_size=(width, height))
 
     async def reset(self, task: str, seed: int | None = None) -> EnvReset:
-        return await self._start(task, lambda: self.runtime.acreate(task, seed),
-                                 lambda env_id: self.runtime.areset(env_id, seed, task))
+        return await self._start(
+            task, lambda: self.runtime.acreate(task, seed), lambda env_id: self.runtime.areset(env_id, seed, task)
+        )
 
     async def shared_state(self) -> Any:
         """The capsule's snapshot (task, seed, no actions yet, its clock): what a fork rebuilds."""
@@ -115,8 +116,9 @@ class MiniWoBEnvironment(AgentEnvironment):
         """A fork of another capsule's snapshot `state` (a new capsule, or a restore of this one)."""
         if state.task != task:
             raise ValueError(f"the shared state is a {state.task!r} capsule, not {task!r}")
-        return await self._start(task, lambda: self.runtime.afork(state),
-                                 lambda env_id: self.runtime.arestore(env_id, state))
+        return await self._start(
+            task, lambda: self.runtime.afork(state), lambda env_id: self.runtime.arestore(env_id, state)
+        )
 
     async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
         if self.env_id is None:
@@ -130,7 +132,9 @@ class MiniWoBEnvironment(AgentEnvironment):
             fault = Fault(fault.kind, f"capsule {self.env_id}: {fault.detail}")
             return EnvTransition(None, 0.0, episode_outcome(fault=fault), fault=fault)
         if result.status is EpisodeStatus.QUARANTINED:
-            fault = result.fault or Fault(FaultKind.SERVER_ERROR, result.quarantine_reason or f"capsule {self.env_id} quarantined")
+            fault = result.fault or Fault(
+                FaultKind.SERVER_ERROR, result.quarantine_reason or f"capsule {self.env_id} quarantined"
+            )
             return EnvTransition(None, 0.0, episode_outcome(fault=fault), fault=fault)
         info = {"raw_reward": result.reward, "env_reward": result.env_reward}
         if result.reason is not None:
@@ -151,5 +155,3 @@ class MiniWoBEnvironment(AgentEnvironment):
                 if classify_environment_error(error) is None:
                     raise  # a bug in this library
                 # the runtime may be gone already (shut down, crashed): nothing left to close
-
-

@@ -184,11 +184,18 @@ class CodeContainer:
         cfg = self.config
         try:
             container = self.client.containers.run(
-                self.image, name=self.name, detach=True, labels={LABEL: "1"}, network_mode="none",
-                read_only=True, tmpfs={"/work": f"size={cfg.work_size},mode=1777",
-                                       "/tmp": f"size={cfg.tmp_size},mode=1777"},
-                nano_cpus=int(cfg.cpus * 1e9), mem_limit=cfg.memory, memswap_limit=cfg.memory,
-                pids_limit=cfg.pids_limit)
+                self.image,
+                name=self.name,
+                detach=True,
+                labels={LABEL: "1"},
+                network_mode="none",
+                read_only=True,
+                tmpfs={"/work": f"size={cfg.work_size},mode=1777", "/tmp": f"size={cfg.tmp_size},mode=1777"},
+                nano_cpus=int(cfg.cpus * 1e9),
+                mem_limit=cfg.memory,
+                memswap_limit=cfg.memory,
+                pids_limit=cfg.pids_limit,
+            )
         except _DOCKER_ERRORS as error:
             raise ContainerFault(Fault(FaultKind.SETUP_FAILED, f"cannot start {self.image}: {error}")) from None
         self.id = container.id
@@ -213,16 +220,19 @@ class CodeContainer:
             stdout, stderr = self.client.api.exec_start(exec_id, demux=True)
             code = self.client.api.exec_inspect(exec_id)["ExitCode"]
         except _DOCKER_ERRORS as error:
-            raise ContainerFault(self.state_fault() or Fault(FaultKind.SERVER_UNRESPONSIVE,
-                                                            f"{request['op']}: {error}")) from None
+            raise ContainerFault(
+                self.state_fault() or Fault(FaultKind.SERVER_UNRESPONSIVE, f"{request['op']}: {error}")
+            ) from None
         if code == 0 and stdout:
             try:
                 return json.loads(stdout.decode())
             except ValueError:
                 pass
         detail = ((stderr or b"") + (stdout or b"")).decode(errors="replace").strip()[-500:] or "no output"
-        raise ContainerFault(self.state_fault() or Fault(
-            FaultKind.SERVER_ERROR, f"the runner's {request['op']} failed (exit {code}): {detail}"))
+        raise ContainerFault(
+            self.state_fault()
+            or Fault(FaultKind.SERVER_ERROR, f"the runner's {request['op']} failed (exit {code}): {detail}")
+        )
 
     def remove(self) -> None:
         if self.id is None:
@@ -239,11 +249,15 @@ class CodeContainer:
 def limit_fault(before: dict, after: dict, work_free_min: int) -> Fault | None:
     """The resource limit a call hit, from the runner's counters before and after it."""
     if after["oom_kills"] > before["oom_kills"]:
-        return Fault(FaultKind.OOM_KILLED, f"{after['oom_kills'] - before['oom_kills']} process(es) killed at "
-                                           "the container's memory limit")
+        return Fault(
+            FaultKind.OOM_KILLED,
+            f"{after['oom_kills'] - before['oom_kills']} process(es) killed at the container's memory limit",
+        )
     if after["pids_max_hits"] > before["pids_max_hits"]:
-        return Fault(FaultKind.PROCESS_LIMIT, "the container's pids limit refused "
-                                              f"{after['pids_max_hits'] - before['pids_max_hits']} fork(s)")
+        return Fault(
+            FaultKind.PROCESS_LIMIT,
+            f"the container's pids limit refused {after['pids_max_hits'] - before['pids_max_hits']} fork(s)",
+        )
     if 0 <= after["work_free_bytes"] < work_free_min:
         return Fault(FaultKind.WORK_TREE_FULL, f"{after['work_free_bytes']} bytes left on the size-capped tmpfs")
     return None
@@ -274,8 +288,9 @@ class CodeEpisode:
         return answer
 
     def start(self) -> None:
-        answer = self.env.container.call({"op": "reset", "package": self.task.package,
-                                          "hunks": [h.to_json() for h in self.task.bug]})
+        answer = self.env.container.call(
+            {"op": "reset", "package": self.task.package, "hunks": [h.to_json() for h in self.task.bug]}
+        )
         if not answer["ok"]:
             raise ContainerFault(Fault(FaultKind.SETUP_FAILED, answer["error"]))
         self.baseline = answer["limits"]
@@ -291,8 +306,9 @@ class CodeEpisode:
                 return None, self._judge()
             elif isinstance(action, Bash):
                 timeout = min(action.timeout or cfg.default_timeout, cfg.max_timeout)
-                answer = self._call({"op": "bash", "command": action.command, "timeout": timeout,
-                                     "limit": cfg.output_limit})
+                answer = self._call(
+                    {"op": "bash", "command": action.command, "timeout": timeout, "limit": cfg.output_limit}
+                )
                 text = bash_observation(answer, timeout) if answer["ok"] else f"Action failed: {answer['error']}"
             elif isinstance(action, Edit):
                 request = {"op": "edit", **{k: v for k, v in dataclasses.asdict(action).items() if v is not None}}
@@ -315,9 +331,11 @@ class CodeEpisode:
             return self._end(fault=error.fault)
         self.judge_seconds = time.monotonic() - started
         # What the agent changed besides the package's sources: never judged, always reported.
-        self.info = {"changes_outside_sources": list(answer.get("changes_outside_sources", [])),
-                     "changes_outside_sources_count": answer.get("changes_outside_sources_count", 0),
-                     "judge_seconds": self.judge_seconds}
+        self.info = {
+            "changes_outside_sources": list(answer.get("changes_outside_sources", [])),
+            "changes_outside_sources_count": answer.get("changes_outside_sources_count", 0),
+            "judge_seconds": self.judge_seconds,
+        }
         # Nothing to test (CANOPY App. H's terminal states, scored by the attribution rule's
         # constants): no change to the sources, a change that cannot be carried over, a test
         # run that hangs or crashes pytest.
@@ -328,8 +346,13 @@ class CodeEpisode:
                 return self._end(no_patch=f"the patch does not apply: {answer['error']}")
             return self._end(crash=answer["error"])
         result = verdict(task, answer["outcomes"], self.env.config.partial_credit)
-        self.info.update({"fail_to_pass_passed": result.fail_to_pass_passed,
-                          "fail_to_pass_total": result.fail_to_pass_total, "broken": list(result.broken[:20])})
+        self.info.update(
+            {
+                "fail_to_pass_passed": result.fail_to_pass_passed,
+                "fail_to_pass_total": result.fail_to_pass_total,
+                "broken": list(result.broken[:20]),
+            }
+        )
         return self._end(verdict=result.reward)
 
     def _end(self, **kwargs) -> Outcome:
@@ -362,6 +385,7 @@ class CodeEnvironment(TaskIsGroupStart, AgentEnvironment):
     def image(self) -> str:
         if self._image is None:
             from cua_jax.envs.images import ensure_image
+
             self._image = ensure_image("code")
         return self._image
 

@@ -57,9 +57,15 @@ class StepRecord:
 
 
 class DesktopEpisode:
-    def __init__(self, pool: DockerEnvPool, task: Task, max_turns: int = 15,
-                 cache_dir: str | pathlib.Path | None = None, acquire_timeout: float | None = 600.0,
-                 attribution: Attribution = Attribution()):
+    def __init__(
+        self,
+        pool: DockerEnvPool,
+        task: Task,
+        max_turns: int = 15,
+        cache_dir: str | pathlib.Path | None = None,
+        acquire_timeout: float | None = 600.0,
+        attribution: Attribution = Attribution(),
+    ):
         self.pool, self.task, self.max_turns = pool, task, max_turns
         self.cache_dir = pathlib.Path(cache_dir or tempfile.mkdtemp(prefix=f"cua-judge-{task.id}-"))
         self.acquire_timeout = acquire_timeout
@@ -150,8 +156,9 @@ class DesktopEpisode:
         finished = last is not None and A.is_terminal(last)
         if self.fault is None and finished:
             try:
-                verdict = judges.evaluate(self.task, self.env.client, self.cache_dir, last_action=last,
-                                          judge=self.env.judge)
+                verdict = judges.evaluate(
+                    self.task, self.env.client, self.cache_dir, last_action=last, judge=self.env.judge
+                )
             except judges.SetupError as error:
                 self.fault = self._fault_from(error, FaultKind.SETUP_FAILED)
             except JudgeTamperedError as error:
@@ -162,7 +169,9 @@ class DesktopEpisode:
             except EnvError as error:
                 self.fault = self._fault_from(error, FaultKind.SERVER_UNRESPONSIVE)
         self.outcome = episode_outcome(
-            fault=self.fault, verdict=verdict, budget_exhausted=self.fault is None and not finished,
+            fault=self.fault,
+            verdict=verdict,
+            budget_exhausted=self.fault is None and not finished,
             rule=self.attribution,
         )
         if self.env is not None:
@@ -218,7 +227,9 @@ class DesktopEnvironment(TaskIsGroupStart, AgentEnvironment):
     async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
         if self.episode is not None and self.episode.outcome is None:
             await asyncio.to_thread(self.episode.finish)  # release the previous episode's container
-        self.episode = DesktopEpisode(self.pool, task, max_turns=2**31, cache_dir=self.cache_dir, attribution=self.attribution)
+        self.episode = DesktopEpisode(
+            self.pool, task, max_turns=2**31, cache_dir=self.cache_dir, attribution=self.attribution
+        )
         observation = await asyncio.to_thread(self.episode.start)
         if self.episode.fault is not None:
             fault = self.episode.fault

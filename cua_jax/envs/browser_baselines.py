@@ -222,12 +222,27 @@ class ContainerPerEnvironmentBackend(RuntimeBackend):
         try:
             run = await asyncio.to_thread(
                 subprocess.run,
-                ["docker", "run", "-d", "--rm", "--network", "none", "--name", entry["name"],
-                 "--memory", self.memory_limit, "--shm-size", "256m",
-                 "-v", f"{socket_dir}:{CONTAINER_SOCKET_DIR}",
-                 "-v", f"{self._html}:{CONTAINER_HTML_DIR}:ro",
-                 self.image],
-                capture_output=True, text=True,
+                [
+                    "docker",
+                    "run",
+                    "-d",
+                    "--rm",
+                    "--network",
+                    "none",
+                    "--name",
+                    entry["name"],
+                    "--memory",
+                    self.memory_limit,
+                    "--shm-size",
+                    "256m",
+                    "-v",
+                    f"{socket_dir}:{CONTAINER_SOCKET_DIR}",
+                    "-v",
+                    f"{self._html}:{CONTAINER_HTML_DIR}:ro",
+                    self.image,
+                ],
+                capture_output=True,
+                text=True,
             )
             if run.returncode != 0:
                 raise RuntimeStartError(f"docker run {self.image} failed: {run.stderr.strip()[:500]}")
@@ -269,7 +284,9 @@ class ContainerPerEnvironmentBackend(RuntimeBackend):
             )
             if state.stdout.strip() != "true":
                 logs = subprocess.run(["docker", "logs", "--tail", "20", entry["id"]], capture_output=True, text=True)
-                raise RuntimeStartError(f"container {entry['name']} exited while starting: {(logs.stdout + logs.stderr)[-500:]}")
+                raise RuntimeStartError(
+                    f"container {entry['name']} exited while starting: {(logs.stdout + logs.stderr)[-500:]}"
+                )
             time.sleep(0.1)
         raise RuntimeStartError(f"container {entry['name']}: Chromium's DevTools socket not ready ({last_error})")
 
@@ -300,7 +317,9 @@ class ContainerPerEnvironmentBackend(RuntimeBackend):
         for entry in list(self._containers.values()):
             if "id" not in entry:
                 continue
-            state = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", entry["id"]], capture_output=True, text=True)
+            state = subprocess.run(
+                ["docker", "inspect", "-f", "{{.State.Pid}}", entry["id"]], capture_output=True, text=True
+            )
             pid = state.stdout.strip()
             if pid.isdigit() and pid != "0":
                 with open(f"/proc/{pid}/stat") as f:

@@ -92,7 +92,13 @@ from cua_jax.envs.miniwob import (
     InvalidElementError,
     unsupported_reason,
 )
-from cua_jax.envs.miniwob_state import PageState, StateRestoreMismatch, capture_state, install_state_recorder, restore_state
+from cua_jax.envs.miniwob_state import (
+    PageState,
+    StateRestoreMismatch,
+    capture_state,
+    install_state_recorder,
+    restore_state,
+)
 from cua_jax.types import EpisodeStatus
 
 log = logging.getLogger(__name__)
@@ -457,8 +463,11 @@ class SharedBrowserBackend(RuntimeBackend):
         """The browser's live renderer processes (a cell's, and any spare Chromium keeps)."""
         pid = self.browser_pid()
         # Chromium rewrites its children's command lines into one space-joined argument: a substring test.
-        return [child for child in process_tree([pid] if pid else [])
-                if any(b"--type=renderer" in arg for arg in command_line(child) or ())]
+        return [
+            child
+            for child in process_tree([pid] if pid else [])
+            if any(b"--type=renderer" in arg for arg in command_line(child) or ())
+        ]
 
     def cell_pages(self) -> list[int]:
         """Live pages per cell (renderers=R): how many capsules each renderer's crash would end."""
@@ -608,7 +617,9 @@ class CapsuleOptions:
 
     def __post_init__(self) -> None:
         if self.renderers < 0 or self.warm_pages < 0:
-            raise ValueError(f"capsule renderers and warm_pages must be 0 or more, got {self.renderers}, {self.warm_pages}")
+            raise ValueError(
+                f"capsule renderers and warm_pages must be 0 or more, got {self.renderers}, {self.warm_pages}"
+            )
         if self.fork_by not in FORK_METHODS:
             raise ValueError(f"capsule fork_by must be one of {FORK_METHODS}, got {self.fork_by!r}")
 
@@ -781,7 +792,9 @@ class CapsuleRuntime:
     def playwright_pids(self) -> list[int]:
         """The Playwright driver process(es) this runtime talks through (children of this process)."""
         me = os.getpid()
-        return [pid for pid in process_tree([me]) if pid != me and any(b"playwright" in a for a in command_line(pid) or ())]
+        return [
+            pid for pid in process_tree([me]) if pid != me and any(b"playwright" in a for a in command_line(pid) or ())
+        ]
 
     # ---- generations ----------------------------------------------------------------
 
@@ -818,7 +831,11 @@ class CapsuleRuntime:
                         await _release_quietly(slot)
                         slot = None  # type: ignore[assignment]
                         return await self._build_unbounded(
-                            task, seed, dataclasses.replace(snapshot, page_state=None, replay_reason=f"restore did not match: {mismatch}")
+                            task,
+                            seed,
+                            dataclasses.replace(
+                                snapshot, page_state=None, replay_reason=f"restore did not match: {mismatch}"
+                            ),
                         )
                 else:
                     for action in actions:
@@ -907,15 +924,24 @@ class CapsuleRuntime:
             # fault is a bug, which the cold build that follows runs into as well.
             self.warm_pool_failures += 1
             bug = classify_environment_error(error) is None
-            log.log(logging.ERROR if bug else logging.WARNING, "warming a %s page failed%s", task,
-                    " (a bug, not an environment fault)" if bug else "", exc_info=True)
+            log.log(
+                logging.ERROR if bug else logging.WARNING,
+                "warming a %s page failed%s",
+                task,
+                " (a bug, not an environment fault)" if bug else "",
+                exc_info=True,
+            )
         finally:
             self._warming[task] -= 1
 
-    async def _transaction(self, route: _Route, operation: str, build: Callable[[], Coroutine[Any, Any, _Generation]]) -> _Generation:
+    async def _transaction(
+        self, route: _Route, operation: str, build: Callable[[], Coroutine[Any, Any, _Generation]]
+    ) -> _Generation:
         """Freeze, drain, build, publish (see the module docstring)."""
         if route.frozen is not None:
-            raise CapsuleFrozenError(f"environment {route.env_id!r} is frozen by {route.frozen}; retry after it publishes")
+            raise CapsuleFrozenError(
+                f"environment {route.env_id!r} is frozen by {route.frozen}; retry after it publishes"
+            )
         route.frozen = operation  # set before the first await: admission sees it at once
         old = route.generation
         try:
@@ -926,7 +952,9 @@ class CapsuleRuntime:
                 kept = f"generation {old.number} stays published" if old else "nothing was published"
                 raise LifecycleError(f"{operation} of environment {route.env_id!r} failed ({error}); {kept}") from error
             self.publications.append(
-                PublicationRecord(route.env_id, operation, old.number if old else None, successor.number, route.in_flight)
+                PublicationRecord(
+                    route.env_id, operation, old.number if old else None, successor.number, route.in_flight
+                )
             )
             route.generation = successor
             route.fault = None
@@ -988,7 +1016,9 @@ class CapsuleRuntime:
             if self.fork_by == "capture":
                 captured = await capture_state(g.driver.page)
                 page_state, replay_reason = (None, captured) if isinstance(captured, str) else (captured, None)
-            return CapsuleSnapshot(g.task, g.seed, tuple(g.actions), elapsed, env_id, g.number, page_state, replay_reason)
+            return CapsuleSnapshot(
+                g.task, g.seed, tuple(g.actions), elapsed, env_id, g.number, page_state, replay_reason
+            )
         finally:
             route.frozen = None
 
@@ -1051,8 +1081,15 @@ class CapsuleRuntime:
 
     def _quarantined(self, route: _Route, generation: _Generation) -> StepResult:
         return StepResult(
-            None, 0.0, 0.0, True, False, EpisodeStatus.QUARANTINED, generation.number,
-            quarantine_reason=route.quarantine_reason, fault=route.fault,
+            None,
+            0.0,
+            0.0,
+            True,
+            False,
+            EpisodeStatus.QUARANTINED,
+            generation.number,
+            quarantine_reason=route.quarantine_reason,
+            fault=route.fault,
         )
 
     async def _page_request(self, env_id: str, request: Callable[[_Generation], Coroutine[Any, Any, Any]]) -> Any:
@@ -1114,7 +1151,9 @@ class CapsuleRuntime:
 
     async def _step_page(self, generation: _Generation, action: A.Action | A.InvalidAction) -> StepResult:
         driver = generation.driver
-        invalid = action.message if isinstance(action, A.InvalidAction) else unsupported_reason(action, self.action_space)
+        invalid = (
+            action.message if isinstance(action, A.InvalidAction) else unsupported_reason(action, self.action_space)
+        )
         state = await driver.state()
         if invalid is None and not state.done:  # a time limit may have ended it since the last step
             try:

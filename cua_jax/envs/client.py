@@ -99,8 +99,15 @@ class EnvClient:
         timeout: seconds any single call may take unless the call says otherwise.
     """
 
-    def __init__(self, socket_path: str | None = None, *, host: str | None = None, port: int | None = None,
-                 token: str | None = None, timeout: float = DEFAULT_TIMEOUT):
+    def __init__(
+        self,
+        socket_path: str | None = None,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ):
         if (socket_path is None) == (host is None):
             raise ValueError("give either socket_path or host/port")
         if host is not None and (port is None or not token):
@@ -118,8 +125,14 @@ class EnvClient:
             return _UnixConnection(self.socket_path, timeout)
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
-    def request(self, method: str, path: str, body: Any = None, timeout: float | None = None,
-                content_type: str = "application/json") -> tuple[int, bytes]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout: float | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, bytes]:
         """One HTTP exchange; returns (status, body) for 2xx, raises EnvError otherwise."""
         timeout = self.timeout if timeout is None else timeout
         if body is not None and not isinstance(body, bytes):
@@ -177,8 +190,9 @@ class EnvClient:
     def execute(self, command: str | list[str], shell: bool = False, timeout: float = 60.0) -> dict[str, Any]:
         """Run a command to completion: {status, output, error, returncode}; status is
         "success" once it ran, whatever its exit status (OSWorld's meaning)."""
-        return self._json("POST", "/execute", {"command": command, "shell": shell, "timeout": timeout},
-                          timeout=timeout + 10)
+        return self._json(
+            "POST", "/execute", {"command": command, "shell": shell, "timeout": timeout}, timeout=timeout + 10
+        )
 
     def run_python(self, code: str, timeout: float = 60.0) -> dict[str, Any]:
         """Run Python code inside the environment: {status, output, error, returncode}."""

@@ -109,11 +109,17 @@ def parse_code_arguments(name: Any, args: Any) -> CodeAction | A.InvalidAction:
             if not old:
                 raise _Bad("'old_str' is empty")
             return Edit("str_replace", path, old_str=old, new_str=_text_arg(args, "new_str", required=False) or "")
-        return Edit("insert", path, insert_line=_int_arg(args.get("insert_line"), "insert_line"),
-                    new_str=_text_arg(args, "new_str"))
+        return Edit(
+            "insert",
+            path,
+            insert_line=_int_arg(args.get("insert_line"), "insert_line"),
+            new_str=_text_arg(args, "new_str"),
+        )
     except _Bad as error:
-        return A.InvalidAction(f"{name}: {error}" if name in TOOL_NAMES else str(error),
-                               json.dumps({"name": name, "arguments": args}, default=repr)[:2000])
+        return A.InvalidAction(
+            f"{name}: {error}" if name in TOOL_NAMES else str(error),
+            json.dumps({"name": name, "arguments": args}, default=repr)[:2000],
+        )
 
 
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
@@ -126,9 +132,12 @@ def parse_code_action(text: Any) -> CodeAction | A.InvalidAction:
         return A.InvalidAction(f"expected text, got {type(text).__name__}")
     calls = _CALL.findall(text)
     if len(calls) != 1:
-        return A.InvalidAction("no tool call found: end your reply with one <tool_call>{...}</tool_call>"
-                               if not calls else f"found {len(calls)} tool calls; emit exactly one per turn",
-                               text[-2000:])
+        return A.InvalidAction(
+            "no tool call found: end your reply with one <tool_call>{...}</tool_call>"
+            if not calls
+            else f"found {len(calls)} tool calls; emit exactly one per turn",
+            text[-2000:],
+        )
     try:
         call = json.loads(calls[0].strip())
     except (ValueError, RecursionError) as error:
@@ -167,5 +176,7 @@ Tools (call exactly one per turn as <tool_call>{"name": ..., "arguments": {...}}
 - submit: {} ends the episode; the repository's tests then judge your fix."""
 
 # The system prompt of a code episode (`CodeEnvironment.system_prompt`, shown by the agent loop).
-SYSTEM_PROMPT = (f"{TOOL_DESCRIPTION}\nThink briefly, then reply with exactly one tool call.\nExample reply:\n"
-                 + render_code_action(Bash("python -m pytest -x -q", timeout=60)))
+SYSTEM_PROMPT = (
+    f"{TOOL_DESCRIPTION}\nThink briefly, then reply with exactly one tool call.\nExample reply:\n"
+    + render_code_action(Bash("python -m pytest -x -q", timeout=60))
+)

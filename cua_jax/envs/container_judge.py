@@ -68,8 +68,12 @@ class ContainerJudge:
         payload = base64.b64encode(json.dumps({"code": code, "timeout": timeout}).encode()).decode()
         try:
             api = self.docker().api
-            exec_id = api.exec_create(self.container_id, [INTERPRETER, "-I", "-S", RUNNER, payload],
-                                      environment={"PATH": JUDGE_PATH}, user="root")["Id"]
+            exec_id = api.exec_create(
+                self.container_id,
+                [INTERPRETER, "-I", "-S", RUNNER, payload],
+                environment={"PATH": JUDGE_PATH},
+                user="root",
+            )["Id"]
             stdout, stderr = api.exec_start(exec_id, demux=True)
             returncode = api.exec_inspect(exec_id)["ExitCode"]
         except (docker.errors.DockerException, requests.exceptions.RequestException) as error:

@@ -180,4 +180,3 @@ class EnvironmentWrapper(AgentEnvironment):
 
     async def close(self) -> None:
         await self.env.close()
-

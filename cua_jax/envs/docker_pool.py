@@ -128,7 +128,8 @@ class DockerEnvPool:
         self._idle: queue.Queue[PooledEnv] = queue.Queue()
         self._envs: dict[int, PooledEnv] = {}  # slot -> its current environment
         self._background = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max(2, config.size), thread_name_prefix=f"cua-pool-{self.pool_id}")
+            max_workers=max(2, config.size), thread_name_prefix=f"cua-pool-{self.pool_id}"
+        )
         self._closed = threading.Event()
         self._monitor: threading.Thread | None = None
         self._bridges: dict[str, LoopbackBridge] = {}  # container id -> its OSWorld endpoint
@@ -155,10 +156,18 @@ class DockerEnvPool:
         cfg = self.config
         try:
             container = self.docker.containers.run(
-                cfg.image, command=["--screen", cfg.screen], name=name, detach=True,
-                labels=self._labels(slot), network_mode="none", init=True,
-                nano_cpus=int(cfg.cpus * 1e9), mem_limit=cfg.memory, memswap_limit=cfg.memory,
-                pids_limit=cfg.pids_limit, shm_size="256m",
+                cfg.image,
+                command=["--screen", cfg.screen],
+                name=name,
+                detach=True,
+                labels=self._labels(slot),
+                network_mode="none",
+                init=True,
+                nano_cpus=int(cfg.cpus * 1e9),
+                mem_limit=cfg.memory,
+                memswap_limit=cfg.memory,
+                pids_limit=cfg.pids_limit,
+                shm_size="256m",
                 volumes={socket_dir: {"bind": CONTAINER_SOCKET_DIR, "mode": "rw"}, **judge_volume()},
             )
         except docker.errors.DockerException as error:
@@ -166,9 +175,15 @@ class DockerEnvPool:
             with self._lock:
                 self.counters["failed_starts"] += 1
             raise PoolError(f"cannot start a container of {cfg.image}: {error}") from None
-        env = PooledEnv(slot, name, container.id, socket_dir,
-                        EnvClient(os.path.join(socket_dir, SOCKET_NAME), timeout=cfg.call_timeout),
-                        time.monotonic(), ContainerJudge(lambda: self.docker, container.id))
+        env = PooledEnv(
+            slot,
+            name,
+            container.id,
+            socket_dir,
+            EnvClient(os.path.join(socket_dir, SOCKET_NAME), timeout=cfg.call_timeout),
+            time.monotonic(),
+            ContainerJudge(lambda: self.docker, container.id),
+        )
         try:
             self._wait_ready(env)
         except PoolError:
@@ -193,8 +208,9 @@ class DockerEnvPool:
             if fault is not None:
                 raise PoolError(f"{env.name} did not start: {fault.reason}; logs: {self._logs(env)}")
             if time.monotonic() > deadline:
-                raise PoolError(f"{env.name} was not ready within {self.config.ready_timeout}s; "
-                                f"logs: {self._logs(env)}")
+                raise PoolError(
+                    f"{env.name} was not ready within {self.config.ready_timeout}s; logs: {self._logs(env)}"
+                )
             time.sleep(delay)
             delay = min(0.5, delay * 1.5)
 
@@ -238,8 +254,9 @@ class DockerEnvPool:
             self.close()
             raise PoolError(f"{len(errors)} of {self.config.size} environments failed to start: {errors[0]}")
         if self.config.health_interval:
-            self._monitor = threading.Thread(target=self._monitor_idle, daemon=True,
-                                             name=f"cua-pool-{self.pool_id}-health")
+            self._monitor = threading.Thread(
+                target=self._monitor_idle, daemon=True, name=f"cua-pool-{self.pool_id}-health"
+            )
             self._monitor.start()
         return self
 

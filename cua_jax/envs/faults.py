@@ -58,8 +58,14 @@ class FaultKind(str, enum.Enum):
 # stopped from inside its container (the work of processes the agent ran there), and a MiniWoB
 # page that left its task's document (no task page navigates by itself; only what the agent did
 # on it can). Crashes of shared browsers, servers and engines stay quarantined.
-AGENT_OWNED_FAULTS = (FaultKind.OOM_KILLED, FaultKind.PROCESS_LIMIT, FaultKind.WORK_TREE_FULL,
-                      FaultKind.JUDGE_TAMPERED, FaultKind.SERVER_STOPPED, FaultKind.PAGE_LEFT_TASK)
+AGENT_OWNED_FAULTS = (
+    FaultKind.OOM_KILLED,
+    FaultKind.PROCESS_LIMIT,
+    FaultKind.WORK_TREE_FULL,
+    FaultKind.JUDGE_TAMPERED,
+    FaultKind.SERVER_STOPPED,
+    FaultKind.PAGE_LEFT_TASK,
+)
 # Exit statuses of a main process that ended by itself or on SIGHUP / SIGINT / SIGTERM.
 STOPPED_FROM_INSIDE = (0, 128 + 1, 128 + 2, 128 + 15)
 FAULT_KINDS = tuple(kind.value for kind in FaultKind)  # what configs may name

@@ -41,9 +41,7 @@ _IGNORED_SUFFIXES = (".pyc", ".pyo")
 
 def image_names() -> list[str]:
     """The images defined under launch/images/, the base first."""
-    others = sorted(
-        p.name for p in IMAGES_DIR.iterdir() if p.is_dir() and (p / "Dockerfile").is_file()
-    )
+    others = sorted(p.name for p in IMAGES_DIR.iterdir() if p.is_dir() and (p / "Dockerfile").is_file())
     return [BASE] + [n for n in others if n != BASE]
 
 
@@ -66,7 +64,8 @@ def _files_under(path: pathlib.Path) -> list[pathlib.Path]:
     if path.is_file():
         return [path]
     return sorted(
-        p for p in path.rglob("*")
+        p
+        for p in path.rglob("*")
         if p.is_file()
         and not any(part in _IGNORED_PARTS for part in p.parts)
         and not p.name.endswith(_IGNORED_SUFFIXES)
@@ -94,9 +93,7 @@ def image_tag(name: str) -> str:
 
 
 def image_exists(tag: str) -> bool:
-    result = subprocess.run(
-        ["docker", "image", "inspect", tag], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    result = subprocess.run(["docker", "image", "inspect", tag], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return result.returncode == 0
 
 
@@ -106,8 +103,10 @@ def _log(message: str) -> None:
 
 # <name>/<file> (a pip requirements file with a --hash on every line) -> the folder of the build
 # context its downloads go to, and how pip picks the files.
-PINNED_DOWNLOADS = {"pip-wheels.txt": ("wheels", "--only-binary=:all:"),
-                    "pip-sdists.txt": ("sdists", "--no-binary=:all:")}
+PINNED_DOWNLOADS = {
+    "pip-wheels.txt": ("wheels", "--only-binary=:all:"),
+    "pip-sdists.txt": ("sdists", "--no-binary=:all:"),
+}
 
 
 def _download_pinned(folder: pathlib.Path, context: pathlib.Path) -> None:
@@ -116,8 +115,22 @@ def _download_pinned(folder: pathlib.Path, context: pathlib.Path) -> None:
     for listing, (target, kind) in PINNED_DOWNLOADS.items():
         if (folder / listing).is_file():
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes", kind,
-                 "-r", str(folder / listing), "-d", str(context / target)], check=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--no-deps",
+                    "--require-hashes",
+                    kind,
+                    "-r",
+                    str(folder / listing),
+                    "-d",
+                    str(context / target),
+                ],
+                check=True,
+            )
 
 
 def build(name: str, force: bool = False) -> str:
@@ -145,9 +158,9 @@ def build(name: str, force: bool = False) -> str:
                     shutil.copy2(source, target)
             _download_pinned(folder, pathlib.Path(context))
             subprocess.run(
-                ["docker", "build", "--build-arg", f"BASE_IMAGE={image_tag(BASE)}",
-                 "-t", tag, context],
-                check=True, env={**os.environ, "DOCKER_BUILDKIT": "0"},
+                ["docker", "build", "--build-arg", f"BASE_IMAGE={image_tag(BASE)}", "-t", tag, context],
+                check=True,
+                env={**os.environ, "DOCKER_BUILDKIT": "0"},
             )
     subprocess.run(["docker", "tag", tag, latest], check=True)
     _log(f"built {tag} in {time.monotonic() - started:.0f}s")  # launch/setup.sh's summary reads these

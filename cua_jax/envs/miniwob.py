@@ -104,7 +104,9 @@ def check_task(task: str) -> str:
     """Return `task` if the package ships it, else raise UnknownTaskError naming close matches."""
     if not isinstance(task, str) or task not in task_names():
         close = difflib.get_close_matches(str(task), task_names(), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else f"; {len(task_names())} tasks exist, e.g. click-button"
+        hint = (
+            f"; did you mean {', '.join(close)}?" if close else f"; {len(task_names())} tasks exist, e.g. click-button"
+        )
         raise UnknownTaskError(f"unknown MiniWoB task {task!r}{hint}")
     return task
 
@@ -165,7 +167,10 @@ class MiniWoBServer:
         self.root = root or html_dir()
         self._process = subprocess.Popen(
             [sys.executable, "-c", _SERVER_SCRIPT, str(self.root), SHARED_ASSETS_HOST],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
+            text=True,
         )
         self.port = self._read_port(start_timeout_s)
 
@@ -382,16 +387,26 @@ def dom_from_text(text: str) -> tuple[DomElement, ...]:
         if rest[:1] in ("'", '"'):
             label, rest = _leading_literal(rest)
         if rest.startswith("value="):
-            value, rest = _leading_literal(rest[len("value="):])
+            value, rest = _leading_literal(rest[len("value=") :])
         if rest:
             raise ValueError(f"unexpected {rest!r} in the DOM text line {line!r}")
         del parents[depth:]
         ref = int(match["ref"])
         elements.append(
             DomElement(
-                ref=ref, parent=parents[-1] if parents else None, depth=depth, tag=tag, text=label,
-                left=_position(match["left"]), top=_position(match["top"]), width=_position(match["width"]),
-                height=_position(match["height"]), id=element_id, classes=" ".join(classes), value=value, focused=focused,
+                ref=ref,
+                parent=parents[-1] if parents else None,
+                depth=depth,
+                tag=tag,
+                text=label,
+                left=_position(match["left"]),
+                top=_position(match["top"]),
+                width=_position(match["width"]),
+                height=_position(match["height"]),
+                id=element_id,
+                classes=" ".join(classes),
+                value=value,
+                focused=focused,
             )
         )
         parents.append(ref)
@@ -433,16 +448,36 @@ def _flatten_dom(info: dict[str, Any] | None) -> tuple[DomElement, ...]:
 # ------------------------------------------------------------------------------------
 
 _PLAYWRIGHT_KEYS = {
-    "ctrl": "Control", "alt": "Alt", "shift": "Shift", "super": "Meta",
-    "enter": "Enter", "esc": "Escape", "tab": "Tab", "space": "Space", "backspace": "Backspace",
-    "delete": "Delete", "insert": "Insert", "home": "Home", "end": "End", "pageup": "PageUp",
-    "pagedown": "PageDown", "up": "ArrowUp", "down": "ArrowDown", "left": "ArrowLeft",
-    "right": "ArrowRight", "capslock": "CapsLock", "printscreen": "PrintScreen", "menu": "ContextMenu",
+    "ctrl": "Control",
+    "alt": "Alt",
+    "shift": "Shift",
+    "super": "Meta",
+    "enter": "Enter",
+    "esc": "Escape",
+    "tab": "Tab",
+    "space": "Space",
+    "backspace": "Backspace",
+    "delete": "Delete",
+    "insert": "Insert",
+    "home": "Home",
+    "end": "End",
+    "pageup": "PageUp",
+    "pagedown": "PageDown",
+    "up": "ArrowUp",
+    "down": "ArrowDown",
+    "left": "ArrowLeft",
+    "right": "ArrowRight",
+    "capslock": "CapsLock",
+    "printscreen": "PrintScreen",
+    "menu": "ContextMenu",
     **{f"f{i}": f"F{i}" for i in range(1, 13)},
 }
 _CLICKS = {  # kind -> (button, click count)
-    "left_click": ("left", 1), "right_click": ("right", 1), "middle_click": ("middle", 1),
-    "double_click": ("left", 2), "triple_click": ("left", 3),
+    "left_click": ("left", 1),
+    "right_click": ("right", 1),
+    "middle_click": ("middle", 1),
+    "double_click": ("left", 2),
+    "triple_click": ("left", 3),
 }
 _STATE_JS = (
     "() => ({done: WOB_DONE_GLOBAL, raw: WOB_RAW_REWARD_GLOBAL, env: WOB_REWARD_GLOBAL,"
@@ -516,7 +551,11 @@ def marked_elements(dom: tuple[DomElement, ...]) -> list[DomElement]:
         if e.tag == "t" or e.width <= 0 or e.height <= 0:
             continue
         leaf = e.ref not in parents
-        if e.tag.startswith("INPUT") or (e.tag in _MARKED_TAGS and (leaf or e.tag in ("BUTTON", "A", "SELECT"))) or (leaf and e.text):
+        if (
+            e.tag.startswith("INPUT")
+            or (e.tag in _MARKED_TAGS and (leaf or e.tag in ("BUTTON", "A", "SELECT")))
+            or (leaf and e.text)
+        ):
             marked.append(e)
     return marked
 
@@ -687,10 +726,15 @@ class MiniWoBPage:
         per-shot restyling is needed; PNG at the encoder's fast setting, decoded once."""
         if self._cdp is None:
             self._cdp = await self.page.context.new_cdp_session(self.page)
-        shot = await self._cdp.send("Page.captureScreenshot", {
-            "format": "png", "optimizeForSpeed": True, "captureBeyondViewport": False,
-            "clip": {"x": 0, "y": 0, "width": TASK_WIDTH, "height": TASK_HEIGHT, "scale": 1},
-        })
+        shot = await self._cdp.send(
+            "Page.captureScreenshot",
+            {
+                "format": "png",
+                "optimizeForSpeed": True,
+                "captureBeyondViewport": False,
+                "clip": {"x": 0, "y": 0, "width": TASK_WIDTH, "height": TASK_HEIGHT, "scale": 1},
+            },
+        )
         png = base64.b64decode(shot["data"])
         return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.uint8)
 

@@ -130,7 +130,9 @@ def uncovered_click(element: DomElement, covers: Iterable[DomElement], width: in
     candidates = [(centre.x, centre.y)]
     step = max(1, A.GRID // max(width, height))
     gx0, gy0 = A.pixels_to_grid(max(0.0, element.left), max(0.0, element.top), width, height)
-    gx1, gy1 = A.pixels_to_grid(min(width, element.left + element.width), min(height, element.top + element.height), width, height)
+    gx1, gy1 = A.pixels_to_grid(
+        min(width, element.left + element.width), min(height, element.top + element.height), width, height
+    )
     candidates += sorted(
         ((x, y) for x in range(gx0, gx1 + 1, step) for y in range(gy0, gy1 + 1, step)),
         key=lambda p: (p[0] - centre.x) ** 2 + (p[1] - centre.y) ** 2,
@@ -228,7 +230,7 @@ class _Page:
         if not field.focused:
             return self.click(field)
         if text.startswith(value):
-            return A.Type(text[len(value):])
+            return A.Type(text[len(value) :])
         return A.Key(("backspace",))
 
     def fill_all(self, pairs: Iterable[tuple[DomElement, str]], then: DomElement) -> A.Action:
@@ -327,7 +329,7 @@ def _button_with_text(page: _Page, text: str) -> tuple[DomElement, list[DomEleme
     buttons = page.all(lambda e: e.tag == "BUTTON")
     for i, button in enumerate(buttons):
         if button.text == text:
-            return button, buttons[i + 1:]
+            return button, buttons[i + 1 :]
     raise page.error(f"no button {text!r}")
 
 
@@ -352,10 +354,12 @@ def _click_dialog_2(page: _Page) -> A.Action:
     target = page.quoted()
     if target == "x":
         return _click_dialog(page)
-    return page.click(page.find(
-        f"dialog button {target!r}",
-        lambda e: e.tag == "BUTTON" and e.text == target and "ui-dialog-titlebar-close" not in _classes(e),
-    ))
+    return page.click(
+        page.find(
+            f"dialog button {target!r}",
+            lambda e: e.tag == "BUTTON" and e.text == target and "ui-dialog-titlebar-close" not in _classes(e),
+        )
+    )
 
 
 _SHAPE_BUTTONS = {"rect": "Rectangle", "circle": "Circle", "polygon": "Triangle"}
@@ -382,7 +386,11 @@ def _grid_coordinate(page: _Page) -> A.Action:
 
 
 _WIDGET_TAGS = {
-    "radio": "INPUT_radio", "checkbox": "INPUT_checkbox", "text": "INPUT_text", "textarea": "TEXTAREA", "button": "BUTTON",
+    "radio": "INPUT_radio",
+    "checkbox": "INPUT_checkbox",
+    "text": "INPUT_text",
+    "textarea": "TEXTAREA",
+    "button": "BUTTON",
 }
 
 
@@ -391,9 +399,11 @@ def _click_widget(page: _Page) -> A.Action:
     if kind not in _WIDGET_TAGS:
         raise page.error(f"unknown widget kind {kind!r}")
     tag = _WIDGET_TAGS[kind]
-    return page.click(page.find(
-        f"{kind} widget", lambda e: e.tag == tag and any("widget" in _classes(a) for a in _ancestors(page, e))
-    ))
+    return page.click(
+        page.find(
+            f"{kind} widget", lambda e: e.tag == tag and any("widget" in _classes(a) for a in _ancestors(page, e))
+        )
+    )
 
 
 def _ancestors(page: _Page, element: DomElement) -> list[DomElement]:
@@ -408,7 +418,9 @@ def _ancestors(page: _Page, element: DomElement) -> list[DomElement]:
 
 
 def _enter_text_2(page: _Page) -> A.Action:
-    word, case = page.match(r'Type "(.*)" in all (upper|lower) case letters in the text input and press Submit\.').groups()
+    word, case = page.match(
+        r'Type "(.*)" in all (upper|lower) case letters in the text input and press Submit\.'
+    ).groups()
     field = page.find("text field", lambda e: e.tag == "INPUT_text")
     return page.fill_all([(field, word.upper() if case == "upper" else word.lower())], _submit(page))
 

@@ -570,11 +570,15 @@ def _digest(text: str) -> str:
 def _page_state(raw: dict[str, Any]) -> PageState:
     fields = tuple(
         FieldState(
-            path=str(f["path"]), kind=str(f["kind"]), value=None if f["value"] is None else str(f["value"]),
-            checked=bool(f["checked"]), indeterminate=bool(f["indeterminate"]),
+            path=str(f["path"]),
+            kind=str(f["kind"]),
+            value=None if f["value"] is None else str(f["value"]),
+            checked=bool(f["checked"]),
+            indeterminate=bool(f["indeterminate"]),
             options_selected=tuple(bool(o) for o in f["options"]),
-            selection=None if f["selection"] is None else (int(f["selection"][0]), int(f["selection"][1]),
-                                                           str(f["selection"][2])),
+            selection=None
+            if f["selection"] is None
+            else (int(f["selection"][0]), int(f["selection"][1]), str(f["selection"][2])),
         )
         for f in raw["fields"]
     )
@@ -584,7 +588,8 @@ def _page_state(raw: dict[str, Any]) -> PageState:
         fields=fields,
         focus_path=raw["focusPath"],
         focus_visible=bool(raw["focusVisible"]),
-        document_selection=None if selection is None
+        document_selection=None
+        if selection is None
         else (str(selection[0]), int(selection[1]), str(selection[2]), int(selection[3])),
         window_scroll=(float(raw["windowScroll"][0]), float(raw["windowScroll"][1])),
         element_scroll=tuple((str(p), float(x), float(y)) for p, x, y in raw["elementScroll"]),
@@ -606,8 +611,15 @@ def _state_for_page(state: PageState) -> dict[str, Any]:
     return {
         "urlPath": state.url_path,
         "fields": [
-            {"path": f.path, "kind": f.kind, "value": f.value, "checked": f.checked, "indeterminate": f.indeterminate,
-             "options": list(f.options_selected), "selection": None if f.selection is None else list(f.selection)}
+            {
+                "path": f.path,
+                "kind": f.kind,
+                "value": f.value,
+                "checked": f.checked,
+                "indeterminate": f.indeterminate,
+                "options": list(f.options_selected),
+                "selection": None if f.selection is None else list(f.selection),
+            }
             for f in state.fields
         ],
         "focusPath": state.focus_path,

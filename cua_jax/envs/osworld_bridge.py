@@ -71,8 +71,7 @@ class LoopbackBridge:
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._closed = False
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True,
-                                        name=f"osworld-bridge-{self.address[1]}")
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True, name=f"osworld-bridge-{self.address[1]}")
         self._thread.start()
 
     def __repr__(self) -> str:
@@ -134,8 +133,9 @@ class LoopbackBridge:
                         client, _ = self._listener.accept()
                     except OSError:
                         continue
-                    threading.Thread(target=self._serve, args=(client,), daemon=True,
-                                     name=f"osworld-bridge-{self.address[1]}-conn").start()
+                    threading.Thread(
+                        target=self._serve, args=(client,), daemon=True, name=f"osworld-bridge-{self.address[1]}-conn"
+                    ).start()
 
     def _serve(self, client: socket.socket) -> None:
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -37,8 +37,19 @@ from cua_jax.eval.passk import problem_metrics
 from cua_jax.types import EpisodeStatus
 
 RESULTS_FILE = "results.jsonl"
-TABLE_COLUMNS = ("problems", "episodes", "successes", "success_rate", "ci_low", "ci_high", "mean@k", "pass@k",
-                 "best@k", "quarantined", "given_up")
+TABLE_COLUMNS = (
+    "problems",
+    "episodes",
+    "successes",
+    "success_rate",
+    "ci_low",
+    "ci_high",
+    "mean@k",
+    "pass@k",
+    "best@k",
+    "quarantined",
+    "given_up",
+)
 
 
 # ------------------------------------------------------------------------------------
@@ -66,11 +77,20 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def _episode_record(episode, task: str, domain: str, seed: int, sample: int, attempt: int) -> dict[str, Any]:
-    return {"task": task, "domain": domain, "seed": int(seed), "sample": int(sample), "attempt": int(attempt),
-            "status": episode.status.value, "success": episode.status is EpisodeStatus.SUCCESS,
-            "reward": float(episode.reward), "turns": episode.num_turns,
-            "valid_actions": sum(turn.action is not None for turn in episode.turns),
-            "quarantine_reason": episode.quarantine_reason, "episode_id": episode.episode_id}
+    return {
+        "task": task,
+        "domain": domain,
+        "seed": int(seed),
+        "sample": int(sample),
+        "attempt": int(attempt),
+        "status": episode.status.value,
+        "success": episode.status is EpisodeStatus.SUCCESS,
+        "reward": float(episode.reward),
+        "turns": episode.num_turns,
+        "valid_actions": sum(turn.action is not None for turn in episode.turns),
+        "quarantine_reason": episode.quarantine_reason,
+        "episode_id": episode.episode_id,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +104,9 @@ class Job:
     round: int = 0
 
 
-def pending_jobs(records: Iterable[Mapping[str, Any]], tasks: Sequence[str], seeds: Sequence[int], k: int,
-                 max_reruns: int) -> list[Job]:
+def pending_jobs(
+    records: Iterable[Mapping[str, Any]], tasks: Sequence[str], seeds: Sequence[int], k: int, max_reruns: int
+) -> list[Job]:
     """The groups still to run: per (task, seed), the samples with no scored record whose
     quarantined attempts do not exceed max_reruns, grouped by how many times they ran."""
     scored, attempts = set(), collections.Counter()
@@ -130,10 +151,20 @@ def _take_jobs(pending: collections.deque, limit: int) -> list[Job]:
     return taken
 
 
-def run_jobs(workers: Sequence[Any], policy: Any, jobs: Sequence[Job], tasks: Sequence[str], seeds: Sequence[int],
-             domains: Mapping[str, str], results_path: str | os.PathLike, max_reruns: int,
-             progress: bool = True, groups_per_call: int = 1,
-             on_group: Callable[[Job, Sequence[Any]], None] | None = None, temperature: float | None = None) -> None:
+def run_jobs(
+    workers: Sequence[Any],
+    policy: Any,
+    jobs: Sequence[Job],
+    tasks: Sequence[str],
+    seeds: Sequence[int],
+    domains: Mapping[str, str],
+    results_path: str | os.PathLike,
+    max_reruns: int,
+    progress: bool = True,
+    groups_per_call: int = 1,
+    on_group: Callable[[Job, Sequence[Any]], None] | None = None,
+    temperature: float | None = None,
+) -> None:
     """Runs `jobs` over the workers (one thread each, each taking up to `groups_per_call`
     groups per call, so a worker batches generation across them), appending each finished
     episode's record to `results_path`; quarantined samples go back in the queue until they
@@ -178,16 +209,21 @@ def run_jobs(workers: Sequence[Any], policy: Any, jobs: Sequence[Job], tasks: Se
 
     def run_batch(worker, batch: list[Job]) -> list[Job]:
         policy.bind(worker, batch[0].task)
-        results = worker.run_groups([(job.task, job.seed, group_id(tasks, seeds, job)) for job in batch],
-                                    len(batch[0].samples), evaluation=True, **override)
+        results = worker.run_groups(
+            [(job.task, job.seed, group_id(tasks, seeds, job)) for job in batch],
+            len(batch[0].samples),
+            evaluation=True,
+            **override,
+        )
         again = []
         with changed:
             with open(results_path, "a") as f:
                 for job, rollouts in zip(batch, results):
                     rerun = []
                     for sample, rollout in zip(job.samples, rollouts):
-                        record = _episode_record(rollout.episode, job.task, domains[job.task], job.seed, sample,
-                                                 job.round)
+                        record = _episode_record(
+                            rollout.episode, job.task, domains[job.task], job.seed, sample, job.round
+                        )
                         f.write(json.dumps(record) + "\n")
                         if rollout.episode.status is EpisodeStatus.QUARANTINED and job.round < max_reruns:
                             rerun.append(sample)
@@ -202,8 +238,9 @@ def run_jobs(workers: Sequence[Any], policy: Any, jobs: Sequence[Job], tasks: Se
                     on_group(job, rollouts)
         return again
 
-    threads = [threading.Thread(target=serve, args=(w,), daemon=True, name=f"eval-worker-{i}")
-               for i, w in enumerate(workers)]
+    threads = [
+        threading.Thread(target=serve, args=(w,), daemon=True, name=f"eval-worker-{i}") for i, w in enumerate(workers)
+    ]
     for thread in threads:
         thread.start()
     try:
@@ -220,19 +257,31 @@ def run_jobs(workers: Sequence[Any], policy: Any, jobs: Sequence[Job], tasks: Se
 # ------------------------------------------------------------------------------------
 
 
-def _row(problems: Mapping[tuple[str, int], list[dict]], quarantined: int, given_up: int, k: int,
-         confidence: float) -> dict[str, float]:
+def _row(
+    problems: Mapping[tuple[str, int], list[dict]], quarantined: int, given_up: int, k: int, confidence: float
+) -> dict[str, float]:
     scored = [r for rs in problems.values() for r in rs]
     successes = sum(r["success"] for r in scored)
     low, high = wilson_interval(successes, len(scored), confidence)
-    per_problem = [problem_metrics([float(r["success"]) for r in rs], min(k, len(rs))) for rs in problems.values()
-                   if rs]
+    per_problem = [
+        problem_metrics([float(r["success"]) for r in rs], min(k, len(rs))) for rs in problems.values() if rs
+    ]
     # best@k over 0 / 1 outcomes: the verifier's success, the quantity the suite scores.
-    mean = {m: sum(p[m] for p in per_problem) / len(per_problem) if per_problem else 0.0
-            for m in ("mean@k", "pass@k", "best@k")}
-    return {"problems": len(per_problem), "episodes": len(scored), "successes": successes,
-            "success_rate": successes / max(len(scored), 1), "ci_low": low, "ci_high": high, **mean,
-            "quarantined": quarantined, "given_up": given_up}
+    mean = {
+        m: sum(p[m] for p in per_problem) / len(per_problem) if per_problem else 0.0
+        for m in ("mean@k", "pass@k", "best@k")
+    }
+    return {
+        "problems": len(per_problem),
+        "episodes": len(scored),
+        "successes": successes,
+        "success_rate": successes / max(len(scored), 1),
+        "ci_low": low,
+        "ci_high": high,
+        **mean,
+        "quarantined": quarantined,
+        "given_up": given_up,
+    }
 
 
 def tables(records: Sequence[Mapping[str, Any]], k: int, confidence: float = 0.95) -> dict[str, Any]:
@@ -265,10 +314,13 @@ def tables(records: Sequence[Mapping[str, Any]], k: int, confidence: float = 0.9
     by_domain = collections.defaultdict(list)
     for task in task_ids:
         by_domain[domains[task]].append(task)
-    return {"k": k, "confidence": confidence,
-            "tasks": {t: {"domain": domains[t], **row([t])} for t in task_ids},
-            "domains": {d: row(ts) for d, ts in sorted(by_domain.items())},
-            "overall": row(task_ids)}
+    return {
+        "k": k,
+        "confidence": confidence,
+        "tasks": {t: {"domain": domains[t], **row([t])} for t in task_ids},
+        "domains": {d: row(ts) for d, ts in sorted(by_domain.items())},
+        "overall": row(task_ids),
+    }
 
 
 def _cell(value: Any) -> str:
@@ -286,12 +338,21 @@ def write_tables(out: str | os.PathLike, summary: Mapping[str, Any]) -> None:
     summary.json under `out`."""
     os.makedirs(out, exist_ok=True)
     level = f"{100 * summary['confidence']:g}%"
-    parts = [f"# {summary.get('title', 'evaluation')}", "",
-             f"k = {summary['k']}; success with its Wilson {level} interval over scored episodes; mean@k, "
-             "pass@k and best@k averaged over the (task, seed) problems.", "",
-             "## Per task", "", markdown_table("task", summary["tasks"], ("domain", *TABLE_COLUMNS)), "",
-             "## Per domain", "", markdown_table("domain", {**summary["domains"], "all": summary["overall"]},
-                                                 TABLE_COLUMNS), ""]
+    parts = [
+        f"# {summary.get('title', 'evaluation')}",
+        "",
+        f"k = {summary['k']}; success with its Wilson {level} interval over scored episodes; mean@k, "
+        "pass@k and best@k averaged over the (task, seed) problems.",
+        "",
+        "## Per task",
+        "",
+        markdown_table("task", summary["tasks"], ("domain", *TABLE_COLUMNS)),
+        "",
+        "## Per domain",
+        "",
+        markdown_table("domain", {**summary["domains"], "all": summary["overall"]}, TABLE_COLUMNS),
+        "",
+    ]
     if summary.get("skipped"):
         parts += ["## Not run", "", *(f"- {task}: {why}" for task, why in summary["skipped"].items()), ""]
     with open(os.path.join(out, "results.md"), "w") as f:
@@ -313,11 +374,22 @@ def write_tables(out: str | os.PathLike, summary: Mapping[str, Any]) -> None:
 # ------------------------------------------------------------------------------------
 
 
-def evaluate(workers: Sequence[Any], policy: Any, suite: Any, seeds: Sequence[int], k: int,
-             out: str | os.PathLike, *, max_reruns: int = 2, confidence: float = 0.95,
-             progress: bool = True, title: str | None = None, groups_per_call: int = 1,
-             on_group: Callable[[Job, Sequence[Any]], None] | None = None,
-             temperature: float | None = None) -> dict[str, Any]:
+def evaluate(
+    workers: Sequence[Any],
+    policy: Any,
+    suite: Any,
+    seeds: Sequence[int],
+    k: int,
+    out: str | os.PathLike,
+    *,
+    max_reruns: int = 2,
+    confidence: float = 0.95,
+    progress: bool = True,
+    title: str | None = None,
+    groups_per_call: int = 1,
+    on_group: Callable[[Job, Sequence[Any]], None] | None = None,
+    temperature: float | None = None,
+) -> dict[str, Any]:
     """Evaluates `policy` (an `EvalPolicy`, or anything with `unsupported(task)` and
     `bind(worker, task_id)`) running on `workers` over `suite`'s tasks (a `suites.Suite`) x
     `seeds`, k samples each, resuming from <out>/results.jsonl; writes the tables and returns
@@ -349,11 +421,28 @@ def evaluate(workers: Sequence[Any], policy: Any, suite: Any, seeds: Sequence[in
         with open(results_path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
     jobs = pending_jobs(records, runnable, seeds, k, max_reruns)
-    run_jobs(workers, policy, jobs, runnable, seeds, suite.catalog.domains(), results_path, max_reruns, progress,
-             groups_per_call, on_group, temperature)
+    run_jobs(
+        workers,
+        policy,
+        jobs,
+        runnable,
+        seeds,
+        suite.catalog.domains(),
+        results_path,
+        max_reruns,
+        progress,
+        groups_per_call,
+        on_group,
+        temperature,
+    )
     records = [r for r in read_results(results_path) if r["task"] in set(runnable) and r["seed"] in set(seeds)]
-    summary = {"title": title or f"{getattr(policy, 'name', 'policy')} on {suite.name}", "suite": suite.name,
-               "seeds": seeds, **tables(records, k, confidence), "skipped": skipped}
+    summary = {
+        "title": title or f"{getattr(policy, 'name', 'policy')} on {suite.name}",
+        "suite": suite.name,
+        "seeds": seeds,
+        **tables(records, k, confidence),
+        "skipped": skipped,
+    }
     write_tables(out, summary)
     return {**summary, "records": records}
 
@@ -362,17 +451,27 @@ def _check_resumable(records, tasks, seeds, k, path) -> None:
     """A results file from another evaluation (samples past k) is an error, not a resume."""
     beyond = [r for r in records if r["sample"] >= k and r["task"] in tasks and r["seed"] in seeds]
     if beyond:
-        raise ValueError(f"{path} holds samples up to {max(r['sample'] for r in beyond)}, past k={k}: it is "
-                         "another evaluation's; choose another --out")
+        raise ValueError(
+            f"{path} holds samples up to {max(r['sample'] for r in beyond)}, past k={k}: it is "
+            "another evaluation's; choose another --out"
+        )
 
 
 def sweep_folder(turns: int, temperature: float) -> str:
     return f"turns_{turns}_temperature_{temperature:g}"
 
 
-def sweep(make_workers: Callable[[int, float], Sequence[Any]], policy: Any, suite: Any, seeds: Sequence[int],
-          k: int, out: str | os.PathLike, turn_budgets: Sequence[int], temperatures: Sequence[float],
-          **options: Any) -> dict[str, dict[str, Any]]:
+def sweep(
+    make_workers: Callable[[int, float], Sequence[Any]],
+    policy: Any,
+    suite: Any,
+    seeds: Sequence[int],
+    k: int,
+    out: str | os.PathLike,
+    turn_budgets: Sequence[int],
+    temperatures: Sequence[float],
+    **options: Any,
+) -> dict[str, dict[str, Any]]:
     """One `evaluate` per (turn budget, temperature), in <out>/turns_<T>_temperature_<t>/, on
     workers `make_workers(turns, temperature)` builds (and this shuts down). Returns each
     evaluation's summary by folder name."""
@@ -389,9 +488,16 @@ def sweep(make_workers: Callable[[int, float], Sequence[Any]], policy: Any, suit
             workers = make_workers(int(turns), float(temperature))
             try:
                 summaries[folder] = evaluate(
-                    workers, policy, suite, seeds, k, os.path.join(out, folder),
+                    workers,
+                    policy,
+                    suite,
+                    seeds,
+                    k,
+                    os.path.join(out, folder),
                     title=f"{getattr(policy, 'name', 'policy')} on {suite.name}, {turns} turns, "
-                          f"temperature {temperature:g}", **options)
+                    f"temperature {temperature:g}",
+                    **options,
+                )
             finally:
                 for worker in workers:
                     worker.shutdown()

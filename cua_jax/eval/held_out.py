@@ -47,9 +47,13 @@ def summary_metrics(summary: Mapping[str, Any], tasks: Sequence[str]) -> dict[st
             scored.setdefault(f"{r['task']}/{r['seed']}/{r['sample']}", r)
     turns = sum(r["turns"] for r in scored.values())
     result: dict[str, Any] = {
-        "success_rate": overall["success_rate"], "ci_low": overall["ci_low"], "ci_high": overall["ci_high"],
-        "successes": float(overall["successes"]), "episodes": float(overall["episodes"]),
-        "quarantined": float(overall["quarantined"]), "given_up": float(overall["given_up"]),
+        "success_rate": overall["success_rate"],
+        "ci_low": overall["ci_low"],
+        "ci_high": overall["ci_high"],
+        "successes": float(overall["successes"]),
+        "episodes": float(overall["episodes"]),
+        "quarantined": float(overall["quarantined"]),
+        "given_up": float(overall["given_up"]),
         "pass@k": overall["pass@k"],
         "turns": turns / len(scored) if scored else 0.0,
         "valid_action_rate": sum(r.get("valid_actions", r["turns"]) for r in scored.values()) / max(turns, 1),
@@ -60,23 +64,32 @@ def summary_metrics(summary: Mapping[str, Any], tasks: Sequence[str]) -> dict[st
     return result
 
 
-def success_gain(first: Mapping[str, Any], second: Mapping[str, Any], confidence: float,
-                 paired: bool) -> dict[str, float]:
+def success_gain(
+    first: Mapping[str, Any], second: Mapping[str, Any], confidence: float, paired: bool
+) -> dict[str, float]:
     """second's success rate minus first's, with Newcombe's interval for independent samples
     (`difference_interval`) and, when `paired` (one episode per held-out seed in both), the
     interval paired by seed (`paired_difference_interval`, on the episodes scored in both;
     "gained" / "lost" count the seeds that changed outcome)."""
-    difference, low, high = difference_interval(int(first["successes"]), int(first["episodes"]),
-                                                int(second["successes"]), int(second["episodes"]), confidence)
+    difference, low, high = difference_interval(
+        int(first["successes"]), int(first["episodes"]), int(second["successes"]), int(second["episodes"]), confidence
+    )
     gain = {"difference": difference, "ci_low": low, "ci_high": high, "confidence": confidence}
     if paired and "outcomes" in first and "outcomes" in second:
         common = sorted(set(first["outcomes"]) & set(second["outcomes"]))
         table = collections.Counter((first["outcomes"][k], second["outcomes"][k]) for k in common)
         counts = (table[1, 1], table[1, 0], table[0, 1], table[0, 0])
         value, paired_low, paired_high = paired_difference_interval(*counts, confidence)
-        gain.update({"paired_episodes": float(len(common)), "paired_difference": value,
-                     "paired_ci_low": paired_low, "paired_ci_high": paired_high,
-                     "lost": float(counts[1]), "gained": float(counts[2])})
+        gain.update(
+            {
+                "paired_episodes": float(len(common)),
+                "paired_difference": value,
+                "paired_ci_low": paired_low,
+                "paired_ci_high": paired_high,
+                "lost": float(counts[1]),
+                "gained": float(counts[2]),
+            }
+        )
     return gain
 
 
@@ -87,17 +100,22 @@ def task_result(result: Mapping[str, Any], task: str) -> dict[str, Any]:
     return {"successes": float(sum(outcomes.values())), "episodes": float(len(outcomes)), "outcomes": outcomes}
 
 
-def per_task_gains(first: Mapping[str, Any], second: Mapping[str, Any], tasks: Sequence[str], confidence: float,
-                   paired: bool) -> dict[str, dict[str, float]]:
+def per_task_gains(
+    first: Mapping[str, Any], second: Mapping[str, Any], tasks: Sequence[str], confidence: float, paired: bool
+) -> dict[str, dict[str, float]]:
     """`success_gain` of each task in `tasks` that both evaluations scored, with its successes
     and scored episodes in each ("successes_before", "episodes_before", ...)."""
     gains = {}
     for task in tasks:
         a, b = task_result(first, task), task_result(second, task)
         if a["episodes"] and b["episodes"]:
-            gains[task] = {"successes_before": a["successes"], "episodes_before": a["episodes"],
-                           "successes_after": b["successes"], "episodes_after": b["episodes"],
-                           **success_gain(a, b, confidence, paired)}
+            gains[task] = {
+                "successes_before": a["successes"],
+                "episodes_before": a["episodes"],
+                "successes_after": b["successes"],
+                "episodes_after": b["episodes"],
+                **success_gain(a, b, confidence, paired),
+            }
     return gains
 
 
@@ -105,8 +123,11 @@ COMPUTER_ACTIONS = typing.get_args(A.Action)
 TRACE_FORMAT = 2  # trace.json layout: per-turn tokens, logprobs, points; per-episode advantage, staleness
 
 # A DOM text line with geometry (cua_jax.envs.miniwob.dom_to_text): "[ref] ... @left,top wxh".
-_ELEMENT_BOX = re.compile(r"^\s*\[(?P<ref>-?\d+)\] .*? @(?P<left>-?[\d.]+),(?P<top>-?[\d.]+) "
-                          r"(?P<width>[\d.]+)x(?P<height>[\d.]+)(?: click=\[\d+, \d+\])?$", re.MULTILINE)
+_ELEMENT_BOX = re.compile(
+    r"^\s*\[(?P<ref>-?\d+)\] .*? @(?P<left>-?[\d.]+),(?P<top>-?[\d.]+) "
+    r"(?P<width>[\d.]+)x(?P<height>[\d.]+)(?: click=\[\d+, \d+\])?$",
+    re.MULTILINE,
+)
 
 
 def action_points(action: Any, width: int, height: int) -> list[list[int]]:
@@ -141,8 +162,9 @@ def _floats(values: Any) -> list[float | None]:
     return [float(v) if np.isfinite(v) else None for v in np.asarray(values, np.float64).reshape(-1)]
 
 
-def turn_logprobs_from_items(episode: Episode, items: Sequence[TrainingItem],
-                             item_logprobs: Sequence[np.ndarray]) -> list[np.ndarray]:
+def turn_logprobs_from_items(
+    episode: Episode, items: Sequence[TrainingItem], item_logprobs: Sequence[np.ndarray]
+) -> list[np.ndarray]:
     """Per turn of `episode`, the learner's logprob of each response token, read off the
     items that train it: an item's loss-masked positions hold the responses of its
     step_indices, in order. Raises ValueError when the items do not cover the responses."""
@@ -152,72 +174,108 @@ def turn_logprobs_from_items(episode: Episode, items: Sequence[TrainingItem],
             continue
         row = np.asarray(logprobs, np.float32).reshape(-1)
         if len(row) < len(item):
-            raise ValueError(f"{episode.episode_id}: item of turns {item.step_indices} has {len(item)} tokens, "
-                             f"its logprobs {len(row)}")
+            raise ValueError(
+                f"{episode.episode_id}: item of turns {item.step_indices} has {len(item)} tokens, "
+                f"its logprobs {len(row)}"
+            )
         masked = row[: len(item)][np.asarray(item.loss_mask) > 0]  # rows may be padded past the item
         lengths = [len(episode.turns[t].response_ids) for t in item.step_indices]
         if sum(lengths) != len(masked):
-            raise ValueError(f"{episode.episode_id}: item of turns {item.step_indices} trains {len(masked)} tokens, "
-                             f"its turns' responses hold {sum(lengths)}")
+            raise ValueError(
+                f"{episode.episode_id}: item of turns {item.step_indices} trains {len(masked)} tokens, "
+                f"its turns' responses hold {sum(lengths)}"
+            )
         for t, part in zip(item.step_indices, np.split(masked, np.cumsum(lengths)[:-1])):
             per_turn[t] = part
-    return [per_turn.get(t, np.full(len(turn.response_ids), np.nan, np.float32)) for t, turn in enumerate(episode.turns)]
+    return [
+        per_turn.get(t, np.full(len(turn.response_ids), np.nan, np.float32)) for t, turn in enumerate(episode.turns)
+    ]
 
 
-def trace_record(episode: Episode, tokenizer: Any = None, learner_logprobs: Sequence[np.ndarray] | None = None,
-                 advantage: float | None = None, turn_advantages: Mapping[int, float] | None = None,
-                 version: int | None = None) -> dict[str, Any]:
+def trace_record(
+    episode: Episode,
+    tokenizer: Any = None,
+    learner_logprobs: Sequence[np.ndarray] | None = None,
+    advantage: float | None = None,
+    turn_advantages: Mapping[int, float] | None = None,
+    version: int | None = None,
+) -> dict[str, Any]:
     """The trace.json record of an episode (without its screenshot names): see `save_traces`."""
     if learner_logprobs is not None and len(learner_logprobs) != len(episode.turns):
-        raise ValueError(f"{episode.episode_id}: learner logprobs for {len(learner_logprobs)} turns, "
-                         f"the episode has {len(episode.turns)}")
+        raise ValueError(
+            f"{episode.episode_id}: learner logprobs for {len(learner_logprobs)} turns, "
+            f"the episode has {len(episode.turns)}"
+        )
     turns = []
     for t, turn in enumerate(episode.turns):
         ids = np.asarray(turn.response_ids).reshape(-1)
-        height, width = (np.asarray(turn.images[0]).shape[:2] if turn.images else (None, None))
+        height, width = np.asarray(turn.images[0]).shape[:2] if turn.images else (None, None)
         element = getattr(turn.action, "element", None)
         turn_version = None if turn.info.get("policy_version") is None else int(turn.info["policy_version"])
         learner = None if learner_logprobs is None else _floats(learner_logprobs[t])
         if learner is not None and len(learner) != len(ids):
-            raise ValueError(f"{episode.episode_id}: turn {t} has {len(ids)} response tokens, "
-                             f"its learner logprobs {len(learner)}")
-        turns.append({
-            "screenshots": [], "screen_size": None if width is None else [int(width), int(height)],
-            "observation_text": turn.observation_text, "response": turn.response_text,
-            "action": repr(turn.action),
-            # Computer-use actions' tool-call arguments (a code tool call's repr says it all).
-            "action_arguments": A.action_arguments(turn.action) if isinstance(turn.action, COMPUTER_ACTIONS) else None,
-            "invalid_action": turn.info.get("invalid_action"), "reward": turn.reward,
-            "points": [] if width is None or turn.action is None else action_points(turn.action, width, height),
-            "element": element,
-            "element_box": None if element is None else element_box(turn.observation_text, element),
-            "policy_version": turn_version,
-            "staleness": None if version is None or turn_version is None else int(version) - turn_version,
-            "advantage": None if turn_advantages is None else turn_advantages.get(t),
-            "token_ids": [int(i) for i in ids],
-            "tokens": None if tokenizer is None else decode_tokens(tokenizer, ids),
-            "rollout_logprobs": _floats(turn.response_logprobs),
-            "learner_logprobs": learner,
-        })
-    return {"format": TRACE_FORMAT, "episode_id": episode.episode_id, "task_id": episode.task_id,
-            "group_id": episode.group_id, "seed": None if episode.info.get("seed") is None else int(episode.info["seed"]), "instruction": episode.instruction,
-            "status": episode.status.value, "reward": episode.reward, "quarantine_reason": episode.quarantine_reason,
-            # How a scored episode ended (e.g. a fault its agent owns), and (code) what it changed
-            # outside the files the judge takes.
-            "end_reason": episode.info.get("end_reason"),
-            "changes_outside_sources": episode.info.get("changes_outside_sources_count"),
-            # A DTAC replay: the episode whose cached success this is (its policy_version is the
-            # version that sampled it, so its staleness is its true age).
-            "replay_of": episode.info.get("replay_of"),
-            "policy_version": episode.policy_version, "saved_at_version": version,
-            "staleness": None if version is None else int(version) - int(episode.policy_version),
-            "advantage": advantage, "turns": turns}
+            raise ValueError(
+                f"{episode.episode_id}: turn {t} has {len(ids)} response tokens, its learner logprobs {len(learner)}"
+            )
+        turns.append(
+            {
+                "screenshots": [],
+                "screen_size": None if width is None else [int(width), int(height)],
+                "observation_text": turn.observation_text,
+                "response": turn.response_text,
+                "action": repr(turn.action),
+                # Computer-use actions' tool-call arguments (a code tool call's repr says it all).
+                "action_arguments": A.action_arguments(turn.action)
+                if isinstance(turn.action, COMPUTER_ACTIONS)
+                else None,
+                "invalid_action": turn.info.get("invalid_action"),
+                "reward": turn.reward,
+                "points": [] if width is None or turn.action is None else action_points(turn.action, width, height),
+                "element": element,
+                "element_box": None if element is None else element_box(turn.observation_text, element),
+                "policy_version": turn_version,
+                "staleness": None if version is None or turn_version is None else int(version) - turn_version,
+                "advantage": None if turn_advantages is None else turn_advantages.get(t),
+                "token_ids": [int(i) for i in ids],
+                "tokens": None if tokenizer is None else decode_tokens(tokenizer, ids),
+                "rollout_logprobs": _floats(turn.response_logprobs),
+                "learner_logprobs": learner,
+            }
+        )
+    return {
+        "format": TRACE_FORMAT,
+        "episode_id": episode.episode_id,
+        "task_id": episode.task_id,
+        "group_id": episode.group_id,
+        "seed": None if episode.info.get("seed") is None else int(episode.info["seed"]),
+        "instruction": episode.instruction,
+        "status": episode.status.value,
+        "reward": episode.reward,
+        "quarantine_reason": episode.quarantine_reason,
+        # How a scored episode ended (e.g. a fault its agent owns), and (code) what it changed
+        # outside the files the judge takes.
+        "end_reason": episode.info.get("end_reason"),
+        "changes_outside_sources": episode.info.get("changes_outside_sources_count"),
+        # A DTAC replay: the episode whose cached success this is (its policy_version is the
+        # version that sampled it, so its staleness is its true age).
+        "replay_of": episode.info.get("replay_of"),
+        "policy_version": episode.policy_version,
+        "saved_at_version": version,
+        "staleness": None if version is None else int(version) - int(episode.policy_version),
+        "advantage": advantage,
+        "turns": turns,
+    }
 
 
-def save_traces(directory: str, episodes: Sequence[Episode], tokenizer: Any = None,
-                learner_logprobs: Mapping[str, Sequence[np.ndarray]] | None = None,
-                advantages: Mapping[str, float] | None = None, version: int | None = None,
-                turn_advantages: Mapping[str, Mapping[int, float]] | None = None) -> None:
+def save_traces(
+    directory: str,
+    episodes: Sequence[Episode],
+    tokenizer: Any = None,
+    learner_logprobs: Mapping[str, Sequence[np.ndarray]] | None = None,
+    advantages: Mapping[str, float] | None = None,
+    version: int | None = None,
+    turn_advantages: Mapping[str, Mapping[int, float]] | None = None,
+) -> None:
     """Each episode as <directory>/<k>/turn_<t>_<i>.png screenshots plus trace.json, what the
     trajectory viewer (`cua_jax.observe.viewer`) shows.
 
@@ -236,9 +294,13 @@ def save_traces(directory: str, episodes: Sequence[Episode], tokenizer: Any = No
         folder = os.path.join(directory, f"{k:02d}")
         os.makedirs(folder, exist_ok=True)
         record = trace_record(
-            episode, tokenizer, None if learner_logprobs is None else learner_logprobs.get(episode.episode_id),
+            episode,
+            tokenizer,
+            None if learner_logprobs is None else learner_logprobs.get(episode.episode_id),
             None if advantages is None else advantages.get(episode.episode_id),
-            None if turn_advantages is None else turn_advantages.get(episode.episode_id), version)
+            None if turn_advantages is None else turn_advantages.get(episode.episode_id),
+            version,
+        )
         for t, turn in enumerate(episode.turns):
             for i, image in enumerate(turn.images):
                 name = f"turn_{t:02d}_{i}.png"
@@ -248,8 +310,14 @@ def save_traces(directory: str, episodes: Sequence[Episode], tokenizer: Any = No
             json.dump(record, f, indent=2, ensure_ascii=False)
 
 
-def save_training_traces(directory: str, batch: Any, score_items: Callable[[Sequence[int]], Sequence[np.ndarray]],
-                         version: int, num_episodes: int = 3, tokenizer: Any = None) -> list[str]:
+def save_training_traces(
+    directory: str,
+    batch: Any,
+    score_items: Callable[[Sequence[int]], Sequence[np.ndarray]],
+    version: int,
+    num_episodes: int = 3,
+    tokenizer: Any = None,
+) -> list[str]:
     """Saves `num_episodes` episodes of a learner step's batch (a `PreparedBatch`) as traces
     (`save_traces`) with the learner's logprobs and the advantages; returns their episode ids.
 
@@ -271,17 +339,31 @@ def save_training_traces(directory: str, batch: Any, score_items: Callable[[Sequ
         raise ValueError(f"score_items returned {len(rows)} rows for {len(indices)} items")
     scored = dict(zip(indices, rows))
     episodes = [batch.episodes[e] for e in chosen]
-    logprobs = {e: turn_logprobs_from_items(batch.episodes[e], [batch.items[i] for i in by_episode[e]],
-                                            [scored[i] for i in by_episode[e]]) for e in chosen}
-    turn_advantages = {e: {t: float(batch.item_advantages[i]) for i in by_episode[e] for t in batch.items[i].step_indices}
-                       for e in chosen}
+    logprobs = {
+        e: turn_logprobs_from_items(
+            batch.episodes[e], [batch.items[i] for i in by_episode[e]], [scored[i] for i in by_episode[e]]
+        )
+        for e in chosen
+    }
+    turn_advantages = {
+        e: {t: float(batch.item_advantages[i]) for i in by_episode[e] for t in batch.items[i].step_indices}
+        for e in chosen
+    }
     save_traces(directory, episodes, tokenizer, logprobs, advantages, version, turn_advantages)
     return chosen
 
 
-def evaluate_held_out(workers: Sequence[Any], tasks: Sequence[str], config: Any, catalog: Any, out: str,
-                      traces: str, tokenizer: Any = None, version: int | None = None,
-                      temperature: float | None = None) -> dict[str, Any]:
+def evaluate_held_out(
+    workers: Sequence[Any],
+    tasks: Sequence[str],
+    config: Any,
+    catalog: Any,
+    out: str,
+    traces: str,
+    tokenizer: Any = None,
+    version: int | None = None,
+    temperature: float | None = None,
+) -> dict[str, Any]:
     """One held-out evaluation of a run through the evaluation harness: config.eval.num_seeds
     seeds from config.env.eval_seed_start of each task in `tasks` (SourceTasks of `catalog`),
     config.eval.group_size samples each, config.eval.concurrent_groups groups per worker call
@@ -302,10 +384,21 @@ def evaluate_held_out(workers: Sequence[Any], tasks: Sequence[str], config: Any,
         for rollout in rollouts:
             first_episode.setdefault(job.task, rollout.episode)
 
-    summary = evaluate(workers, RunPolicy(), suite, suite.seeds(e.num_seeds), e.group_size, out,
-                       max_reruns=e.max_reruns, confidence=e.confidence, progress=False,
-                       groups_per_call=e.concurrent_groups, on_group=keep, temperature=temperature,
-                       title="held-out evaluation" + ("" if temperature is None else f" at temperature {temperature:g}"))
+    summary = evaluate(
+        workers,
+        RunPolicy(),
+        suite,
+        suite.seeds(e.num_seeds),
+        e.group_size,
+        out,
+        max_reruns=e.max_reruns,
+        confidence=e.confidence,
+        progress=False,
+        groups_per_call=e.concurrent_groups,
+        on_group=keep,
+        temperature=temperature,
+        title="held-out evaluation" + ("" if temperature is None else f" at temperature {temperature:g}"),
+    )
     episodes = [first_episode[t] for t in tasks if t in first_episode]
     stride = max(1, len(episodes) // max(e.num_traces, 1))
     save_traces(traces, episodes[::stride][: e.num_traces], tokenizer, version=version)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+
 def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
     """The Wilson score interval of a binomial success rate.
 
@@ -28,8 +29,9 @@ def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tu
     return min(max(0.0, centre - half), p), max(min(1.0, centre + half), p)
 
 
-def difference_interval(successes_a: int, trials_a: int, successes_b: int, trials_b: int,
-                        confidence: float = 0.95) -> tuple[float, float, float]:
+def difference_interval(
+    successes_a: int, trials_a: int, successes_b: int, trials_b: int, confidence: float = 0.95
+) -> tuple[float, float, float]:
     """The difference of two independent binomial success rates, p_b - p_a, with Newcombe's
     hybrid score interval (Newcombe 1998, method 10: built from each rate's Wilson interval).
 
@@ -47,9 +49,9 @@ def difference_interval(successes_a: int, trials_a: int, successes_b: int, trial
     return difference, max(-1.0, low), min(1.0, high)
 
 
-
-def paired_difference_interval(both: int, first_only: int, second_only: int, neither: int,
-                               confidence: float = 0.95) -> tuple[float, float, float]:
+def paired_difference_interval(
+    both: int, first_only: int, second_only: int, neither: int, confidence: float = 0.95
+) -> tuple[float, float, float]:
     """The difference of two success rates measured on the same units (before / after on the
     same held-out seeds), p_second - p_first, with Newcombe's square-and-add interval for
     paired data (Newcombe 1998, "Improved confidence intervals for the difference between

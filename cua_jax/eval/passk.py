@@ -74,6 +74,4 @@ def problem_metrics(outcomes: Sequence[float], k: int) -> dict[str, float]:
     failure; an outcome above 0.5 counts as a success for pass@k)."""
     values = np.asarray(outcomes, np.float64)
     successes = int(np.sum(values > 0.5))
-    return {"mean@k": mean_at_k(values), "pass@k": pass_at_k(values.size, successes, k),
-            "best@k": best_at_k(values, k)}
-
+    return {"mean@k": mean_at_k(values), "pass@k": pass_at_k(values.size, successes, k), "best@k": best_at_k(values, k)}

@@ -29,8 +29,14 @@ PILOT_FILE = "pilot.json"
 PILOT_FORMAT = 1
 
 
-def pilot_report(records: Sequence[Mapping[str, Any]], task_tiers: Mapping[str, int], group_size: int,
-                 target: float, samples: int, policy: str = "policy") -> dict[str, Any]:
+def pilot_report(
+    records: Sequence[Mapping[str, Any]],
+    task_tiers: Mapping[str, int],
+    group_size: int,
+    target: float,
+    samples: int,
+    policy: str = "policy",
+) -> dict[str, Any]:
     """The pilot file's content from a harness results file's records (quarantined records are
     not scored). group_size: the configured n; target: the coverage tau the floor aims at;
     samples: the pilot's samples per (task, seed). Every task of `task_tiers` must have scored
@@ -66,32 +72,57 @@ def pilot_report(records: Sequence[Mapping[str, Any]], task_tiers: Mapping[str, 
     at_n = np.asarray(tier_signal_coverage(rates, tiers, num_tiers, group_size))
     at_floor = None if floor is None else np.asarray(tier_signal_coverage(rates, tiers, num_tiers, floor))
     return {
-        "format": PILOT_FORMAT, "policy": policy, "samples": int(samples), "target": float(target),
-        "configured_group_size": int(group_size), "group_size_floor": floor, "p_min": p_min,
-        "hardest_reached_tier": hardest, "unreached_tiers": sorted(set(tier_rate) - set(reached)),
-        "tasks": {t: {"tier": int(task_tiers[t]), "successes": successes[t], "attempts": attempts[t],
-                      "pass_rate": successes[t] / attempts[t]} for t in tasks},
-        "tiers": {str(tier): {"tasks": [t for t in tasks if task_tiers[t] == tier], "pass_rate": rate,
-                              "coverage_at_configured": float(at_n[tier]),
-                              "coverage_at_floor": None if at_floor is None else float(at_floor[tier])}
-                  for tier, rate in tier_rate.items()},
+        "format": PILOT_FORMAT,
+        "policy": policy,
+        "samples": int(samples),
+        "target": float(target),
+        "configured_group_size": int(group_size),
+        "group_size_floor": floor,
+        "p_min": p_min,
+        "hardest_reached_tier": hardest,
+        "unreached_tiers": sorted(set(tier_rate) - set(reached)),
+        "tasks": {
+            t: {
+                "tier": int(task_tiers[t]),
+                "successes": successes[t],
+                "attempts": attempts[t],
+                "pass_rate": successes[t] / attempts[t],
+            }
+            for t in tasks
+        },
+        "tiers": {
+            str(tier): {
+                "tasks": [t for t in tasks if task_tiers[t] == tier],
+                "pass_rate": rate,
+                "coverage_at_configured": float(at_n[tier]),
+                "coverage_at_floor": None if at_floor is None else float(at_floor[tier]),
+            }
+            for tier, rate in tier_rate.items()
+        },
     }
 
 
 def report_lines(report: Mapping[str, Any]) -> list[str]:
     """The report in a few lines for a terminal: one per tier, then the floor."""
     n = report["configured_group_size"]
-    lines = [f"tier {tier}: {len(row['tasks'])} tasks, pass rate {row['pass_rate']:.3f}, P_sig at n={n} "
-             f"{row['coverage_at_configured']:.3f}"
-             + ("" if row["coverage_at_floor"] is None else
-                f", at n={report['group_size_floor']} {row['coverage_at_floor']:.3f}")
-             for tier, row in report["tiers"].items()]
+    lines = [
+        f"tier {tier}: {len(row['tasks'])} tasks, pass rate {row['pass_rate']:.3f}, P_sig at n={n} "
+        f"{row['coverage_at_configured']:.3f}"
+        + (
+            ""
+            if row["coverage_at_floor"] is None
+            else f", at n={report['group_size_floor']} {row['coverage_at_floor']:.3f}"
+        )
+        for tier, row in report["tiers"].items()
+    ]
     if report["group_size_floor"] is None:
         lines.append("no tier succeeded in the pilot: no finite group size covers any of them")
     else:
-        lines.append(f"group-size floor for coverage {report['target']:g} of the hardest reached tier "
-                     f"({report['hardest_reached_tier']}, p_min {report['p_min']:.3f}): n >= {report['group_size_floor']}"
-                     f" (configured n = {n})")
+        lines.append(
+            f"group-size floor for coverage {report['target']:g} of the hardest reached tier "
+            f"({report['hardest_reached_tier']}, p_min {report['p_min']:.3f}): n >= {report['group_size_floor']}"
+            f" (configured n = {n})"
+        )
     for tier in report["unreached_tiers"]:
         lines.append(f"tier {tier}: no success in the pilot (unreached; no group size covers it)")
     return lines

@@ -43,8 +43,9 @@ def take_rows(cache, index: jax.Array, capacity: int | None = None):
         x = x[index]
         return jnp.pad(x, [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2)) if extra else x
 
-    fields = dict(keys=tuple(map(slots, cache.keys)), values=tuple(map(slots, cache.values)),
-                  segment_ids=slots(cache.segment_ids))
+    fields = dict(
+        keys=tuple(map(slots, cache.keys)), values=tuple(map(slots, cache.values)), segment_ids=slots(cache.segment_ids)
+    )
     conv, recurrent = _recurrent_fields(cache)
     if conv:
         fields.update(conv_states=tuple(x[index] for x in conv), recurrent_states=tuple(x[index] for x in recurrent))
@@ -77,9 +78,12 @@ def compact_rows(cache) -> CachedRows:
         pick = lambda x: jnp.take_along_axis(x, order[:, :, None, None], axis=1)
         kv = jnp.stack([jnp.stack([pick(k), pick(v)], axis=1) for k, v in zip(cache.keys, cache.values)], axis=1)
     conv, recurrent = _recurrent_fields(cache)
-    return CachedRows(kv, jnp.sum(occupied, axis=1).astype(jnp.int32),
-                      jnp.stack(conv, axis=1) if conv else None,
-                      jnp.stack(recurrent, axis=1) if recurrent else None)
+    return CachedRows(
+        kv,
+        jnp.sum(occupied, axis=1).astype(jnp.int32),
+        jnp.stack(conv, axis=1) if conv else None,
+        jnp.stack(recurrent, axis=1) if recurrent else None,
+    )
 
 
 def fill_rows(cache, rows: CachedRows):

@@ -109,7 +109,10 @@ def qwen3_key_rules(
     model (HF "model.language_model."); the LM head is added when embeddings are untied."""
     h, o = hf_prefix, our_prefix
     layer_h, layer_o = f"{h}layers.{{layer}}.", f"{o}layers.{{layer}}."
-    rules = [KeyRule(f"{h}embed_tokens.weight", f"{o}embed_tokens.embedding"), KeyRule(f"{h}norm.weight", f"{o}norm.weight")]
+    rules = [
+        KeyRule(f"{h}embed_tokens.weight", f"{o}embed_tokens.embedding"),
+        KeyRule(f"{h}norm.weight", f"{o}norm.weight"),
+    ]
     for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
         rules.append(KeyRule(f"{layer_h}self_attn.{proj}.weight", f"{layer_o}self_attn.{proj}.kernel", transpose=True))
         if attention_bias:
@@ -184,7 +187,9 @@ def open_checkpoint(directory: str | os.PathLike) -> dict[str, SafetensorsFile]:
     raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {directory}")
 
 
-def _write_safetensors(path: pathlib.Path, entries: list[tuple[str, tuple[int, ...], np.dtype, Callable[[], np.ndarray]]]) -> int:
+def _write_safetensors(
+    path: pathlib.Path, entries: list[tuple[str, tuple[int, ...], np.dtype, Callable[[], np.ndarray]]]
+) -> int:
     """Writes tensors produced one at a time by their callables; returns bytes of data."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
@@ -259,8 +264,10 @@ def load_hf_checkpoint(
         source = files[mapping.hf].array(mapping.hf)
         view = source.T if mapping.transpose else source
         if view.shape != tuple(var.shape):
-            raise ValueError(f"{mapping.hf}: checkpoint shape {source.shape} does not fit parameter "
-                             f"{'.'.join(map(str, path))} of shape {tuple(var.shape)} (transpose={mapping.transpose})")
+            raise ValueError(
+                f"{mapping.hf}: checkpoint shape {source.shape} does not fit parameter "
+                f"{'.'.join(map(str, path))} of shape {tuple(var.shape)} (transpose={mapping.transpose})"
+            )
         dtype = var.dtype
 
         def read(index, view=view, dtype=dtype):
@@ -324,7 +331,9 @@ def export_hf_checkpoint(
             raise KeyError(f"key table names parameter {'.'.join(map(str, mapping.path))}, absent from the model")
         var = variables[mapping.path]
         shape = tuple(var.shape[::-1]) if mapping.transpose else tuple(var.shape)
-        out_dtype = np.dtype(ml_dtypes.bfloat16 if dtype in ("bfloat16", "bf16") else dtype) if dtype else np.dtype(var.dtype)
+        out_dtype = (
+            np.dtype(ml_dtypes.bfloat16 if dtype in ("bfloat16", "bf16") else dtype) if dtype else np.dtype(var.dtype)
+        )
 
         def produce(var=var, transpose=mapping.transpose):
             host = _to_host(var[...])
@@ -352,9 +361,11 @@ def export_hf_checkpoint(
         if dtype:
             config["dtype"] = "bfloat16" if dtype in ("bfloat16", "bf16") else str(np.dtype(dtype))
         (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    names = [SINGLE_FILE] if len(shards) == 1 else [
-        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
-    ]
+    names = (
+        [SINGLE_FILE]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
     total = 0
     weight_map = {}
     for name, shard in zip(names, shards):
@@ -370,8 +381,9 @@ def export_hf_checkpoint(
     if writer and tokenizer_files:
         from cua_jax.context.tokenizer import save_tokenizer_and_processor
 
-        save_tokenizer_and_processor(directory, tokenizer=tokenizer, image_processor=image_processor,
-                                     chat_template=chat_template)
+        save_tokenizer_and_processor(
+            directory, tokenizer=tokenizer, image_processor=image_processor, chat_template=chat_template
+        )
     return directory
 
 
@@ -380,7 +392,11 @@ def export_hf_checkpoint(
 
 
 def load_qwen3(
-    directory: str | os.PathLike, *, mesh: Mesh | None = None, rules: Mapping[str, Any] = DEFAULT_RULES, **config_overrides
+    directory: str | os.PathLike,
+    *,
+    mesh: Mesh | None = None,
+    rules: Mapping[str, Any] = DEFAULT_RULES,
+    **config_overrides,
 ):
     """(model, config) for the Qwen3ForCausalLM checkpoint in `directory`.
     config_overrides set non-HF fields such as dtype / param_dtype."""
@@ -394,7 +410,9 @@ def load_qwen3(
         qwen3_key_table(config),
         mesh=mesh,
         rules=rules,
-        ignore_hf_keys=lambda k: k.endswith("rotary_emb.inv_freq") or (config.tie_word_embeddings and k == "lm_head.weight"),
+        ignore_hf_keys=lambda k: (
+            k.endswith("rotary_emb.inv_freq") or (config.tie_word_embeddings and k == "lm_head.weight")
+        ),
     )
     return model, config
 

@@ -214,15 +214,21 @@ def rope_scaled(config: Any, factor: float) -> Any:
     if hasattr(config, "text"):
         return dataclasses.replace(config, text=rope_scaled(config.text, factor))
     if not isinstance(config, Qwen3Config):
-        raise ValueError(f"{type(config).__name__} supports only its default rope; YaRN scaling needs a Qwen3 "
-                         "or Qwen3-VL text decoder")
+        raise ValueError(
+            f"{type(config).__name__} supports only its default rope; YaRN scaling needs a Qwen3 "
+            "or Qwen3-VL text decoder"
+        )
     if not factor > 1:
         raise ValueError(f"a YaRN factor must exceed 1, got {factor}")
     if config.rope.rope_type != "default":
         raise ValueError(f"YaRN scaling extends a model's default rope; this one is already {config.rope.rope_type!r}")
     original = config.max_position_embeddings
-    rope = RopeConfig(rope_theta=config.rope.rope_theta, rope_type="yarn", factor=float(factor),
-                      original_max_position_embeddings=original)
+    rope = RopeConfig(
+        rope_theta=config.rope.rope_theta,
+        rope_type="yarn",
+        factor=float(factor),
+        original_max_position_embeddings=original,
+    )
     return dataclasses.replace(config, rope=rope, max_position_embeddings=int(original * factor))
 
 

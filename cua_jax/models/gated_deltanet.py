@@ -154,8 +154,9 @@ def gated_delta_rule_chunked(
     return jnp.moveaxis(out, 1, 2), state
 
 
-def causal_conv1d(x: jax.Array, weight: jax.Array, state: jax.Array | None = None,
-                  leading_padding: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def causal_conv1d(
+    x: jax.Array, weight: jax.Array, state: jax.Array | None = None, leading_padding: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
     """Depthwise causal convolution followed by SiLU, with a carried input window.
 
     x [B, T, C]; weight [C, K] (torch's Conv1d weight [C, 1, K] squeezed); state [B, K - 1, C]:

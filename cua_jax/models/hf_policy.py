@@ -82,20 +82,26 @@ def _policy_kind(config: dict[str, Any], config_file: pathlib.Path) -> tuple[str
     model_type = config.get("model_type")
     if architectures:
         if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
-            raise ValueError(f"{config_file}: field `architectures` must be a list of class names, got {architectures!r}")
+            raise ValueError(
+                f"{config_file}: field `architectures` must be a list of class names, got {architectures!r}"
+            )
         known = [name for name in architectures if name in SUPPORTED_ARCHITECTURES]
         if len(known) != 1:
             raise ValueError(f"{config_file}: field `architectures` is {architectures!r}; supported: {supported}")
         architecture = known[0]
         kind = SUPPORTED_ARCHITECTURES[architecture]
         if model_type is not None and model_type != kind:
-            raise ValueError(f"{config_file}: field `model_type` is {model_type!r}, but field `architectures` "
-                             f"names {architecture}, whose model_type is {kind!r}")
+            raise ValueError(
+                f"{config_file}: field `model_type` is {model_type!r}, but field `architectures` "
+                f"names {architecture}, whose model_type is {kind!r}"
+            )
         return kind, architecture
     if model_type in MODEL_KINDS:
         return model_type, MODEL_KINDS[model_type].architecture
-    raise ValueError(f"{config_file}: no field `architectures`, and field `model_type` ({model_type!r}) names no "
-                     f"supported model; supported architectures: {supported}")
+    raise ValueError(
+        f"{config_file}: no field `architectures`, and field `model_type` ({model_type!r}) names no "
+        f"supported model; supported architectures: {supported}"
+    )
 
 
 def _vocab_size(config: dict[str, Any], kind: str, config_file: pathlib.Path) -> tuple[str, int]:
@@ -117,8 +123,14 @@ def _safetensors_files(directory: pathlib.Path) -> tuple[str, ...]:
             weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as error:
             raise ValueError(f"{index} is unreadable: {error}") from None
-        if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(f, str) for f in weight_map.values()):
-            raise ValueError(f"{index}: field `weight_map` must map tensor names to shard file names, got {weight_map!r:.200}")
+        if (
+            not isinstance(weight_map, dict)
+            or not weight_map
+            or not all(isinstance(f, str) for f in weight_map.values())
+        ):
+            raise ValueError(
+                f"{index}: field `weight_map` must map tensor names to shard file names, got {weight_map!r:.200}"
+            )
         shards = tuple(sorted(set(weight_map.values())))
         missing = [name for name in shards if not (directory / name).is_file()]
         if missing:
@@ -159,10 +171,13 @@ def check_policy_directory(directory: str | os.PathLike) -> PolicyDirectory:
     tokenizer_size = _tokenizer_size(path)
     if tokenizer_size is not None and tokenizer_size > vocab_size:
         tokenizer_file = next(path / name for name in _TOKENIZER_MARKERS if (path / name).is_file())
-        raise ValueError(f"{tokenizer_file}: the tokenizer produces ids up to {tokenizer_size - 1}, past the model's "
-                         f"vocabulary: field `{vocab_field}` of {config_file} is {vocab_size}")
-    return PolicyDirectory(path, kind, architecture, vocab_size, safetensors, tokenizer_size,
-                           (path / "preprocessor_config.json").is_file())
+        raise ValueError(
+            f"{tokenizer_file}: the tokenizer produces ids up to {tokenizer_size - 1}, past the model's "
+            f"vocabulary: field `{vocab_field}` of {config_file} is {vocab_size}"
+        )
+    return PolicyDirectory(
+        path, kind, architecture, vocab_size, safetensors, tokenizer_size, (path / "preprocessor_config.json").is_file()
+    )
 
 
 def load_policy(directory: str | os.PathLike, **overrides):
@@ -185,8 +200,15 @@ def policy_kind(model) -> str:
         raise TypeError(f"cannot export a {type(model).__name__}: {error}") from None
 
 
-def export_policy(model, directory: str | os.PathLike, *, tokenizer, image_processor=None,
-                  chat_template: str | None = None, dtype: str | None = None) -> PolicyDirectory | None:
+def export_policy(
+    model,
+    directory: str | os.PathLike,
+    *,
+    tokenizer,
+    image_processor=None,
+    chat_template: str | None = None,
+    dtype: str | None = None,
+) -> PolicyDirectory | None:
     """Writes `model` (our Qwen3ForCausalLM or Qwen3VLForConditionalGeneration) as a policy
     directory with the policy's own tokenizer files, chat template and image processor.
 
@@ -204,8 +226,9 @@ def export_policy(model, directory: str | os.PathLike, *, tokenizer, image_proce
     """
     kind = policy_kind(model)
     if tokenizer is None:
-        raise ValueError("export_policy needs the policy's tokenizer: a transformers tokenizer or a directory holding "
-                         "its files")
+        raise ValueError(
+            "export_policy needs the policy's tokenizer: a transformers tokenizer or a directory holding its files"
+        )
     if isinstance(tokenizer, (str, os.PathLike)):
         source = pathlib.Path(tokenizer)
         if not any((source / name).is_file() for name in _TOKENIZER_MARKERS):
@@ -219,8 +242,10 @@ def export_policy(model, directory: str | os.PathLike, *, tokenizer, image_proce
     vocab_size = model.config.vocab_size if text_only else model.config.text.vocab_size
     if size > vocab_size:
         field = "vocab_size" if text_only else "text.vocab_size"
-        raise ValueError(f"{where} produces ids up to {size - 1}, past the model's vocabulary "
-                         f"(its config's {field} is {vocab_size})")
-    MODEL_KINDS[kind].export(model, directory, dtype=dtype, tokenizer=tokenizer, image_processor=image_processor,
-           chat_template=chat_template)
+        raise ValueError(
+            f"{where} produces ids up to {size - 1}, past the model's vocabulary (its config's {field} is {vocab_size})"
+        )
+    MODEL_KINDS[kind].export(
+        model, directory, dtype=dtype, tokenizer=tokenizer, image_processor=image_processor, chat_template=chat_template
+    )
     return check_policy_directory(directory) if jax.process_index() == 0 else None

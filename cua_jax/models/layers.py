@@ -45,7 +45,9 @@ def linear(cfg: Qwen3Config, n_in: int, n_out: int, names: tuple[str, str], bias
     )
 
 
-def attention_mask(q_segment_ids: jax.Array, q_slots: jax.Array, kv_segment_ids: jax.Array, kv_slots: jax.Array) -> jax.Array:
+def attention_mask(
+    q_segment_ids: jax.Array, q_slots: jax.Array, kv_segment_ids: jax.Array, kv_slots: jax.Array
+) -> jax.Array:
     """bool [B, T, S]: query t sees slot s iff s is not after t, both are in the same
     segment, and s is not padding. q_slots int [T], kv_slots int [S]."""
     causal = kv_slots[None, None, :] <= q_slots[None, :, None]
@@ -176,4 +178,3 @@ def scatter_rows(mask: jax.Array, rows: jax.Array) -> tuple[jax.Array, jax.Array
     index = jnp.cumsum(mask.reshape(-1)) - 1
     index = jnp.clip(index, 0, rows.shape[0] - 1).reshape(mask.shape)
     return rows[index], mask[..., None]
-

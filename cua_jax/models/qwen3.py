@@ -206,7 +206,9 @@ class Qwen3Model(nnx.Module):
         if kv_cache is None:
             mask = attention_mask(segment_ids, q_slots, segment_ids, q_slots)
         else:
-            cache_segments = jax.lax.dynamic_update_slice(kv_cache.segment_ids, segment_ids.astype(jnp.int32), (0, start))
+            cache_segments = jax.lax.dynamic_update_slice(
+                kv_cache.segment_ids, segment_ids.astype(jnp.int32), (0, start)
+            )
             mask = attention_mask(segment_ids, q_slots, cache_segments, jnp.arange(kv_cache.capacity, dtype=jnp.int32))
         new_keys, new_values = [], []
         for i, layer in enumerate(self.layers):
@@ -235,7 +237,6 @@ class Qwen3ForCausalLM(OutputHead, nnx.Module):
         self.model = Qwen3Model(cfg, rngs=rngs)
         if not cfg.tie_word_embeddings:
             self.lm_head = linear(cfg, cfg.hidden_size, cfg.vocab_size, ("embed", "vocab"), False, rngs)
-
 
     def hidden_states(self, input_ids=None, **kwargs) -> tuple[jax.Array, KVCache | None]:
         """Final-normed hidden states; arguments as `Qwen3Model.__call__`."""

@@ -75,14 +75,42 @@ def _load_qwen3_5_text(directory, *, freeze_vision: bool = False, **overrides):
     return load_qwen3_5(directory, **overrides)
 
 
-_register(ModelKind("qwen3", "Qwen3ForCausalLM", Qwen3Config, Qwen3ForCausalLM, ("vocab_size",), load_qwen3,
-                    export_qwen3))
-_register(ModelKind("qwen3_vl", "Qwen3VLForConditionalGeneration", Qwen3VLConfig, Qwen3VLForConditionalGeneration,
-                    ("text_config", "vocab_size"), load_qwen3_vl, export_qwen3_vl))
-_register(ModelKind("qwen3_5", "Qwen3_5ForConditionalGeneration", Qwen3_5Config, Qwen3_5ForConditionalGeneration,
-                    ("text_config", "vocab_size"), load_qwen3_5, export_qwen3_5))
-_register(ModelKind("qwen3_5_text", "Qwen3_5ForCausalLM", Qwen3_5TextConfig, Qwen3_5ForCausalLM, ("vocab_size",),
-                    _load_qwen3_5_text, export_qwen3_5))
+_register(
+    ModelKind("qwen3", "Qwen3ForCausalLM", Qwen3Config, Qwen3ForCausalLM, ("vocab_size",), load_qwen3, export_qwen3)
+)
+_register(
+    ModelKind(
+        "qwen3_vl",
+        "Qwen3VLForConditionalGeneration",
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
+        ("text_config", "vocab_size"),
+        load_qwen3_vl,
+        export_qwen3_vl,
+    )
+)
+_register(
+    ModelKind(
+        "qwen3_5",
+        "Qwen3_5ForConditionalGeneration",
+        Qwen3_5Config,
+        Qwen3_5ForConditionalGeneration,
+        ("text_config", "vocab_size"),
+        load_qwen3_5,
+        export_qwen3_5,
+    )
+)
+_register(
+    ModelKind(
+        "qwen3_5_text",
+        "Qwen3_5ForCausalLM",
+        Qwen3_5TextConfig,
+        Qwen3_5ForCausalLM,
+        ("vocab_size",),
+        _load_qwen3_5_text,
+        export_qwen3_5,
+    )
+)
 
 
 def model_kind_of(model) -> ModelKind:

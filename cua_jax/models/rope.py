@@ -39,14 +39,16 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int, max_position_embeddings: int)
     raise ValueError(f"unsupported rope_type {rope.rope_type!r}")
 
 
-def dynamic_ntk_inv_freq(rope: RopeConfig, head_dim: int, max_position_embeddings: int, seq_len: jax.Array) -> jax.Array:
+def dynamic_ntk_inv_freq(
+    rope: RopeConfig, head_dim: int, max_position_embeddings: int, seq_len: jax.Array
+) -> jax.Array:
     """Dynamic-NTK frequencies for a (traced) sequence length: the base grows once
     seq_len exceeds max_position_embeddings (transformers' `_compute_dynamic_ntk_parameters`)."""
     dim = head_dim
     seq_len = jnp.maximum(seq_len.astype(jnp.float32), float(max_position_embeddings))
-    base = rope.rope_theta * (
-        (rope.factor * seq_len / max_position_embeddings) - (rope.factor - 1)
-    ) ** (dim / (dim - 2))
+    base = rope.rope_theta * ((rope.factor * seq_len / max_position_embeddings) - (rope.factor - 1)) ** (
+        dim / (dim - 2)
+    )
     return 1.0 / (base ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
 
 
@@ -117,8 +119,9 @@ def mrope_axis_of_frequency(mrope_section: Sequence[int]) -> np.ndarray:
     return axis
 
 
-def mrope_cos_sin(positions: jax.Array, inv_freq: jax.Array, mrope_section: Sequence[int],
-                  scaling: float = 1.0) -> tuple[jax.Array, jax.Array]:
+def mrope_cos_sin(
+    positions: jax.Array, inv_freq: jax.Array, mrope_section: Sequence[int], scaling: float = 1.0
+) -> tuple[jax.Array, jax.Array]:
     """cos, sin float32 [B, L, 2 * F] for 3-axis positions int [3, B, L] and inv_freq [F].
 
     Each frequency takes its angle from the axis `mrope_axis_of_frequency` assigns it; the
@@ -130,4 +133,3 @@ def mrope_cos_sin(positions: jax.Array, inv_freq: jax.Array, mrope_section: Sequ
     freqs = jnp.moveaxis(picked, 0, -1) * jnp.asarray(inv_freq, jnp.float32)
     emb = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(emb) * scaling, jnp.sin(emb) * scaling
-

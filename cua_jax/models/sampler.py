@@ -62,8 +62,29 @@ from cua_jax.observe import timeline
 # Prompt lengths pad up to the next bucket: steps of 1.5x and 2x alternate above 256, so a
 # prompt pays at most ~1.5x its length (each bucket is one compiled program per batch bucket).
 # The longest reach a 61k context (evaluation with YaRN, config.eval.rope_scaling).
-DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288,
-                          16384, 24576, 32768, 49152, 65536)
+DEFAULT_PROMPT_BUCKETS = (
+    16,
+    32,
+    64,
+    128,
+    256,
+    384,
+    512,
+    768,
+    1024,
+    1536,
+    2048,
+    3072,
+    4096,
+    6144,
+    8192,
+    12288,
+    16384,
+    24576,
+    32768,
+    49152,
+    65536,
+)
 # Batch sizes pad to powers of two and three times powers of two (a batch pays at most 1.33x its rows).
 DEFAULT_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 DEFAULT_NEW_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -139,7 +160,9 @@ def ban_tokens(logits: jax.Array, banned_token_ids: tuple[int, ...] | jax.Array)
     return logits.at[..., ids].set(-jnp.inf, mode="drop")
 
 
-def sampling_log_probs(logits: jax.Array, temperature, top_p=1.0, *, top_k: int = 0, apply_top_p: bool = True) -> jax.Array:
+def sampling_log_probs(
+    logits: jax.Array, temperature, top_p=1.0, *, top_k: int = 0, apply_top_p: bool = True
+) -> jax.Array:
     """Log-probabilities [B, V] of the distribution sampled from: softmax(logits / T)
     over the top_k largest logits (ties at the k-th kept), then over the smallest set of
     most probable tokens whose mass reaches top_p; -inf elsewhere.
@@ -174,7 +197,14 @@ class _StaticSampling:
 
 
 def sample_tokens(
-    key: jax.Array, logits: jax.Array, temperature, top_p, *, greedy: bool, top_k: int, apply_top_p: bool,
+    key: jax.Array,
+    logits: jax.Array,
+    temperature,
+    top_p,
+    *,
+    greedy: bool,
+    top_k: int,
+    apply_top_p: bool,
     banned_token_ids: tuple[int, ...] | jax.Array = (),
 ) -> tuple[jax.Array, jax.Array]:
     """(token int32 [B], its logprob float32 [B]) for logits [B, V] (see module doc);
@@ -231,8 +261,9 @@ def _prefill(graphdef, state, ids, segment_ids, positions, model_inputs, cached,
     cache = model.init_cache(batch, capacity, cache_dtype)
     if cached is not None:
         cache = fill_rows(cache, cached)
-    hidden, cache = model.hidden_states(ids, positions=positions, segment_ids=segment_ids, kv_cache=cache,
-                                        **model_inputs)
+    hidden, cache = model.hidden_states(
+        ids, positions=positions, segment_ids=segment_ids, kv_cache=cache, **model_inputs
+    )
     # The next text position continues after the largest prompt position (for multimodal
     # positions too, where image tokens advance positions by less than one per token; the
     # prompt's last token, never an image's, holds it).
@@ -245,11 +276,24 @@ def _rows_where(rows: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.where(rows.reshape(rows.shape + (1,) * (a.ndim - 1)), a, b)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "static", "new_token_bucket", "keep_final_state"),
-                   donate_argnames=("cache",))
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "static", "new_token_bucket", "keep_final_state"), donate_argnames=("cache",)
+)
 def _decode(
-    graphdef, state, cache, last_logits, next_pos, done, key, max_new_tokens, temperature, top_p,
-    *, static: "_StaticSampling", new_token_bucket: int, keep_final_state: bool,
+    graphdef,
+    state,
+    cache,
+    last_logits,
+    next_pos,
+    done,
+    key,
+    max_new_tokens,
+    temperature,
+    top_p,
+    *,
+    static: "_StaticSampling",
+    new_token_bucket: int,
+    keep_final_state: bool,
 ):
     """Samples up to max_new_tokens tokens per row from the prefilled `cache`. Returns (tokens
     [B, bucket], logprobs [B, bucket], steps, cache). keep_final_state: a recurrent state is
@@ -274,8 +318,13 @@ def _decode(
         else:
             key, sub = jax.random.split(key)
         token, logp = sample_tokens(
-            sub, last_logits, temperature, top_p,
-            greedy=static.greedy, top_k=static.top_k, apply_top_p=static.apply_top_p,
+            sub,
+            last_logits,
+            temperature,
+            top_p,
+            greedy=static.greedy,
+            top_k=static.top_k,
+            apply_top_p=static.apply_top_p,
             banned_token_ids=static.banned_token_ids,
         )
         finished = done  # rows that ended before this step: their token is padding
@@ -288,8 +337,9 @@ def _decode(
             token[:, None], positions=next_pos[:, None], segment_ids=jnp.ones((batch, 1), jnp.int32), kv_cache=cache
         )
         if saved:
-            saved = jax.tree.map(lambda old, new: _rows_where(finished, old, new), saved,
-                                 (cache.conv_states, cache.recurrent_states))
+            saved = jax.tree.map(
+                lambda old, new: _rows_where(finished, old, new), saved, (cache.conv_states, cache.recurrent_states)
+            )
         return step + 1, cache, model.logits(hidden[:, -1]), key, tokens, logprobs, done, next_pos + 1, saved
 
     carry = (jnp.zeros((), jnp.int32), cache, last_logits, key, tokens, logprobs, done, next_pos, saved)
@@ -490,8 +540,8 @@ class Sampler:
         ids = np.full((b, p), self.pad_id, np.int32)
         segments = np.zeros((b, p), np.int32)
         for row, prompt in enumerate(prompts):
-            ids[row, p - len(prompt):] = np.asarray(prompt, np.int32)
-            segments[row, p - len(prompt):] = 1
+            ids[row, p - len(prompt) :] = np.asarray(prompt, np.int32)
+            segments[row, p - len(prompt) :] = 1
         return ids, segments
 
     def generate(
@@ -521,13 +571,30 @@ class Sampler:
         graphdef, state = nnx.split(self.model)
         with timeline.span("prefill"):
             cache, last_logits, next_pos = _prefill(
-                graphdef, state, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(positions, jnp.int32), extras,
-                None, capacity=ids.shape[1] + n_bucket, cache_dtype=self.cache_dtype)
+                graphdef,
+                state,
+                jnp.asarray(ids),
+                jnp.asarray(segments),
+                jnp.asarray(positions, jnp.int32),
+                extras,
+                None,
+                capacity=ids.shape[1] + n_bucket,
+                cache_dtype=self.cache_dtype,
+            )
             timeline.settle(last_logits)
         self._count(prompt_tokens=int(segments.sum()), prefill_tokens=int(segments.sum()), prompts=len(prompts))
         done = jnp.asarray(segments.sum(axis=1) == 0)  # batch-padding rows are finished from the start
-        out, _, _ = self._decode(cache, last_logits, next_pos, done, len(prompts), params,
-                                 self._keys(key, row_seeds, len(prompts), ids.shape[0]), graphdef, state)
+        out, _, _ = self._decode(
+            cache,
+            last_logits,
+            next_pos,
+            done,
+            len(prompts),
+            params,
+            self._keys(key, row_seeds, len(prompts), ids.shape[0]),
+            graphdef,
+            state,
+        )
         return out
 
     # -- shared pieces -------------------------------------------------------------------------
@@ -544,11 +611,26 @@ class Sampler:
         if len(row_seeds) != n:
             raise ValueError(f"row_seeds has {len(row_seeds)} entries for {n} prompts")
         seeds = list(row_seeds) + [None] * (batch - n)
-        return jnp.stack([jax.random.fold_in(key, row) if seed is None else jax.random.key(int(seed))
-                          for row, seed in enumerate(seeds)])
+        return jnp.stack(
+            [
+                jax.random.fold_in(key, row) if seed is None else jax.random.key(int(seed))
+                for row, seed in enumerate(seeds)
+            ]
+        )
 
-    def _decode(self, cache, last_logits, next_pos, done, n: int, params: SamplingParams, key, graphdef, state,
-                keep_final_state: bool = False):
+    def _decode(
+        self,
+        cache,
+        last_logits,
+        next_pos,
+        done,
+        n: int,
+        params: SamplingParams,
+        key,
+        graphdef,
+        state,
+        keep_final_state: bool = False,
+    ):
         """Decodes from a prefilled cache; (SampleOutput of the first n rows, the cache, steps)."""
         n_bucket = _bucket(params.max_new_tokens, self.new_token_buckets, "max_new_tokens")
         stop_ids = tuple(int(t) for t in params.stop_token_ids)
@@ -559,11 +641,19 @@ class Sampler:
         )
         with timeline.span("decode"):
             tokens, logprobs, steps, cache = _decode(
-                graphdef, state, cache, last_logits, next_pos, done, key,
+                graphdef,
+                state,
+                cache,
+                last_logits,
+                next_pos,
+                done,
+                key,
                 jnp.asarray(params.max_new_tokens, jnp.int32),
                 jnp.asarray(max(params.temperature, 1e-6), jnp.float32),
                 jnp.asarray(params.top_p, jnp.float32),
-                static=static, new_token_bucket=n_bucket, keep_final_state=keep_final_state,
+                static=static,
+                new_token_bucket=n_bucket,
+                keep_final_state=keep_final_state,
             )
             tokens, logprobs, steps = np.asarray(tokens), np.asarray(logprobs), int(steps)
         stops = set(stop_ids)
@@ -608,18 +698,28 @@ class Sampler:
         graphdef, state = nnx.split(self.model)
         if share_prompts:
             self._prefill_shared(prompts, work, graphdef, state)
-        rows = [_Row(p, len(p.ids), *(work.match(p, len(p.ids) - 1) if work is not None else (None, 0)))
-                for p in prompts]
+        rows = [
+            _Row(p, len(p.ids), *(work.match(p, len(p.ids) - 1) if work is not None else (None, 0))) for p in prompts
+        ]
         for row in rows:
             if row.entry is not None:
                 row.entry.used = True
-        self._count(prompts=len(rows), prompt_tokens=sum(len(p.ids) for p in prompts),
-                    cached_tokens=sum(r.cached for r in rows))
-        batch, prefilled = self._prefill_rows(rows, graphdef, state, decode_tokens=params.max_new_tokens,
-                                              share_images=share_prompts)
+        self._count(
+            prompts=len(rows), prompt_tokens=sum(len(p.ids) for p in prompts), cached_tokens=sum(r.cached for r in rows)
+        )
+        batch, prefilled = self._prefill_rows(
+            rows, graphdef, state, decode_tokens=params.max_new_tokens, share_images=share_prompts
+        )
         keep = cache is not None and self.recurrent
-        out, kv, _ = self._decode(*prefilled, len(rows), params, self._keys(key, row_seeds, len(rows), batch),
-                                  graphdef, state, keep_final_state=keep)
+        out, kv, _ = self._decode(
+            *prefilled,
+            len(rows),
+            params,
+            self._keys(key, row_seeds, len(rows), batch),
+            graphdef,
+            state,
+            keep_final_state=keep,
+        )
         if cache is not None:
             sequences = [np.concatenate([p.ids, t]).astype(np.int32) for p, t in zip(prompts, out.tokens)]
             self._keep(cache, kv, sequences, prompts)
@@ -674,30 +774,43 @@ class Sampler:
         segments = np.zeros((batch, length), np.int32)
         positions = np.zeros((3, batch, length) if multimodal else (batch, length), np.int32)
         for b, (row, k) in enumerate(zip(rows, new)):
-            ids[b, length - k:] = row.prompt.ids[row.cached: row.target]
-            segments[b, length - k:] = 1
+            ids[b, length - k :] = row.prompt.ids[row.cached : row.target]
+            segments[b, length - k :] = 1
             pos = row.prompt.positions_array()
             if multimodal and pos.ndim == 1:
                 pos = np.broadcast_to(pos, (3, len(pos)))
-            positions[..., b, length - k:] = pos[..., row.cached: row.target]
+            positions[..., b, length - k :] = pos[..., row.cached : row.target]
         model_inputs = self._image_inputs(rows, ids, graphdef, state, share_images)
         cached_rows = self._cached_rows(rows, batch, slots) if cached else None
         self._count(prefill_tokens=sum(new), prefill_calls=1)
         with timeline.span("prefill"):
             cache, last_logits, next_pos = _prefill(
-                graphdef, state, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(positions), model_inputs,
-                cached_rows, capacity=capacity, cache_dtype=self.cache_dtype)
+                graphdef,
+                state,
+                jnp.asarray(ids),
+                jnp.asarray(segments),
+                jnp.asarray(positions),
+                model_inputs,
+                cached_rows,
+                capacity=capacity,
+                cache_dtype=self.cache_dtype,
+            )
             timeline.settle(last_logits)
         done = jnp.asarray(np.arange(batch) >= n)  # batch-padding rows are finished from the start
         return batch, (cache, last_logits, next_pos, done)
 
-    def _image_inputs(self, rows: Sequence[_Row], ids: np.ndarray, graphdef, state,
-                      share_images: bool) -> dict[str, Any]:
+    def _image_inputs(
+        self, rows: Sequence[_Row], ids: np.ndarray, graphdef, state, share_images: bool
+    ) -> dict[str, Any]:
         """The `image_features` of the images in the rows' new tokens, encoded once per
         occurrence, or with share_images once per distinct image (by key) and placed at every
         run that shows it."""
-        placed = [(b, im) for b, row in enumerate(rows) for im in row.prompt.images
-                  if row.cached <= im.start and im.end <= row.target]
+        placed = [
+            (b, im)
+            for b, row in enumerate(rows)
+            for im in row.prompt.images
+            if row.cached <= im.start and im.end <= row.target
+        ]
         if not placed:
             return {}
         if not hasattr(self.model, "encode_images"):
@@ -720,15 +833,22 @@ class Sampler:
             patches = [np.asarray(im.patches(), np.float32) for im in unique.values()]
             grids = [tuple(int(x) for x in im.grid) for im in unique.values()]
             pad_image_count(patches, grids)
-            tokens, deepstack = _encode_images(graphdef, state, jnp.asarray(np.concatenate(patches)),
-                                               ImageGrid(tuple(grids)))
+            tokens, deepstack = _encode_images(
+                graphdef, state, jnp.asarray(np.concatenate(patches)), ImageGrid(tuple(grids))
+            )
             # Row-major over the padded ids: rows in order, runs left to right.
             order = sorted(range(len(placed)), key=lambda n: (placed[n][0], placed[n][1].start))
-            token_rows = np.concatenate([offsets[placed_keys[n]] + np.arange(placed[n][1].end - placed[n][1].start)
-                                         for n in order])
+            token_rows = np.concatenate(
+                [offsets[placed_keys[n]] + np.arange(placed[n][1].end - placed[n][1].start) for n in order]
+            )
             token_rows = np.pad(token_rows, (0, bucket_count(len(token_rows)) - len(token_rows)))
-            features = _layout_images(jnp.asarray(ids), jnp.asarray(token_rows, jnp.int32), tokens, deepstack,
-                                      image_token_id=int(self.model.config.image_token_id))
+            features = _layout_images(
+                jnp.asarray(ids),
+                jnp.asarray(token_rows, jnp.int32),
+                tokens,
+                deepstack,
+                image_token_id=int(self.model.config.image_token_id),
+            )
             timeline.settle(features)
         return {"image_features": features}
 
@@ -746,8 +866,9 @@ class Sampler:
         kv = None
         if template.kv is not None:
             empty = jnp.zeros(fit(template.kv).shape, template.kv.dtype)
-            kv = jnp.stack([fit(rows[b].entry.kv) if b < len(rows) and rows[b].entry is not None else empty
-                            for b in range(batch)])
+            kv = jnp.stack(
+                [fit(rows[b].entry.kv) if b < len(rows) and rows[b].entry is not None else empty for b in range(batch)]
+            )
         conv = recurrent = None
         if template.conv is not None:
             zero_conv, zero_rec = jnp.zeros_like(template.conv), jnp.zeros_like(template.recurrent)
@@ -764,8 +885,12 @@ class Sampler:
         capacity = kv.segment_ids.shape[1]
         for b, (tokens, prompt) in enumerate(zip(sequences, prompts)):
             slots = min(_bucket(len(tokens), self.prompt_buckets, "cached sequence length"), capacity)
-            cache.add(CacheEntry(
-                tokens=np.asarray(tokens, np.int32), images=prompt.runs(len(tokens)),
-                kv=None if compact.kv is None else compact.kv[b, :, :, :slots],
-                conv=None if compact.conv is None else compact.conv[b],
-                recurrent=None if compact.recurrent is None else compact.recurrent[b]))
+            cache.add(
+                CacheEntry(
+                    tokens=np.asarray(tokens, np.int32),
+                    images=prompt.runs(len(tokens)),
+                    kv=None if compact.kv is None else compact.kv[b, :, :, :slots],
+                    conv=None if compact.conv is None else compact.conv[b],
+                    recurrent=None if compact.recurrent is None else compact.recurrent[b],
+                )
+            )

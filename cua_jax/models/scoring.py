@@ -36,7 +36,11 @@ UNCHUNKED_LOGITS_BYTES = 64 << 20
 
 
 def _chunk_stats(
-    h: jax.Array, w: jax.Array, targets: jax.Array, inv_temperature: jax.Array, vocab_chunk: int,
+    h: jax.Array,
+    w: jax.Array,
+    targets: jax.Array,
+    inv_temperature: jax.Array,
+    vocab_chunk: int,
     banned: jax.Array | None = None,
 ):
     """For h [B, C, E], w [E, V], targets [B, C]: (target logprob, entropy), each [B, C],
@@ -178,8 +182,9 @@ class SharedPrefix:
         return image_model_inputs(self.pixel_values, self.image_grid, self.image_features)
 
 
-def prefixed_hidden_states(model, ids: jax.Array, segment_ids: jax.Array, positions: jax.Array,
-                           prefix: SharedPrefix, **model_inputs) -> jax.Array:
+def prefixed_hidden_states(
+    model, ids: jax.Array, segment_ids: jax.Array, positions: jax.Array, prefix: SharedPrefix, **model_inputs
+) -> jax.Array:
     """Final hidden states [B, T] of rows that continue `prefix`'s rows: each prefix row runs
     through the model once (G rows, not B), and every batch row attends to its prefix row's keys
     and values (and, for a hybrid model, starts from its recurrent state) as a decoding cache.
@@ -188,11 +193,11 @@ def prefixed_hidden_states(model, ids: jax.Array, segment_ids: jax.Array, positi
     of the rows run whole."""
     g, lp = prefix.ids.shape
     cache = model.init_cache(g, lp)
-    _, cache = model.hidden_states(prefix.ids, positions=prefix.positions, segment_ids=prefix.segment_ids,
-                                   kv_cache=cache, **prefix.model_inputs())
+    _, cache = model.hidden_states(
+        prefix.ids, positions=prefix.positions, segment_ids=prefix.segment_ids, kv_cache=cache, **prefix.model_inputs()
+    )
     cache = take_rows(cache, prefix.index, capacity=lp + ids.shape[1])
-    hidden, _ = model.hidden_states(ids, positions=positions, segment_ids=segment_ids, kv_cache=cache,
-                                    **model_inputs)
+    hidden, _ = model.hidden_states(ids, positions=positions, segment_ids=segment_ids, kv_cache=cache, **model_inputs)
     return hidden
 
 
@@ -227,8 +232,13 @@ def score_sequences(
     else:
         hidden = prefixed_hidden_states(model, ids, segment_ids, positions, prefix, **model_inputs)
     logp, ent = token_logprobs_from_hidden(
-        hidden[:, :-1], model.output_projection(), ids[:, 1:],
-        temperature=temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk, banned_token_ids=banned_token_ids,
+        hidden[:, :-1],
+        model.output_projection(),
+        ids[:, 1:],
+        temperature=temperature,
+        seq_chunk=seq_chunk,
+        vocab_chunk=vocab_chunk,
+        banned_token_ids=banned_token_ids,
         unchunked_logits_bytes=unchunked_logits_bytes,
     )
     valid = (segment_ids[:, 1:] != 0) & (segment_ids[:, 1:] == segment_ids[:, :-1])
@@ -238,4 +248,6 @@ def score_sequences(
     return logp, ent
 
 
-score_sequences_jit = nnx.jit(score_sequences, static_argnames=("seq_chunk", "vocab_chunk", "banned_token_ids", "unchunked_logits_bytes"))
+score_sequences_jit = nnx.jit(
+    score_sequences, static_argnames=("seq_chunk", "vocab_chunk", "banned_token_ids", "unchunked_logits_bytes")
+)

@@ -71,7 +71,8 @@ class MeshConfig:
         if self.num_processes is not None and self.num_processes < 1:
             raise ValueError(f"num_processes must be >= 1, got {self.num_processes}")
         if self.process_id is not None and (
-                self.process_id < 0 or (self.num_processes is not None and self.process_id >= self.num_processes)):
+            self.process_id < 0 or (self.num_processes is not None and self.process_id >= self.num_processes)
+        ):
             raise ValueError(f"process_id {self.process_id} is not in [0, num_processes={self.num_processes})")
         if self.coordinator_address is not None:
             host, _, port = self.coordinator_address.rpartition(":")

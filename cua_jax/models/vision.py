@@ -187,7 +187,9 @@ def _bilinear_axis_taps(index: np.ndarray, size: int, side: int) -> tuple[np.nda
     return taps, weights
 
 
-def position_embedding_taps(grid_thw: GridTHW, num_position_embeddings: int, merge: int) -> tuple[np.ndarray, np.ndarray]:
+def position_embedding_taps(
+    grid_thw: GridTHW, num_position_embeddings: int, merge: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Gather indices and weights that resample the square learned positional table to each grid.
 
     Returns (indices int32 [N, 4], weights float32 [N, 4]); the embedding of patch n is
@@ -249,9 +251,17 @@ VISION_RULES = {
 
 def _linear(d_in: int, d_out: int, axes: tuple[str, str], rngs: nnx.Rngs, dtype, param_dtype) -> nnx.Linear:
     """Linear layer with bias, kernel [in, out] carrying logical axes (in_axis, out_axis)."""
-    return nnx.Linear(d_in, d_out, use_bias=True, dtype=dtype, param_dtype=param_dtype,
-                      kernel_init=jax.nn.initializers.normal(0.02), kernel_metadata=axis_metadata(*axes),
-                      bias_metadata=axis_metadata(axes[1]), rngs=rngs)
+    return nnx.Linear(
+        d_in,
+        d_out,
+        use_bias=True,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=jax.nn.initializers.normal(0.02),
+        kernel_metadata=axis_metadata(*axes),
+        bias_metadata=axis_metadata(axes[1]),
+        rngs=rngs,
+    )
 
 
 class LayerNorm(nnx.Module):
@@ -306,7 +316,7 @@ def segment_attention(q: jax.Array, k: jax.Array, v: jax.Array, runs: tuple[tupl
     outs, start = [], 0
     for length, count in runs:
         n = length * count
-        qs, ks, vs = (a[start:start + n].reshape(count, length, *a.shape[1:]) for a in (q, k, v))
+        qs, ks, vs = (a[start : start + n].reshape(count, length, *a.shape[1:]) for a in (q, k, v))
         logits = jnp.einsum("sqhd,skhd->shqk", qs, ks) * scale
         probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(q.dtype)
         outs.append(jnp.einsum("shqk,skhd->sqhd", probs, vs).reshape(n, *q.shape[1:]))
@@ -331,15 +341,18 @@ class PatchEmbed(nnx.Module):
         self.dtype = dtype
         p, t, c, d = cfg.patch_size, cfg.temporal_patch_size, cfg.in_channels, cfg.hidden_size
         init = jax.nn.initializers.normal(0.02)
-        self.kernel = nnx.Param(init(rngs.params(), (p, p, t, c, d), param_dtype),
-                                **axis_metadata("vision_patch", "vision_patch", "vision_patch", "vision_patch", "vision_embed"))
+        self.kernel = nnx.Param(
+            init(rngs.params(), (p, p, t, c, d), param_dtype),
+            **axis_metadata("vision_patch", "vision_patch", "vision_patch", "vision_patch", "vision_embed"),
+        )
         self.bias = nnx.Param(jnp.zeros((d,), param_dtype), **axis_metadata("vision_embed"))
 
     def __call__(self, pixel_values: jax.Array) -> jax.Array:
         """pixel_values [N, C * T * P * P] (torch's C, T, P_h, P_w flattening) -> [N, hidden]."""
         cfg = self.cfg
         x = pixel_values.astype(self.dtype).reshape(
-            -1, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
+            -1, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size
+        )
         y = jnp.einsum("ncthw,whtcd->nd", x, self.kernel[...].astype(self.dtype))
         return y + self.bias[...].astype(self.dtype)
 
@@ -363,10 +376,12 @@ class VisionAttention(nnx.Module):
 class VisionMLP(nnx.Module):
     def __init__(self, cfg: VisionConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
         self.act = _ACTIVATIONS[cfg.hidden_act]
-        self.linear_fc1 = _linear(cfg.hidden_size, cfg.intermediate_size, ("vision_embed", "vision_mlp"), rngs,
-                                  dtype, param_dtype)
-        self.linear_fc2 = _linear(cfg.intermediate_size, cfg.hidden_size, ("vision_mlp", "vision_embed"), rngs,
-                                  dtype, param_dtype)
+        self.linear_fc1 = _linear(
+            cfg.hidden_size, cfg.intermediate_size, ("vision_embed", "vision_mlp"), rngs, dtype, param_dtype
+        )
+        self.linear_fc2 = _linear(
+            cfg.intermediate_size, cfg.hidden_size, ("vision_mlp", "vision_embed"), rngs, dtype, param_dtype
+        )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.linear_fc2(self.act(self.linear_fc1(x)))
@@ -396,12 +411,15 @@ class PatchMerger(nnx.Module):
     def __init__(self, cfg: VisionConfig, *, postshuffle_norm: bool, rngs: nnx.Rngs, dtype, param_dtype):
         self.postshuffle_norm = postshuffle_norm
         self.merged = cfg.merged_hidden_size
-        self.norm = LayerNorm(self.merged if postshuffle_norm else cfg.hidden_size, eps=cfg.layer_norm_eps,
-                              param_dtype=param_dtype)
-        self.linear_fc1 = _linear(self.merged, self.merged, ("vision_merged", "vision_merged_mlp"), rngs, dtype,
-                                  param_dtype)
-        self.linear_fc2 = _linear(self.merged, cfg.out_hidden_size, ("vision_merged_mlp", "embed"), rngs, dtype,
-                                  param_dtype)
+        self.norm = LayerNorm(
+            self.merged if postshuffle_norm else cfg.hidden_size, eps=cfg.layer_norm_eps, param_dtype=param_dtype
+        )
+        self.linear_fc1 = _linear(
+            self.merged, self.merged, ("vision_merged", "vision_merged_mlp"), rngs, dtype, param_dtype
+        )
+        self.linear_fc2 = _linear(
+            self.merged, cfg.out_hidden_size, ("vision_merged_mlp", "embed"), rngs, dtype, param_dtype
+        )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: [N, hidden] -> [N / merge^2, out_hidden]."""
@@ -422,16 +440,18 @@ class VisionTower(nnx.Module):
     [M, out_hidden]), M = N / spatial_merge_size^2, images concatenated in grid order.
     """
 
-    def __init__(self, cfg: VisionConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32,
-                 remat: bool = False):
+    def __init__(
+        self, cfg: VisionConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False
+    ):
         self.cfg = cfg
         self.dtype = dtype
         self.remat = remat
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.patch_embed = PatchEmbed(cfg, **kw)
         self.pos_embed = nnx.Param(
-            jax.nn.initializers.normal(0.02)(rngs.params(), (cfg.num_position_embeddings, cfg.hidden_size),
-                                             param_dtype),
+            jax.nn.initializers.normal(0.02)(
+                rngs.params(), (cfg.num_position_embeddings, cfg.hidden_size), param_dtype
+            ),
             **axis_metadata("vision_positions", "vision_embed"),
         )
         self.blocks = nnx.List([VisionBlock(cfg, **kw) for _ in range(cfg.depth)])
@@ -440,7 +460,9 @@ class VisionTower(nnx.Module):
             [PatchMerger(cfg, postshuffle_norm=True, **kw) for _ in cfg.deepstack_visual_indexes]
         )
 
-    def __call__(self, pixel_values: jax.Array, grid_thw: ImageGrid | GridTHW) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+    def __call__(
+        self, pixel_values: jax.Array, grid_thw: ImageGrid | GridTHW
+    ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
         cfg = self.cfg
         grid_thw = normalize_grid(grid_thw)
         n_patches = sum(t * h * w for t, h, w in grid_thw)

@@ -47,11 +47,19 @@ class EpisodeRecord:
 
     @classmethod
     def from_episode(cls, step: int, episode: Episode, domain: str = "") -> "EpisodeRecord":
-        return cls(step=int(step), episode_id=str(episode.episode_id), task_id=str(episode.task_id),
-                   domain=str(domain), group_id=int(episode.group_id), status=EpisodeStatus(episode.status),
-                   reward=float(episode.reward), policy_version=int(episode.policy_version),
-                   quarantine_reason=episode.quarantine_reason, instruction=str(episode.instruction),
-                   replies=tuple(str(turn.response_text) for turn in episode.turns))
+        return cls(
+            step=int(step),
+            episode_id=str(episode.episode_id),
+            task_id=str(episode.task_id),
+            domain=str(domain),
+            group_id=int(episode.group_id),
+            status=EpisodeStatus(episode.status),
+            reward=float(episode.reward),
+            policy_version=int(episode.policy_version),
+            quarantine_reason=episode.quarantine_reason,
+            instruction=str(episode.instruction),
+            replies=tuple(str(turn.response_text) for turn in episode.turns),
+        )
 
     def to_json(self) -> dict[str, Any]:
         value = dataclasses.asdict(self)
@@ -83,12 +91,19 @@ class EpisodeRecord:
         reason = value["quarantine_reason"]
         if reason is not None and not isinstance(reason, str):
             raise ValueError(f"quarantine_reason must be a string or null, got {reason!r}")
-        return cls(step=typed("step", (int,), "an integer"), episode_id=typed("episode_id", (str,), "a string"),
-                   task_id=typed("task_id", (str,), "a string"), domain=typed("domain", (str,), "a string"),
-                   group_id=typed("group_id", (int,), "an integer"), status=EpisodeStatus(value["status"]),
-                   reward=float(typed("reward", (int, float), "a number")),
-                   policy_version=typed("policy_version", (int,), "an integer"), quarantine_reason=reason,
-                   instruction=typed("instruction", (str,), "a string"), replies=tuple(replies))
+        return cls(
+            step=typed("step", (int,), "an integer"),
+            episode_id=typed("episode_id", (str,), "a string"),
+            task_id=typed("task_id", (str,), "a string"),
+            domain=typed("domain", (str,), "a string"),
+            group_id=typed("group_id", (int,), "an integer"),
+            status=EpisodeStatus(value["status"]),
+            reward=float(typed("reward", (int, float), "a number")),
+            policy_version=typed("policy_version", (int,), "an integer"),
+            quarantine_reason=reason,
+            instruction=typed("instruction", (str,), "a string"),
+            replies=tuple(replies),
+        )
 
 
 class EpisodeLog:
@@ -101,8 +116,11 @@ class EpisodeLog:
 
     def append(self, step: int, episodes: Sequence[Episode], domains: Mapping[str, str]) -> None:
         """Log every episode of learner step `step`; `domains` maps task ids to their domain."""
-        lines = [json.dumps(EpisodeRecord.from_episode(step, e, domains.get(e.task_id, "")).to_json(),
-                            ensure_ascii=False) + "\n" for e in episodes]
+        lines = [
+            json.dumps(EpisodeRecord.from_episode(step, e, domains.get(e.task_id, "")).to_json(), ensure_ascii=False)
+            + "\n"
+            for e in episodes
+        ]
         with open(self.path, "a", encoding="utf-8") as f:
             f.write("".join(lines))
 

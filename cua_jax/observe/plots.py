@@ -33,8 +33,9 @@ def smoothing_window(points: int) -> int:
     return 1 if points < 6 else max(3, round(points / 10))
 
 
-def plot_curves(metrics_path: str, keys: Sequence[str], out_path: str, title: str = "",
-                smooth: Sequence[str] = ()) -> str:
+def plot_curves(
+    metrics_path: str, keys: Sequence[str], out_path: str, title: str = "", smooth: Sequence[str] = ()
+) -> str:
     """Plots each metric in `keys` against step, one panel each; returns out_path. Metrics in
     `smooth` also get their trailing mean over `smoothing_window` points, for curves too noisy
     to read update by update.
@@ -48,8 +49,14 @@ def plot_curves(metrics_path: str, keys: Sequence[str], out_path: str, title: st
         if points:
             steps, values = zip(*points)
             window = smoothing_window(len(values)) if key in smooth else 1
-            ax.plot(steps, values, marker="o", markersize=3, alpha=0.45 if window > 1 else 1.0,
-                    label="per update" if window > 1 else None)
+            ax.plot(
+                steps,
+                values,
+                marker="o",
+                markersize=3,
+                alpha=0.45 if window > 1 else 1.0,
+                label="per update" if window > 1 else None,
+            )
             if window > 1:
                 ax.plot(steps, trailing_mean(values, window), linewidth=2, label=f"mean of the last {window}")
                 ax.legend(loc="best", fontsize=7)
@@ -74,6 +81,10 @@ SMOOTHED_KEYS = ("reward/mean", "success/rate")
 
 def plot_learning_curve(workdir: str, title: str = "") -> str:
     """<workdir>/learning_curve.png from <workdir>/metrics.jsonl (`LEARNING_CURVE_KEYS`)."""
-    return plot_curves(os.path.join(workdir, "metrics.jsonl"), LEARNING_CURVE_KEYS,
-                       os.path.join(workdir, "learning_curve.png"), title=title, smooth=SMOOTHED_KEYS)
-
+    return plot_curves(
+        os.path.join(workdir, "metrics.jsonl"),
+        LEARNING_CURVE_KEYS,
+        os.path.join(workdir, "learning_curve.png"),
+        title=title,
+        smooth=SMOOTHED_KEYS,
+    )

@@ -30,8 +30,10 @@ class StepProgress:
         if self.bar is None:
             return
         self.bar.update(1)
-        shown = dict(reward=f"{metrics.get('reward/mean', float('nan')):.3f}",
-                     success=f"{metrics.get('success/rate', float('nan')):.2f}")
+        shown = dict(
+            reward=f"{metrics.get('reward/mean', float('nan')):.3f}",
+            success=f"{metrics.get('success/rate', float('nan')):.2f}",
+        )
         if self.show_gap:
             shown["gap_max"] = f"{metrics.get('learner/rollout_logprob_gap_max', float('nan')):.1e}"
         self.bar.set_postfix(**shown)

@@ -29,14 +29,19 @@ from collections.abc import Iterator, Sequence
 # first: their time is the engine's or the learner's; engine-side and agent-loop Python next;
 # environments last (waiting on a browser while nothing else runs).
 STAGES = (
-    "compile",                                                       # tracing + XLA compilation (a new shape)
-    "vision", "prefill", "decode",                                   # the rollout engine's device work
-    "forward_backward", "reference", "old_logprobs", "optimizer",   # the learner's device work
-    "sync",                                                          # weight sync to the engines
-    "engine_host",                                                   # the engine's Python: images, batches, caches
-    "learner_host",                                                  # advantages, images, batching
-    "agent_host",                                                    # the agent loop's Python: prompts, parsing
-    "env",                                                           # environment reset, step, screenshot
+    "compile",  # tracing + XLA compilation (a new shape)
+    "vision",
+    "prefill",
+    "decode",  # the rollout engine's device work
+    "forward_backward",
+    "reference",
+    "old_logprobs",
+    "optimizer",  # the learner's device work
+    "sync",  # weight sync to the engines
+    "engine_host",  # the engine's Python: images, batches, caches
+    "learner_host",  # advantages, images, batching
+    "agent_host",  # the agent loop's Python: prompts, parsing
+    "env",  # environment reset, step, screenshot
 )
 
 
@@ -118,8 +123,11 @@ def recording(timeline: Timeline) -> Iterator[Timeline]:
 
 
 # Tracing, lowering and XLA's compilation of a program for a new shape.
-_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/core/compile/backend_compile_duration")
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
 _compile_listener_installed = False
 
 

@@ -21,6 +21,4 @@ def check_ids_in_range(caller: str, name: str, ids, size: int) -> None:
         return
     ids = np.asarray(ids)
     if ids.size and (ids.min() < 0 or ids.max() >= size):
-        raise ValueError(
-            f"{caller}: {name} must lie in [0, {size}), got values in [{ids.min()}, {ids.max()}]"
-        )
+        raise ValueError(f"{caller}: {name} must lie in [0, {size}), got values in [{ids.min()}, {ids.max()}]")

@@ -66,8 +66,7 @@ class AdvantageConfig:
     def __post_init__(self):
         if self.estimator not in ADVANTAGE_ESTIMATORS:
             raise ValueError(
-                f"AdvantageConfig.estimator {self.estimator!r} is unknown; "
-                f"choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
+                f"AdvantageConfig.estimator {self.estimator!r} is unknown; choose one of {sorted(ADVANTAGE_ESTIMATORS)}"
             )
         if self.std_eps < 0:
             raise ValueError(f"AdvantageConfig.std_eps must be >= 0, got {self.std_eps}")
@@ -143,9 +142,7 @@ def group_stats(
     rewards = jnp.asarray(rewards, dtype=jnp.result_type(float))
     group_ids = jnp.asarray(group_ids, dtype=jnp.int32)
     if rewards.ndim != 1 or group_ids.shape != rewards.shape:
-        raise ValueError(
-            f"rewards {rewards.shape} and group_ids {group_ids.shape} must be matching 1-D arrays"
-        )
+        raise ValueError(f"rewards {rewards.shape} and group_ids {group_ids.shape} must be matching 1-D arrays")
     check_ids_in_range("group_stats", "group_ids", group_ids, num_groups)
     valid = _valid_or_all(valid, rewards)
     # `where`, not multiplication: a NaN reward on a quarantined episode must not leak in.
@@ -284,9 +281,7 @@ def broadcast_to_items(
     Returns:
       float [B].
     """
-    adv, item_episode, item_valid = _item_arrays(
-        "broadcast_to_items", trajectory_advantages, item_episode, item_valid
-    )
+    adv, item_episode, item_valid = _item_arrays("broadcast_to_items", trajectory_advantages, item_episode, item_valid)
     return jnp.where(item_valid, adv[item_episode], 0.0)
 
 
@@ -312,9 +307,7 @@ def stepo_item_advantages(
     adv, item_episode, item_valid = _item_arrays(
         "stepo_item_advantages", trajectory_advantages, item_episode, item_valid
     )
-    num_steps = jax.ops.segment_sum(
-        item_valid.astype(adv.dtype), item_episode, num_segments=adv.shape[0]
-    )
+    num_steps = jax.ops.segment_sum(item_valid.astype(adv.dtype), item_episode, num_segments=adv.shape[0])
     return jnp.where(item_valid, adv[item_episode] / jnp.maximum(num_steps[item_episode], 1.0), 0.0)
 
 
@@ -331,7 +324,5 @@ def token_advantages(item_advantages: jax.Array, loss_mask: jax.Array) -> jax.Ar
     item_advantages = jnp.asarray(item_advantages)
     loss_mask = jnp.asarray(loss_mask)
     if loss_mask.ndim != 2 or loss_mask.shape[0] != item_advantages.shape[0]:
-        raise ValueError(
-            f"loss_mask {loss_mask.shape} must be [B, T] with B = {item_advantages.shape[0]}"
-        )
+        raise ValueError(f"loss_mask {loss_mask.shape} must be [B, T] with B = {item_advantages.shape[0]}")
     return jnp.where(loss_mask != 0, item_advantages[:, None], 0.0)

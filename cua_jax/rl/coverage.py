@@ -71,8 +71,7 @@ def min_group_size(p_min: jax.Array | float, tau: jax.Array | float) -> jax.Arra
     return jnp.maximum(n, MIN_INFORMATIVE_GROUP_SIZE)
 
 
-def tier_signal_coverage(pass_rates: jax.Array, task_tiers: jax.Array, num_tiers: int,
-                         n: jax.Array | int) -> jax.Array:
+def tier_signal_coverage(pass_rates: jax.Array, task_tiers: jax.Array, num_tiers: int, n: jax.Array | int) -> jax.Array:
     """Per tier, the mean signal coverage of its tasks at group size n: the expected share of
     the tier's groups that are informative when each task succeeds at its pass rate.
 
@@ -88,8 +87,10 @@ def tier_signal_coverage(pass_rates: jax.Array, task_tiers: jax.Array, num_tiers
     pass_rates = jnp.asarray(pass_rates, dtype=jnp.result_type(float))
     task_tiers = jnp.asarray(task_tiers, dtype=jnp.int32)
     if pass_rates.shape != task_tiers.shape or pass_rates.ndim != 1:
-        raise ValueError(f"tier_signal_coverage: pass_rates {pass_rates.shape} and task_tiers {task_tiers.shape} "
-                         "must be matching 1-D arrays")
+        raise ValueError(
+            f"tier_signal_coverage: pass_rates {pass_rates.shape} and task_tiers {task_tiers.shape} "
+            "must be matching 1-D arrays"
+        )
     check_ids_in_range("tier_signal_coverage", "task_tiers", task_tiers, num_tiers)
     total = jax.ops.segment_sum(signal_coverage(pass_rates, n), task_tiers, num_segments=num_tiers)
     count = jax.ops.segment_sum(jnp.ones_like(pass_rates), task_tiers, num_segments=num_tiers)
@@ -151,8 +152,7 @@ def group_outcome_stats(
     group_ids = jnp.asarray(group_ids, dtype=jnp.int32)
     if success.shape != group_ids.shape or success.ndim != 1:
         raise ValueError(
-            f"group_outcome_stats: success {success.shape} and group_ids {group_ids.shape} "
-            "must be matching 1-D arrays"
+            f"group_outcome_stats: success {success.shape} and group_ids {group_ids.shape} must be matching 1-D arrays"
         )
     check_ids_in_range("group_outcome_stats", "group_ids", group_ids, num_groups)
     valid = jnp.ones_like(success) if valid is None else jnp.asarray(valid, dtype=bool)
@@ -161,9 +161,7 @@ def group_outcome_stats(
 
     counted = valid.astype(jnp.int32)
     group_size = jax.ops.segment_sum(counted, group_ids, num_segments=num_groups)
-    group_successes = jax.ops.segment_sum(
-        (success & valid).astype(jnp.int32), group_ids, num_segments=num_groups
-    )
+    group_successes = jax.ops.segment_sum((success & valid).astype(jnp.int32), group_ids, num_segments=num_groups)
     nonempty = group_size > 0
     all_success = nonempty & (group_successes == group_size)
     all_fail = nonempty & (group_successes == 0)
@@ -177,8 +175,7 @@ def group_outcome_stats(
         group_tiers = jnp.asarray(group_tiers, dtype=jnp.int32)
         if group_tiers.shape != (num_groups,):
             raise ValueError(
-                f"group_outcome_stats: group_tiers must have shape ({num_groups},), "
-                f"got {group_tiers.shape}"
+                f"group_outcome_stats: group_tiers must have shape ({num_groups},), got {group_tiers.shape}"
             )
         check_ids_in_range("group_outcome_stats", "group_tiers", group_tiers, num_tiers)
 

@@ -42,4 +42,3 @@ def kl_k3(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     """
     r = ref_logp - logp
     return jnp.maximum(jnp.expm1(r) - r, 0.0)
-

@@ -116,13 +116,11 @@ class PolicyLossConfig:
             raise ValueError(f"PolicyLossConfig.dual_clip_c must be > 1 (or None), got {self.dual_clip_c}")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(
-                f"PolicyLossConfig.kl_estimator {self.kl_estimator!r} is unknown; "
-                f"choose one of {sorted(KL_ESTIMATORS)}"
+                f"PolicyLossConfig.kl_estimator {self.kl_estimator!r} is unknown; choose one of {sorted(KL_ESTIMATORS)}"
             )
         if self.aggregation not in AGGREGATION_MODES:
             raise ValueError(
-                f"PolicyLossConfig.aggregation {self.aggregation!r} is unknown; "
-                f"choose one of {list(AGGREGATION_MODES)}"
+                f"PolicyLossConfig.aggregation {self.aggregation!r} is unknown; choose one of {list(AGGREGATION_MODES)}"
             )
         if self.aggregation == "fixed_denominator" and not (
             self.fixed_denominator is not None and self.fixed_denominator > 0
@@ -411,9 +409,7 @@ def policy_loss(
     if advantages.shape == shape[:1]:
         advantages = jnp.broadcast_to(advantages[:, None], shape)
     elif advantages.shape != shape:
-        raise ValueError(
-            f"policy_loss: advantages has shape {advantages.shape}, expected {shape[:1]} or {shape}"
-        )
+        raise ValueError(f"policy_loss: advantages has shape {advantages.shape}, expected {shape[:1]} or {shape}")
     if config.kl_coef > 0 and ref_logp is None:
         raise ValueError("policy_loss: kl_coef > 0 needs ref_logp")
     if config.entropy_coef > 0 and entropy is None:

@@ -80,8 +80,15 @@ from cua_jax.envs import actions as A
 from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvObservation
 from cua_jax.envs.faults import FAULT_KINDS, Attribution, Outcome, episode_outcome
 from cua_jax.observe import timeline
-from cua_jax.rollout.engine import (EngineFault, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig,
-                                    check_rope_scaling)
+from cua_jax.rollout.engine import (
+    EngineFault,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    RolloutEngine,
+    SamplingConfig,
+    check_rope_scaling,
+)
 from cua_jax.envs.prompts import PROMPT_STYLES, system_prompt
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
 
@@ -187,8 +194,12 @@ class AgentConfig:
 
     @property
     def attribution(self) -> Attribution:
-        return Attribution(no_verdict_reward=self.no_verdict_reward, agent_faults=frozenset(self.agent_faults),
-                           no_patch_reward=self.no_patch_reward, crash_reward=self.crash_reward)
+        return Attribution(
+            no_verdict_reward=self.no_verdict_reward,
+            agent_faults=frozenset(self.agent_faults),
+            no_patch_reward=self.no_patch_reward,
+            crash_reward=self.crash_reward,
+        )
 
     def sampling(self, stop_token_ids: Sequence[int]) -> SamplingConfig:
         return SamplingConfig(
@@ -515,11 +526,13 @@ class AgentLoop:
         episode_id = episode_id or f"{task_id}/g{group_id}/e0"
         batcher = self.batcher()
         with batcher.episode():
-            return await self._run_episode(env, functools.partial(env.reset, task, seed), task_id, seed, group_id,
-                                           episode_id, batcher)
+            return await self._run_episode(
+                env, functools.partial(env.reset, task, seed), task_id, seed, group_id, episode_id, batcher
+            )
 
-    async def _run_episode(self, env, start_episode, task_id, seed, group_id, episode_id,
-                           batcher: GenerationBatcher) -> Rollout:
+    async def _run_episode(
+        self, env, start_episode, task_id, seed, group_id, episode_id, batcher: GenerationBatcher
+    ) -> Rollout:
         """One episode on `env`, begun by `start_episode()` (an EnvReset, or EnvironmentFault);
         the environment hears that it ended (`end_episode`), however it ended."""
         try:
@@ -527,8 +540,9 @@ class AgentLoop:
         finally:
             await env.end_episode()
 
-    async def _play(self, env, start_episode, task_id, seed, group_id, episode_id,
-                    batcher: GenerationBatcher) -> Rollout:
+    async def _play(
+        self, env, start_episode, task_id, seed, group_id, episode_id, batcher: GenerationBatcher
+    ) -> Rollout:
         clock = _Clock()
         episode = Episode(episode_id=episode_id, task_id=task_id, group_id=group_id, instruction="", turns=[])
         try:
@@ -582,7 +596,8 @@ class AgentLoop:
                 break
             seen = {s: turn.images for s, turn in enumerate(episode.turns)} | {t: images}
             request = GenerationRequest(
-                prompt.ids, [seen[span.turn][span.index] for span in prompt.images],
+                prompt.ids,
+                [seen[span.turn][span.index] for span in prompt.images],
                 seed=turn_sampling_seed(self.config.seed, episode_id, seed, t) if self.config.seed_per_turn else None,
             )
             with clock("generation"):
@@ -605,7 +620,8 @@ class AgentLoop:
                     "logprobs": np.asarray(generation.logprobs, np.float32),
                 }
                 outcome = episode_outcome(
-                    agent_failure=f"turn {t}: the response holds the reserved token {name!r}", rule=self.config.attribution
+                    agent_failure=f"turn {t}: the response holds the reserved token {name!r}",
+                    rule=self.config.attribution,
                 )
                 unanswered = True
                 break
@@ -640,8 +656,11 @@ class AgentLoop:
             turn.info.update(transition.info)
             if transition.done:
                 # A fault the environment reports is judged by this loop's rule (who owns it).
-                outcome = (transition.outcome if transition.fault is None
-                           else episode_outcome(fault=transition.fault, rule=self.config.attribution))
+                outcome = (
+                    transition.outcome
+                    if transition.fault is None
+                    else episode_outcome(fault=transition.fault, rule=self.config.attribution)
+                )
                 break
             if transition.observation is None:
                 raise RuntimeError(f"{episode_id}: turn {t}: the environment returned no observation and no outcome")

@@ -103,9 +103,7 @@ class GenerationRequest:
             raise ValueError(f"seed must be in [0, 2**31), got {self.seed}")
         for i, image in enumerate(self.images):
             if image.ndim != 3 or image.shape[-1] != 3 or image.dtype != np.uint8:
-                raise ValueError(
-                    f"image {i} must be uint8 [H, W, 3], got {image.dtype} {image.shape}"
-                )
+                raise ValueError(f"image {i} must be uint8 [H, W, 3], got {image.dtype} {image.shape}")
 
 
 @dataclasses.dataclass
@@ -130,12 +128,12 @@ class Generation:
     def __post_init__(self):
         if self.token_ids.shape != self.logprobs.shape or self.token_ids.ndim != 1:
             raise ValueError(
-                f"token_ids {self.token_ids.shape} and logprobs {self.logprobs.shape} "
-                "must be equal-length 1-D arrays"
+                f"token_ids {self.token_ids.shape} and logprobs {self.logprobs.shape} must be equal-length 1-D arrays"
             )
         if self.token_versions is not None and np.shape(self.token_versions) != self.token_ids.shape:
-            raise ValueError(f"token_versions {np.shape(self.token_versions)} must match token_ids "
-                             f"{self.token_ids.shape}")
+            raise ValueError(
+                f"token_versions {np.shape(self.token_versions)} must match token_ids {self.token_ids.shape}"
+            )
 
     def version_segments(self) -> list[tuple[int, int]]:
         """[(first token index, policy version)] of each run of tokens one version produced."""
@@ -170,9 +168,7 @@ class RolloutEngine(abc.ABC):
     """
 
     @abc.abstractmethod
-    def generate(
-        self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
-    ) -> list[Generation]:
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
         """One Generation per request, in request order."""
 
     @abc.abstractmethod
@@ -197,9 +193,7 @@ class RolloutEngine(abc.ABC):
         """Releases processes and memory; the engine is unusable afterwards."""
 
 
-def check_prompt_lengths(
-    requests: Sequence[GenerationRequest], sampling: SamplingConfig, max_model_len: int
-) -> None:
+def check_prompt_lengths(requests: Sequence[GenerationRequest], sampling: SamplingConfig, max_model_len: int) -> None:
     """Raises ValueError naming the first request whose prompt + budget exceeds the context."""
     for i, request in enumerate(requests):
         total = request.prompt_ids.shape[0] + sampling.max_new_tokens

@@ -137,8 +137,10 @@ class JaxSamplerEngine(RolloutEngine):
         if factor not in self._scaled:
             from cua_jax.models.configs import rope_scaled_model
 
-            self._scaled[factor] = (Sampler(rope_scaled_model(self.model, factor), **self._sampler_kwargs),
-                                    self._new_prefix_cache())
+            self._scaled[factor] = (
+                Sampler(rope_scaled_model(self.model, factor), **self._sampler_kwargs),
+                self._new_prefix_cache(),
+            )
         return self._scaled[factor]
 
     def stats(self) -> dict[str, int]:
@@ -194,13 +196,15 @@ class JaxSamplerEngine(RolloutEngine):
             key = image_content_key(array)
             grid = image_grid_thw(self._image_processor, *array.shape[:2])
             images.append(PromptImage(start, end, grid, key, functools.partial(self._patches, key, array)))
-        positions, _ = rope_index(ids[None], [im.grid for im in images], image_token_id=config.image_token_id,
-                                  spatial_merge_size=config.vision.spatial_merge_size)
+        positions, _ = rope_index(
+            ids[None],
+            [im.grid for im in images],
+            image_token_id=config.image_token_id,
+            spatial_merge_size=config.vision.spatial_merge_size,
+        )
         return PromptInput(ids, positions[:, 0], tuple(images))
 
-    def generate(
-        self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
-    ) -> list[Generation]:
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
         if not requests:
             return []
         params = SamplingParams(
@@ -217,8 +221,9 @@ class JaxSamplerEngine(RolloutEngine):
             key = self._call_key(sampling)
             version = self._version
             seeds = [r.seed for r in requests]
-            out = self._sample(requests, params, key, None if all(s is None for s in seeds) else seeds,
-                               sampling.rope_scaling)
+            out = self._sample(
+                requests, params, key, None if all(s is None for s in seeds) else seeds, sampling.rope_scaling
+            )
         return [
             Generation(
                 token_ids=np.asarray(tokens, np.int32),
@@ -229,8 +234,14 @@ class JaxSamplerEngine(RolloutEngine):
             for tokens, logprobs, reason in zip(out.tokens, out.logprobs, out.finish_reasons)
         ]
 
-    def _sample(self, requests: Sequence[GenerationRequest], params: SamplingParams, key: jax.Array, seeds,
-                rope_scaling: float = 0.0):
+    def _sample(
+        self,
+        requests: Sequence[GenerationRequest],
+        params: SamplingParams,
+        key: jax.Array,
+        seeds,
+        rope_scaling: float = 0.0,
+    ):
         """The output for `requests` (under the lock) of the sampler at `rope_scaling`, with the
         engine's prompt sharing and that sampler's prefix cache."""
         sampler, cache = self._sampler_for(rope_scaling)
@@ -246,8 +257,9 @@ class JaxSamplerEngine(RolloutEngine):
         self._calls += 1
         return key
 
-    def _generate_in_chunks(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig,
-                            params: SamplingParams) -> list[Generation]:
+    def _generate_in_chunks(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingConfig, params: SamplingParams
+    ) -> list[Generation]:
         """Partial rollouts: the replies grow interrupt_tokens at a time; between chunks a
         waiting weight update lands, and the next chunk continues each unfinished reply under
         the new weights from its prompt plus the tokens so far (the KV cache recomputed by the
@@ -266,14 +278,24 @@ class JaxSamplerEngine(RolloutEngine):
             if not active:
                 break
             budget = min(self.interrupt_tokens, sampling.max_new_tokens - len(tokens[active[0]]))
-            continuing = [GenerationRequest(np.concatenate([requests[i].prompt_ids, np.asarray(tokens[i], np.int32)]),
-                                            requests[i].images, requests[i].seed) for i in active]
+            continuing = [
+                GenerationRequest(
+                    np.concatenate([requests[i].prompt_ids, np.asarray(tokens[i], np.int32)]),
+                    requests[i].images,
+                    requests[i].seed,
+                )
+                for i in active
+            ]
             seeds = [None if r.seed is None else (int(r.seed) * 1_000_003 + chunk) % 2**31 for r in continuing]
             with self._lock:
                 version = self._version
-                out = self._sample(continuing, dataclasses.replace(params, max_new_tokens=budget),
-                                   jax.random.fold_in(key, chunk), None if all(s is None for s in seeds) else seeds,
-                                   sampling.rope_scaling)
+                out = self._sample(
+                    continuing,
+                    dataclasses.replace(params, max_new_tokens=budget),
+                    jax.random.fold_in(key, chunk),
+                    None if all(s is None for s in seeds) else seeds,
+                    sampling.rope_scaling,
+                )
             for row, i in enumerate(active):
                 tokens[i] += [int(t) for t in out.tokens[row]]
                 logprobs[i] += [float(x) for x in out.logprobs[row]]
@@ -284,9 +306,16 @@ class JaxSamplerEngine(RolloutEngine):
                     finish[i] = FinishReason.LENGTH
             chunk += 1
             self._yield_to_updates()
-        return [Generation(np.asarray(tokens[i], np.int32), np.asarray(logprobs[i], np.float32), finish[i],
-                           min(versions[i], default=self._version), np.asarray(versions[i], np.int32))
-                for i in range(n)]
+        return [
+            Generation(
+                np.asarray(tokens[i], np.int32),
+                np.asarray(logprobs[i], np.float32),
+                finish[i],
+                min(versions[i], default=self._version),
+                np.asarray(versions[i], np.int32),
+            )
+            for i in range(n)
+        ]
 
     def _yield_to_updates(self) -> None:
         """A chunk boundary: waits while a weight update is waiting to land."""
@@ -369,7 +398,14 @@ class JaxEngineFactory:
         if missing:
             raise ValueError(f"params lack {missing} of the {self.model_class.__name__} parameters")
         _, image_processor = load_processor(self.tokenizer_dir)
-        return JaxSamplerEngine(model, seed=self.seed, image_processor=image_processor,
-                                initial_version=self.initial_version, pad_id=self.pad_id,
-                                banned_token_ids=self.banned_token_ids, interrupt_tokens=self.interrupt_tokens,
-                                share_prompts=self.share_prompts, prefix_cache_tokens=self.prefix_cache_tokens)
+        return JaxSamplerEngine(
+            model,
+            seed=self.seed,
+            image_processor=image_processor,
+            initial_version=self.initial_version,
+            pad_id=self.pad_id,
+            banned_token_ids=self.banned_token_ids,
+            interrupt_tokens=self.interrupt_tokens,
+            share_prompts=self.share_prompts,
+            prefix_cache_tokens=self.prefix_cache_tokens,
+        )

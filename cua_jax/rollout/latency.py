@@ -155,8 +155,9 @@ class LatencyWrapper:
     was pickled at, so give each process its own seed when several copies wrap at once.
     """
 
-    def __init__(self, median_s: float, sigma: float, *, max_s: float | None = None, seed: int = 0,
-                 delay_reset: bool = False):
+    def __init__(
+        self, median_s: float, sigma: float, *, max_s: float | None = None, seed: int = 0, delay_reset: bool = False
+    ):
         self.distribution = LogNormalDelay(median_s, sigma, max_s)
         self.seed = int(seed)
         self.delay_reset = bool(delay_reset)
@@ -167,7 +168,9 @@ class LatencyWrapper:
         with self._lock:
             index = self._wrapped
             self._wrapped += 1
-        return LatencyEnvironment(env, DelaySampler(self.distribution, (self.seed, index)), delay_reset=self.delay_reset)
+        return LatencyEnvironment(
+            env, DelaySampler(self.distribution, (self.seed, index)), delay_reset=self.delay_reset
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -180,5 +183,7 @@ class LatencyWrapper:
 
     def __repr__(self) -> str:
         d = self.distribution
-        return (f"LatencyWrapper(median_s={d.median_s}, sigma={d.sigma}, max_s={d.max_s}, seed={self.seed}, "
-                f"delay_reset={self.delay_reset})")
+        return (
+            f"LatencyWrapper(median_s={d.median_s}, sigma={d.sigma}, max_s={d.max_s}, seed={self.seed}, "
+            f"delay_reset={self.delay_reset})"
+        )

@@ -177,8 +177,11 @@ class RolloutWorker:
         try:
             if "miniwob" in kinds:
                 # The capsules show element ids (marks, DOM text) as the agent's action space needs.
-                self.runtime = config.capsules.runtime(include_dom_text=config.include_dom_text,
-                                                       action_space=config.agent.action_space, seed=config.runtime_seed)
+                self.runtime = config.capsules.runtime(
+                    include_dom_text=config.include_dom_text,
+                    action_space=config.agent.action_space,
+                    seed=config.runtime_seed,
+                )
             if "desktop" in kinds:
                 from cua_jax.envs.docker_pool import DockerEnvPool
 
@@ -213,7 +216,9 @@ class RolloutWorker:
             from cua_jax.environments.code_env import CodeEnvironment
 
             return CodeEnvironment(self.code_env, attribution=self.config.agent.attribution)
-        return MiniWoBEnvironment(self.runtime, time_limit_s=self.config.time_limit_s, screenshots=self.config.screenshots)
+        return MiniWoBEnvironment(
+            self.runtime, time_limit_s=self.config.time_limit_s, screenshots=self.config.screenshots
+        )
 
     def _envs(self, kind: str, n: int) -> list[AgentEnvironment]:
         """n environments of `kind`, reused across groups (a reset starts each one afresh)."""
@@ -241,8 +246,10 @@ class RolloutWorker:
             raise ValueError(f"a group needs n >= 1 episodes, got {n}")
         resolved = [self.resolve(task_id) for task_id, _, _ in groups]
         if any(kind == "desktop" for kind, _ in resolved) and n > self._desktop_capacity():
-            raise ValueError(f"a group of {n} desktop episodes needs {n} containers at once, but the pool has "
-                             f"{self._desktop_capacity()}")
+            raise ValueError(
+                f"a group of {n} desktop episodes needs {n} containers at once, but the pool has "
+                f"{self._desktop_capacity()}"
+            )
         with self._run_lock:
             needed = {kind: n * sum(k == kind for k, _ in resolved) for kind in self.envs}
             pools = {kind: iter(self._envs(kind, count)) for kind, count in needed.items()}
@@ -259,14 +266,18 @@ class RolloutWorker:
                     async with desktop_groups:
                         return await loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
 
-                return await asyncio.gather(*(
-                    run_one(envs, kind, spec, *group) for envs, (kind, spec), group in zip(assigned, resolved, groups)
-                ))
+                return await asyncio.gather(
+                    *(
+                        run_one(envs, kind, spec, *group)
+                        for envs, (kind, spec), group in zip(assigned, resolved, groups)
+                    )
+                )
 
             return list(asyncio.run(run_all()))
 
-    def run_groups(self, requests: Sequence[GroupRequest], n: int, evaluation: bool = False,
-                   temperature: float | None = None) -> list[list[Rollout]]:
+    def run_groups(
+        self, requests: Sequence[GroupRequest], n: int, evaluation: bool = False, temperature: float | None = None
+    ) -> list[list[Rollout]]:
         """Groups of n episodes, one per (task, seed, group_id) request, all concurrently on one
         event loop, with the evaluation agent loop when `evaluation`. `temperature` (evaluation
         only) samples at that temperature instead of the evaluation agent's own, all else equal
@@ -302,8 +313,9 @@ class RolloutWorker:
         batched across all of them; the environments are the streaming loop's own."""
         if self._stream_loop is None:
             self._stream_loop = asyncio.new_event_loop()
-            self._stream_thread = threading.Thread(target=self._stream_loop.run_forever, daemon=True,
-                                                   name="rollout-stream")
+            self._stream_thread = threading.Thread(
+                target=self._stream_loop.run_forever, daemon=True, name="rollout-stream"
+            )
             self._stream_thread.start()
         return asyncio.run_coroutine_threadsafe(_stream_group(self, request, n), self._stream_loop)
 
@@ -344,6 +356,7 @@ class RolloutWorker:
 
     def shutdown(self) -> None:
         """Close the capsules, the browser and the engine. Idempotent."""
+
         async def close_all(envs):
             await asyncio.gather(*(env.close() for env in envs))
 
@@ -373,8 +386,10 @@ async def _stream_group(worker: RolloutWorker, request: GroupRequest, n: int) ->
     task_id, seed, group_id = request
     kind, spec = worker.resolve(task_id)
     if kind == "desktop" and n > worker._desktop_capacity():
-        raise ValueError(f"a group of {n} desktop episodes needs {n} containers at once, but the pool has "
-                         f"{worker._desktop_capacity()}")
+        raise ValueError(
+            f"a group of {n} desktop episodes needs {n} containers at once, but the pool has "
+            f"{worker._desktop_capacity()}"
+        )
     free = worker._stream_envs.setdefault(kind, [])
     envs = [free.pop() if free else worker._wrapped(worker._new_env(kind)) for _ in range(n)]
     try:
@@ -388,8 +403,9 @@ async def _stream_group(worker: RolloutWorker, request: GroupRequest, n: int) ->
         free.extend(envs)
 
 
-def rollout_worker_actor(num_cpus: float = 1.0, env_vars: tuple[tuple[str, str], ...] = (), max_concurrency: int = 4,
-                         **options: Any):
+def rollout_worker_actor(
+    num_cpus: float = 1.0, env_vars: tuple[tuple[str, str], ...] = (), max_concurrency: int = 4, **options: Any
+):
     """RolloutWorker as a Ray actor class (call `.remote(engine_factory, config, env_wrapper)`).
 
     max_concurrency > 1 lets health checks, sampling-state reads and weight updates run while
@@ -423,8 +439,9 @@ class RemoteRolloutWorker:
         """Starts one actor and waits until it has built its engine and browser."""
         return start_remote_workers([(engine_factory, config)], env_wrapper, num_cpus=num_cpus, env_vars=env_vars)[0]
 
-    def run_groups(self, requests: Sequence[GroupRequest], n: int, evaluation: bool = False,
-                   temperature: float | None = None) -> list[list[Rollout]]:
+    def run_groups(
+        self, requests: Sequence[GroupRequest], n: int, evaluation: bool = False, temperature: float | None = None
+    ) -> list[list[Rollout]]:
         import ray
 
         return ray.get(self.actor.run_groups.remote(list(requests), n, evaluation, temperature))
@@ -502,8 +519,12 @@ def start_remote_workers(
 
     group = reserve_bundles(len(specs), num_cpus, 0.0, resources, placement, placement_timeout_s)
     extra = {"resources": dict(resources)} if resources else {}
-    actors = [rollout_worker_actor(num_cpus, env_vars, **extra, **bundle_strategy(group, i)).remote(
-              factory, config, env_wrapper) for i, (factory, config) in enumerate(specs)]
+    actors = [
+        rollout_worker_actor(num_cpus, env_vars, **extra, **bundle_strategy(group, i)).remote(
+            factory, config, env_wrapper
+        )
+        for i, (factory, config) in enumerate(specs)
+    ]
     try:
         ray.get([actor.health.remote() for actor in actors])
     except BaseException:

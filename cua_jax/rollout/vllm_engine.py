@@ -102,9 +102,7 @@ class VllmEngineConfig:
         if self.weight_transport == "dlpack" and self.tensor_parallel_size != 1:
             raise ValueError("the dlpack transport serves one worker; use shared_memory with tensor parallelism")
         if self.weight_transport not in WEIGHT_TRANSPORTS:
-            raise ValueError(
-                f"weight_transport {self.weight_transport!r} is not one of {WEIGHT_TRANSPORTS}"
-            )
+            raise ValueError(f"weight_transport {self.weight_transport!r} is not one of {WEIGHT_TRANSPORTS}")
         if not os.path.isfile(os.path.join(self.model_dir, "config.json")):
             raise ValueError(f"model_dir {self.model_dir!r} has no config.json")
 
@@ -287,9 +285,7 @@ def checkpoint_tensor_names(model_dir: str) -> set[str]:
 
 
 def _has_tokenizer(model_dir: str) -> bool:
-    return any(
-        os.path.isfile(os.path.join(model_dir, f)) for f in ("tokenizer.json", "tokenizer_config.json")
-    )
+    return any(os.path.isfile(os.path.join(model_dir, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
 
 
 class VllmEngine(RolloutEngine):
@@ -409,12 +405,12 @@ class VllmEngine(RolloutEngine):
             prompt["multi_modal_data"] = {"image": [Image.fromarray(im) for im in request.images]}
         return prompt
 
-    def generate(
-        self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
-    ) -> list[Generation]:
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
         if sampling.rope_scaling:
-            raise ValueError("a vLLM engine serves the exported model's own rope; rope_scaling (YaRN at "
-                             "evaluation) runs on the JAX sampler")
+            raise ValueError(
+                "a vLLM engine serves the exported model's own rope; rope_scaling (YaRN at "
+                "evaluation) runs on the JAX sampler"
+            )
         check_prompt_lengths(requests, sampling, self.config.max_model_len)
         if not requests:
             return []
@@ -529,13 +525,9 @@ def _to_generation(output: Any, version: int) -> Generation:
     ids = np.asarray(completion.token_ids, dtype=np.int32)
     if completion.logprobs is None or len(completion.logprobs) != ids.shape[0]:
         raise RuntimeError(f"vLLM returned no logprob for some tokens of request {output.request_id}")
-    logprobs = np.asarray(
-        [step[int(t)].logprob for step, t in zip(completion.logprobs, ids)], dtype=np.float32
-    )
+    logprobs = np.asarray([step[int(t)].logprob for step, t in zip(completion.logprobs, ids)], dtype=np.float32)
     if completion.finish_reason not in ("stop", "length"):
-        raise RuntimeError(
-            f"vLLM request {output.request_id} ended with {completion.finish_reason!r}"
-        )
+        raise RuntimeError(f"vLLM request {output.request_id} ended with {completion.finish_reason!r}")
     return Generation(
         token_ids=ids,
         logprobs=logprobs,

@@ -102,7 +102,9 @@ def register_image_only_qwen3_vl() -> None:
                 return self.__dict__["_image_only_processor"]
 
         @MULTIMODAL_REGISTRY.register_processor(
-            qwen3_vl.Qwen3VLMultiModalProcessor, info=ImageOnlyProcessingInfo, dummy_inputs=qwen3_vl.Qwen3VLDummyInputsBuilder
+            qwen3_vl.Qwen3VLMultiModalProcessor,
+            info=ImageOnlyProcessingInfo,
+            dummy_inputs=qwen3_vl.Qwen3VLDummyInputsBuilder,
         )
         class ImageOnlyQwen3VLForConditionalGeneration(qwen3_vl.Qwen3VLForConditionalGeneration):
             """vLLM's Qwen3-VL, registered with the image-only processing above."""

@@ -112,8 +112,9 @@ class _SharedExclusiveLock:
 PLACEMENT_STRATEGIES = ("", "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
-def reserve_bundles(count: int, cpus: float, gpus: float, resources: tuple[tuple[str, float], ...],
-                    strategy: str, timeout_s: float) -> Any:
+def reserve_bundles(
+    count: int, cpus: float, gpus: float, resources: tuple[tuple[str, float], ...], strategy: str, timeout_s: float
+) -> Any:
     """A Ray placement group of `count` bundles ({CPU: cpus, GPU: gpus, **resources}) with
     `strategy`, once the cluster has granted it; None without a strategy. A cluster that does
     not grant it within timeout_s raises, naming the bundle."""
@@ -130,8 +131,9 @@ def reserve_bundles(count: int, cpus: float, gpus: float, resources: tuple[tuple
         ray.get(group.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(group)
-        raise RuntimeError(f"the cluster did not grant {count} bundles of {bundle} ({strategy}) within "
-                           f"{timeout_s} s") from None
+        raise RuntimeError(
+            f"the cluster did not grant {count} bundles of {bundle} ({strategy}) within {timeout_s} s"
+        ) from None
     return group
 
 
@@ -211,18 +213,24 @@ class Router(RolloutEngine):
             runtime_env={"env_vars": dict(config.env_vars)} if config.env_vars else None,
         )
         actor_cls = ray.remote(EngineActor)
-        self.placement_group = reserve_bundles(config.num_engines, config.cpus_per_engine, config.gpus_per_engine,
-                                               config.resources, config.placement, config.placement_timeout_s)
-        self.actors = [actor_cls.options(**options, **bundle_strategy(self.placement_group, i)).remote(engine_factory)
-                       for i in range(config.num_engines)]
+        self.placement_group = reserve_bundles(
+            config.num_engines,
+            config.cpus_per_engine,
+            config.gpus_per_engine,
+            config.resources,
+            config.placement,
+            config.placement_timeout_s,
+        )
+        self.actors = [
+            actor_cls.options(**options, **bundle_strategy(self.placement_group, i)).remote(engine_factory)
+            for i in range(config.num_engines)
+        ]
         # Start-up failures surface here, not in the first generate.
         ray.get([actor.health.remote() for actor in self.actors])
 
     # -- generation ------------------------------------------------------------------
 
-    def generate(
-        self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
-    ) -> list[Generation]:
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
         import ray
 
         if not requests:
@@ -233,8 +241,7 @@ class Router(RolloutEngine):
             bounds = np.linspace(0, len(requests), min(len(targets), len(requests)) + 1).astype(int)
             chunks = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
             pending = {
-                i: (targets[i], self._submit(targets[i], requests, sampling, chunk))
-                for i, chunk in enumerate(chunks)
+                i: (targets[i], self._submit(targets[i], requests, sampling, chunk)) for i, chunk in enumerate(chunks)
             }
             results: dict[int, list[Generation]] = {}
             attempts = {i: 0 for i in pending}

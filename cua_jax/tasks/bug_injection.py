@@ -34,12 +34,29 @@ from cua_jax.tasks.code_tasks import Hunk
 
 KINDS = ("swapped operator", "off-by-one", "removed branch", "wrong constant")
 
-_COMPARE_SWAPS = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE: (">=", ">"),
-                  ast.Eq: ("==", "!="), ast.NotEq: ("!=", "=="), ast.In: ("in", "not in"),
-                  ast.NotIn: ("not in", "in"), ast.Is: ("is", "is not"), ast.IsNot: ("is not", "is")}
-_BINOP_SWAPS = {ast.Add: ("+", "-"), ast.Sub: ("-", "+"), ast.Mult: ("*", "//"), ast.FloorDiv: ("//", "*"),
-                ast.Mod: ("%", "//"), ast.LShift: ("<<", ">>"), ast.RShift: (">>", "<<"),
-                ast.BitAnd: ("&", "|"), ast.BitOr: ("|", "&")}
+_COMPARE_SWAPS = {
+    ast.Lt: ("<", "<="),
+    ast.LtE: ("<=", "<"),
+    ast.Gt: (">", ">="),
+    ast.GtE: (">=", ">"),
+    ast.Eq: ("==", "!="),
+    ast.NotEq: ("!=", "=="),
+    ast.In: ("in", "not in"),
+    ast.NotIn: ("not in", "in"),
+    ast.Is: ("is", "is not"),
+    ast.IsNot: ("is not", "is"),
+}
+_BINOP_SWAPS = {
+    ast.Add: ("+", "-"),
+    ast.Sub: ("-", "+"),
+    ast.Mult: ("*", "//"),
+    ast.FloorDiv: ("//", "*"),
+    ast.Mod: ("%", "//"),
+    ast.LShift: ("<<", ">>"),
+    ast.RShift: (">>", "<<"),
+    ast.BitAnd: ("&", "|"),
+    ast.BitOr: ("|", "&"),
+}
 _BOOL_SWAPS = {ast.And: ("and", "or"), ast.Or: ("or", "and")}
 _OPERATOR_PATTERN = {"not in": r"not\s+in", "is not": r"is\s+not"}
 
@@ -64,9 +81,9 @@ def apply_hunks(source: str, hunks: list[Hunk]) -> str:
     lines = source.split("\n")
     for hunk in hunks:
         at = hunk.start - 1
-        if tuple(lines[at:at + len(hunk.old)]) != hunk.old:
+        if tuple(lines[at : at + len(hunk.old)]) != hunk.old:
             raise ValueError(f"{hunk.path}:{hunk.start}: the hunk's old lines are not in the source")
-        lines[at:at + len(hunk.old)] = hunk.new
+        lines[at : at + len(hunk.old)] = hunk.new
     return "\n".join(lines)
 
 
@@ -88,9 +105,9 @@ class _Source:
         first = self.text.count("\n", 0, begin)
         last = self.text.count("\n", 0, end)
         new_text = self.text[:begin] + replacement + self.text[end:]
-        old = tuple(self.lines[first:last + 1])
+        old = tuple(self.lines[first : last + 1])
         new_last = last + replacement.count("\n") - self.text.count("\n", begin, end)
-        new = tuple(new_text.split("\n")[first:new_last + 1])
+        new = tuple(new_text.split("\n")[first : new_last + 1])
         return Hunk(path, first + 1, old, new), new_text
 
 
@@ -105,34 +122,45 @@ def _excluded_nodes(tree: ast.AST) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 exclude(body[0])
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             exclude(node.returns)
-            for arg in [*node.args.args, *node.args.posonlyargs, *node.args.kwonlyargs,
-                        node.args.vararg, node.args.kwarg]:
+            for arg in [
+                *node.args.args,
+                *node.args.posonlyargs,
+                *node.args.kwonlyargs,
+                node.args.vararg,
+                node.args.kwarg,
+            ]:
                 if arg is not None:
                     exclude(arg.annotation)
         if isinstance(node, ast.AnnAssign):
             exclude(node.annotation)
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.startswith("__")
-                                                for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id.startswith("__") for t in node.targets
+        ):
             exclude(node.value)
         if isinstance(node, ast.JoinedStr):
             exclude(node)  # f-strings: their parts carry no columns of their own before 3.12
     return excluded
 
 
-def _operator_site(src: _Source, left_end: tuple[int, int], right_start: tuple[int, int], symbol: str
-                   ) -> tuple[int, int] | None:
+def _operator_site(
+    src: _Source, left_end: tuple[int, int], right_start: tuple[int, int], symbol: str
+) -> tuple[int, int] | None:
     """The character span of operator `symbol` between two operands, or None."""
     begin, end = src.index(*left_end), src.index(*right_start)
     between = src.text[begin:end]
     pattern = _OPERATOR_PATTERN.get(symbol, re.escape(symbol))
     if symbol.isalpha() or " " in symbol:
         pattern = rf"(?<![\w]){pattern}(?![\w])"
-    found = [m for m in re.finditer(pattern, between) if "#" not in between[:m.start()]]
+    found = [m for m in re.finditer(pattern, between) if "#" not in between[: m.start()]]
     if len(found) != 1:
         return None
     return begin + found[0].start(), begin + found[0].end()
@@ -154,23 +182,26 @@ def _candidates(tree: ast.AST, src: _Source) -> Iterator[tuple[str, int, int, in
                 if type(op) in _COMPARE_SWAPS:
                     old, new = _COMPARE_SWAPS[type(op)]
                     left, right = operands[i], operands[i + 1]
-                    span = _operator_site(src, (left.end_lineno, left.end_col_offset),
-                                          (right.lineno, right.col_offset), old)
+                    span = _operator_site(
+                        src, (left.end_lineno, left.end_col_offset), (right.lineno, right.col_offset), old
+                    )
                     if span:
                         yield "swapped operator", left.end_lineno, *span, new, f"`{old}` -> `{new}`"
         elif isinstance(node, ast.BinOp) and type(node.op) in _BINOP_SWAPS:
             old, new = _BINOP_SWAPS[type(node.op)]
             if isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
                 continue  # "%" formatting and string concatenation make poor bugs
-            span = _operator_site(src, (node.left.end_lineno, node.left.end_col_offset),
-                                  (node.right.lineno, node.right.col_offset), old)
+            span = _operator_site(
+                src, (node.left.end_lineno, node.left.end_col_offset), (node.right.lineno, node.right.col_offset), old
+            )
             if span:
                 yield "swapped operator", node.left.end_lineno, *span, new, f"`{old}` -> `{new}`"
         elif isinstance(node, ast.BoolOp):
             old, new = _BOOL_SWAPS[type(node.op)]
             for left, right in zip(node.values, node.values[1:]):
-                span = _operator_site(src, (left.end_lineno, left.end_col_offset),
-                                      (right.lineno, right.col_offset), old)
+                span = _operator_site(
+                    src, (left.end_lineno, left.end_col_offset), (right.lineno, right.col_offset), old
+                )
                 if span:
                     yield "swapped operator", left.end_lineno, *span, new, f"`{old}` -> `{new}`"
         elif isinstance(node, ast.Constant) and node.end_lineno is not None:
@@ -183,8 +214,10 @@ def _candidates(tree: ast.AST, src: _Source) -> Iterator[tuple[str, int, int, in
                 yield "wrong constant", node.lineno, begin, end, "0", "`None` -> `0`"
             elif isinstance(value, int):
                 in_index = isinstance(parent, (ast.Compare, ast.Subscript, ast.Slice, ast.BinOp)) or (
-                    isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name)
-                    and parent.func.id in ("range", "enumerate"))
+                    isinstance(parent, ast.Call)
+                    and isinstance(parent.func, ast.Name)
+                    and parent.func.id in ("range", "enumerate")
+                )
                 text = src.text[begin:end]
                 if in_index and text.isdigit():
                     for new in (value + 1, value - 1):
@@ -194,8 +227,13 @@ def _candidates(tree: ast.AST, src: _Source) -> Iterator[tuple[str, int, int, in
                     yield "wrong constant", node.lineno, begin, end, "0", f"`{value}` -> `0`"
             elif isinstance(value, float) and value != 0:
                 yield "wrong constant", node.lineno, begin, end, "0.0", f"`{value}` -> `0.0`"
-            elif isinstance(value, str) and value and not isinstance(parent, ast.JoinedStr) \
-                    and node.lineno == node.end_lineno and len(value) <= 40:
+            elif (
+                isinstance(value, str)
+                and value
+                and not isinstance(parent, ast.JoinedStr)
+                and node.lineno == node.end_lineno
+                and len(value) <= 40
+            ):
                 yield "wrong constant", node.lineno, begin, end, "''", f"`{value!r}` -> `''`"
         elif isinstance(node, ast.If) and not node.orelse:
             parent = parents.get(id(node))
@@ -211,11 +249,17 @@ def _candidates(tree: ast.AST, src: _Source) -> Iterator[tuple[str, int, int, in
             first_line, last_line = node.lineno, node.end_lineno
             begin = src.starts[first_line - 1]
             end = src.starts[last_line]  # through the newline after the last line
-            indent = src.lines[first_line - 1][:node.col_offset]
+            indent = src.lines[first_line - 1][: node.col_offset]
             replacement = f"{indent}pass\n" if len(body) == 1 else ""
             test = ast.unparse(node.test)
-            yield ("removed branch", first_line, begin, end, replacement,
-                   f"removed `if {test[:60]}:` and its block ({last_line - first_line + 1} lines)")
+            yield (
+                "removed branch",
+                first_line,
+                begin,
+                end,
+                replacement,
+                f"removed `if {test[:60]}:` and its block ({last_line - first_line + 1} lines)",
+            )
 
 
 def mutations(source: str, path: str) -> list[Mutation]:

@@ -53,9 +53,7 @@ class CalibrationConfig:
             raise ValueError(f"CalibrationConfig.p_min {self.p_min} exceeds p_max {self.p_max}")
         for name in ("pilot_group_size", "group_size", "sample_size"):
             if getattr(self, name) < 1:
-                raise ValueError(
-                    f"CalibrationConfig.{name} must be >= 1, got {getattr(self, name)}"
-                )
+                raise ValueError(f"CalibrationConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.every_k_steps < 0 or self.min_active < 0:
             raise ValueError("CalibrationConfig.every_k_steps and min_active must be >= 0")
 
@@ -120,9 +118,7 @@ class PassRateCalibration(TaskSampler):
         if pilot or cfg.sample_size >= n:
             indices = np.arange(n)
         else:
-            indices = np.sort(
-                np.asarray(jax.random.choice(key, n, (cfg.sample_size,), replace=False))
-            )
+            indices = np.sort(np.asarray(jax.random.choice(key, n, (cfg.sample_size,), replace=False)))
         group_size = cfg.pilot_group_size if pilot else cfg.group_size
         task_ids = pool.ids_of(indices)
         outcomes = list(self.run_groups(task_ids, group_size))
@@ -178,8 +174,6 @@ class PassRateCalibration(TaskSampler):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("sampler") != type(self).__name__:
-            raise ValueError(
-                f"sampler state was saved by {state.get('sampler')!r}, not 'PassRateCalibration'"
-            )
+            raise ValueError(f"sampler state was saved by {state.get('sampler')!r}, not 'PassRateCalibration'")
         self.inner.load_state_dict(state["inner"])
         self.last_calibrated_step = int(state["last_calibrated_step"])

@@ -87,8 +87,12 @@ def package_mutations(container, package: CodePackage) -> tuple[list[Mutation], 
 def issue_report(package: CodePackage, failing: list[str], messages: dict[str, str]) -> str:
     """The instruction: the failing tests, with their assertion messages, as an issue report."""
     command = f"python -m pytest {' '.join(package.test_files)}"
-    lines = [f"{package.name}: {len(failing)} test{'s' if len(failing) > 1 else ''} of the test suite fail",
-             "", f"Running the repository's tests (`{command}`) reports these failures:", ""]
+    lines = [
+        f"{package.name}: {len(failing)} test{'s' if len(failing) > 1 else ''} of the test suite fail",
+        "",
+        f"Running the repository's tests (`{command}`) reports these failures:",
+        "",
+    ]
     for test in failing[:SHOWN_FAILURES]:
         lines.append(f"FAILED {test}")
         message = " ".join(messages.get(test, "").split())
@@ -96,8 +100,11 @@ def issue_report(package: CodePackage, failing: list[str], messages: dict[str, s
             lines.append(f"    {message[:300]}")
     if len(failing) > SHOWN_FAILURES:
         lines.append(f"... and {len(failing) - SHOWN_FAILURES} more")
-    lines += ["", "The tests describe the intended behaviour; the package's code is wrong. Find the cause and fix it "
-              "in the source, without changing the tests."]
+    lines += [
+        "",
+        "The tests describe the intended behaviour; the package's code is wrong. Find the cause and fix it "
+        "in the source, without changing the tests.",
+    ]
     return "\n".join(lines)
 
 
@@ -116,30 +123,50 @@ def oracle_edit(buggy: str, mutation: Mutation) -> dict[str, str]:
     raise ValueError(f"{hunk.path}:{hunk.start}: no unique context for the fix within 40 lines")
 
 
-def task_json(task_id: str, package: CodePackage, mutation: Mutation, failing: list[str], clean: TestRun,
-              mutant: TestRun, buggy_source: str) -> dict[str, Any]:
+def task_json(
+    task_id: str,
+    package: CodePackage,
+    mutation: Mutation,
+    failing: list[str],
+    clean: TestRun,
+    mutant: TestRun,
+    buggy_source: str,
+) -> dict[str, Any]:
     clean_failures = sorted(t for t, o in clean.outcomes.items() if o in ("failed", "error"))
     return {
         "id": task_id,
         "snapshot": SNAPSHOT,
         "instruction": issue_report(package, failing, mutant.messages),
         "source": f"bug injection into {package.name} {package.version} ({mutation.kind})",
-        "config": [{"type": "code_repository",
-                    "parameters": {"package": package.name, "bug": [mutation.hunk.to_json()]}}],
+        "config": [
+            {"type": "code_repository", "parameters": {"package": package.name, "bug": [mutation.hunk.to_json()]}}
+        ],
         "related_apps": ["terminal", "python"],
-        "evaluator": {"func": "pytest", "options": {
-            "test_files": list(package.test_files), "fail_to_pass": failing, "clean_failures": clean_failures,
-            "timeout": round(max(60.0, 10 * clean.seconds), 1)}},
-        "metadata": {"mutation": mutation.to_json(), "oracle": [mutation.hunk.reversed().to_json()],
-                     "oracle_edit": oracle_edit(buggy_source, mutation)},
+        "evaluator": {
+            "func": "pytest",
+            "options": {
+                "test_files": list(package.test_files),
+                "fail_to_pass": failing,
+                "clean_failures": clean_failures,
+                "timeout": round(max(60.0, 10 * clean.seconds), 1),
+            },
+        },
+        "metadata": {
+            "mutation": mutation.to_json(),
+            "oracle": [mutation.hunk.reversed().to_json()],
+            "oracle_edit": oracle_edit(buggy_source, mutation),
+        },
     }
 
 
 def fix_diff(task_json_value: dict[str, Any], buggy_source: str, clean_source: str) -> str:
     """The oracle fix as a unified diff (buggy -> clean), for readers of the suite."""
     path = task_json_value["metadata"]["mutation"]["path"]
-    return "".join(difflib.unified_diff(buggy_source.splitlines(True), clean_source.splitlines(True),
-                                        f"a/{path}", f"b/{path}", n=3))
+    return "".join(
+        difflib.unified_diff(
+            buggy_source.splitlines(True), clean_source.splitlines(True), f"a/{path}", f"b/{path}", n=3
+        )
+    )
 
 
 # ---- scripted policies ------------------------------------------------------------------------
@@ -174,6 +201,7 @@ class RandomPolicy:
         buggy = {p: t for p, t in sources.items()}
         for hunk in task.bug:
             from cua_jax.tasks.bug_injection import apply_hunks
+
             buggy[hunk.path] = apply_hunks(buggy[hunk.path], [hunk])
         out = []
         for _ in range(self.turns):

@@ -77,8 +77,7 @@ def _need(condition: bool, where: str, field: str, problem: str) -> None:
 
 
 def _strings(value: Any, where: str, field: str, allow_empty: bool = True) -> tuple[str, ...]:
-    _need(isinstance(value, list) and all(isinstance(v, str) for v in value), where, field,
-          "must be a list of strings")
+    _need(isinstance(value, list) and all(isinstance(v, str) for v in value), where, field, "must be a list of strings")
     _need(allow_empty or len(value) > 0, where, field, "must not be empty")
     return tuple(value)
 
@@ -88,13 +87,25 @@ def _hunks(value: Any, where: str, field: str) -> tuple[Hunk, ...]:
     hunks = []
     for i, h in enumerate(value):
         at = f"{field}[{i}]"
-        _need(isinstance(h, dict) and set(h) == {"path", "start", "old", "new"}, where, at,
-              "must be an object with exactly 'path', 'start', 'old', 'new'")
-        _need(isinstance(h["path"], str) and h["path"] and not h["path"].startswith("/")
-              and ".." not in h["path"].split("/"), where, f"{at}.path", "must be a path inside the repository")
+        _need(
+            isinstance(h, dict) and set(h) == {"path", "start", "old", "new"},
+            where,
+            at,
+            "must be an object with exactly 'path', 'start', 'old', 'new'",
+        )
+        _need(
+            isinstance(h["path"], str)
+            and h["path"]
+            and not h["path"].startswith("/")
+            and ".." not in h["path"].split("/"),
+            where,
+            f"{at}.path",
+            "must be a path inside the repository",
+        )
         _need(isinstance(h["start"], int) and h["start"] >= 1, where, f"{at}.start", "must be an integer >= 1")
-        hunks.append(Hunk(h["path"], h["start"], _strings(h["old"], where, f"{at}.old"),
-                          _strings(h["new"], where, f"{at}.new")))
+        hunks.append(
+            Hunk(h["path"], h["start"], _strings(h["old"], where, f"{at}.old"), _strings(h["new"], where, f"{at}.new"))
+        )
     return tuple(hunks)
 
 
@@ -104,34 +115,61 @@ def parse_code_task(value: Any, where: str = "<task>") -> CodeTask:
     _need(isinstance(value.get("id"), str) and value["id"], where, "id", "must be a non-empty string")
     where = f"{where} ({value['id']})"
     _need(value.get("snapshot") == SNAPSHOT, where, "snapshot", f"must be {SNAPSHOT!r}, got {value.get('snapshot')!r}")
-    _need(isinstance(value.get("instruction"), str) and value["instruction"].strip(), where, "instruction",
-          "must be a non-empty string")
+    _need(
+        isinstance(value.get("instruction"), str) and value["instruction"].strip(),
+        where,
+        "instruction",
+        "must be a non-empty string",
+    )
     config = value.get("config")
-    _need(isinstance(config, list) and len(config) == 1 and isinstance(config[0], dict)
-          and config[0].get("type") == "code_repository", where, "config",
-          "must hold exactly one step of type 'code_repository'")
+    _need(
+        isinstance(config, list)
+        and len(config) == 1
+        and isinstance(config[0], dict)
+        and config[0].get("type") == "code_repository",
+        where,
+        "config",
+        "must hold exactly one step of type 'code_repository'",
+    )
     params = config[0].get("parameters")
     _need(isinstance(params, dict), where, "config[0].parameters", "must be an object")
-    _need(isinstance(params.get("package"), str) and params["package"], where, "config[0].parameters.package",
-          "must name a repository of the code image")
+    _need(
+        isinstance(params.get("package"), str) and params["package"],
+        where,
+        "config[0].parameters.package",
+        "must name a repository of the code image",
+    )
     bug = _hunks(params.get("bug"), where, "config[0].parameters.bug")
     evaluator = value.get("evaluator")
-    _need(isinstance(evaluator, dict) and evaluator.get("func") == EVALUATOR, where, "evaluator.func",
-          f"must be {EVALUATOR!r}")
+    _need(
+        isinstance(evaluator, dict) and evaluator.get("func") == EVALUATOR,
+        where,
+        "evaluator.func",
+        f"must be {EVALUATOR!r}",
+    )
     options = evaluator.get("options")
     _need(isinstance(options, dict), where, "evaluator.options", "must be an object")
     timeout = options.get("timeout", 300.0)
     _need(isinstance(timeout, (int, float)) and timeout > 0, where, "evaluator.options.timeout", "must be > 0")
     metadata = value.get("metadata") or {}
     _need(isinstance(metadata, dict), where, "metadata", "must be an object")
-    oracle = _hunks(metadata["oracle"], where, "metadata.oracle") if "oracle" in metadata else tuple(
-        h.reversed() for h in reversed(bug))
+    oracle = (
+        _hunks(metadata["oracle"], where, "metadata.oracle")
+        if "oracle" in metadata
+        else tuple(h.reversed() for h in reversed(bug))
+    )
     return CodeTask(
-        id=value["id"], instruction=value["instruction"], package=params["package"], bug=bug,
+        id=value["id"],
+        instruction=value["instruction"],
+        package=params["package"],
+        bug=bug,
         test_files=_strings(options.get("test_files"), where, "evaluator.options.test_files", allow_empty=False),
         fail_to_pass=_strings(options.get("fail_to_pass"), where, "evaluator.options.fail_to_pass", allow_empty=False),
         clean_failures=_strings(options.get("clean_failures", []), where, "evaluator.options.clean_failures"),
-        timeout=float(timeout), oracle=oracle, raw=value)
+        timeout=float(timeout),
+        oracle=oracle,
+        raw=value,
+    )
 
 
 def load_code_task(path: str | pathlib.Path) -> CodeTask:
@@ -197,14 +235,21 @@ def verdict(task: CodeTask, outcomes: dict[str, str], partial_credit: bool = Fal
     return Verdict(reward, passed, total, broken)
 
 
-def judge_request(package: str, hunks: Sequence[Hunk], test_files: Sequence[str], timeout: float,
-                  isolated: bool = True) -> dict:
+def judge_request(
+    package: str, hunks: Sequence[Hunk], test_files: Sequence[str], timeout: float, isolated: bool = True
+) -> dict:
     """The runner's judge request for a tree reset to `package` with the bug `hunks`: the verdict's
     tests run on the clean repository with the bug and the work tree's versions of the package's
     source files only (launch/images/code/runner.py). `isolated=False` asks for the former judge
     in the work tree itself, the baseline of experiments/benchmarks/code_env.py and nothing else."""
-    request = {"op": "judge", "package": package, "hunks": [h.to_json() for h in hunks],
-               "sources": list(PACKAGES[package].sources), "test_files": list(test_files), "timeout": timeout}
+    request = {
+        "op": "judge",
+        "package": package,
+        "hunks": [h.to_json() for h in hunks],
+        "sources": list(PACKAGES[package].sources),
+        "test_files": list(test_files),
+        "timeout": timeout,
+    }
     if not isolated:
         request["isolated"] = False
     return request

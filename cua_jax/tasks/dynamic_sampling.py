@@ -38,9 +38,7 @@ def outcome_stats(
     num_groups = len(outcomes)
     extra = np.zeros(num_groups, np.int64) if replayed is None else np.asarray(replayed, np.int64)
     attempts = np.array([o.attempts for o in outcomes], dtype=np.int64)
-    successes = np.minimum(
-        np.array([o.successes for o in outcomes], dtype=np.int64) + extra, attempts
-    )
+    successes = np.minimum(np.array([o.successes for o in outcomes], dtype=np.int64) + extra, attempts)
     group_ids = np.repeat(np.arange(num_groups), attempts)
     position = np.arange(group_ids.shape[0]) - np.repeat(np.cumsum(attempts) - attempts, attempts)
     success = position < np.repeat(successes, attempts)
@@ -61,9 +59,7 @@ def outcome_stats(
         num_tiers=num_tiers,
     )
     per_group = ("group_size", "group_successes", "informative", "all_success", "all_fail")
-    return stats._replace(
-        **{name: np.asarray(getattr(stats, name))[:num_groups] for name in per_group}
-    )
+    return stats._replace(**{name: np.asarray(getattr(stats, name))[:num_groups] for name in per_group})
 
 
 def _bucket(size: int) -> int:
@@ -85,13 +81,9 @@ class DynamicSamplingConfig:
 
     def __post_init__(self):
         if self.max_rounds < 1:
-            raise ValueError(
-                f"DynamicSamplingConfig.max_rounds must be >= 1, got {self.max_rounds}"
-            )
+            raise ValueError(f"DynamicSamplingConfig.max_rounds must be >= 1, got {self.max_rounds}")
         if self.oversample < 1.0:
-            raise ValueError(
-                f"DynamicSamplingConfig.oversample must be >= 1, got {self.oversample}"
-            )
+            raise ValueError(f"DynamicSamplingConfig.oversample must be >= 1, got {self.oversample}")
 
 
 @dataclasses.dataclass

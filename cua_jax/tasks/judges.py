@@ -91,7 +91,7 @@ def mirror_path(url: str, mirror: str | pathlib.Path) -> pathlib.Path:
     parsed = urllib.parse.urlsplit(url)
     parts = [p for p in urllib.parse.unquote(parsed.path).split("/") if p not in ("", ".", "..")]
     if parsed.query:
-        parts = (parts or ["index"])
+        parts = parts or ["index"]
         parts[-1] += "?" + parsed.query
     return pathlib.Path(mirror).expanduser() / parsed.netloc.lower() / pathlib.Path(*parts or ["index"])
 
@@ -139,10 +139,23 @@ def fetch(url: str, base_dir: str, timeout: float = 30.0, mirror: str | pathlib.
 # ------------------------------------------------------------------------------------
 
 CLIENT_PASSWORD = "password"  # the user's password in OSWorld's images: {CLIENT_PASSWORD}
-IMPLEMENTED_STEPS = frozenset({
-    "download", "upload", "upload_file", "open", "launch", "execute", "command", "sleep",
-    "activate_window", "close_window", "chrome_open_tabs", "chrome_close_tabs", "change_wallpaper",
-})
+IMPLEMENTED_STEPS = frozenset(
+    {
+        "download",
+        "upload",
+        "upload_file",
+        "open",
+        "launch",
+        "execute",
+        "command",
+        "sleep",
+        "activate_window",
+        "close_window",
+        "chrome_open_tabs",
+        "chrome_close_tabs",
+        "change_wallpaper",
+    }
+)
 WINDOW_WAIT = 5.0  # seconds activate_window / close_window wait for their window to appear
 EXECUTE_TIMEOUT = 120.0  # seconds a command may run unless its step says (OSWorld's server's limit)
 CHROME_WAIT = 30.0  # seconds the chrome_* steps wait for Chromium's debugging endpoint
@@ -151,7 +164,7 @@ CHROMIUM_NAMES = ("google-chrome", "google-chrome-stable", "chromium", "chromium
 # Run inside the environment by the server's Python (which has python-xlib): find the first
 # window whose title (or "res_name.res_class" with by_class) contains the name, any case
 # (strict: equals it), as wmctrl -a / -c match; activate it or ask it to close.
-_WINDOW_SCRIPT = r'''
+_WINDOW_SCRIPT = r"""
 import json, time
 from Xlib import X, display, error, protocol
 
@@ -225,12 +238,12 @@ def main(args):
             print(json.dumps({"found": False}))
             return
         time.sleep(0.2)
-'''
+"""
 
 # Run inside the environment (standard library only): Chromium's remote-debugging HTTP
 # endpoints on localhost (OSWorld's 9222, or the 1337 its Chrome listens on), to open tabs
 # (the first replaces the start tab, as OSWorld's setup does) or close those at given URLs.
-_CHROME_SCRIPT = r'''
+_CHROME_SCRIPT = r"""
 import json, time, urllib.error, urllib.parse, urllib.request
 
 def call(port, path, method="GET"):
@@ -291,7 +304,7 @@ def main(args):
                 closed.append(url)
                 break
     print(json.dumps({"closed": closed}))
-'''
+"""
 
 
 def _run_script(client: EnvClient, script: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -307,8 +320,14 @@ def _run_script(client: EnvClient, script: str, args: dict[str, Any], timeout: f
 class _Steps:
     """Runs setup steps on one environment (see run_steps)."""
 
-    def __init__(self, client: EnvClient, base_dir: str, cache_dir: str | pathlib.Path | None,
-                 postconfig: bool, mirror: str | pathlib.Path | None):
+    def __init__(
+        self,
+        client: EnvClient,
+        base_dir: str,
+        cache_dir: str | pathlib.Path | None,
+        postconfig: bool,
+        mirror: str | pathlib.Path | None,
+    ):
         self.client, self.base_dir, self.postconfig, self.mirror = client, base_dir, postconfig, mirror
         self.cache_dir = pathlib.Path(cache_dir) if cache_dir is not None else None
         self._screen: tuple[int, int] | None = None
@@ -333,14 +352,21 @@ class _Steps:
         elif step.type in ("activate_window", "close_window"):
             self.window(step.type.split("_")[0], p)
         elif step.type in ("chrome_open_tabs", "chrome_close_tabs"):
-            action, urls = ("open", p["urls_to_open"]) if step.type == "chrome_open_tabs" else ("close", p["urls_to_close"])
-            reply = _run_script(self.client, _CHROME_SCRIPT, {"action": action, "urls": urls, "wait": CHROME_WAIT},
-                                CHROME_WAIT + 60 + 15 * len(urls))
+            action, urls = (
+                ("open", p["urls_to_open"]) if step.type == "chrome_open_tabs" else ("close", p["urls_to_close"])
+            )
+            reply = _run_script(
+                self.client,
+                _CHROME_SCRIPT,
+                {"action": action, "urls": urls, "wait": CHROME_WAIT},
+                CHROME_WAIT + 60 + 15 * len(urls),
+            )
             if "error" in reply:
                 raise SetupError(reply["error"])
         elif step.type == "change_wallpaper":
-            self.execute({"command": ["gsettings", "set", "org.gnome.desktop.background", "picture-uri",
-                                      f"file://{p['path']}"]})
+            self.execute(
+                {"command": ["gsettings", "set", "org.gnome.desktop.background", "picture-uri", f"file://{p['path']}"]}
+            )
 
     def browser(self, command: str | list[str]) -> str | list[str]:
         """OSWorld launches `google-chrome`; where the image has Chromium under another name
@@ -358,9 +384,13 @@ class _Steps:
         if self._screen is None and "{SCREEN_" in json.dumps(command):
             self._screen = self.client.screen_size()
         width, height = self._screen or (0, 0)
-        values = {"{CLIENT_PASSWORD}": CLIENT_PASSWORD, "{SCREEN_WIDTH_HALF}": str(width // 2),
-                  "{SCREEN_HEIGHT_HALF}": str(height // 2), "{SCREEN_WIDTH}": str(width),
-                  "{SCREEN_HEIGHT}": str(height)}
+        values = {
+            "{CLIENT_PASSWORD}": CLIENT_PASSWORD,
+            "{SCREEN_WIDTH_HALF}": str(width // 2),
+            "{SCREEN_HEIGHT_HALF}": str(height // 2),
+            "{SCREEN_WIDTH}": str(width),
+            "{SCREEN_HEIGHT}": str(height),
+        }
 
         def fill(text: str) -> str:
             for key, value in values.items():
@@ -379,9 +409,11 @@ class _Steps:
         deadline = time.monotonic() + timeout
         while True:
             reply = self.client.execute(command, shell=shell, timeout=timeout)
-            met = (("returncode" in until and reply.get("returncode") == until["returncode"])
-                   or ("stdout" in until and until["stdout"] in reply.get("output", ""))
-                   or ("stderr" in until and until["stderr"] in reply.get("error", "")))
+            met = (
+                ("returncode" in until and reply.get("returncode") == until["returncode"])
+                or ("stdout" in until and until["stdout"] in reply.get("output", ""))
+                or ("stderr" in until and until["stderr"] in reply.get("error", ""))
+            )
             if not until or met:
                 break
             if time.monotonic() >= deadline:
@@ -405,8 +437,13 @@ class _Steps:
 
     def window(self, action: str, p: dict[str, Any]) -> None:
         wait = float(p.get("timeout", WINDOW_WAIT))
-        args = {"action": action, "name": p["window_name"], "strict": p.get("strict", False),
-                "by_class": p.get("by_class", False), "wait": wait}
+        args = {
+            "action": action,
+            "name": p["window_name"],
+            "strict": p.get("strict", False),
+            "by_class": p.get("by_class", False),
+            "wait": wait,
+        }
         if not _run_script(self.client, _WINDOW_SCRIPT, args, wait + 30).get("found"):
             what = "class" if args["by_class"] else "title"
             message = f"no window whose {what} {'is' if args['strict'] else 'contains'} {p['window_name']!r}"
@@ -415,9 +452,15 @@ class _Steps:
             log.warning("%s_window: %s; going on", action, message)  # as OSWorld (wmctrl's status is ignored)
 
 
-def run_steps(steps: tuple[Step, ...], client: EnvClient, base_dir: str, *,
-              cache_dir: str | pathlib.Path | None = None, postconfig: bool = False,
-              mirror: str | pathlib.Path | None = None) -> None:
+def run_steps(
+    steps: tuple[Step, ...],
+    client: EnvClient,
+    base_dir: str,
+    *,
+    cache_dir: str | pathlib.Path | None = None,
+    postconfig: bool = False,
+    mirror: str | pathlib.Path | None = None,
+) -> None:
     """Run setup (or postconfig) steps in order; SetupError names the failing step.
 
     cache_dir: where `stdout` / `stderr` of commands go (the judge's cache: `cache_file`).
@@ -440,8 +483,9 @@ def run_steps(steps: tuple[Step, ...], client: EnvClient, base_dir: str, *,
             raise SetupError(f"step {index} ({step.type}) failed: {error}") from None
 
 
-def set_up(task: Task, client: EnvClient, cache_dir: str | pathlib.Path | None = None,
-           mirror: str | pathlib.Path | None = None) -> None:
+def set_up(
+    task: Task, client: EnvClient, cache_dir: str | pathlib.Path | None = None, mirror: str | pathlib.Path | None = None
+) -> None:
     """Prepare `task` on `client`'s environment: first whether it can run there at all
     (cua_jax.tasks.runnable: apps, network, implemented steps, getters and metrics; a
     SetupError lists every reason it cannot), then its `config` steps."""
@@ -456,6 +500,7 @@ def set_up(task: Task, client: EnvClient, cache_dir: str | pathlib.Path | None =
 # ------------------------------------------------------------------------------------
 # Getters
 # ------------------------------------------------------------------------------------
+
 
 def set_up_task(task: Task, client: EnvClient, setup_actions: list[str] | None = None) -> None:
     """The task's whole setup on `client`'s environment: whether the environment can run it
@@ -477,23 +522,80 @@ def set_up_task(task: Task, client: EnvClient, setup_actions: list[str] | None =
             raise SetupError(f"{task.id}: replaying setup action {index} failed: {result.error}")
 
 
-IMPLEMENTED_GETTERS = frozenset({
-    "vm_file", "cloud_file", "cache_file", "local_file", "content_from_vm_file",
-    "vm_command_line", "vm_command_error", "vm_terminal_output", "accessibility_tree",
-    "list_directory", "vm_screen_size", "vm_window_size", "vm_wallpaper", "rule",
-    "time_diff_range", "gimp_config_file", "vlc_config", "vlc_playing_info",
-    "default_video_player", "vscode_config", "audio_in_slide", "background_image_in_slide",
-    "conference_city_in_order",
-})
+IMPLEMENTED_GETTERS = frozenset(
+    {
+        "vm_file",
+        "cloud_file",
+        "cache_file",
+        "local_file",
+        "content_from_vm_file",
+        "vm_command_line",
+        "vm_command_error",
+        "vm_terminal_output",
+        "accessibility_tree",
+        "list_directory",
+        "vm_screen_size",
+        "vm_window_size",
+        "vm_wallpaper",
+        "rule",
+        "time_diff_range",
+        "gimp_config_file",
+        "vlc_config",
+        "vlc_playing_info",
+        "default_video_player",
+        "vscode_config",
+        "audio_in_slide",
+        "background_image_in_slide",
+        "conference_city_in_order",
+    }
+)
 # OSWorld's get_default_video_player asks xdg-mime about these video types.
 VIDEO_TYPES = (
-    "3gp", "3gpp", "3gpp2", "avi", "divx", "dv", "fli", "flv", "mp2t", "mp4", "mp4v-es", "mpeg",
-    "mpeg-system", "msvideo", "ogg", "quicktime", "vnd.divx", "vnd.mpegurl", "vnd.rn-realvideo",
-    "webm", "x-anim", "x-avi", "x-flc", "x-fli", "x-flv", "x-m4v", "x-matroska", "x-mpeg",
-    "x-mpeg-system", "x-mpeg2", "x-ms-asf", "x-ms-asf-plugin", "x-ms-asx", "x-ms-wm", "x-ms-wmv",
-    "x-ms-wmx", "x-ms-wvx", "x-msvideo", "x-nsv", "x-ogm", "x-ogm+ogg", "x-theora", "x-theora+ogg",
+    "3gp",
+    "3gpp",
+    "3gpp2",
+    "avi",
+    "divx",
+    "dv",
+    "fli",
+    "flv",
+    "mp2t",
+    "mp4",
+    "mp4v-es",
+    "mpeg",
+    "mpeg-system",
+    "msvideo",
+    "ogg",
+    "quicktime",
+    "vnd.divx",
+    "vnd.mpegurl",
+    "vnd.rn-realvideo",
+    "webm",
+    "x-anim",
+    "x-avi",
+    "x-flc",
+    "x-fli",
+    "x-flv",
+    "x-m4v",
+    "x-matroska",
+    "x-mpeg",
+    "x-mpeg-system",
+    "x-mpeg2",
+    "x-ms-asf",
+    "x-ms-asf-plugin",
+    "x-ms-asx",
+    "x-ms-wm",
+    "x-ms-wmv",
+    "x-ms-wmx",
+    "x-ms-wvx",
+    "x-msvideo",
+    "x-nsv",
+    "x-ogm",
+    "x-ogm+ogg",
+    "x-theora",
+    "x-theora+ogg",
 )
-_VLC_STATUS_SCRIPT = r'''
+_VLC_STATUS_SCRIPT = r"""
 import base64, json, urllib.request
 request = urllib.request.Request("http://127.0.0.1:8080/requests/status.xml")
 request.add_header("Authorization", "Basic " + base64.b64encode(b":password").decode())
@@ -502,7 +604,7 @@ try:
         print(json.dumps({"b64": base64.b64encode(response.read()).decode()}))
 except OSError as error:
     print(json.dumps({"error": str(error)}))
-'''
+"""
 
 
 class Getters:
@@ -529,8 +631,15 @@ class Getters:
         local.write_bytes(data)
         return str(local)
 
-    def vm_file(self, path, dest=None, multi: bool = False, gives=None, time_suffix: bool = False,
-                time_format: str = "%Y%m%d_%H%M%S") -> Any:
+    def vm_file(
+        self,
+        path,
+        dest=None,
+        multi: bool = False,
+        gives=None,
+        time_suffix: bool = False,
+        time_format: str = "%Y%m%d_%H%M%S",
+    ) -> Any:
         """Copy files out of the environment into the cache (as `dest`; default: the file's
         own name). One local path (None when the file is missing); with `multi`, `path` and
         `dest` are lists and the result lists the files at the indices `gives` (default
@@ -687,8 +796,11 @@ class Getters:
     def vscode_config(self, vscode_extension_command: str, path: str, dest: str) -> str | None:
         """Run a VS Code command (its palette, by pyautogui inside the environment), then
         copy the file it writes."""
-        for code in ("pyautogui.hotkey('ctrl', 'shift', 'p')",
-                     f"pyautogui.typewrite({vscode_extension_command!r})", "pyautogui.press('enter')"):
+        for code in (
+            "pyautogui.hotkey('ctrl', 'shift', 'p')",
+            f"pyautogui.typewrite({vscode_extension_command!r})",
+            "pyautogui.press('enter')",
+        ):
             self.client.execute(["python", "-c", f"import pyautogui; {code}"], timeout=30)
         time.sleep(1.0)
         return self.vm_file(path, dest)
@@ -724,7 +836,7 @@ class Getters:
                         continue
                     target = rel.get("Target", "")
                     if target.startswith("file://"):
-                        return self.vm_file(target[len("file://"):], dest)
+                        return self.vm_file(target[len("file://") :], dest)
                     inner = posixpath.normpath(posixpath.join("ppt/slides", target))
                     return self._save(dest, archive.read(inner)) if inner in names else None
         except (zipfile.BadZipFile, ElementTree.ParseError):
@@ -754,8 +866,13 @@ assert IMPLEMENTED_STEPS <= set(SETUP_STEPS)
 # ------------------------------------------------------------------------------------
 
 
-def evaluate(task: Task, client: EnvClient, cache_dir: str | pathlib.Path,
-             last_action: A.Action | A.InvalidAction | None = None, judge: Any = None) -> float:
+def evaluate(
+    task: Task,
+    client: EnvClient,
+    cache_dir: str | pathlib.Path,
+    last_action: A.Action | A.InvalidAction | None = None,
+    judge: Any = None,
+) -> float:
     """Run postconfig, then the task's metrics; the reward in [0, 1].
 
     judge runs judge code (`python_judge`) in the environment: a desktop pool's
@@ -787,7 +904,7 @@ def _score(check: Check, getters: Getters, evaluator, client: EnvClient, judge: 
     """One metric's reward: its getter values (as many as it takes; the expected one only
     when the task names it, as OSWorld calls metrics) and options, through the registry."""
     entry = metrics.lookup(check.func)
-    getter_values = [getters.get(g) for g in (check.result, check.expected)[:entry.arity]]
+    getter_values = [getters.get(g) for g in (check.result, check.expected)[: entry.arity]]
     if entry.arity == 2 and check.expected is None:
         getter_values = getter_values[:1]
     context = {"client": client, "judge": judge, "evaluator": evaluator, "last_action": None}

@@ -58,11 +58,7 @@ class PoolTask:
         where = f"PoolTask {self.task_id!r}"
         if not isinstance(self.domain, str) or not self.domain:
             raise ValueError(f"{where}: domain must be a non-empty string, got {self.domain!r}")
-        if (
-            isinstance(self.tier, bool)
-            or not isinstance(self.tier, (int, np.integer))
-            or self.tier < 0
-        ):
+        if isinstance(self.tier, bool) or not isinstance(self.tier, (int, np.integer)) or self.tier < 0:
             raise ValueError(f"{where}: tier must be an int >= 0, got {self.tier!r}")
         if not isinstance(self.feasible, (bool, np.bool_)):
             raise ValueError(f"{where}: feasible must be a bool, got {self.feasible!r}")
@@ -70,9 +66,7 @@ class PoolTask:
             raise ValueError(f"{where}: payload must be a dict, got {type(self.payload).__name__}")
         kind = self.payload.get("kind")
         if not isinstance(kind, str) or not kind:
-            raise ValueError(
-                f'{where}: payload needs a non-empty string field "kind", got {kind!r}'
-            )
+            raise ValueError(f'{where}: payload needs a non-empty string field "kind", got {kind!r}')
         try:
             json.dumps(self.payload)
         except (TypeError, ValueError) as err:
@@ -92,13 +86,9 @@ class PoolTask:
         """Builds a task from a plain record; a missing field raises naming it."""
         if not isinstance(record, Mapping):
             raise ValueError(f"a pool task record must be a dict, got {type(record).__name__}")
-        missing = [
-            f for f in ("task_id", "domain", "tier", "feasible", "payload") if f not in record
-        ]
+        missing = [f for f in ("task_id", "domain", "tier", "feasible", "payload") if f not in record]
         if missing:
-            raise ValueError(
-                f"pool task record {record.get('task_id', '<no task_id>')!r} lacks field(s) {missing}"
-            )
+            raise ValueError(f"pool task record {record.get('task_id', '<no task_id>')!r} lacks field(s) {missing}")
         return cls(
             task_id=record["task_id"],
             domain=record["domain"],
@@ -127,18 +117,14 @@ class GroupOutcome:
         for name in ("successes", "attempts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-                raise ValueError(
-                    f"GroupOutcome for task {self.task_id!r}: {name} must be an int >= 0, got {value!r}"
-                )
+                raise ValueError(f"GroupOutcome for task {self.task_id!r}: {name} must be an int >= 0, got {value!r}")
         if self.successes > self.attempts:
             raise ValueError(
-                f"GroupOutcome for task {self.task_id!r}: successes {self.successes} "
-                f"exceed attempts {self.attempts}"
+                f"GroupOutcome for task {self.task_id!r}: successes {self.successes} exceed attempts {self.attempts}"
             )
         if self.success_trajectory is not None and self.successes == 0:
             raise ValueError(
-                f"GroupOutcome for task {self.task_id!r}: a success_trajectory was given "
-                "for a group without successes"
+                f"GroupOutcome for task {self.task_id!r}: a success_trajectory was given for a group without successes"
             )
 
 
@@ -228,13 +214,9 @@ class TaskPool:
         self.attempts += att
         observed = att > 0
         rate = np.divide(succ, att, out=np.zeros(len(self)), where=observed)
-        self.pass_rate = np.array(
-            _ema_update_jit(self.pass_rate, rate.astype(np.float32), observed, alpha)
-        )
+        self.pass_rate = np.array(_ema_update_jit(self.pass_rate, rate.astype(np.float32), observed, alpha))
 
-    def set_pass_rates(
-        self, indices: np.ndarray, successes: np.ndarray, attempts: np.ndarray
-    ) -> None:
+    def set_pass_rates(self, indices: np.ndarray, successes: np.ndarray, attempts: np.ndarray) -> None:
         """Replaces the estimates of `indices` by fresh rates (a pilot or a calibration pass).
 
         The counts are added to the running totals; tasks with attempts == 0 keep their estimate.
@@ -298,8 +280,7 @@ class TaskPool:
                 # Not dataclasses.asdict: it would turn a dataclass trajectory (an Episode)
                 # into a dict.
                 self.tasks[i].task_id: [
-                    {"trajectory": e.trajectory, "step_cached": e.step_cached, "replays": e.replays}
-                    for e in entries
+                    {"trajectory": e.trajectory, "step_cached": e.step_cached, "replays": e.replays} for e in entries
                 ]
                 for i, entries in sorted(self.replay_cache.items())
             },
@@ -330,9 +311,7 @@ class TaskPool:
         for name, dtype in arrays.items():
             value = np.array(state[name], dtype=dtype)
             if value.shape != (n,):
-                raise ValueError(
-                    f"task pool state field {name!r} has shape {value.shape}, expected ({n},)"
-                )
+                raise ValueError(f"task pool state field {name!r} has shape {value.shape}, expected ({n},)")
             setattr(self, name, value)
         self.replay_cache = {
             int(self.indices_of([task_id])[0]): [CachedTrajectory(**e) for e in entries]

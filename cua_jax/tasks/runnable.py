@@ -45,55 +45,95 @@ from cua_jax.tasks.schema import Task
 APPS: dict[str, tuple[str, ...]] = {
     "chromium": ("google-chrome", "google-chrome-stable", "chromium", "chromium-browser"),
     "libreoffice": ("libreoffice", "soffice"),
-    "libreoffice_calc": ("localc", "/usr/share/applications/libreoffice-calc.desktop",
-                         "/usr/lib/libreoffice/program/libsclo.so"),
-    "libreoffice_writer": ("lowriter", "/usr/share/applications/libreoffice-writer.desktop",
-                           "/usr/lib/libreoffice/program/libswlo.so"),
+    "libreoffice_calc": (
+        "localc",
+        "/usr/share/applications/libreoffice-calc.desktop",
+        "/usr/lib/libreoffice/program/libsclo.so",
+    ),
+    "libreoffice_writer": (
+        "lowriter",
+        "/usr/share/applications/libreoffice-writer.desktop",
+        "/usr/lib/libreoffice/program/libswlo.so",
+    ),
     "libreoffice_impress": ("loimpress", "/usr/share/applications/libreoffice-impress.desktop"),
     "vs_code": ("code",),
     "terminal": ("gnome-terminal", "xterm", "x-terminal-emulator"),
 }
 # Programs that are one of the applications above.
 PROGRAM_APPS = {
-    "google-chrome": "chromium", "google-chrome-stable": "chromium", "chromium": "chromium",
-    "chromium-browser": "chromium", "soffice": "libreoffice", "localc": "libreoffice_calc",
-    "lowriter": "libreoffice_writer", "loimpress": "libreoffice_impress", "code": "vs_code",
+    "google-chrome": "chromium",
+    "google-chrome-stable": "chromium",
+    "chromium": "chromium",
+    "chromium-browser": "chromium",
+    "soffice": "libreoffice",
+    "localc": "libreoffice_calc",
+    "lowriter": "libreoffice_writer",
+    "loimpress": "libreoffice_impress",
+    "code": "vs_code",
 }
 # OSWorld's (and VeriGen's) related_apps values; None: names no application ("os", a file type).
 RELATED_APPS: dict[str, str | None] = {
-    "chrome": "chromium", "google-chrome": "chromium", "browser": "chromium",
-    "libreoffice_calc": "libreoffice_calc", "libreoffice calc": "libreoffice_calc", "calc": "libreoffice_calc",
-    "libreoffice_writer": "libreoffice_writer", "writer": "libreoffice_writer",
-    "libreoffice_impress": "libreoffice_impress", "impress": "libreoffice_impress",
-    "vscode": "vs_code", "vs_code": "vs_code", "ubuntu_media_player": "totem",
-    "os": None, "pdf": None, "image": None, "ubuntu": None,
+    "chrome": "chromium",
+    "google-chrome": "chromium",
+    "browser": "chromium",
+    "libreoffice_calc": "libreoffice_calc",
+    "libreoffice calc": "libreoffice_calc",
+    "calc": "libreoffice_calc",
+    "libreoffice_writer": "libreoffice_writer",
+    "writer": "libreoffice_writer",
+    "libreoffice_impress": "libreoffice_impress",
+    "impress": "libreoffice_impress",
+    "vscode": "vs_code",
+    "vs_code": "vs_code",
+    "ubuntu_media_player": "totem",
+    "os": None,
+    "pdf": None,
+    "image": None,
+    "ubuntu": None,
     "files": None,  # VeriGen's file tasks: the file system, no application
 }
 # GSettings schemas that only a GNOME session installs (OSWorld's VM runs GNOME).
 GNOME_SHELL_SCHEMAS = ("org.gnome.shell", "org.gnome.mutter")
 # Getters and steps that read an application's state or files.
 GETTER_APPS = {
-    "vm_terminal_output": ("gnome-terminal",), "vlc_config": ("vlc",), "vlc_playing_info": ("vlc",),
-    "default_video_player": ("vlc", "xdg-mime"), "gimp_config_file": ("gimp",),
-    "vscode_config": ("vs_code", "python"), "vm_wallpaper": ("gsettings",),
+    "vm_terminal_output": ("gnome-terminal",),
+    "vlc_config": ("vlc",),
+    "vlc_playing_info": ("vlc",),
+    "default_video_player": ("vlc", "xdg-mime"),
+    "gimp_config_file": ("gimp",),
+    "vscode_config": ("vs_code", "python"),
+    "vm_wallpaper": ("gsettings",),
 }
 STEP_APPS = {
-    "chrome_open_tabs": ("chromium",), "chrome_close_tabs": ("chromium",), "login": ("chromium",),
-    "update_browse_history": ("chromium",), "change_wallpaper": ("gsettings",),
+    "chrome_open_tabs": ("chromium",),
+    "chrome_close_tabs": ("chromium",),
+    "login": ("chromium",),
+    "update_browse_history": ("chromium",),
+    "change_wallpaper": ("gsettings",),
 }
 BROWSER_GETTERS = frozenset(name for name, spec in schema.GETTERS.items() if schema.OPEN in spec[1]) - {"replay"}
 # What an unimplemented step or getter would fetch: the reason names it.
-NETWORK_STEPS = {"googledrive": "Google Drive", "login": "Google Drive", "proxy": "a proxy server",
-                 "update_browse_history": "huggingface.co"}
-NETWORK_GETTERS = {"googledrive_file": "Google Drive", "number_of_search_results": "google.com",
-                   "info_from_website": None, "page_info": None, "pdf_from_url": None,
-                   "gotoRecreationPage_and_get_html_content": "recreation.gov"}
+NETWORK_STEPS = {
+    "googledrive": "Google Drive",
+    "login": "Google Drive",
+    "proxy": "a proxy server",
+    "update_browse_history": "huggingface.co",
+}
+NETWORK_GETTERS = {
+    "googledrive_file": "Google Drive",
+    "number_of_search_results": "google.com",
+    "info_from_website": None,
+    "page_info": None,
+    "pdf_from_url": None,
+    "gotoRecreationPage_and_get_html_content": "recreation.gov",
+}
 
 # Words that start no program: shell keywords and builtins, and prefixes before the program.
 _SHELL_WORDS = frozenset(
     "if then else elif fi for while until do done case esac in function select { } [ [[ ]] ! "
     "cd export echo printf history source . set unset read exit return local alias true false "
-    "test type eval shift trap wait declare readonly umask ulimit : builtin".split())
+    "test type eval shift trap wait declare readonly umask ulimit : builtin".split()
+)
 _PREFIXES = frozenset({"nohup", "exec", "time", "command", "nice", "stdbuf", "setsid"})
 _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", "\n", ";;", "|&"})
 _REDIRECTS = re.compile(r"^\d*[<>]")
@@ -210,14 +250,20 @@ def _network_use(program: str, args: list[str]) -> str | None:
     """The network use of one command ("apt-get install jq"), or None."""
     words = [a for a in args if not a.startswith("-")]
     line = " ".join([program, *args])[:120]
-    if program in ("apt", "apt-get", "aptitude") and words[:1] and words[0] in (
-            "install", "update", "upgrade", "full-upgrade", "dist-upgrade", "download", "source", "build-dep"):
+    if (
+        program in ("apt", "apt-get", "aptitude")
+        and words[:1]
+        and words[0]
+        in ("install", "update", "upgrade", "full-upgrade", "dist-upgrade", "download", "source", "build-dep")
+    ):
         return line
     if program in ("pip", "pip3") and words[:1] == ["install"]:
         local = all("/" in w or w.endswith((".whl", ".tar.gz", ".zip")) or w == "." for w in words[1:])
         return None if local and words[1:] else line
     if program == "code" and "--install-extension" in args:
-        target = args[args.index("--install-extension") + 1] if args.index("--install-extension") + 1 < len(args) else ""
+        target = (
+            args[args.index("--install-extension") + 1] if args.index("--install-extension") + 1 < len(args) else ""
+        )
         return None if target.endswith(".vsix") else line
     if program == "git" and words[:1] and words[0] in ("clone", "fetch", "pull", "push", "ls-remote"):
         return line if any(_is_url(w) for w in words) else None
@@ -232,14 +278,14 @@ def _network_use(program: str, args: list[str]) -> str | None:
 def _python_needs(interpreter: str, args: list[str], where: str) -> list[Need]:
     needs: list[Need] = []
     if "-m" in args and args.index("-m") + 1 < len(args):
-        module_args = args[args.index("-m") + 1:]
+        module_args = args[args.index("-m") + 1 :]
         use = _network_use(module_args[0], module_args[1:])
         if use:
             needs.append(Need("network", use, where))
     if "-c" in args and args.index("-c") + 1 < len(args):
         code = args[args.index("-c") + 1]
         for plain, source in _IMPORT.findall(code):
-            for part in (plain.split(",") if plain else [source]):
+            for part in plain.split(",") if plain else [source]:
                 module = part.strip().split(" ")[0].split(".")[0]
                 if module and module not in sys.stdlib_module_names and module != "__future__":
                     needs.append(Need("module", f"{interpreter}:{module}", where))
@@ -260,8 +306,12 @@ def command_needs(command: str | list[str], shell: bool, where: str = "") -> lis
             continue
         path, args = rest[0], rest[1:]
         program = path.rsplit("/", 1)[-1]
-        if (program in _SHELL_WORDS or not program or any(c in path for c in "$`(){}")
-                or ("/" in path and not path.startswith("/"))):  # a script the setup made, a variable
+        if (
+            program in _SHELL_WORDS
+            or not program
+            or any(c in path for c in "$`(){}")
+            or ("/" in path and not path.startswith("/"))
+        ):  # a script the setup made, a variable
             continue
         needs.append(Need("app", PROGRAM_APPS.get(program, program), where))
         if program == "gsettings" and any(arg.startswith(GNOME_SHELL_SCHEMAS) for arg in args):
@@ -303,9 +353,12 @@ def _step_needs(step: schema.Step, where: str, base_dir: str, mirror) -> list[Ne
     elif step.type in ("launch", "execute", "command", "execute_with_verification"):
         needs += command_needs(p["command"], bool(p.get("shell", False)), where)
     elif step.type == "chrome_open_tabs":
-        needs += [Need("network", url, where) for url in p["urls_to_open"]
-                  if urllib.parse.urlsplit(url).scheme not in ("file", "about", "chrome", "data")
-                  and urllib.parse.urlsplit(url if "://" in url else "http://" + url).hostname not in judges.LOOPBACK_HOSTS]
+        needs += [
+            Need("network", url, where)
+            for url in p["urls_to_open"]
+            if urllib.parse.urlsplit(url).scheme not in ("file", "about", "chrome", "data")
+            and urllib.parse.urlsplit(url if "://" in url else "http://" + url).hostname not in judges.LOOPBACK_HOSTS
+        ]
     return needs
 
 
@@ -318,7 +371,9 @@ def _getter_needs(getter: schema.Getter, where: str, base_dir: str, mirror) -> l
     if getter.type == "vscode_config":
         needs.append(Need("module", "python:pyautogui", where))
     if getter.type in NETWORK_GETTERS:
-        target = NETWORK_GETTERS[getter.type] or str(getter.parameters.get("url") or getter.parameters.get("path") or "the web")
+        target = NETWORK_GETTERS[getter.type] or str(
+            getter.parameters.get("url") or getter.parameters.get("path") or "the web"
+        )
         needs.append(Need("network", target, where))
     if getter.type == "cloud_file":
         paths = getter.parameters["path"]
@@ -364,8 +419,9 @@ def probe_names(task_needs: Iterable[Need]) -> list[str]:
     return sorted({n.name for n in task_needs if n.kind in ("app", "module")})
 
 
-def runnable(task: Task, image_apps: Collection[str], mirror=None,
-             task_needs: list[Need] | None = None) -> tuple[bool, list[str]]:
+def runnable(
+    task: Task, image_apps: Collection[str], mirror=None, task_needs: list[Need] | None = None
+) -> tuple[bool, list[str]]:
     """(True, []) when the project can run `task` in an image holding `image_apps` (the
     apps and "interpreter:module" names probe_image / check_environment found), else
     (False, the reasons, each once, in task order)."""
@@ -396,8 +452,10 @@ def probe_script(names: Iterable[str]) -> str:
             interpreter, module = name.split(":", 1)
             test = f"{shlex.quote(interpreter)} -c {shlex.quote(_FIND_SPEC)} {shlex.quote(module)}"
         else:
-            test = " || ".join(f"[ -e {shlex.quote(alt)} ]" if alt.startswith("/") else f"command -v {shlex.quote(alt)}"
-                               for alt in APPS.get(name, (name,)))
+            test = " || ".join(
+                f"[ -e {shlex.quote(alt)} ]" if alt.startswith("/") else f"command -v {shlex.quote(alt)}"
+                for alt in APPS.get(name, (name,))
+            )
         lines.append(f"if {{ {test}; }} >/dev/null 2>&1; then echo {shlex.quote('+' + name)}; fi")
     return "\n".join(lines) + "\n"
 
@@ -411,8 +469,12 @@ def probe_image(image: str, names: Iterable[str], timeout: float = 120.0) -> set
     names = sorted(set(names))
     if not names:
         return set()
-    done = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "sh", image, "-c",
-                           probe_script(names)], capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--entrypoint", "sh", image, "-c", probe_script(names)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"cannot probe image {image}: {done.stderr.strip()[-500:]}")
     return _present(done.stdout)

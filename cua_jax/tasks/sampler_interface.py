@@ -88,9 +88,7 @@ class TaskSampler(abc.ABC):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
-def check_fraction(
-    owner: str, name: str, value: float, *, low_open: bool = False, high_open: bool = False
-):
+def check_fraction(owner: str, name: str, value: float, *, low_open: bool = False, high_open: bool = False):
     low_ok = value > 0 if low_open else value >= 0
     high_ok = value < 1 if high_open else value <= 1
     if not (low_ok and high_ok):
@@ -98,9 +96,7 @@ def check_fraction(
         raise ValueError(f"{owner}.{name} must lie in {interval}, got {value}")
 
 
-def check_outcomes_match(
-    task_ids: Sequence[str], outcomes: Sequence[GroupOutcome], who: str
-) -> None:
+def check_outcomes_match(task_ids: Sequence[str], outcomes: Sequence[GroupOutcome], who: str) -> None:
     got = [o.task_id for o in outcomes]
     if got != list(task_ids):
         raise ValueError(

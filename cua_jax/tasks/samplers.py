@@ -117,9 +117,7 @@ class DTACConfig:
                 f"DTACConfig.max_replays_per_trajectory must be >= 1, got {self.max_replays_per_trajectory}"
             )
         if self.replay_cache_size < 1:
-            raise ValueError(
-                f"DTACConfig.replay_cache_size must be >= 1, got {self.replay_cache_size}"
-            )
+            raise ValueError(f"DTACConfig.replay_cache_size must be >= 1, got {self.replay_cache_size}")
 
 
 CURRICULUM_DIFFICULTIES = ("tier", "pass_rate")
@@ -185,14 +183,8 @@ class PoolSampler(TaskSampler):
         return int(self.eligible_mask(exclude).sum())
 
     def sample(self, key: jax.Array, batch_size: int, *, exclude: Sequence[str] = ()) -> list[str]:
-        if (
-            isinstance(batch_size, bool)
-            or not isinstance(batch_size, (int, np.integer))
-            or batch_size < 1
-        ):
-            raise ValueError(
-                f"{type(self).__name__}.sample: batch_size must be an int >= 1, got {batch_size!r}"
-            )
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"{type(self).__name__}.sample: batch_size must be an int >= 1, got {batch_size!r}")
         eligible = self.eligible_mask(exclude)
         if eligible.sum() < batch_size:
             raise ValueError(
@@ -223,9 +215,7 @@ class PoolSampler(TaskSampler):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("sampler") != type(self).__name__:
-            raise ValueError(
-                f"sampler state was saved by {state.get('sampler')!r}, not {type(self).__name__!r}"
-            )
+            raise ValueError(f"sampler state was saved by {state.get('sampler')!r}, not {type(self).__name__!r}")
         self._pool.load_state_dict(state["pool"])
         self._step = int(state["step"])
 
@@ -262,8 +252,11 @@ class FrontierSampler(PoolSampler):
         """Beside the pool's: the eq. 2 weights over the active tasks (mean, max), which the
         draws follow."""
         weights = self.weights()[self._pool.active]
-        return {**super().metrics(), "sampler/frontier_weight_mean": float(weights.mean()),
-                "sampler/frontier_weight_max": float(weights.max())}
+        return {
+            **super().metrics(),
+            "sampler/frontier_weight_mean": float(weights.mean()),
+            "sampler/frontier_weight_max": float(weights.max()),
+        }
 
     def _select(self, key, batch_size, eligible):
         n_explore = share_count(batch_size, self.config.gamma)
@@ -307,17 +300,17 @@ class DTACSampler(PoolSampler):
                     f"needs {count} {what} tasks, only {have} are eligible"
                 )
         gumbel_vas, gumbel_infeasible = _gumbels(key, 2, len(self._pool))
-        return _dtac_select_jit(
-            gumbel_vas, gumbel_infeasible, self.weights(), eligible, feasible, n_vas, n_infeasible
-        )
+        return _dtac_select_jit(gumbel_vas, gumbel_infeasible, self.weights(), eligible, feasible, n_vas, n_infeasible)
 
     def metrics(self) -> dict[str, float]:
         """Beside the pool's: tasks in the replay band, cached successes, and the mean pass rate
         of each tier that has estimates (DTAC's curriculum moving through the tiers)."""
         pool = self._pool
-        out = {**super().metrics(),
-               "sampler/replay_band_tasks": float(sum(self._in_replay_band(i) for i in range(len(pool)))),
-               "sampler/replay_cache": float(sum(len(entries) for entries in pool.replay_cache.values()))}
+        out = {
+            **super().metrics(),
+            "sampler/replay_band_tasks": float(sum(self._in_replay_band(i) for i in range(len(pool)))),
+            "sampler/replay_cache": float(sum(len(entries) for entries in pool.replay_cache.values())),
+        }
         for tier in np.unique(pool.tiers):
             rates = pool.pass_rate[(pool.tiers == tier) & ~np.isnan(pool.pass_rate)]
             if len(rates):
@@ -350,9 +343,7 @@ class DTACSampler(PoolSampler):
             index = int(self._pool.indices_of([outcome.task_id])[0])
             p = self._pool.pass_rate[index]  # before this step's update: the rate it was drawn at
             if np.isnan(p) or p <= self.config.p_high:
-                self._pool.cache_success(
-                    index, outcome.success_trajectory, self._step, self.config.replay_cache_size
-                )
+                self._pool.cache_success(index, outcome.success_trajectory, self._step, self.config.replay_cache_size)
         super().update(outcomes)
 
 
@@ -390,8 +381,11 @@ class CurriculumSampler(PoolSampler):
         return order
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "draws": self._draws,
-                "difficulty": None if self._difficulty is None else self._difficulty.tolist()}
+        return {
+            **super().state_dict(),
+            "draws": self._draws,
+            "difficulty": None if self._difficulty is None else self._difficulty.tolist(),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
@@ -431,7 +425,5 @@ def build_sampler(
     if calibration is None:
         return sampler
     if run_groups is None:
-        raise ValueError(
-            "build_sampler: pass-rate calibration needs run_groups to run its rollouts"
-        )
+        raise ValueError("build_sampler: pass-rate calibration needs run_groups to run its rollouts")
     return PassRateCalibration(sampler, calibration, run_groups)

@@ -131,16 +131,43 @@ GETTERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "conference_city_in_order": (("csv_path",), ()),
     "replay": ((), (OPEN,)),
     # the browser (Chrome's profile files, its debugging protocol, the web)
-    **{name: ((), (OPEN,)) for name in (
-        "default_search_engine", "cookie_data", "bookmarks", "open_tabs_info", "pdf_from_url",
-        "shortcuts_on_desktop", "history", "page_info", "enabled_experiments", "chrome_language",
-        "chrome_font_size", "profile_name", "number_of_search_results", "googledrive_file",
-        "active_tab_info", "enable_do_not_track", "enable_enhanced_safety_browsing",
-        "enable_safe_browsing", "new_startup_page", "find_unpacked_extension_path",
-        "data_delete_automacally", "active_tab_html_parse", "active_tab_url_parse",
-        "gotoRecreationPage_and_get_html_content", "url_dashPart", "active_url_from_accessTree",
-        "find_installed_extension_name", "info_from_website", "macys_product_url_parse",
-        "url_path_parse", "chrome_appearance_mode_ui", "chrome_color_scheme")},
+    **{
+        name: ((), (OPEN,))
+        for name in (
+            "default_search_engine",
+            "cookie_data",
+            "bookmarks",
+            "open_tabs_info",
+            "pdf_from_url",
+            "shortcuts_on_desktop",
+            "history",
+            "page_info",
+            "enabled_experiments",
+            "chrome_language",
+            "chrome_font_size",
+            "profile_name",
+            "number_of_search_results",
+            "googledrive_file",
+            "active_tab_info",
+            "enable_do_not_track",
+            "enable_enhanced_safety_browsing",
+            "enable_safe_browsing",
+            "new_startup_page",
+            "find_unpacked_extension_path",
+            "data_delete_automacally",
+            "active_tab_html_parse",
+            "active_tab_url_parse",
+            "gotoRecreationPage_and_get_html_content",
+            "url_dashPart",
+            "active_url_from_accessTree",
+            "find_installed_extension_name",
+            "info_from_website",
+            "macys_product_url_parse",
+            "url_path_parse",
+            "chrome_appearance_mode_ui",
+            "chrome_color_scheme",
+        )
+    },
 }
 # Metrics, from their registry (cua_jax.tasks.metrics): metric -> number of getter values it
 # takes (result, expected), and how many of those a task must name. A metric OSWorld defines
@@ -283,9 +310,16 @@ def _number(low: float, high: float | None = None, low_open: bool = False) -> Ca
     def check(fields: _Fields, name: str) -> float:
         value = fields.get(name, (int, float))
         if value < low or (low_open and value == low) or (high is not None and value > high):
-            bounds = f"> {low:g}" if low_open and high is None else f"between {low:g} and {high:g}" if high else f">= {low:g}"
+            bounds = (
+                f"> {low:g}"
+                if low_open and high is None
+                else f"between {low:g} and {high:g}"
+                if high
+                else f">= {low:g}"
+            )
             fields.fail(f"must be {bounds}, got {value!r}", name)
         return value
+
     return check
 
 
@@ -314,6 +348,7 @@ def _files(keys: tuple[str, str]) -> Callable[[_Fields, str], list[dict[str, Any
                 if not item.get(key, str):
                     item.fail("must not be empty", key)
         return files
+
     return check
 
 
@@ -340,24 +375,53 @@ def _slide_index(fields: _Fields, name: str) -> int:
 
 PARAMETERS: dict[str, Callable[[_Fields, str], Any]] = {
     "command": _command,
-    "shell": _flag, "strict": _flag, "by_class": _flag, "check": _flag, "multi": _flag, "time_suffix": _flag,
+    "shell": _flag,
+    "strict": _flag,
+    "by_class": _flag,
+    "check": _flag,
+    "multi": _flag,
+    "time_suffix": _flag,
     "seconds": _number(0, 600),
-    "timeout": _number(0, low_open=True), "max_wait_time": _number(0, low_open=True),
-    "check_interval": _number(0, low_open=True), "diff_range_in_minutes": _number(0),
-    "path": _text, "window_name": _text, "app_class_name": _text, "file_name": _text, "file_type": _text,
-    "file_content": _text, "vscode_extension_command": _text, "ppt_file_path": _text, "csv_path": _text,
-    "time_format": _text, "platform": _text, "settings_file": _text, "trajectory": _text,
+    "timeout": _number(0, low_open=True),
+    "max_wait_time": _number(0, low_open=True),
+    "check_interval": _number(0, low_open=True),
+    "diff_range_in_minutes": _number(0),
+    "path": _text,
+    "window_name": _text,
+    "app_class_name": _text,
+    "file_name": _text,
+    "file_type": _text,
+    "file_content": _text,
+    "vscode_extension_command": _text,
+    "ppt_file_path": _text,
+    "csv_path": _text,
+    "time_format": _text,
+    "platform": _text,
+    "settings_file": _text,
+    "trajectory": _text,
     "client_password": _of(str),
-    "stdout": _file_name, "stderr": _file_name, "dest": _file_name,
-    "until": _until, "rules": _of((dict, list)), "verification": _of(dict),
-    "urls_to_open": _strings, "urls_to_close": _strings,
-    "action_seq": _of(list), "history": _of(list), "operation": _of(list), "args": _of(list),
+    "stdout": _file_name,
+    "stderr": _file_name,
+    "dest": _file_name,
+    "until": _until,
+    "rules": _of((dict, list)),
+    "verification": _of(dict),
+    "urls_to_open": _strings,
+    "urls_to_close": _strings,
+    "action_seq": _of(list),
+    "history": _of(list),
+    "operation": _of(list),
+    "args": _of(list),
     "slide_index": _slide_index,
 }
 
 
-def _checked(fields: _Fields, spec: tuple[tuple[str, ...], tuple[str, ...]], what: str,
-             special: dict[str, Callable[[_Fields, str], Any]] | None = None) -> dict[str, Any]:
+def _checked(
+    fields: _Fields,
+    spec: tuple[tuple[str, ...], tuple[str, ...]],
+    what: str,
+    special: dict[str, Callable[[_Fields, str], Any]] | None = None,
+) -> dict[str, Any]:
     """The parameters of one step / getter, each checked and normalised."""
     params = _check_params(fields, spec, what)
     if OPEN in spec[1]:
@@ -407,8 +471,11 @@ def _file_getter(fields: _Fields, params: dict[str, Any]) -> None:
     if "gives" in params:
         gives = params["gives"]
         count = len(paths) if multi else 1
-        if (not isinstance(gives, list) or not gives
-                or not all(isinstance(g, int) and not isinstance(g, bool) and 0 <= g < count for g in gives)):
+        if (
+            not isinstance(gives, list)
+            or not gives
+            or not all(isinstance(g, int) and not isinstance(g, bool) and 0 <= g < count for g in gives)
+        ):
             fields.fail(f"must be a non-empty list of file indices in [0, {count})", "gives")
 
 
@@ -516,15 +583,22 @@ def parse_task(value: Any, base_dir: str | pathlib.Path = ".") -> Task:
     instruction = fields.get("instruction", str)
     if not instruction.strip():
         fields.fail("must not be empty", "instruction")
-    config = tuple(_step(task_id, f"config[{i}]", s) for i, s in enumerate(fields.get("config", list, required=False, default=[])))
+    config = tuple(
+        _step(task_id, f"config[{i}]", s) for i, s in enumerate(fields.get("config", list, required=False, default=[]))
+    )
     apps = fields.get("related_apps", list, required=False, default=[])
     if not all(isinstance(a, str) for a in apps):
         fields.fail("must be a list of strings", "related_apps")
     return Task(
-        id=task_id, instruction=instruction, config=config, evaluator=_evaluator(task_id, fields.get("evaluator", dict)),
+        id=task_id,
+        instruction=instruction,
+        config=config,
+        evaluator=_evaluator(task_id, fields.get("evaluator", dict)),
         snapshot=fields.get("snapshot", str, required=False, default="desktop"),
-        source=_source(fields), related_apps=tuple(apps),
-        base_dir=str(base_dir), raw=value,
+        source=_source(fields),
+        related_apps=tuple(apps),
+        base_dir=str(base_dir),
+        raw=value,
     )
 
 

@@ -85,17 +85,13 @@ def descending_rank(scores: jax.Array) -> jax.Array:
     return jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
 
 
-def _batch_order(
-    first_rank: jax.Array, first_count, second_rank: jax.Array, second_count
-) -> jax.Array:
+def _batch_order(first_rank: jax.Array, first_count, second_rank: jax.Array, second_count) -> jax.Array:
     """A permutation [N] listing the first group's picks (rank < first_count) in rank order,
     then the second group's, then everything else."""
     n = first_rank.shape[0]
     in_first = first_rank < first_count
     in_second = ~in_first & (second_rank < second_count)
-    position = jnp.where(
-        in_first, first_rank, jnp.where(in_second, first_count + second_rank, n + jnp.arange(n))
-    )
+    position = jnp.where(in_first, first_rank, jnp.where(in_second, first_count + second_rank, n + jnp.arange(n)))
     return jnp.argsort(position, stable=True).astype(jnp.int32)
 
 

@@ -65,13 +65,9 @@ class SimulatorConfig:
             raise ValueError("SimulatorConfig.tier_difficulty needs at least one tier")
         for name in ("infeasible_fraction", "transfer", "replay_gain"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(
-                    f"SimulatorConfig.{name} must lie in [0, 1], got {getattr(self, name)}"
-                )
+                raise ValueError(f"SimulatorConfig.{name} must lie in [0, 1], got {getattr(self, name)}")
         if self.step_gain < 0 or self.difficulty_noise < 0 or self.domain_skill_spread < 0:
-            raise ValueError(
-                "SimulatorConfig.step_gain, difficulty_noise, domain_skill_spread must be >= 0"
-            )
+            raise ValueError("SimulatorConfig.step_gain, difficulty_noise, domain_skill_spread must be >= 0")
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -94,9 +90,7 @@ class TaskPoolSimulator:
             return domain, tier, np.asarray(cfg.tier_difficulty)[tier] + noise
 
         self.domain, self.tier, self.difficulty = draw(cfg.train_tasks_per_domain)
-        self.held_out_domain, self.held_out_tier, self.held_out_difficulty = draw(
-            cfg.held_out_tasks_per_domain
-        )
+        self.held_out_domain, self.held_out_tier, self.held_out_difficulty = draw(cfg.held_out_tasks_per_domain)
         self.feasible = rng.random(self.domain.shape[0]) >= cfg.infeasible_fraction
         self.domain_skill = rng.normal(0.0, cfg.domain_skill_spread, size=cfg.num_domains)
         self.task_skill = np.zeros(self.domain.shape[0])
@@ -123,9 +117,7 @@ class TaskPoolSimulator:
         try:
             return np.array([self._index[t] for t in task_ids], dtype=np.int64)
         except KeyError as err:
-            raise KeyError(
-                f"task {err.args[0]!r} is not a training task of this simulator"
-            ) from None
+            raise KeyError(f"task {err.args[0]!r} is not a training task of this simulator") from None
 
     def pass_rates(self, task_ids: Sequence[str] | None = None) -> np.ndarray:
         """float [K] true success probabilities of training tasks (all of them if None)."""
@@ -154,9 +146,7 @@ class TaskPoolSimulator:
             outcomes.append(GroupOutcome(task_id, int(s), group_size, trajectory))
         return outcomes
 
-    def learn(
-        self, outcomes: Sequence[GroupOutcome], replayed: Sequence[bool] | None = None
-    ) -> None:
+    def learn(self, outcomes: Sequence[GroupOutcome], replayed: Sequence[bool] | None = None) -> None:
         """Applies one training step on the given groups (the learning model above).
 
         Args:
@@ -171,12 +161,7 @@ class TaskPoolSimulator:
         informative = (successes > 0) & (successes < attempts)
         replay_only = replayed & (np.array([o.successes for o in outcomes]) == 0)
         share = attempts / max(int(attempts.sum()), 1)
-        gain = (
-            self.config.step_gain
-            * share
-            * informative
-            * np.where(replay_only, self.config.replay_gain, 1.0)
-        )
+        gain = self.config.step_gain * share * informative * np.where(replay_only, self.config.replay_gain, 1.0)
         index = self._indices([o.task_id for o in outcomes])
         np.add.at(self.task_skill, index, gain)
         domain_gain = np.zeros_like(self.domain_skill)

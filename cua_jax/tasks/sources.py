@@ -138,8 +138,9 @@ def load_task_folder(folder: str | pathlib.Path) -> list[SourceTask]:
         if file.error is not None:
             raise file.error
         task = file.task
-        out.append(SourceTask(task.id, "desktop", file.domain, file.tier, not task.evaluator.infeasible, task,
-                              str(file.path)))
+        out.append(
+            SourceTask(task.id, "desktop", file.domain, file.tier, not task.evaluator.infeasible, task, str(file.path))
+        )
     if not out:
         raise ValueError(f"task folder {str(folder)!r} holds no task files (JSON objects with an 'evaluator')")
     return out
@@ -159,8 +160,10 @@ def load_code_tasks(folder: str | pathlib.Path, task_ids: Sequence[str] = ()) ->
     if missing:
         raise ValueError(f"code task folder {str(folder)!r} has no tasks {missing}")
     chosen = [by_id[task_id] for task_id in dict.fromkeys(task_ids)] if task_ids else suite
-    return [SourceTask(task.id, "code", task.package, 0, True, task, str(pathlib.Path(folder) / f"{task.id}.json"))
-            for task in chosen]
+    return [
+        SourceTask(task.id, "code", task.package, 0, True, task, str(pathlib.Path(folder) / f"{task.id}.json"))
+        for task in chosen
+    ]
 
 
 def parse_domain_weights(entries: Iterable[str]) -> dict[str, float]:
@@ -191,8 +194,10 @@ class TaskCatalog:
             if task.kind not in TASK_KINDS:
                 raise ValueError(f"task {task.task_id!r}: kind {task.kind!r} is not one of {TASK_KINDS}")
             if task.task_id in self._tasks:
-                raise ValueError(f"task id {task.task_id!r} appears twice: in {self._tasks[task.task_id].origin} "
-                                 f"and in {task.origin}")
+                raise ValueError(
+                    f"task id {task.task_id!r} appears twice: in {self._tasks[task.task_id].origin} "
+                    f"and in {task.origin}"
+                )
             self._tasks[task.task_id] = task
 
     def __getitem__(self, task_id: str) -> SourceTask:
@@ -222,8 +227,9 @@ class TaskCatalog:
         """task id -> domain."""
         return {task.task_id: task.domain for task in self._tasks.values()}
 
-    def pool(self, domain_weights: Mapping[str, float] | None = None,
-             task_ids: Sequence[str] | None = None) -> TaskPool:
+    def pool(
+        self, domain_weights: Mapping[str, float] | None = None, task_ids: Sequence[str] | None = None
+    ) -> TaskPool:
         """The sampler's pool of the tasks `task_ids` (None: every task). With `domain_weights`, each task's prior weight
         gives its domain a share of the draws proportional to domain_weights[domain] (1 when
         unlisted), spread evenly over the domain's tasks; without, every task weighs the same.
@@ -236,7 +242,9 @@ class TaskCatalog:
         domains = [task.domain for task in chosen]
         unknown = sorted(set(weights) - set(domains))
         if unknown:
-            raise ValueError(f"domain weights name {unknown}, which no task has; the domains are {sorted(set(domains))}")
+            raise ValueError(
+                f"domain weights name {unknown}, which no task has; the domains are {sorted(set(domains))}"
+            )
         counts = {domain: domains.count(domain) for domain in set(domains)}
         prior = np.asarray([weights.get(d, 1.0) / counts[d] for d in domains], np.float32)
         return TaskPool(tasks, prior=prior / prior.max())

@@ -62,14 +62,16 @@ class RolloutFeeder:
     def state_dict(self) -> dict[str, Any]:
         """The accounting and every collected group not yet taken (call between learner steps)."""
         with self._lock:
-            return {"next_draw": self.next_draw,
-                    "unfinished_draws": sorted(self._collecting | set(self._redo)),
-                    "unfinished_requests": [(d, r) for d, requests in sorted(self._outstanding.items())
-                                            for r in requests] + list(self._redo_requests),
-                    "waiting": {d: list(groups) for d, groups in self._waiting.items() if groups},
-                    "buffer": self.buffer.snapshot(),
-                    "dropped_stale_groups": self.buffer.dropped_stale_groups,
-                    "dropped_stale_episodes": self.buffer.dropped_stale_episodes}
+            return {
+                "next_draw": self.next_draw,
+                "unfinished_draws": sorted(self._collecting | set(self._redo)),
+                "unfinished_requests": [(d, r) for d, requests in sorted(self._outstanding.items()) for r in requests]
+                + list(self._redo_requests),
+                "waiting": {d: list(groups) for d, groups in self._waiting.items() if groups},
+                "buffer": self.buffer.snapshot(),
+                "dropped_stale_groups": self.buffer.dropped_stale_groups,
+                "dropped_stale_episodes": self.buffer.dropped_stale_episodes,
+            }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Before `start`: the saved groups go back into the buffer (then the waiting ones are
@@ -85,8 +87,13 @@ class RolloutFeeder:
 
     # -- threads ----------------------------------------------------------------------------
 
-    def start(self, workers: Sequence[Any], collect: Callable[[int, Any], tuple[list[RolloutGroup], Any]],
-              collector: Any = None, group_size: int = 0) -> None:
+    def start(
+        self,
+        workers: Sequence[Any],
+        collect: Callable[[int, Any], tuple[list[RolloutGroup], Any]],
+        collector: Any = None,
+        group_size: int = 0,
+    ) -> None:
         """Streaming (max_episodes_in_flight > 0) needs the `GroupCollector` and the group size."""
         self._stop.clear()
         for w, worker in enumerate(workers):
@@ -107,8 +114,10 @@ class RolloutFeeder:
                 self._move_waiting()
                 with self._lock:
                     waiting = sum(len(groups) for groups in self._waiting.values())
-                    room = (in_flight[0] + n * collector.config.rollout.batch_tasks <= self.max_episodes_in_flight
-                            or not in_flight[0]) and waiting < self.buffer.capacity
+                    room = (
+                        in_flight[0] + n * collector.config.rollout.batch_tasks <= self.max_episodes_in_flight
+                        or not in_flight[0]
+                    ) and waiting < self.buffer.capacity
                     if self._redo_requests:
                         started = [self._redo_requests.pop(0)]
                     elif room:
@@ -128,7 +137,8 @@ class RolloutFeeder:
                 for draw, request in started:
                     future = worker.submit_group(request, n)
                     future.add_done_callback(
-                        lambda f, d=draw, r=request: self._group_done(f, d, r, collector, n, in_flight))
+                        lambda f, d=draw, r=request: self._group_done(f, d, r, collector, n, in_flight)
+                    )
         except BaseException as error:  # noqa: BLE001 - surfaced to the learner thread
             if not self._stop.is_set():
                 self._error = error

@@ -161,8 +161,12 @@ def item_positions(item: TrainingItem, multimodal: MultimodalPositions | None) -
     from cua_jax.models.qwen3_vl import rope_index  # the VL model module is heavy; only for multimodal batches
 
     spans = sorted(item.images, key=lambda s: s.start)
-    positions, _ = rope_index(np.asarray(item.ids)[None], [tuple(int(x) for x in s.grid_thw) for s in spans] or None,
-                              image_token_id=multimodal.image_token_id, spatial_merge_size=multimodal.spatial_merge_size)
+    positions, _ = rope_index(
+        np.asarray(item.ids)[None],
+        [tuple(int(x) for x in s.grid_thw) for s in spans] or None,
+        image_token_id=multimodal.image_token_id,
+        spatial_merge_size=multimodal.spatial_merge_size,
+    )
     return positions[:, 0].astype(np.int32)
 
 
@@ -193,8 +197,11 @@ def shared_prefix_length(items: Sequence[TrainingItem], same_image=None) -> int:
             break
         for item in items[1:]:
             other = next((o for o in item.images if (o.start, o.end) == (span.start, span.end)), None)
-            same = other is not None and (same_image(first, span, item, other) if same_image is not None
-                                          else tuple(other.grid_thw) == tuple(span.grid_thw))
+            same = other is not None and (
+                same_image(first, span, item, other)
+                if same_image is not None
+                else tuple(other.grid_thw) == tuple(span.grid_thw)
+            )
             if not same:
                 split = span.start
                 break
@@ -215,10 +222,12 @@ def _image_arrays(images: Sequence[tuple[TrainingItem, ImageSpan]], pixel_patche
         p = np.asarray(pixel_patches[key], np.float32)
         t, h, w = span.grid_thw
         if p.ndim != 2 or p.shape[0] != t * h * w:
-            raise ValueError(f"collate: image {key} has patches of shape {p.shape}, its grid {span.grid_thw} needs {t * h * w} rows")
+            raise ValueError(
+                f"collate: image {key} has patches of shape {p.shape}, its grid {span.grid_thw} needs {t * h * w} rows"
+            )
         patches.append(p)
         grids.append(tuple(int(x) for x in span.grid_thw))
-        offsets[row + 1:] += p.shape[0]
+        offsets[row + 1 :] += p.shape[0]
     pad_image_count(patches, grids)
     return np.concatenate(patches, axis=0), offsets, ImageGrid(tuple(grids))
 
@@ -273,6 +282,7 @@ def collate(
     prefix_rows: list[tuple[TrainingItem, int]] = []  # (the group's first item, its split)
     row_prefix = np.zeros(b, np.int32)
     if config.share_prefix:
+
         def same_image(a, span_a, c, span_c):
             pa = pixel_patches[(a.episode_id, span_a.turn, span_a.index)]
             pc = pixel_patches[(c.episode_id, span_c.turn, span_c.index)]
@@ -325,9 +335,9 @@ def collate(
         p_positions = np.zeros((3, g, lp) if multimodal is not None else (g, lp), np.int32)
         p_images = []
         for r, (item, split) in enumerate(prefix_rows):
-            p_ids[r, lp - split:] = item.ids[:split]
-            p_segments[r, lp - split:] = 1
-            p_positions[..., r, lp - split:] = item_positions(item, multimodal)[..., :split]
+            p_ids[r, lp - split :] = item.ids[:split]
+            p_segments[r, lp - split :] = 1
+            p_positions[..., r, lp - split :] = item_positions(item, multimodal)[..., :split]
             p_images += [(r, item, span) for span in sorted(item.images, key=lambda s: s.start) if span.end <= split]
         p_pixels, _, p_grid = _image_arrays(p_images, pixel_patches, g) if p_images else (None, None, None)
         prefix = SharedPrefix(p_ids, p_segments, p_positions, row_prefix, p_pixels, p_grid)
@@ -389,8 +399,11 @@ def make_minibatches(
         micro = []
         for start in range(0, len(order), config.rows):
             chunk = order[start : start + config.rows]
-            micro.append(collate([items[i] for i in chunk], adv[chunk], config,
-                                 pixel_patches=pixel_patches, multimodal=multimodal))
+            micro.append(
+                collate(
+                    [items[i] for i in chunk], adv[chunk], config, pixel_patches=pixel_patches, multimodal=multimodal
+                )
+            )
         minibatches.append(micro)
     return minibatches
 
@@ -424,15 +437,22 @@ def process_images(
     return out
 
 
-def score_items(learner, items: Sequence[TrainingItem], episodes: Mapping[str, Episode], config: BatchingConfig,
-                image_processor, multimodal: MultimodalPositions | None) -> list[np.ndarray]:
+def score_items(
+    learner,
+    items: Sequence[TrainingItem],
+    episodes: Mapping[str, Episode],
+    config: BatchingConfig,
+    image_processor,
+    multimodal: MultimodalPositions | None,
+) -> list[np.ndarray]:
     """The learner's per-token logprobs of each item ([len(item.ids)] each, aligned with its
     ids), one item per row (`Learner.score`), under its current parameters."""
     out = []
     config = dataclasses.replace(config, share_prefix=False)  # one whole item per row: logprobs align with its ids
     for item in items:
         patches = process_images([item], episodes, image_processor)
-        micro = make_minibatches([item], np.zeros(1, np.float32), config, 1, pixel_patches=patches,
-                                 multimodal=multimodal)[0][0]
+        micro = make_minibatches(
+            [item], np.zeros(1, np.float32), config, 1, pixel_patches=patches, multimodal=multimodal
+        )[0][0]
         out.append(np.asarray(learner.score(micro))[0, : len(item.ids)])
     return out

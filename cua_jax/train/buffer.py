@@ -102,9 +102,7 @@ class RolloutBuffer:
                     raise RuntimeError("rollout buffer is closed")
                 if not self._cond.wait(timeout):
                     self._groups.extendleft(reversed(taken))
-                    raise TimeoutError(
-                        f"waited {timeout}s for {num_groups} fresh groups, have {len(taken)}"
-                    )
+                    raise TimeoutError(f"waited {timeout}s for {num_groups} fresh groups, have {len(taken)}")
         return taken
 
     def snapshot(self) -> list[RolloutGroup]:

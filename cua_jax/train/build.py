@@ -61,8 +61,9 @@ def check_init_from(config):
     except (OSError, ValueError) as error:
         raise ConfigError(f"{where}: {error}") from None
     if found.kind != config.model.name:
-        raise ConfigError(f"{where} holds a {found.architecture} ({found.kind!r}), but model.name is "
-                          f"{config.model.name!r}")
+        raise ConfigError(
+            f"{where} holds a {found.architecture} ({found.kind!r}), but model.name is {config.model.name!r}"
+        )
     return found
 
 
@@ -75,8 +76,10 @@ def load_run_processor(config):
     tokenizer, image_processor = load_processor(tokenizer_dir(config))
     # A tokenizer from init_from itself was checked against its vocabulary with the directory.
     if policy is not None and config.model.tokenizer_dir and token_id_bound(tokenizer) > policy.vocab_size:
-        raise ConfigError(f"config.model.tokenizer_dir: {config.model.tokenizer_dir!r}: its tokenizer's ids reach "
-                          f"{token_id_bound(tokenizer)}, past model.init_from's vocabulary ({policy.vocab_size})")
+        raise ConfigError(
+            f"config.model.tokenizer_dir: {config.model.tokenizer_dir!r}: its tokenizer's ids reach "
+            f"{token_id_bound(tokenizer)}, past model.init_from's vocabulary ({policy.vocab_size})"
+        )
     return tokenizer, image_processor
 
 
@@ -87,12 +90,19 @@ def rollout_worker_config(settings: TrainSettings, worker: int) -> RolloutWorker
     from key split r, so this makes a resumed run sample what the uninterrupted one did."""
     c = settings.config
     return RolloutWorkerConfig(
-        agent=settings.agent, eval_agent=settings.eval_agent, segmenter=c.context.segmenter,
+        agent=settings.agent,
+        eval_agent=settings.eval_agent,
+        segmenter=c.context.segmenter,
         segmenter_options=tuple(sorted(settings.segmenter_options.items())),
-        tokenizer_dir=tokenizer_dir(c), include_dom_text=c.env.include_dom_text,
-        screenshots=c.env.observation == "screenshot", time_limit_s=c.env.time_limit_s,
-        runtime_seed=c.seed * 1000 + worker, canonical_order=True, catalog=settings.catalog,
-        desktop_pool=desktop_pool_config(settings), code_env=settings.code_env,
+        tokenizer_dir=tokenizer_dir(c),
+        include_dom_text=c.env.include_dom_text,
+        screenshots=c.env.observation == "screenshot",
+        time_limit_s=c.env.time_limit_s,
+        runtime_seed=c.seed * 1000 + worker,
+        canonical_order=True,
+        catalog=settings.catalog,
+        desktop_pool=desktop_pool_config(settings),
+        code_env=settings.code_env,
         capsules=CapsuleOptions.from_config(c.env.capsules),
     )
 
@@ -138,8 +148,9 @@ class VllmRouterFactory:
         return Router(VllmEngineFactory(self.engine), self.router, host_weights=vllm_host_weights(self.model_dir))
 
 
-def vllm_router_factories(settings: TrainSettings, model_dir: str, multimodal: bool,
-                          banned_token_ids: tuple[int, ...] = ()) -> list[VllmRouterFactory]:
+def vllm_router_factories(
+    settings: TrainSettings, model_dir: str, multimodal: bool, banned_token_ids: tuple[int, ...] = ()
+) -> list[VllmRouterFactory]:
     """One `VllmRouterFactory` per rollout worker, as config.rollout.vllm names them (engine
     seeds c.seed * 1000 + worker); the engines never sample `banned_token_ids`. A context
     budget past the policy's positions is a ConfigError naming the field."""
@@ -156,25 +167,42 @@ def vllm_router_factories(settings: TrainSettings, model_dir: str, multimodal: b
         contexts["eval.max_context_tokens"] = c.eval.max_context_tokens
     for field, tokens in contexts.items():
         # vLLM refuses a longer context than the model's positions.
-        _require(positions is None or tokens <= positions, field,
-                 f"{tokens} tokens exceed the policy's max_position_embeddings ({positions}), vLLM's longest context")
+        _require(
+            positions is None or tokens <= positions,
+            field,
+            f"{tokens} tokens exceed the policy's max_position_embeddings ({positions}), vLLM's longest context",
+        )
     engine = VllmEngineConfig(
-        model_dir, dtype=v.dtype, max_model_len=max(contexts.values()),
-        kv_cache_bytes=int(v.kv_cache_mb) * 2**20 or None, gpu_memory_utilization=v.gpu_memory_utilization,
-        max_num_seqs=v.max_num_seqs, banned_token_ids=tuple(banned_token_ids),
+        model_dir,
+        dtype=v.dtype,
+        max_model_len=max(contexts.values()),
+        kv_cache_bytes=int(v.kv_cache_mb) * 2**20 or None,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        max_num_seqs=v.max_num_seqs,
+        banned_token_ids=tuple(banned_token_ids),
         # A prompt never holds more screenshots than an episode has turns.
         limit_images_per_prompt=max(c.rollout.max_turns, c.eval.max_turns) if multimodal else 0,
     )
     threads = str(int(v.threads))
     router = RouterConfig(
-        num_engines=v.engines, cpus_per_engine=v.cpus_per_engine, gpus_per_engine=v.gpus_per_engine,
-        max_retries=v.max_retries, placement=v.placement,
+        num_engines=v.engines,
+        cpus_per_engine=v.cpus_per_engine,
+        gpus_per_engine=v.gpus_per_engine,
+        max_retries=v.max_retries,
+        placement=v.placement,
         resources=((v.node_resource, 1.0),) if v.node_resource else (),
-        env_vars=(("OMP_NUM_THREADS", threads), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
-                  ("JAX_PLATFORMS", "cpu"), ("TOKENIZERS_PARALLELISM", "false"), ("VLLM_LOGGING_LEVEL", v.log_level)),
+        env_vars=(
+            ("OMP_NUM_THREADS", threads),
+            ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+            ("JAX_PLATFORMS", "cpu"),
+            ("TOKENIZERS_PARALLELISM", "false"),
+            ("VLLM_LOGGING_LEVEL", v.log_level),
+        ),
     )
-    return [VllmRouterFactory(model_dir, dataclasses.replace(engine, seed=c.seed * 1000 + w), router)
-            for w in range(c.rollout.num_workers)]
+    return [
+        VllmRouterFactory(model_dir, dataclasses.replace(engine, seed=c.seed * 1000 + w), router)
+        for w in range(c.rollout.num_workers)
+    ]
 
 
 def ray_cpus_needed(config) -> float:
@@ -204,8 +232,14 @@ def local_ray(config):
             ray.shutdown()
 
 
-def build_rollout_workers(settings: TrainSettings, policy, pad_id: int, env_wrapper: EnvWrapper | None,
-                          banned_token_ids: tuple[int, ...] = (), engine_model_dir: str | None = None) -> RolloutWorkers:
+def build_rollout_workers(
+    settings: TrainSettings,
+    policy,
+    pad_id: int,
+    env_wrapper: EnvWrapper | None,
+    banned_token_ids: tuple[int, ...] = (),
+    engine_model_dir: str | None = None,
+) -> RolloutWorkers:
     """config.rollout.num_workers workers. With rollout.engine "jax", each holds a JAX sampler
     engine with a copy of `policy` (seeded c.seed * 1000 + worker) that never samples
     `banned_token_ids`: in this process ("local"), or each in a Ray actor ("ray") that builds
@@ -226,18 +260,32 @@ def build_rollout_workers(settings: TrainSettings, policy, pad_id: int, env_wrap
     state = nnx.state(policy)
     params = jax.tree.map(np.asarray, state) if remote else state  # the local factory copies it
     specs = [
-        (JaxEngineFactory(type(policy), policy.config, params, seed=c.seed * 1000 + w, pad_id=pad_id,
-                          tokenizer_dir=tokenizer_dir(c), banned_token_ids=banned_token_ids,
-                          interrupt_tokens=c.rollout.partial_rollout_tokens, share_prompts=c.rollout.share_prompts,
-                          prefix_cache_tokens=c.rollout.prefix_cache_tokens),
-         rollout_worker_config(settings, w))
+        (
+            JaxEngineFactory(
+                type(policy),
+                policy.config,
+                params,
+                seed=c.seed * 1000 + w,
+                pad_id=pad_id,
+                tokenizer_dir=tokenizer_dir(c),
+                banned_token_ids=banned_token_ids,
+                interrupt_tokens=c.rollout.partial_rollout_tokens,
+                share_prompts=c.rollout.share_prompts,
+                prefix_cache_tokens=c.rollout.prefix_cache_tokens,
+            ),
+            rollout_worker_config(settings, w),
+        )
         for w in range(c.rollout.num_workers)
     ]
     if remote:
         resource = c.rollout.worker_node_resource
-        return start_remote_workers(specs, env_wrapper, num_cpus=c.rollout.worker_cpus,
-                                    placement=c.rollout.worker_placement,
-                                    resources=((resource, 1.0),) if resource else ())
+        return start_remote_workers(
+            specs,
+            env_wrapper,
+            num_cpus=c.rollout.worker_cpus,
+            placement=c.rollout.worker_placement,
+            resources=((resource, 1.0),) if resource else (),
+        )
     return start_local_workers(specs, env_wrapper)
 
 

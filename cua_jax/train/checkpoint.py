@@ -205,11 +205,16 @@ def restore_policy(workdir: str | os.PathLike, step: int, config):
     target = {"params": params, "frozen": frozen}
     host = SingleDeviceSharding(jax.devices("cpu")[0])
     restore_args = jax.tree.map(
-        lambda leaf: ocp.ArrayRestoreArgs(sharding=host, global_shape=leaf.shape, dtype=leaf.dtype), target)
+        lambda leaf: ocp.ArrayRestoreArgs(sharding=host, global_shape=leaf.shape, dtype=leaf.dtype), target
+    )
     manager = _manager(workdir)
     try:
-        restored = manager.restore(step, args=ocp.args.Composite(train_state=ocp.args.PyTreeRestore(
-            item=target, restore_args=restore_args, partial_restore=True)))
+        restored = manager.restore(
+            step,
+            args=ocp.args.Composite(
+                train_state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)
+            ),
+        )
     finally:
         manager.close()
     state = restored["train_state"]

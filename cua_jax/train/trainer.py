@@ -113,7 +113,8 @@ class Trainer:
         # learner scores under the same renormalised distribution (no rollout / learner gap).
         self.banned_token_ids = reserved_token_ids(self.renderer)
         self.settings = dataclasses.replace(
-            self.settings, learner=dataclasses.replace(self.settings.learner, banned_token_ids=self.banned_token_ids))
+            self.settings, learner=dataclasses.replace(self.settings.learner, banned_token_ids=self.banned_token_ids)
+        )
 
         policy = build_policy(self.settings, c.seed)
         self.checkpointer = TrainCheckpointer(os.path.join(self.workdir, "checkpoints"), keep=c.train.keep_checkpoints)
@@ -124,8 +125,9 @@ class Trainer:
             from cua_jax.train.warm_start import run_warm_start  # SFT on the oracle's demonstrations
 
             demonstrated = [t for t in self.settings.training_tasks if self.settings.catalog[t].kind != "desktop"]
-            self.warm_start_metrics = run_warm_start(policy, demonstrated, c, self.settings, self.segmenter,
-                                                     self.renderer, self.workdir)
+            self.warm_start_metrics = run_warm_start(
+                policy, demonstrated, c, self.settings, self.segmenter, self.renderer, self.workdir
+            )
         self.multimodal = MultimodalPositions.of(policy.config) if hasattr(policy, "encode_images") else None
         m = self.settings.mesh
         mesh = make_mesh(m, devices=jax.devices()[: max(1, m.data) * max(1, m.fsdp) * max(1, m.tensor)])
@@ -133,11 +135,19 @@ class Trainer:
         self._ray = contextlib.ExitStack()  # the local Ray the worker actors run on, if this run started it
         self._ray.enter_context(local_ray(c))
         try:
-            engine_model_dir = (export_engine_model(policy, self.workdir, self.tokenizer, self.image_processor)
-                                if c.rollout.engine == "vllm" else None)
+            engine_model_dir = (
+                export_engine_model(policy, self.workdir, self.tokenizer, self.image_processor)
+                if c.rollout.engine == "vllm"
+                else None
+            )
             self.workers: RolloutWorkers = build_rollout_workers(
-                self.settings, policy, int(self.tokenizer.pad_token_id or 0), env_wrapper, self.banned_token_ids,
-                engine_model_dir)
+                self.settings,
+                policy,
+                int(self.tokenizer.pad_token_id or 0),
+                env_wrapper,
+                self.banned_token_ids,
+                engine_model_dir,
+            )
         except BaseException:
             self._ray.close()
             raise
@@ -148,9 +158,12 @@ class Trainer:
             seed_pool(self.pool, pilot, self.settings.training_tasks, c.sampler.pilot_file)
         kind = self.settings.sampler_kind
         self.sampler = self.collector.sampler = build_sampler(
-            kind, self.pool, **{kind: self.settings.sampler_configs[kind]},
+            kind,
+            self.pool,
+            **{kind: self.settings.sampler_configs[kind]},
             calibration=self.settings.calibration,
-            run_groups=self.collector.run_outcome_groups if self.settings.calibration else None)
+            run_groups=self.collector.run_outcome_groups if self.settings.calibration else None,
+        )
         self.eval_tasks = tuple(c.eval.tasks) or self.settings.training_tasks
         self.domains = self.settings.catalog.domains()
         self.episode_log = EpisodeLog(os.path.join(self.workdir, "episodes.jsonl"))
@@ -191,7 +204,9 @@ class Trainer:
         """Quarantine, advantages, updates on `groups`, then weight sync. Returns the metrics."""
         t0 = time.perf_counter()
         with timeline.span("learner_host"):
-            batch = prepare_batch(groups, self.settings, self.config.learner.num_minibatches, self.version, self.domains)
+            batch = prepare_batch(
+                groups, self.settings, self.config.learner.num_minibatches, self.version, self.domains
+            )
             self.episode_log.append(self.step, [e for g in groups for e in g.episodes], self.domains)
         self.last_batch = batch
         metrics = dict(batch.metrics)
@@ -203,10 +218,17 @@ class Trainer:
             self._trace(batch)
         with timeline.span("learner_host"):
             pixel_patches = process_images(batch.items, batch.episodes, self.image_processor)
-            minibatches = make_minibatches(batch.items, batch.item_advantages, self.settings.batching,
-                                           len(batch.minibatch_groups), pixel_patches=pixel_patches,
-                                           multimodal=self.multimodal)
-        self.last_minibatch_item_counts = [int(sum(np.asarray(mb.item_valid).sum() for mb in micro)) for micro in minibatches]
+            minibatches = make_minibatches(
+                batch.items,
+                batch.item_advantages,
+                self.settings.batching,
+                len(batch.minibatch_groups),
+                pixel_patches=pixel_patches,
+                multimodal=self.multimodal,
+            )
+        self.last_minibatch_item_counts = [
+            int(sum(np.asarray(mb.item_valid).sum() for mb in micro)) for micro in minibatches
+        ]
         tokens = [batch_tokens(mb) for micro in minibatches for mb in micro]
         updates = self.learner.train_on_batch(minibatches)
         metrics.update({f"learner/{k}": v for k, v in mean_metrics(updates).items()})
@@ -222,11 +244,25 @@ class Trainer:
 
     def _trace(self, batch: PreparedBatch) -> None:
         """eval.num_traces episodes of the batch for the viewer, with the learner's logprobs before the update."""
+
         def score(indices):
-            return score_items(self.learner, [batch.items[i] for i in indices], batch.episodes, self.settings.batching,
-                               self.image_processor, self.multimodal)
-        save_training_traces(os.path.join(self.workdir, "traces", f"train_{self.step:06d}"), batch, score,
-                             self.version, self.config.eval.num_traces, self.tokenizer)
+            return score_items(
+                self.learner,
+                [batch.items[i] for i in indices],
+                batch.episodes,
+                self.settings.batching,
+                self.image_processor,
+                self.multimodal,
+            )
+
+        save_training_traces(
+            os.path.join(self.workdir, "traces", f"train_{self.step:06d}"),
+            batch,
+            score,
+            self.version,
+            self.config.eval.num_traces,
+            self.tokenizer,
+        )
 
     def sync_weights(self) -> None:
         """Pushes the learner's parameters to every engine as the next policy version."""
@@ -270,7 +306,11 @@ class Trainer:
         """Starts one rollout thread per worker feeding the buffer (async mode: `RolloutFeeder`)."""
         c = self.config
         if self.feeder is None:
-            self.feeder = RolloutFeeder(c.train.staleness_window, c.train.buffer_groups or 2 * c.rollout.batch_tasks, c.rollout.max_episodes_in_flight)  # noqa: E501
+            self.feeder = RolloutFeeder(
+                c.train.staleness_window,
+                c.train.buffer_groups or 2 * c.rollout.batch_tasks,
+                c.rollout.max_episodes_in_flight,
+            )  # noqa: E501
             if self._restored_rollouts:  # a resumed run: its saved groups first, its unfinished draws again
                 self.feeder.load_state_dict(self._restored_rollouts)
                 self._restored_rollouts = {}
@@ -302,16 +342,24 @@ class Trainer:
         logged, kept in evaluations[label], with a few traces spread over the tasks.
         `temperature` replaces eval.temperature (the same seeds and sampling seeds)."""
         folder = f"{label}_{self.step:06d}"
-        result = evaluate_held_out(self.workers, self.eval_tasks, self.config, self.settings.catalog,
-                                   os.path.join(self.workdir, "evals", folder),
-                                   os.path.join(self.workdir, "traces", label), self.tokenizer, self.version,
-                                   temperature=temperature)
+        result = evaluate_held_out(
+            self.workers,
+            self.eval_tasks,
+            self.config,
+            self.settings.catalog,
+            os.path.join(self.workdir, "evals", folder),
+            os.path.join(self.workdir, "traces", label),
+            self.tokenizer,
+            self.version,
+            temperature=temperature,
+        )
         self._log(self.step, {f"eval_{label}/{k}": v for k, v in result.items() if k != "outcomes"})
         self.evaluations[label] = result
         return result
 
-    def compare_evaluations(self, first: str = "before", second: str = "after",
-                            name: str = "gain") -> dict[str, Any] | None:
+    def compare_evaluations(
+        self, first: str = "before", second: str = "after", name: str = "gain"
+    ) -> dict[str, Any] | None:
         """The gain in held-out success from evaluation `first` to `second` (`success_gain`;
         paired by seed when each seed ran one episode: larger groups share a seed's
         difficulty), with each task's under "per_task" (`per_task_gains`), stored as
@@ -320,8 +368,10 @@ class Trainer:
             return None
         a, b = self.evaluations[first], self.evaluations[second]
         paired, confidence = self.config.eval.group_size == 1, self.config.eval.confidence
-        gain = self.evaluations[name] = {**success_gain(a, b, confidence, paired),
-                                         "per_task": per_task_gains(a, b, self.eval_tasks, confidence, paired)}
+        gain = self.evaluations[name] = {
+            **success_gain(a, b, confidence, paired),
+            "per_task": per_task_gains(a, b, self.eval_tasks, confidence, paired),
+        }
         metrics = {f"eval_{name}/{k}": v for k, v in gain.items() if k != "per_task"}
         for task, task_gain in gain["per_task"].items():
             metrics.update({f"eval_{name}/{task}/{k}": v for k, v in task_gain.items()})
@@ -352,20 +402,29 @@ class Trainer:
     def trainer_state(self) -> TrainerState:
         """The run's state besides the learner's arrays (what a checkpoint's host_state holds)."""
         return TrainerState(
-            base_key=np.asarray(jax.random.key_data(self.base_key)), step=self.step, version=self.version,
-            next_group_id=self.collector.next_group_id, engine_sampling=[worker.sampling_state() for worker in self.workers],
-            sampler=self.sampler.state_dict(), evaluations=self.evaluations,
-            rollouts=self.feeder.state_dict() if self.feeder is not None else self._restored_rollouts)
+            base_key=np.asarray(jax.random.key_data(self.base_key)),
+            step=self.step,
+            version=self.version,
+            next_group_id=self.collector.next_group_id,
+            engine_sampling=[worker.sampling_state() for worker in self.workers],
+            sampler=self.sampler.state_dict(),
+            evaluations=self.evaluations,
+            rollouts=self.feeder.state_dict() if self.feeder is not None else self._restored_rollouts,
+        )
 
     def load_trainer_state(self, train_state: Any, state: TrainerState) -> None:
         """Continues from a checkpoint: the learner's arrays, the counters, the sampler, and the
         engines' weights (pushed at the saved policy version) and sampling state."""
         if not np.array_equal(state.base_key, np.asarray(jax.random.key_data(self.base_key))):
-            raise ValueError(f"the checkpoint of step {state.step} was written with another seed; "
-                             "resume with the config it was trained with (config.seed)")
+            raise ValueError(
+                f"the checkpoint of step {state.step} was written with another seed; "
+                "resume with the config it was trained with (config.seed)"
+            )
         if len(state.engine_sampling) != len(self.workers):
-            raise ValueError(f"the checkpoint of step {state.step} has {len(state.engine_sampling)} rollout workers' "
-                             f"state, the config asks for {len(self.workers)} (config.rollout.num_workers)")
+            raise ValueError(
+                f"the checkpoint of step {state.step} has {len(state.engine_sampling)} rollout workers' "
+                f"state, the config asks for {len(self.workers)} (config.rollout.num_workers)"
+            )
         self.learner.load_train_state(train_state)
         self.step, self.version, self.collector.next_group_id = state.step, state.version, state.next_group_id
         self.sampler.load_state_dict(state.sampler)
@@ -387,12 +446,17 @@ class Trainer:
         if asynchronous and self.step < c.train.num_steps:
             self.start_rollouts()
         try:
-            with StepProgress(c.train.progress_bar, c.train.num_steps, self.step, c.name,
-                              show_gap=c.rollout.engine == "vllm") as progress:
+            with StepProgress(
+                c.train.progress_bar, c.train.num_steps, self.step, c.name, show_gap=c.rollout.engine == "vllm"
+            ) as progress:
                 while self.step < c.train.num_steps:
                     metrics = self.async_step() if asynchronous else self.train_step()
-                    if c.eval.enabled and c.eval.every_steps and self.step % c.eval.every_steps == 0 \
-                            and self.step < c.train.num_steps:
+                    if (
+                        c.eval.enabled
+                        and c.eval.every_steps
+                        and self.step % c.eval.every_steps == 0
+                        and self.step < c.train.num_steps
+                    ):
                         self.evaluate(f"step_{self.step}")
                     if self.step % c.train.checkpoint_every == 0 or self.step == c.train.num_steps:
                         self.save()
@@ -411,8 +475,13 @@ class Trainer:
             self._log(self.step, {f"train_trend/{k}": v for k, v in trend.items()})
         self.writer.flush()
         curve = plot_learning_curve(self.workdir, self.config.name)
-        summary = {"steps": self.step, "evaluations": self.evaluations, "curve": curve,
-                   "warm_start": self.warm_start_metrics, "training_trend": trend}
+        summary = {
+            "steps": self.step,
+            "evaluations": self.evaluations,
+            "curve": curve,
+            "warm_start": self.warm_start_metrics,
+            "training_trend": trend,
+        }
         with open(os.path.join(self.workdir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         return summary
@@ -423,16 +492,24 @@ class Trainer:
         (`slope_interval`), and the fitted rates at the first and last update; None with fewer
         than 3 updates."""
         self.writer.flush()
-        points = [(r["step"], r["success/rate"]) for r in read_metrics(self.writer.jsonl_path)
-                  if "success/rate" in r and np.isfinite(r["success/rate"])]
+        points = [
+            (r["step"], r["success/rate"])
+            for r in read_metrics(self.writer.jsonl_path)
+            if "success/rate" in r and np.isfinite(r["success/rate"])
+        ]
         if len({step for step, _ in points}) < 3:
             return None
         steps, rates = zip(*points)
         slope, low, high = slope_interval(steps, rates, self.config.eval.confidence)
         mean_step, mean_rate = float(np.mean(steps)), float(np.mean(rates))
-        return {"slope": slope, "ci_low": low, "ci_high": high, "updates": float(len(points)),
-                "fitted_first": mean_rate + slope * (min(steps) - mean_step),
-                "fitted_last": mean_rate + slope * (max(steps) - mean_step)}
+        return {
+            "slope": slope,
+            "ci_low": low,
+            "ci_high": high,
+            "updates": float(len(points)),
+            "fitted_first": mean_rate + slope * (min(steps) - mean_step),
+            "fitted_last": mean_rate + slope * (max(steps) - mean_step),
+        }
 
     def close(self) -> None:
         self.stop_rollouts()
@@ -452,4 +529,3 @@ class Trainer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-

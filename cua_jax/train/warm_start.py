@@ -52,7 +52,14 @@ from cua_jax.envs.miniwob import DomElement, MiniWoBObservation, dom_from_text, 
 from cua_jax.envs.miniwob_oracle import OracleError, oracle_action
 from cua_jax.environments.capsule_env import MiniWoBEnvironment
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout
-from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.rollout.engine import (
+    EngineHealth,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    RolloutEngine,
+    SamplingConfig,
+)
 from cua_jax.envs.prompts import DOM_TEXT_HEADER
 from cua_jax.train.batching import (
     BatchingConfig,
@@ -101,7 +108,9 @@ def _element_at(observation: MiniWoBObservation, px: float, py: float) -> DomEle
     """The deepest named element (not a text fragment) whose box holds the point, if any."""
     found = None
     for element in observation.dom:
-        inside = element.left <= px <= element.left + element.width and element.top <= py <= element.top + element.height
+        inside = (
+            element.left <= px <= element.left + element.width and element.top <= py <= element.top + element.height
+        )
         if inside and element.tag != "t" and (found is None or element.depth >= found.depth):
             found = element
     return found
@@ -135,7 +144,9 @@ def reasoning_line(action: A.Action, observation: MiniWoBObservation) -> str:
     return f"{type(action).__name__}."
 
 
-def demonstration_reply(observation: MiniWoBObservation, reasoning: bool = True, action_space: str = "coordinates") -> str:
+def demonstration_reply(
+    observation: MiniWoBObservation, reasoning: bool = True, action_space: str = "coordinates"
+) -> str:
     """The oracle's reply to `observation` in `action_space`: a reasoning line (optional) and its tool call."""
     action = oracle_action(observation, action_space)
     call = A.render_action(action)
@@ -152,7 +163,9 @@ class OracleDemonstrator(RolloutEngine):
     episode as a failure (rejected, not demonstrated); the message is kept in `errors`.
     """
 
-    def __init__(self, tokenizer, end_of_turn_id: int, task: str, *, reasoning: bool = True, action_space: str = "coordinates"):
+    def __init__(
+        self, tokenizer, end_of_turn_id: int, task: str, *, reasoning: bool = True, action_space: str = "coordinates"
+    ):
         self.tokenizer = tokenizer
         self.end_of_turn_id = int(end_of_turn_id)
         self.task = task
@@ -177,10 +190,14 @@ class OracleDemonstrator(RolloutEngine):
             ids = self.tokenizer.encode(self.reply_text(request), add_special_tokens=False)
             ids = np.asarray([*ids, self.end_of_turn_id], np.int32)
             if len(ids) > sampling.max_new_tokens:
-                self.errors.append(f"{self.task}: the demonstration reply has {len(ids)} tokens, more than "
-                                   f"max_new_tokens ({sampling.max_new_tokens})")
-                ids = np.asarray([*self.tokenizer.encode(A.render_action(A.Fail()), add_special_tokens=False),
-                                  self.end_of_turn_id], np.int32)
+                self.errors.append(
+                    f"{self.task}: the demonstration reply has {len(ids)} tokens, more than "
+                    f"max_new_tokens ({sampling.max_new_tokens})"
+                )
+                ids = np.asarray(
+                    [*self.tokenizer.encode(A.render_action(A.Fail()), add_special_tokens=False), self.end_of_turn_id],
+                    np.int32,
+                )
             out.append(Generation(ids, np.zeros(len(ids), np.float32), FinishReason.STOP, 0))
         return out
 
@@ -279,13 +296,23 @@ def collect_demonstrations(
     if not seeds:
         raise ValueError("collect_demonstrations needs at least one seed")
     renderer = segmenter.renderer
-    demonstrators = {task: OracleDemonstrator(renderer.tokenizer, renderer.end_of_turn_id, task, reasoning=reasoning,
-                                              action_space=agent_config.action_space)
-                     for task in tasks}
+    demonstrators = {
+        task: OracleDemonstrator(
+            renderer.tokenizer,
+            renderer.end_of_turn_id,
+            task,
+            reasoning=reasoning,
+            action_space=agent_config.action_space,
+        )
+        for task in tasks
+    }
     loops = {task: AgentLoop(engine, segmenter, agent_config) for task, engine in demonstrators.items()}
-    jobs = [(loops[task], task, task, int(seed), g)
-            for g, (task, seed) in enumerate((t, s) for t in tasks for s in seeds)]
-    rollouts = asyncio.run(run_bounded(jobs, concurrency, lambda: MiniWoBEnvironment(runtime, time_limit_s=time_limit_s)))
+    jobs = [
+        (loops[task], task, task, int(seed), g) for g, (task, seed) in enumerate((t, s) for t in tasks for s in seeds)
+    ]
+    rollouts = asyncio.run(
+        run_bounded(jobs, concurrency, lambda: MiniWoBEnvironment(runtime, time_limit_s=time_limit_s))
+    )
     kept, rejected = keep_successes(rollouts)
     errors = [message for engine in demonstrators.values() for message in engine.errors]
     return Demonstrations(kept, rejected, errors)
@@ -331,16 +358,20 @@ class WarmStartConfig:
 
     def optimizer(self) -> OptimizerConfig:
         return OptimizerConfig(
-            learning_rate=self.learning_rate, warmup_steps=self.warmup_steps,
-            weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
-            schedule=self.schedule, decay_steps=max(self.steps - self.warmup_steps, 1),
+            learning_rate=self.learning_rate,
+            warmup_steps=self.warmup_steps,
+            weight_decay=self.weight_decay,
+            max_grad_norm=self.max_grad_norm,
+            schedule=self.schedule,
+            decay_steps=max(self.steps - self.warmup_steps, 1),
             min_lr_ratio=self.min_lr_ratio,
         )
 
     def learner(self) -> LearnerConfig:
         """The learner of the run: the supervised objective under `optimizer()`."""
-        return LearnerConfig(objective="sft", optimizer=self.optimizer(), seq_chunk=self.seq_chunk,
-                             vocab_chunk=self.vocab_chunk)
+        return LearnerConfig(
+            objective="sft", optimizer=self.optimizer(), seq_chunk=self.seq_chunk, vocab_chunk=self.vocab_chunk
+        )
 
 
 class DemonstrationData:
@@ -350,8 +381,16 @@ class DemonstrationData:
     group only, so each batch shape is one of a few compiled programs.
     """
 
-    def __init__(self, items: Sequence[TrainingItem], episodes: Mapping[str, Episode], image_processor,
-                 multimodal: MultimodalPositions | None, rows: int, length_multiple: int, pad_id: int = 0):
+    def __init__(
+        self,
+        items: Sequence[TrainingItem],
+        episodes: Mapping[str, Episode],
+        image_processor,
+        multimodal: MultimodalPositions | None,
+        rows: int,
+        length_multiple: int,
+        pad_id: int = 0,
+    ):
         if not items:
             raise ValueError("no demonstration items to train on")
         self.items = list(items)
@@ -367,21 +406,27 @@ class DemonstrationData:
     def batch(self, indices: Sequence[int]) -> TrainBatch:
         chosen = [self.items[i] for i in indices]
         length = max(bucket_length(len(item), self.batching.length_multiple) for item in chosen)
-        return collate(chosen, np.ones(len(chosen), np.float32), self.batching,
-                       pixel_patches=self.patches, multimodal=self.multimodal, length=length)
+        return collate(
+            chosen,
+            np.ones(len(chosen), np.float32),
+            self.batching,
+            pixel_patches=self.patches,
+            multimodal=self.multimodal,
+            length=length,
+        )
 
     def epoch(self, rng: np.random.Generator) -> list[list[int]]:
         """Every item once: shuffled within its bucket, cut into batches of `rows`, batches shuffled."""
         batches = []
         for indices in self.buckets.values():
             order = rng.permutation(indices).tolist()
-            batches.extend(order[i:i + self.rows] for i in range(0, len(order), self.rows))
+            batches.extend(order[i : i + self.rows] for i in range(0, len(order), self.rows))
         return [batches[i] for i in rng.permutation(len(batches))]
 
     def all_batches(self) -> Iterator[TrainBatch]:
         for indices in self.buckets.values():
             for i in range(0, len(indices), self.rows):
-                yield self.batch(indices[i:i + self.rows])
+                yield self.batch(indices[i : i + self.rows])
 
 
 class SupervisedRun:
@@ -431,8 +476,11 @@ class SupervisedRun:
     def state_dict(self) -> dict[str, Any]:
         """Host copies of everything a resumed run needs (picklable)."""
         return {
-            "learner": jax.device_get(self.learner.train_state()), "rng": self.rng.bit_generator.state,
-            "losses": list(self.losses), "pending": [list(b) for b in self.pending], "seconds": self.seconds,
+            "learner": jax.device_get(self.learner.train_state()),
+            "rng": self.rng.bit_generator.state,
+            "losses": list(self.losses),
+            "pending": [list(b) for b in self.pending],
+            "seconds": self.seconds,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -521,7 +569,10 @@ def click_point_prior_nll(train: Sequence[tuple[int, ...]], held_out: Sequence[t
     counts: collections.defaultdict = collections.defaultdict(lambda: np.zeros(10))
     for place, digit in placed_digits(train):
         counts[place][digit] += 1
-    nats = [-math.log((counts[place][digit] + 1.0) / (counts[place].sum() + 10.0)) for place, digit in placed_digits(held_out)]
+    nats = [
+        -math.log((counts[place][digit] + 1.0) / (counts[place].sum() + 10.0))
+        for place, digit in placed_digits(held_out)
+    ]
     return sum(nats) / len(nats)
 
 
@@ -540,13 +591,26 @@ class HeldOutScorer:
     prior_nll: float | None
 
     @classmethod
-    def build(cls, train: Demonstrations, held_out: Demonstrations, renderer, multimodal: MultimodalPositions | None,
-              config: WarmStartConfig = WarmStartConfig()) -> "HeldOutScorer":
+    def build(
+        cls,
+        train: Demonstrations,
+        held_out: Demonstrations,
+        renderer,
+        multimodal: MultimodalPositions | None,
+        config: WarmStartConfig = WarmStartConfig(),
+    ) -> "HeldOutScorer":
         pad_id = int(renderer.tokenizer.pad_token_id or 0)
 
         def data(items):
-            return DemonstrationData(items, held_out.episodes, renderer.image_processor, multimodal, config.rows,
-                                     config.length_multiple, pad_id=pad_id)
+            return DemonstrationData(
+                items,
+                held_out.episodes,
+                renderer.image_processor,
+                multimodal,
+                config.rows,
+                config.length_multiple,
+                pad_id=pad_id,
+            )
 
         clicks = click_point_items(held_out.items, renderer.tokenizer)
         prior = click_point_prior_nll(click_points(train), click_points(held_out)) if clicks else None
@@ -628,11 +692,17 @@ def evaluate_policy(
     from cua_jax.rollout.jax_engine import JaxSamplerEngine
 
     renderer = segmenter.renderer
-    engine = JaxSamplerEngine(model, seed=engine_seed, image_processor=renderer.image_processor,
-                              pad_id=int(renderer.tokenizer.pad_token_id or 0))
+    engine = JaxSamplerEngine(
+        model,
+        seed=engine_seed,
+        image_processor=renderer.image_processor,
+        pad_id=int(renderer.tokenizer.pad_token_id or 0),
+    )
     loop = AgentLoop(engine, segmenter, agent_config)
     jobs = [(loop, task, task, int(seed), g) for g, (task, seed) in enumerate((t, s) for t in tasks for s in seeds)]
-    rollouts = asyncio.run(run_bounded(jobs, concurrency, lambda: MiniWoBEnvironment(runtime, time_limit_s=time_limit_s)))
+    rollouts = asyncio.run(
+        run_bounded(jobs, concurrency, lambda: MiniWoBEnvironment(runtime, time_limit_s=time_limit_s))
+    )
     return PolicyEvaluation([r.episode for r in rollouts])
 
 
@@ -662,21 +732,38 @@ def warm_start(
     renderer gives the image processor. Returns the finished run and the demonstrations.
     """
     demonstrations = collect_demonstrations(
-        tasks, seeds, runtime=runtime, segmenter=segmenter, agent_config=agent_config,
-        time_limit_s=time_limit_s, concurrency=concurrency, reasoning=reasoning,
+        tasks,
+        seeds,
+        runtime=runtime,
+        segmenter=segmenter,
+        agent_config=agent_config,
+        time_limit_s=time_limit_s,
+        concurrency=concurrency,
+        reasoning=reasoning,
     )
     return fine_tune(model, demonstrations, tasks, segmenter, config, on_step), demonstrations
 
 
-def fine_tune(model: nnx.Module, demonstrations: Demonstrations, tasks: Sequence[str], segmenter: Segmenter,
-              config: WarmStartConfig, on_step: Callable[[int, float], None] | None = None) -> SupervisedRun:
+def fine_tune(
+    model: nnx.Module,
+    demonstrations: Demonstrations,
+    tasks: Sequence[str],
+    segmenter: Segmenter,
+    config: WarmStartConfig,
+    on_step: Callable[[int, float], None] | None = None,
+) -> SupervisedRun:
     """`config.steps` of supervised fine-tuning of `model` (in place) on `demonstrations`' items."""
     if not demonstrations.rollouts:
         raise RuntimeError(f"the oracle succeeded on no episode of {list(tasks)}: {demonstrations.rejected[:5]}")
     multimodal = MultimodalPositions.of(model.config) if hasattr(model, "visual") else None
     data = DemonstrationData(
-        demonstrations.items, demonstrations.episodes, segmenter.renderer.image_processor, multimodal,
-        config.rows, config.length_multiple, pad_id=int(segmenter.renderer.tokenizer.pad_token_id or 0),
+        demonstrations.items,
+        demonstrations.episodes,
+        segmenter.renderer.image_processor,
+        multimodal,
+        config.rows,
+        config.length_multiple,
+        pad_id=int(segmenter.renderer.tokenizer.pad_token_id or 0),
     )
     run = SupervisedRun(model, data, config)
     run.run(config.steps, on_step)
@@ -684,7 +771,9 @@ def fine_tune(model: nnx.Module, demonstrations: Demonstrations, tasks: Sequence
     return run
 
 
-def run_warm_start(policy, tasks: Sequence[str], config, settings, segmenter, renderer, workdir: str) -> dict[str, float]:
+def run_warm_start(
+    policy, tasks: Sequence[str], config, settings, segmenter, renderer, workdir: str
+) -> dict[str, float]:
     """A training run's warm start: supervised fine-tuning of `policy` (in place) on the
     oracle's demonstrations of `tasks` (config.warm_start.demos_per_task training seeds),
     collected through the run's agent loop and segmenter on a capsule runtime of its own, and
@@ -718,40 +807,73 @@ def run_warm_start(policy, tasks: Sequence[str], config, settings, segmenter, re
         if code:  # the code oracle's fixes on code containers
             from cua_jax.train.code_demonstrations import collect_code_demonstrations
 
-            parts.append(collect_code_demonstrations(code, seeds, code_env=settings.code_env, segmenter=segmenter,
-                                                     agent_config=agent, concurrency=c.warm_start.concurrency))
+            parts.append(
+                collect_code_demonstrations(
+                    code,
+                    seeds,
+                    code_env=settings.code_env,
+                    segmenter=segmenter,
+                    agent_config=agent,
+                    concurrency=c.warm_start.concurrency,
+                )
+            )
         with contextlib.ExitStack() as stack:
             if miniwob:
                 runtime = stack.enter_context(
                     CapsuleOptions.from_config(c.env.capsules).runtime(
-                        include_dom_text=True, action_space=c.env.action_space, seed=c.seed))
-                parts.append(collect_demonstrations(
-                    miniwob, seeds, runtime=runtime, segmenter=segmenter, agent_config=agent,
-                    time_limit_s=c.env.time_limit_s, concurrency=c.warm_start.concurrency))
-            demonstrations = Demonstrations([r for d in parts for r in d.rollouts],
-                                            [x for d in parts for x in d.rejected],
-                                            [e for d in parts for e in d.oracle_errors])
+                        include_dom_text=True, action_space=c.env.action_space, seed=c.seed
+                    )
+                )
+                parts.append(
+                    collect_demonstrations(
+                        miniwob,
+                        seeds,
+                        runtime=runtime,
+                        segmenter=segmenter,
+                        agent_config=agent,
+                        time_limit_s=c.env.time_limit_s,
+                        concurrency=c.warm_start.concurrency,
+                    )
+                )
+            demonstrations = Demonstrations(
+                [r for d in parts for r in d.rollouts],
+                [x for d in parts for x in d.rejected],
+                [e for d in parts for e in d.oracle_errors],
+            )
             run = fine_tune(policy, demonstrations, tasks, segmenter, settings.warm_start, on_step)
             if miniwob and c.warm_start.held_out_seeds:
                 # Past the evaluation seeds: outside training's range and unseen by "before".
                 first = c.env.eval_seed_start + c.eval.num_seeds
                 unseen = collect_demonstrations(
-                    miniwob, range(first, first + c.warm_start.held_out_seeds), runtime=runtime,
-                    segmenter=segmenter, agent_config=agent, time_limit_s=c.env.time_limit_s,
-                    concurrency=c.warm_start.concurrency)
+                    miniwob,
+                    range(first, first + c.warm_start.held_out_seeds),
+                    runtime=runtime,
+                    segmenter=segmenter,
+                    agent_config=agent,
+                    time_limit_s=c.env.time_limit_s,
+                    concurrency=c.warm_start.concurrency,
+                )
                 if unseen.rollouts:
-                    scorer = HeldOutScorer.build(demonstrations, unseen, renderer, run.data.multimodal,
-                                                 settings.warm_start)
+                    scorer = HeldOutScorer.build(
+                        demonstrations, unseen, renderer, run.data.multimodal, settings.warm_start
+                    )
                     held_out = scorer(run.learner)
     finally:
         if progress is not None:
             progress.close()
     wall = time.perf_counter() - start
-    record = {"losses": run.losses, "demonstrations": len(demonstrations.rollouts),
-              "items": len(demonstrations.items), "response_tokens": demonstrations.num_response_tokens,
-              "rejected": demonstrations.rejected, "oracle_errors": demonstrations.oracle_errors,
-              "sft_seconds": run.seconds, "wall_seconds": wall, "compiled_shapes": len(run.shapes),
-              **held_out}
+    record = {
+        "losses": run.losses,
+        "demonstrations": len(demonstrations.rollouts),
+        "items": len(demonstrations.items),
+        "response_tokens": demonstrations.num_response_tokens,
+        "rejected": demonstrations.rejected,
+        "oracle_errors": demonstrations.oracle_errors,
+        "sft_seconds": run.seconds,
+        "wall_seconds": wall,
+        "compiled_shapes": len(run.shapes),
+        **held_out,
+    }
     with open(os.path.join(workdir, "warm_start.json"), "w") as f:
         json.dump(record, f, indent=2)
     tail = run.losses[-10:]

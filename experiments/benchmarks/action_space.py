@@ -82,9 +82,11 @@ def main(argv: list[str] | None = None) -> None:
 
     root = args.workdir or tempfile.mkdtemp(prefix="action_space_")
     rows = {arm: run_arm(arm, args, root) for arm in ARMS}
-    print(f"tasks {args.tasks}; {args.sft_steps} SFT steps on {args.demos_per_task} demonstrations per task, "
-          f"then {args.rl_steps} RL updates; held-out success over {int(rows['elements']['episodes'])} episodes per arm "
-          f"at temperature {args.eval_temperature:g}")
+    print(
+        f"tasks {args.tasks}; {args.sft_steps} SFT steps on {args.demos_per_task} demonstrations per task, "
+        f"then {args.rl_steps} RL updates; held-out success over {int(rows['elements']['episodes'])} episodes per arm "
+        f"at temperature {args.eval_temperature:g}"
+    )
     print(f"{'':>22}" + "".join(f"{arm:>14}" for arm in ARMS) + f"{'ratio':>10}")
     for key in ("after_sft", "after_rl", "rl_paired_gain", "target_nll", "target_prior_nll", "seconds"):
         coordinates, elements = rows["coordinates"][key], rows["elements"][key]
@@ -92,7 +94,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{key:>22}{coordinates:14.3f}{elements:14.3f}{ratio}")
     for arm in ARMS:
         row = rows[arm]
-        print(f"{arm}: RL gain paired by seed {row['rl_paired_gain']:+.3f} [{row['rl_gain_low']:+.3f}, {row['rl_gain_high']:+.3f}]")
+        print(
+            f"{arm}: RL gain paired by seed {row['rl_paired_gain']:+.3f} [{row['rl_gain_low']:+.3f}, {row['rl_gain_high']:+.3f}]"
+        )
     print(f"runs in {root}")
 
 

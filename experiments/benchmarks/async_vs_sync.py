@@ -59,8 +59,19 @@ from cua_jax.train.trainer import Trainer
 from experiments.configs import tiny
 
 
-def bench_config(workdir: str, *, policy: str, env: str, staleness: int, workers: int, buffer_groups: int = 0,
-                 surrogate: str = "ppo", eval_seeds: int = 0, episodes_in_flight: int = 0, partial_tokens: int = 0):
+def bench_config(
+    workdir: str,
+    *,
+    policy: str,
+    env: str,
+    staleness: int,
+    workers: int,
+    buffer_groups: int = 0,
+    surrogate: str = "ppo",
+    eval_seeds: int = 0,
+    episodes_in_flight: int = 0,
+    partial_tokens: int = 0,
+):
     """The run of --policy / --env in `workdir`: synchronous at staleness 0, else asynchronous
     with that staleness window; `workers` rollout workers either way."""
     from experiments.configs import default, desktop
@@ -142,11 +153,13 @@ def measure(label: str, config, latency: LatencyWrapper, warmup_steps: int, step
         # Synchronous: the workers wait while the learner learns; asynchronous: while the buffer is full.
         "rollout_idle_fraction": (learn_s / wall_s) if not asynchronous else blocked_s / (wall_s * workers),
         "learn_s_mean": sum(m.get(TIMING_PREFIX + "learn_s", 0.0) for m in timed) / steps,
-        "held_out": None if held_out is None else {k: held_out[k] for k in ("success_rate", "ci_low", "ci_high",
-                                                                             "episodes")},
+        "held_out": None
+        if held_out is None
+        else {k: held_out[k] for k in ("success_rate", "ci_low", "ci_high", "episodes")},
     }
-    print(f"  {label}: {steps} steps in {wall_s:.1f} s (setup + {warmup_steps} warm-up steps {setup_s:.1f} s)",
-          flush=True)
+    print(
+        f"  {label}: {steps} steps in {wall_s:.1f} s (setup + {warmup_steps} warm-up steps {setup_s:.1f} s)", flush=True
+    )
     return row
 
 
@@ -179,19 +192,34 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", choices=("base", "tiny"), default="base", help="MiniWoB runs' policy")
     parser.add_argument("--env", choices=("miniwob", "desktop"), default="miniwob")
-    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2, 4],
-                        help="one mode per value; 0 is the synchronous run every ratio divides by")
+    parser.add_argument(
+        "--staleness",
+        type=int,
+        nargs="+",
+        default=[0, 1, 2, 4],
+        help="one mode per value; 0 is the synchronous run every ratio divides by",
+    )
     parser.add_argument("--workers", type=int, default=1, help="rollout workers of every mode")
     parser.add_argument("--surrogate", choices=("ppo", "decoupled"), default="ppo", help="asynchronous modes' loss")
-    parser.add_argument("--episodes_in_flight", type=int, default=0,
-                        help="asynchronous modes: stream up to this many episodes per worker (0: draw at a time)")
-    parser.add_argument("--partial_tokens", type=int, default=0,
-                        help="asynchronous modes: partial rollouts, replies grown this many tokens at a time (0: off)")
+    parser.add_argument(
+        "--episodes_in_flight",
+        type=int,
+        default=0,
+        help="asynchronous modes: stream up to this many episodes per worker (0: draw at a time)",
+    )
+    parser.add_argument(
+        "--partial_tokens",
+        type=int,
+        default=0,
+        help="asynchronous modes: partial rollouts, replies grown this many tokens at a time (0: off)",
+    )
     parser.add_argument("--steps", type=int, default=6, help="timed learner steps per mode")
     parser.add_argument("--warmup_steps", type=int, default=2, help="untimed learner steps first (compilation)")
     parser.add_argument("--eval_seeds", type=int, default=0, help="held-out seeds per task after the timed steps")
     parser.add_argument("--delay_median_s", type=float, default=1.5, help="median injected delay per reset / step")
-    parser.add_argument("--delay_sigma", type=float, default=1.0, help="log-normal sigma (p99 = median x e^(2.33 sigma))")
+    parser.add_argument(
+        "--delay_sigma", type=float, default=1.0, help="log-normal sigma (p99 = median x e^(2.33 sigma))"
+    )
     parser.add_argument("--delay_max_s", type=float, default=30.0, help="cap of one injected delay")
     parser.add_argument("--buffer_groups", type=int, default=0, help="async buffer capacity (0: 2 x tasks per step)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the delay streams")
@@ -205,48 +233,82 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--staleness needs 0 (the synchronous run) and values >= 0, got {args.staleness}")
 
     def latency() -> LatencyWrapper:  # every mode draws the same delay streams
-        return LatencyWrapper(args.delay_median_s, args.delay_sigma, max_s=args.delay_max_s, seed=args.seed,
-                              delay_reset=True)
+        return LatencyWrapper(
+            args.delay_median_s, args.delay_sigma, max_s=args.delay_max_s, seed=args.seed, delay_reset=True
+        )
 
     quantiles = latency().distribution.quantile([0.5, 0.9, 0.99])
-    print(f"injected latency per reset and step: log-normal, median {quantiles[0]:.2f} s, p90 {quantiles[1]:.2f} s, "
-          f"p99 {quantiles[2]:.2f} s, cap {args.delay_max_s:.0f} s; {args.warmup_steps} warm-up + {args.steps} timed "
-          f"steps per mode; {args.workers} rollout workers each; policy {args.policy}, env {args.env}", flush=True)
+    print(
+        f"injected latency per reset and step: log-normal, median {quantiles[0]:.2f} s, p90 {quantiles[1]:.2f} s, "
+        f"p99 {quantiles[2]:.2f} s, cap {args.delay_max_s:.0f} s; {args.warmup_steps} warm-up + {args.steps} timed "
+        f"steps per mode; {args.workers} rollout workers each; policy {args.policy}, env {args.env}",
+        flush=True,
+    )
     started = time.perf_counter()
     rows = []
     for staleness in sorted(set(args.staleness)):
         label = "sync" if staleness == 0 else f"async/s{staleness}"
-        config = bench_config(os.path.join(args.out, label.replace("/", "_")), policy=args.policy, env=args.env,
-                              staleness=staleness, workers=args.workers, buffer_groups=args.buffer_groups,
-                              surrogate=args.surrogate, eval_seeds=args.eval_seeds,
-                              episodes_in_flight=args.episodes_in_flight, partial_tokens=args.partial_tokens)
+        config = bench_config(
+            os.path.join(args.out, label.replace("/", "_")),
+            policy=args.policy,
+            env=args.env,
+            staleness=staleness,
+            workers=args.workers,
+            buffer_groups=args.buffer_groups,
+            surrogate=args.surrogate,
+            eval_seeds=args.eval_seeds,
+            episodes_in_flight=args.episodes_in_flight,
+            partial_tokens=args.partial_tokens,
+        )
         rows.append(measure(label, config, latency(), args.warmup_steps, args.steps))
 
-    header = (f"{'mode':<10}{'wall s':>8}{'ep/s':>8}{'updates/s':>10}{'lag':>6}{'stale':>6}{'learner':>8}"
-              f"{'rollout':>8}{'learn s':>8}  held-out")
-    print("\n" + header + "\n" + f"{'':<10}{'':>8}{'':>8}{'':>10}{'':>6}{'':>6}{'idle':>8}{'idle':>8}\n"
-          + "-" * len(header))
+    header = (
+        f"{'mode':<10}{'wall s':>8}{'ep/s':>8}{'updates/s':>10}{'lag':>6}{'stale':>6}{'learner':>8}"
+        f"{'rollout':>8}{'learn s':>8}  held-out"
+    )
+    print(
+        "\n"
+        + header
+        + "\n"
+        + f"{'':<10}{'':>8}{'':>8}{'':>10}{'':>6}{'':>6}{'idle':>8}{'idle':>8}\n"
+        + "-" * len(header)
+    )
     for r in rows:
         held = r["held_out"]
         held_text = "-" if held is None else f"{held['success_rate']:.3f} [{held['ci_low']:.3f}, {held['ci_high']:.3f}]"
-        print(f"{r['label']:<10}{r['wall_s']:>8.1f}{r['episodes_per_s']:>8.3f}{r['updates_per_s']:>10.3f}"
-              f"{r['policy_lag_mean']:>6.2f}{r['stale_groups_dropped']:>6.0f}{r['learner_idle_fraction']:>8.2f}"
-              f"{r['rollout_idle_fraction']:>8.2f}{r['learn_s_mean']:>8.2f}  {held_text}")
+        print(
+            f"{r['label']:<10}{r['wall_s']:>8.1f}{r['episodes_per_s']:>8.3f}{r['updates_per_s']:>10.3f}"
+            f"{r['policy_lag_mean']:>6.2f}{r['stale_groups_dropped']:>6.0f}{r['learner_idle_fraction']:>8.2f}"
+            f"{r['rollout_idle_fraction']:>8.2f}{r['learn_s_mean']:>8.2f}  {held_text}"
+        )
     sync = rows[0]
     ratios = {}
     for r in rows[1:]:
         ratios[r["label"]] = {key: r[key] / sync[key] for key in ("episodes_per_s", "updates_per_s")}
-        print(f"{r['label']}/sync: updates/s {ratios[r['label']]['updates_per_s']:.2f}x, "
-              f"episodes/s {ratios[r['label']]['episodes_per_s']:.2f}x")
+        print(
+            f"{r['label']}/sync: updates/s {ratios[r['label']]['updates_per_s']:.2f}x, "
+            f"episodes/s {ratios[r['label']]['episodes_per_s']:.2f}x"
+        )
 
     os.makedirs(args.out, exist_ok=True)
     path = os.path.abspath(os.path.join(args.out, "results.json"))
     with open(path, "w") as f:
-        json.dump({"args": vars(args), "latency": repr(latency()), "rows": rows, "ratios": ratios,
-                   "finished_at": datetime.datetime.now(datetime.UTC).isoformat(),
-                   "total_s": time.perf_counter() - started}, f, indent=2)
-    print(f"results: {path}\nplot: {plot_rows(rows, os.path.join(args.out, 'async_vs_sync.png'))}\n"
-          f"total wall time {time.perf_counter() - started:.1f} s")
+        json.dump(
+            {
+                "args": vars(args),
+                "latency": repr(latency()),
+                "rows": rows,
+                "ratios": ratios,
+                "finished_at": datetime.datetime.now(datetime.UTC).isoformat(),
+                "total_s": time.perf_counter() - started,
+            },
+            f,
+            indent=2,
+        )
+    print(
+        f"results: {path}\nplot: {plot_rows(rows, os.path.join(args.out, 'async_vs_sync.png'))}\n"
+        f"total wall time {time.perf_counter() - started:.1f} s"
+    )
 
 
 if __name__ == "__main__":

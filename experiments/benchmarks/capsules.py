@@ -238,8 +238,11 @@ async def _renderer_crash_blast_radius(rt: CapsuleRuntime, live: list[str]) -> i
 
 def run(deployment: Deployment, concurrency: int, episodes: int) -> Measurement:
     rt = CapsuleRuntime(
-        deployment.backend(), call_timeout_s=3600, time_limit_s=NO_TIME_LIMIT_S,
-        warm_pages=deployment.warm_pages, fork_by=deployment.fork_by,
+        deployment.backend(),
+        call_timeout_s=3600,
+        time_limit_s=NO_TIME_LIMIT_S,
+        warm_pages=deployment.warm_pages,
+        fork_by=deployment.fork_by,
     )
     try:
         return rt.run_async(_measure(rt, concurrency, episodes))
@@ -255,8 +258,9 @@ def settle(timeout_s: float = 300.0) -> None:
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        listed = subprocess.run(["docker", "ps", "-aq", "--filter", f"name={CONTAINER_NAME_PREFIX}"],
-                                capture_output=True, text=True)
+        listed = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"name={CONTAINER_NAME_PREFIX}"], capture_output=True, text=True
+        )
         if listed.returncode != 0 or not listed.stdout.strip():
             break
         time.sleep(1.0)
@@ -379,7 +383,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     capsules = Deployment(
-        "capsules", lambda: SharedBrowserBackend(renderers=args.renderers), warm_pages=args.warm_pages, fork_by="capture"
+        "capsules",
+        lambda: SharedBrowserBackend(renderers=args.renderers),
+        warm_pages=args.warm_pages,
+        fork_by="capture",
     )
     deployments = [capsules, Deployment("browser-per-env", BrowserPerEnvironmentBackend)]
     if not args.skip_containers:
@@ -388,24 +395,32 @@ def main(argv: list[str] | None = None) -> None:
         image = build(CONTAINER_IMAGE_NAME)
         deployments.append(Deployment("container-per-env", lambda: ContainerPerEnvironmentBackend(image)))
 
-    print(f"MiniWoB {TASK}: episodes of reset + {STEPS_PER_EPISODE} steps, {args.episodes} per environment; "
-          f"capsules share {args.renderers} renderers, {args.warm_pages} warm pages", flush=True)
+    print(
+        f"MiniWoB {TASK}: episodes of reset + {STEPS_PER_EPISODE} steps, {args.episodes} per environment; "
+        f"capsules share {args.renderers} renderers, {args.warm_pages} warm pages",
+        flush=True,
+    )
 
     if not args.skip_miniwob:
         ours = statistics.median(capsule_reset_latencies(capsules, args.resets)) * 1000
         from experiments.benchmarks.miniwob_reference import reset_latencies
 
         theirs = statistics.median(reset_latencies(TASK, range(1, args.resets + 1), turn_s=TURN_S)) * 1000
-        print(f"reset + first observation, one environment, {TURN_S} s apart, median of {args.resets}: "
-              f"capsules {ours:.1f} ms, MiniWoB's own (Selenium) {theirs:.1f} ms")
+        print(
+            f"reset + first observation, one environment, {TURN_S} s apart, median of {args.resets}: "
+            f"capsules {ours:.1f} ms, MiniWoB's own (Selenium) {theirs:.1f} ms"
+        )
         print(f"reset+first observation miniwob/capsules: {theirs / ours:.2f}x", flush=True)
 
     before = screenshot_ms((), playwright_shots=True)
     unlimited = screenshot_ms(FRAME_RATE_SWITCHES, playwright_shots=True)
     ours = screenshot_ms(FRAME_RATE_SWITCHES, playwright_shots=False)
-    print(f"screenshot (160x210 region, decoded): Playwright's with the frame-rate limit {before:.1f} ms, without it "
-          f"{unlimited:.1f} ms, one DevTools call on a stilled page {ours:.1f} ms; "
-          f"screenshot before/now: {before / ours:.2f}x", flush=True)
+    print(
+        f"screenshot (160x210 region, decoded): Playwright's with the frame-rate limit {before:.1f} ms, without it "
+        f"{unlimited:.1f} ms, one DevTools call on a stilled page {ours:.1f} ms; "
+        f"screenshot before/now: {before / ours:.2f}x",
+        flush=True,
+    )
 
     if args.levers:
         c = args.lever_concurrency
@@ -421,8 +436,11 @@ def main(argv: list[str] | None = None) -> None:
             settle()
             r = run(lever, c, args.episodes)
             print_row(c, lever.name, r)
-            print(f"    fork rebuilds: {r.fork_methods}; one renderer crash quarantined {r.blast_radius} "
-                  f"of {2 * c} live capsules", flush=True)
+            print(
+                f"    fork rebuilds: {r.fork_methods}; one renderer crash quarantined {r.blast_radius} "
+                f"of {2 * c} live capsules",
+                flush=True,
+            )
 
     per_env: dict[str, float] = {}
     stopped: dict[str, str] = {}
@@ -436,8 +454,10 @@ def main(argv: list[str] | None = None) -> None:
             if name in per_env:
                 projected, free = per_env[name] * concurrency * MEMORY_HEADROOM, available_mib()
                 if projected > free:
-                    stopped[name] = (f"stops before c={concurrency}: {projected / 1024:.1f} GiB projected "
-                                     f"(with {MEMORY_HEADROOM}x headroom) > {free / 1024:.1f} GiB available")
+                    stopped[name] = (
+                        f"stops before c={concurrency}: {projected / 1024:.1f} GiB projected "
+                        f"(with {MEMORY_HEADROOM}x headroom) > {free / 1024:.1f} GiB available"
+                    )
                     print(f"{concurrency:>3} {name:<26} {stopped[name]}", flush=True)
                     continue
             settle()
@@ -451,8 +471,10 @@ def main(argv: list[str] | None = None) -> None:
             print_row(concurrency, name, r)
         if "capsules" in results:
             caps = results["capsules"]
-            print(f"capsule fork rebuilds: {caps.fork_methods}; one renderer crash quarantined "
-                  f"{caps.blast_radius} of {2 * concurrency} live capsules ({args.renderers} cells)")
+            print(
+                f"capsule fork rebuilds: {caps.fork_methods}; one renderer crash quarantined "
+                f"{caps.blast_radius} of {2 * concurrency} live capsules ({args.renderers} cells)"
+            )
             print_ratios(concurrency, results)
     for name, why in stopped.items():
         print(f"{name}: {why}")

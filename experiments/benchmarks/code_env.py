@@ -58,8 +58,11 @@ async def _episodes(mode: str, image: str, tasks) -> dict[str, float]:
         elapsed = time.perf_counter() - started
     finally:
         await env.close()
-    return {"episodes_per_s": len(tasks) / elapsed, "reset_s": statistics.median(resets),
-            "judge_s": statistics.median(judges)}
+    return {
+        "episodes_per_s": len(tasks) / elapsed,
+        "reset_s": statistics.median(resets),
+        "judge_s": statistics.median(judges),
+    }
 
 
 JUDGES = {"work tree (former)": False, "pristine copy": True}  # name -> the request's `isolated`
@@ -78,8 +81,10 @@ async def _judge_times(image: str, tasks, episodes: int) -> dict[str, dict[str, 
             for action in oracle_actions(task)[:-1]:  # the fix; the judge is called here instead of submit
                 await env.step(action)
             t0 = time.perf_counter()
-            answer = await asyncio.to_thread(env.container.call, judge_request(
-                task.package, task.bug, task.test_files, task.timeout, isolated=JUDGES[name]))
+            answer = await asyncio.to_thread(
+                env.container.call,
+                judge_request(task.package, task.bug, task.test_files, task.timeout, isolated=JUDGES[name]),
+            )
             elapsed = time.perf_counter() - t0
             if not answer["ok"] or verdict(task, answer["outcomes"]).reward != 1.0:
                 raise RuntimeError(f"{task.id}: the oracle failed under the {name} judge: {answer.get('error')}")
@@ -93,16 +98,19 @@ async def _judge_times(image: str, tasks, episodes: int) -> dict[str, dict[str, 
 
 def judge_main(image: str, tasks, episodes: int, package: str) -> None:
     times = asyncio.run(_judge_times(image, tasks, episodes))
-    print(f"{episodes} oracle episodes per judge of {package} ({len(tasks)} tasks), alternating, one pooled "
-          "environment")
+    print(
+        f"{episodes} oracle episodes per judge of {package} ({len(tasks)} tasks), alternating, one pooled environment"
+    )
     print(f"{'judge':20s} {'judge s':>9s} {'pytest s':>9s}   (medians)")
     medians = {}
     for name, t in times.items():
         medians[name] = statistics.median(t["judge_s"])
         print(f"{name:20s} {medians[name]:9.3f} {statistics.median(t['pytest_s']):9.3f}")
     former, pristine = medians["work tree (former)"], medians["pristine copy"]
-    print(f"pristine / former: x{pristine / former:.3f}; added {pristine - former:+.3f} s "
-          f"({100 * (pristine - former) / former:+.1f}% of the former judge's time)")
+    print(
+        f"pristine / former: x{pristine / former:.3f}; added {pristine - former:+.3f} s "
+        f"({100 * (pristine - former) / former:+.1f}% of the former judge's time)"
+    )
 
 
 def main() -> None:
@@ -127,8 +135,10 @@ def main() -> None:
     for mode, r in results.items():
         print(f"{mode:8s} {r['episodes_per_s']:11.3f} {r['reset_s']:9.3f} {r['judge_s']:9.3f}")
     fresh, pooled = results["fresh"], results["pooled"]
-    print(f"pooled / fresh: episodes/s x{pooled['episodes_per_s'] / fresh['episodes_per_s']:.2f}, "
-          f"reset time x{pooled['reset_s'] / fresh['reset_s']:.2f}")
+    print(
+        f"pooled / fresh: episodes/s x{pooled['episodes_per_s'] / fresh['episodes_per_s']:.2f}, "
+        f"reset time x{pooled['reset_s'] / fresh['reset_s']:.2f}"
+    )
 
 
 if __name__ == "__main__":

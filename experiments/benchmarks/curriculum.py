@@ -67,9 +67,7 @@ def make_sampler(name: str, pool: TaskPool, sim: TaskPoolSimulator, args) -> Tas
     if name in ("uniform", "dapo"):
         return build_sampler("uniform", pool)
     if name == "frontier":  # ScaleCUA: pilot filter to [0.1, 0.9], then eq. 1-2 sampling
-        pilot = CalibrationConfig(
-            p_min=0.1, p_max=0.9, pilot=True, pilot_group_size=8, keep_infeasible=False
-        )
+        pilot = CalibrationConfig(p_min=0.1, p_max=0.9, pilot=True, pilot_group_size=8, keep_infeasible=False)
         return build_sampler("frontier", pool, calibration=pilot, run_groups=sim.run_groups)
     if name == "dtac":  # EvoCUA-1.5: pilot + periodic calibration around DTAC
         calibration = CalibrationConfig(
@@ -148,9 +146,7 @@ def summarize(traces: list[RunTrace], target: float) -> dict[str, float]:
         "missed": int(np.isnan(to_target).sum()),
         "train": float(np.mean([t.train_pass[-1] for t in traces])),
         "held_out": float(np.mean([t.held_out_pass[-1] for t in traces])),
-        "tiers": np.nanmean(
-            np.stack([np.nanmean(np.stack(t.tier_informative), axis=0) for t in traces]), axis=0
-        ),
+        "tiers": np.nanmean(np.stack([np.nanmean(np.stack(t.tier_informative), axis=0) for t in traces]), axis=0),
     }
 
 
@@ -161,17 +157,13 @@ def plot(results: dict, args, path: str) -> None:
         "frontier": "tab:blue",
         "dtac": "tab:orange",
     }
-    fig, axes = plt.subplots(
-        len(GROUP_SIZES), 3, figsize=(15, 4.2 * len(GROUP_SIZES)), squeeze=False
-    )
+    fig, axes = plt.subplots(len(GROUP_SIZES), 3, figsize=(15, 4.2 * len(GROUP_SIZES)), squeeze=False)
     for row, n in enumerate(GROUP_SIZES):
         for name in SAMPLERS:
             traces = results[(name, n)]
             length = min(len(t.x) for t in traces)
             x = np.mean([t.x[:length] for t in traces], axis=0)
-            for col, (field, smooth) in enumerate(
-                (("informative_run", 10), ("train_pass", 1), ("held_out_pass", 1))
-            ):
+            for col, (field, smooth) in enumerate((("informative_run", 10), ("train_pass", 1), ("held_out_pass", 1))):
                 y = np.mean([getattr(t, field)[:length] for t in traces], axis=0)
                 if smooth > 1:  # moving average: per-batch fractions are noisy
                     y = np.convolve(y, np.ones(smooth) / smooth, mode="valid")
@@ -187,9 +179,7 @@ def plot(results: dict, args, path: str) -> None:
         for col, title in enumerate(titles):
             ax = axes[row, col]
             ax.set_title(title, fontsize=10)
-            ax.set_xlabel(
-                f"step-equivalents ({args.rollouts_per_step} rollouts each, pilot/calibration included)"
-            )
+            ax.set_xlabel(f"step-equivalents ({args.rollouts_per_step} rollouts each, pilot/calibration included)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8, loc="best")
         axes[row, 1].axhline(args.target, color="k", ls=":", lw=1)
@@ -203,9 +193,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="budget in step-equivalents")
     parser.add_argument("--rollouts-per-step", type=int, default=256)
     parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument(
-        "--target", type=float, default=0.5, help="target true mean pass rate (training pool)"
-    )
+    parser.add_argument("--target", type=float, default=0.5, help="target true mean pass rate (training pool)")
     parser.add_argument("--calibrate-every", type=int, default=20)
     parser.add_argument("--calibration-sample", type=int, default=96)
     parser.add_argument("--out", default="runs/benchmarks/curriculum")
@@ -236,9 +224,7 @@ def main() -> None:
     for n in GROUP_SIZES:
         for name in SAMPLERS:
             s = summaries[(name, n)]
-            ratio = (
-                s["inf_run"] / summaries[("uniform", n)]["inf_run"] if name == "frontier" else None
-            )
+            ratio = s["inf_run"] / summaries[("uniform", n)]["inf_run"] if name == "frontier" else None
             to_target = "never" if np.isnan(s["to_target"]) else f"{s['to_target']:.1f}"
             if s["missed"] and not np.isnan(s["to_target"]):
                 to_target = ">" + to_target
@@ -248,12 +234,9 @@ def main() -> None:
                 f"{'' if ratio is None else f'{ratio:.2f}x':>9}"
             )
     tiers = sim.tier
+    print("\ninformative fraction of groups run, per tier (0 easiest); P_sig: the tier's mean initial coverage:")
     print(
-        "\ninformative fraction of groups run, per tier (0 easiest); P_sig: the tier's mean initial coverage:"
-    )
-    print(
-        f"{'sampler':<9}{'n':>4}"
-        + "".join(f"{f'tier {t}':>9}" for t in range(len(SimulatorConfig().tier_difficulty)))
+        f"{'sampler':<9}{'n':>4}" + "".join(f"{f'tier {t}':>9}" for t in range(len(SimulatorConfig().tier_difficulty)))
     )
     for n in GROUP_SIZES:
         p_sig = np.asarray(signal_coverage(p0, n))

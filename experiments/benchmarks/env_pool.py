@@ -112,16 +112,21 @@ def main() -> None:
     image = ensure_image("desktop")
     began = time.perf_counter()
     print(f"image {image}; {args.steps} steps per environment per variant")
-    header = (f"{'conc':>4} | {'start/s seq':>11} {'pool':>6} {'ratio':>6} | {'reset s recreate':>16} "
-              f"{'restart':>8} {'ratio':>6} | {'step s 2 calls':>14} {'/action':>8} {'ratio':>6} | {'mem/env MiB':>11}")
+    header = (
+        f"{'conc':>4} | {'start/s seq':>11} {'pool':>6} {'ratio':>6} | {'reset s recreate':>16} "
+        f"{'restart':>8} {'ratio':>6} | {'step s 2 calls':>14} {'/action':>8} {'ratio':>6} | {'mem/env MiB':>11}"
+    )
     print(header)
     print("-" * len(header))
     for concurrency in args.concurrency:
         r = measure(image, concurrency, args.steps)
-        print(f"{concurrency:>4} | {r['start_seq']:>11.2f} {r['start_pool']:>6.2f} {r['start_pool'] / r['start_seq']:>5.2f}x | "
-              f"{r['reset_recreate']:>16.2f} {r['reset_restart']:>8.2f} {r['reset_recreate'] / r['reset_restart']:>5.2f}x | "
-              f"{r['step_2calls']:>14.3f} {r['step_action']:>8.3f} {r['step_2calls'] / r['step_action']:>5.2f}x | "
-              f"{r['mem']:>11.1f}", flush=True)
+        print(
+            f"{concurrency:>4} | {r['start_seq']:>11.2f} {r['start_pool']:>6.2f} {r['start_pool'] / r['start_seq']:>5.2f}x | "
+            f"{r['reset_recreate']:>16.2f} {r['reset_restart']:>8.2f} {r['reset_recreate'] / r['reset_restart']:>5.2f}x | "
+            f"{r['step_2calls']:>14.3f} {r['step_action']:>8.3f} {r['step_2calls'] / r['step_action']:>5.2f}x | "
+            f"{r['mem']:>11.1f}",
+            flush=True,
+        )
     print(f"wall time {time.perf_counter() - began:.0f}s")
 
 

@@ -61,8 +61,9 @@ def run_harness(worker, policy, suite, seeds, k: int, groups_per_call: int) -> i
     from cua_jax.eval.harness import evaluate
 
     with tempfile.TemporaryDirectory() as out:
-        summary = evaluate([worker], policy, suite, seeds, k, out, progress=False, groups_per_call=groups_per_call,
-                           max_reruns=0)  # as the sequential loop: no quarantine reruns
+        summary = evaluate(
+            [worker], policy, suite, seeds, k, out, progress=False, groups_per_call=groups_per_call, max_reruns=0
+        )  # as the sequential loop: no quarantine reruns
     return summary["overall"]["episodes"] + summary["overall"]["quarantined"]
 
 
@@ -93,12 +94,13 @@ def main() -> None:
 
         wrapper = LatencyWrapper(args.delay_median_s, args.delay_sigma, max_s=30.0, seed=0, delay_reset=True)
     workers = build_eval_workers(policy, suite, agent, 1, wrapper, group_size=args.k)
-    warm, timed = suite.seeds(2 * args.seeds)[: args.seeds], suite.seeds(2 * args.seeds)[args.seeds:]
+    warm, timed = suite.seeds(2 * args.seeds)[: args.seeds], suite.seeds(2 * args.seeds)[args.seeds :]
     try:
         results = {}
-        for name, run in (("sequential", lambda seeds: run_sequential(workers[0], seeds, args.k)),
-                          ("harness", lambda seeds: run_harness(workers[0], policy, suite, seeds, args.k,
-                                                                args.groups_per_call))):
+        for name, run in (
+            ("sequential", lambda seeds: run_sequential(workers[0], seeds, args.k)),
+            ("harness", lambda seeds: run_harness(workers[0], policy, suite, seeds, args.k, args.groups_per_call)),
+        ):
             run(warm)
             started = time.perf_counter()
             episodes = run(timed)
@@ -108,9 +110,11 @@ def main() -> None:
     finally:
         for worker in workers:
             worker.shutdown()
-    print(f"policy {args.policy}, {len(TASKS)} tasks x {args.seeds} seeds x k={args.k}, {args.turns} turns, "
-          f"{args.groups_per_call} groups per call, injected delay median {args.delay_median_s} s, "
-          f"{os.cpu_count()} cores")
+    print(
+        f"policy {args.policy}, {len(TASKS)} tasks x {args.seeds} seeds x k={args.k}, {args.turns} turns, "
+        f"{args.groups_per_call} groups per call, injected delay median {args.delay_median_s} s, "
+        f"{os.cpu_count()} cores"
+    )
     print(f"ratio harness / sequential: {results['harness'] / results['sequential']:.2f}x")
 
 

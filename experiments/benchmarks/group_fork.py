@@ -93,8 +93,14 @@ def _desktop_commit(pool, task, n: int, image: str) -> float:
         started = time.perf_counter()
         set_up_task(task, env.client)
         pool.docker.api.commit(env.container_id, repository=repository, tag="prepared")
-        config = PoolConfig(image=f"{repository}:prepared", size=n, cpus=pool.config.cpus, memory=pool.config.memory,
-                            screen=pool.config.screen, health_interval=None)
+        config = PoolConfig(
+            image=f"{repository}:prepared",
+            size=n,
+            cpus=pool.config.cpus,
+            memory=pool.config.memory,
+            screen=pool.config.screen,
+            health_interval=None,
+        )
         with DockerEnvPool(config) as restored:
             envs = [restored.acquire(timeout=600) for _ in range(n)]
             with concurrent.futures.ThreadPoolExecutor(n) as executor:

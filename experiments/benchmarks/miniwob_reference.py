@@ -199,8 +199,10 @@ def main(argv: list[str] | None = None) -> None:
 
     milliseconds = [1000.0 * s for s in reset_latencies(args.task, range(args.resets))]
     p90 = statistics.quantiles(milliseconds, n=10, method="inclusive")[-1]
-    print(f"MiniWoB++ own environment (Selenium, system Chromium), {args.task}, {args.resets} resets: "
-          f"reset + first observation median {statistics.median(milliseconds):.1f} ms, p90 {p90:.1f} ms")
+    print(
+        f"MiniWoB++ own environment (Selenium, system Chromium), {args.task}, {args.resets} resets: "
+        f"reset + first observation median {statistics.median(milliseconds):.1f} ms, p90 {p90:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

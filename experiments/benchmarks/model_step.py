@@ -97,9 +97,16 @@ def qwen3_5_config(shape: dict):
 
     hidden = shape["hidden_size"]
     # Qwen3.5's proportions: head_dim 64 with rotary on a quarter, value heads twice the key heads.
-    return tiny_qwen3_5_text_config(**shape, head_dim=64, mrope_section=(4, 2, 2), layer_types=(),
-                                    linear_key_head_dim=64, linear_value_head_dim=64,
-                                    linear_num_key_heads=max(1, hidden // 128), linear_num_value_heads=hidden // 64)
+    return tiny_qwen3_5_text_config(
+        **shape,
+        head_dim=64,
+        mrope_section=(4, 2, 2),
+        layer_types=(),
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        linear_num_key_heads=max(1, hidden // 128),
+        linear_num_value_heads=hidden // 64,
+    )
 
 
 # --model -> the benchmark's config of that size.
@@ -107,8 +114,14 @@ BENCHMARK_CONFIGS = {"qwen3": qwen3_config, "qwen3_5": qwen3_5_config}
 
 
 def make_config(hidden: int, layers: int, vocab: int, model: str = "qwen3"):
-    shape = dict(hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers, vocab_size=vocab,
-                 num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128))
+    shape = dict(
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        vocab_size=vocab,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 128),
+    )
     return BENCHMARK_CONFIGS[model](shape)
 
 
@@ -127,8 +140,10 @@ def profile_step(step, args, runs: int = 10, top: int = 15) -> None:
     time per step by kind of op (matmul, layout copy, other) and the `top` ops, each with
     its shape and the source operation XLA's metadata names."""
     hlo = step.lower(*args).compile().as_text()
-    ops = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
-        r'^\s*(?:ROOT )?%([\w.\-]+) = (\S+) [^\n]*?op_name="([^"]*)"', hlo, re.M)}
+    ops = {
+        m.group(1): (m.group(2), m.group(3))
+        for m in re.finditer(r'^\s*(?:ROOT )?%([\w.\-]+) = (\S+) [^\n]*?op_name="([^"]*)"', hlo, re.M)
+    }
     with tempfile.TemporaryDirectory() as directory:
         with jax.profiler.trace(directory, create_perfetto_trace=True):
             for _ in range(runs):
@@ -142,11 +157,18 @@ def profile_step(step, args, runs: int = 10, top: int = 15) -> None:
             ms[event["name"]] += event["dur"] / runs / 1e3
     kinds = collections.Counter()
     for name, t in ms.items():
-        kinds["matmul" if name.startswith(("ynn_fusion", "xnn_fusion", "dot")) else
-              "layout copy" if "copy" in name or "transpose" in name else "other"] += t
+        kinds[
+            "matmul"
+            if name.startswith(("ynn_fusion", "xnn_fusion", "dot"))
+            else "layout copy"
+            if "copy" in name or "transpose" in name
+            else "other"
+        ] += t
     total = sum(kinds.values())
-    print(f"  profile of our forward+backward: {total:.1f} ms of ops per step: " +
-          ", ".join(f"{kind} {t / total:.0%}" for kind, t in kinds.most_common()))
+    print(
+        f"  profile of our forward+backward: {total:.1f} ms of ops per step: "
+        + ", ".join(f"{kind} {t / total:.0%}" for kind, t in kinds.most_common())
+    )
     for name, t in ms.most_common(top):
         shape, source = ops[name]
         print(f"    {t:6.2f} ms  {name:28s} {shape:30s} {source[:80]}")
@@ -190,15 +212,19 @@ def forward_backward(config, ids: np.ndarray, iters: int, compile_torch: bool, p
 
     hf_loss = float(torch_step(hf))
     hf_s = best_time(lambda: torch_step(hf), iters)
-    print(f"  forward+backward tokens/s (token-mean NLL, loss ours {float(ours_loss):.4f} / torch {hf_loss:.4f}): "
-          f"ours {tokens / ours_s:,.0f}  transformers eager {tokens / hf_s:,.0f}  ratio {hf_s / ours_s:.2f}x")
+    print(
+        f"  forward+backward tokens/s (token-mean NLL, loss ours {float(ours_loss):.4f} / torch {hf_loss:.4f}): "
+        f"ours {tokens / ours_s:,.0f}  transformers eager {tokens / hf_s:,.0f}  ratio {hf_s / ours_s:.2f}x"
+    )
     if compile_torch:
         try:
             compiled = torch.compile(hf)
             torch_step(compiled)
             compiled_s = best_time(lambda: torch_step(compiled), iters)
-            print(f"  forward+backward tokens/s: transformers torch.compile {tokens / compiled_s:,.0f}  "
-                  f"ratio ours / compiled {compiled_s / ours_s:.2f}x")
+            print(
+                f"  forward+backward tokens/s: transformers torch.compile {tokens / compiled_s:,.0f}  "
+                f"ratio ours / compiled {compiled_s / ours_s:.2f}x"
+            )
         except Exception as error:  # inductor needs a working C++ toolchain, absent on some CPU builds
             print(f"  torch.compile: does not work here ({type(error).__name__}: {str(error).splitlines()[0][:160]})")
 
@@ -210,9 +236,13 @@ def _nll_batch(ids: np.ndarray):
     b, t = ids.shape
     zeros = jnp.zeros((b, t), jnp.float32)
     return TrainBatch(
-        ids=jnp.asarray(ids, jnp.int32), segment_ids=jnp.ones((b, t), jnp.int32),
-        positions=jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), loss_mask=jnp.ones((b, t), jnp.float32),
-        rollout_logprobs=zeros, advantages=zeros, item_valid=jnp.ones((b,), bool),
+        ids=jnp.asarray(ids, jnp.int32),
+        segment_ids=jnp.ones((b, t), jnp.int32),
+        positions=jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)),
+        loss_mask=jnp.ones((b, t), jnp.float32),
+        rollout_logprobs=zeros,
+        advantages=zeros,
+        item_valid=jnp.ones((b,), bool),
     )
 
 
@@ -223,9 +253,10 @@ def learner_update(config, rows: int, seq: int, iters: int) -> None:
     from cua_jax.train.learner import Learner, LearnerConfig, OptimizerConfig
     from cua_jax.types import TrainingItem
 
-    learner = Learner(model_kind(config)[0](config, rngs=nnx.Rngs(0)),
-                      LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-5),
-                                    loss=PolicyLossConfig(kl_coef=1e-2)))
+    learner = Learner(
+        model_kind(config)[0](config, rngs=nnx.Rngs(0)),
+        LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-5), loss=PolicyLossConfig(kl_coef=1e-2)),
+    )
     rng = np.random.default_rng(1)
     batching = BatchingConfig(rows=rows, length_multiple=64)
 
@@ -234,10 +265,13 @@ def learner_update(config, rows: int, seq: int, iters: int) -> None:
         for k in range(rows):
             n = int(rng.integers(seq // 2, seq + 1))
             mask = np.zeros(n, np.int32)
-            mask[n // 2:] = 1
+            mask[n // 2 :] = 1
             logp = np.where(mask > 0, rng.uniform(-9.0, -7.0, n), 0.0).astype(np.float32)
-            items.append(TrainingItem(rng.integers(3, config.vocab_size, n).astype(np.int32), mask, logp, [],
-                                      f"ep{k}", k // 2, (0,)))
+            items.append(
+                TrainingItem(
+                    rng.integers(3, config.vocab_size, n).astype(np.int32), mask, logp, [], f"ep{k}", k // 2, (0,)
+                )
+            )
         advantages = rng.normal(size=rows).astype(np.float32)
         return [collate(items, advantages, batching, length=seq)], sum(len(i) for i in items)
 
@@ -249,8 +283,10 @@ def learner_update(config, rows: int, seq: int, iters: int) -> None:
         if i >= 2:
             times.append(time.perf_counter() - start)
     tokens = np.mean([n for _, n in batches])
-    print(f"  learner update tokens/s (reference scoring + policy loss with KL + AdamW, {rows} rows of "
-          f"{seq // 2}..{seq} real tokens padded to {seq}): ours {tokens / min(times):,.0f}")
+    print(
+        f"  learner update tokens/s (reference scoring + policy loss with KL + AdamW, {rows} rows of "
+        f"{seq // 2}..{seq} real tokens padded to {seq}): ours {tokens / min(times):,.0f}"
+    )
 
 
 def decode(config, ids: np.ndarray, new_tokens: int, iters: int) -> None:
@@ -270,13 +306,21 @@ def decode(config, ids: np.ndarray, new_tokens: int, iters: int) -> None:
 
     def torch_generate():
         with torch.no_grad():
-            hf.generate(prompt_tensor, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                        do_sample=False, eos_token_id=None, pad_token_id=0)
+            hf.generate(
+                prompt_tensor,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
 
     hf_s = best_time(torch_generate, iters, warmup=1)
     new = batch * new_tokens
-    print(f"  decode tokens/s (prefill {prompt_len} + {new_tokens} new, batch {batch}): ours {new / ours_s:,.0f}  "
-          f"transformers {new / hf_s:,.0f}  ratio {hf_s / ours_s:.2f}x")
+    print(
+        f"  decode tokens/s (prefill {prompt_len} + {new_tokens} new, batch {batch}): ours {new / ours_s:,.0f}  "
+        f"transformers {new / hf_s:,.0f}  ratio {hf_s / ours_s:.2f}x"
+    )
 
 
 def main(argv=None) -> None:
@@ -301,14 +345,18 @@ def main(argv=None) -> None:
         sizes = ((args.hidden, args.layers, args.batch or 4, args.seq or 128),)
     else:
         sizes = SIZES
-    print(f"threads: torch intra-op {torch.get_num_threads()} (interop {torch.get_num_interop_threads()}), "
-          f"XLA CPU pool over {threads} pinned CPUs; JAX {jax.__version__} on {jax.devices()[0].platform}, "
-          f"torch {torch.__version__}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; float32 both sides")
+    print(
+        f"threads: torch intra-op {torch.get_num_threads()} (interop {torch.get_num_interop_threads()}), "
+        f"XLA CPU pool over {threads} pinned CPUs; JAX {jax.__version__} on {jax.devices()[0].platform}, "
+        f"torch {torch.__version__}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; float32 both sides"
+    )
     for hidden, layers, batch, seq in sizes:
         config = make_config(hidden, layers, args.vocab, args.model)
-        print(f"config: {args.model}, hidden {config.hidden_size}, layers {config.num_hidden_layers}, heads "
-              f"{config.num_attention_heads}/{config.num_key_value_heads}, vocab {config.vocab_size}; "
-              f"batch {batch} x seq {seq}")
+        print(
+            f"config: {args.model}, hidden {config.hidden_size}, layers {config.num_hidden_layers}, heads "
+            f"{config.num_attention_heads}/{config.num_key_value_heads}, vocab {config.vocab_size}; "
+            f"batch {batch} x seq {seq}"
+        )
         ids = np.random.default_rng(0).integers(3, config.vocab_size, (batch, seq))
         forward_backward(config, ids, args.iters, compile_torch=not args.no_compile, profile=args.profile)
         if not args.no_update:

@@ -89,7 +89,10 @@ async def oracle_episode(
 
 
 async def run_episodes(
-    runtime: CapsuleRuntime, jobs: list[tuple[str, int]], action_space: str, concurrency: int,
+    runtime: CapsuleRuntime,
+    jobs: list[tuple[str, int]],
+    action_space: str,
+    concurrency: int,
     max_steps: int = DEFAULT_MAX_STEPS,
 ) -> list[Episode]:
     """Every (task, seed) of `jobs`, `concurrency` environments at a time (each created once, then reset)."""
@@ -121,8 +124,10 @@ def summarize(episodes: list[Episode]) -> dict[str, dict[str, dict[str, float]]]
     for (task, space), group in groups.items():
         wins = [e.steps for e in group if e.success]
         table[task][space] = {
-            "success": len(wins) / len(group), "episodes": len(group),
-            "mean_steps": sum(wins) / len(wins) if wins else 0.0, "max_steps": max(wins, default=0),
+            "success": len(wins) / len(group),
+            "episodes": len(group),
+            "mean_steps": sum(wins) / len(wins) if wins else 0.0,
+            "max_steps": max(wins, default=0),
         }
     return dict(table)
 
@@ -134,9 +139,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--action_spaces", nargs="+", default=["coordinates", "elements"], choices=A.ACTION_SPACES)
     parser.add_argument("--concurrency", type=int, default=4, help="episodes at once (MiniWoB's limits are wall-clock)")
     parser.add_argument("--max_steps", type=int, default=DEFAULT_MAX_STEPS)
-    parser.add_argument("--time_limit_s", type=float, default=None,
-                        help="episode time limit for every task (default: MiniWoB's own, 10 s for most tasks); "
-                             "a generous one keeps a busy machine's slowness out of the oracle's rate")
+    parser.add_argument(
+        "--time_limit_s",
+        type=float,
+        default=None,
+        help="episode time limit for every task (default: MiniWoB's own, 10 s for most tasks); "
+        "a generous one keeps a busy machine's slowness out of the oracle's rate",
+    )
     parser.add_argument("--failures", type=int, default=3, help="failed episodes to print per task and action space")
     parser.add_argument("--out", default="", help="write the episodes and the table as JSON here")
     args = parser.parse_args(argv)
@@ -156,13 +165,19 @@ def main(argv: list[str] | None = None) -> None:
         try:
             for task in args.tasks:
                 t0 = time.perf_counter()
-                done = runtime.run_async(run_episodes(
-                    runtime, [(task, s) for s in range(args.seeds)], space, args.concurrency, args.max_steps))
+                done = runtime.run_async(
+                    run_episodes(
+                        runtime, [(task, s) for s in range(args.seeds)], space, args.concurrency, args.max_steps
+                    )
+                )
                 episodes.extend(done)
                 cell = summarize(done)[task][space]
                 late = sum(e.reason == "timed out" for e in done)
-                print(f"{space:<12} {task:<28} {cell['success']:6.1%}  steps {cell['mean_steps']:.1f}/{cell['max_steps']}"
-                      f"  ({time.perf_counter() - t0:.0f} s; {late} timed out)", flush=True)
+                print(
+                    f"{space:<12} {task:<28} {cell['success']:6.1%}  steps {cell['mean_steps']:.1f}/{cell['max_steps']}"
+                    f"  ({time.perf_counter() - t0:.0f} s; {late} timed out)",
+                    flush=True,
+                )
                 for e in [e for e in done if not e.success][: args.failures]:
                     print(f"    seed {e.seed}: {e.steps} steps, {e.reason[:160]}", flush=True)
         finally:
@@ -176,7 +191,9 @@ def main(argv: list[str] | None = None) -> None:
         row = f"{task:<28}"
         for s in spaces:
             cell = table.get(task, {}).get(s)
-            row += f"{cell['success']:>13.0%}{cell['mean_steps']:>6.1f}/{cell['max_steps']:<3d}" if cell else f"{'-':>23}"
+            row += (
+                f"{cell['success']:>13.0%}{cell['mean_steps']:>6.1f}/{cell['max_steps']:<3d}" if cell else f"{'-':>23}"
+            )
         print(row)
     for s in spaces:
         solved = [t for t in args.tasks if table.get(t, {}).get(s, {}).get("success", 0) >= 0.95]
@@ -185,8 +202,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "table": table, "unavailable": unavailable,
-                       "episodes": [dataclasses.asdict(e) for e in episodes]}, f, indent=1)
+            json.dump(
+                {
+                    "args": vars(args),
+                    "table": table,
+                    "unavailable": unavailable,
+                    "episodes": [dataclasses.asdict(e) for e in episodes],
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

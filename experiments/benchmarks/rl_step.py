@@ -144,13 +144,19 @@ def measure(mode: str, args) -> dict:
     counters = {k: v / n for k, v in timeline.counters.items()}
     episodes = sum(m["episodes/total"] for m in steps) / n
     return {
-        "stages_s": stages, "rollout_s": rollout_s, "learn_s": learn_s, "update_s": rollout_s + learn_s,
-        "episodes_per_s": episodes / rollout_s, "episodes": episodes, "counters": counters,
+        "stages_s": stages,
+        "rollout_s": rollout_s,
+        "learn_s": learn_s,
+        "update_s": rollout_s + learn_s,
+        "episodes_per_s": episodes / rollout_s,
+        "episodes": episodes,
+        "counters": counters,
         "learner_tokens": counters.get("learner/forward_backward_tokens", 0.0),
         "reference_tokens": counters.get("learner/reference_tokens", 0.0),
         "ideal_tokens": float(np.mean(ideal)),
         "cache_hit_rate": stats.get("cached_tokens", 0) / max(stats.get("prompt_tokens", 1), 1),
-        "engine_stats": stats, "success": float(np.mean([m["success/rate"] for m in steps])),
+        "engine_stats": stats,
+        "success": float(np.mean([m["success/rate"] for m in steps])),
     }
 
 
@@ -207,26 +213,34 @@ def main() -> None:
     for mode in args.modes:
         results[mode] = measure(mode, args)
         r = results[mode]
-        print(f"{mode}: {r['update_s']:.2f} s/update (rollout {r['rollout_s']:.2f}, learn {r['learn_s']:.2f}), "
-              f"{r['episodes_per_s']:.2f} episodes/s, learner {r['learner_tokens']:.0f} tokens/update "
-              f"(ideal {r['ideal_tokens']:.0f}), prefix-cache hits {r['cache_hit_rate']:.1%} of prompt tokens, "
-              f"success {r['success']:.2f}", flush=True)
-    print(f"\nrl_step on {cpu_model()}, {args.steps} timed updates per mode after {args.warmup_steps} warm-up, "
-          f"{len(results) and results[args.modes[0]]['episodes']:.0f} episodes each")
+        print(
+            f"{mode}: {r['update_s']:.2f} s/update (rollout {r['rollout_s']:.2f}, learn {r['learn_s']:.2f}), "
+            f"{r['episodes_per_s']:.2f} episodes/s, learner {r['learner_tokens']:.0f} tokens/update "
+            f"(ideal {r['ideal_tokens']:.0f}), prefix-cache hits {r['cache_hit_rate']:.1%} of prompt tokens, "
+            f"success {r['success']:.2f}",
+            flush=True,
+        )
+    print(
+        f"\nrl_step on {cpu_model()}, {args.steps} timed updates per mode after {args.warmup_steps} warm-up, "
+        f"{len(results) and results[args.modes[0]]['episodes']:.0f} episodes each"
+    )
     print(table(results))
     if set(MODES) <= set(results):
         off, on = results["off"], results["on"]
         print(f"learner tokens on / ideal: {on['learner_tokens'] / on['ideal_tokens']:.3f}")
-        ratios = {"update_wall_time": off["update_s"] / on["update_s"],
-                  "learner_tokens": off["learner_tokens"] / on["learner_tokens"]}
+        ratios = {
+            "update_wall_time": off["update_s"] / on["update_s"],
+            "learner_tokens": off["learner_tokens"] / on["learner_tokens"],
+        }
         results["ratios_off_over_on"] = ratios
         print(f"update wall time off/on: {ratios['update_wall_time']:.1f}x")
         print(f"learner tokens off/on: {ratios['learner_tokens']:.1f}x")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"rl_step_{datetime.datetime.now():%Y%m%d_%H%M%S}.json")
     with open(path, "w") as f:
-        json.dump({"args": vars(args), "cpu": cpu_model(), "wall_s": time.time() - started, "results": results}, f,
-                  indent=2)
+        json.dump(
+            {"args": vars(args), "cpu": cpu_model(), "wall_s": time.time() - started, "results": results}, f, indent=2
+        )
     print(path)
 
 

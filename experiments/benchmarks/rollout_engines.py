@@ -77,8 +77,13 @@ def measure(engine: str, args) -> dict:
     learn = float(np.mean([m[TIMING_PREFIX + "learn_s"] for m in steps]))
     sync = float(np.mean([m[TIMING_PREFIX + "sync_s"] for m in steps]))
     return {
-        "episodes": episodes, "rollout_s": rollout_s, "episodes_per_s": episodes / rollout_s,
-        "tokens_per_s": tokens / rollout_s, "learn_s": learn, "sync_s": sync, "sync_fraction": sync / (learn + sync),
+        "episodes": episodes,
+        "rollout_s": rollout_s,
+        "episodes_per_s": episodes / rollout_s,
+        "tokens_per_s": tokens / rollout_s,
+        "learn_s": learn,
+        "sync_s": sync,
+        "sync_fraction": sync / (learn + sync),
         "gap_mean": float(np.mean([m["learner/rollout_logprob_gap"] for m in steps])),
         "gap_max": float(max(m["learner/rollout_logprob_gap_max"] for m in steps)),
         "success": float(np.mean([m["success/rate"] for m in steps])),
@@ -91,7 +96,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup_steps", type=int, default=1)
     parser.add_argument("--group_size", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2, help="OMP threads of the vLLM engine (the JAX sampler uses XLA's)")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="OMP threads of the vLLM engine (the JAX sampler uses XLA's)"
+    )
     parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     parser.add_argument("--out", default="runs/benchmarks")
     args = parser.parse_args()
@@ -99,10 +106,13 @@ def main() -> None:
     for engine in args.engines:
         results[engine] = measure(engine, args)
         r = results[engine]
-        print(f"{engine:5s} ep/s {r['episodes_per_s']:.3f}  tok/s {r['tokens_per_s']:.1f}  sync s {r['sync_s']:.3f}  "
-              f"learn s {r['learn_s']:.2f}  sync frac {r['sync_fraction']:.3f}  gap mean {r['gap_mean']:.2e} "
-              f"max {r['gap_max']:.2e}  prefix-cache hits {r['prefix_cache_hit_rate']:.1%} of prompt tokens  "
-              f"({r['episodes']:.0f} episodes, success {r['success']:.2f})", flush=True)
+        print(
+            f"{engine:5s} ep/s {r['episodes_per_s']:.3f}  tok/s {r['tokens_per_s']:.1f}  sync s {r['sync_s']:.3f}  "
+            f"learn s {r['learn_s']:.2f}  sync frac {r['sync_fraction']:.3f}  gap mean {r['gap_mean']:.2e} "
+            f"max {r['gap_max']:.2e}  prefix-cache hits {r['prefix_cache_hit_rate']:.1%} of prompt tokens  "
+            f"({r['episodes']:.0f} episodes, success {r['success']:.2f})",
+            flush=True,
+        )
     if set(ENGINES) <= set(results):
         ratios = {key: results["vllm"][key] / results["jax"][key] for key in ("episodes_per_s", "tokens_per_s")}
         results["ratio_vllm_over_jax"] = ratios

@@ -134,8 +134,9 @@ class LearnerBench:
         self.renderer = ChatRenderer(tokenizer, self.processor)
         model_config = tiny_qwen3_vl_config()
         self.multimodal = MultimodalPositions.of(model_config)
-        self.batching = BatchingConfig(rows=LEARNER_BATCHING_ROWS, length_multiple=LEARNER_LENGTH_MULTIPLE,
-                                       pad_id=int(tokenizer.pad_token_id or 0))
+        self.batching = BatchingConfig(
+            rows=LEARNER_BATCHING_ROWS, length_multiple=LEARNER_LENGTH_MULTIPLE, pad_id=int(tokenizer.pad_token_id or 0)
+        )
         self.episodes_per_batch = episodes_per_batch
         model = Qwen3VLForConditionalGeneration(model_config, rngs=nnx.Rngs(seed))
         self.learner = Learner(model, LearnerConfig(old_logprobs="current"))
@@ -145,9 +146,13 @@ class LearnerBench:
 
     def episodes(self, num_turns: int) -> list[Episode]:
         """One rollout group of `episodes_per_batch` episodes with MiniWoB-size random screenshots."""
-        return [dataclasses.replace(synthetic_episode(self.renderer, num_turns, seed=seed, screen=LEARNER_SCREEN, pixels=True),
-                                    episode_id=f"synthetic-{num_turns}-{seed}")
-                for seed in range(self.episodes_per_batch)]
+        return [
+            dataclasses.replace(
+                synthetic_episode(self.renderer, num_turns, seed=seed, screen=LEARNER_SCREEN, pixels=True),
+                episode_id=f"synthetic-{num_turns}-{seed}",
+            )
+            for seed in range(self.episodes_per_batch)
+        ]
 
     def batch(self, segmenter: Segmenter, episodes: list[Episode]) -> LearnerRun:
         """The segmenter's items of `episodes` as one update's micro-batches (as `Trainer.learn` builds them)."""
@@ -156,8 +161,9 @@ class LearnerBench:
         items = [item for episode in episodes for item in segmenter.segment(episode)]
         patches = process_images(items, {episode.episode_id: episode for episode in episodes}, self.processor)
         # The advantage's value does not change the work.
-        minibatches = make_minibatches(items, np.ones(len(items), np.float32), self.batching, 1,
-                                       pixel_patches=patches, multimodal=self.multimodal)
+        minibatches = make_minibatches(
+            items, np.ones(len(items), np.float32), self.batching, 1, pixel_patches=patches, multimodal=self.multimodal
+        )
         lengths = np.asarray([len(item) for item in items], dtype=np.int64)
         n = len(episodes)
         cost = Cost(round(len(lengths) / n), round(lengths.sum() / n), round((lengths**2).sum() / n))
@@ -180,8 +186,9 @@ class LearnerBench:
         return [float(np.mean(run.seconds)) / self.episodes_per_batch for run in runs]
 
 
-def learner_table(tokenizer, turns: tuple[int, ...], repeats: int, episodes_per_batch: int = 1
-                  ) -> dict[int, tuple[float, float, float, float]]:
+def learner_table(
+    tokenizer, turns: tuple[int, ...], repeats: int, episodes_per_batch: int = 1
+) -> dict[int, tuple[float, float, float, float]]:
     """Prints the learner-time table; returns the step-wise/sliding-window ratios of (tokens,
     attention cost, padded tokens, learner time) by T."""
     bench = LearnerBench(tokenizer, episodes_per_batch)
@@ -227,17 +234,39 @@ def learner_table(tokenizer, turns: tuple[int, ...], repeats: int, episodes_per_
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--turns", type=int, nargs="+", default=list(TURNS),
-                        help="episode lengths T of the token-count table (default: %(default)s)")
-    parser.add_argument("--learner", action=argparse.BooleanOptionalAction, default=True,
-                        help="also time real learner updates (--no-learner: token counts only)")
-    parser.add_argument("--learner-turns", type=int, nargs="+", default=list(LEARNER_TURNS),
-                        help="episode lengths T of the learner-time table (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=LEARNER_REPEATS,
-                        help="timed train_on_batch calls per segmenter and T, after one compiling call (default: %(default)s)")
-    parser.add_argument("--episodes", type=int, default=1,
-                        help="episodes per learner batch (one group); more fill the micro-batches as a real "
-                             "rollout batch does, at proportionally more time (default: %(default)s)")
+    parser.add_argument(
+        "--turns",
+        type=int,
+        nargs="+",
+        default=list(TURNS),
+        help="episode lengths T of the token-count table (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--learner",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time real learner updates (--no-learner: token counts only)",
+    )
+    parser.add_argument(
+        "--learner-turns",
+        type=int,
+        nargs="+",
+        default=list(LEARNER_TURNS),
+        help="episode lengths T of the learner-time table (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=LEARNER_REPEATS,
+        help="timed train_on_batch calls per segmenter and T, after one compiling call (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--episodes",
+        type=int,
+        default=1,
+        help="episodes per learner batch (one group); more fill the micro-batches as a real "
+        "rollout batch does, at proportionally more time (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     if min(args.turns + args.learner_turns) < 1 or args.repeats < 1 or args.episodes < 1:
         parser.error("--turns, --learner-turns, --repeats and --episodes must be >= 1")
@@ -288,8 +317,10 @@ def main(argv: list[str] | None = None) -> None:
     # ScaleCUA Fig. 4's text in place of each dropped screenshot (scalecua.py's placeholder_text).
     plain = Cost.of(SlidingWindow(renderer, keep=5, min_removal=5), episodes[longest])
     marked = Cost.of(SlidingWindow(renderer, keep=5, min_removal=5, placeholder_text=PLACEHOLDER), episodes[longest])
-    print(f"placeholder text for dropped screenshots (T={longest}, K=5): {marked.tokens - plain.tokens:+d} tokens "
-          f"({marked.tokens / plain.tokens - 1:+.2%}), attention cost {marked.attention / plain.attention - 1:+.2%}")
+    print(
+        f"placeholder text for dropped screenshots (T={longest}, K=5): {marked.tokens - plain.tokens:+d} tokens "
+        f"({marked.tokens / plain.tokens - 1:+.2%}), attention cost {marked.attention / plain.attention - 1:+.2%}"
+    )
     if not args.learner:
         return
     learner_start = time.perf_counter()

@@ -54,9 +54,15 @@ def measure(probe: InteractionProbe, workers: int, tasks: int, latency: float, s
         thread.join()
     seconds = time.monotonic() - started
     waits = np.asarray(probe.waits[waits_before:])
-    return {"workers": workers, "tasks": tasks, "passed": passed[0], "seconds": seconds,
-            "per_minute": 60.0 * tasks / seconds, "wait_p50": float(np.percentile(waits, 50)),
-            "wait_p95": float(np.percentile(waits, 95))}
+    return {
+        "workers": workers,
+        "tasks": tasks,
+        "passed": passed[0],
+        "seconds": seconds,
+        "per_minute": 60.0 * tasks / seconds,
+        "wait_p50": float(np.percentile(waits, 50)),
+        "wait_p95": float(np.percentile(waits, 95)),
+    }
 
 
 def main() -> None:
@@ -68,20 +74,28 @@ def main() -> None:
     parser.add_argument("--agent-latency", type=float, default=3.0)
     args = parser.parse_args()
     rows = []
-    with DockerEnvPool(PoolConfig(image=ensure_image("desktop"), size=args.pool, health_interval=None)) as pool, \
-            InteractionProbe(pool) as probe:
+    with (
+        DockerEnvPool(PoolConfig(image=ensure_image("desktop"), size=args.pool, health_interval=None)) as pool,
+        InteractionProbe(pool) as probe,
+    ):
         for seed, workers in enumerate(args.workers):
             tasks = max(args.min_tasks, int(args.tasks_per_worker * workers))
             rows.append(measure(probe, workers, tasks, args.agent_latency, seed))
             print(f"[{workers} workers] {rows[-1]['seconds']:.0f}s", flush=True)
     base = rows[0]["per_minute"]
-    print(f"\nVeriGen probe: {args.pool} environments, agent latency {args.agent_latency}s per task, "
-          f"fresh environment per dry run")
-    print(f"{'workers':>7s} {'tasks':>5s} {'passed':>6s} {'seconds':>8s} {'tasks/min':>9s} {'ratio':>6s} "
-          f"{'wait p50':>8s} {'wait p95':>8s}")
+    print(
+        f"\nVeriGen probe: {args.pool} environments, agent latency {args.agent_latency}s per task, "
+        f"fresh environment per dry run"
+    )
+    print(
+        f"{'workers':>7s} {'tasks':>5s} {'passed':>6s} {'seconds':>8s} {'tasks/min':>9s} {'ratio':>6s} "
+        f"{'wait p50':>8s} {'wait p95':>8s}"
+    )
     for row in rows:
-        print(f"{row['workers']:7d} {row['tasks']:5d} {row['passed']:6d} {row['seconds']:8.1f} {row['per_minute']:9.2f} "
-              f"{row['per_minute'] / base:6.2f} {row['wait_p50']:8.2f} {row['wait_p95']:8.2f}")
+        print(
+            f"{row['workers']:7d} {row['tasks']:5d} {row['passed']:6d} {row['seconds']:8.1f} {row['per_minute']:9.2f} "
+            f"{row['per_minute'] / base:6.2f} {row['wait_p50']:8.2f} {row['wait_p95']:8.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,10 @@ CONFIGS = {
     "- fixer": pipeline.LoopConfig(use_fixer=False),
     "- rule validator": pipeline.LoopConfig(use_rules=False),
 }
-LISTING = "import os\nfor top in ('/root', '/tmp'):\n    for d, _, fs in os.walk(top):\n        for f in fs:\n" \
-          "            p = os.path.join(d, f)\n            print(p, os.path.getsize(p), os.path.getmtime(p))\n"
+LISTING = (
+    "import os\nfor top in ('/root', '/tmp'):\n    for d, _, fs in os.walk(top):\n        for f in fs:\n"
+    "            p = os.path.join(d, f)\n            print(p, os.path.getsize(p), os.path.getmtime(p))\n"
+)
 
 
 def audit(probe: InteractionProbe, candidate: Candidate, repeats: int = 3, cap: float = 5.0) -> tuple[bool, str]:
@@ -44,7 +46,9 @@ def audit(probe: InteractionProbe, candidate: Candidate, repeats: int = 3, cap: 
     if missing:
         return False, f"instruction does not state {missing[0]!r}"
     task = parse_task(candidate.task)
-    task = dataclasses.replace(task, evaluator=dataclasses.replace(task.evaluator, timeout=min(cap, task.evaluator.timeout)))
+    task = dataclasses.replace(
+        task, evaluator=dataclasses.replace(task.evaluator, timeout=min(cap, task.evaluator.timeout))
+    )
     with probe.session() as session:
         try:
             session.setup(task, candidate.setup_actions)
@@ -71,16 +75,22 @@ def run_config(probe, name, loop, candidates_n, seed, families, workers, cap):
     checker = ScriptedChecker(probe, judge_timeout_cap=cap)
     verigen = pipeline.VeriGen(proposer, ProgrammaticJudger(), checker, TemplateFixer(), loop)
     started = time.monotonic()
-    report = verigen.run(target=10 ** 9, max_candidates=candidates_n, workers=workers)
+    report = verigen.run(target=10**9, max_candidates=candidates_n, workers=workers)
     accepted = report.accepted
     with concurrent.futures.ThreadPoolExecutor(workers) as executor:
         verdicts = list(executor.map(lambda c: audit(probe, c, cap=cap), accepted))
     valid = sum(ok for ok, _ in verdicts)
     why = sorted({w for ok, w in verdicts if not ok})
-    return {"config": name, "candidates": len(report.results), "accepted": len(accepted), "valid": valid,
-            "executable_rate": valid / len(accepted) if accepted else 0.0,
-            "yield": valid / len(report.results) if report.results else 0.0,
-            "seconds": time.monotonic() - started, "invalid_because": why}
+    return {
+        "config": name,
+        "candidates": len(report.results),
+        "accepted": len(accepted),
+        "valid": valid,
+        "executable_rate": valid / len(accepted) if accepted else 0.0,
+        "yield": valid / len(report.results) if report.results else 0.0,
+        "seconds": time.monotonic() - started,
+        "invalid_because": why,
+    }
 
 
 def main() -> None:
@@ -94,22 +104,33 @@ def main() -> None:
     args = parser.parse_args()
     families = None if args.all_families else FAST_FAMILIES
     rows = []
-    with DockerEnvPool(PoolConfig(image=ensure_image("desktop"), size=args.pool, health_interval=None)) as pool, \
-            InteractionProbe(pool) as probe:
+    with (
+        DockerEnvPool(PoolConfig(image=ensure_image("desktop"), size=args.pool, health_interval=None)) as pool,
+        InteractionProbe(pool) as probe,
+    ):
         for name, loop in CONFIGS.items():
-            rows.append(run_config(probe, name, loop, args.candidates, args.seed, families, args.workers,
-                                   args.judge_timeout_cap))
+            rows.append(
+                run_config(
+                    probe, name, loop, args.candidates, args.seed, families, args.workers, args.judge_timeout_cap
+                )
+            )
             print(f"[{name}] done in {rows[-1]['seconds']:.0f}s", flush=True)
     full = rows[0]
-    print(f"\nVeriGen role ablation: {args.candidates} candidates per configuration, defect rate 0.5, "
-          f"families: {'all' if families is None else ', '.join(families)}")
-    print(f"{'configuration':18s} {'accepted':>8s} {'valid':>6s} {'executable rate':>16s} {'delta':>8s} "
-          f"{'ratio':>6s} {'yield':>6s}")
+    print(
+        f"\nVeriGen role ablation: {args.candidates} candidates per configuration, defect rate 0.5, "
+        f"families: {'all' if families is None else ', '.join(families)}"
+    )
+    print(
+        f"{'configuration':18s} {'accepted':>8s} {'valid':>6s} {'executable rate':>16s} {'delta':>8s} "
+        f"{'ratio':>6s} {'yield':>6s}"
+    )
     for row in rows:
         delta = 100 * (row["executable_rate"] - full["executable_rate"])
         ratio = row["executable_rate"] / full["executable_rate"] if full["executable_rate"] else float("nan")
-        print(f"{row['config']:18s} {row['accepted']:8d} {row['valid']:6d} {100 * row['executable_rate']:15.1f}% "
-              f"{delta:+7.1f}% {ratio:6.2f} {100 * row['yield']:5.1f}%")
+        print(
+            f"{row['config']:18s} {row['accepted']:8d} {row['valid']:6d} {100 * row['executable_rate']:15.1f}% "
+            f"{delta:+7.1f}% {ratio:6.2f} {100 * row['yield']:5.1f}%"
+        )
     for row in rows:
         if row["invalid_because"]:
             print(f"  {row['config']}: invalid because {row['invalid_because']}")

@@ -49,32 +49,56 @@ def main(argv: list[str] | None = None) -> None:
     model = Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(num_hidden_layers=args.layers), rngs=nnx.Rngs(0))
     with CapsuleRuntime(include_dom_text=True, seed=0) as runtime:
         held = W.collect_demonstrations(tasks, held_out, runtime=runtime, segmenter=segmenter)
-        held_data = W.DemonstrationData(held.items, held.episodes, image_processor, MultimodalPositions.of(model.config),
-                                        config.rows, config.length_multiple)
-        click_data = W.DemonstrationData(W.click_point_items(held.items, tokenizer), held.episodes, image_processor,
-                                         MultimodalPositions.of(model.config), config.rows, config.length_multiple)
+        held_data = W.DemonstrationData(
+            held.items,
+            held.episodes,
+            image_processor,
+            MultimodalPositions.of(model.config),
+            config.rows,
+            config.length_multiple,
+        )
+        click_data = W.DemonstrationData(
+            W.click_point_items(held.items, tokenizer),
+            held.episodes,
+            image_processor,
+            MultimodalPositions.of(model.config),
+            config.rows,
+            config.length_multiple,
+        )
 
         def measure(label: str, learner: Learner) -> dict[str, float]:
-            evaluation = W.evaluate_policy(model, tasks, held_out, runtime=runtime, segmenter=segmenter, agent_config=greedy)
-            row = {"held_out_nll": learner.evaluate(held_data.all_batches())["loss"],
-                   "held_out_click_nll": learner.evaluate(click_data.all_batches())["loss"], **evaluation.summary()}
+            evaluation = W.evaluate_policy(
+                model, tasks, held_out, runtime=runtime, segmenter=segmenter, agent_config=greedy
+            )
+            row = {
+                "held_out_nll": learner.evaluate(held_data.all_batches())["loss"],
+                "held_out_click_nll": learner.evaluate(click_data.all_batches())["loss"],
+                **evaluation.summary(),
+            }
             print(f"{label:>10}: " + "  ".join(f"{k}={v:.3f}" for k, v in row.items()), flush=True)
             return row
 
         baseline = measure("random", Learner(model, config.learner()))
         start = time.perf_counter()
-        result, demonstrations = W.warm_start(model, tasks, range(args.train_seeds), runtime=runtime,
-                                              segmenter=segmenter, config=config)
+        result, demonstrations = W.warm_start(
+            model, tasks, range(args.train_seeds), runtime=runtime, segmenter=segmenter, config=config
+        )
         wall = time.perf_counter() - start
         ours = measure("warm", result.learner)
-    print(f"demonstrations: {len(demonstrations.rollouts)} episodes, {len(demonstrations.items)} items, "
-          f"{demonstrations.num_response_tokens} response tokens, rejected {len(demonstrations.rejected)}")
-    print(f"warm start: {wall:.1f} s wall ({result.seconds:.1f} s SFT, {args.steps} steps, "
-          f"{len(result.shapes)} compiled shapes); loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f}")
+    print(
+        f"demonstrations: {len(demonstrations.rollouts)} episodes, {len(demonstrations.items)} items, "
+        f"{demonstrations.num_response_tokens} response tokens, rejected {len(demonstrations.rejected)}"
+    )
+    print(
+        f"warm start: {wall:.1f} s wall ({result.seconds:.1f} s SFT, {args.steps} steps, "
+        f"{len(result.shapes)} compiled shapes); loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f}"
+    )
     print(f"held-out NLL ratio warm/random: {ours['held_out_nll'] / baseline['held_out_nll']:.3f}")
     prior = W.click_point_prior_nll(W.click_points(demonstrations), W.click_points(held))
-    print(f"held-out click-point digits: random {baseline['held_out_click_nll']:.3f} -> warm "
-          f"{ours['held_out_click_nll']:.3f} nats each; page-blind prior {prior:.3f} (0 if read off the page)")
+    print(
+        f"held-out click-point digits: random {baseline['held_out_click_nll']:.3f} -> warm "
+        f"{ours['held_out_click_nll']:.3f} nats each; page-blind prior {prior:.3f} (0 if read off the page)"
+    )
     for key in ("valid_action_rate", "first_turn_valid_rate", "success_rate"):
         print(f"{key}: random {baseline[key]:.3f} -> warm {ours[key]:.3f} (delta {ours[key] - baseline[key]:+.3f})")
 

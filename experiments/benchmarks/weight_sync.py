@@ -35,8 +35,13 @@ def build_model(name: str):
 
     hidden, inter, layers, heads, kv = SIZES[name]
     config = tiny_qwen3_config(
-        vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv, head_dim=64,
+        vocab_size=VOCAB_SIZE,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=64,
     )
     return Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
 
@@ -117,14 +122,20 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     rows = [run_size(name, args.new_tokens, args.batch, args.syncs) for name in args.sizes.split(",")]
-    print(f"\nweight sync (shared-memory transport, float32) and greedy decode, batch {args.batch}, "
-          f"{args.new_tokens} new tokens")
-    print(f"{'model':<8}{'params':>10}{'MB':>9}{'sync s':>9}{'pack s':>9}{'sync MB/s':>11}"
-          f"{'vLLM tok/s':>12}{'JAX tok/s':>11}{'vLLM/JAX':>10}{'same ids':>10}")
+    print(
+        f"\nweight sync (shared-memory transport, float32) and greedy decode, batch {args.batch}, "
+        f"{args.new_tokens} new tokens"
+    )
+    print(
+        f"{'model':<8}{'params':>10}{'MB':>9}{'sync s':>9}{'pack s':>9}{'sync MB/s':>11}"
+        f"{'vLLM tok/s':>12}{'JAX tok/s':>11}{'vLLM/JAX':>10}{'same ids':>10}"
+    )
     for r in rows:
-        print(f"{r['name']:<8}{r['params_m']:>9.2f}M{r['mbytes']:>9.1f}{r['sync_s']:>9.3f}{r['pack_s']:>9.3f}"
-              f"{r['mbytes'] / r['sync_s']:>11.0f}{r['vllm_tps']:>12.1f}{r['jax_tps']:>11.1f}"
-              f"{r['vllm_tps'] / r['jax_tps']:>10.2f}{str(r['same_tokens']):>10}")
+        print(
+            f"{r['name']:<8}{r['params_m']:>9.2f}M{r['mbytes']:>9.1f}{r['sync_s']:>9.3f}{r['pack_s']:>9.3f}"
+            f"{r['mbytes'] / r['sync_s']:>11.0f}{r['vllm_tps']:>12.1f}{r['jax_tps']:>11.1f}"
+            f"{r['vllm_tps'] / r['jax_tps']:>10.2f}{str(r['same_tokens']):>10}"
+        )
 
 
 if __name__ == "__main__":

@@ -18,14 +18,36 @@ from cua_jax.envs.faults import AGENT_OWNED_FAULTS
 
 # MiniWoB++ tasks the scripted oracle solves (cua_jax.envs.miniwob_oracle.ORACLE_TASKS): the
 # embedded run's pool, so the warm start has demonstrations for every task.
-MINIWOB_TASKS = ("click-button", "click-link", "focus-text", "click-dialog", "click-tab", "click-checkboxes", "enter-text")
+MINIWOB_TASKS = (
+    "click-button",
+    "click-link",
+    "focus-text",
+    "click-dialog",
+    "click-tab",
+    "click-checkboxes",
+    "enter-text",
+)
 # Tasks the oracle solves in both action spaces, in at most 6 actions by element id (success rates and seed
 # counts per space: cua_jax/envs/miniwob_oracle.py's docstring, measured by
 # experiments/benchmarks/oracle_coverage.py): the pretraining set of a base policy.
 ORACLE_BOTH_SPACES = MINIWOB_TASKS + (
-    "click-option", "click-test", "click-test-2", "click-button-sequence", "click-dialog-2", "use-autocomplete",
-    "click-collapsible", "enter-text-2", "focus-text-2", "enter-password", "login-user", "click-widget",
-    "unicode-test", "multi-orderings", "multi-layouts", "enter-text-dynamic", "click-tab-2-easy",
+    "click-option",
+    "click-test",
+    "click-test-2",
+    "click-button-sequence",
+    "click-dialog-2",
+    "use-autocomplete",
+    "click-collapsible",
+    "enter-text-2",
+    "focus-text-2",
+    "enter-password",
+    "login-user",
+    "click-widget",
+    "unicode-test",
+    "multi-orderings",
+    "multi-layouts",
+    "enter-text-dynamic",
+    "click-tab-2-easy",
 )
 
 

@@ -32,8 +32,14 @@ raised turn budget of 12 (CANOPY evaluates with more turns than it trains with).
 from experiments.configs.base import base_config
 
 # One task per package, each with a short issue report (112-168 tokens of the shipped tokenizer).
-CODE_TASKS = ("code-inflection-006", "code-six-012", "code-parse-004", "code-toolz-007", "code-cachetools-001",
-              "code-more-itertools-004")
+CODE_TASKS = (
+    "code-inflection-006",
+    "code-six-012",
+    "code-parse-004",
+    "code-toolz-007",
+    "code-cachetools-001",
+    "code-more-itertools-004",
+)
 
 
 def get_config():

@@ -22,8 +22,16 @@ click-link 0.1. Held-out evaluation is off so that the sweep measures the traini
 CPU-sized budget; turn it back on with --config.eval.enabled=true.
 """
 
-TASKS = ("click-dialog-2", "click-tab", "click-option", "click-widget", "click-button", "unicode-test",
-         "click-tab-2-easy", "click-link")
+TASKS = (
+    "click-dialog-2",
+    "click-tab",
+    "click-option",
+    "click-widget",
+    "click-button",
+    "unicode-test",
+    "click-tab-2-easy",
+    "click-link",
+)
 TIERS = (0, 0, 0, 1, 1, 1, 2, 2)
 
 

@@ -21,7 +21,7 @@ from tests.support.code_env import SUITE, run, text_of
 JUNIT = "/tmp/.cua-judge.xml"  # the former judge's report, which it read back
 
 # A pytest plugin that turns every test report into a pass.
-FORCE_PASS = '''import pytest
+FORCE_PASS = """import pytest
 
 
 @pytest.hookimpl(wrapper=True)
@@ -29,14 +29,14 @@ def pytest_runtest_makereport(item, call):
     report = yield
     report.outcome, report.longrepr = "passed", None
     return report
-'''
+"""
 
 # Python code that has pytest load FORCE_PASS (a module `forcepass` on sys.path) as a plugin.
 LOAD_FORCE_PASS = 'import os; os.environ["PYTEST_ADDOPTS"] = "-p forcepass"'
 
 # A module at the repository root that shadows the standard library's glob (pytest imports it
 # at start-up): it loads the plugin, then the real glob in its place.
-SHADOW_GLOB = f'''import os, sys
+SHADOW_GLOB = f"""import os, sys
 {LOAD_FORCE_PASS}
 _here = os.path.dirname(os.path.abspath(__file__))
 _path = sys.path[:]
@@ -46,11 +46,11 @@ import glob as _real
 sys.path[:] = _path
 sys.modules["glob"] = _real
 globals().update(vars(_real))
-'''
+"""
 
 # Prepended to the package's source: replaces pytest's call_and_report with one whose every
 # report passes.
-PATCH_CALL_AND_REPORT = '''import _pytest.runner as _runner
+PATCH_CALL_AND_REPORT = """import _pytest.runner as _runner
 
 _call_and_report = _runner.call_and_report
 
@@ -64,13 +64,15 @@ def _passing(item, when, log=True, **kwds):
 
 
 _runner.call_and_report = _passing
-'''
+"""
 
 
 def forged_junit(task) -> str:
     """A JUnit XML report in which every fail-to-pass test passed and nothing failed."""
-    cases = "".join(f"<testcase classname={xml.sax.saxutils.quoteattr(c)} name={xml.sax.saxutils.quoteattr(n)}/>"
-                    for c, _, n in (t.rpartition("::") for t in task.fail_to_pass))
+    cases = "".join(
+        f"<testcase classname={xml.sax.saxutils.quoteattr(c)} name={xml.sax.saxutils.quoteattr(n)}/>"
+        for c, _, n in (t.rpartition("::") for t in task.fail_to_pass)
+    )
     return f'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite>{cases}</testsuite></testsuites>'
 
 
@@ -86,6 +88,7 @@ def source_of(task) -> str:
 
 # ---- the tricks: (actions before submit, the paths outside the sources the info must list) ----
 
+
 def conftest_forcing_passes(task):
     return [Edit("create", "conftest.py", file_text=FORCE_PASS)], ["conftest.py"]
 
@@ -99,7 +102,7 @@ CONFIG_ADDOPTS = {  # a pytest configuration file, and how it sets addopts
     "pytest.ini": "[pytest]\naddopts = {}\n",
     "tox.ini": "[pytest]\naddopts = {}\n",
     "setup.cfg": "\n[tool:pytest]\naddopts = {}\n",  # appended to the repository's own
-    "pyproject.toml": "[tool.pytest.ini_options]\naddopts = \"{}\"\n",
+    "pyproject.toml": '[tool.pytest.ini_options]\naddopts = "{}"\n',
 }
 
 
@@ -120,7 +123,7 @@ def config_deselecting_the_failing_tests(task):
 
 # On the image's PYTHONPATH: rewrites the runner's answer (every test passed) in any runner
 # process that would import it.
-FORGE_RUNNER_ANSWER = '''import sys
+FORGE_RUNNER_ANSWER = """import sys
 
 if sys.argv[0].endswith("runner.py"):
     import json
@@ -133,7 +136,7 @@ if sys.argv[0].endswith("runner.py"):
         return _dumps(value, *args, **kwargs)
 
     json.dumps = _forged
-'''
+"""
 
 
 def sitecustomize_forging_the_runners_answer(task):
@@ -141,9 +144,10 @@ def sitecustomize_forging_the_runners_answer(task):
 
 
 def sitecustomize_on_pythonpath(task):  # src/ is on PYTHONPATH (the src layout's folder)
-    return [Edit("create", "src/forcepass.py", file_text=FORCE_PASS),
-            Edit("create", "src/sitecustomize.py", file_text=LOAD_FORCE_PASS + "\n")], [
-        "src/forcepass.py", "src/sitecustomize.py"]
+    return [
+        Edit("create", "src/forcepass.py", file_text=FORCE_PASS),
+        Edit("create", "src/sitecustomize.py", file_text=LOAD_FORCE_PASS + "\n"),
+    ], ["src/forcepass.py", "src/sitecustomize.py"]
 
 
 def pth_file_in_the_user_site(task):  # HOME=/work: ~/.local is outside the repository
@@ -152,8 +156,10 @@ def pth_file_in_the_user_site(task):  # HOME=/work: ~/.local is outside the repo
 
 
 def stdlib_module_shadowed_at_the_root(task):
-    return [Edit("create", "forcepass.py", file_text=FORCE_PASS),
-            Edit("create", "glob.py", file_text=SHADOW_GLOB)], ["forcepass.py", "glob.py"]
+    return [Edit("create", "forcepass.py", file_text=FORCE_PASS), Edit("create", "glob.py", file_text=SHADOW_GLOB)], [
+        "forcepass.py",
+        "glob.py",
+    ]
 
 
 def editing_the_tests(task):
@@ -165,12 +171,17 @@ def deleting_the_tests(task):
 
 
 def background_process_rewriting_the_report(task):
-    loop = (f"import os, time\nJ = {JUNIT!r}\nF = open('/tmp/forged.xml').read()\nwhile True:\n"
-            "    try:\n        same = open(J).read() == F\n    except OSError:\n        same = True\n"
-            "    if not same:\n        open(J + '.new', 'w').write(F)\n        os.replace(J + '.new', J)\n"
-            "    time.sleep(0.001)\n")
-    return [write("/tmp/forged.xml", forged_junit(task)), write("/tmp/rewrite.py", loop),
-            Bash("setsid nohup python3 /tmp/rewrite.py > /dev/null 2>&1 < /dev/null &")], []
+    loop = (
+        f"import os, time\nJ = {JUNIT!r}\nF = open('/tmp/forged.xml').read()\nwhile True:\n"
+        "    try:\n        same = open(J).read() == F\n    except OSError:\n        same = True\n"
+        "    if not same:\n        open(J + '.new', 'w').write(F)\n        os.replace(J + '.new', J)\n"
+        "    time.sleep(0.001)\n"
+    )
+    return [
+        write("/tmp/forged.xml", forged_junit(task)),
+        write("/tmp/rewrite.py", loop),
+        Bash("setsid nohup python3 /tmp/rewrite.py > /dev/null 2>&1 < /dev/null &"),
+    ], []
 
 
 def report_planted_in_advance(task):
@@ -178,8 +189,7 @@ def report_planted_in_advance(task):
 
 
 def source_forging_the_report_at_exit(task):
-    code = (f"import atexit as _atexit\n_atexit.register(lambda: open({JUNIT!r}, 'w').write("
-            f"{forged_junit(task)!r}))\n")
+    code = f"import atexit as _atexit\n_atexit.register(lambda: open({JUNIT!r}, 'w').write({forged_junit(task)!r}))\n"
     return [Edit("insert", source_of(task), insert_line=0, new_str=code)], []
 
 
@@ -198,10 +208,20 @@ def source_sleeping_past_the_timeout(task):
 
 # Played on the small task by test_a_trick_outside_the_source_scores_nothing; the rest have tests of
 # their own below.
-TRICKS = [conftest_forcing_passes, conftest_naming_a_plugin, *map(config_adding_a_plugin, CONFIG_ADDOPTS),
-          config_deselecting_the_failing_tests, sitecustomize_forging_the_runners_answer, pth_file_in_the_user_site,
-          stdlib_module_shadowed_at_the_root, editing_the_tests, deleting_the_tests,
-          background_process_rewriting_the_report, report_planted_in_advance, source_forging_the_report_at_exit]
+TRICKS = [
+    conftest_forcing_passes,
+    conftest_naming_a_plugin,
+    *map(config_adding_a_plugin, CONFIG_ADDOPTS),
+    config_deselecting_the_failing_tests,
+    sitecustomize_forging_the_runners_answer,
+    pth_file_in_the_user_site,
+    stdlib_module_shadowed_at_the_root,
+    editing_the_tests,
+    deleting_the_tests,
+    background_process_rewriting_the_report,
+    report_planted_in_advance,
+    source_forging_the_report_at_exit,
+]
 
 
 @pytest.fixture(scope="module")
@@ -263,8 +283,10 @@ def test_the_runner_loads_nothing_from_the_work_tree(env, task):
 
 
 def test_the_fix_scores_with_other_changes_listed_but_not_applied(env, task):
-    others = [Bash("mkdir notes && for i in $(seq 10 69); do echo $i > notes/$i.txt; done"),
-              Bash(f"echo 'assert False' >> {task.test_files[0]}")]
+    others = [
+        Bash("mkdir notes && for i in $(seq 10 69); do echo $i > notes/$i.txt; done"),
+        Bash(f"echo 'assert False' >> {task.test_files[0]}"),
+    ]
     step = play(env, task, others + S.oracle_actions(task)[:-1])
     assert step.reward == 1.0 and step.outcome.status is EpisodeStatus.SUCCESS, step.outcome
     assert step.info["changes_outside_sources"] == [f"notes/{i}.txt" for i in range(10, 60)]  # the first 50

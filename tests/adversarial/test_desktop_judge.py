@@ -69,17 +69,26 @@ while time.time() < deadline:
 
 
 def judge_task(tmp_path, delay=0.0):
-    return parse_task({
-        "id": "answer-42", "snapshot": "desktop",
-        "instruction": "Write 42 into /root/answer.txt",
-        "config": [
-            {"type": "launch", "parameters": {"command": ["xterm"]}},
-            {"type": "execute", "parameters": {
-                "command": "until xdotool search --onlyvisible --class XTerm 2>/dev/null; do sleep 0.1; done",
-                "shell": True, "timeout": 60}},
-        ],
-        "evaluator": {"func": "python_judge", "code": JUDGE.format(delay=delay), "entry": "check", "timeout": 30},
-    }, tmp_path)
+    return parse_task(
+        {
+            "id": "answer-42",
+            "snapshot": "desktop",
+            "instruction": "Write 42 into /root/answer.txt",
+            "config": [
+                {"type": "launch", "parameters": {"command": ["xterm"]}},
+                {
+                    "type": "execute",
+                    "parameters": {
+                        "command": "until xdotool search --onlyvisible --class XTerm 2>/dev/null; do sleep 0.1; done",
+                        "shell": True,
+                        "timeout": 60,
+                    },
+                },
+            ],
+            "evaluator": {"func": "python_judge", "code": JUDGE.format(delay=delay), "entry": "check", "timeout": 30},
+        },
+        tmp_path,
+    )
 
 
 def write(path, content):
@@ -101,16 +110,19 @@ USER_SITE = "/root/.local/lib/python3.11/site-packages/usercustomize.py"
 TRICKS = {
     "sitecustomize on the image's PYTHONPATH": [write(PYTHONPATH_SITE, PASS_EVERY_VERDICT), DONE],
     ".pth file in the system's site-packages": [
-        write("/usr/lib/python3/dist-packages/zz_pass.py", PASS_EVERY_VERDICT), write(SITE_PTH, "import zz_pass\n"),
-        DONE],
+        write("/usr/lib/python3/dist-packages/zz_pass.py", PASS_EVERY_VERDICT),
+        write(SITE_PTH, "import zz_pass\n"),
+        DONE,
+    ],
     "usercustomize in the user's site-packages": [write(USER_SITE, PASS_EVERY_VERDICT), DONE],
 }
 
 
 @pytest.fixture(scope="module")
 def pool():
-    with DockerEnvPool(PoolConfig(image=ensure_image("desktop"), size=2, call_timeout=20.0,
-                                  health_interval=None)) as pool:
+    with DockerEnvPool(
+        PoolConfig(image=ensure_image("desktop"), size=2, call_timeout=20.0, health_interval=None)
+    ) as pool:
         yield pool
 
 
@@ -202,8 +214,9 @@ def test_the_runner_loads_nothing_the_agent_wrote(pool, tmp_path):
         assert "planted code ran" in env.client.run_python("print(1)", timeout=30)["error"]
         # a judge stuck in one C call is ended from outside at its timeout, with what it started
         start = time.monotonic()
-        stuck = env.judge.run_python("import subprocess\nsubprocess.Popen(['sleep', '300'])\nsum(range(10 ** 13))",
-                                     timeout=1.0)
+        stuck = env.judge.run_python(
+            "import subprocess\nsubprocess.Popen(['sleep', '300'])\nsum(range(10 ** 13))", timeout=1.0
+        )
         assert stuck["returncode"] == 124 and "timed out" in stuck["message"] and time.monotonic() - start < 20
         assert env.client.execute(["pgrep", "-x", "sleep"])["returncode"] == 1  # the group was killed
     finally:

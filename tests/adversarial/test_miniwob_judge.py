@@ -36,8 +36,9 @@ TASKS = ("click-button", "enter-text", "text-editor")
 
 @pytest.fixture(scope="module")
 def runtime():
-    runtime = CapsuleOptions(renderers=2, warm_pages=0).runtime(include_dom_text=True, action_space="both",
-                                                                 time_limit_s=600)
+    runtime = CapsuleOptions(renderers=2, warm_pages=0).runtime(
+        include_dom_text=True, action_space="both", time_limit_s=600
+    )
     yield runtime
     runtime.shutdown()
 
@@ -56,8 +57,9 @@ async def episode(runtime, task, actions):
                 break
         page = None
         if not transition.done:
-            page = await env._call(runtime.aevaluate(
-                env.env_id, "() => [location.href, WOB_DONE_GLOBAL, WOB_REWARD_GLOBAL]"))
+            page = await env._call(
+                runtime.aevaluate(env.env_id, "() => [location.href, WOB_DONE_GLOBAL, WOB_REWARD_GLOBAL]")
+            )
         return url, transition, page
     finally:
         await env.close()
@@ -81,6 +83,7 @@ def test_a_page_that_leaves_its_task_is_the_agents_failure(runtime):
     """A page navigated away from its task's document (forced here: no action of a policy does
     it on these tasks) ends the episode with PAGE_LEFT_TASK, scored as the agent's failure under
     the shipped config, and quarantined under a rule that owns no fault."""
+
     async def episode():
         env = MiniWoBEnvironment(runtime, time_limit_s=600)
         try:

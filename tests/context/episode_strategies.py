@@ -16,9 +16,7 @@ def engine_responses(draw, num_bpe: int, end_of_turn_id: int):
     ids = draw(st.lists(st.integers(0, num_bpe - 1), min_size=length, max_size=length))
     if draw(st.booleans()):  # stopped on end-of-turn (usual) or cut by the token budget
         ids.append(end_of_turn_id)
-    logprobs = draw(
-        st.lists(st.floats(-20.0, 0.0, allow_nan=False, width=32), min_size=len(ids), max_size=len(ids))
-    )
+    logprobs = draw(st.lists(st.floats(-20.0, 0.0, allow_nan=False, width=32), min_size=len(ids), max_size=len(ids)))
     return np.asarray(ids, np.int32), np.asarray(logprobs, np.float32)
 
 
@@ -27,9 +25,7 @@ def episodes(draw, num_bpe: int, end_of_turn_id: int, max_turns: int = 10, max_i
     num_turns = draw(st.integers(1, max_turns))
     turns = []
     for _ in range(num_turns):
-        shapes = draw(
-            st.lists(st.tuples(st.integers(16, 120), st.integers(16, 120)), max_size=max_images_per_turn)
-        )
+        shapes = draw(st.lists(st.tuples(st.integers(16, 120), st.integers(16, 120)), max_size=max_images_per_turn))
         ids, logprobs = draw(engine_responses(num_bpe, end_of_turn_id))
         turns.append(
             Turn(

@@ -37,7 +37,11 @@ def check_items(episode, items, renderer):
     where = {}
     for n, item in enumerate(items):
         assert (item.episode_id, item.group_id) == (episode.episode_id, episode.group_id)
-        assert item.ids.dtype == np.int32 and item.loss_mask.dtype == np.int32 and item.rollout_logprobs.dtype == np.float32
+        assert (
+            item.ids.dtype == np.int32
+            and item.loss_mask.dtype == np.int32
+            and item.rollout_logprobs.dtype == np.float32
+        )
         assert item.ids.shape == item.loss_mask.shape == item.rollout_logprobs.shape
         assert set(np.unique(item.loss_mask)) <= {0, 1}
         assert np.all(item.rollout_logprobs[item.loss_mask == 0] == 0)
@@ -52,7 +56,10 @@ def check_items(episode, items, renderer):
         assert sum(span.end - span.start for span in item.images) == int(pads.sum())
         for span in item.images:
             assert np.all(pads[span.start : span.end])
-            assert item.ids[span.start - 1] == specials["<|vision_start|>"] and item.ids[span.end] == specials["<|vision_end|>"]
+            assert (
+                item.ids[span.start - 1] == specials["<|vision_start|>"]
+                and item.ids[span.end] == specials["<|vision_end|>"]
+            )
             height, width = episode.turns[span.turn].images[span.index].shape[:2]
             assert span.grid_thw == renderer.grid_thw(height, width)
             assert span.end - span.start == np.prod(span.grid_thw) // renderer.merge_size**2
@@ -78,10 +85,16 @@ PLACEHOLDER = "[Screenshot of step {step} removed; action: {action}]"
 
 def segmenter_strategy(renderer):
     return st.one_of(
-        st.builds(lambda k, d, p: SlidingWindow(renderer, k, d, p), st.integers(0, 4), st.integers(1, 4),
-                  st.sampled_from(["", PLACEHOLDER])),
+        st.builds(
+            lambda k, d, p: SlidingWindow(renderer, k, d, p),
+            st.integers(0, 4),
+            st.integers(1, 4),
+            st.sampled_from(["", PLACEHOLDER]),
+        ),
         st.just(WholeTrajectory(renderer)),
-        st.builds(lambda k, p: StepWise(renderer, k, p), st.none() | st.integers(0, 3), st.sampled_from(["", PLACEHOLDER])),
+        st.builds(
+            lambda k, p: StepWise(renderer, k, p), st.none() | st.integers(0, 3), st.sampled_from(["", PLACEHOLDER])
+        ),
         st.builds(lambda w: CompactContext(renderer, w), st.integers(0, 3)),
     )
 
@@ -119,8 +132,12 @@ def _one_image_episode(renderer, num_turns, seed=0):
     rng = np.random.default_rng(seed)
     turns = []
     for t in range(num_turns):
-        ids = np.asarray(renderer.tokenizer(f"<tool_call>click {t}</tool_call>")["input_ids"] + [renderer.end_of_turn_id], np.int32)
-        turns.append(Turn(f"page {t}", [np.zeros((210, 160, 3), np.uint8)], ids, -rng.random(len(ids)).astype(np.float32)))
+        ids = np.asarray(
+            renderer.tokenizer(f"<tool_call>click {t}</tool_call>")["input_ids"] + [renderer.end_of_turn_id], np.int32
+        )
+        turns.append(
+            Turn(f"page {t}", [np.zeros((210, 160, 3), np.uint8)], ids, -rng.random(len(ids)).astype(np.float32))
+        )
     return Episode("e", "task", 0, "Click submit.", turns, system_prompt="You operate a computer.")
 
 
@@ -160,7 +177,10 @@ def test_compact_context_collapses_old_turns_into_an_action_history(renderer):
     episode = _one_image_episode(renderer, 6)
     items = CompactContext(renderer, window=2).segment(episode)
     last = renderer.tokenizer.decode(items[5].ids.tolist())
-    assert "Previous actions:\nStep 1: <tool_call>click 0</tool_call>\nStep 2: <tool_call>click 1</tool_call>\nStep 3: <tool_call>click 2</tool_call>\n" in last
+    assert (
+        "Previous actions:\nStep 1: <tool_call>click 0</tool_call>\nStep 2: <tool_call>click 1</tool_call>\nStep 3: <tool_call>click 2</tool_call>\n"
+        in last
+    )
     assert "page 2" not in last and "page 3" in last
     assert [s.turn for s in items[5].images] == [3, 4, 5]
 
@@ -187,8 +207,16 @@ def test_same_items_from_a_tokenizer_and_processor_loaded_from_a_model_directory
     save_tokenizer_and_processor(tmp_path)
     loaded = ChatRenderer(*load_processor(tmp_path))
     episode = _one_image_episode(renderer, 7, seed=3)
-    for name, options in [("sliding_window", {"keep": 2}), ("whole_trajectory", {}), ("step_wise", {}), ("compact_context", {"window": 2})]:
-        ours, theirs = make_segmenter(name, renderer, **options).segment(episode), make_segmenter(name, loaded, **options).segment(episode)
+    for name, options in [
+        ("sliding_window", {"keep": 2}),
+        ("whole_trajectory", {}),
+        ("step_wise", {}),
+        ("compact_context", {"window": 2}),
+    ]:
+        ours, theirs = (
+            make_segmenter(name, renderer, **options).segment(episode),
+            make_segmenter(name, loaded, **options).segment(episode),
+        )
         check_items(episode, theirs, loaded)
         assert len(ours) == len(theirs)
         for a, b in zip(ours, theirs):

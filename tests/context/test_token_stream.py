@@ -39,7 +39,10 @@ def test_diff_grown_stream_equals_the_templates_rendering_for_canonical_response
     messages = _conversation(texts, responses, shapes)
     builder = TokenStreamBuilder(renderer, messages[:2], turn=0)
     for t, response in enumerate(responses):
-        ids = renderer.tokenizer(response, add_special_tokens=False)["input_ids"] + [renderer.end_of_turn_id] * emits_end[t]
+        ids = (
+            renderer.tokenizer(response, add_special_tokens=False)["input_ids"]
+            + [renderer.end_of_turn_id] * emits_end[t]
+        )
         builder.add_response(t, np.asarray(ids, np.int32), np.full(len(ids), -0.5, np.float32), response)
         if t + 1 < len(texts):
             builder.add_observation(t + 1, messages[2 * t + 3])
@@ -110,10 +113,15 @@ def _reasoning_dropping_template():
 def test_a_template_that_moves_earlier_tokens_raises_naming_the_turn(tokenizer_and_processor, renderer):
     moving = ChatRenderer(*tokenizer_and_processor, chat_template=_reasoning_dropping_template())
     tokenizer = renderer.tokenizer
-    ids = np.asarray(tokenizer("<think>look</think>click", add_special_tokens=False)["input_ids"] + [renderer.end_of_turn_id], np.int32)
+    ids = np.asarray(
+        tokenizer("<think>look</think>click", add_special_tokens=False)["input_ids"] + [renderer.end_of_turn_id],
+        np.int32,
+    )
     turns = [Turn(f"page {t}", [], ids, np.zeros(len(ids), np.float32)) for t in range(3)]
     episode = Episode("e", "t", 0, "Do it.", turns)
-    with pytest.raises(PrefixMismatchError, match=r"turn 1: adding its observation changed the chat template's earlier tokens"):
+    with pytest.raises(
+        PrefixMismatchError, match=r"turn 1: adding its observation changed the chat template's earlier tokens"
+    ):
         WholeTrajectory(moving).segment(episode)
     # Without reasoning nothing moves, and the same template streams fine.
     plain = np.asarray(tokenizer("click", add_special_tokens=False)["input_ids"] + [renderer.end_of_turn_id], np.int32)
@@ -148,8 +156,13 @@ def test_tool_schemas_render_in_the_system_turn_and_the_stream_still_lines_up(to
     tools = [{"type": "function", "function": {"name": "computer_use", "parameters": {"type": "object"}}}]
     with_tools = ChatRenderer(*tokenizer_and_processor, tools=tools)
     tokenizer = with_tools.tokenizer
-    ids = np.asarray(tokenizer("<tool_call>\n{}\n</tool_call>", add_special_tokens=False)["input_ids"] + [with_tools.end_of_turn_id], np.int32)
-    turns = [Turn(f"page {t}", [np.zeros((64, 64, 3), np.uint8)], ids, np.zeros(len(ids), np.float32)) for t in range(2)]
+    ids = np.asarray(
+        tokenizer("<tool_call>\n{}\n</tool_call>", add_special_tokens=False)["input_ids"] + [with_tools.end_of_turn_id],
+        np.int32,
+    )
+    turns = [
+        Turn(f"page {t}", [np.zeros((64, 64, 3), np.uint8)], ids, np.zeros(len(ids), np.float32)) for t in range(2)
+    ]
     (item,) = WholeTrajectory(with_tools).segment(Episode("e", "t", 0, "Do it.", turns, system_prompt="Act."))
     text = tokenizer.decode(item.ids.tolist())
     assert text.startswith("<|im_start|>system\nAct.\n\n# Tools\n") and '"name": "computer_use"' in text

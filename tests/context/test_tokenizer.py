@@ -29,7 +29,9 @@ def test_shipped_tokenizer_has_qwens_special_tokens_after_the_bpe_vocabulary(tok
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == ids["<|im_end|>"]
     assert tokenizer.pad_token_id == ids["<|endoftext|>"]
     # Each special token is one id, also when glued to text.
-    encoded = tokenizer("a<|vision_start|><|image_pad|><|vision_end|>b<tool_call>", add_special_tokens=False)["input_ids"]
+    encoded = tokenizer("a<|vision_start|><|image_pad|><|vision_end|>b<tool_call>", add_special_tokens=False)[
+        "input_ids"
+    ]
     assert ids["<|vision_start|>"] in encoded and ids["<|image_pad|>"] in encoded and ids["<tool_call>"] in encoded
 
 
@@ -74,7 +76,11 @@ def test_image_grid_matches_the_processors_own_output(tokenizer_and_processor, h
 
 def test_miniwob_screenshot_gives_a_modest_token_count(tokenizer_and_processor):
     _, image_processor = tokenizer_and_processor
-    assert image_processor.patch_size == 16 and image_processor.merge_size == 2 and image_processor.temporal_patch_size == 2
+    assert (
+        image_processor.patch_size == 16
+        and image_processor.merge_size == 2
+        and image_processor.temporal_patch_size == 2
+    )
     assert tk.image_grid_thw(image_processor, 210, 160) == (1, 14, 10)  # 35 merged tokens
 
 

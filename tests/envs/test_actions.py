@@ -18,16 +18,20 @@ valid_actions = st.one_of(
     st.builds(A.MouseMove, grid, grid),
     st.builds(A.LeftClickDrag, grid, grid),
     st.builds(A.LeftClickDrag, grid, grid, grid, grid),
-    st.builds(A.LeftMouseDown), st.builds(A.LeftMouseDown, grid, grid),
-    st.builds(A.LeftMouseUp), st.builds(A.LeftMouseUp, grid, grid),
+    st.builds(A.LeftMouseDown),
+    st.builds(A.LeftMouseDown, grid, grid),
+    st.builds(A.LeftMouseUp),
+    st.builds(A.LeftMouseUp, grid, grid),
     st.builds(A.Key, st.lists(key_names, min_size=1, max_size=A.MAX_KEYS).map(tuple)),
-    st.builds(A.HoldKey, st.lists(key_names, min_size=1, max_size=3).map(tuple),
-              st.floats(0.01, A.MAX_HOLD_SECONDS)),
+    st.builds(A.HoldKey, st.lists(key_names, min_size=1, max_size=3).map(tuple), st.floats(0.01, A.MAX_HOLD_SECONDS)),
     st.builds(A.Type, text),
     st.builds(A.Scroll, st.sampled_from(A.SCROLL_DIRECTIONS), st.integers(1, A.MAX_SCROLL_AMOUNT)),
     st.builds(A.Scroll, st.sampled_from(A.SCROLL_DIRECTIONS), st.integers(1, 50), grid, grid),
     st.builds(A.Wait, st.floats(0.01, A.MAX_WAIT_SECONDS)),
-    st.just(A.Screenshot()), st.just(A.CursorPosition()), st.just(A.Done()), st.just(A.Fail()),
+    st.just(A.Screenshot()),
+    st.just(A.CursorPosition()),
+    st.just(A.Done()),
+    st.just(A.Fail()),
     st.builds(A.Answer, st.text(max_size=40)),
     st.builds(A.WriteFile, text, st.text(max_size=80)),
     st.builds(A.ClickElement, st.integers(1, 10_000)),
@@ -104,7 +108,7 @@ def _mutate(rng: random.Random, text: str) -> str:
         if op < 0.4 and chars:
             del chars[min(pos, len(chars) - 1)]
         elif op < 0.8:
-            chars.insert(pos, rng.choice(string.printable + "{}[]\":,<>/\u00e9\u4e2d\x00"))
+            chars.insert(pos, rng.choice(string.printable + '{}[]":,<>/\u00e9\u4e2d\x00'))
         else:
             chars[pos:pos] = rng.choice(['"action"', "null", "1e999", "-0", "[]", "{}", "true", "</tool_call>"])
     return "".join(chars)
@@ -112,10 +116,17 @@ def _mutate(rng: random.Random, text: str) -> str:
 
 def test_thousand_fuzzed_strings_raise_nothing():
     rng = random.Random(0)
-    seeds = [A.render_action(a) for a in (
-        A.Click("left_click", 1, 2), A.Key(("ctrl", "s")), A.Scroll("down", 2, 5, 5),
-        A.WriteFile("/tmp/a", "b"), A.LeftClickDrag(1, 2, 3, 4), A.HoldKey(("shift",), 1.0),
-    )]
+    seeds = [
+        A.render_action(a)
+        for a in (
+            A.Click("left_click", 1, 2),
+            A.Key(("ctrl", "s")),
+            A.Scroll("down", 2, 5, 5),
+            A.WriteFile("/tmp/a", "b"),
+            A.LeftClickDrag(1, 2, 3, 4),
+            A.HoldKey(("shift",), 1.0),
+        )
+    ]
     outcomes = {"valid": 0, "invalid": 0}
     for i in range(1000):
         if i % 5 == 0:
@@ -134,6 +145,7 @@ def test_thousand_fuzzed_strings_raise_nothing():
 
 def grid_to_pixels_reference(x, y, width, height):
     import math
+
     return (min(width - 1, math.floor(x * width / 1000)), min(height - 1, math.floor(y * height / 1000)))
 
 
@@ -187,7 +199,8 @@ def test_malformed_element_actions_are_invalid_with_a_message(arguments, message
 def test_action_spaces_admit_exactly_their_pointer_actions(action, action_space):
     parsed = A.parse_action(A.render_action(action), action_space)
     refused = (action_space == "coordinates" and isinstance(action, A.ELEMENT_ACTIONS)) or (
-        action_space == "elements" and A.uses_coordinates(action))
+        action_space == "elements" and A.uses_coordinates(action)
+    )
     if refused:
         assert isinstance(parsed, A.InvalidAction) and "not available" in parsed.message
         assert isinstance(A.parse_arguments(A.action_arguments(action), action_space), A.InvalidAction)

@@ -74,7 +74,8 @@ def test_container_per_environment_runs_episodes_and_forks():
         assert _running_containers(CONTAINER_NAME_PREFIX)
         network = subprocess.run(
             ["docker", "inspect", "-f", "{{.HostConfig.NetworkMode}}", rt.backend.container_name(rt.runtime_of(env))],
-            capture_output=True, text=True,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
         assert network == "none"
         obs = rt.observe(env)

@@ -110,7 +110,9 @@ def test_capsules_are_isolated_under_concurrency(runtime):
     bystander_before = runtime.observe(bystander)
 
     async def act(env: str):
-        await runtime.aevaluate(env, "(owner) => { localStorage.setItem('owner', owner); document.cookie = 'owner=' + owner; }", env)
+        await runtime.aevaluate(
+            env, "(owner) => { localStorage.setItem('owner', owner); document.cookie = 'owner=' + owner; }", env
+        )
         obs = await runtime.aobserve(env)
         typed = None
         while True:
@@ -252,7 +254,9 @@ def test_concurrent_reset_trials_never_serve_a_mixed_or_half_published_generatio
     assert len([r for r in records if r.operation == "reset"]) == RESET_TRIALS
     assert all(r.in_flight_at_publish == 0 for r in records)
     assert refused >= RESET_TRIALS  # every trial had requests land inside its freeze
-    print(f"{RESET_TRIALS} reset trials: {refused} requests refused while frozen, {2 * RESET_TRIALS} served after publish")
+    print(
+        f"{RESET_TRIALS} reset trials: {refused} requests refused while frozen, {2 * RESET_TRIALS} served after publish"
+    )
     for env in envs:
         runtime.close(env)
 

@@ -18,28 +18,47 @@ from tests.support.code_env import run, text_of
 
 # ---- pure: actions and observations -------------------------------------------------------
 
-@pytest.mark.parametrize("action", [
-    Bash("ls -la"), Bash("sleep 1", 2.5), Submit(),
-    Edit("view", "a.py"), Edit("view", "a.py", view_range=(3, -1)), Edit("create", "pkg/new.py", file_text="x = 1\n"),
-    Edit("str_replace", "a.py", old_str="a < b", new_str="a <= b"), Edit("insert", "a.py", insert_line=0, new_str="#"),
-])
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        Bash("ls -la"),
+        Bash("sleep 1", 2.5),
+        Submit(),
+        Edit("view", "a.py"),
+        Edit("view", "a.py", view_range=(3, -1)),
+        Edit("create", "pkg/new.py", file_text="x = 1\n"),
+        Edit("str_replace", "a.py", old_str="a < b", new_str="a <= b"),
+        Edit("insert", "a.py", insert_line=0, new_str="#"),
+    ],
+)
 def test_actions_render_and_parse_back(action):
     assert parse_code_action("I will act.\n" + render_code_action(action)) == action
 
 
-@pytest.mark.parametrize("text, message", [
-    ("no call at all", "no tool call found"),
-    ('<tool_call>{"name": "bash"', "not valid JSON"),
-    ('<tool_call>{"name": "rm", "arguments": {}}</tool_call>', "unknown tool"),
-    ('<tool_call>{"name": "bash", "arguments": {}}</tool_call>', "'command' is required"),
-    ('<tool_call>{"name": "bash", "arguments": {"command": "ls", "timeout": -1}}</tool_call>', "'timeout'"),
-    ('<tool_call>{"name": "str_replace_editor", "arguments": {"command": "delete", "path": "a"}}</tool_call>',
-     "'command' must be one of"),
-    ('<tool_call>{"name": "str_replace_editor", "arguments": {"command": "str_replace", "path": "a", "old_str": ""}}'
-     '</tool_call>', "'old_str' is empty"),
-    ('<tool_call>{"name": "submit", "arguments": {}}</tool_call><tool_call>{"name": "submit"}</tool_call>',
-     "2 tool calls"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("no call at all", "no tool call found"),
+        ('<tool_call>{"name": "bash"', "not valid JSON"),
+        ('<tool_call>{"name": "rm", "arguments": {}}</tool_call>', "unknown tool"),
+        ('<tool_call>{"name": "bash", "arguments": {}}</tool_call>', "'command' is required"),
+        ('<tool_call>{"name": "bash", "arguments": {"command": "ls", "timeout": -1}}</tool_call>', "'timeout'"),
+        (
+            '<tool_call>{"name": "str_replace_editor", "arguments": {"command": "delete", "path": "a"}}</tool_call>',
+            "'command' must be one of",
+        ),
+        (
+            '<tool_call>{"name": "str_replace_editor", "arguments": {"command": "str_replace", "path": "a", "old_str": ""}}'
+            "</tool_call>",
+            "'old_str' is empty",
+        ),
+        (
+            '<tool_call>{"name": "submit", "arguments": {}}</tool_call><tool_call>{"name": "submit"}</tool_call>',
+            "2 tool calls",
+        ),
+    ],
+)
 def test_malformed_actions_become_invalid_actions_with_a_reason(text, message):
     action = parse_code_action(text)
     assert isinstance(action, A.InvalidAction) and message in action.message
@@ -50,13 +69,17 @@ def test_binary_is_escaped_and_truncation_is_marked():
     assert escape_output("héllo".encode()) == "héllo"
     assert stream_text(b"abc", b"xyz", 6) == "abcxyz"
     assert stream_text(b"abc", b"xyz", 1006) == "abc\n[... 1000 bytes truncated ...]\nxyz"
-    result = {"exit_code": -9, "timed_out": True,
-              "stdout": {"head": base64.b64encode(b"partial").decode(), "tail": "", "total": 7},
-              "stderr": {"head": "", "tail": "", "total": 0}}
+    result = {
+        "exit_code": -9,
+        "timed_out": True,
+        "stdout": {"head": base64.b64encode(b"partial").decode(), "tail": "", "total": 7},
+        "stderr": {"head": "", "tail": "", "total": 0},
+    }
     assert bash_observation(result, 2.0).startswith("killed: the command ran past its timeout of 2 s")
 
 
 # ---- real containers ----------------------------------------------------------------------
+
 
 def test_bash_output_exit_code_truncation_binary_and_timeout(env, task):
     start = run(env.reset(task))
@@ -83,7 +106,9 @@ def test_editor_view_create_replace_insert_and_refusals(env, task):
     assert "edited" in text_of(run(env.step(Edit("str_replace", "notes/todo.txt", old_str="two", new_str="2"))))
     assert "inserted" in text_of(run(env.step(Edit("insert", "notes/todo.txt", insert_line=0, new_str="zero"))))
     assert text_of(run(env.step(Bash("cat notes/todo.txt")))).split("stdout:\n")[1].startswith("zero\none\n2\n")
-    assert "occurs 0 times" in text_of(run(env.step(Edit("str_replace", "notes/todo.txt", old_str="three", new_str=""))))
+    assert "occurs 0 times" in text_of(
+        run(env.step(Edit("str_replace", "notes/todo.txt", old_str="three", new_str="")))
+    )
     run(env.step(Edit("create", "notes/twice.txt", file_text="x x")))
     assert "occurs 2 times" in text_of(run(env.step(Edit("str_replace", "notes/twice.txt", old_str="x", new_str="y"))))
     assert "outside [0, 4]" in text_of(run(env.step(Edit("insert", "notes/todo.txt", insert_line=9, new_str="z"))))
@@ -111,8 +136,12 @@ def test_judge_right_fix_wrong_fix_and_test_tampering(env, task):
     # the fix plus a regression elsewhere: still no reward, the broken test is named
     run(env.reset(task))
     run(env.step(S.oracle_actions(task)[0]))
-    regression = Edit("str_replace", "inflection/__init__.py", old_str="def dasherize(word: str) -> str:\n",
-                      new_str="def dasherize(word: str) -> str:\n    return word\n")
+    regression = Edit(
+        "str_replace",
+        "inflection/__init__.py",
+        old_str="def dasherize(word: str) -> str:\n",
+        new_str="def dasherize(word: str) -> str:\n    return word\n",
+    )
     assert "edited" in text_of(run(env.step(regression)))
     step = run(env.step(Submit()))
     assert step.reward == 0.0 and any("dasherize" in t for t in step.info["broken"])
@@ -123,6 +152,7 @@ def test_judge_right_fix_wrong_fix_and_test_tampering(env, task):
     assert step.reward == 0.0 and step.info["changes_outside_sources"] == ["test_inflection.py"]
     # a "fix" that makes the tests hang: killed at the task's timeout, scored as a failure
     import dataclasses
+
     run(env.reset(dataclasses.replace(task, timeout=3.0)))
     run(env.step(Edit("insert", "inflection/__init__.py", insert_line=0, new_str="import time; time.sleep(600)")))
     step = run(env.step(Submit()))
@@ -140,11 +170,14 @@ def test_the_turn_budget_ends_the_episode_without_verdict(task):
         run(env.close())
 
 
-@pytest.mark.parametrize("command, kind, detail", [
-    ("python3 -c 'import os\nwhile True: os.fork()'", FaultKind.PROCESS_LIMIT, "pids limit"),
-    ("python3 -c 'x = []\nwhile True: x.append(bytearray(10**7))'", FaultKind.OOM_KILLED, "memory limit"),
-    ("dd if=/dev/zero of=big bs=1M count=200", FaultKind.WORK_TREE_FULL, "size-capped tmpfs"),
-])
+@pytest.mark.parametrize(
+    "command, kind, detail",
+    [
+        ("python3 -c 'import os\nwhile True: os.fork()'", FaultKind.PROCESS_LIMIT, "pids limit"),
+        ("python3 -c 'x = []\nwhile True: x.append(bytearray(10**7))'", FaultKind.OOM_KILLED, "memory limit"),
+        ("dd if=/dev/zero of=big bs=1M count=200", FaultKind.WORK_TREE_FULL, "size-capped tmpfs"),
+    ],
+)
 def test_resource_faults_end_the_episode_and_the_next_episode_is_clean(env, task, command, kind, detail):
     run(env.reset(task))
     started = env.counters["containers_started"]
@@ -191,6 +224,7 @@ def test_fresh_mode_starts_a_container_per_episode(task):
 
 def test_a_task_the_image_lacks_is_a_setup_fault(env, task):
     import dataclasses
+
     missing = dataclasses.replace(task, package="no-such-package")
     with pytest.raises(EnvironmentFault) as error:
         run(env.reset(missing))

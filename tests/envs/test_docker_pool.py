@@ -26,8 +26,9 @@ TASKS = {task.id: task for task in load_suite(SUITE_DIR)}
 @pytest.fixture(scope="module")
 def pool():
     image = ensure_image("desktop")
-    with DockerEnvPool(PoolConfig(image=image, size=4, cpus=1.0, memory="1g", call_timeout=20.0,
-                                  health_interval=5.0)) as pool:
+    with DockerEnvPool(
+        PoolConfig(image=image, size=4, cpus=1.0, memory="1g", call_timeout=20.0, health_interval=5.0)
+    ) as pool:
         yield pool
     remaining = pool.docker.api.containers(all=True, filters={"label": f"{LABEL_POOL}={pool.pool_id}"})
     assert remaining == [], "close() must remove every container the pool started"
@@ -41,11 +42,15 @@ def wait_for_full_pool(pool, timeout=180.0):
 
 
 def test_every_task_rewards_its_solution_and_not_a_wrong_one(pool):
-    jobs = [(task_id, kind, texts) for task_id in TASKS
-            for kind, texts in (("solution", SOLUTIONS[task_id]), ("wrong", WRONG_SOLUTIONS[task_id]))]
+    jobs = [
+        (task_id, kind, texts)
+        for task_id in TASKS
+        for kind, texts in (("solution", SOLUTIONS[task_id]), ("wrong", WRONG_SOLUTIONS[task_id]))
+    ]
     with concurrent.futures.ThreadPoolExecutor(4) as executor:
-        futures = {executor.submit(run_scripted, pool, TASKS[task_id], texts): (task_id, kind)
-                   for task_id, kind, texts in jobs}
+        futures = {
+            executor.submit(run_scripted, pool, TASKS[task_id], texts): (task_id, kind) for task_id, kind, texts in jobs
+        }
         outcomes = {futures[f]: f.result().outcome for f in concurrent.futures.as_completed(futures)}
     for (task_id, kind), outcome in sorted(outcomes.items()):
         if kind == "solution":
@@ -149,10 +154,14 @@ def test_failed_setup_quarantines_and_spent_budget_is_no_verdict(pool):
     from cua_jax.envs import actions as A
     from cua_jax.tasks.schema import parse_task
 
-    broken = parse_task({
-        "id": "broken-setup", "instruction": "x", "evaluator": {"func": "infeasible"},
-        "config": [{"type": "open", "parameters": {"path": "/root/missing.txt", "timeout": 5}}],
-    })
+    broken = parse_task(
+        {
+            "id": "broken-setup",
+            "instruction": "x",
+            "evaluator": {"func": "infeasible"},
+            "config": [{"type": "open", "parameters": {"path": "/root/missing.txt", "timeout": 5}}],
+        }
+    )
     episode = run_scripted(pool, broken, [A.render_action(A.Done())])
     assert episode.outcome.status is EpisodeStatus.QUARANTINED
     assert episode.outcome.reason.startswith("setup failed: step 0 (open)"), episode.outcome.reason

@@ -74,7 +74,8 @@ def test_dom_text_without_geometry_lists_ids_and_reads_back():
     assert text.splitlines() == ["DIV#area [1]", "  BUTTON \"ok 'go'\" [2]", "  INPUT_text value='abc' focused [3]"]
     back = dom_from_text(text)
     assert [(e.ref, e.parent, e.tag, e.text, e.value, e.focused) for e in back] == [
-        (e.ref, e.parent, e.tag, e.text, e.value, e.focused) for e in dom]
+        (e.ref, e.parent, e.tag, e.text, e.value, e.focused) for e in dom
+    ]
     assert all(np.isnan(e.left) for e in back)
     assert dom_from_text(dom_to_text(dom)) == dom  # with geometry: exact (whole pixels)
 
@@ -135,10 +136,18 @@ def test_unknown_gone_and_hidden_ids_are_refused_and_change_nothing(runtime):
     runtime.evaluate(env, "(ref) => document.querySelector('[data-wob_ref=\"' + ref + '\"]').remove()", others[0].ref)
     _unchanged_after(runtime, env, A.ClickElement(others[0].ref), f"element {others[0].ref} is no longer on the page")
     # Hidden by style, and moved outside the task region.
-    runtime.evaluate(env, "(ref) => { document.querySelector('[data-wob_ref=\"' + ref + '\"]').style.visibility = 'hidden'; }", others[1].ref)
+    runtime.evaluate(
+        env,
+        "(ref) => { document.querySelector('[data-wob_ref=\"' + ref + '\"]').style.visibility = 'hidden'; }",
+        others[1].ref,
+    )
     _unchanged_after(runtime, env, A.ClickElement(others[1].ref), "is hidden")
-    runtime.evaluate(env, "(ref) => { var e = document.querySelector('[data-wob_ref=\"' + ref + '\"]');"
-                          " e.style.position = 'fixed'; e.style.left = '300px'; }", button.ref)
+    runtime.evaluate(
+        env,
+        "(ref) => { var e = document.querySelector('[data-wob_ref=\"' + ref + '\"]');"
+        " e.style.position = 'fixed'; e.style.left = '300px'; }",
+        button.ref,
+    )
     _unchanged_after(runtime, env, A.ClickElement(button.ref), "is hidden")
     runtime.close(env)
 
@@ -167,8 +176,13 @@ def test_a_partly_covered_element_is_clicked_where_it_shows_and_a_covered_one_is
 
 
 def _inactive_tab(obs):
-    return next(e for e in obs.dom if e.tag == "A" and "ui-tabs-anchor" in e.classes
-                and not any(p.ref == e.parent and "ui-tabs-active" in p.classes for p in obs.dom))
+    return next(
+        e
+        for e in obs.dom
+        if e.tag == "A"
+        and "ui-tabs-anchor" in e.classes
+        and not any(p.ref == e.parent and "ui-tabs-active" in p.classes for p in obs.dom)
+    )
 
 
 def test_ids_of_a_tab_that_was_switched_away_are_hidden_and_new_content_gets_new_ids(runtime):
@@ -197,10 +211,13 @@ def test_a_fork_after_element_actions_hands_out_the_same_ids(runtime):
     runtime.close(child)
 
 
-@pytest.mark.parametrize("space, action, message", [
-    ("coordinates", A.ClickElement(3), "acts at grid points"),
-    ("elements", A.Click("left_click", 500, 500), "acts on elements by id"),
-])
+@pytest.mark.parametrize(
+    "space, action, message",
+    [
+        ("coordinates", A.ClickElement(3), "acts at grid points"),
+        ("elements", A.Click("left_click", 500, 500), "acts on elements by id"),
+    ],
+)
 def test_an_action_outside_the_runtime_space_is_an_invalid_step(space, action, message):
     with CapsuleRuntime(include_dom_text=True, action_space=space) as rt:
         env = rt.create("click-button", seed=1)

@@ -123,7 +123,9 @@ def test_a_wrapper_is_judged_by_its_cause():
     crash = Fault(FaultKind.BROWSER_CRASHED, "shared browser runtime shared-browser-1 crashed")
     wrapped_bug = _raised(LifecycleError("reset failed; generation 3 stays published"), TypeError("bad argument"))
     wrapped_closed = _raised(LifecycleError("reset failed"), PlaywrightError("Target closed"))
-    wrapped_crash = _raised(LifecycleError("reset failed"), _raised(CapsuleFaultError(crash), PlaywrightError("closed")))
+    wrapped_crash = _raised(
+        LifecycleError("reset failed"), _raised(CapsuleFaultError(crash), PlaywrightError("closed"))
+    )
     assert classify_environment_error(wrapped_bug) is None
     assert classify_environment_error(wrapped_closed).kind is FaultKind.SERVER_ERROR
     assert "reset failed" in classify_environment_error(wrapped_closed).detail  # the outer error says where
@@ -302,7 +304,9 @@ def test_a_playwright_timeout_during_setup_is_a_setup_failure(runtime, monkeypat
     env = MiniWoBEnvironment(runtime)
     monkeypatch.setattr(miniwob, "PAGE_TIMEOUT_MS", 300)
     # A page without MiniWoB: waiting for its task to load times out in Playwright.
-    monkeypatch.setattr(runtime.backend, "task_url", lambda server, task, site=None: "data:text/html,<p>no task here</p>")
+    monkeypatch.setattr(
+        runtime.backend, "task_url", lambda server, task, site=None: "data:text/html,<p>no task here</p>"
+    )
 
     async def scenario():
         with pytest.raises(EnvironmentFault) as caught:
@@ -359,8 +363,13 @@ class _PagelessBackend(RuntimeBackend):
         return []
 
 
-@pytest.mark.parametrize("error,level", [(ConnectionResetError(errno.ECONNRESET, "browser gone"), logging.WARNING),
-                                         (TypeError("open_slot() takes no arguments"), logging.ERROR)])
+@pytest.mark.parametrize(
+    "error,level",
+    [
+        (ConnectionResetError(errno.ECONNRESET, "browser gone"), logging.WARNING),
+        (TypeError("open_slot() takes no arguments"), logging.ERROR),
+    ],
+)
 def test_a_page_that_fails_to_warm_is_counted_and_logged_with_its_traceback(caplog, error, level):
     rt = CapsuleRuntime(_PagelessBackend(error), warm_pages=1, call_timeout_s=60)
     try:

@@ -37,10 +37,17 @@ def test_verdicts_budget_and_agent_failures():
     # CANOPY's SWE terminal constants: nothing to test scores the rule's constant, below a wrong patch's 0.
     swe = Attribution(no_patch_reward=-0.2, crash_reward=-0.3)
     no_patch = episode_outcome(no_patch="no patch: nothing changed", rule=swe)
-    assert (no_patch.status, no_patch.reward, no_patch.reason) == (EpisodeStatus.FAILURE, -0.2, "no patch: nothing changed")
+    assert (no_patch.status, no_patch.reward, no_patch.reason) == (
+        EpisodeStatus.FAILURE,
+        -0.2,
+        "no patch: nothing changed",
+    )
     assert episode_outcome(crash="the tests ran past 60s", verdict=1.0, rule=swe).reward == -0.3
     assert episode_outcome(no_patch="no patch").reward == 0.0  # the default rule: a plain failure
-    assert episode_outcome(fault=Fault(FaultKind.OOM_KILLED, "x"), no_patch="no patch", rule=swe).status is EpisodeStatus.QUARANTINED
+    assert (
+        episode_outcome(fault=Fault(FaultKind.OOM_KILLED, "x"), no_patch="no patch", rule=swe).status
+        is EpisodeStatus.QUARANTINED
+    )
     with pytest.raises(ValueError, match="in \\[0, 1\\]"):
         episode_outcome(verdict=2.0)
 

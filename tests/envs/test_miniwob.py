@@ -29,8 +29,16 @@ RANDOM_STEPS = 5
 MAX_ORACLE_STEPS = 12
 # The oracle's first tasks, here with more seeds and random baselines; test_miniwob_oracle_live
 # runs every other task it scripts.
-BASIC_TASKS = ("click-button", "click-link", "click-checkboxes", "click-option", "enter-text", "focus-text",
-               "click-tab", "click-dialog")
+BASIC_TASKS = (
+    "click-button",
+    "click-link",
+    "click-checkboxes",
+    "click-option",
+    "enter-text",
+    "focus-text",
+    "click-tab",
+    "click-dialog",
+)
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +156,11 @@ def test_uniformly_random_actions_rarely_earn_reward(runtime):
 def test_malformed_and_unsupported_actions_are_invalid_steps(runtime):
     env = runtime.create("enter-text", seed=7)
     before = runtime.observe(env)
-    for action in ("click the button please", '<tool_call>{"name": "computer_use", "arguments": {"action": "fly"}}',
-                   A.WriteFile("/tmp/x", "y")):
+    for action in (
+        "click the button please",
+        '<tool_call>{"name": "computer_use", "arguments": {"action": "fly"}}',
+        A.WriteFile("/tmp/x", "y"),
+    ):
         result = runtime.step(env, action)
         assert result.invalid_action, action
         assert not result.done and result.status is None and result.reward == 0.0

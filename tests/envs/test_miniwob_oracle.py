@@ -24,8 +24,10 @@ def _obs(task, utterance, dom):
 
 @settings(max_examples=300, deadline=None)
 @given(
-    left=st.floats(-50, TASK_WIDTH - 1), top=st.floats(-50, TASK_HEIGHT - 1),
-    width=st.floats(1, 200), height=st.floats(1, 200),
+    left=st.floats(-50, TASK_WIDTH - 1),
+    top=st.floats(-50, TASK_HEIGHT - 1),
+    width=st.floats(1, 200),
+    height=st.floats(1, 200),
 )
 def test_clicks_land_inside_the_visible_part_of_the_element(left, top, width, height):
     element = _element(1, "BUTTON", left, top, width, height)
@@ -80,7 +82,9 @@ def test_enter_text_oracle_focuses_types_and_submits():
 
 def test_missing_target_names_what_was_looked_for():
     with pytest.raises(OracleError, match="button 'ok'"):
-        oracle_action(_obs("click-button", 'Click on the "ok" button.', [_element(1, "BUTTON", 2, 52, 33, 21, text="no")]))
+        oracle_action(
+            _obs("click-button", 'Click on the "ok" button.', [_element(1, "BUTTON", 2, 52, 33, 21, text="no")])
+        )
 
 
 # ---- action spaces and the scripts of the further tasks (pages as DOM text) ---------------
@@ -116,7 +120,9 @@ def test_element_spaces_act_by_ref(action_space):
     assert all(np.isnan(e.left) for e in obs.dom)  # no geometry to lean on
     assert oracle_action(obs, action_space) == A.ClickElement(4)
     ticked = CHECKBOXES.replace("value=False", "value=True").replace("ch1 value=True", "ch1 value=False")
-    assert oracle_action(_page("click-checkboxes-transfer", utterance, ticked, "elements"), action_space) == A.ClickElement(7)
+    assert oracle_action(
+        _page("click-checkboxes-transfer", utterance, ticked, "elements"), action_space
+    ) == A.ClickElement(7)
     assert isinstance(oracle_action(_page("click-checkboxes-transfer", utterance, CHECKBOXES)), A.Click)
 
 
@@ -137,14 +143,18 @@ LOGIN_UTTERANCE = 'Enter the username "karrie" and the password "AU" into the te
 
 def test_login_fills_fields_in_turn_then_submits():
     fresh = LOGIN.format(user="", password="")
-    assert oracle_action(_page("login-user", LOGIN_UTTERANCE, fresh, "elements"), "elements") == A.FillElement(4, "karrie")
+    assert oracle_action(_page("login-user", LOGIN_UTTERANCE, fresh, "elements"), "elements") == A.FillElement(
+        4, "karrie"
+    )
     assert _pixel(oracle_action(_page("login-user", LOGIN_UTTERANCE, fresh)))[1] in range(78, 99)  # focus the username
     typing = LOGIN.format(user=" focused", password="")
     assert oracle_action(_page("login-user", LOGIN_UTTERANCE, typing)) == A.Type("karrie")
     half = LOGIN.format(user=" value='kar' focused", password="")
     assert oracle_action(_page("login-user", LOGIN_UTTERANCE, half)) == A.Type("rie")
     user_done = LOGIN.format(user=" value='karrie'", password="")
-    assert oracle_action(_page("login-user", LOGIN_UTTERANCE, user_done, "elements"), "elements") == A.FillElement(6, "AU")
+    assert oracle_action(_page("login-user", LOGIN_UTTERANCE, user_done, "elements"), "elements") == A.FillElement(
+        6, "AU"
+    )
     done = LOGIN.format(user=" value='karrie'", password=" value='AU'")
     assert oracle_action(_page("login-user", LOGIN_UTTERANCE, done, "elements"), "elements") == A.ClickElement(7)
     assert _pixel(oracle_action(_page("login-user", LOGIN_UTTERANCE, done)))[1] in range(166, 197)
@@ -163,10 +173,24 @@ def test_covered_button_is_clicked_where_it_shows():
 
 
 def test_button_sequence_reads_progress_from_focus():
-    first = oracle_action(_page("click-button-sequence", "Click button ONE, then click button TWO.",
-                                BUTTONS.format(one_focus=""), "elements"), "elements")
-    second = oracle_action(_page("click-button-sequence", "Click button ONE, then click button TWO.",
-                                 BUTTONS.format(one_focus=" focused"), "elements"), "elements")
+    first = oracle_action(
+        _page(
+            "click-button-sequence",
+            "Click button ONE, then click button TWO.",
+            BUTTONS.format(one_focus=""),
+            "elements",
+        ),
+        "elements",
+    )
+    second = oracle_action(
+        _page(
+            "click-button-sequence",
+            "Click button ONE, then click button TWO.",
+            BUTTONS.format(one_focus=" focused"),
+            "elements",
+        ),
+        "elements",
+    )
     assert (first, second) == (A.ClickElement(3), A.ClickElement(4))
 
 
@@ -186,12 +210,16 @@ ACCORDION_UTTERANCE = 'Expand the sections below, to find and click on the link 
 def test_accordion_waits_for_slides_then_clicks_the_link_or_the_next_section(action_space):
     def act(link, height=69, first=".ui-accordion-header-active", second=".ui-accordion-header-collapsed"):
         dom = ACCORDION.format(first=first, second=second, height=height)
-        return oracle_action(_page("click-collapsible-2", ACCORDION_UTTERANCE.format(link), dom, action_space), action_space)
+        return oracle_action(
+            _page("click-collapsible-2", ACCORDION_UTTERANCE.format(link), dom, action_space), action_space
+        )
 
     link = act("Congue.")
     assert link == A.ClickElement(6) if action_space == "elements" else _pixel(link)[1] in range(120, 131)
     next_section = act("aliquet")
-    assert next_section == A.ClickElement(7) if action_space == "elements" else _pixel(next_section)[1] in range(145, 163)
+    assert (
+        next_section == A.ClickElement(7) if action_space == "elements" else _pixel(next_section)[1] in range(145, 163)
+    )
     # Just clicked: the classes moved to section 2, its section not shown yet.
     assert act("aliquet", first=".ui-accordion-header-collapsed", second=".ui-accordion-header-active") == A.Wait(0.5)
     if action_space == "coordinates":  # sliding open: the section cuts off its second line
@@ -216,12 +244,19 @@ MOVIES = """[1] BODY @0,0 500x210
 
 def test_movie_search_reads_labels_beside_fields():
     utterance = "Search for action movies directed by Bowen from year 1998."
-    assert oracle_action(_page("multi-layouts", utterance, MOVIES.format(year=""), "elements"), "elements") == A.FillElement(5, "Bowen")
-    filled = (MOVIES.format(year=" value='1998'").replace("[5] INPUT_text", "[5] INPUT_text value='Bowen'")
-              .replace("[11] INPUT_text", "[11] INPUT_text value='action'"))
+    assert oracle_action(
+        _page("multi-layouts", utterance, MOVIES.format(year=""), "elements"), "elements"
+    ) == A.FillElement(5, "Bowen")
+    filled = (
+        MOVIES.format(year=" value='1998'")
+        .replace("[5] INPUT_text", "[5] INPUT_text value='Bowen'")
+        .replace("[11] INPUT_text", "[11] INPUT_text value='action'")
+    )
     assert oracle_action(_page("multi-layouts", utterance, filled, "elements"), "elements") == A.ClickElement(14)
     partly = MOVIES.format(year=" value='1998'").replace("[5] INPUT_text", "[5] INPUT_text value='Bowen'")
-    assert oracle_action(_page("multi-layouts", utterance, partly, "elements"), "elements") == A.FillElement(11, "action")
+    assert oracle_action(_page("multi-layouts", utterance, partly, "elements"), "elements") == A.FillElement(
+        11, "action"
+    )
 
 
 AUTOCOMPLETE = """[1] BODY @0,0 500x210
@@ -273,8 +308,10 @@ def test_tree_opens_closed_folders_until_the_name_shows():
     utterance = 'Navigate through the file tree. Find and click on the folder or file named "Briana".'
     closed = _page("navigate-tree", utterance, TREE.format(inside=""), "elements")
     assert oracle_action(closed, "elements") == A.ClickElement(7)
-    opened = TREE.format(inside="\n      [8] UL @2,82 156x15\n        [9] LI @2,82 156x15\n"
-                                "          [10] SPAN.file 'Briana' @34,83 124x13").replace("LI.expandable", "LI.collapsable")
+    opened = TREE.format(
+        inside="\n      [8] UL @2,82 156x15\n        [9] LI @2,82 156x15\n"
+        "          [10] SPAN.file 'Briana' @34,83 124x13"
+    ).replace("LI.expandable", "LI.collapsable")
     assert oracle_action(_page("navigate-tree", utterance, opened, "elements"), "elements") == A.ClickElement(10)
 
 
@@ -293,4 +330,6 @@ def test_shape_and_grid_scripts_read_svg_elements():
         obs = _page("identify-shape", utterance, shape.format(figure=figure), "elements")
         assert oracle_action(obs, "elements") == A.ClickElement(ref), figure
     grid = "[1] svg @4,54 150x150\n  [2] circle#(-2,2) @15,65 8x8\n  [3] circle#(1,-2) @105,185 8x8"
-    assert oracle_action(_page("grid-coordinate", "Click on the grid coordinate (1,-2).", grid, "elements"), "elements") == A.ClickElement(3)
+    assert oracle_action(
+        _page("grid-coordinate", "Click on the grid coordinate (1,-2).", grid, "elements"), "elements"
+    ) == A.ClickElement(3)

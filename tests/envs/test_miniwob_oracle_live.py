@@ -18,8 +18,16 @@ pytestmark = [pytest.mark.browser]
 
 SEEDS = (0, 1)
 ACTION_SPACES = ("coordinates", "elements")
-BASIC_TASKS = ("click-button", "click-link", "click-checkboxes", "click-option", "enter-text", "focus-text",
-               "click-tab", "click-dialog")  # also covered, with more seeds, by test_miniwob.py
+BASIC_TASKS = (
+    "click-button",
+    "click-link",
+    "click-checkboxes",
+    "click-option",
+    "enter-text",
+    "focus-text",
+    "click-tab",
+    "click-dialog",
+)  # also covered, with more seeds, by test_miniwob.py
 NEW_TASKS = tuple(task for task in ORACLE_TASKS if task not in BASIC_TASKS)
 CONCURRENCY = 8
 TIME_LIMIT_S = 60.0

@@ -25,6 +25,7 @@ from cua_jax.envs.osworld_bridge import LoopbackBridge
 
 PythonController = pytest.importorskip("desktop_env.controllers.python").PythonController
 
+
 # ---- the bridge alone (no Docker) -------------------------------------------------------
 class _Echo(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -106,8 +107,11 @@ def _open_terminal(env) -> str | None:
     for command, wm_class in ((["xterm"], "XTerm"), (["gnome-terminal", "--wait"], "Gnome-terminal")):
         if env.client.execute(f"command -v {command[0]}", shell=True)["returncode"] == 0:
             env.client.launch(command)
-            found = env.client.execute(f"until xdotool search --onlyvisible --class {wm_class} 2>/dev/null; do sleep 0.1; done",
-                                       shell=True, timeout=30)
+            found = env.client.execute(
+                f"until xdotool search --onlyvisible --class {wm_class} 2>/dev/null; do sleep 0.1; done",
+                shell=True,
+                timeout=30,
+            )
             assert found["returncode"] == 0, found
             return wm_class
     return None
@@ -134,8 +138,9 @@ def test_files_and_directory_tree(desktop):
     root = f"{desktop_path}/osworld"
     uploads = {f"{root}/a.txt": b"alpha\n", f"{root}/sub/b.bin": bytes(range(256)) * 64}
     for path, data in uploads.items():  # the multipart form OSWorld's SetupController sends
-        reply = requests.post(_url(controller, "/setup/upload"), data={"file_path": path},
-                              files={"file_data": ("f", data)}, timeout=30)
+        reply = requests.post(
+            _url(controller, "/setup/upload"), data={"file_path": path}, files={"file_data": ("f", data)}, timeout=30
+        )
         assert reply.status_code == 200, reply.text
     for path, data in uploads.items():
         assert controller.get_file(path) == data
@@ -143,10 +148,14 @@ def test_files_and_directory_tree(desktop):
     assert missing.status_code == 404
 
     tree = controller.get_vm_directory_tree(root)
-    assert tree == {"type": "directory", "name": "osworld", "children": [
-        {"type": "file", "name": "a.txt"},
-        {"type": "directory", "name": "sub", "children": [{"type": "file", "name": "b.bin"}]},
-    ]}
+    assert tree == {
+        "type": "directory",
+        "name": "osworld",
+        "children": [
+            {"type": "file", "name": "a.txt"},
+            {"type": "directory", "name": "sub", "children": [{"type": "file", "name": "b.bin"}]},
+        ],
+    }
     shallow = env.client.list_directory(root, depth=1)  # the project's client: the tree, depth-limited
     assert shallow["children"] == [{"type": "file", "name": "a.txt"}, {"type": "directory", "name": "sub"}]
     assert env.client.list_directory(root, depth=None) == tree
@@ -178,12 +187,20 @@ def test_window_terminal_wallpaper_and_recording(desktop, tmp_path):
     assert requests.get(_url(controller, "/terminal"), timeout=10).json() == {"output": None, "status": "success"}
     assert controller.get_terminal_output() is None
 
-    assert requests.post(_url(controller, "/window_size"), data={"app_class_name": "nothing-like-it"},
-                         timeout=10).status_code == 404
+    assert (
+        requests.post(
+            _url(controller, "/window_size"), data={"app_class_name": "nothing-like-it"}, timeout=10
+        ).status_code
+        == 404
+    )
     wm_class = _open_terminal(env)
     assert wm_class is not None, "the image has no terminal"
-    assert requests.post(_url(controller, "/window_size"), data={"app_class_name": wm_class.lower()},
-                         timeout=10).status_code == 200  # WM_CLASS matches in any case
+    assert (
+        requests.post(
+            _url(controller, "/window_size"), data={"app_class_name": wm_class.lower()}, timeout=10
+        ).status_code
+        == 200
+    )  # WM_CLASS matches in any case
     size = controller.get_vm_window_size(wm_class)
     assert size["width"] > 100 and size["height"] > 100
 
@@ -211,8 +228,10 @@ def test_execute_pyautogui_and_computer_13_actions(desktop):
     probe = controller.execute_python_command("print('ready')")
     assert probe is not None and probe["status"] in ("success", "error")
     if probe["returncode"] != 0:
-        pytest.skip(f"{note} has no `python` with pyautogui, which OSWorld's execute_python_command "
-                    f"runs: {(probe['error'] or probe.get('message', '')).strip()[-200:]}")
+        pytest.skip(
+            f"{note} has no `python` with pyautogui, which OSWorld's execute_python_command "
+            f"runs: {(probe['error'] or probe.get('message', '')).strip()[-200:]}"
+        )
     assert probe["output"] == "ready\n"
     assert controller.get_vm_platform() == "Linux"
 

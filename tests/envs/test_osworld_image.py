@@ -42,8 +42,19 @@ class FakeNode:
 
     STATES = {"visible": 30, "showing": 25, "focused": 12, "active": 1, "multi_line": 17}
 
-    def __init__(self, role, name="", states=(), children=(), extents=None, text=None, attributes=None,
-                 value=None, actions=(), table=None):
+    def __init__(
+        self,
+        role,
+        name="",
+        states=(),
+        children=(),
+        extents=None,
+        text=None,
+        attributes=None,
+        value=None,
+        actions=(),
+        table=None,
+    ):
         self.role, self.name, self.states = role, name, [self.STATES[s] for s in states]
         self.children, self.extents, self.text = list(children), extents, text
         self.attributes, self.value, self.actions, self.table = attributes or {}, value, actions, table
@@ -87,8 +98,12 @@ class FakeNode:
 
     def queryAction(self):
         names = self._interface(self.actions or None)
-        return types.SimpleNamespace(nActions=len(names), getName=lambda i: names[i],
-                                     getDescription=lambda i: f"{names[i]}s it", getKeyBinding=lambda i: "")
+        return types.SimpleNamespace(
+            nActions=len(names),
+            getName=lambda i: names[i],
+            getDescription=lambda i: f"{names[i]}s it",
+            getKeyBinding=lambda i: "",
+        )
 
     def queryTable(self):
         return self._interface(self.table)
@@ -111,8 +126,13 @@ class FakeSheet:
     def getAccessibleAt(self, row, column):
         self.reads += 1
         showing = row in self.shown_rows and column in self.shown_columns
-        cell = FakeNode("table cell", f"{chr(65 + column)}{row + 1}", ("visible", "showing") if showing else (),
-                        extents=(100 * column, 20 * row, 100, 20), text=f"{row},{column}")
+        cell = FakeNode(
+            "table cell",
+            f"{chr(65 + column)}{row + 1}",
+            ("visible", "showing") if showing else (),
+            extents=(100 * column, 20 * row, 100, 20),
+            text=f"{row},{column}",
+        )
         cell.get_index_in_parent = lambda: row * self.nColumns + column
         return cell
 
@@ -128,22 +148,59 @@ class FakeSheet:
 
 def test_atspi_tree_is_osworld_xml(monkeypatch):
     sheet = FakeSheet()
-    terminal = FakeNode("terminal", "Terminal", ("visible", "showing", "focused", "multi_line"),
-                        extents=(0, 25, 1280, 775), text="user@host:~$ echo '<&>'\n\ufffc", actions=("menu",))
-    desktop = FakeNode("desktop frame", children=[
-        FakeNode("application", "gnome-terminal-server", children=[
-            FakeNode("frame", 'user@host: ~ "home"', ("visible", "showing", "active"), extents=(0, 0, 1280, 800),
-                     attributes={"toolkit": "gtk", "window-type": "normal"}, children=[
-                         terminal, FakeNode("scroll bar", "", ("visible",), extents=(1266, 25, 14, 775), value=(0, 3, 10)),
-                         FakeNode("push button", "Close")])]),
-        FakeNode("application", "soffice", children=[
-            FakeNode("document spreadsheet", "Sheet", ("visible", "showing"), children=[
-                FakeNode("table", "Sheet1", ("visible", "showing"), extents=(0, 60, 1280, 700), table=sheet)])]),
-    ])
+    terminal = FakeNode(
+        "terminal",
+        "Terminal",
+        ("visible", "showing", "focused", "multi_line"),
+        extents=(0, 25, 1280, 775),
+        text="user@host:~$ echo '<&>'\n\ufffc",
+        actions=("menu",),
+    )
+    desktop = FakeNode(
+        "desktop frame",
+        children=[
+            FakeNode(
+                "application",
+                "gnome-terminal-server",
+                children=[
+                    FakeNode(
+                        "frame",
+                        'user@host: ~ "home"',
+                        ("visible", "showing", "active"),
+                        extents=(0, 0, 1280, 800),
+                        attributes={"toolkit": "gtk", "window-type": "normal"},
+                        children=[
+                            terminal,
+                            FakeNode("scroll bar", "", ("visible",), extents=(1266, 25, 14, 775), value=(0, 3, 10)),
+                            FakeNode("push button", "Close"),
+                        ],
+                    )
+                ],
+            ),
+            FakeNode(
+                "application",
+                "soffice",
+                children=[
+                    FakeNode(
+                        "document spreadsheet",
+                        "Sheet",
+                        ("visible", "showing"),
+                        children=[
+                            FakeNode("table", "Sheet1", ("visible", "showing"), extents=(0, 60, 1280, 700), table=sheet)
+                        ],
+                    )
+                ],
+            ),
+        ],
+    )
     fake = types.SimpleNamespace(
-        Registry=types.SimpleNamespace(getDesktop=lambda index: desktop), XY_SCREEN=0, STATE_SHOWING=25,
-        StateType=types.SimpleNamespace(_enum_lookup={number: f"STATE_{label.upper()}"
-                                                      for label, number in FakeNode.STATES.items()}))
+        Registry=types.SimpleNamespace(getDesktop=lambda index: desktop),
+        XY_SCREEN=0,
+        STATE_SHOWING=25,
+        StateType=types.SimpleNamespace(
+            _enum_lookup={number: f"STATE_{label.upper()}" for label, number in FakeNode.STATES.items()}
+        ),
+    )
     monkeypatch.setattr(accessibility, "_pyatspi", fake)
     xml = accessibility.atspi_tree()
     for prefix, uri in NAMESPACES.items():
@@ -152,14 +209,18 @@ def test_atspi_tree_is_osworld_xml(monkeypatch):
     assert root.tag == "desktop-frame" and [a.get("name") for a in root] == ["gnome-terminal-server", "soffice"]
     frame = root[0][0]
     assert frame.tag == "frame" and frame.get("name") == 'user@host: ~ "home"'
-    assert (frame.get(f"{ST}active"), frame.get(f"{ST}showing"), frame.get(f"{ATTR}window-type")) == ("true", "true", "normal")
+    assert (frame.get(f"{ST}active"), frame.get(f"{ST}showing"), frame.get(f"{ATTR}window-type")) == (
+        "true",
+        "true",
+        "normal",
+    )
     assert (frame.get(f"{CP}screencoord"), frame.get(f"{CP}size")) == ("(0, 0)", "(1280, 800)")
     node = frame.find("terminal")
     assert node.text == "user@host:~$ echo '<&>'\n" and node.get(f"{ST}multi_line") == "true"
     assert node.get(f"{ACT}menu_desc") == "menus it" and node.get(f"{ACT}menu_kb") == ""
     scroll = frame.find("scroll-bar")  # visible but not showing: no extents; its Value interface
     assert scroll.get(f"{CP}size") is None and scroll.get(f"{VAL}value") == "3" and scroll.get(f"{VAL}max") == "10"
-    assert "<push-button name=\"Close\"/>" in xml
+    assert '<push-button name="Close"/>' in xml
     cells = root[1].find("document-spreadsheet/table")
     assert [c.get("name") for c in cells] == ["C5", "D5", "E5", "C6", "D6", "E6", "C7", "D7", "E7"]
     assert sheet.reads < 20  # the cell under the table's corner, then the rows on screen
@@ -170,8 +231,8 @@ def test_atspi_tree_is_osworld_xml(monkeypatch):
 
 def test_x_window_tree_where_no_accessibility_bus(monkeypatch):
     monkeypatch.setattr(accessibility, "_pyatspi", False)
-    display = types.SimpleNamespace(accessibility_tree=lambda: "<desktop-frame name=\"root\"/>")
-    assert accessibility.accessibility_tree(display) == "<desktop-frame name=\"root\"/>"
+    display = types.SimpleNamespace(accessibility_tree=lambda: '<desktop-frame name="root"/>')
+    assert accessibility.accessibility_tree(display) == '<desktop-frame name="root"/>'
     with pytest.raises(accessibility.AtspiUnavailable):
         accessibility.atspi_tree()
 
@@ -179,8 +240,9 @@ def test_x_window_tree_where_no_accessibility_bus(monkeypatch):
 @pytest.fixture(scope="module")
 def pool():
     image = ensure_image(IMAGE)
-    with DockerEnvPool(PoolConfig(image=image, size=4, cpus=1.0, memory="1536m", call_timeout=60.0,
-                                  health_interval=5.0)) as pool:
+    with DockerEnvPool(
+        PoolConfig(image=image, size=4, cpus=1.0, memory="1536m", call_timeout=60.0, health_interval=5.0)
+    ) as pool:
         yield pool
 
 
@@ -201,11 +263,19 @@ def test_image_keeps_osworld_conventions(pool):
         assert run(client, "echo password | sudo -S -p '' id -u") == "0\n"
         assert client.execute("echo wrong | sudo -S -p '' true", shell=True)["returncode"] != 0
         assert run(client, "python -c 'import pyautogui; print(tuple(pyautogui.size()))'") == "(1280, 800)\n"
-        assert run(client, "command -v soffice && ls /usr/lib/libreoffice/program/ | grep -cx 'scalc\\|swriter\\|simpress'") \
+        assert (
+            run(
+                client, "command -v soffice && ls /usr/lib/libreoffice/program/ | grep -cx 'scalc\\|swriter\\|simpress'"
+            )
             == "/usr/bin/soffice\n3\n"
+        )
 
         assert client.step(A.Key(("ctrl", "alt", "t")), screenshot=False).ok
-        run(client, "until xdotool search --onlyvisible --class gnome-terminal 2>/dev/null; do sleep 0.1; done", timeout=60)
+        run(
+            client,
+            "until xdotool search --onlyvisible --class gnome-terminal 2>/dev/null; do sleep 0.1; done",
+            timeout=60,
+        )
         tree = ET.fromstring(client.accessibility_tree())
         assert tree.tag == "desktop-frame"
         applications = list(tree)
@@ -224,13 +294,20 @@ def test_image_keeps_osworld_conventions(pool):
 @pytest.mark.docker
 @pytest.mark.slow
 def test_every_task_rewards_its_solution_and_not_a_wrong_one(pool):
-    jobs = [(task_id, kind, texts) for task_id in TASKS
-            for kind, texts in (("solution", SOLUTIONS[task_id]), ("wrong", WRONG_SOLUTIONS[task_id]))]
+    jobs = [
+        (task_id, kind, texts)
+        for task_id in TASKS
+        for kind, texts in (("solution", SOLUTIONS[task_id]), ("wrong", WRONG_SOLUTIONS[task_id]))
+    ]
     with concurrent.futures.ThreadPoolExecutor(pool.config.size) as executor:
-        futures = {executor.submit(run_scripted, pool, TASKS[task_id], texts): (task_id, kind)
-                   for task_id, kind, texts in jobs}
+        futures = {
+            executor.submit(run_scripted, pool, TASKS[task_id], texts): (task_id, kind) for task_id, kind, texts in jobs
+        }
         outcomes = {futures[f]: f.result().outcome for f in concurrent.futures.as_completed(futures)}
-    wrong = {key: outcome for key, outcome in outcomes.items()
-             if (outcome.status, outcome.reward) != ((EpisodeStatus.SUCCESS, 1.0) if key[1] == "solution"
-                                                     else (EpisodeStatus.FAILURE, 0.0))}
+    wrong = {
+        key: outcome
+        for key, outcome in outcomes.items()
+        if (outcome.status, outcome.reward)
+        != ((EpisodeStatus.SUCCESS, 1.0) if key[1] == "solution" else (EpisodeStatus.FAILURE, 0.0))
+    }
     assert not wrong, wrong

@@ -31,8 +31,19 @@ def test_system_prompt_lists_every_action_and_a_parsable_example(style):
             assert name not in prompt, f"{style} coordinates prompt lists the element action {name!r}"
         else:
             assert name in prompt, f"{style} prompt does not list {name!r}"
-    for argument in ("coordinate", "start_coordinate", "keys", "duration", "text", "direction", "amount",
-                     "time", "path", "content", *A.SCROLL_DIRECTIONS):
+    for argument in (
+        "coordinate",
+        "start_coordinate",
+        "keys",
+        "duration",
+        "text",
+        "direction",
+        "amount",
+        "time",
+        "path",
+        "content",
+        *A.SCROLL_DIRECTIONS,
+    ):
         assert argument in prompt, f"{style} prompt does not name the argument {argument!r}"
     example = prompt.split("Example reply:\n", 1)[1]
     assert A.parse_action(example) == A.Click("left_click", A.GRID // 2, A.GRID // 2)
@@ -58,7 +69,9 @@ def test_prompt_lists_exactly_the_action_space_and_its_example_parses_in_it(styl
 def test_agent_loop_prompts_and_parses_in_its_action_space(processor):
     tokenizer, image_processor = processor
     segmenter = SlidingWindow(ChatRenderer(tokenizer, image_processor), keep=2, min_removal=1)
-    loop = AgentLoop(engine=None, segmenter=segmenter, config=AgentConfig(prompt_style="compact", action_space="elements"))
+    loop = AgentLoop(
+        engine=None, segmenter=segmenter, config=AgentConfig(prompt_style="compact", action_space="elements")
+    )
     assert loop.system_prompt_for(160, 210) == system_prompt(160, 210, "compact", "elements")
     with pytest.raises(ValueError, match="action_space 'pixels'"):
         AgentConfig(action_space="pixels")

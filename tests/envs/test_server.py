@@ -50,7 +50,9 @@ def test_pointer_actions_land_on_the_mapped_pixels(env):
 
 def test_typing_into_a_terminal_runs_the_command(env):
     env.client.launch(["xterm"])
-    env.client.execute("until xdotool search --onlyvisible --class XTerm 2>/dev/null; do sleep 0.1; done", shell=True, timeout=60)
+    env.client.execute(
+        "until xdotool search --onlyvisible --class XTerm 2>/dev/null; do sleep 0.1; done", shell=True, timeout=60
+    )
     tree = env.client.accessibility_tree()
     assert 'class="XTerm"' in tree
     for action in (A.Click("left_click", 500, 500), A.Type("echo typed > /tmp/typed.txt\n"), A.Wait(0.5)):
@@ -83,29 +85,41 @@ def test_files_upload_download_and_listing(env):
     assert client.get_file("/root/data/missing") is None
     client.upload("/root/data/deeper/still/x.txt", b"x")
     tree = client.list_directory("/root/data", depth=None)
-    assert tree == {"type": "directory", "name": "data", "children": [
-        {"type": "file", "name": "blob.bin"},
-        {"type": "directory", "name": "deeper", "children": [
-            {"type": "directory", "name": "still", "children": [{"type": "file", "name": "x.txt"}]}]}]}
+    assert tree == {
+        "type": "directory",
+        "name": "data",
+        "children": [
+            {"type": "file", "name": "blob.bin"},
+            {
+                "type": "directory",
+                "name": "deeper",
+                "children": [{"type": "directory", "name": "still", "children": [{"type": "file", "name": "x.txt"}]}],
+            },
+        ],
+    }
     assert client.list_directory("/root/data", depth=1)["children"][1] == {"type": "directory", "name": "deeper"}
     client.execute(["ln", "-s", "/root/data", "/root/data/deeper/loop"])  # never entered twice
     looped = client.list_directory("/root/data", depth=None)["children"][1]["children"]
     assert {"type": "directory", "name": "loop", "children": []} in looped
     status, raw = client.request("POST", "/list_directory", {"path": "/root/data/deeper/still"})
-    assert json.loads(raw) == {"directory_tree": {"type": "directory", "name": "still",
-                                                  "children": [{"type": "file", "name": "x.txt"}]}}
+    assert json.loads(raw) == {
+        "directory_tree": {"type": "directory", "name": "still", "children": [{"type": "file", "name": "x.txt"}]}
+    }
     with pytest.raises(EnvRequestError, match="no such file"):
         client.open_file("/root/nothing.txt")
 
 
 def test_multipart_upload_and_form_file_as_osworld_sends_them(env):
     boundary = "cuajaxboundary"
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file_path\"\r\n\r\n/tmp/form.txt\r\n"
-            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file_data\"; filename=\"f\"\r\n"
-            f"Content-Type: application/octet-stream\r\n\r\nform bytes\r\n--{boundary}--\r\n").encode()
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file_path"\r\n\r\n/tmp/form.txt\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file_data"; filename="f"\r\n'
+        f"Content-Type: application/octet-stream\r\n\r\nform bytes\r\n--{boundary}--\r\n"
+    ).encode()
     env.client.request("POST", "/setup/upload", body, content_type=f"multipart/form-data; boundary={boundary}")
-    status, data = env.client.request("POST", "/file", b"file_path=%2Ftmp%2Fform.txt",
-                                      content_type="application/x-www-form-urlencoded")
+    status, data = env.client.request(
+        "POST", "/file", b"file_path=%2Ftmp%2Fform.txt", content_type="application/x-www-form-urlencoded"
+    )
     assert (status, data) == (200, b"form bytes")
 
 

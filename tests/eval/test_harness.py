@@ -121,8 +121,16 @@ def test_quarantined_episode_is_counted_apart_and_run_again(oracle, suite, tmp_p
 
     # With no reruns allowed, the quarantined sample is given up, not scored.
     wrappers[0].armed = 1
-    capped = evaluate(workers, policy, suite.restricted(["enter-text"]), SEEDS[1:], 2, tmp_path / "capped",
-                      max_reruns=0, progress=False)
+    capped = evaluate(
+        workers,
+        policy,
+        suite.restricted(["enter-text"]),
+        SEEDS[1:],
+        2,
+        tmp_path / "capped",
+        max_reruns=0,
+        progress=False,
+    )
     assert capped["overall"]["given_up"] == 1 and capped["overall"]["episodes"] == 1
 
 
@@ -130,8 +138,18 @@ def test_quarantined_episode_is_counted_apart_and_run_again(oracle, suite, tmp_p
 def test_random_policy_k2_and_a_turn_budget_sweep(suite, tmp_path):
     policy = load_eval_policy("random", config(2))
     # Four groups per worker call, generation batched across them.
-    summaries = sweep(worker_factory(policy, suite, 1, group_size=2), policy, suite, SEEDS, 2, tmp_path, [1, 2], [1.0],
-                      progress=False, groups_per_call=4)
+    summaries = sweep(
+        worker_factory(policy, suite, 1, group_size=2),
+        policy,
+        suite,
+        SEEDS,
+        2,
+        tmp_path,
+        [1, 2],
+        [1.0],
+        progress=False,
+        groups_per_call=4,
+    )
     assert sorted(summaries) == ["turns_1_temperature_1", "turns_2_temperature_1"]
     for folder, summary in summaries.items():
         turns = int(folder.split("_")[1])
@@ -143,12 +161,23 @@ def test_random_policy_k2_and_a_turn_budget_sweep(suite, tmp_path):
         assert 0.0 <= summary["overall"]["pass@k"] <= 1.0
     # The actions are seeded per request: the same evaluation, one group per call, replays the
     # same episodes.
-    sweep(worker_factory(policy, suite, 1, group_size=2), policy, suite, SEEDS, 2, tmp_path / "again", [1], [1.0],
-          progress=False)
+    sweep(
+        worker_factory(policy, suite, 1, group_size=2),
+        policy,
+        suite,
+        SEEDS,
+        2,
+        tmp_path / "again",
+        [1],
+        [1.0],
+        progress=False,
+    )
 
     def outcomes(folder):
-        return sorted((r["task"], r["seed"], r["sample"], r["attempt"], r["status"], r["turns"])
-                      for r in read_results(folder / "turns_1_temperature_1" / "results.jsonl"))
+        return sorted(
+            (r["task"], r["seed"], r["sample"], r["attempt"], r["status"], r["turns"])
+            for r in read_results(folder / "turns_1_temperature_1" / "results.jsonl")
+        )
 
     assert outcomes(tmp_path) == outcomes(tmp_path / "again")
 
@@ -209,8 +238,17 @@ def test_hugging_face_policy_directory(tmp_path):
     suite = load_suite("miniwob").restricted(["click-test"])
     policy = load_eval_policy("experiments/bases/miniwob-elements", c)
     assert policy.config.model.name == "qwen3_vl" and not policy.scripted
-    summaries = sweep(worker_factory(policy, suite, 1, group_size=2), policy, suite, SEEDS[:1], 2, tmp_path, [1], [1.0],
-                      progress=False)
+    summaries = sweep(
+        worker_factory(policy, suite, 1, group_size=2),
+        policy,
+        suite,
+        SEEDS[:1],
+        2,
+        tmp_path,
+        [1],
+        [1.0],
+        progress=False,
+    )
     overall = summaries["turns_1_temperature_1"]["overall"]
     assert overall["episodes"] + overall["given_up"] == 2 and overall["problems"] == 1
 
@@ -232,6 +270,15 @@ def test_training_run_workdir_as_policy(tmp_path):
     policy = load_eval_policy(run.workdir, config(1))
     assert policy.step == 1 and policy.name == "run@1" and policy.config.model.num_layers == 2
     suite = load_suite("miniwob").restricted(["click-button"])
-    summaries = sweep(worker_factory(policy, suite, 1, group_size=2), policy, suite, SEEDS[:1], 2, tmp_path / "eval",
-                      [1], [1.0], progress=False)
+    summaries = sweep(
+        worker_factory(policy, suite, 1, group_size=2),
+        policy,
+        suite,
+        SEEDS[:1],
+        2,
+        tmp_path / "eval",
+        [1],
+        [1.0],
+        progress=False,
+    )
     assert summaries["turns_1_temperature_1"]["overall"]["problems"] == 1

@@ -61,8 +61,9 @@ def test_large_n_is_stable_and_binary_best_is_pass():
     assert best_at_k(outcomes, 3) == pytest.approx(pass_at_k(7, 2, 3))
     assert mean_at_k(outcomes) == pytest.approx(2 / 7)
     metrics = problem_metrics(outcomes, 3)
-    assert metrics == pytest.approx({"mean@k": 2 / 7, "pass@k": brute_pass_at_k(outcomes, 3),
-                                     "best@k": brute_pass_at_k(outcomes, 3)})
+    assert metrics == pytest.approx(
+        {"mean@k": 2 / 7, "pass@k": brute_pass_at_k(outcomes, 3), "best@k": brute_pass_at_k(outcomes, 3)}
+    )
     assert np.isfinite(best_at_k(np.linspace(0, 1, 3000), 1500))
 
 

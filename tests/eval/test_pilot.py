@@ -28,9 +28,11 @@ tier_coverage_jit = jax.jit(functools.partial(tier_signal_coverage, num_tiers=NU
 
 
 @settings(max_examples=40, deadline=None)
-@given(p=hnp.arrays(np.float64, (NUM_TASKS,), elements=st.floats(0, 1)),
-       tiers=hnp.arrays(np.int32, (NUM_TASKS,), elements=st.integers(0, NUM_TIERS - 1)),
-       n=st.integers(1, 64))
+@given(
+    p=hnp.arrays(np.float64, (NUM_TASKS,), elements=st.floats(0, 1)),
+    tiers=hnp.arrays(np.int32, (NUM_TASKS,), elements=st.integers(0, NUM_TIERS - 1)),
+    n=st.integers(1, 64),
+)
 def test_tier_coverage_is_the_mean_binomial_coverage_of_the_tier(p, tiers, n):
     got = np.asarray(tier_coverage_jit(p, tiers, n=n))
     for tier in range(NUM_TIERS):
@@ -102,13 +104,33 @@ def test_a_pilot_files_group_size_is_logged_and_kept_in_the_config(tmp_path, cap
 def test_pilot_command_writes_the_file_a_run_reads(tmp_path):
     """The pilot on real capsules (the random policy, 2 tasks in 2 tiers), then a trainer given
     the file: its group size is the floor and its pool starts from the pilot's rates."""
-    overrides = ["--config.env.tasks=('click-test','click-button')", "--config.env.task_tiers=(0,1)",
-                 "--config.sampler.pilot_group_size=4", "--config.rollout.group_size=2",
-                 "--config.rollout.max_turns=2", "--config.rollout.batch_tasks=2", "--config.eval.concurrent_groups=2"]
+    overrides = [
+        "--config.env.tasks=('click-test','click-button')",
+        "--config.env.task_tiers=(0,1)",
+        "--config.sampler.pilot_group_size=4",
+        "--config.rollout.group_size=2",
+        "--config.rollout.max_turns=2",
+        "--config.rollout.batch_tasks=2",
+        "--config.eval.concurrent_groups=2",
+    ]
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, "-m", "experiments.evaluate", "--pilot", "--policy=random", "--seeds=3",
-                             f"--out={tmp_path / 'pilot'}", *overrides], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.evaluate",
+            "--pilot",
+            "--policy=random",
+            "--seeds=3",
+            f"--out={tmp_path / 'pilot'}",
+            *overrides,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "tier 0: 1 tasks" in result.stdout and "P_sig at n=2" in result.stdout
     report = read_pilot_file(tmp_path / "pilot" / "pilot.json")

@@ -11,11 +11,29 @@ from ml_collections import config_flags
 
 from cua_jax.train.settings import ConfigError, TrainSettings
 from tests.support.configs import flatten
-from experiments.configs import (base, canopy, canopy_code, default, desktop, evocua, pretrain, qwen3_vl_gpu, scalecua,
-                                 text_vllm, tiny)
+from experiments.configs import (
+    base,
+    canopy,
+    canopy_code,
+    default,
+    desktop,
+    evocua,
+    pretrain,
+    qwen3_vl_gpu,
+    scalecua,
+    text_vllm,
+    tiny,
+)
 
-RECIPES = {"default": default, "canopy": canopy, "scalecua": scalecua, "evocua": evocua, "tiny": tiny,
-           "text_vllm": text_vllm, "desktop": desktop}
+RECIPES = {
+    "default": default,
+    "canopy": canopy,
+    "scalecua": scalecua,
+    "evocua": evocua,
+    "tiny": tiny,
+    "text_vllm": text_vllm,
+    "desktop": desktop,
+}
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -74,15 +92,30 @@ def test_scalecua_table_10():
     s = TrainSettings.from_config(c)
     loss = s.learner.loss
     assert s.advantage.estimator == "grpo" and s.learner.optimizer.learning_rate == 3e-6
-    assert (loss.clip_eps_low, loss.clip_eps_high, loss.dual_clip_c, loss.kl_coef, loss.entropy_coef) == (0.2, 0.28, 3.0, 1e-4, 0.0)
+    assert (loss.clip_eps_low, loss.clip_eps_high, loss.dual_clip_c, loss.kl_coef, loss.entropy_coef) == (
+        0.2,
+        0.28,
+        3.0,
+        1e-4,
+        0.0,
+    )
     assert (c.rollout.batch_tasks, c.rollout.group_size, c.train.num_steps) == (32, 8, 1000)
     assert (s.agent.temperature, s.agent.max_turns, c.learner.max_length) == (0.8, 50, 40000)
     assert s.advantage.no_verdict_reward == -0.2 and s.agent.no_verdict_reward == -0.2
     frontier = s.sampler_configs["frontier"]
-    assert (frontier.mu, frontier.sigma, frontier.gamma, frontier.ema_alpha, frontier.pool_factor) == (0.5, 0.25, 0.2, 0.2, 3)
+    assert (frontier.mu, frontier.sigma, frontier.gamma, frontier.ema_alpha, frontier.pool_factor) == (
+        0.5,
+        0.25,
+        0.2,
+        0.2,
+        3,
+    )
     assert (c.sampler.p_min, c.sampler.p_max) == (0.0, 1.0)
     assert s.segmenter_options == {"keep": 5, "min_removal": 5, "placeholder_text": c.context.placeholder_text}
-    assert c.context.placeholder_text.format(step=3, action="click(2)") == "[Screenshot of step 3 removed; action: click(2)]"
+    assert (
+        c.context.placeholder_text.format(step=3, action="click(2)")
+        == "[Screenshot of step 3 removed; action: click(2)]"
+    )
     assert s.learner.freeze_vision and s.learner.optimizer.weight_decay == 0.0
     assert c.train.checkpoint_every == 25
 
@@ -113,8 +146,13 @@ def _parse(*argv):
 
 
 def test_command_line_overrides_apply():
-    config = _parse("--config=experiments/configs/scalecua.py", "--config.rollout.batch_tasks=2",
-                    "--config.loss.clip_eps_high=0.3", "--config.train.mode=async", "--config.train.staleness_window=1")
+    config = _parse(
+        "--config=experiments/configs/scalecua.py",
+        "--config.rollout.batch_tasks=2",
+        "--config.loss.clip_eps_high=0.3",
+        "--config.train.mode=async",
+        "--config.train.staleness_window=1",
+    )
     assert config.rollout.batch_tasks == 2 and config.loss.clip_eps_high == 0.3
     assert TrainSettings.from_config(config).learner.loss.clip_eps_high == 0.3
 
@@ -124,47 +162,50 @@ def test_unknown_override_is_rejected():
         _parse("--config=experiments/configs/scalecua.py", "--config.loss.clip_eps_hgih=0.3")
 
 
-@pytest.mark.parametrize("field, value, named", [
-    ("loss.clip_eps_low", 1.5, "config.loss.clip_eps_low"),
-    ("loss.kl_estimator", "k9", "config.loss.kl_estimator"),
-    ("optimizer.schedule", "linear", "config.optimizer.schedule"),
-    ("train.mode", "sync", "config.train.mode"),
-    ("learner.num_minibatches", 2, "config.learner.num_minibatches"),
-    ("rollout.group_size", 0, "config.rollout.group_size"),
-    ("sampler.gamma", 2.0, "config.sampler.gamma"),
-    ("advantage.estimator", "ppo", "config.advantage.estimator"),
-    ("env.eval_seed_start", 5, "config.env.eval_seed_start"),
-    ("rollout.prompt_style", "json", "config.rollout.prompt_style"),
-    ("env.train_seeds", (3, 2_000_000), "config.env.train_seeds"),
-    ("loss.tis_cap", 0.5, "config.loss.tis_cap"),
-    ("env.observation", "pixels", "config.env.observation"),
-    ("rollout.engine", "sglang", "config.rollout.engine"),
-    ("rollout.group_start", "forked", "config.rollout.group_start"),
-    ("env.kind", "android", "config.env.kind"),
-    ("env.task_dirs", ("/no/such/folder",), "config.env.task_dirs"),
-    ("env.domain_weights", ("miniwob",), "config.env.domain_weights"),
-    ("env.domain_weights", ("desktop=2",), "config.env.domain_weights"),
-    ("loss.surrogate", "decoupled", "config.loss.surrogate"),  # needs old_logprobs 'recompute'
-    ("loss.surrogate", "grpo", "config.loss.surrogate"),
-    ("rollout.max_episodes_in_flight", 8, "config.rollout.max_episodes_in_flight"),  # on_policy
-    ("rollout.partial_rollout_tokens", -1, "config.rollout.partial_rollout_tokens"),
-    ("eval.every_steps", -1, "config.eval.every_steps"),
-    ("sampler.pilot_target", 1.0, "config.sampler.pilot_target"),
-    ("advantage.agent_faults", ("OOM-killed", "out of memory"), "config.advantage.agent_faults"),
-    ("context.placeholder_text", "{page_title}", "config.context.placeholder_text"),
-    ("sampler.curriculum_difficulty", "length", "config.sampler.curriculum_difficulty"),
-    ("sampler.curriculum_start", 0.0, "config.sampler.curriculum_start"),
-    ("sampler.curriculum_schedule", "exp", "config.sampler.curriculum_schedule"),
-    ("sampler.curriculum_steps", 0, "config.sampler.curriculum_steps"),
-    ("advantage.negative_scale", 1.5, "config.advantage.negative_scale"),
-    ("advantage.no_patch_reward", 0.5, "config.advantage.no_patch_reward"),
-    ("advantage.crash_reward", -2.0, "config.advantage.crash_reward"),
-    ("advantage.reward", "dense", "config.advantage.reward"),
-    ("eval.rope_scaling", -1.0, "config.eval.rope_scaling"),
-    ("eval.rope_scaling", 1.0, "config.eval.rope_scaling"),  # a YaRN factor exceeds 1 (0: off)
-    ("eval.rope_scaling", 0.5, "config.eval.rope_scaling"),
-    ("eval.low_temperature", 5.0, "config.eval.low_temperature"),  # above eval.temperature: not low
-])
+@pytest.mark.parametrize(
+    "field, value, named",
+    [
+        ("loss.clip_eps_low", 1.5, "config.loss.clip_eps_low"),
+        ("loss.kl_estimator", "k9", "config.loss.kl_estimator"),
+        ("optimizer.schedule", "linear", "config.optimizer.schedule"),
+        ("train.mode", "sync", "config.train.mode"),
+        ("learner.num_minibatches", 2, "config.learner.num_minibatches"),
+        ("rollout.group_size", 0, "config.rollout.group_size"),
+        ("sampler.gamma", 2.0, "config.sampler.gamma"),
+        ("advantage.estimator", "ppo", "config.advantage.estimator"),
+        ("env.eval_seed_start", 5, "config.env.eval_seed_start"),
+        ("rollout.prompt_style", "json", "config.rollout.prompt_style"),
+        ("env.train_seeds", (3, 2_000_000), "config.env.train_seeds"),
+        ("loss.tis_cap", 0.5, "config.loss.tis_cap"),
+        ("env.observation", "pixels", "config.env.observation"),
+        ("rollout.engine", "sglang", "config.rollout.engine"),
+        ("rollout.group_start", "forked", "config.rollout.group_start"),
+        ("env.kind", "android", "config.env.kind"),
+        ("env.task_dirs", ("/no/such/folder",), "config.env.task_dirs"),
+        ("env.domain_weights", ("miniwob",), "config.env.domain_weights"),
+        ("env.domain_weights", ("desktop=2",), "config.env.domain_weights"),
+        ("loss.surrogate", "decoupled", "config.loss.surrogate"),  # needs old_logprobs 'recompute'
+        ("loss.surrogate", "grpo", "config.loss.surrogate"),
+        ("rollout.max_episodes_in_flight", 8, "config.rollout.max_episodes_in_flight"),  # on_policy
+        ("rollout.partial_rollout_tokens", -1, "config.rollout.partial_rollout_tokens"),
+        ("eval.every_steps", -1, "config.eval.every_steps"),
+        ("sampler.pilot_target", 1.0, "config.sampler.pilot_target"),
+        ("advantage.agent_faults", ("OOM-killed", "out of memory"), "config.advantage.agent_faults"),
+        ("context.placeholder_text", "{page_title}", "config.context.placeholder_text"),
+        ("sampler.curriculum_difficulty", "length", "config.sampler.curriculum_difficulty"),
+        ("sampler.curriculum_start", 0.0, "config.sampler.curriculum_start"),
+        ("sampler.curriculum_schedule", "exp", "config.sampler.curriculum_schedule"),
+        ("sampler.curriculum_steps", 0, "config.sampler.curriculum_steps"),
+        ("advantage.negative_scale", 1.5, "config.advantage.negative_scale"),
+        ("advantage.no_patch_reward", 0.5, "config.advantage.no_patch_reward"),
+        ("advantage.crash_reward", -2.0, "config.advantage.crash_reward"),
+        ("advantage.reward", "dense", "config.advantage.reward"),
+        ("eval.rope_scaling", -1.0, "config.eval.rope_scaling"),
+        ("eval.rope_scaling", 1.0, "config.eval.rope_scaling"),  # a YaRN factor exceeds 1 (0: off)
+        ("eval.rope_scaling", 0.5, "config.eval.rope_scaling"),
+        ("eval.low_temperature", 5.0, "config.eval.low_temperature"),  # above eval.temperature: not low
+    ],
+)
 def test_a_malformed_field_is_named(field, value, named):
     config = canopy.get_config()
     section, name = field.split(".")
@@ -198,7 +239,9 @@ def test_eval_rope_scaling_reaches_the_evaluation_agent_only_and_needs_a_jax_qwe
         TrainSettings.from_config(config)
     config = tiny.get_config()
     config.model.name, config.eval.rope_scaling = "tiny_qwen3_5", 2.0
-    with pytest.raises(ConfigError, match="config.eval.rope_scaling: model.name 'tiny_qwen3_5' .Qwen3.5. supports only"):
+    with pytest.raises(
+        ConfigError, match="config.eval.rope_scaling: model.name 'tiny_qwen3_5' .Qwen3.5. supports only"
+    ):
         TrainSettings.from_config(config)
 
 
@@ -222,8 +265,11 @@ def test_more_tasks_per_batch_than_the_pool_holds_is_named():
     """A batch draws distinct tasks; asking for more than the pool holds fails at start."""
     config = default.get_config()
     config.rollout.batch_tasks = len(config.env.tasks) + 1
-    with pytest.raises(ConfigError, match=r"config\.rollout\.batch_tasks: 4 distinct tasks per batch, but the task "
-                                          r"pool holds 3 \(click-button, click-widget, click-tab\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"config\.rollout\.batch_tasks: 4 distinct tasks per batch, but the task "
+        r"pool holds 3 \(click-button, click-widget, click-tab\)",
+    ):
         TrainSettings.from_config(config)
     # The dropped hardest tier leaves the pool too.
     config = canopy.get_config()
@@ -248,14 +294,17 @@ def test_a_saved_config_loads_on_todays_base():
         base.config_from_dict(saved)
 
 
-@pytest.mark.parametrize("field, value, named, says", [
-    ("env.tasks", ("click-button",), "config.env.tasks", "env.kind 'desktop' takes its tasks from env.task_dirs"),
-    ("env.task_dirs", (), "config.env.task_dirs", "needs at least one task folder"),
-    ("env.action_space", "elements", "config.env.action_space", "a desktop shows no element ids"),
-    ("env.observation", "text", "config.env.observation", "desktop tasks are seen as screenshots"),
-    ("rollout.group_size", 8, "config.env.desktop.pool_size", "4 containers cannot run a group of 8"),
-    ("sampler.rho_inf", 1.0, "config.sampler.rho_inf", "draws 2 infeasible tasks, but the pool holds 1"),
-])
+@pytest.mark.parametrize(
+    "field, value, named, says",
+    [
+        ("env.tasks", ("click-button",), "config.env.tasks", "env.kind 'desktop' takes its tasks from env.task_dirs"),
+        ("env.task_dirs", (), "config.env.task_dirs", "needs at least one task folder"),
+        ("env.action_space", "elements", "config.env.action_space", "a desktop shows no element ids"),
+        ("env.observation", "text", "config.env.observation", "desktop tasks are seen as screenshots"),
+        ("rollout.group_size", 8, "config.env.desktop.pool_size", "4 containers cannot run a group of 8"),
+        ("sampler.rho_inf", 1.0, "config.sampler.rho_inf", "draws 2 infeasible tasks, but the pool holds 1"),
+    ],
+)
 def test_a_bad_desktop_setting_is_named(field, value, named, says):
     config = desktop.get_config()
     section, name = field.split(".")
@@ -278,4 +327,3 @@ def test_mixed_sources_make_one_catalog_with_domains():
     assert settings.catalog.domains()["terminal-create-file"] == "desktop"
     assert len(settings.training_tasks) == 7 and settings.domain_weights == {"miniwob": 1.0, "desktop": 1.0}
     assert settings.desktop_pool.size == 4 and settings.agent.group_start == "shared"
-

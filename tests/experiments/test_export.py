@@ -37,8 +37,14 @@ RUN_MAX_PIXELS = 128 * 32 * 32
 
 def run_export(*args):
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, "-m", "experiments.export", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.export", *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def probe_inputs(tokenizer, image_processor):
@@ -60,10 +66,15 @@ def probe_inputs(tokenizer, image_processor):
 def our_logits(model, inputs):
     ids, pixel_values, grid = inputs
     config = model.config
-    positions, _ = rope_index(ids, grid, image_token_id=config.image_token_id,
-                              spatial_merge_size=config.vision.spatial_merge_size)
-    logits, _ = model(jnp.asarray(ids, jnp.int32), positions=jnp.asarray(positions),
-                      pixel_values=jnp.asarray(pixel_values), image_grid_thw=ImageGrid.of(grid))
+    positions, _ = rope_index(
+        ids, grid, image_token_id=config.image_token_id, spatial_merge_size=config.vision.spatial_merge_size
+    )
+    logits, _ = model(
+        jnp.asarray(ids, jnp.int32),
+        positions=jnp.asarray(positions),
+        pixel_values=jnp.asarray(pixel_values),
+        image_grid_thw=ImageGrid.of(grid),
+    )
     return np.asarray(logits)
 
 
@@ -75,9 +86,13 @@ def transformers_logits(directory, inputs):
     model = transformers.Qwen3VLForConditionalGeneration.from_pretrained(directory).eval()
     image_token_id = model.config.image_token_id
     with torch.no_grad():
-        return model(input_ids=torch.as_tensor(ids), attention_mask=torch.ones_like(torch.as_tensor(ids)),
-                     pixel_values=torch.as_tensor(pixel_values), image_grid_thw=torch.as_tensor(grid),
-                     mm_token_type_ids=torch.as_tensor((ids == image_token_id).astype(np.int64))).logits.numpy()
+        return model(
+            input_ids=torch.as_tensor(ids),
+            attention_mask=torch.ones_like(torch.as_tensor(ids)),
+            pixel_values=torch.as_tensor(pixel_values),
+            image_grid_thw=torch.as_tensor(grid),
+            mm_token_type_ids=torch.as_tensor((ids == image_token_id).astype(np.int64)),
+        ).logits.numpy()
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +130,10 @@ def test_the_command_line_exports_the_latest_step(trained_run, tmp_path):
     tokenizer, image_processor = load_processor(out)
     run_tokenizer, run_processor = load_processor(tokenizer_dir)
     assert tokenizer.chat_template == RUN_TEMPLATE and tokenizer.get_vocab() == run_tokenizer.get_vocab()
-    assert pixel_bounds(image_processor) == pixel_bounds(run_processor) and pixel_bounds(image_processor)[1] == RUN_MAX_PIXELS
+    assert (
+        pixel_bounds(image_processor) == pixel_bounds(run_processor)
+        and pixel_bounds(image_processor)[1] == RUN_MAX_PIXELS
+    )
     model, kind = load_policy(out)
     assert kind == "qwen3_vl"
     np.testing.assert_allclose(our_logits(model, inputs), logits[2], atol=1e-5, rtol=0)

@@ -31,7 +31,10 @@ def test_a_failing_check_and_a_missing_package_are_reported(monkeypatch, capsys)
     monkeypatch.setitem(gpu_check.CHECK_FUNCTIONS, "learner_bf16", (broken, ("numpy", "no_such_package_for_gpu_check")))
     results = gpu_check.run_checks(("parity_qwen3", "sharding", "learner_bf16"), small=True, log=lambda _: None)
     assert [(r.check, r.status) for r in results] == [
-        ("parity_qwen3", "FAIL"), ("sharding", "FAIL"), ("learner_bf16", "MISSING")]
+        ("parity_qwen3", "FAIL"),
+        ("sharding", "FAIL"),
+        ("learner_bf16", "MISSING"),
+    ]
     assert results[0].detail == "logits differ by 3.0"
     assert results[1].detail == "RuntimeError: out of memory"
     assert results[2].detail == "missing package(s): no_such_package_for_gpu_check"

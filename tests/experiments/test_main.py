@@ -11,8 +11,11 @@ import pytest
 
 from tests.support.entrypoint import ROOT, run_main
 
+
 def test_a_malformed_field_stops_the_run_naming_it(tmp_path):
-    result = run_main("--config=experiments/configs/canopy.py", "--config.loss.clip_eps_low=1.5", workdir=tmp_path / "run")
+    result = run_main(
+        "--config=experiments/configs/canopy.py", "--config.loss.clip_eps_low=1.5", workdir=tmp_path / "run"
+    )
     assert result.returncode != 0
     assert "config.loss.clip_eps_low" in result.stderr, result.stderr[-2000:]
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the trainer started
@@ -32,9 +35,15 @@ def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
     trend's slope, and every artefact in the workdir."""
     workdir = tmp_path / "run"
     overrides = [
-        "--config.env.tasks=('click-button',)", "--config.env.task_tiers=(0,)", "--config.rollout.group_size=2",
-        "--config.rollout.batch_tasks=1", "--config.rollout.max_turns=1", "--config.eval.num_seeds=2",
-        "--config.eval.max_turns=1", "--config.train.num_steps=3", "--config.eval.every_steps=2",
+        "--config.env.tasks=('click-button',)",
+        "--config.env.task_tiers=(0,)",
+        "--config.rollout.group_size=2",
+        "--config.rollout.batch_tasks=1",
+        "--config.rollout.max_turns=1",
+        "--config.eval.num_seeds=2",
+        "--config.eval.max_turns=1",
+        "--config.train.num_steps=3",
+        "--config.eval.every_steps=2",
         "--config.train.progress_bar=False",
     ]
     result = run_main("--config=experiments/configs/default.py", *overrides, workdir=workdir)
@@ -73,10 +82,18 @@ def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
     # The evaluations ran through the evaluation harness: its results file and tables.
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert any("groups/tier_0/informative_fraction" in r for r in records)  # live coverage per tier
-    for path in ("evals/before_000000/results.jsonl", "evals/step_2_000002/results.md", "evals/after_000003/results.md",
-                 "evals/before_low_temperature_000000/results.md", "evals/after_low_temperature_000003/results.md",
-                 "metrics.jsonl", "learning_curve.png", "traces/before/00/trace.json",
-                 "traces/after/00/trace.json", "checkpoints"):
+    for path in (
+        "evals/before_000000/results.jsonl",
+        "evals/step_2_000002/results.md",
+        "evals/after_000003/results.md",
+        "evals/before_low_temperature_000000/results.md",
+        "evals/after_low_temperature_000003/results.md",
+        "metrics.jsonl",
+        "learning_curve.png",
+        "traces/before/00/trace.json",
+        "traces/after/00/trace.json",
+        "checkpoints",
+    ):
         assert (workdir / path).exists(), path
     assert any((workdir / "tensorboard").iterdir())
     # A workdir that holds checkpoints is not trained over without --resume.
@@ -93,9 +110,15 @@ def test_text_policy_on_vllm_through_the_entrypoint_then_exported(tmp_path):
     `python -m experiments.export` into a directory transformers loads."""
     workdir = tmp_path / "run"
     overrides = [
-        "--config.env.tasks=('click-button',)", "--config.env.task_tiers=(0,)", "--config.rollout.group_size=2",
-        "--config.rollout.batch_tasks=1", "--config.rollout.max_turns=1", "--config.rollout.max_new_tokens=16",
-        "--config.eval.num_seeds=1", "--config.eval.max_turns=1", "--config.train.num_steps=1",
+        "--config.env.tasks=('click-button',)",
+        "--config.env.task_tiers=(0,)",
+        "--config.rollout.group_size=2",
+        "--config.rollout.batch_tasks=1",
+        "--config.rollout.max_turns=1",
+        "--config.rollout.max_new_tokens=16",
+        "--config.eval.num_seeds=1",
+        "--config.eval.max_turns=1",
+        "--config.train.num_steps=1",
         "--config.train.progress_bar=False",
     ]
     result = run_main("--config=experiments/configs/text_vllm.py", *overrides, workdir=workdir)
@@ -106,8 +129,14 @@ def test_text_policy_on_vllm_through_the_entrypoint_then_exported(tmp_path):
     assert step["learner/rollout_logprob_gap"] < 1e-3 and "learner/rollout_logprob_gap_max" in step
     out = tmp_path / "export"
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    exported = subprocess.run([sys.executable, "-m", "experiments.export", f"--workdir={workdir}", f"--out={out}"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    exported = subprocess.run(
+        [sys.executable, "-m", "experiments.export", f"--workdir={workdir}", f"--out={out}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert exported.returncode == 0, exported.stderr[-3000:]
     from transformers import AutoModelForCausalLM
 

@@ -19,25 +19,46 @@ CLOUD_URL = "https://huggingface.co/datasets/xlangai/ubuntu_osworld_file_cache/r
 
 
 def task(task_id: str, config=(), related_apps=(), **evaluator) -> dict:
-    return {"id": task_id, "snapshot": "os", "instruction": "x", "source": "test", "related_apps": list(related_apps),
-            "config": list(config),
-            "evaluator": evaluator or {"func": "exact_match", "result": {"type": "vm_command_line", "command": ["cat", "/a"]},
-                                       "expected": {"type": "rule", "rules": {"expected": "a"}}}}
+    return {
+        "id": task_id,
+        "snapshot": "os",
+        "instruction": "x",
+        "source": "test",
+        "related_apps": list(related_apps),
+        "config": list(config),
+        "evaluator": evaluator
+        or {
+            "func": "exact_match",
+            "result": {"type": "vm_command_line", "command": ["cat", "/a"]},
+            "expected": {"type": "rule", "rules": {"expected": "a"}},
+        },
+    }
 
 
 @pytest.fixture
 def examples(tmp_path) -> pathlib.Path:
     """A small OSWorld-style folder: examples/<domain>/<id>.json and its index file."""
     files = {
-        "os/runnable.json": task("runnable", [{"type": "launch", "parameters": {"command": ["xterm"]}},
-                                              {"type": "sleep", "parameters": {"seconds": 1}}]),
+        "os/runnable.json": task(
+            "runnable",
+            [{"type": "launch", "parameters": {"command": ["xterm"]}}, {"type": "sleep", "parameters": {"seconds": 1}}],
+        ),
         "os/mail.json": task("mail", related_apps=["thunderbird"]),
-        "chrome/tabs.json": task("tabs", [{"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["https://www.example.org"]}}],
-                                 ["chrome"]),
+        "chrome/tabs.json": task(
+            "tabs",
+            [{"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["https://www.example.org"]}}],
+            ["chrome"],
+        ),
         "chrome/broken.json": task("broken", [{"type": "activate_window", "parameters": {"strict": True}}]),
-        "calc/cloud.json": task("cloud", [{"type": "download", "parameters": {"files": [{"url": CLOUD_URL, "path": "/a"}]}}]),
-        "calc/tabs-metric.json": task("tabs-metric", func="is_expected_tabs", result={"type": "open_tabs_info"},
-                                      expected={"type": "rule", "rules": {"type": "url", "urls": []}}),
+        "calc/cloud.json": task(
+            "cloud", [{"type": "download", "parameters": {"files": [{"url": CLOUD_URL, "path": "/a"}]}}]
+        ),
+        "calc/tabs-metric.json": task(
+            "tabs-metric",
+            func="is_expected_tabs",
+            result={"type": "open_tabs_info"},
+            expected={"type": "rule", "rules": {"type": "url", "urls": []}},
+        ),
     }
     root = tmp_path / "examples"
     for name, value in files.items():
@@ -65,8 +86,9 @@ def test_check_classifies_every_file(examples, tmp_path, capsys):
     assert rows["tabs-metric"]["reasons"][0].startswith("metric not implemented: is_expected_tabs (")  # and why
     assert "getter not implemented: open_tabs_info" in rows["tabs-metric"]["reasons"]
     assert rows["broken"]["status"] == "schema error"
-    assert rows["broken"]["reasons"] == ["task 'broken': config[0].parameters.window_name: 'activate_window' needs "
-                                         "parameter 'window_name'"]
+    assert rows["broken"]["reasons"] == [
+        "task 'broken': config[0].parameters.window_name: 'activate_window' needs parameter 'window_name'"
+    ]
     assert rows["truncated"]["status"] == "schema error" and "not valid JSON" in rows["truncated"]["reasons"][0]
     assert {row["domain"] for row in rows.values()} == {"os", "chrome", "calc"}
     # the table: a row per file, then per-domain counts and the tasks per reason
@@ -90,12 +112,24 @@ def test_a_download_mirror_makes_cloud_files_local(examples, tmp_path):
 
 def test_the_entry_point_runs_and_refuses_a_missing_folder(examples, tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    done = subprocess.run([sys.executable, "-m", "experiments.tasks", "check", str(examples), "--apps", "none", "--summary"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.tasks", "check", str(examples), "--apps", "none", "--summary"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "needs app: xterm" in done.stdout and "TASK FILE" not in done.stdout  # --summary: the tables only
-    missing = subprocess.run([sys.executable, "-m", "experiments.tasks", "check", str(tmp_path / "nowhere"), "--apps", "none"],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    missing = subprocess.run(
+        [sys.executable, "-m", "experiments.tasks", "check", str(tmp_path / "nowhere"), "--apps", "none"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 

@@ -47,15 +47,32 @@ def ray_cluster():
     gcs_port, dashboard_port = free_port(), free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     commands = [
-        [ray_bin, "start", "--head", f"--port={gcs_port}", f"--dashboard-port={dashboard_port}", "--num-cpus=1",
-         "--include-dashboard=true", "--dashboard-host=127.0.0.1", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
-        [ray_bin, "start", f"--address=127.0.0.1:{gcs_port}", "--num-cpus=2",
-         f'--resources={{"{ROLLOUT_RESOURCE}": 2}}', "--disable-usage-stats"],
+        [
+            ray_bin,
+            "start",
+            "--head",
+            f"--port={gcs_port}",
+            f"--dashboard-port={dashboard_port}",
+            "--num-cpus=1",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            "--disable-usage-stats",
+            f"--temp-dir={temp_dir}",
+        ],
+        [
+            ray_bin,
+            "start",
+            f"--address=127.0.0.1:{gcs_port}",
+            "--num-cpus=2",
+            f'--resources={{"{ROLLOUT_RESOURCE}": 2}}',
+            "--disable-usage-stats",
+        ],
     ]
     try:
         for command in commands:
-            started = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120,
-                                     start_new_session=True)
+            started = subprocess.run(
+                command, env=env, capture_output=True, text=True, timeout=120, start_new_session=True
+            )
             assert started.returncode == 0, started.stdout + started.stderr
         yield {"address": f"127.0.0.1:{gcs_port}", "dashboard": f"http://127.0.0.1:{dashboard_port}", "env": env}
     finally:

@@ -23,8 +23,15 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (its mesh block is used).")
 _OUT = flags.DEFINE_string("out", None, "Output directory.")
 
-SMALL = dict(num_hidden_layers=1, vocab_size=128, hidden_size=64, intermediate_size=128, head_dim=16,
-             num_attention_heads=4, num_key_value_heads=2)
+SMALL = dict(
+    num_hidden_layers=1,
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    head_dim=16,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 
 
 def _items(seed: int = 1, num_groups: int = 4, group_size: int = 2):
@@ -39,7 +46,7 @@ def _items(seed: int = 1, num_groups: int = 4, group_size: int = 2):
             n = int(rng.integers(12, 33))
             ids = rng.integers(3, SMALL["vocab_size"], n).astype(np.int32)
             mask = np.zeros(n, np.int32)
-            mask[n // 2:] = 1
+            mask[n // 2 :] = 1
             logp = np.where(mask > 0, rng.uniform(-5.5, -4.0, n), 0.0).astype(np.float32)
             items.append(TrainingItem(ids, mask, logp, [], f"ep{g}-{k}", g, (0,)))
             advantages.append(group[k])
@@ -68,11 +75,15 @@ def main(argv):
     out, process = _OUT.value, jax.process_index()
 
     def gathered(tree):
-        return {jax.tree_util.keystr(path): np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
-                for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+        return {
+            jax.tree_util.keystr(path): np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+        }
 
-    config = LearnerConfig(optimizer=OptimizerConfig(learning_rate=1e-2, eps=1e-3, max_grad_norm=1.0),
-                           loss=PolicyLossConfig(aggregation="token_mean", kl_coef=1e-2))
+    config = LearnerConfig(
+        optimizer=OptimizerConfig(learning_rate=1e-2, eps=1e-3, max_grad_norm=1.0),
+        loss=PolicyLossConfig(aggregation="token_mean", kl_coef=1e-2),
+    )
     learner = Learner(Qwen3ForCausalLM(tiny_qwen3_config(**SMALL), rngs=nnx.Rngs(0)), config, mesh=mesh)
     items, advantages = _items()
     [micro] = make_minibatches(items, advantages, BatchingConfig(rows=8, length_multiple=32), 1)
@@ -82,8 +93,15 @@ def main(argv):
     result["devices"] = np.asarray([len(jax.devices()), len(jax.local_devices()), jax.process_count()])
 
     checkpointer = TrainCheckpointer(os.path.join(out, "checkpoints"))
-    host_state = TrainerState(base_key=np.zeros(2, np.uint32), step=2, version=2, next_group_id=0,
-                              engine_sampling=[], sampler={}, evaluations={})
+    host_state = TrainerState(
+        base_key=np.zeros(2, np.uint32),
+        step=2,
+        version=2,
+        next_group_id=0,
+        engine_sampling=[],
+        sampler={},
+        evaluations={},
+    )
     checkpointer.save(learner.train_state(), host_state, {"test": "multihost"})
     other = Learner(Qwen3ForCausalLM(tiny_qwen3_config(**SMALL), rngs=nnx.Rngs(7)), config, mesh=mesh)
     restored, restored_host = checkpointer.restore_latest(other.train_state())

@@ -19,13 +19,22 @@ from experiments.configs.base import base_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEP = "tests/launch/multihost_step.py"
-MESH_FLAGS = ["--config=experiments/configs/tiny.py", "--config.mesh.data=2", "--config.mesh.fsdp=2",
-              "--config.mesh.tensor=2"]
+MESH_FLAGS = [
+    "--config=experiments/configs/tiny.py",
+    "--config.mesh.data=2",
+    "--config.mesh.fsdp=2",
+    "--config.mesh.tensor=2",
+]
 
 
 def _env(devices: int, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
-           "CUA_JAX_PYTHON": sys.executable, **extra}
+    env = {
+        **os.environ,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "JAX_PLATFORMS": "cpu",
+        "CUA_JAX_PYTHON": sys.executable,
+        **extra,
+    }
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
     return env
 
@@ -41,13 +50,34 @@ def runs(tmp_path_factory):
     """(single-process output dir, two-process output dir), run side by side."""
     single, double = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("double")
     coordinator = f"127.0.0.1:{_free_port()}"
-    processes = [subprocess.Popen([sys.executable, STEP, *MESH_FLAGS, f"--out={single}"], cwd=REPO, env=_env(8),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, STEP, *MESH_FLAGS, f"--out={single}"],
+            cwd=REPO,
+            env=_env(8),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    ]
     for process_id in range(2):
-        env = _env(4, CUA_PROCESS_ID=str(process_id), CUA_NUM_PROCESSES="2", CUA_COORDINATOR_ADDRESS=coordinator,
-                   CUA_MULTIHOST_PROGRAM=STEP)
-        processes.append(subprocess.Popen(["bash", "launch/multihost.sh", *MESH_FLAGS, f"--out={double}"], cwd=REPO,
-                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = _env(
+            4,
+            CUA_PROCESS_ID=str(process_id),
+            CUA_NUM_PROCESSES="2",
+            CUA_COORDINATOR_ADDRESS=coordinator,
+            CUA_MULTIHOST_PROGRAM=STEP,
+        )
+        processes.append(
+            subprocess.Popen(
+                ["bash", "launch/multihost.sh", *MESH_FLAGS, f"--out={double}"],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     try:
         for process in processes:
             out, _ = process.communicate(timeout=240)
@@ -102,8 +132,9 @@ def test_mesh_fields_reach_the_mesh_config_and_bad_ones_are_named():
     c = base_config()
     assert mesh_settings(c) == MeshConfig(data=1, fsdp=1, tensor=1)
     c.mesh.distributed, c.mesh.coordinator_address, c.mesh.num_processes, c.mesh.process_id = True, "h:1234", 4, 3
-    assert mesh_settings(c) == MeshConfig(data=1, fsdp=1, tensor=1, distributed=True, coordinator_address="h:1234",
-                                          num_processes=4, process_id=3)
+    assert mesh_settings(c) == MeshConfig(
+        data=1, fsdp=1, tensor=1, distributed=True, coordinator_address="h:1234", num_processes=4, process_id=3
+    )
     c.mesh.process_id = 4
     with pytest.raises(ConfigError, match=r"config.mesh.process_id: process_id 4 is not in \[0, num_processes=4\)"):
         mesh_settings(c)
@@ -120,13 +151,24 @@ def test_multihost_script_takes_process_id_and_count_from_slurm(tmp_path):
     program here prints the arguments it gets)."""
     program = tmp_path / "print_args.py"
     program.write_text("import sys\nprint('\\n'.join(sys.argv[1:]))\n")
-    env = _env(1, SLURM_PROCID="3", SLURM_NTASKS="4", CUA_COORDINATOR_ADDRESS="node-a:8476",
-               CUA_MULTIHOST_PROGRAM=str(program))
+    env = _env(
+        1, SLURM_PROCID="3", SLURM_NTASKS="4", CUA_COORDINATOR_ADDRESS="node-a:8476", CUA_MULTIHOST_PROGRAM=str(program)
+    )
     for name in ("CUA_PROCESS_ID", "CUA_NUM_PROCESSES"):
         env.pop(name, None)
-    out = subprocess.run(["bash", "launch/multihost.sh", "--config=experiments/configs/tiny.py"], cwd=REPO, env=env,
-                         capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["--config=experiments/configs/tiny.py", "--config.mesh.distributed=true",
-                   "--config.mesh.coordinator_address=node-a:8476", "--config.mesh.num_processes=4",
-                   "--config.mesh.process_id=3"]
+    out = subprocess.run(
+        ["bash", "launch/multihost.sh", "--config=experiments/configs/tiny.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out == [
+        "--config=experiments/configs/tiny.py",
+        "--config.mesh.distributed=true",
+        "--config.mesh.coordinator_address=node-a:8476",
+        "--config.mesh.num_processes=4",
+        "--config.mesh.process_id=3",
+    ]
     assert subprocess.run(["bash", "-n", "launch/slurm_multihost.sbatch"], cwd=REPO).returncode == 0

@@ -15,8 +15,15 @@ from cua_jax.rollout.engine import GenerationRequest, SamplingConfig
 from cua_jax.rollout.workers import Router, RouterConfig
 from tests.launch.conftest import ROLLOUT_RESOURCE
 
-SMALL = dict(num_hidden_layers=1, vocab_size=128, hidden_size=32, intermediate_size=64, head_dim=16,
-             num_attention_heads=2, num_key_value_heads=1)
+SMALL = dict(
+    num_hidden_layers=1,
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    head_dim=16,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
 GREEDY = SamplingConfig(max_new_tokens=6, temperature=0.0)
 REQUESTS = [GenerationRequest(np.asarray([5, 6, 7, 8], np.int32)), GenerationRequest(np.asarray([9, 10, 11], np.int32))]
 
@@ -47,16 +54,22 @@ def test_engines_are_placed_on_the_node_with_the_rollout_resource(ray_client):
     ray = ray_client
     [rollout_node] = [n["NodeID"] for n in ray.nodes() if n["Alive"] and ROLLOUT_RESOURCE in n["Resources"]]
     assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-    config = RouterConfig(num_engines=2, cpus_per_engine=0.5, placement="STRICT_PACK",
-                          resources=((ROLLOUT_RESOURCE, 1.0),), placement_timeout_s=120)
+    config = RouterConfig(
+        num_engines=2,
+        cpus_per_engine=0.5,
+        placement="STRICT_PACK",
+        resources=((ROLLOUT_RESOURCE, 1.0),),
+        placement_timeout_s=120,
+    )
     router = Router(functools.partial(tiny_engine, 0), config)
     try:
         table = ray.util.placement_group_table(router.placement_group)
         assert set(table["bundles_to_node_id"].values()) == {rollout_node}
         from ray.util.state import list_actors
 
-        actor_nodes = {a["node_id"] for a in list_actors(filters=[("state", "=", "ALIVE")])
-                       if a["class_name"] == "EngineActor"}
+        actor_nodes = {
+            a["node_id"] for a in list_actors(filters=[("state", "=", "ALIVE")]) if a["class_name"] == "EngineActor"
+        }
         assert actor_nodes == {rollout_node}
         served = router.generate(REQUESTS, GREEDY)
         local = tiny_engine(0).generate(REQUESTS, GREEDY)
@@ -69,8 +82,13 @@ def test_engines_are_placed_on_the_node_with_the_rollout_resource(ray_client):
 
 
 def test_a_placement_no_node_can_grant_is_an_error_naming_the_bundle(ray_client):
-    config = RouterConfig(num_engines=3, cpus_per_engine=0.5, placement="STRICT_PACK",
-                          resources=((ROLLOUT_RESOURCE, 1.0),), placement_timeout_s=3)
+    config = RouterConfig(
+        num_engines=3,
+        cpus_per_engine=0.5,
+        placement="STRICT_PACK",
+        resources=((ROLLOUT_RESOURCE, 1.0),),
+        placement_timeout_s=3,
+    )
     with pytest.raises(RuntimeError, match=r"did not grant 3 bundles of .*rollout_node"):
         Router(functools.partial(tiny_engine, 0), config)
     with pytest.raises(ValueError, match="placement must be one of"):
@@ -87,12 +105,17 @@ def test_rollout_worker_actors_are_placed_on_the_node_with_the_rollout_resource(
 
     ray = ray_client
     [rollout_node] = [n["NodeID"] for n in ray.nodes() if n["Alive"] and ROLLOUT_RESOURCE in n["Resources"]]
-    workers = start_remote_workers([(functools.partial(tiny_engine, 0), RolloutWorkerConfig())], num_cpus=0.5,
-                                   placement="STRICT_PACK", resources=((ROLLOUT_RESOURCE, 1.0),),
-                                   placement_timeout_s=120)
+    workers = start_remote_workers(
+        [(functools.partial(tiny_engine, 0), RolloutWorkerConfig())],
+        num_cpus=0.5,
+        placement="STRICT_PACK",
+        resources=((ROLLOUT_RESOURCE, 1.0),),
+        placement_timeout_s=120,
+    )
     try:
-        nodes = {a["node_id"] for a in list_actors(filters=[("state", "=", "ALIVE")])
-                 if a["class_name"] == "RolloutWorker"}
+        nodes = {
+            a["node_id"] for a in list_actors(filters=[("state", "=", "ALIVE")]) if a["class_name"] == "RolloutWorker"
+        }
         assert nodes == {rollout_node} and workers[0].health().healthy
     finally:
         for worker in workers:

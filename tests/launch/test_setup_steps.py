@@ -16,8 +16,13 @@ def _source(tmp_path, body: str) -> subprocess.CompletedProcess:
     """Runs `body` in a script that is sourced, as launch/test.sh sources setup.sh."""
     script = tmp_path / "script.sh"
     script.write_text(f'source "{STEPS}"\nsetup_log_start "{tmp_path}/logs"\n{body}\n')
-    return subprocess.run(["bash", "-c", f'set -euo pipefail; source "{script}"; echo after-source >&2'],
-                          check=False, capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["bash", "-c", f'set -euo pipefail; source "{script}"; echo after-source >&2'],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def _log_path(stderr: str) -> str:
@@ -27,32 +32,42 @@ def _log_path(stderr: str) -> str:
 
 
 def test_steps_print_one_line_each_and_log_their_commands(tmp_path):
-    result = _source(tmp_path, """
+    result = _source(
+        tmp_path,
+        """
 setup_step first
 setup_run bash -c 'echo to-stdout; echo to-stderr >&2'
 setup_done done
 setup_step second
 setup_run true
 setup_done "all present"
-""")
+""",
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""
     log = _log_path(result.stderr)
-    assert result.stderr.splitlines() == [f"[setup] log: {log}", "[setup] first ... done",
-                                          "[setup] second ... all present", "after-source"]
+    assert result.stderr.splitlines() == [
+        f"[setup] log: {log}",
+        "[setup] first ... done",
+        "[setup] second ... all present",
+        "after-source",
+    ]
     text = pathlib.Path(log).read_text()
     assert "to-stdout\nto-stderr\n" in text and "$ true" in text
 
 
 def test_a_failing_step_prints_the_log_tail_and_path_and_exits_with_its_status(tmp_path):
-    result = _source(tmp_path, """
+    result = _source(
+        tmp_path,
+        """
 setup_step first
 setup_run bash -c 'echo earlier-step-output'
 setup_done done
 setup_step failing
 setup_run bash -c 'for i in $(seq 1 50); do echo line-$i; done; exit 3'
 setup_done done
-""")
+""",
+    )
     assert result.returncode == 3
     log = _log_path(result.stderr)
     lines = result.stderr.splitlines()
@@ -65,13 +80,16 @@ setup_done done
 
 
 def test_a_short_failing_step_shows_its_command_and_not_the_earlier_steps(tmp_path):
-    result = _source(tmp_path, """
+    result = _source(
+        tmp_path,
+        """
 setup_step first
 setup_run bash -c 'echo earlier-step-output'
 setup_done done
 setup_step missing
 setup_run ls /nonexistent-setup-step-path
-""")
+""",
+    )
     assert result.returncode != 0
     assert "$ ls /nonexistent-setup-step-path" in result.stderr
     assert "/nonexistent-setup-step-path" in result.stderr.splitlines()[-2]
@@ -79,11 +97,14 @@ setup_run ls /nonexistent-setup-step-path
 
 
 def test_a_shell_function_is_refused(tmp_path):
-    result = _source(tmp_path, """
+    result = _source(
+        tmp_path,
+        """
 install() { false; touch "$SETUP_LOG.marker"; }
 setup_step functions
 setup_run install
-""")
+""",
+    )
     assert result.returncode == 2
     assert "setup_run runs programs, not shell functions: install" in result.stderr
     assert not os.path.exists(_log_path(result.stderr) + ".marker")

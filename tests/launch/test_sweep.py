@@ -24,9 +24,15 @@ TINY_SWEEP = os.path.join(REPO, "experiments/sweeps/tiny_group_size.py")
 
 
 def _launch(*flags: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "launch.sweep", f"--config={TINY}", *flags, "--poll_s=0.2"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "launch.sweep", f"--config={TINY}", *flags, "--poll_s=0.2"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        **kwargs,
+    )
 
 
 def _write_sweep(path, body: str) -> str:
@@ -44,13 +50,23 @@ def test_compute_matched_runs_hold_the_budget_and_bad_sweeps_name_the_field(tmp_
     argv = run_command(sweep, sweep.runs[1])
     assert "--config.rollout.group_size=4" in argv and "--config.train.num_steps=1" in argv and argv[-1] == "--resume"
 
-    grid = load_sweep(_write_sweep(tmp_path / "g.py", "{'grid': {'rollout.group_size': (2, 4), "
-                                   "'optimizer.learning_rate': (1e-3, 1e-4)}}"), TINY, str(tmp_path))
+    grid = load_sweep(
+        _write_sweep(
+            tmp_path / "g.py", "{'grid': {'rollout.group_size': (2, 4), 'optimizer.learning_rate': (1e-3, 1e-4)}}"
+        ),
+        TINY,
+        str(tmp_path),
+    )
     assert len(grid.runs) == 4 and grid.runs[1].swept == {"rollout.group_size": 2, "optimizer.learning_rate": 1e-4}
 
     with pytest.raises(SweepError, match=r"group_size=3.*budget 8 is not a multiple"):
-        load_sweep(_write_sweep(tmp_path / "b.py", "{'runs': ({'rollout.group_size': 3},), "
-                                "'compute_matched': {'adjust': 'train.num_steps', 'budget': 8}}"), TINY)
+        load_sweep(
+            _write_sweep(
+                tmp_path / "b.py",
+                "{'runs': ({'rollout.group_size': 3},), 'compute_matched': {'adjust': 'train.num_steps', 'budget': 8}}",
+            ),
+            TINY,
+        )
     with pytest.raises(SweepError, match=r"config.rollout.group_sise: no such config field"):
         load_sweep(_write_sweep(tmp_path / "u.py", "{'runs': ({'rollout.group_sise': 3},)}"), TINY)
     with pytest.raises(SweepError, match="exactly one of 'grid' and 'runs'"):
@@ -74,8 +90,14 @@ def test_sweep_stopped_part_way_resumes_on_ray_and_then_skips_finished_runs(tmp_
     sweep = load_sweep(TINY_SWEEP, TINY, str(sweep_dir))
     assert [run_state(r) for r in sweep.runs] == ["partial", "new"]
 
-    resumed = _launch(f"--sweep={TINY_SWEEP}", f"--sweep_dir={sweep_dir}", "--backend=ray", "--parallel=2",
-                      f"--ray_address={ray_cluster['dashboard']}", env=ray_cluster["env"])
+    resumed = _launch(
+        f"--sweep={TINY_SWEEP}",
+        f"--sweep_dir={sweep_dir}",
+        "--backend=ray",
+        "--parallel=2",
+        f"--ray_address={ray_cluster['dashboard']}",
+        env=ray_cluster["env"],
+    )
     out, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out
     assert "group_size=2: resuming from its checkpoint" in out and "group_size=4: starting" in out
@@ -106,8 +128,14 @@ def test_sweep_stopped_part_way_resumes_on_ray_and_then_skips_finished_runs(tmp_
 
 def test_slurm_backend_writes_an_array_script_of_the_runs(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    launcher = _launch(f"--sweep={TINY_SWEEP}", f"--sweep_dir={sweep_dir}", "--backend=slurm", "--parallel=1",
-                       "--slurm=--partition=debug", "--slurm=--time=01:00:00")
+    launcher = _launch(
+        f"--sweep={TINY_SWEEP}",
+        f"--sweep_dir={sweep_dir}",
+        "--backend=slurm",
+        "--parallel=1",
+        "--slurm=--partition=debug",
+        "--slurm=--time=01:00:00",
+    )
     out, _ = launcher.communicate(timeout=120)
     assert launcher.returncode == 0, out
     script = sweep_dir / "slurm" / "sweep.sbatch"
@@ -118,13 +146,19 @@ def test_slurm_backend_writes_an_array_script_of_the_runs(tmp_path):
     assert "#SBATCH --array=0-1%1" in directives and "#SBATCH --partition=debug" in directives
     assert "#SBATCH --time=01:00:00" in directives
     # The array as bash reads it: entry i is run i's command, quoting intact.
-    block = text[text.index("RUNS=("): text.index("\n)\n") + 2]
-    listed = subprocess.run(["bash", "-c", f'{block}\nprintf "%s\\0" "${{RUNS[@]}}"'], capture_output=True,
-                            text=True, check=True).stdout.split("\0")[:-1]
+    block = text[text.index("RUNS=(") : text.index("\n)\n") + 2]
+    listed = subprocess.run(
+        ["bash", "-c", f'{block}\nprintf "%s\\0" "${{RUNS[@]}}"'], capture_output=True, text=True, check=True
+    ).stdout.split("\0")[:-1]
     sweep = load_sweep(TINY_SWEEP, TINY, str(sweep_dir))
     assert [shlex.split(entry) for entry in listed] == [run_command(sweep, r)[1:] for r in sweep.runs]
     # What array task 1 execs, with the cluster's Python in CUA_JAX_PYTHON ("echo" stands in for it).
-    body = text[text.index("RUNS=("):]
-    ran = subprocess.run(["bash", "-c", body], env={**os.environ, "CUA_JAX_PYTHON": "echo", "SLURM_ARRAY_TASK_ID": "1"},
-                         capture_output=True, text=True, check=True).stdout
+    body = text[text.index("RUNS=(") :]
+    ran = subprocess.run(
+        ["bash", "-c", body],
+        env={**os.environ, "CUA_JAX_PYTHON": "echo", "SLURM_ARRAY_TASK_ID": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert ran.split() == run_command(sweep, sweep.runs[1])[1:]

@@ -99,13 +99,19 @@ def test_errors_name_the_problem(hf_qwen3_dir, our_qwen3, tmp_path):
     table = qwen3_key_table(config)
     make = lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))  # noqa: E731
     with pytest.raises(KeyError, match="lacks tensors"):
-        load_hf_checkpoint(hf_dir, make, [m if m.hf != "model.norm.weight" else type(m)("nope", m.path, False) for m in table])
+        load_hf_checkpoint(
+            hf_dir, make, [m if m.hf != "model.norm.weight" else type(m)("nope", m.path, False) for m in table]
+        )
     with pytest.raises(KeyError, match="missing from the key table: \\['model.norm.weight'\\]"):
         load_hf_checkpoint(hf_dir, make, [m for m in table if m.hf != "model.norm.weight"])
     from safetensors.torch import save_file
 
     tensors = {k: v.contiguous() for k, v in hf.state_dict().items()}
-    save_file({**tensors, "model.extra.weight": torch.zeros(3)}, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {**tensors, "model.extra.weight": torch.zeros(3)},
+        str(tmp_path / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     with pytest.raises(KeyError, match="does not map: \\['model.extra.weight'\\]"):
         load_hf_checkpoint(tmp_path, make, table)
     wrong = [type(m)(m.hf, m.path, not m.transpose) if "q_proj" in m.hf else m for m in table]

@@ -48,8 +48,12 @@ def random_inputs(seed, b, t, h, dk, dv, with_state=False):
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**31 - 1), t=st.sampled_from([1, 5, 16, 23]), chunk=st.sampled_from([4, 8]),
-       with_state=st.booleans())
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    t=st.sampled_from([1, 5, 16, 23]),
+    chunk=st.sampled_from([4, 8]),
+    with_state=st.booleans(),
+)
 def test_chunked_equals_recurrent_equals_reference(seed, t, chunk, with_state):
     q, k, v, g, beta, state = random_inputs(seed, 2, t, 3, 8, 6, with_state)
     ref_out, ref_state = reference_rule(q, k, v, g, beta, state)
@@ -67,7 +71,9 @@ def test_prefill_then_decode_continues_the_state():
     out, state = chunked(q[:, :13], k[:, :13], v[:, :13], g[:, :13], beta[:, :13], chunk_size=8)
     steps = [out]
     for i in range(13, 20):
-        o, state = recurrent(q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1], g[:, i:i + 1], beta[:, i:i + 1], state)
+        o, state = recurrent(
+            q[:, i : i + 1], k[:, i : i + 1], v[:, i : i + 1], g[:, i : i + 1], beta[:, i : i + 1], state
+        )
         steps.append(o)
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full_out, atol=1e-5)
     np.testing.assert_allclose(state, full_state, atol=1e-5)
@@ -79,8 +85,11 @@ def test_matches_transformers_chunked_kernel():
     q, k, v, g, beta, state = random_inputs(7, 2, 37, 2, 16, 8, with_state=True)
     # transformers normalises and scales inside its kernel; feed it the raw (unit) vectors.
     expected, expected_state = torch_chunk_gated_delta_rule(
-        *(torch.tensor(x) for x in (q * 16**0.5, k, v, g, beta)), initial_state=torch.tensor(state),
-        output_final_state=True, use_qk_l2norm_in_kernel=True, chunk_size=16,
+        *(torch.tensor(x) for x in (q * 16**0.5, k, v, g, beta)),
+        initial_state=torch.tensor(state),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        chunk_size=16,
     )
     out, final = chunked(q, k, v, g, beta, state, chunk_size=16)
     np.testing.assert_allclose(out, expected.numpy(), atol=1e-5)
@@ -98,8 +107,9 @@ def test_causal_conv1d_matches_torch_and_carries_its_window(seed, split):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(2, 10, 6)).astype(np.float32)
     w = rng.normal(size=(6, 4)).astype(np.float32)
-    expected = torch.nn.functional.conv1d(torch.from_numpy(x).transpose(1, 2), torch.from_numpy(w)[:, None],
-                                          padding=3, groups=6)[:, :, :10]
+    expected = torch.nn.functional.conv1d(
+        torch.from_numpy(x).transpose(1, 2), torch.from_numpy(w)[:, None], padding=3, groups=6
+    )[:, :, :10]
     expected = torch.nn.functional.silu(expected).transpose(1, 2).numpy()
     out, _ = _conv(x, w, jnp.zeros((2, 3, 6)))
     np.testing.assert_allclose(out, expected, atol=1e-5)

@@ -159,8 +159,11 @@ def test_a_missing_shard_names_the_index_and_the_shard(hf_qwen3_sharded, tmp_pat
     directory = copy_of(hf_qwen3_sharded[0], tmp_path)
     shard = sorted(directory.glob("model-*.safetensors"))[1]
     shard.unlink()
-    with pytest.raises(ValueError, match=rf"model\.safetensors\.index\.json: field `weight_map` names shard files "
-                                         rf"missing from .*\['{shard.name}'\]"):
+    with pytest.raises(
+        ValueError,
+        match=rf"model\.safetensors\.index\.json: field `weight_map` names shard files "
+        rf"missing from .*\['{shard.name}'\]",
+    ):
         check_policy_directory(directory)
     with pytest.raises(ValueError, match=shard.name):
         load_policy(directory)
@@ -169,29 +172,40 @@ def test_a_missing_shard_names_the_index_and_the_shard(hf_qwen3_sharded, tmp_pat
 def test_an_unknown_architecture_names_the_field_and_the_supported_ones(hf_qwen3_sharded, tmp_path):
     directory = copy_of(hf_qwen3_sharded[0], tmp_path)
     edit_json(directory / "config.json", architectures=["LlamaForCausalLM"], model_type="llama")
-    with pytest.raises(ValueError, match=rf"config\.json: field `architectures` is \['LlamaForCausalLM'\]; "
-                                         rf"supported: {SUPPORTED}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"config\.json: field `architectures` is \['LlamaForCausalLM'\]; "
+        rf"supported: {SUPPORTED}",
+    ):
         load_policy(directory)
     edit_json(directory / "config.json", architectures=None, model_type="llama")
     with pytest.raises(ValueError, match=r"config\.json: no field `architectures`, and field `model_type` \('llama'\)"):
         check_policy_directory(directory)
     edit_json(directory / "config.json", architectures=["Qwen3ForCausalLM"], model_type="qwen3_vl")
-    with pytest.raises(ValueError, match=r"field `model_type` is 'qwen3_vl', but field `architectures` names Qwen3ForCausalLM"):
+    with pytest.raises(
+        ValueError, match=r"field `model_type` is 'qwen3_vl', but field `architectures` names Qwen3ForCausalLM"
+    ):
         check_policy_directory(directory)
 
 
 def test_a_tokenizer_past_the_vocabulary_names_both_files_and_the_field(hf_qwen3_sharded, hf_vl_sharded, tmp_path):
     qwen3 = copy_of(hf_qwen3_sharded[0], tmp_path / "qwen3")
     save_tokenizer_and_processor(qwen3)  # the shipped tokenizer's 4096 ids into a 512-token model
-    with pytest.raises(ValueError, match=rf"{re.escape(str(qwen3))}/tokenizer\.json: the tokenizer produces ids up to 4095, past the "
-                                         rf"model's vocabulary: field `vocab_size` of {re.escape(str(qwen3))}/config\.json is 512"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{re.escape(str(qwen3))}/tokenizer\.json: the tokenizer produces ids up to 4095, past the "
+        rf"model's vocabulary: field `vocab_size` of {re.escape(str(qwen3))}/config\.json is 512",
+    ):
         load_policy(qwen3)
     vl = copy_of(hf_vl_sharded[0], tmp_path / "vl")
     config = json.loads((vl / "config.json").read_text())
     config["text_config"]["vocab_size"] = 4000
     (vl / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"tokenizer\.json: the tokenizer produces ids up to 4095, past the model's "
-                                         r"vocabulary: field `text_config\.vocab_size` of .*config\.json is 4000"):
+    with pytest.raises(
+        ValueError,
+        match=r"tokenizer\.json: the tokenizer produces ids up to 4095, past the model's "
+        r"vocabulary: field `text_config\.vocab_size` of .*config\.json is 4000",
+    ):
         check_policy_directory(vl)
 
 
@@ -221,7 +235,8 @@ def test_a_directory_without_config_or_weights_is_refused(hf_qwen3_sharded, tmp_
 
 
 def test_qwen3_export_loads_in_transformers_with_the_policy_tokenizer_and_processor(
-        qwen3_policy, policy_tokenizer, policy_processor, token_batch, tmp_path):
+    qwen3_policy, policy_tokenizer, policy_processor, token_batch, tmp_path
+):
     model, hf = qwen3_policy
     policy = export_policy(model, tmp_path, tokenizer=policy_tokenizer, image_processor=policy_processor)
     assert policy.kind == "qwen3" and policy.tokenizer_size == 4097 and policy.vocab_size == 4160
@@ -252,8 +267,9 @@ def test_export_from_a_tokenizer_directory_copies_its_files(qwen3_policy, policy
     assert pixel_bounds(processor) == pixel_bounds(policy_processor)
 
 
-def test_exporting_again_into_a_directory_leaves_none_of_the_old_files(qwen3_policy, policy_tokenizer,
-                                                                        policy_processor, tmp_path):
+def test_exporting_again_into_a_directory_leaves_none_of_the_old_files(
+    qwen3_policy, policy_tokenizer, policy_processor, tmp_path
+):
     model, _ = qwen3_policy
     export_policy(model, tmp_path / "out", tokenizer=policy_tokenizer, image_processor=policy_processor)
     assert (tmp_path / "out" / "chat_template.jinja").read_text() == POLICY_TEMPLATE
@@ -278,15 +294,19 @@ def test_qwen3_vl_export_loads_in_transformers_with_our_logits(hf_vl_sharded, tm
     reloaded = transformers.Qwen3VLForConditionalGeneration.from_pretrained(tmp_path).eval()
     tokenizer, image_processor = load_processor(tmp_path)
     inputs = vl_inputs(tokenizer, [["Before:", "IMG", "what now?"]], [screenshot(100, 130, seed=2)])
-    np.testing.assert_allclose(hf_logits(reloaded, model.config, *inputs), our_logits(model, model.config, *inputs),
-                               atol=TOL, rtol=0)
+    np.testing.assert_allclose(
+        hf_logits(reloaded, model.config, *inputs), our_logits(model, model.config, *inputs), atol=TOL, rtol=0
+    )
     assert_same_processor_files(tmp_path, *load_processor(directory))
 
 
 def test_export_refuses_a_tokenizer_past_the_vocabulary_before_writing(hf_qwen3_sharded, tmp_path):
     model, _ = load_policy(hf_qwen3_sharded[0])  # vocabulary 512
-    with pytest.raises(ValueError, match=rf"the tokenizer in {re.escape(str(SHIPPED_TOKENIZER_DIR))} produces ids up to 4095, past the "
-                                         r"model's vocabulary \(its config's vocab_size is 512\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"the tokenizer in {re.escape(str(SHIPPED_TOKENIZER_DIR))} produces ids up to 4095, past the "
+        r"model's vocabulary \(its config's vocab_size is 512\)",
+    ):
         export_policy(model, tmp_path / "out", tokenizer=SHIPPED_TOKENIZER_DIR)
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match="needs the policy's tokenizer"):

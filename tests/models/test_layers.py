@@ -21,8 +21,16 @@ small = settings(max_examples=10, deadline=None)
         {"rope_type": "default", "rope_theta": 1e6},
         {"rope_type": "linear", "rope_theta": 1e4, "factor": 3.0},
         {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 512},
-        {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0, "original_max_position_embeddings": 256,
-         "beta_fast": 16, "beta_slow": 2, "mscale": 1.0, "mscale_all_dim": 0.5},
+        {
+            "rope_type": "yarn",
+            "rope_theta": 1e4,
+            "factor": 8.0,
+            "original_max_position_embeddings": 256,
+            "beta_fast": 16,
+            "beta_slow": 2,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.5,
+        },
     ],
     ids=["default", "linear", "yarn", "yarn-mscale"],
 )
@@ -30,8 +38,9 @@ def test_inv_freq_matches_transformers(rope):
     import transformers
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    hf = transformers.Qwen3Config(head_dim=64, hidden_size=256, num_attention_heads=4,
-                                  max_position_embeddings=2048, rope_parameters=dict(rope))
+    hf = transformers.Qwen3Config(
+        head_dim=64, hidden_size=256, num_attention_heads=4, max_position_embeddings=2048, rope_parameters=dict(rope)
+    )
     if rope["rope_type"] == "default":
         ref = 1.0 / (rope["rope_theta"] ** (np.arange(0, 64, 2) / 64)), 1.0
     else:
@@ -98,7 +107,9 @@ def test_grouped_attention_and_mask_match_numpy(seed, groups):
     t = 6
     segments = np.sort(rng.integers(1, 3, (2, t)), axis=1)  # packed: segment 1 then 2
     slots = np.arange(t)
-    mask = np.asarray(attention_mask(jnp.asarray(segments), jnp.asarray(slots), jnp.asarray(segments), jnp.asarray(slots)))
+    mask = np.asarray(
+        attention_mask(jnp.asarray(segments), jnp.asarray(slots), jnp.asarray(segments), jnp.asarray(slots))
+    )
     ref_mask = (slots[None, None, :] <= slots[None, :, None]) & (segments[:, :, None] == segments[:, None, :])
     np.testing.assert_array_equal(mask, ref_mask)
     q = rng.standard_normal((2, t, 2 * groups, 8)).astype(np.float32)
@@ -139,7 +150,12 @@ def test_config_round_trips_through_hf_dict_and_rejects_bad_input():
     assert Qwen3Config.from_hf_dict(cfg.to_hf_dict()) == cfg
     hf = transformers.Qwen3Config(**{k: v for k, v in cfg.to_hf_dict().items() if k not in ("architectures", "dtype")})
     assert Qwen3Config.from_hf_dict(hf.to_dict()) == cfg
-    legacy = {**cfg.to_hf_dict(), "rope_parameters": None, "rope_theta": 5e5, "rope_scaling": {"type": "linear", "factor": 2.0}}
+    legacy = {
+        **cfg.to_hf_dict(),
+        "rope_parameters": None,
+        "rope_theta": 5e5,
+        "rope_scaling": {"type": "linear", "factor": 2.0},
+    }
     assert Qwen3Config.from_hf_dict(legacy).rope == RopeConfig(rope_theta=5e5, rope_type="linear", factor=2.0)
     with pytest.raises(ValueError, match="lacks required fields \\['vocab_size'\\]"):
         Qwen3Config.from_hf_dict({k: v for k, v in cfg.to_hf_dict().items() if k != "vocab_size"})

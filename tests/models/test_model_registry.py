@@ -17,10 +17,15 @@ def test_an_unknown_kind_names_the_registered_kinds():
         TINY_MODELS["tiny_qwen4"]
 
 
-@pytest.mark.parametrize("config, kind", [
-    (tiny_qwen3_config(), "qwen3"), (tiny_qwen3_vl_config(), "qwen3_vl"),
-    (tiny_qwen3_5_config(), "qwen3_5"), (tiny_qwen3_5_text_config(), "qwen3_5_text"),
-])
+@pytest.mark.parametrize(
+    "config, kind",
+    [
+        (tiny_qwen3_config(), "qwen3"),
+        (tiny_qwen3_vl_config(), "qwen3_vl"),
+        (tiny_qwen3_5_config(), "qwen3_5"),
+        (tiny_qwen3_5_text_config(), "qwen3_5_text"),
+    ],
+)
 def test_each_config_class_has_one_kind(config, kind):
     assert model_kind_of_config(config).name == kind
     assert SUPPORTED_ARCHITECTURES[MODEL_KINDS[kind].architecture] == kind

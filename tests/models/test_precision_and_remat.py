@@ -54,15 +54,22 @@ def test_remat_text_gradients_equal_plain_gradients():
 def test_remat_vision_language_gradients_equal_plain_gradients():
     """Every decoder layer and vision block rematerialised, with images and DeepStack."""
     base = tiny_qwen3_vl_config()
-    base = dataclasses.replace(base, text=dataclasses.replace(base.text, num_hidden_layers=2),
-                               vision=dataclasses.replace(base.vision, depth=2, deepstack_visual_indexes=(0, 1)))
+    base = dataclasses.replace(
+        base,
+        text=dataclasses.replace(base.text, num_hidden_layers=2),
+        vision=dataclasses.replace(base.vision, depth=2, deepstack_visual_indexes=(0, 1)),
+    )
     remat_config = dataclasses.replace(base, text=dataclasses.replace(base.text, remat=True))
     grid = ((1, 4, 6), (1, 4, 4))
     rng = np.random.RandomState(0)
     rows = []
     for tokens in (6, 4):
-        rows.append([5, 6, base.vision_start_token_id] + [base.image_token_id] * tokens
-                    + [base.vision_end_token_id] + list(rng.randint(10, 300, 10 - tokens)))
+        rows.append(
+            [5, 6, base.vision_start_token_id]
+            + [base.image_token_id] * tokens
+            + [base.vision_end_token_id]
+            + list(rng.randint(10, 300, 10 - tokens))
+        )
     ids = np.asarray(rows, np.int32)
     positions, _ = rope_index(ids, grid, image_token_id=base.image_token_id, spatial_merge_size=2)
     pixels = jnp.asarray(rng.normal(size=(40, base.vision.patch_dim)).astype(np.float32))

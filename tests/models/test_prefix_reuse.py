@@ -66,8 +66,9 @@ def policy(request):
     from cua_jax.context.tokenizer import VOCAB_SIZE
     from cua_jax.models.vision import VisionConfig
 
-    vision = dict(depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
-                  num_position_embeddings=256)
+    vision = dict(
+        depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128, num_position_embeddings=256
+    )
     if request.param == "qwen3":
         from cua_jax.models.configs import tiny_qwen3_config
         from cua_jax.models.qwen3 import Qwen3ForCausalLM
@@ -78,8 +79,11 @@ def policy(request):
         from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
 
         base = tiny_qwen3_vl_config()
-        config = dataclasses.replace(base, text=dataclasses.replace(base.text, num_hidden_layers=1),
-                                     vision=VisionConfig(**vision, deepstack_visual_indexes=(0,)))
+        config = dataclasses.replace(
+            base,
+            text=dataclasses.replace(base.text, num_hidden_layers=1),
+            vision=VisionConfig(**vision, deepstack_visual_indexes=(0,)),
+        )
         model = Qwen3VLForConditionalGeneration(config, rngs=nnx.Rngs(0))
         _sharpen(model.language_model.model.norm)
     else:
@@ -87,7 +91,8 @@ def policy(request):
 
         config = dataclasses.replace(
             tiny_qwen3_5_config(num_hidden_layers=2, layer_types=("linear_attention", "full_attention"), chunk_size=16),
-            vision=VisionConfig(**vision, deepstack_visual_indexes=()))
+            vision=VisionConfig(**vision, deepstack_visual_indexes=()),
+        )
         model = Qwen3_5ForConditionalGeneration(config, rngs=nnx.Rngs(0))
         _sharpen(model.language_model.model.norm)
     return request.param, model
@@ -103,8 +108,11 @@ class Prompts:
         special = special_token_ids(tokenizer)
         self.images = kind != "qwen3"
         self.grid = image_grid_thw(processor, 32, 48)
-        self.run = ([special["<|vision_start|>"]] + [special["<|image_pad|>"]] * merged_token_count(self.grid, 2)
-                    + [special["<|vision_end|>"]])
+        self.run = (
+            [special["<|vision_start|>"]]
+            + [special["<|image_pad|>"]] * merged_token_count(self.grid, 2)
+            + [special["<|vision_end|>"]]
+        )
         self.rng = np.random.default_rng(0)
 
     def text(self, n: int) -> list[int]:
@@ -127,8 +135,9 @@ class Prompts:
 
 def _engines(model, processor):
     plain = JaxSamplerEngine(nnx.clone(model), image_processor=processor, **BUCKETS)
-    fast = JaxSamplerEngine(nnx.clone(model), image_processor=processor, share_prompts=True,
-                            prefix_cache_tokens=4096, **BUCKETS)
+    fast = JaxSamplerEngine(
+        nnx.clone(model), image_processor=processor, share_prompts=True, prefix_cache_tokens=4096, **BUCKETS
+    )
     return plain, fast
 
 
@@ -148,8 +157,10 @@ def test_shared_prompts_and_cached_turns_sample_what_recomputation_samples(polic
     for size in (3, 2, 1):
         ids, images = make.observation(20)
         firsts += [(ids, images)] * size
-    requests = [GenerationRequest(np.asarray(ids, np.int32), list(images), seed=100 + i)
-                for i, (ids, images) in enumerate(firsts)]
+    requests = [
+        GenerationRequest(np.asarray(ids, np.int32), list(images), seed=100 + i)
+        for i, (ids, images) in enumerate(firsts)
+    ]
     turn1 = plain.generate(requests, sampling)
     _same(turn1, fast.generate(requests, sampling))
     stats = fast.stats()
@@ -174,8 +185,9 @@ def test_shared_prompts_and_cached_turns_sample_what_recomputation_samples(polic
     # the cache serves only what is unchanged, the rest is recomputed, the samples still agree.
     third = []
     for request, reply in zip(second, turn2):
-        ids = np.concatenate([request.prompt_ids[:4], request.prompt_ids[len(firsts[0][0]):], reply.token_ids,
-                              [9]]).astype(np.int32)
+        ids = np.concatenate(
+            [request.prompt_ids[:4], request.prompt_ids[len(firsts[0][0]) :], reply.token_ids, [9]]
+        ).astype(np.int32)
         third.append(GenerationRequest(ids, request.images[1:], seed=request.seed + 1))
     _same(plain.generate(third, sampling), fast.generate(third, sampling))
 
@@ -227,8 +239,9 @@ def test_a_cache_match_keeps_image_runs_whole_and_ends_before_the_last_token():
     assert cache.match(PromptInput(np.array([1, 2, 9], np.int32)), 2)[1] == 2  # never the last token
     exact = PrefixCache(max_slots=1000, exact=True)
     exact.add(entry)
-    assert exact.match(PromptInput(np.array([1, 2, 9, 9, 9, 3, 5, 6], np.int32), images=_images([(2, 5, b"a")])),
-                       7) == (None, 0)  # a recurrent state cannot be cut back
+    assert exact.match(
+        PromptInput(np.array([1, 2, 9, 9, 9, 3, 5, 6], np.int32), images=_images([(2, 5, b"a")])), 7
+    ) == (None, 0)  # a recurrent state cannot be cut back
 
 
 def test_the_cache_evicts_entries_already_matched_first_then_the_oldest():
@@ -268,7 +281,7 @@ def test_left_padding_before_new_inputs_leaves_the_conv_window_as_unpadded(kerne
     np.testing.assert_allclose(np.asarray(got_state), np.asarray(want_state), atol=1e-6)
     # numpy reference: window = state then x, output t = silu(sum_j w[:, j] window[t + j])
     window = np.concatenate([state, x], axis=1)
-    acc = sum(window[:, j: j + t] * w[:, j] for j in range(kernel))
+    acc = sum(window[:, j : j + t] * w[:, j] for j in range(kernel))
     np.testing.assert_allclose(np.asarray(want), acc / (1 + np.exp(-acc)), atol=1e-5)
 
 
@@ -355,8 +368,9 @@ def test_shared_prefix_rows_give_the_logprobs_and_gradients_of_whole_rows(policy
     items, patches = _items(kind, processor, make)
     advantages = np.linspace(-1.0, 1.0, len(items)).astype(np.float32)
     multimodal = MultimodalPositions.of(model.config) if kind != "qwen3" else None
-    config = LearnerConfig(objective=objective, old_logprobs="recompute", freeze_vision=freeze,
-                           loss=PolicyLossConfig(kl_coef=0.1))
+    config = LearnerConfig(
+        objective=objective, old_logprobs="recompute", freeze_vision=freeze, loss=PolicyLossConfig(kl_coef=0.1)
+    )
     results = {}
     for share in (False, True):
         learner = Learner(nnx.clone(model), config)
@@ -365,8 +379,7 @@ def test_shared_prefix_rows_give_the_logprobs_and_gradients_of_whole_rows(policy
         # Rows of 4: the first group's rows fill a micro-batch with one of the second's, so that
         # group's prefix row is repeated in the next micro-batch; one bucket for every row.
         batching = BatchingConfig(rows=4, length_multiple=128, share_prefix=share, suffix_length_multiple=64)
-        [micro] = make_minibatches(items, advantages, batching, 1, pixel_patches=patches or None,
-                                   multimodal=multimodal)
+        [micro] = make_minibatches(items, advantages, batching, 1, pixel_patches=patches or None, multimodal=multimodal)
         if share:
             assert all(mb.prefix is not None for mb in micro) and len(micro) == 2
         grads, metrics = learner.gradients(micro)
@@ -384,7 +397,7 @@ def test_shared_prefix_rows_give_the_logprobs_and_gradients_of_whole_rows(policy
         for r in range(int(np.asarray(batch_whole.item_valid).sum())):
             n_whole = int(np.asarray(batch_whole.segment_ids)[r].sum())
             n_shared = int(np.asarray(batch_shared.segment_ids)[r].sum())
-            tail = whole[r, n_whole - n_shared + 1: n_whole]
+            tail = whole[r, n_whole - n_shared + 1 : n_whole]
             np.testing.assert_allclose(shared[r, 1:n_shared], tail, atol=LOGPROB_ATOL, rtol=0)
 
 
@@ -397,7 +410,10 @@ def test_the_chunked_delta_rule_continues_exactly_from_a_carried_state(cut):
     rng = np.random.default_rng(cut)
     t, h, d = 64, 2, 8
     unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
-    q, k = unit(rng.normal(size=(1, t, h, d))).astype(np.float32), unit(rng.normal(size=(1, t, h, d))).astype(np.float32)
+    q, k = (
+        unit(rng.normal(size=(1, t, h, d))).astype(np.float32),
+        unit(rng.normal(size=(1, t, h, d))).astype(np.float32),
+    )
     v = rng.normal(size=(1, t, h, d)).astype(np.float32)
     beta = (1 / (1 + np.exp(-rng.normal(size=(1, t, h))))).astype(np.float32)
     g = (-np.abs(rng.normal(size=(1, t, h))) * np.array([0.1, 20.0])).astype(np.float32)  # mild and strong decay

@@ -99,8 +99,8 @@ def left_padded(rows, length):
     ids = np.zeros((len(rows), length), np.int64)
     mask = np.zeros((len(rows), length), np.int64)
     for i, row in enumerate(rows):
-        ids[i, length - len(row):] = row
-        mask[i, length - len(row):] = 1
+        ids[i, length - len(row) :] = row
+        mask[i, length - len(row) :] = 1
     return ids, mask
 
 
@@ -110,8 +110,9 @@ def test_logits_match_transformers_with_left_padding(hf_dir, ours):
     ids, mask = left_padded([rng.randint(3, 512, size=n) for n in (21, 13)], 21)
     positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     with torch.no_grad():
-        ref = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                 position_ids=torch.from_numpy(positions)).logits.numpy()
+        ref = hf(
+            torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), position_ids=torch.from_numpy(positions)
+        ).logits.numpy()
     got = np.asarray(forward(ours, jnp.asarray(ids), jnp.asarray(mask, jnp.int32), jnp.asarray(positions, jnp.int32)))
     real = mask.astype(bool)
     np.testing.assert_allclose(got[real], ref[real], atol=TOL, rtol=TOL)
@@ -128,7 +129,7 @@ def test_prefill_then_decode_equals_one_forward(ours):
     logits, cache = step(ours, ids[:, :11], cache)
     pieces = [logits]
     for i in range(11, 15):
-        logits, cache = step(ours, ids[:, i:i + 1], cache)
+        logits, cache = step(ours, ids[:, i : i + 1], cache)
         pieces.append(logits)
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=TOL, rtol=TOL)
 
@@ -138,11 +139,13 @@ def test_greedy_generation_equals_transformers_generate(hf_dir, ours):
     prompts = [[5, 77, 300, 12, 9, 41, 250], [400, 3, 18]]
     new = 10
     out = Sampler(ours, prompt_buckets=(16,), batch_buckets=(2,), new_token_buckets=(16,)).generate(
-        prompts, SamplingParams(temperature=0, max_new_tokens=new), jax.random.key(0))
+        prompts, SamplingParams(temperature=0, max_new_tokens=new), jax.random.key(0)
+    )
     for prompt, tokens in zip(prompts, out.tokens):
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)[0, len(prompt):].tolist()
+            ref = hf.generate(
+                torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0
+            )[0, len(prompt) :].tolist()
         assert tokens.tolist() == ref
 
 
@@ -176,8 +179,9 @@ def test_random_init_exports_and_loads_in_transformers(tmp_path):
     """A random-init model (tied embeddings, bfloat16 on disk) is a valid transformers checkpoint."""
     import transformers
 
-    cfg = tiny_qwen3_5_text_config(tie_word_embeddings=True, layer_types=("full_attention", "linear_attention"),
-                                   num_hidden_layers=2)
+    cfg = tiny_qwen3_5_text_config(
+        tie_word_embeddings=True, layer_types=("full_attention", "linear_attention"), num_hidden_layers=2
+    )
     model = Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(3))
     export_qwen3_5(model, tmp_path, tokenizer_files=False, dtype="bfloat16")
     hf = transformers.Qwen3_5ForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()

@@ -31,8 +31,9 @@ def logits_and_grads(model, ids):
 
 @pytest.fixture(scope="module")
 def model():
-    cfg = tiny_qwen3_5_text_config(chunk_size=8, num_hidden_layers=2,
-                                   layer_types=("linear_attention", "full_attention"))
+    cfg = tiny_qwen3_5_text_config(
+        chunk_size=8, num_hidden_layers=2, layer_types=("linear_attention", "full_attention")
+    )
     m = Qwen3_5ForCausalLM(cfg, rngs=nnx.Rngs(0))
     # Spread the weights (init std 0.02 leaves logits near-constant) so the comparison means something.
     state = nnx.state(m, nnx.Param)

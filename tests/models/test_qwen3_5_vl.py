@@ -73,14 +73,18 @@ def screenshot(height, width, seed):
 def images_in(sizes):
     if not sizes:
         return None, ()
-    out = build_image_processor()(images=[screenshot(h, w, seed=i) for i, (h, w) in enumerate(sizes)],
-                                  return_tensors="np")
+    out = build_image_processor()(
+        images=[screenshot(h, w, seed=i) for i, (h, w) in enumerate(sizes)], return_tensors="np"
+    )
     return out["pixel_values"].astype(np.float32), tuple(map(tuple, out["image_grid_thw"].tolist()))
 
 
 def hf_kwargs(config, ids, mask, pixel_values, grid):
-    kwargs = dict(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
-                  mm_token_type_ids=torch.as_tensor((ids == config.image_token_id).astype(np.int64)))
+    kwargs = dict(
+        input_ids=torch.as_tensor(ids),
+        attention_mask=torch.as_tensor(mask),
+        mm_token_type_ids=torch.as_tensor((ids == config.image_token_id).astype(np.int64)),
+    )
     if pixel_values is not None:
         kwargs.update(pixel_values=torch.as_tensor(pixel_values), image_grid_thw=torch.as_tensor(grid))
     return kwargs
@@ -98,19 +102,31 @@ def test_logits_match_transformers_with_images_and_padding(hf_dir, ours, config,
     ids = np.full((2, length), special_token_ids(tokenizer)["<|endoftext|>"], np.int64)
     mask = np.zeros_like(ids)
     for i, row in enumerate(rows):
-        ids[i, length - len(row):], mask[i, length - len(row):] = row, 1
+        ids[i, length - len(row) :], mask[i, length - len(row) :] = row, 1
     with torch.no_grad():
         ref = hf_dir[1](**hf_kwargs(config, ids, mask, pixel_values, grid)).logits.numpy()
-    positions, _ = rope_index(ids, grid, image_token_id=config.image_token_id, spatial_merge_size=2,
-                              attention_mask=mask, mm_token_type_ids=(ids == config.image_token_id).astype(np.int32))
+    positions, _ = rope_index(
+        ids,
+        grid,
+        image_token_id=config.image_token_id,
+        spatial_merge_size=2,
+        attention_mask=mask,
+        mm_token_type_ids=(ids == config.image_token_id).astype(np.int32),
+    )
     extras = dict(pixel_values=jnp.asarray(pixel_values), image_grid_thw=ImageGrid.of(grid))
-    got = np.asarray(_forward(ours, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
-                              jnp.asarray(positions), extras))
+    got = np.asarray(
+        _forward(ours, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32), jnp.asarray(positions), extras)
+    )
     real = mask.astype(bool)
     assert ref[real].std() > 0.5  # the comparison is not between near-constants
     np.testing.assert_allclose(got[real], ref[real], atol=TOL, rtol=0)
-    other = _forward(ours, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32), jnp.asarray(positions),
-                     {**extras, "pixel_values": jnp.asarray(pixel_values[::-1].copy())})
+    other = _forward(
+        ours,
+        jnp.asarray(ids, jnp.int32),
+        jnp.asarray(mask, jnp.int32),
+        jnp.asarray(positions),
+        {**extras, "pixel_values": jnp.asarray(pixel_values[::-1].copy())},
+    )
     assert np.abs(np.asarray(other) - got).max() > 1e-2  # the pixels reach the logits
 
 
@@ -119,12 +135,25 @@ def test_greedy_generation_with_an_image_equals_transformers_generate(hf_dir, ou
     (prompt,) = chat_rows(tokenizer, [["IMG", "Click the submit button."]], grid)
     new = 8
     sampler = Sampler(ours, prompt_buckets=(128,), batch_buckets=(1,), new_token_buckets=(8,))
-    out = sampler.generate([prompt], SamplingParams(temperature=0, max_new_tokens=new), jax.random.key(0),
-                           prefill_extras=image_prefill_extras(config, pixel_values, grid))
+    out = sampler.generate(
+        [prompt],
+        SamplingParams(temperature=0, max_new_tokens=new),
+        jax.random.key(0),
+        prefill_extras=image_prefill_extras(config, pixel_values, grid),
+    )
     ids = np.asarray([prompt])
     with torch.no_grad():
-        ref = hf_dir[1].generate(**hf_kwargs(config, ids, np.ones_like(ids), pixel_values, grid), max_new_tokens=new,
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        ref = (
+            hf_dir[1]
+            .generate(
+                **hf_kwargs(config, ids, np.ones_like(ids), pixel_values, grid),
+                max_new_tokens=new,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0, len(prompt) :]
+            .tolist()
+        )
     assert out.tokens[0].tolist() == ref
 
 
@@ -137,4 +166,5 @@ def test_export_round_trip_keeps_every_tensor(hf_dir, ours, tmp_path):
     import transformers
 
     assert transformers.Qwen3_5Config.from_pretrained(tmp_path).to_dict()["text_config"]["layer_types"] == list(
-        ours.config.text.layer_types)
+        ours.config.text.layer_types
+    )

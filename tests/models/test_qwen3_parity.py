@@ -35,12 +35,23 @@ def test_logits_match_transformers(hf_qwen3_dir, our_qwen3, token_batch, jit_for
         (
             dict(
                 max_position_embeddings=64,
-                rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16},
+                rope_parameters={
+                    "rope_type": "yarn",
+                    "rope_theta": 10000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 16,
+                },
             ),
             12,
         ),
         # dynamic NTK only changes frequencies past max_position_embeddings: run longer than it.
-        (dict(max_position_embeddings=8, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}), 12),
+        (
+            dict(
+                max_position_embeddings=8,
+                rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+            ),
+            12,
+        ),
     ],
     ids=["tied-bias", "linear", "yarn", "dynamic"],
 )
@@ -139,4 +150,6 @@ def test_query_chunked_attention_gives_same_logits_and_gradients(hf_qwen3_dir, t
     chunked, _ = load_qwen3(hf_qwen3_dir[0], attention_query_chunk=5)  # 12 queries: blocks 5, 5, 2
     (loss_w, grads_w), (loss_c, grads_c) = loss_and_grads(whole), loss_and_grads(chunked)
     np.testing.assert_allclose(float(loss_c), float(loss_w), rtol=1e-6)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5), grads_c, grads_w)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5), grads_c, grads_w
+    )

@@ -69,8 +69,10 @@ CASES = {
     # One MiniWoB-sized screenshot (160 wide, 210 high).
     "one_image": ([["IMG", "Click the submit button."]], [(210, 160)]),
     # Two images of different sizes in one conversation, plus a second, text-only row (left-padded).
-    "two_images": ([["Before:", "IMG", "after:", "IMG", "what changed?"], ["Just text here."]],
-                   [(210, 160), (100, 130)]),
+    "two_images": (
+        [["Before:", "IMG", "after:", "IMG", "what changed?"], ["Just text here."]],
+        [(210, 160), (100, 130)],
+    ),
     "text_only": ([["Type hello into the box."], ["Scroll down."]], []),
 }
 
@@ -101,11 +103,13 @@ def test_text_only_equals_text_model(ours, config, tokenizer):
     text_model = Qwen3ForCausalLM(config.text, rngs=nnx.Rngs(1))
     nnx.update(text_model, nnx.state(ours.language_model))
     ids, segments, _, _ = vl_inputs(tokenizer, CASES["text_only"][0], [])  # left-padded rows
-    positions, _ = rope_index(ids, None, image_token_id=config.image_token_id, spatial_merge_size=2,
-                              attention_mask=segments)
+    positions, _ = rope_index(
+        ids, None, image_token_id=config.image_token_id, spatial_merge_size=2, attention_mask=segments
+    )
     vl = vl_forward(ours, jnp.asarray(ids, jnp.int32), jnp.asarray(segments, jnp.int32), jnp.asarray(positions), {})
     text = nnx.jit(lambda m, i, s, p: m(i, positions=p, segment_ids=s)[0])(
-        text_model, jnp.asarray(ids, jnp.int32), jnp.asarray(segments, jnp.int32), jnp.asarray(positions[0]))
+        text_model, jnp.asarray(ids, jnp.int32), jnp.asarray(segments, jnp.int32), jnp.asarray(positions[0])
+    )
     np.testing.assert_array_equal(np.asarray(vl), np.asarray(text))
 
 
@@ -200,15 +204,24 @@ def test_greedy_sampler_matches_transformers_generate(hf_vl_dir, ours, config, t
     pad = special_token_ids(tokenizer)["<|endoftext|>"]
     with torch.no_grad():
         ref = hf.generate(
-            input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
-            pixel_values=torch.as_tensor(px), image_grid_thw=torch.as_tensor(grid),
+            input_ids=torch.as_tensor(ids),
+            attention_mask=torch.as_tensor(mask),
+            pixel_values=torch.as_tensor(px),
+            image_grid_thw=torch.as_tensor(grid),
             mm_token_type_ids=torch.as_tensor((ids == config.image_token_id).astype(np.int64)),
-            do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad,
-        )[:, ids.shape[1]:].numpy()
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=pad,
+        )[:, ids.shape[1] :].numpy()
     prompts = [row[m.astype(bool)].tolist() for row, m in zip(ids, mask)]
     sampler = Sampler(ours, prompt_buckets=(128,), batch_buckets=(4,), new_token_buckets=(8,), pad_id=pad)
-    out = sampler.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=new_tokens), jax.random.key(0),
-                           prefill_extras=image_prefill_extras(config, px, grid))
+    out = sampler.generate(
+        prompts,
+        SamplingParams(temperature=0.0, max_new_tokens=new_tokens),
+        jax.random.key(0),
+        prefill_extras=image_prefill_extras(config, px, grid),
+    )
     np.testing.assert_array_equal(np.stack(out.tokens), ref)
 
     # The learner's scoring of prompt + response, with positions rebuilt by rope_index over the
@@ -217,12 +230,18 @@ def test_greedy_sampler_matches_transformers_generate(hf_vl_dir, ours, config, t
 
     full = np.concatenate([ids, np.stack(out.tokens)], axis=1)
     full_mask = np.concatenate([mask, np.ones((len(prompts), new_tokens), mask.dtype)], axis=1)
-    positions, _ = rope_index(full, grid, image_token_id=config.image_token_id, spatial_merge_size=2,
-                              attention_mask=full_mask)
-    logp, _ = score_sequences_jit(ours, jnp.asarray(full, jnp.int32), jnp.asarray(full_mask, jnp.int32),
-                                  jnp.asarray(positions), pixel_values=jnp.asarray(px),
-                                  image_grid_thw=ImageGrid.of(grid))
-    np.testing.assert_allclose(np.asarray(logp)[:, ids.shape[1]:], np.stack(out.logprobs), atol=1e-5, rtol=0)
+    positions, _ = rope_index(
+        full, grid, image_token_id=config.image_token_id, spatial_merge_size=2, attention_mask=full_mask
+    )
+    logp, _ = score_sequences_jit(
+        ours,
+        jnp.asarray(full, jnp.int32),
+        jnp.asarray(full_mask, jnp.int32),
+        jnp.asarray(positions),
+        pixel_values=jnp.asarray(px),
+        image_grid_thw=ImageGrid.of(grid),
+    )
+    np.testing.assert_allclose(np.asarray(logp)[:, ids.shape[1] :], np.stack(out.logprobs), atol=1e-5, rtol=0)
 
 
 def test_sharded_forward_matches_one_device(hf_vl_dir, ours, config, tokenizer):
@@ -247,23 +266,50 @@ def test_sharded_forward_matches_one_device(hf_vl_dir, ours, config, tokenizer):
 def test_reads_qwen3_vl_8b_config_layout():
     """The released Qwen3-VL-8B config.json layout (legacy rope_scaling, rope_theta in text_config)."""
     hf = {
-        "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
-        "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
-        "vision_end_token_id": 151653, "tie_word_embeddings": False,
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "model_type": "qwen3_vl",
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653,
+        "tie_word_embeddings": False,
         "text_config": {
-            "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643, "dtype": "bfloat16",
-            "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
-            "initializer_range": 0.02, "intermediate_size": 12288, "max_position_embeddings": 262144,
-            "model_type": "qwen3_vl_text", "num_attention_heads": 32, "num_hidden_layers": 36,
-            "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "bos_token_id": 151643,
+            "dtype": "bfloat16",
+            "eos_token_id": 151645,
+            "head_dim": 128,
+            "hidden_act": "silu",
+            "hidden_size": 4096,
+            "initializer_range": 0.02,
+            "intermediate_size": 12288,
+            "max_position_embeddings": 262144,
+            "model_type": "qwen3_vl_text",
+            "num_attention_heads": 32,
+            "num_hidden_layers": 36,
+            "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-06,
             "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
-            "rope_theta": 5000000, "use_cache": True, "vocab_size": 151936,
+            "rope_theta": 5000000,
+            "use_cache": True,
+            "vocab_size": 151936,
         },
         "vision_config": {
-            "deepstack_visual_indexes": [8, 16, 24], "depth": 27, "hidden_act": "gelu_pytorch_tanh",
-            "hidden_size": 1152, "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 4304,
-            "model_type": "qwen3_vl", "num_heads": 16, "num_position_embeddings": 2304, "out_hidden_size": 4096,
-            "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+            "deepstack_visual_indexes": [8, 16, 24],
+            "depth": 27,
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_size": 1152,
+            "in_channels": 3,
+            "initializer_range": 0.02,
+            "intermediate_size": 4304,
+            "model_type": "qwen3_vl",
+            "num_heads": 16,
+            "num_position_embeddings": 2304,
+            "out_hidden_size": 4096,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
         },
     }
     cfg = Qwen3VLConfig.from_hf_dict(hf)

@@ -50,8 +50,8 @@ def multimodal_batch(draw):
     ids = np.zeros((len(rows), length), np.int64)
     mask = np.zeros_like(ids)
     for i, row in enumerate(rows):
-        ids[i, length - len(row):] = row
-        mask[i, length - len(row):] = 1
+        ids[i, length - len(row) :] = row
+        mask[i, length - len(row) :] = 1
     return ids, mask, tuple(grids)
 
 
@@ -157,9 +157,15 @@ def test_mrope_matches_transformers_rotary():
 
     section = (12, 10, 10)
     hf_cfg = Qwen3VLTextConfig(
-        hidden_size=128, num_attention_heads=2, head_dim=64,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(section),
-                         "mrope_interleaved": True},
+        hidden_size=128,
+        num_attention_heads=2,
+        head_dim=64,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": list(section),
+            "mrope_interleaved": True,
+        },
     )
     positions = np.random.RandomState(0).randint(0, 300, size=(3, 2, 17))
     cos, sin = Qwen3VLTextRotaryEmbedding(hf_cfg)(torch.zeros(1), torch.as_tensor(positions))
@@ -176,13 +182,18 @@ def test_vision_grid_helpers_match_transformers(grids, num_positions):
 
     grid_t = torch.as_tensor(grids)
     ref_idx, ref_w = get_vision_interpolation_indices_and_weights(
-        grid_t, num_grid_per_side=int(num_positions**0.5), mode="bilinear", align_corners=True,
+        grid_t,
+        num_grid_per_side=int(num_positions**0.5),
+        mode="bilinear",
+        align_corners=True,
         spatial_merge_size=MERGE,
     )
     idx, w = position_embedding_taps(tuple(grids), num_positions, MERGE)
     np.testing.assert_array_equal(idx, ref_idx.numpy())
     np.testing.assert_allclose(w, ref_w.numpy(), atol=1e-7)
-    np.testing.assert_array_equal(vision_rotary_positions(tuple(grids), MERGE), get_vision_position_ids(grid_t, MERGE).numpy())
+    np.testing.assert_array_equal(
+        vision_rotary_positions(tuple(grids), MERGE), get_vision_position_ids(grid_t, MERGE).numpy()
+    )
     runs = attention_segment_runs(tuple(grids))
     assert sum(n * c for n, c in runs) == sum(t * h * w for t, h, w in grids)
 

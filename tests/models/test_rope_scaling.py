@@ -16,8 +16,10 @@ def test_the_scaled_rope_is_hf_yarn_over_the_models_own_context():
     scaled = rope_scaled(config, 4.0)
     # What HF / Qwen write for YaRN:
     # rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": n}.
-    hf = {"rope_theta": config.rope.rope_theta,
-          "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}}
+    hf = {
+        "rope_theta": config.rope.rope_theta,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048},
+    }
     assert scaled.rope == RopeConfig.from_hf_dict(hf)
     assert scaled.max_position_embeddings == 8192
     assert rope_scaled(config, 4.0) == scaled  # hashable and equal: one compiled program per factor
@@ -55,8 +57,9 @@ def test_the_evaluation_view_shares_the_weights_and_rotates_long_positions_other
 
     view = rope_scaled_model(model, 2.0)
     assert type(view) is type(model)
-    assert text(view).rope == RopeConfig(rope_theta=text(model).rope.rope_theta, rope_type="yarn", factor=2.0,
-                                         original_max_position_embeddings=original)
+    assert text(view).rope == RopeConfig(
+        rope_theta=text(model).rope.rope_theta, rope_type="yarn", factor=2.0, original_max_position_embeddings=original
+    )
     assert text(model).rope.rope_type == "default"  # the training model keeps its rope
     ours, theirs = jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(view))
     assert len(ours) == len(theirs) and all(a is b for a, b in zip(ours, theirs))  # the arrays, not copies

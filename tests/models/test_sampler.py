@@ -33,7 +33,7 @@ def test_greedy_equals_transformers_generate(hf_qwen3_dir, greedy):
         with torch.no_grad():
             ref = hf.generate(
                 torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0
-            )[0, len(prompt):].tolist()
+            )[0, len(prompt) :].tolist()
         assert tokens.tolist() == ref
         assert reason == "length"
 
@@ -53,7 +53,7 @@ def test_stop_tokens_end_rows_and_are_kept(sampler, greedy):
 def score(model, prompt, tokens, temperature):
     seq = jnp.asarray([list(prompt) + [int(t) for t in tokens]], jnp.int32)
     logp, entropy = score_sequences_jit(model, seq, temperature=temperature, seq_chunk=8, vocab_chunk=128)
-    return np.asarray(logp[0, len(prompt):]), np.asarray(entropy[0, len(prompt):])
+    return np.asarray(logp[0, len(prompt) :]), np.asarray(entropy[0, len(prompt) :])
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -163,8 +163,14 @@ def test_banned_tokens_are_never_sampled_and_logprobs_are_renormalised(seed, ban
         assume(np.abs(np.cumsum(sorted_p, axis=-1) - sorted_p - top_p).min() > 1e-4)  # float32 vs float64 at the edge
         ref = numpy_filtered_log_probs(logits, temperature, top_k, top_p, banned)
     tokens, logprobs = _sample(
-        jax.random.key(seed), jnp.asarray(rows), temperature, top_p,
-        greedy=greedy, top_k=top_k, apply_top_p=top_p < 1.0, banned_token_ids=_padded(banned, 12),
+        jax.random.key(seed),
+        jnp.asarray(rows),
+        temperature,
+        top_p,
+        greedy=greedy,
+        top_k=top_k,
+        apply_top_p=top_p < 1.0,
+        banned_token_ids=_padded(banned, 12),
     )
     tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
     assert not np.isin(tokens, banned).any()
@@ -194,8 +200,15 @@ def test_scoring_with_banned_tokens_matches_numpy(seed, banned, vocab_chunk, tem
     hidden = rng.standard_normal((2, 5, 8)).astype(np.float32)
     w = (rng.standard_normal((8, 24)) * 2).astype(np.float32)
     targets = rng.integers(0, 24, (2, 5))
-    logp, ent = _scored(jnp.asarray(hidden), jnp.asarray(w), jnp.asarray(targets), temperature=temperature,
-                        seq_chunk=4, vocab_chunk=vocab_chunk, banned_token_ids=_padded(banned, 13))
+    logp, ent = _scored(
+        jnp.asarray(hidden),
+        jnp.asarray(w),
+        jnp.asarray(targets),
+        temperature=temperature,
+        seq_chunk=4,
+        vocab_chunk=vocab_chunk,
+        banned_token_ids=_padded(banned, 13),
+    )
     logits = hidden.astype(np.float64) @ w.astype(np.float64) / temperature
     allowed = np.delete(logits, banned, axis=-1)
     log_z = np.log(np.exp(allowed - allowed.max(-1, keepdims=True)).sum(-1)) + allowed.max(-1)
@@ -245,9 +258,14 @@ def test_banned_sampling_agrees_with_banned_scoring(our_qwen3, sampler, greedy, 
 
     def scored(banned_token_ids):
         logp, _ = score_sequences_jit(
-            model, jnp.asarray(ids), jnp.asarray(segments), seq_chunk=8, vocab_chunk=128, banned_token_ids=banned_token_ids
+            model,
+            jnp.asarray(ids),
+            jnp.asarray(segments),
+            seq_chunk=8,
+            vocab_chunk=128,
+            banned_token_ids=banned_token_ids,
         )
-        return [np.asarray(logp[row, len(prompt): len(prompt) + NEW]) for row, prompt in enumerate(PROMPTS)]
+        return [np.asarray(logp[row, len(prompt) : len(prompt) + NEW]) for row, prompt in enumerate(PROMPTS)]
 
     for logprobs, masked in zip(out.logprobs, scored(banned)):
         np.testing.assert_allclose(logprobs, masked, atol=1e-5, rtol=0)

@@ -35,8 +35,14 @@ def test_chunked_logprobs_and_entropy_match_numpy(seed, length, vocab, seq_chunk
     hidden = rng.standard_normal((2, length, 8)).astype(np.float32)
     w = (rng.standard_normal((8, vocab)) * 2).astype(np.float32)
     targets = rng.integers(0, vocab, (2, length))
-    logp, ent = _chunked(jnp.asarray(hidden), jnp.asarray(w), jnp.asarray(targets), temperature=temperature,
-                         seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
+    logp, ent = _chunked(
+        jnp.asarray(hidden),
+        jnp.asarray(w),
+        jnp.asarray(targets),
+        temperature=temperature,
+        seq_chunk=seq_chunk,
+        vocab_chunk=vocab_chunk,
+    )
     ref_logp, ref_ent = numpy_logprobs_entropy(hidden, w, targets, temperature)
     np.testing.assert_allclose(np.asarray(logp), ref_logp, atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(ent), ref_ent, atol=2e-5, rtol=1e-5)
@@ -63,10 +69,15 @@ def test_score_sequences_alignment_with_packing(our_qwen3, jit_forward):
     ids = np.asarray([[5, 6, 7, 8, 9, 10, 11, 0]], np.int32)
     segments = np.asarray([[1, 1, 1, 1, 2, 2, 2, 0]], np.int32)
     positions = np.asarray([[0, 1, 2, 3, 0, 1, 2, 0]], np.int32)
-    logp, ent = score_sequences_jit(model, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(positions),
-                                    seq_chunk=4, vocab_chunk=128)
+    logp, ent = score_sequences_jit(
+        model, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(positions), seq_chunk=4, vocab_chunk=128
+    )
     logits = np.asarray(jit_forward(model, ids, segments, positions))[0].astype(np.float64)
-    ref = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+    ref = (
+        logits
+        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        - logits.max(-1, keepdims=True)
+    )
     expected = np.zeros(8)
     for t in (1, 2, 3, 5, 6):  # not the first token of a segment, not padding
         expected[t] = ref[t - 1, ids[0, t]]

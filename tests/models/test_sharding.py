@@ -49,9 +49,7 @@ def reference(our_qwen3, token_batch):
 
 def sharded_param_bytes(state):
     """Bytes per device of the parameters whose sharding is not fully replicated."""
-    sharded = jax.tree.map(
-        lambda a: a if any(s is not None for s in a.sharding.spec) else None, state
-    )
+    sharded = jax.tree.map(lambda a: a if any(s is not None for s in a.sharding.spec) else None, state)
     return bytes_per_device(sharded)
 
 
@@ -74,8 +72,12 @@ def test_sharded_logits_and_grads_equal_one_device(hf_qwen3_dir, reference, mesh
     np.testing.assert_allclose(float(loss), ref_loss, **TOL)
     jax.tree.map(lambda g, r: np.testing.assert_allclose(np.asarray(g), r, **TOL), grads, ref_grads)
     # every device holds 1/8 of the sharded parameters
-    total = sum(int(np.prod(v.shape)) * v.dtype.itemsize for v in jax.tree.leaves(
-        jax.tree.map(lambda a: a if any(s is not None for s in a.sharding.spec) else None, nnx.state(model))))
+    total = sum(
+        int(np.prod(v.shape)) * v.dtype.itemsize
+        for v in jax.tree.leaves(
+            jax.tree.map(lambda a: a if any(s is not None for s in a.sharding.spec) else None, nnx.state(model))
+        )
+    )
     per_device = sharded_param_bytes(nnx.state(model))
     assert len(per_device) == 8 and set(per_device.values()) == {total // 8}
 

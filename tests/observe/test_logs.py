@@ -11,8 +11,9 @@ from cua_jax.observe import logs
 
 
 def _record(path: str, level: int) -> logging.LogRecord:
-    return logging.makeLogRecord({"pathname": path, "levelno": level, "levelname": logging.getLevelName(level),
-                                  "msg": "m"})
+    return logging.makeLogRecord(
+        {"pathname": path, "levelno": level, "levelname": logging.getLevelName(level), "msg": "m"}
+    )
 
 
 def test_own_info_passes_library_info_does_not(tmp_path):
@@ -43,8 +44,10 @@ def test_installed_on_absl_handler_once_and_filters_absl_records(tmp_path):
         assert sum(isinstance(f, logs.OwnInfoFilter) for f in handler.filters) == 1
         # A library file logging through absl, and this test file (not under the roots either).
         library = tmp_path / "library.py"
-        library.write_text("from absl import logging\n\ndef talk():\n    logging.info('library info')\n"
-                           "    logging.warning('library warning')\n")
+        library.write_text(
+            "from absl import logging\n\ndef talk():\n    logging.info('library info')\n"
+            "    logging.warning('library warning')\n"
+        )
         namespace: dict = {}
         exec(compile(library.read_text(), str(library), "exec"), namespace)
         stream = io.StringIO()

@@ -50,12 +50,13 @@ def test_a_noisy_curve_is_drawn_with_its_trailing_mean(tmp_path):
     values = rng.random(40).tolist()
     window = smoothing_window(len(values))
     assert window == 4 and smoothing_window(5) == 1
-    reference = [float(np.mean(values[max(0, i - window + 1): i + 1])) for i in range(len(values))]
+    reference = [float(np.mean(values[max(0, i - window + 1) : i + 1])) for i in range(len(values))]
     np.testing.assert_allclose(trailing_mean(values, window), reference, atol=1e-12)
     with MetricWriter(str(tmp_path), tensorboard=False) as writer:
         for step, value in enumerate(values):
             writer.write(step, {"success/rate": value})
-    out = plot_curves(str(tmp_path / "metrics.jsonl"), ["success/rate"], str(tmp_path / "curve.png"),
-                      smooth=["success/rate"])
+    out = plot_curves(
+        str(tmp_path / "metrics.jsonl"), ["success/rate"], str(tmp_path / "curve.png"), smooth=["success/rate"]
+    )
     with open(out, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"

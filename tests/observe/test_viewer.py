@@ -32,7 +32,7 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         ids = []
         for start in range(0, len(text), 4):
-            piece = text[start:start + 4]
+            piece = text[start : start + 4]
             if piece not in self.vocab:
                 self.vocab.append(piece)
             ids.append(self.vocab.index(piece))
@@ -58,33 +58,68 @@ def screenshot(seed: int, label: str) -> np.ndarray:
     return np.asarray(image)
 
 
-def turn(tokenizer: CharTokenizer, action: A.Action, version: int, seed: int, observation: str = "",
-         reward: float = 0.0) -> Turn:
+def turn(
+    tokenizer: CharTokenizer, action: A.Action, version: int, seed: int, observation: str = "", reward: float = 0.0
+) -> Turn:
     text = f"I act on the page.\n{A.render_action(action)}"
     ids = tokenizer.encode(text)
     logprobs = -np.abs(np.random.default_rng(seed).normal(0.0, 1.5, len(ids))).astype(np.float32)
-    return Turn(observation_text=observation, images=[screenshot(seed, "Click button 2")],
-                response_ids=np.asarray(ids, np.int32), response_logprobs=logprobs, response_text=text,
-                action=action, reward=reward, info={"policy_version": version})
+    return Turn(
+        observation_text=observation,
+        images=[screenshot(seed, "Click button 2")],
+        response_ids=np.asarray(ids, np.int32),
+        response_logprobs=logprobs,
+        response_text=text,
+        action=action,
+        reward=reward,
+        info={"policy_version": version},
+    )
 
 
-DOM_TEXT = '[1] DIV#wrap\n  [2] BUTTON "button 1" @20,64 121x29 click=[500, 372]\n  [3] BUTTON "button 2" @20,104 121x29'
+DOM_TEXT = (
+    '[1] DIV#wrap\n  [2] BUTTON "button 1" @20,64 121x29 click=[500, 372]\n  [3] BUTTON "button 2" @20,104 121x29'
+)
 
 
 def episodes(tokenizer: CharTokenizer, flip: bool) -> list[Episode]:
     """Three traced episodes; `flip` swaps the first two outcomes (the other run)."""
-    first, second = (EpisodeStatus.FAILURE, EpisodeStatus.SUCCESS) if flip else (EpisodeStatus.SUCCESS, EpisodeStatus.FAILURE)
+    first, second = (
+        (EpisodeStatus.FAILURE, EpisodeStatus.SUCCESS) if flip else (EpisodeStatus.SUCCESS, EpisodeStatus.FAILURE)
+    )
     return [
-        Episode("click-button/g-1/e0", "click-button", -1, "Click button 2.",
-                [turn(tokenizer, A.Click("left_click", 500, 600), 5, 1), turn(tokenizer, A.Done(), 6, 2, reward=1.0)],
-                reward=float(first is EpisodeStatus.SUCCESS), status=first, policy_version=5, info={"seed": 100}),
-        Episode("drag-box/g-2/e0", "drag-box", -2, "Drag the box down.",
-                [turn(tokenizer, A.LeftClickDrag(500, 800, 500, 400), 6, 3)],
-                reward=float(second is EpisodeStatus.SUCCESS), status=second, policy_version=6, info={"seed": 200}),
-        Episode("click-button/g-3/e0", "click-button", -3, "Click button 2.",
-                [turn(tokenizer, A.ClickElement(3), 6, 4, observation=DOM_TEXT)],
-                status=EpisodeStatus.QUARANTINED, quarantine_reason="browser_crash: the page closed",
-                policy_version=6, info={"seed": 300}),
+        Episode(
+            "click-button/g-1/e0",
+            "click-button",
+            -1,
+            "Click button 2.",
+            [turn(tokenizer, A.Click("left_click", 500, 600), 5, 1), turn(tokenizer, A.Done(), 6, 2, reward=1.0)],
+            reward=float(first is EpisodeStatus.SUCCESS),
+            status=first,
+            policy_version=5,
+            info={"seed": 100},
+        ),
+        Episode(
+            "drag-box/g-2/e0",
+            "drag-box",
+            -2,
+            "Drag the box down.",
+            [turn(tokenizer, A.LeftClickDrag(500, 800, 500, 400), 6, 3)],
+            reward=float(second is EpisodeStatus.SUCCESS),
+            status=second,
+            policy_version=6,
+            info={"seed": 200},
+        ),
+        Episode(
+            "click-button/g-3/e0",
+            "click-button",
+            -3,
+            "Click button 2.",
+            [turn(tokenizer, A.ClickElement(3), 6, 4, observation=DOM_TEXT)],
+            status=EpisodeStatus.QUARANTINED,
+            quarantine_reason="browser_crash: the page closed",
+            policy_version=6,
+            info={"seed": 300},
+        ),
     ]
 
 
@@ -95,8 +130,17 @@ def make_run(path, flip: bool = False) -> list[Episode]:
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "metrics.jsonl"), "w") as f:
         for step in range(6):
-            f.write(json.dumps({"step": step, "reward/mean": 0.1 * step + (0.05 if flip else 0.0),
-                                "success/rate": 0.12 * step, "learner/loss": 1.0 / (step + 1)}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "reward/mean": 0.1 * step + (0.05 if flip else 0.0),
+                        "success/rate": 0.12 * step,
+                        "learner/loss": 1.0 / (step + 1),
+                    }
+                )
+                + "\n"
+            )
     log = EpisodeLog(os.path.join(path, "episodes.jsonl"))
     for step in range(3):
         log.append(step, traced, {"click-button": "miniwob", "drag-box": "miniwob"})
@@ -121,9 +165,16 @@ def test_save_traces_records_tokens_logprobs_points_and_versions(tmp_path):
     assert first["rollout_logprobs"] == pytest.approx(traced[0].turns[0].response_logprobs.tolist())
     assert first["learner_logprobs"] == pytest.approx((traced[0].turns[0].response_logprobs + 0.3).tolist())
     assert (first["policy_version"], first["staleness"]) == (5, VERSION - 5)
-    assert (click["advantage"], click["staleness"], click["seed"], click["status"]) == (0.8, VERSION - 5, 100, "success")
-    assert drag["turns"][0]["points"] == [list(A.grid_to_pixels(500, 400, WIDTH, HEIGHT)),
-                                          list(A.grid_to_pixels(500, 800, WIDTH, HEIGHT))]
+    assert (click["advantage"], click["staleness"], click["seed"], click["status"]) == (
+        0.8,
+        VERSION - 5,
+        100,
+        "success",
+    )
+    assert drag["turns"][0]["points"] == [
+        list(A.grid_to_pixels(500, 400, WIDTH, HEIGHT)),
+        list(A.grid_to_pixels(500, 800, WIDTH, HEIGHT)),
+    ]
     assert element["turns"][0]["element"] == 3 and element["turns"][0]["element_box"] == [20, 104, 121, 29]
     assert element["quarantine_reason"].startswith("browser_crash")
     assert os.path.exists(tmp_path / "traces" / "after" / "00" / "turn_01_0.png")
@@ -145,23 +196,40 @@ def test_learner_logprobs_per_turn_from_items_and_training_traces(tmp_path):
     items, rows = [], []
     for t, n in enumerate(lengths):  # one item per turn: 3 prompt tokens, then the response
         mask = np.r_[np.zeros(3), np.ones(n)].astype(np.int32)
-        items.append(TrainingItem(np.zeros(3 + n, np.int32), mask, np.zeros(3 + n, np.float32), [],
-                                  episode.episode_id, episode.group_id, (t,)))
+        items.append(
+            TrainingItem(
+                np.zeros(3 + n, np.int32),
+                mask,
+                np.zeros(3 + n, np.float32),
+                [],
+                episode.episode_id,
+                episode.group_id,
+                (t,),
+            )
+        )
         rows.append(np.r_[np.full(3, 9.0), -np.arange(n) / 10 - t].astype(np.float32))
     per_turn = turn_logprobs_from_items(episode, items, rows)
-    assert [p.tolist() for p in per_turn] == [pytest.approx((-np.arange(n) / 10 - t).tolist()) for t, n in enumerate(lengths)]
+    assert [p.tolist() for p in per_turn] == [
+        pytest.approx((-np.arange(n) / 10 - t).tolist()) for t, n in enumerate(lengths)
+    ]
     with pytest.raises(ValueError, match="its logprobs"):
         turn_logprobs_from_items(episode, items, [r[:-1] for r in rows])
-    short = [TrainingItem(i.ids[:-1], i.loss_mask[:-1], i.rollout_logprobs[:-1], [], i.episode_id, i.group_id,
-                          i.step_indices) for i in items]
+    short = [
+        TrainingItem(
+            i.ids[:-1], i.loss_mask[:-1], i.rollout_logprobs[:-1], [], i.episode_id, i.group_id, i.step_indices
+        )
+        for i in items
+    ]
     with pytest.raises(ValueError, match="trains"):
         turn_logprobs_from_items(episode, short, rows)
 
-    batch = types.SimpleNamespace(items=items, item_advantages=np.asarray([0.5, 1.5], np.float32),
-                                  episodes={episode.episode_id: episode})
+    batch = types.SimpleNamespace(
+        items=items, item_advantages=np.asarray([0.5, 1.5], np.float32), episodes={episode.episode_id: episode}
+    )
     asked = []
-    chosen = save_training_traces(str(tmp_path), batch, lambda idx: asked.extend(idx) or [rows[i] for i in idx],
-                                  version=VERSION, num_episodes=2)
+    chosen = save_training_traces(
+        str(tmp_path), batch, lambda idx: asked.extend(idx) or [rows[i] for i in idx], version=VERSION, num_episodes=2
+    )
     assert asked == [0, 1]  # only the chosen episode's items are scored
     assert chosen == [episode.episode_id]
     record = json.load(open(tmp_path / "00" / "trace.json"))
@@ -178,7 +246,7 @@ def test_bad_run_directories_are_named(tmp_path):
         build_site([str(tmp_path / "empty")], str(tmp_path / "site"))
     bad = tmp_path / "run" / "traces" / "after" / "00"
     bad.mkdir(parents=True)
-    (bad / "trace.json").write_text("{\"episode_id\": 1")
+    (bad / "trace.json").write_text('{"episode_id": 1')
     with pytest.raises(ValueError, match="trace.json: not valid JSON"):
         read_run(str(tmp_path / "run"))
 
@@ -216,7 +284,9 @@ def test_the_site_in_chromium(tmp_path):
             assert page.locator(".shot svg circle.marker").count() == 1
             tokens = page.locator(".reply .tok")
             assert tokens.count() > 10
-            shading = lambda: page.evaluate("Array.from(document.querySelectorAll('.tok'), s => s.style.backgroundColor)")
+            shading = lambda: page.evaluate(
+                "Array.from(document.querySelectorAll('.tok'), s => s.style.backgroundColor)"
+            )
             rollout = shading()
             assert sum(c not in ("", "transparent", "rgba(0, 0, 0, 0)") for c in rollout) > 5
             page.check("input[value=gap]")
@@ -245,15 +315,18 @@ def test_the_site_in_chromium(tmp_path):
 
 def test_an_agent_owned_fault_and_changes_outside_the_sources_are_shown(tmp_path):
     traced = episodes(CharTokenizer(), flip=False)[:1]
-    traced[0].info.update(end_reason="page left its task: the page went from its task to about:blank",
-                          changes_outside_sources_count=2)
+    traced[0].info.update(
+        end_reason="page left its task: the page went from its task to about:blank", changes_outside_sources_count=2
+    )
     save_traces(str(tmp_path), traced)
     record = json.load(open(tmp_path / "00" / "trace.json"))
     assert record["end_reason"].startswith("page left its task") and record["changes_outside_sources"] == 2
     facts = viewer._episode_facts(record)
     assert "agent fault: page left its task" in facts and "changes outside the sources: 2" in facts
     record.update(end_reason="the agent declared done", changes_outside_sources=0)
-    assert "agent fault" not in viewer._episode_facts(record) and "outside the sources" not in viewer._episode_facts(record)
+    assert "agent fault" not in viewer._episode_facts(record) and "outside the sources" not in viewer._episode_facts(
+        record
+    )
 
 
 def test_a_replayed_success_shows_what_it_copies_and_its_true_version(tmp_path):

@@ -33,9 +33,7 @@ PROPERTY = settings(max_examples=40, deadline=None)
 NUM_EPISODES, NUM_GROUPS, NUM_ITEMS, SEQ_LEN = 12, 4, 16, 6
 
 # A reward grid with ties, so degenerate and lone-success groups are common.
-REWARDS = hnp.arrays(
-    np.float32, (NUM_EPISODES,), elements=st.sampled_from([0.0, 1.0, -0.2, 0.5, 0.25, 2.0])
-)
+REWARDS = hnp.arrays(np.float32, (NUM_EPISODES,), elements=st.sampled_from([0.0, 1.0, -0.2, 0.5, 0.25, 2.0]))
 GROUP_IDS = hnp.arrays(np.int32, (NUM_EPISODES,), elements=st.integers(0, NUM_GROUPS - 1))
 VALID = hnp.arrays(bool, (NUM_EPISODES,))
 STATUS = hnp.arrays(np.int32, (NUM_EPISODES,), elements=st.sampled_from(sorted(STATUS_CODES.values())))
@@ -50,11 +48,7 @@ group_stats_jit = jax.jit(functools.partial(group_stats, num_groups=NUM_GROUPS))
 score_terminal_rewards_jit = jax.jit(score_terminal_rewards)
 valid_from_status_jit = jax.jit(valid_from_status)
 episode_advantages_jit = {
-    name: jax.jit(
-        functools.partial(
-            episode_advantages, num_groups=NUM_GROUPS, config=AdvantageConfig(estimator=name)
-        )
-    )
+    name: jax.jit(functools.partial(episode_advantages, num_groups=NUM_GROUPS, config=AdvantageConfig(estimator=name)))
     for name in ADVANTAGE_ESTIMATORS
 }
 stepo_item_advantages_jit = jax.jit(stepo_item_advantages)

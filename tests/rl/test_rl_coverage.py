@@ -19,9 +19,7 @@ NUM_EPISODES, NUM_GROUPS, NUM_TIERS = 12, 5, 3
 
 signal_coverage_jit = jax.jit(signal_coverage)
 min_group_size_jit = jax.jit(min_group_size)
-group_outcome_stats_jit = jax.jit(
-    functools.partial(group_outcome_stats, num_groups=NUM_GROUPS, num_tiers=NUM_TIERS)
-)
+group_outcome_stats_jit = jax.jit(functools.partial(group_outcome_stats, num_groups=NUM_GROUPS, num_tiers=NUM_TIERS))
 
 
 def reference_coverage(p: float, n: int) -> float:
@@ -122,9 +120,7 @@ def reference_outcome_stats(success, group_ids, valid, group_tiers):
 )
 def test_group_outcome_stats_matches_reference(success, group_ids, valid, group_tiers):
     got = group_outcome_stats_jit(success, group_ids, valid=valid, group_tiers=group_tiers)
-    size, wins, kinds, overall, per_tier, nonempty = reference_outcome_stats(
-        success, group_ids, valid, group_tiers
-    )
+    size, wins, kinds, overall, per_tier, nonempty = reference_outcome_stats(success, group_ids, valid, group_tiers)
     np.testing.assert_array_equal(got.group_size, size)
     np.testing.assert_array_equal(got.group_successes, wins)
     for name in kinds:
@@ -158,10 +154,6 @@ def test_group_outcome_stats_rejects_bad_shapes():
     with pytest.raises(ValueError, match=r"group_ids must lie in \[0, 2\)"):
         group_outcome_stats(jnp.zeros(3, bool), jnp.array([0, 1, -1]), num_groups=2)
     with pytest.raises(ValueError, match=r"group_tiers must lie in \[0, 2\)"):
-        group_outcome_stats(
-            jnp.zeros(3, bool), jnp.zeros(3, jnp.int32), 2, group_tiers=jnp.array([0, 2]), num_tiers=2
-        )
+        group_outcome_stats(jnp.zeros(3, bool), jnp.zeros(3, jnp.int32), 2, group_tiers=jnp.array([0, 2]), num_tiers=2)
     with pytest.raises(ValueError, match="group_tiers must have shape"):
-        group_outcome_stats(
-            jnp.zeros(3, bool), jnp.zeros(3, jnp.int32), 2, group_tiers=jnp.zeros(3), num_tiers=2
-        )
+        group_outcome_stats(jnp.zeros(3, bool), jnp.zeros(3, jnp.int32), 2, group_tiers=jnp.zeros(3), num_tiers=2)

@@ -45,16 +45,19 @@ CONFIGS = {
     for mode in AGGREGATION_MODES
 }
 # Plain surrogate (no KL, no entropy), for the on-policy gradient identity.
-PG_ONLY = {
-    mode: dataclasses.replace(config, kl_coef=0.0, entropy_coef=0.0) for mode, config in CONFIGS.items()
-}
+PG_ONLY = {mode: dataclasses.replace(config, kl_coef=0.0, entropy_coef=0.0) for mode, config in CONFIGS.items()}
 # Truncated importance sampling on top of each, at the tightest cap and a typical one.
 TIS_CAPS = (1.0, 2.0)
 TIS = {(mode, cap): dataclasses.replace(config, tis_cap=cap) for mode, config in CONFIGS.items() for cap in TIS_CAPS}
 # AReaL's decoupled objective: the behaviour weight uncapped (0) and capped.
-DECOUPLED = {(mode, cap): dataclasses.replace(config, surrogate="decoupled", tis_cap=cap)
-             for mode, config in CONFIGS.items() for cap in (0.0, 2.0)}
-TIS_PG_ONLY = {(mode, cap): dataclasses.replace(config, tis_cap=cap) for mode, config in PG_ONLY.items() for cap in TIS_CAPS}
+DECOUPLED = {
+    (mode, cap): dataclasses.replace(config, surrogate="decoupled", tis_cap=cap)
+    for mode, config in CONFIGS.items()
+    for cap in (0.0, 2.0)
+}
+TIS_PG_ONLY = {
+    (mode, cap): dataclasses.replace(config, tis_cap=cap) for mode, config in PG_ONLY.items() for cap in TIS_CAPS
+}
 
 
 def floats(low, high, shape):
@@ -73,8 +76,14 @@ MASK = hnp.arrays(np.int32, (B, T), elements=st.integers(0, 1))
 
 def loss_and_metrics(logp, old_logp, advantages, mask, ref_logp, rollout_logp, entropy, config):
     out = policy_loss(
-        logp, old_logp, advantages, mask, config,
-        ref_logp=ref_logp, rollout_logp=rollout_logp, entropy=entropy,
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        config,
+        ref_logp=ref_logp,
+        rollout_logp=rollout_logp,
+        entropy=entropy,
     )
     return normalize(out.numerator, out.denominator), out
 
@@ -87,6 +96,7 @@ def jitted_loss(config):
 @functools.cache
 def jitted_loss_grad(config):
     """(loss, grad wrt logp) of the normalised loss."""
+
     def value(logp, *rest):
         return loss_and_metrics(logp, *rest, config=config)[0]
 
@@ -96,6 +106,7 @@ def jitted_loss_grad(config):
 @functools.cache
 def jitted_numerator_grad(config):
     """(PolicyLossOutput, grad of the numerator wrt logp): one micro-batch's contribution."""
+
     def numerator(logp, *rest):
         out = loss_and_metrics(logp, *rest, config=config)[1]
         return out.numerator, out
@@ -115,14 +126,10 @@ def reference_quantile(values, mask, q, empty=0.0):
 
 
 def reference_per_token(logp, old_logp, adv, ref_logp, entropy, config, tis_weight=1.0):
-    logp, old_logp, ref_logp, entropy = (
-        np.asarray(x, np.float64) for x in (logp, old_logp, ref_logp, entropy)
-    )
+    logp, old_logp, ref_logp, entropy = (np.asarray(x, np.float64) for x in (logp, old_logp, ref_logp, entropy))
     adv = np.broadcast_to(np.asarray(adv, np.float64)[:, None], logp.shape) if np.ndim(adv) == 1 else adv
     ratio = np.exp(logp - old_logp)
-    surrogate = np.minimum(
-        ratio * adv, np.clip(ratio, 1 - config.clip_eps_low, 1 + config.clip_eps_high) * adv
-    )
+    surrogate = np.minimum(ratio * adv, np.clip(ratio, 1 - config.clip_eps_low, 1 + config.clip_eps_high) * adv)
     if config.dual_clip_c is not None:
         surrogate = np.where(adv < 0, np.maximum(surrogate, config.dual_clip_c * adv), surrogate)
     surrogate = surrogate * tis_weight
@@ -148,7 +155,12 @@ def reference_aggregate(per_token, mask, config):
 
 @PROPERTY
 @given(
-    logp=LOGP, delta=DELTA, ref_delta=DELTA, entropy=ENTROPY, adv=ITEM_ADV, mask=MASK,
+    logp=LOGP,
+    delta=DELTA,
+    ref_delta=DELTA,
+    entropy=ENTROPY,
+    adv=ITEM_ADV,
+    mask=MASK,
     mode=st.sampled_from(AGGREGATION_MODES.names()),
 )
 def test_policy_loss_matches_reference(logp, delta, ref_delta, entropy, adv, mask, mode):
@@ -188,7 +200,9 @@ def test_policy_loss_matches_reference(logp, delta, ref_delta, entropy, adv, mas
     assert float(metrics["num_tokens"]) == on.sum()
     gap = 0.5 * np.abs(delta.astype(np.float64))
     # atol: XLA flushes float32 subnormals (a gap of 5.9e-39 reads 0).
-    np.testing.assert_allclose(metrics["rollout_logprob_gap_max"], gap[on].max() if on.any() else 0.0, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        metrics["rollout_logprob_gap_max"], gap[on].max() if on.any() else 0.0, rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_allclose(
         metrics["rollout_logprob_gap_p99"], reference_quantile(gap, on, GAP_QUANTILE), rtol=1e-5, atol=1e-6
     )
@@ -230,12 +244,16 @@ def reference_token_weights(mask, mode):
 
 @PROPERTY
 @given(
-    logp=LOGP, delta=DELTA, ref_delta=DELTA, entropy=ENTROPY, adv=ITEM_ADV, mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES.names()), num_micro=st.sampled_from([2, 4]),
+    logp=LOGP,
+    delta=DELTA,
+    ref_delta=DELTA,
+    entropy=ENTROPY,
+    adv=ITEM_ADV,
+    mask=MASK,
+    mode=st.sampled_from(AGGREGATION_MODES.names()),
+    num_micro=st.sampled_from([2, 4]),
 )
-def test_micro_batch_accumulation_equals_full_batch(
-    logp, delta, ref_delta, entropy, adv, mask, mode, num_micro
-):
+def test_micro_batch_accumulation_equals_full_batch(logp, delta, ref_delta, entropy, adv, mask, mode, num_micro):
     config = CONFIGS[mode]
     args = (logp - delta, adv, mask, logp + ref_delta, logp - 0.5 * delta, entropy)
     full_loss, full_grad = jitted_loss_grad(config)(logp, *args)
@@ -374,8 +392,15 @@ def test_truncated_importance_weight_is_a_constant_and_caps_overflow():
 
 @PROPERTY
 @given(
-    logp=LOGP, delta=DELTA, rollout_delta=DELTA, ref_delta=DELTA, entropy=ENTROPY, adv=ITEM_ADV, mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES.names()), cap=st.sampled_from(TIS_CAPS),
+    logp=LOGP,
+    delta=DELTA,
+    rollout_delta=DELTA,
+    ref_delta=DELTA,
+    entropy=ENTROPY,
+    adv=ITEM_ADV,
+    mask=MASK,
+    mode=st.sampled_from(AGGREGATION_MODES.names()),
+    cap=st.sampled_from(TIS_CAPS),
 )
 def test_tis_weighted_loss_matches_reference(logp, delta, rollout_delta, ref_delta, entropy, adv, mask, mode, cap):
     config = TIS[mode, cap]
@@ -395,15 +420,23 @@ def test_tis_weighted_loss_matches_reference(logp, delta, rollout_delta, ref_del
     np.testing.assert_allclose(metrics["tis_weight_mean"], weight[on].mean() if on.any() else 1.0, rtol=1e-5)
     gap = np.abs(rollout_logp.astype(np.float64) - logp)
     np.testing.assert_allclose(metrics["rollout_logprob_gap"], np.sum(gap * on) / n, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(metrics["rollout_logprob_gap_max"], gap[on].max() if on.any() else 0.0,
-                               rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(metrics["rollout_logprob_gap_p99"], reference_quantile(gap, on, GAP_QUANTILE),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        metrics["rollout_logprob_gap_max"], gap[on].max() if on.any() else 0.0, rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        metrics["rollout_logprob_gap_p99"], reference_quantile(gap, on, GAP_QUANTILE), rtol=1e-5, atol=1e-6
+    )
 
 
 @PROPERTY
 @given(
-    logp=LOGP, delta=DELTA, rollout_delta=DELTA, ref_delta=DELTA, entropy=ENTROPY, adv=ITEM_ADV, mask=MASK,
+    logp=LOGP,
+    delta=DELTA,
+    rollout_delta=DELTA,
+    ref_delta=DELTA,
+    entropy=ENTROPY,
+    adv=ITEM_ADV,
+    mask=MASK,
     mode=st.sampled_from(AGGREGATION_MODES.names()),
 )
 def test_tis_off_or_at_agreeing_logprobs_leaves_loss_and_gradient_unchanged(
@@ -423,8 +456,13 @@ def test_tis_off_or_at_agreeing_logprobs_leaves_loss_and_gradient_unchanged(
 
 @PROPERTY
 @given(
-    logp=LOGP, delta=DELTA, rollout_delta=DELTA, adv=ITEM_ADV, mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES.names()), cap=st.sampled_from(TIS_CAPS),
+    logp=LOGP,
+    delta=DELTA,
+    rollout_delta=DELTA,
+    adv=ITEM_ADV,
+    mask=MASK,
+    mode=st.sampled_from(AGGREGATION_MODES.names()),
+    cap=st.sampled_from(TIS_CAPS),
 )
 def test_tis_scales_each_token_gradient_by_its_weight(logp, delta, rollout_delta, adv, mask, mode, cap):
     old_logp = logp - delta
@@ -439,6 +477,7 @@ def test_tis_scales_each_token_gradient_by_its_weight(logp, delta, rollout_delta
 def jitted_on_policy_loss_grad(config):
     """((loss, metrics), grad wrt logp) with old_logp = stop_gradient(logp): the learner's
     "current" mode."""
+
     def value(logp, advantages, mask, rollout_logp):
         out = policy_loss(logp, jax.lax.stop_gradient(logp), advantages, mask, config, rollout_logp=rollout_logp)
         return normalize(out.numerator, out.denominator), out.metrics.summary()
@@ -447,8 +486,14 @@ def jitted_on_policy_loss_grad(config):
 
 
 @PROPERTY
-@given(logp=LOGP, rollout_delta=DELTA, adv=ITEM_ADV, mask=MASK, mode=st.sampled_from(AGGREGATION_MODES.names()),
-       cap=st.sampled_from(TIS_CAPS))
+@given(
+    logp=LOGP,
+    rollout_delta=DELTA,
+    adv=ITEM_ADV,
+    mask=MASK,
+    mode=st.sampled_from(AGGREGATION_MODES.names()),
+    cap=st.sampled_from(TIS_CAPS),
+)
 def test_on_policy_tis_weights_the_plain_policy_gradient(logp, rollout_delta, adv, mask, mode, cap):
     config = TIS_PG_ONLY[mode, cap]
     rollout_logp = logp - rollout_delta
@@ -567,8 +612,15 @@ def reference_behaviour_weight(proximal_logp, behaviour_logp, cap):
 
 @PROPERTY
 @given(
-    logp=LOGP, delta=DELTA, behaviour_delta=DELTA, ref_delta=DELTA, entropy=ENTROPY, adv=ITEM_ADV, mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES.names()), cap=st.sampled_from((0.0, 2.0)),
+    logp=LOGP,
+    delta=DELTA,
+    behaviour_delta=DELTA,
+    ref_delta=DELTA,
+    entropy=ENTROPY,
+    adv=ITEM_ADV,
+    mask=MASK,
+    mode=st.sampled_from(AGGREGATION_MODES.names()),
+    cap=st.sampled_from((0.0, 2.0)),
 )
 def test_decoupled_loss_matches_reference(logp, delta, behaviour_delta, ref_delta, entropy, adv, mask, mode, cap):
     """Clipped against the proximal policy, weighted by proximal / behaviour, tokens past the cap
@@ -578,8 +630,7 @@ def test_decoupled_loss_matches_reference(logp, delta, behaviour_delta, ref_delt
     behaviour = proximal - behaviour_delta
     (loss, out), grad = jitted_loss_grad_aux(config)(logp, proximal, adv, mask, ref_logp, behaviour, entropy)
     weight, dropped = reference_behaviour_weight(proximal, behaviour, cap)
-    per_token, *_ = reference_per_token(logp, proximal, adv, ref_logp, entropy, config,
-                                                          tis_weight=weight)
+    per_token, *_ = reference_per_token(logp, proximal, adv, ref_logp, entropy, config, tis_weight=weight)
     np.testing.assert_allclose(loss, reference_aggregate(per_token, mask, config), rtol=2e-5, atol=2e-5)
     on = mask > 0
     raw = np.exp(proximal.astype(np.float64) - behaviour)
@@ -624,5 +675,6 @@ def test_decoupled_surrogate_needs_behaviour_logprobs_and_a_known_name():
     with pytest.raises(ValueError, match="surrogate 'nope' is unknown"):
         PolicyLossConfig(surrogate="nope")
     weight, dropped = jax.jit(behaviour_importance_weight, static_argnames="cap")(
-        jnp.zeros(3), jnp.array([-1000.0, -1.0, 0.0]), cap=2.0)
+        jnp.zeros(3), jnp.array([-1000.0, -1.0, 0.0]), cap=2.0
+    )
     assert weight.tolist() == [0.0, 0.0, 1.0] and dropped.tolist() == [True, True, False]

@@ -39,6 +39,7 @@ pytestmark = pytest.mark.browser
 # Engines used by the tests
 # ------------------------------------------------------------------------------------
 
+
 class RecordingEngine(RolloutEngine):
     """Passes every call to `engine` and keeps each request with the generation it got."""
 
@@ -150,7 +151,8 @@ def test_tiny_model_group_runs_concurrently_with_exact_tokens(runtime, renderer,
 
     rollouts = run(
         with_envs(
-            runtime, 2,
+            runtime,
+            2,
             lambda envs: loop.run_group(envs, "click-button", seed=11, group_id=7),
             time_limit_s=LONG_TIME_LIMIT_S,
         )
@@ -173,7 +175,8 @@ def test_tiny_model_group_runs_concurrently_with_exact_tokens(runtime, renderer,
             assert turn.images[0].shape == (210, 160, 3)
             # The engine's own generation for this turn: same ids, same logprobs, bit for bit.
             matches = [
-                g for _, g in engine.records
+                g
+                for _, g in engine.records
                 if np.array_equal(g.token_ids, turn.response_ids) and np.array_equal(g.logprobs, turn.response_logprobs)
             ]
             assert matches, f"turn {t} holds tokens the engine did not produce"
@@ -201,13 +204,20 @@ def test_seed_per_turn_samples_an_episode_the_same_in_any_batch(runtime, rendere
     so an episode alone samples what it sampled batched with its group (common random
     numbers across evaluations), while the group's episodes still differ."""
     engine = RecordingEngine(tiny_vl_engine)
-    config = AgentConfig(max_turns=2, max_new_tokens=16, max_context_tokens=4096, seed=3, seed_per_turn=True,
-                         batch_wait_s=None)
+    config = AgentConfig(
+        max_turns=2, max_new_tokens=16, max_context_tokens=4096, seed=3, seed_per_turn=True, batch_wait_s=None
+    )
     loop = AgentLoop(engine, SlidingWindow(renderer, keep=0, min_removal=1), config)
 
     def group(size):
-        return run(with_envs(runtime, size, lambda envs: loop.run_group(envs, "click-button", seed=11, group_id=7),
-                              time_limit_s=LONG_TIME_LIMIT_S))
+        return run(
+            with_envs(
+                runtime,
+                size,
+                lambda envs: loop.run_group(envs, "click-button", seed=11, group_id=7),
+                time_limit_s=LONG_TIME_LIMIT_S,
+            )
+        )
 
     pair = group(2)
     assert engine.batch_sizes == [2, 2]
@@ -230,7 +240,9 @@ def test_scripted_oracle_policy_earns_reward(runtime, renderer):
         segmenter = SlidingWindow(renderer, keep=1, min_removal=1)
         loop = AgentLoop(engine, segmenter, AgentConfig(max_turns=6, max_new_tokens=64))
         rollouts = run(
-            with_envs(runtime, 2, lambda envs: loop.run_group(envs, task, seed=3, group_id=1), time_limit_s=LONG_TIME_LIMIT_S)
+            with_envs(
+                runtime, 2, lambda envs: loop.run_group(envs, task, seed=3, group_id=1), time_limit_s=LONG_TIME_LIMIT_S
+            )
         )
         for rollout in rollouts:
             episode = rollout.episode
@@ -286,7 +298,9 @@ def test_reply_with_an_image_placeholder_fails_the_episode_without_raising(runti
     segmenter = WholeTrajectory(renderer)
     loop = AgentLoop(FixedReplyEngine([move, pad]), segmenter, AgentConfig(max_turns=4, max_new_tokens=64))
     rollout = run(
-        with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=2), time_limit_s=LONG_TIME_LIMIT_S)
+        with_envs(
+            runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=2), time_limit_s=LONG_TIME_LIMIT_S
+        )
     )
     episode = rollout.episode
     assert episode.status is EpisodeStatus.FAILURE and episode.num_turns == 1

@@ -145,8 +145,12 @@ def test_reserved_ids_are_banned_in_the_jax_sampler_and_the_response_budget_ends
     def episode_with(engine):
         loop = AgentLoop(engine, segmenter, config)
         return run(
-            with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=5),
-                       time_limit_s=LONG_TIME_LIMIT_S)
+            with_envs(
+                runtime,
+                1,
+                lambda envs: loop.run_episode(envs[0], "click-button", seed=5),
+                time_limit_s=LONG_TIME_LIMIT_S,
+            )
         )
 
     unmasked = episode_with(JaxSamplerEngine(placeholder_policy, seed=0, image_processor=renderer.image_processor))
@@ -176,16 +180,22 @@ def test_long_observations_are_cut_with_a_marker_and_prompts_stay_token_diffs(ru
     """MiniWoB's DOM text is far longer than 24 tokens: with the cap, every turn's text is
     its uncapped text's first tokens plus the marker, the prompt shows the marker, each
     prompt extends the previous one, and the screenshots are untouched."""
-    reply = [*renderer.tokenizer.encode(A.render_action(A.MouseMove(5, 5)), add_special_tokens=False),
-             renderer.end_of_turn_id]
+    reply = [
+        *renderer.tokenizer.encode(A.render_action(A.MouseMove(5, 5)), add_special_tokens=False),
+        renderer.end_of_turn_id,
+    ]
     segmenter = WholeTrajectory(renderer)
 
     def episode_with(config):
         engine = SamplingRecorder(FixedReplyEngine([reply]))
         loop = AgentLoop(engine, segmenter, config)
         rollout = run(
-            with_envs(runtime, 1, lambda envs: loop.run_episode(envs[0], "click-button", seed=2),
-                       time_limit_s=LONG_TIME_LIMIT_S)
+            with_envs(
+                runtime,
+                1,
+                lambda envs: loop.run_episode(envs[0], "click-button", seed=2),
+                time_limit_s=LONG_TIME_LIMIT_S,
+            )
         )
         return rollout, engine
 

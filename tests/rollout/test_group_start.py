@@ -22,8 +22,9 @@ class DoneEngine(RolloutEngine):
     """Replies `done` to every request."""
 
     def __init__(self, tokenizer, end_of_turn_id):
-        self.ids = np.asarray([*tokenizer.encode(A.render_action(A.Done()), add_special_tokens=False),
-                               end_of_turn_id], np.int32)
+        self.ids = np.asarray(
+            [*tokenizer.encode(A.render_action(A.Done()), add_special_tokens=False), end_of_turn_id], np.int32
+        )
 
     def generate(self, requests, sampling):
         return [Generation(self.ids, np.zeros(len(self.ids), np.float32), FinishReason.STOP, 0) for _ in requests]
@@ -70,8 +71,11 @@ class CountingEnv(AgentEnvironment):
 
 @pytest.mark.parametrize("group_start", ["fresh", "shared"])
 def test_shared_start_resets_one_environment_and_starts_the_others_from_it(renderer, group_start):
-    loop = AgentLoop(DoneEngine(renderer.tokenizer, renderer.end_of_turn_id), make_segmenter("whole_trajectory", renderer),
-                     AgentConfig(max_turns=2, max_context_tokens=2048, group_start=group_start))
+    loop = AgentLoop(
+        DoneEngine(renderer.tokenizer, renderer.end_of_turn_id),
+        make_segmenter("whole_trajectory", renderer),
+        AgentConfig(max_turns=2, max_context_tokens=2048, group_start=group_start),
+    )
     envs = [CountingEnv() for _ in range(4)]
     rollouts = asyncio.run(loop.run_group(envs, "task", seed=7))
     firsts = [r.episode.turns[0].images[0] for r in rollouts]
@@ -86,8 +90,11 @@ def test_shared_start_resets_one_environment_and_starts_the_others_from_it(rende
 
 
 def test_a_failed_first_start_quarantines_its_episode_and_the_others_reset_on_their_own(renderer):
-    loop = AgentLoop(DoneEngine(renderer.tokenizer, renderer.end_of_turn_id), make_segmenter("whole_trajectory", renderer),
-                     AgentConfig(max_turns=2, max_context_tokens=2048, group_start="shared"))
+    loop = AgentLoop(
+        DoneEngine(renderer.tokenizer, renderer.end_of_turn_id),
+        make_segmenter("whole_trajectory", renderer),
+        AgentConfig(max_turns=2, max_context_tokens=2048, group_start="shared"),
+    )
     envs = [CountingEnv(fail_reset=True)] + [CountingEnv() for _ in range(2)]
     rollouts = asyncio.run(loop.run_group(envs, "task", seed=7))
     assert rollouts[0].episode.status is EpisodeStatus.QUARANTINED
@@ -113,14 +120,20 @@ class FaultingStepEnv(CountingEnv):
         return EnvTransition(None, 0.0, episode_outcome(fault=fault), fault=fault)
 
 
-@pytest.mark.parametrize("agent_faults, status", [
-    ((), EpisodeStatus.QUARANTINED),
-    (("process limit reached",), EpisodeStatus.FAILURE),
-    ((FaultKind.OOM_KILLED,), EpisodeStatus.QUARANTINED),
-])
+@pytest.mark.parametrize(
+    "agent_faults, status",
+    [
+        ((), EpisodeStatus.QUARANTINED),
+        (("process limit reached",), EpisodeStatus.FAILURE),
+        ((FaultKind.OOM_KILLED,), EpisodeStatus.QUARANTINED),
+    ],
+)
 def test_the_loop_scores_a_step_fault_by_who_owns_it(renderer, agent_faults, status):
-    loop = AgentLoop(DoneEngine(renderer.tokenizer, renderer.end_of_turn_id), make_segmenter("whole_trajectory", renderer),
-                     AgentConfig(max_turns=2, max_context_tokens=2048, agent_faults=agent_faults))
+    loop = AgentLoop(
+        DoneEngine(renderer.tokenizer, renderer.end_of_turn_id),
+        make_segmenter("whole_trajectory", renderer),
+        AgentConfig(max_turns=2, max_context_tokens=2048, agent_faults=agent_faults),
+    )
     (rollout,) = asyncio.run(loop.run_group([FaultingStepEnv(FaultKind.PROCESS_LIMIT)], "task", seed=7))
     episode = rollout.episode
     assert episode.status is status and episode.reward == 0.0

@@ -29,7 +29,7 @@ def test_generations_carry_the_loaded_version_and_follow_new_weights(model):
     assert any(not np.array_equal(a.token_ids, b.token_ids) for a, b in zip(before, after))
     for request, g in zip(requests, after):
         ids = np.concatenate([request.prompt_ids, g.token_ids])[None]
-        want = np.asarray(score_sequences(new_model, ids)[0])[0, len(request.prompt_ids):]
+        want = np.asarray(score_sequences(new_model, ids)[0])[0, len(request.prompt_ids) :]
         np.testing.assert_allclose(g.logprobs, want, atol=LOGPROB_ATOL)
 
 
@@ -61,7 +61,7 @@ def test_a_rope_scaled_call_samples_the_yarn_view_of_the_current_weights(model):
     def expect(generations, reference):
         for request, g in zip(requests, generations):
             ids = np.concatenate([request.prompt_ids, g.token_ids])[None]
-            want = np.asarray(score_sequences(reference, ids)[0])[0, len(request.prompt_ids):]
+            want = np.asarray(score_sequences(reference, ids)[0])[0, len(request.prompt_ids) :]
             np.testing.assert_allclose(g.logprobs, want, atol=LOGPROB_ATOL)
 
     plain = engine.generate(requests, GREEDY)  # fills the model's prefix cache
@@ -149,8 +149,8 @@ def test_partial_rollout_continues_under_new_weights_with_each_token_tagged(mode
         # Each segment's logprobs are its own weights' (the new ones rescored the whole prefix).
         ids = np.concatenate([request.prompt_ids, g.token_ids])[None]
         p = len(request.prompt_ids)
-        old = np.asarray(score_sequences(model, ids)[0])[0, p:p + 2]
-        new = np.asarray(score_sequences(new_model, ids)[0])[0, p + 2:]
+        old = np.asarray(score_sequences(model, ids)[0])[0, p : p + 2]
+        new = np.asarray(score_sequences(new_model, ids)[0])[0, p + 2 :]
         np.testing.assert_allclose(g.logprobs, np.concatenate([old, new]), atol=LOGPROB_ATOL)
     # Greedy under the old weights up to the update, then greedy under the new ones.
     engine_old = JaxSamplerEngine(nnx.clone(model))
@@ -158,6 +158,8 @@ def test_partial_rollout_continues_under_new_weights_with_each_token_tagged(mode
     for request, g, h in zip(requests, result["out"], head):
         np.testing.assert_array_equal(g.token_ids[:2], h.token_ids)
         engine_new = JaxSamplerEngine(nnx.clone(new_model))
-        tail = engine_new.generate([GenerationRequest(np.concatenate([request.prompt_ids, h.token_ids]))],
-                                   SamplingConfig(max_new_tokens=4, temperature=0.0))[0]
+        tail = engine_new.generate(
+            [GenerationRequest(np.concatenate([request.prompt_ids, h.token_ids]))],
+            SamplingConfig(max_new_tokens=4, temperature=0.0),
+        )[0]
         np.testing.assert_array_equal(g.token_ids[2:], tail.token_ids)

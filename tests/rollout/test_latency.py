@@ -55,8 +55,12 @@ def test_quantile_matches_the_reference(q, median_s, sigma, cap_factor):
 
 
 @PROPERTY
-@given(median_s=MEDIANS, sigma=st.one_of(st.just(0.0), st.floats(0.05, 2.0)), cap_factor=CAP_FACTORS,
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    median_s=MEDIANS,
+    sigma=st.one_of(st.just(0.0), st.floats(0.05, 2.0)),
+    cap_factor=CAP_FACTORS,
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_seeded_draws_follow_the_quantile_function(median_s, sigma, cap_factor, seed):
     """The empirical CDF of 20,000 draws at the predicted quantiles is within the DKW band
     (P(sup |F_n - F| > 0.02) <= 2 exp(-2 n 0.02^2) ~ 2e-7)."""
@@ -94,8 +98,13 @@ def test_wrapper_pickles_and_gives_each_environment_its_own_stream():
 
 @pytest.mark.parametrize(
     "args, field",
-    [((0.0, 1.0), "median_s"), ((float("nan"), 1.0), "median_s"), ((1.0, -0.1), "sigma"),
-     ((1.0, float("inf")), "sigma"), ((1.0, 1.0, 0.5), "max_s")],
+    [
+        ((0.0, 1.0), "median_s"),
+        ((float("nan"), 1.0), "median_s"),
+        ((1.0, -0.1), "sigma"),
+        ((1.0, float("inf")), "sigma"),
+        ((1.0, 1.0, 0.5), "max_s"),
+    ],
 )
 def test_bad_parameters_name_the_field(args, field):
     with pytest.raises(ValueError, match=field):

@@ -57,8 +57,7 @@ def test_shared_buffer_round_trips_in_hf_layout(shapes, transpose, seed):
     rng = np.random.default_rng(seed)
     dtypes = [np.float32, ml_dtypes.bfloat16]
     entries = [
-        (f"t{i}", rng.standard_normal(shape).astype(dtypes[i % 2]), transpose[i])
-        for i, shape in enumerate(shapes)
+        (f"t{i}", rng.standard_normal(shape).astype(dtypes[i % 2]), transpose[i]) for i, shape in enumerate(shapes)
     ]
     path, manifest = pack_shared_buffer(entries, directory="/tmp")
     try:

@@ -43,8 +43,9 @@ def _trained_ids(rollout):
 def _responses(groups):
     """Each group's responses as a sorted list of byte strings: the episodes of a group see the
     same prompts, so which of them got which sample depends on arrival order at the engine."""
-    return [sorted(np.concatenate([t.response_ids for t in r.episode.turns]).tobytes() for r in group)
-            for group in groups]
+    return [
+        sorted(np.concatenate([t.response_ids for t in r.episode.turns]).tobytes() for r in group) for group in groups
+    ]
 
 
 # ------------------------------------------------------------------------------------
@@ -104,7 +105,9 @@ def test_groups_share_batched_engine_calls_and_sampling_state_replays_them(jax_w
     # One turn each: all four episodes of both groups went out in a single engine call.
     assert jax_worker.sampling_state() == {"calls": start["calls"] + 1}
     assert [[r.episode.episode_id for r in group] for group in first] == [
-        ["click-button/g0/e0", "click-button/g0/e1"], ["focus-text/g1/e0", "focus-text/g1/e1"]]
+        ["click-button/g0/e0", "click-button/g0/e1"],
+        ["focus-text/g1/e0", "focus-text/g1/e1"],
+    ]
     for group, (task, _, group_id) in zip(first, requests):
         for rollout in group:
             episode = rollout.episode

@@ -37,7 +37,7 @@ def jax_greedy(model):
 def jax_scores(model, prompt, tokens, temperature=1.0):
     ids = jnp.asarray(np.concatenate([prompt, tokens])[None])
     logprobs, _ = score_sequences(model, ids, temperature=temperature)
-    return np.asarray(logprobs)[0, len(prompt):]
+    return np.asarray(logprobs)[0, len(prompt) :]
 
 
 def test_greedy_tokens_equal_jax_sampler(engine, qwen3_checkpoint):
@@ -114,7 +114,9 @@ def test_update_weights_follows_new_parameters(engine, qwen3_checkpoint):
         assert any(not np.array_equal(a.token_ids, b.token_ids) for a, b in zip(before, after))
         for request, got, want in zip(REQUESTS, after, reference):
             np.testing.assert_array_equal(got.token_ids, want.token_ids)
-            np.testing.assert_allclose(got.logprobs, jax_scores(new_model, request.prompt_ids, got.token_ids), atol=LOGPROB_ATOL)
+            np.testing.assert_allclose(
+                got.logprobs, jax_scores(new_model, request.prompt_ids, got.token_ids), atol=LOGPROB_ATOL
+            )
             assert got.policy_version == 1
         sampled = engine.generate(REQUESTS, SamplingConfig(max_new_tokens=8, temperature=0.9, seed=2))
         for request, out in zip(REQUESTS, sampled):
@@ -161,4 +163,6 @@ def test_a_policy_written_by_export_policy_serves_our_tokens_and_logprobs(engine
         served.close()
     for request, got, want in zip(REQUESTS, outputs, jax_greedy(model)):
         np.testing.assert_array_equal(got.token_ids, want.token_ids)
-        np.testing.assert_allclose(got.logprobs, jax_scores(model, request.prompt_ids, got.token_ids), atol=LOGPROB_ATOL)
+        np.testing.assert_allclose(
+            got.logprobs, jax_scores(model, request.prompt_ids, got.token_ids), atol=LOGPROB_ATOL
+        )

@@ -41,10 +41,15 @@ def requests():
     out = []
     for k, (height, width) in enumerate([(210, 160), (96, 128)]):
         image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-        messages = [{"role": "user", "content": [
-            {"type": "image", "ref": ImageRef(0, 0, height, width)},
-            {"type": "text", "text": f"Click on the button number {k}."},
-        ]}]
+        messages = [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "ref": ImageRef(0, 0, height, width)},
+                    {"type": "text", "text": f"Click on the button number {k}."},
+                ],
+            }
+        ]
         rendered = renderer.render(messages, add_generation_prompt=True)
         assert len(rendered.images) == 1 and rendered.images[0].end - rendered.images[0].start > 1
         out.append(GenerationRequest(rendered.ids, [image]))

@@ -38,9 +38,7 @@ def ray_session():
 @pytest.fixture(scope="module")
 def router(ray_session, qwen3_checkpoint):
     _, directory = qwen3_checkpoint
-    factory = functools.partial(
-        VllmEngine, VllmEngineConfig(directory, max_model_len=256, weight_transport="dlpack")
-    )
+    factory = functools.partial(VllmEngine, VllmEngineConfig(directory, max_model_len=256, weight_transport="dlpack"))
     router = Router(
         factory,
         RouterConfig(num_engines=2, cpus_per_engine=1, env_vars=ENGINE_ENV),

@@ -30,8 +30,9 @@ def chat_rows(tokenizer, conversations, grid, merge=2):
     rows = []
     for items in conversations:
         content = [{"type": "image"} if item == "IMG" else {"type": "text", "text": item} for item in items]
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         ids = list(ids["input_ids"]) if isinstance(ids, dict) else list(ids)
         rows.append([t for tok in ids for t in ([tok] * next(counts) if tok == image_pad else [tok])])
     return rows
@@ -54,8 +55,8 @@ def vl_inputs(tokenizer, conversations, images):
     ids = np.full((len(rows), length), pad, np.int64)
     mask = np.zeros_like(ids)
     for i, row in enumerate(rows):
-        ids[i, length - len(row):] = row
-        mask[i, length - len(row):] = 1
+        ids[i, length - len(row) :] = row
+        mask[i, length - len(row) :] = 1
     return ids, mask, pixel_values, grid
 
 
@@ -78,10 +79,16 @@ def vl_forward(model, ids, segment_ids, positions, extras):
 
 
 def our_logits(model, config, ids, mask, pixel_values, grid):
-    positions, _ = rope_index(ids, grid or None, image_token_id=config.image_token_id,
-                              spatial_merge_size=config.vision.spatial_merge_size, attention_mask=mask)
+    positions, _ = rope_index(
+        ids,
+        grid or None,
+        image_token_id=config.image_token_id,
+        spatial_merge_size=config.vision.spatial_merge_size,
+        attention_mask=mask,
+    )
     extras = {}
     if pixel_values is not None:
         extras = dict(pixel_values=jnp.asarray(pixel_values), image_grid_thw=ImageGrid.of(grid))
-    return np.asarray(vl_forward(model, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
-                               jnp.asarray(positions), extras))
+    return np.asarray(
+        vl_forward(model, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32), jnp.asarray(positions), extras)
+    )

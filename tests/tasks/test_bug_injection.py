@@ -55,7 +55,8 @@ def test_each_kind_edits_only_its_site():
     removed = dict(found["removed branch"])
     assert removed["removed `if n < 1:` and its block (2 lines)"] == ("    out = []",)
     assert removed["removed `if strict and items[i] is None:` and its block (2 lines)"] == (
-        "        out.append(items[i:i + n])",)
+        "        out.append(items[i:i + n])",
+    )
     # docstrings and dunder values are never touched
     for m in B.mutations(SOURCE, "w.py"):
         assert m.line not in (1, 2, 6), m
@@ -67,7 +68,7 @@ def test_every_mutation_parses_differs_and_reverses_exactly(module):
     mutations = B.mutations(source, "m.py")
     assert len(mutations) > 20
     original = ast.dump(ast.parse(source))
-    for m in mutations[::max(1, len(mutations) // 60)]:  # whole-module parses are slow: a spread sample
+    for m in mutations[:: max(1, len(mutations) // 60)]:  # whole-module parses are slow: a spread sample
         buggy = m.apply(source)
         assert ast.dump(ast.parse(buggy)) != original
         assert B.apply_hunks(buggy, [m.hunk.reversed()]) == source
@@ -88,10 +89,18 @@ def test_sampling_is_seeded_and_round_robin_over_kinds():
 
 
 def _task(**changes):
-    value = {"id": "t1", "snapshot": "code", "instruction": "fix it",
-             "config": [{"type": "code_repository", "parameters": {
-                 "package": "toolz", "bug": [{"path": "a.py", "start": 1, "old": ["x"], "new": ["y"]}]}}],
-             "evaluator": {"func": "pytest", "options": {"test_files": ["tests"], "fail_to_pass": ["t::a", "t::b"]}}}
+    value = {
+        "id": "t1",
+        "snapshot": "code",
+        "instruction": "fix it",
+        "config": [
+            {
+                "type": "code_repository",
+                "parameters": {"package": "toolz", "bug": [{"path": "a.py", "start": 1, "old": ["x"], "new": ["y"]}]},
+            }
+        ],
+        "evaluator": {"func": "pytest", "options": {"test_files": ["tests"], "fail_to_pass": ["t::a", "t::b"]}},
+    }
     for path, new in changes.items():
         target = value
         keys = path.split(".")
@@ -101,15 +110,18 @@ def _task(**changes):
     return value
 
 
-@pytest.mark.parametrize("path, value, field", [
-    ("snapshot", "desktop", "snapshot"),
-    ("config.0.type", "download", "config"),
-    ("config.0.parameters.bug", [{"path": "/etc/x", "start": 1, "old": [], "new": []}], "bug[0].path"),
-    ("config.0.parameters.bug", [{"path": "a.py", "start": 0, "old": [], "new": []}], "bug[0].start"),
-    ("evaluator.func", "exact_match", "evaluator.func"),
-    ("evaluator.options.fail_to_pass", [], "fail_to_pass"),
-    ("instruction", " ", "instruction"),
-])
+@pytest.mark.parametrize(
+    "path, value, field",
+    [
+        ("snapshot", "desktop", "snapshot"),
+        ("config.0.type", "download", "config"),
+        ("config.0.parameters.bug", [{"path": "/etc/x", "start": 1, "old": [], "new": []}], "bug[0].path"),
+        ("config.0.parameters.bug", [{"path": "a.py", "start": 0, "old": [], "new": []}], "bug[0].start"),
+        ("evaluator.func", "exact_match", "evaluator.func"),
+        ("evaluator.options.fail_to_pass", [], "fail_to_pass"),
+        ("instruction", " ", "instruction"),
+    ],
+)
 def test_a_malformed_task_names_its_field(path, value, field):
     with pytest.raises(CodeTaskError, match=field.replace("[", r"\[").replace("]", r"\]")):
         parse_code_task(_task(**{path: value}), "x.json")

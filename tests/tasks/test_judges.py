@@ -49,10 +49,14 @@ def test_compare_text_file(tmp_path):
 
 def test_check_json(tmp_path):
     path = write(tmp_path / "s.json", json.dumps({"a": {"b": [1, 2]}, "c": "x"}))
-    rules = {"expect": [{"key": ["a", "b", 1], "method": "eq", "ref": 2},
-                        {"key": ["a", "b"], "method": "has", "ref": 1},
-                        {"key": ["c"], "method": "exists"}],
-             "unexpect": [{"key": ["d"], "method": "exists"}]}
+    rules = {
+        "expect": [
+            {"key": ["a", "b", 1], "method": "eq", "ref": 2},
+            {"key": ["a", "b"], "method": "has", "ref": 1},
+            {"key": ["c"], "method": "exists"},
+        ],
+        "unexpect": [{"key": ["d"], "method": "exists"}],
+    }
     assert check_json(path, rules) == 1.0
     assert check_json(path, {"expect": [{"key": ["c"], "method": "eq", "ref": "y"}]}) == 0.0
     assert check_json(path, {"unexpect": [{"key": ["c"], "method": "ne", "ref": "y"}]}) == 0.0
@@ -148,8 +152,11 @@ def verdict(tmp_path, evaluator, last_action=A.Done()):
 def test_conjunctions_combine_like_osworld(tmp_path):
     write(tmp_path / "a.txt", "a")
     write(tmp_path / "b.txt", "b")
-    same = {"func": "compare_text_file", "result": {"type": "local_file", "path": "a.txt"},
-            "expected": {"type": "local_file", "path": "a.txt"}}
+    same = {
+        "func": "compare_text_file",
+        "result": {"type": "local_file", "path": "a.txt"},
+        "expected": {"type": "local_file", "path": "a.txt"},
+    }
     differ = {**same, "expected": {"type": "local_file", "path": "b.txt"}}
 
     def combined(conj, *checks):
@@ -195,10 +202,17 @@ class ScriptedClient:
 
 
 def test_execute_substitutes_placeholders_checks_status_and_captures_output(tmp_path):
-    client = ScriptedClient(answer=lambda command, shell: {"output": "out\n", "error": "err\n",
-                                                           "returncode": 1 if "diff" in str(command) else 0})
-    steps = (Step("execute", {"command": ["echo", "{SCREEN_WIDTH}x{SCREEN_HEIGHT_HALF}", "{CLIENT_PASSWORD}"]}),
-             Step("command", {"command": "echo {SCREEN_WIDTH_HALF}", "shell": True, "stdout": "o.txt"}))
+    client = ScriptedClient(
+        answer=lambda command, shell: {
+            "output": "out\n",
+            "error": "err\n",
+            "returncode": 1 if "diff" in str(command) else 0,
+        }
+    )
+    steps = (
+        Step("execute", {"command": ["echo", "{SCREEN_WIDTH}x{SCREEN_HEIGHT_HALF}", "{CLIENT_PASSWORD}"]}),
+        Step("command", {"command": "echo {SCREEN_WIDTH_HALF}", "shell": True, "stdout": "o.txt"}),
+    )
     judges.run_steps(steps, client, str(tmp_path), cache_dir=tmp_path / "cache")
     assert client.commands == [["echo", "1280x400", judges.CLIENT_PASSWORD], "echo 640"]
     assert (tmp_path / "cache" / "o.txt").read_text() == "out\n"
@@ -209,7 +223,9 @@ def test_execute_substitutes_placeholders_checks_status_and_captures_output(tmp_
     judges.run_steps(differ, client, str(tmp_path), cache_dir=tmp_path / "cache", postconfig=True)
     assert (tmp_path / "cache" / "diff.err").read_text() == "err\n"
     with pytest.raises(judges.SetupError, match="exit status 1"):  # unless the step asks to check it
-        judges.run_steps((Step("execute", {"command": ["diff"], "check": True}),), client, str(tmp_path), postconfig=True)
+        judges.run_steps(
+            (Step("execute", {"command": ["diff"], "check": True}),), client, str(tmp_path), postconfig=True
+        )
 
 
 def test_execute_until_reruns_the_command_until_it_is_met(tmp_path):
@@ -219,7 +235,9 @@ def test_execute_until_reruns_the_command_until_it_is_met(tmp_path):
         calls.append(command)
         return {"output": "ready" if len(calls) >= 3 else "", "error": "", "returncode": 1}
 
-    judges.run_steps((Step("execute", {"command": ["probe"], "until": {"stdout": "ready"}}),), ScriptedClient(answer=answer), "/")
+    judges.run_steps(
+        (Step("execute", {"command": ["probe"], "until": {"stdout": "ready"}}),), ScriptedClient(answer=answer), "/"
+    )
     assert len(calls) == 3
     never = Step("execute", {"command": ["probe"], "until": {"returncode": 0}, "timeout": 0.5})
     with pytest.raises(judges.SetupError, match="never met"):
@@ -227,7 +245,9 @@ def test_execute_until_reruns_the_command_until_it_is_met(tmp_path):
 
 
 def test_steps_the_project_does_not_run_fail_by_name(tmp_path):
-    with pytest.raises(judges.SetupError, match=r"step 0 \(googledrive\) failed: setup step not implemented: googledrive"):
+    with pytest.raises(
+        judges.SetupError, match=r"step 0 \(googledrive\) failed: setup step not implemented: googledrive"
+    ):
         judges.run_steps((Step("googledrive", {"operation": [], "args": []}),), ScriptedClient(), "/")
     step = Step("download", {"files": [{"url": "https://example.com/f.xlsx", "path": "/home/user/f.xlsx"}]})
     with pytest.raises(judges.SetupError, match=r"failed: needs network: https://example.com/f.xlsx"):
@@ -235,12 +255,18 @@ def test_steps_the_project_does_not_run_fail_by_name(tmp_path):
 
 
 def test_google_chrome_launches_as_the_chromium_the_image_has():
-    client = ScriptedClient(answer=lambda command, shell: {"output": "/usr/bin/chromium\n", "error": "", "returncode": 0})
-    steps = (Step("launch", {"command": ["google-chrome", "--remote-debugging-port=1337"]}),
-             Step("launch", {"command": ["socat", "tcp-listen:9222,fork", "tcp:localhost:1337"]}))
+    client = ScriptedClient(
+        answer=lambda command, shell: {"output": "/usr/bin/chromium\n", "error": "", "returncode": 0}
+    )
+    steps = (
+        Step("launch", {"command": ["google-chrome", "--remote-debugging-port=1337"]}),
+        Step("launch", {"command": ["socat", "tcp-listen:9222,fork", "tcp:localhost:1337"]}),
+    )
     judges.run_steps(steps, client, "/")
     assert [c for c in client.commands if c[0] == "launch"] == [
-        ("launch", ["chromium", "--remote-debugging-port=1337"]), ("launch", ["socat", "tcp-listen:9222,fork", "tcp:localhost:1337"])]
+        ("launch", ["chromium", "--remote-debugging-port=1337"]),
+        ("launch", ["socat", "tcp-listen:9222,fork", "tcp:localhost:1337"]),
+    ]
 
 
 def getters_for(tmp_path, client):
@@ -252,7 +278,9 @@ def test_vm_file_lists_multi_gives_and_time_suffix(tmp_path):
     getters = getters_for(tmp_path, ScriptedClient({"/h/a.txt": b"a", "/h/b.txt": b"b"}))
     assert open(getters.vm_file("/h/a.txt", "mine.txt")).read() == "a"
     assert getters.vm_file("/h/missing.txt") is None
-    both = getters.vm_file(["/h/a.txt", "/h/b.txt", "/h/c.txt"], ["1.txt", "2.txt", "3.txt"], multi=True, gives=[0, 1, 2])
+    both = getters.vm_file(
+        ["/h/a.txt", "/h/b.txt", "/h/c.txt"], ["1.txt", "2.txt", "3.txt"], multi=True, gives=[0, 1, 2]
+    )
     assert [p and open(p).read() for p in both] == ["a", "b", None]
     # gives picks the files the metric sees; one index gives one path (OSWorld's shape)
     assert getters.vm_file(["/h/a.txt", "/h/b.txt"], ["1.txt", "2.txt"], multi=True, gives=[1]).endswith("2.txt")
@@ -262,8 +290,17 @@ def test_vm_file_lists_multi_gives_and_time_suffix(tmp_path):
 
 
 def test_unimplemented_getters_fail_as_the_judges_fault(tmp_path):
-    task = parse_task({"id": "g", "instruction": "x", "evaluator": {
-        "func": "exact_match", "result": {"type": "bookmarks"}, "expected": {"type": "rule", "rules": {}}}})
+    task = parse_task(
+        {
+            "id": "g",
+            "instruction": "x",
+            "evaluator": {
+                "func": "exact_match",
+                "result": {"type": "bookmarks"},
+                "expected": {"type": "rule", "rules": {}},
+            },
+        }
+    )
     with pytest.raises(judges.JudgeError, match="getter not implemented: bookmarks"):
         getters_for(tmp_path, ScriptedClient()).get(task.evaluator.checks[0].result)
 
@@ -293,7 +330,9 @@ def test_content_from_vm_file_reads_an_xlsx_last_row(tmp_path):
     for row in (["name", "qty", "note"], ["pear", 5, None], ["fig", 2.5, "ok"]):
         book.active.append(row)
     book.save(tmp_path / "t.xlsx")
-    getters = getters_for(tmp_path, ScriptedClient({"/h/t.xlsx": (tmp_path / "t.xlsx").read_bytes(), "/h/bad.xlsx": b"x"}))
+    getters = getters_for(
+        tmp_path, ScriptedClient({"/h/t.xlsx": (tmp_path / "t.xlsx").read_bytes(), "/h/bad.xlsx": b"x"})
+    )
     assert getters.content_from_vm_file("/h/t.xlsx", "xlsx", "last_row") == ["fig", "2.5", "ok"]
     assert getters.content_from_vm_file("/h/missing.xlsx", "xlsx", "last_row") is None
     assert getters.content_from_vm_file("/h/bad.xlsx", "xlsx", "last_row") is None
@@ -303,18 +342,22 @@ def test_content_from_vm_file_reads_an_xlsx_last_row(tmp_path):
 
 def presentation(tmp_path, linked_audio=False) -> bytes:
     """A minimal .pptx: slide 1 with a background image and an audio clip (embedded or linked)."""
-    slide = ('<p:sld xmlns:p="http://schemas.openxmlformats.org/presentationml/2006/main" '
-             'xmlns:a="http://schemas.openxmlformats.org/drawingml/2006/main" '
-             'xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships">'
-             '<p:cSld><p:bg><p:bgPr><a:blipFill><a:blip r:embed="rId2"/></a:blipFill></p:bgPr></p:bg></p:cSld></p:sld>')
+    slide = (
+        '<p:sld xmlns:p="http://schemas.openxmlformats.org/presentationml/2006/main" '
+        'xmlns:a="http://schemas.openxmlformats.org/drawingml/2006/main" '
+        'xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships">'
+        '<p:cSld><p:bg><p:bgPr><a:blipFill><a:blip r:embed="rId2"/></a:blipFill></p:bgPr></p:bg></p:cSld></p:sld>'
+    )
     audio = "file:///home/user/clip.mp3" if linked_audio else "../media/clip.mp3"
-    rels = ('<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
-            '<Relationship Id="rId2" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/image" '
-            'Target="../media/image1.png"/>'
-            '<Relationship Id="rId3" Type="http://schemas.microsoft.com/office/2007/relationships/media" '
-            f'Target="{audio}"/>'
-            '<Relationship Id="rId4" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/audio" '
-            f'Target="{audio}"/></Relationships>')
+    rels = (
+        '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
+        '<Relationship Id="rId2" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/image" '
+        'Target="../media/image1.png"/>'
+        '<Relationship Id="rId3" Type="http://schemas.microsoft.com/office/2007/relationships/media" '
+        f'Target="{audio}"/>'
+        '<Relationship Id="rId4" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/audio" '
+        f'Target="{audio}"/></Relationships>'
+    )
     path = tmp_path / "deck.pptx"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("ppt/slides/slide1.xml", slide)
@@ -341,25 +384,52 @@ def test_slide_getters_extract_or_copy_the_media(tmp_path):
 
 def osworld_task(**evaluator):
     """A task as OSWorld writes them (its shapes: string booleans, placeholders, URLs)."""
-    return parse_task({
-        "id": "osworld-like", "snapshot": "chrome", "instruction": "do it", "source": "x",
-        "related_apps": ["chrome", "os"],
-        "config": [
-            {"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}},
-            {"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["https://www.example.org", "http://127.0.0.1:8000/x"]}},
-            {"type": "download", "parameters": {"files": [
-                {"url": "https://huggingface.co/datasets/xlangai/f/resolve/main/a.xlsx", "path": "/home/user/a.xlsx"}]}},
-            {"type": "execute", "parameters": {"command": ["python", "-c", "import pyautogui, time; import os.path"]}},
-            {"type": "execute", "parameters": {"command": "echo {CLIENT_PASSWORD} | sudo -S apt-get install jq -y && unzip x.zip",
-                                               "shell": "true"}},
-            {"type": "command", "parameters": {"command": ["pip", "install", "./local.whl"]}},
-            {"type": "activate_window", "parameters": {"window_name": "Google Chrome", "strict": True}},
-        ],
-        "evaluator": evaluator or {
-            "func": ["exact_match", "exact_match"],
-            "result": [{"type": "bookmarks"}, {"type": "vm_file", "path": "/home/user/a.xlsx", "dest": "a.xlsx"}],
-            "expected": [{"type": "rule", "rules": {"expected": 1}}, {"type": "rule", "rules": {"expected": 2}}]},
-    })
+    return parse_task(
+        {
+            "id": "osworld-like",
+            "snapshot": "chrome",
+            "instruction": "do it",
+            "source": "x",
+            "related_apps": ["chrome", "os"],
+            "config": [
+                {"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}},
+                {
+                    "type": "chrome_open_tabs",
+                    "parameters": {"urls_to_open": ["https://www.example.org", "http://127.0.0.1:8000/x"]},
+                },
+                {
+                    "type": "download",
+                    "parameters": {
+                        "files": [
+                            {
+                                "url": "https://huggingface.co/datasets/xlangai/f/resolve/main/a.xlsx",
+                                "path": "/home/user/a.xlsx",
+                            }
+                        ]
+                    },
+                },
+                {
+                    "type": "execute",
+                    "parameters": {"command": ["python", "-c", "import pyautogui, time; import os.path"]},
+                },
+                {
+                    "type": "execute",
+                    "parameters": {
+                        "command": "echo {CLIENT_PASSWORD} | sudo -S apt-get install jq -y && unzip x.zip",
+                        "shell": "true",
+                    },
+                },
+                {"type": "command", "parameters": {"command": ["pip", "install", "./local.whl"]}},
+                {"type": "activate_window", "parameters": {"window_name": "Google Chrome", "strict": True}},
+            ],
+            "evaluator": evaluator
+            or {
+                "func": ["exact_match", "exact_match"],
+                "result": [{"type": "bookmarks"}, {"type": "vm_file", "path": "/home/user/a.xlsx", "dest": "a.xlsx"}],
+                "expected": [{"type": "rule", "rules": {"expected": 1}}, {"type": "rule", "rules": {"expected": 2}}],
+            },
+        }
+    )
 
 
 def test_needs_of_an_osworld_task():
@@ -371,8 +441,11 @@ def test_needs_of_an_osworld_task():
         by_kind.setdefault(need.kind, []).append(need.name)
     assert sorted(set(by_kind["app"])) == ["apt-get", "chromium", "pip", "python", "sudo", "unzip"]
     assert by_kind["module"] == ["python:pyautogui"]  # the standard library needs nothing
-    assert by_kind["network"] == ["https://www.example.org", "https://huggingface.co/datasets/xlangai/f/resolve/main/a.xlsx",
-                                  "apt-get install jq -y"]  # the loopback tab and the local wheel do not
+    assert by_kind["network"] == [
+        "https://www.example.org",
+        "https://huggingface.co/datasets/xlangai/f/resolve/main/a.xlsx",
+        "apt-get install jq -y",
+    ]  # the loopback tab and the local wheel do not
     assert by_kind["getter"] == ["bookmarks"]
     chrome = [n for n in found if n.name == "chromium"]
     assert [n.where for n in chrome] == ["related_apps", "config[0]", "config[1]", "evaluator.result[0]"]
@@ -380,24 +453,41 @@ def test_needs_of_an_osworld_task():
     assert groups == {"needs network: www.example.org", "needs network: huggingface.co", "needs network: apt-get"}
 
 
-@pytest.mark.parametrize("command, shell, apps, network", [
-    (["python3", "-c", "import pyautogui; pyautogui.hotkey('ctrl', 's')"], False, ["python3"], []),
-    ("VLC_VERBOSE=-1 vlc --no-audio video.mp4", True, ["vlc"], []),
-    (["/bin/bash", "-c", "cd /home/user && unzip -q a.zip && rm a.zip"], False, ["bash", "unzip", "rm"], []),
-    ("export X=1\ngnome-terminal --maximize 2>&1 > /dev/null &", True, ["gnome-terminal"], []),
-    ("[ ! -f \"$F\" ] && echo '{}' > \"$F\" || (grep -q x \"$F\" && sed -i s/a/b/ \"$F\")", True, ["grep", "sed"], []),
-    ("./setup.sh; for f in *.txt; do cat $f; done", True, ["cat"], []),
-    (["code", "--install-extension", "ms-python.python"], False, ["vs_code"], ["code --install-extension ms-python.python"]),
-    (["code", "--install-extension", "/tmp/eval-0.0.1.vsix"], False, ["vs_code"], []),
-    ("pip install PyMuPDF", True, ["pip"], ["pip install PyMuPDF"]),
-    (["python", "-m", "pip", "install", "pysrt"], False, ["python"], ["pip install pysrt"]),
-    ("git clone https://github.com/x/y && git remote add origin /home/user/r", True, ["git", "git"],
-     ["git clone https://github.com/x/y"]),
-    ("curl -s http://127.0.0.1:8080/status", True, ["curl"], []),
-    ("echo password | sudo -S -u user libreoffice --calc", True, ["sudo", "libreoffice"], []),
-    ("gsettings set org.gnome.shell favorite-apps \"['thunderbird.desktop']\"", True, ["gsettings", "gnome-shell"], []),
-    ("gsettings set org.gnome.desktop.interface color-scheme prefer-dark", True, ["gsettings"], []),
-])
+@pytest.mark.parametrize(
+    "command, shell, apps, network",
+    [
+        (["python3", "-c", "import pyautogui; pyautogui.hotkey('ctrl', 's')"], False, ["python3"], []),
+        ("VLC_VERBOSE=-1 vlc --no-audio video.mp4", True, ["vlc"], []),
+        (["/bin/bash", "-c", "cd /home/user && unzip -q a.zip && rm a.zip"], False, ["bash", "unzip", "rm"], []),
+        ("export X=1\ngnome-terminal --maximize 2>&1 > /dev/null &", True, ["gnome-terminal"], []),
+        ('[ ! -f "$F" ] && echo \'{}\' > "$F" || (grep -q x "$F" && sed -i s/a/b/ "$F")', True, ["grep", "sed"], []),
+        ("./setup.sh; for f in *.txt; do cat $f; done", True, ["cat"], []),
+        (
+            ["code", "--install-extension", "ms-python.python"],
+            False,
+            ["vs_code"],
+            ["code --install-extension ms-python.python"],
+        ),
+        (["code", "--install-extension", "/tmp/eval-0.0.1.vsix"], False, ["vs_code"], []),
+        ("pip install PyMuPDF", True, ["pip"], ["pip install PyMuPDF"]),
+        (["python", "-m", "pip", "install", "pysrt"], False, ["python"], ["pip install pysrt"]),
+        (
+            "git clone https://github.com/x/y && git remote add origin /home/user/r",
+            True,
+            ["git", "git"],
+            ["git clone https://github.com/x/y"],
+        ),
+        ("curl -s http://127.0.0.1:8080/status", True, ["curl"], []),
+        ("echo password | sudo -S -u user libreoffice --calc", True, ["sudo", "libreoffice"], []),
+        (
+            "gsettings set org.gnome.shell favorite-apps \"['thunderbird.desktop']\"",
+            True,
+            ["gsettings", "gnome-shell"],
+            [],
+        ),
+        ("gsettings set org.gnome.desktop.interface color-scheme prefer-dark", True, ["gsettings"], []),
+    ],
+)
 def test_command_needs(command, shell, apps, network):
     from cua_jax.tasks import runnable
 
@@ -413,20 +503,35 @@ def test_runnable_names_every_reason_once():
     ok, reasons = runnable.runnable(task, image_apps=set())
     assert not ok
     assert reasons == [
-        "needs app: chromium", "needs network: https://www.example.org",
-        "needs network: https://huggingface.co/datasets/xlangai/f/resolve/main/a.xlsx", "needs app: python",
-        "needs app: sudo", "needs app: apt-get", "needs network: apt-get install jq -y", "needs app: unzip",
-        "needs app: pip", "getter not implemented: bookmarks"]
+        "needs app: chromium",
+        "needs network: https://www.example.org",
+        "needs network: https://huggingface.co/datasets/xlangai/f/resolve/main/a.xlsx",
+        "needs app: python",
+        "needs app: sudo",
+        "needs app: apt-get",
+        "needs network: apt-get install jq -y",
+        "needs app: unzip",
+        "needs app: pip",
+        "getter not implemented: bookmarks",
+    ]
     everything = {"chromium", "python", "sudo", "apt-get", "unzip", "pip"}
     _, reasons = runnable.runnable(task, everything)
     assert "needs python module: pyautogui" in reasons and not any(r.startswith("needs app") for r in reasons)
     assert runnable.runnable(task, everything | {"python:pyautogui"})[1] == [
         "needs network: https://www.example.org",
         "needs network: https://huggingface.co/datasets/xlangai/f/resolve/main/a.xlsx",
-        "needs network: apt-get install jq -y", "getter not implemented: bookmarks"]
+        "needs network: apt-get install jq -y",
+        "getter not implemented: bookmarks",
+    ]
     # an infeasible task is judged on its last action: its getters never run
-    infeasible = parse_task({"id": "i", "instruction": "x", "related_apps": ["thunderbird"],
-                             "evaluator": {"func": "infeasible", "result": {"type": "bookmarks"}}})
+    infeasible = parse_task(
+        {
+            "id": "i",
+            "instruction": "x",
+            "related_apps": ["thunderbird"],
+            "evaluator": {"func": "infeasible", "result": {"type": "bookmarks"}},
+        }
+    )
     assert runnable.runnable(infeasible, set()) == (False, ["needs app: thunderbird"])
     assert runnable.runnable(infeasible, {"thunderbird"}) == (True, [])
 

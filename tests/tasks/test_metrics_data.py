@@ -19,31 +19,48 @@ def write(path, content):
 
 # ---- value rules ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("value, method, ref, expected", [
-    ("Hello World", "re", "W.rld", True),
-    ("hello", "re", "^H", False),
-    ("hello", "re.I", "^H", True),
-    ("a\nb", "re.M.I", "^B$", True),
-    (None, "re", "x", False),
-    (3, "eq", 3, True), (3, "ne", 3, False), (2, "lt", 3, True), (3, "le", 3, True),
-    (4, "gt", 3, True), (3, "ge", 4, False), (None, "lt", 3, False),
-    ("2.004", "approx:0.01", 2, True), ("2.1", "approx:0.01", 2, False), ("x", "approx:1", 2, False),
-    (1, "range.te", [0, 1], True), (0, "range.te", [0, 1], False), (0, "range.et", [0, 1], True),
-    (1, "range.tt", [0, 1], False),
-    ('"b,a"', "str_set_eq", ["a", "b"], True), ("b,a", "str_list_eq", ["a", "b"], False),
-    ("A1:B5", "spreadsheet_range", ["A1:A2", "A1:C9"], True),
-    ("A1:D5", "spreadsheet_range", ["A1:A2", "A1:C9"], False),
-])
+
+@pytest.mark.parametrize(
+    "value, method, ref, expected",
+    [
+        ("Hello World", "re", "W.rld", True),
+        ("hello", "re", "^H", False),
+        ("hello", "re.I", "^H", True),
+        ("a\nb", "re.M.I", "^B$", True),
+        (None, "re", "x", False),
+        (3, "eq", 3, True),
+        (3, "ne", 3, False),
+        (2, "lt", 3, True),
+        (3, "le", 3, True),
+        (4, "gt", 3, True),
+        (3, "ge", 4, False),
+        (None, "lt", 3, False),
+        ("2.004", "approx:0.01", 2, True),
+        ("2.1", "approx:0.01", 2, False),
+        ("x", "approx:1", 2, False),
+        (1, "range.te", [0, 1], True),
+        (0, "range.te", [0, 1], False),
+        (0, "range.et", [0, 1], True),
+        (1, "range.tt", [0, 1], False),
+        ('"b,a"', "str_set_eq", ["a", "b"], True),
+        ("b,a", "str_list_eq", ["a", "b"], False),
+        ("A1:B5", "spreadsheet_range", ["A1:A2", "A1:C9"], True),
+        ("A1:D5", "spreadsheet_range", ["A1:A2", "A1:C9"], False),
+    ],
+)
 def test_match_value_methods(value, method, ref, expected):
     assert match_value(value, {"method": method, "ref": ref}) is expected
 
 
-@pytest.mark.parametrize("value_rule, fragment", [
-    ({"method": "like", "ref": 1}, "unknown match method"),
-    ({"method": "re.NOPE", "ref": "x"}, "unknown regular-expression flag"),
-    ({"method": "range.xy", "ref": [0, 1]}, "range.XY"),
-    ({"ref": 1}, "needs a 'method'"),
-])
+@pytest.mark.parametrize(
+    "value_rule, fragment",
+    [
+        ({"method": "like", "ref": 1}, "unknown match method"),
+        ({"method": "re.NOPE", "ref": "x"}, "unknown regular-expression flag"),
+        ({"method": "range.xy", "ref": [0, 1]}, "range.XY"),
+        ({"ref": 1}, "needs a 'method'"),
+    ],
+)
 def test_match_value_rejects_bad_rules(value_rule, fragment):
     with pytest.raises(JudgeError, match=fragment):
         match_value("1", value_rule)
@@ -75,14 +92,19 @@ def test_match_record():
 
 # ---- JSON ----------------------------------------------------------------------------
 
+
 def test_check_json_project_and_osworld_methods(tmp_path):
     path = write(tmp_path / "s.json", {"editor": {"fontSize": 14, "theme": "Dark+"}, "tags": ["a", "b"]})
-    rules = {"expect": [{"key": ["editor", "fontSize"], "method": "eq", "ref": 14},
-                        {"key": ["tags"], "method": "has", "ref": "b"},
-                        {"key": ["editor", "theme"], "method": "re", "ref": "^Dark"},
-                        {"key": ["editor", "fontSize"], "method": "range.ee", "ref": [12, 16]},
-                        {"key": ["editor"], "method": "exists"}],
-             "unexpect": [{"key": ["editor", "wordWrap"], "method": "eq", "ref": "on"}]}
+    rules = {
+        "expect": [
+            {"key": ["editor", "fontSize"], "method": "eq", "ref": 14},
+            {"key": ["tags"], "method": "has", "ref": "b"},
+            {"key": ["editor", "theme"], "method": "re", "ref": "^Dark"},
+            {"key": ["editor", "fontSize"], "method": "range.ee", "ref": [12, 16]},
+            {"key": ["editor"], "method": "exists"},
+        ],
+        "unexpect": [{"key": ["editor", "wordWrap"], "method": "eq", "ref": "on"}],
+    }
     assert D.check_json(path, rules) == 1.0
     assert D.check_json(path, {"expect": [{"key": ["editor", "fontSize"], "method": "gt", "ref": 14}]}) == 0.0
     assert D.check_json(path, {"expect": [{"key": ["missing"], "method": "re", "ref": "x"}]}) == 0.0
@@ -93,7 +115,9 @@ def test_check_json_project_and_osworld_methods(tmp_path):
 
 def test_check_json_yaml(tmp_path):
     path = write(tmp_path / "c.yaml", "server:\n  port: 8080\n")
-    assert D.check_json(path, {"expect": [{"key": ["server", "port"], "method": "eq", "ref": 8080}]}, is_yaml=True) == 1.0
+    assert (
+        D.check_json(path, {"expect": [{"key": ["server", "port"], "method": "eq", "ref": 8080}]}, is_yaml=True) == 1.0
+    )
     assert D.check_json(path, {"expect": [{"key": ["server", "port"], "method": "eq", "ref": 80}]}, is_yaml=True) == 0.0
     assert D.check_json(write(tmp_path / "e.yaml", ""), {"expect": []}, is_yaml=True) == 0.0
 
@@ -130,8 +154,10 @@ def test_compare_config_containment_and_strict(tmp_path):
     assert D.compare_config(path, {"expected": json.dumps({"a": {"b": 1}})}) == 1.0
     assert D.compare_config(path, {"expected": json.dumps({"a": {"b": 2}})}) == 0.0
     assert D.compare_config(path, {"expected": json.dumps({"a": {"b": 1}})}, containment_ok=False) == 0.0
-    assert D.compare_config(path, {"expected": json.dumps({"d": [1, 2], "a": {"c": 2, "b": 1}})},
-                            containment_ok=False) == 1.0
+    assert (
+        D.compare_config(path, {"expected": json.dumps({"d": [1, 2], "a": {"c": 2, "b": 1}})}, containment_ok=False)
+        == 1.0
+    )
     text = write(tmp_path / "cfg.ini", "[x]\nkey = value\n")
     assert D.compare_config(text, {"expected": "key = value"}) == 1.0
     assert D.compare_config(text, {"expected": "key = other"}) == 0.0
@@ -143,6 +169,7 @@ def test_json_subset_properties():
 
 
 # ---- CSV -----------------------------------------------------------------------------
+
 
 def test_check_csv_records(tmp_path):
     path = write(tmp_path / "accounts.csv", "url,user\nimap://x,ann\nsmtp://x,ann\n")
@@ -165,6 +192,7 @@ def test_compare_csv_options_and_alternatives(tmp_path):
 
 
 # ---- SQLite --------------------------------------------------------------------------
+
 
 def test_run_sqlite3_read_only(tmp_path):
     path = str(tmp_path / "db.sqlite")

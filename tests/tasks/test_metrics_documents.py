@@ -32,17 +32,21 @@ def png_bytes(colour):
 
 
 def odt(path, paragraphs, highlighted=False):
-    style = ('<office:automatic-styles><style:style style:name="T1" style:family="text">'
-             '<style:text-properties fo:background-color="#ffff00"/></style:style></office:automatic-styles>')
+    style = (
+        '<office:automatic-styles><style:style style:name="T1" style:family="text">'
+        '<style:text-properties fo:background-color="#ffff00"/></style:style></office:automatic-styles>'
+    )
     body = "".join(f"<text:p>{p}</text:p>" for p in paragraphs)
     if highlighted:
         body += '<text:p>see <text:span text:style-name="T1">this</text:span></text:p>'
-    content = ('<?xml version="1.0" encoding="UTF-8"?><office:document-content '
-               'xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" '
-               'xmlns:style="urn:oasis:names:tc:opendocument:xmlns:style:1.0" '
-               'xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0" '
-               'xmlns:fo="urn:oasis:names:tc:opendocument:xmlns:xsl-fo-compatible:1.0">'
-               f'{style}<office:body><office:text>{body}</office:text></office:body></office:document-content>')
+    content = (
+        '<?xml version="1.0" encoding="UTF-8"?><office:document-content '
+        'xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" '
+        'xmlns:style="urn:oasis:names:tc:opendocument:xmlns:style:1.0" '
+        'xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0" '
+        'xmlns:fo="urn:oasis:names:tc:opendocument:xmlns:xsl-fo-compatible:1.0">'
+        f"{style}<office:body><office:text>{body}</office:text></office:body></office:document-content>"
+    )
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("mimetype", "application/vnd.oasis.opendocument.text")
         archive.writestr("content.xml", content)
@@ -59,8 +63,15 @@ def test_compare_docx_files_options(tmp_path):
     assert Dm.compare_docx_files(spaced, expected) == 1.0  # whitespace runs collapse (ignore_blanks)
     assert Dm.compare_docx_files(spaced, expected, ignore_blanks=False) == 0.0
     assert Dm.compare_docx_files(spaced, expected, ignore_blanks=False, delete_empty_lines=True) == 0.0
-    assert Dm.compare_docx_files(docx(tmp_path / "e2.docx", ["First  paragraph", "Second paragraph"]), expected,
-                                 ignore_blanks=False, delete_empty_lines=True) == 1.0
+    assert (
+        Dm.compare_docx_files(
+            docx(tmp_path / "e2.docx", ["First  paragraph", "Second paragraph"]),
+            expected,
+            ignore_blanks=False,
+            delete_empty_lines=True,
+        )
+        == 1.0
+    )
     swapped = docx(tmp_path / "swapped.docx", list(reversed(TEXT)))
     assert Dm.compare_docx_files(swapped, expected) == 0.0
     assert Dm.compare_docx_files(swapped, expected, ignore_order=True) == 1.0
@@ -83,7 +94,9 @@ def test_compare_odt_files_and_highlighted_words(tmp_path):
     assert Dm.compare_docx_files(odt(tmp_path / "r.odt", ["a  b", "c"]), expected) == 1.0
     assert Dm.compare_docx_files(odt(tmp_path / "w.odt", ["a b", "d"]), expected) == 0.0
     gold = odt(tmp_path / "g.odt", ["x"], highlighted=True)
-    assert Dm.check_highlighted_words(odt(tmp_path / "clean.odt", ["x"], highlighted=False), gold) == 0.0  # text differs
+    assert (
+        Dm.check_highlighted_words(odt(tmp_path / "clean.odt", ["x"], highlighted=False), gold) == 0.0
+    )  # text differs
     plain_gold = odt(tmp_path / "pg.odt", ["x", "see this"])
     assert Dm.check_highlighted_words(odt(tmp_path / "ok.odt", ["x", "see this"]), plain_gold) == 1.0
     assert Dm.check_highlighted_words(odt(tmp_path / "hl.odt", ["x"], highlighted=True), plain_gold) == 0.0
@@ -96,8 +109,12 @@ def test_paragraph_and_line_comparisons(tmp_path):
     assert Dm.compare_docx_lines(docx(tmp_path / "l.docx", [" c", "a", "", "b"]), expected) == 1.0
     assert Dm.compare_docx_lines(docx(tmp_path / "m.docx", ["a", "b"]), expected) == 0.0
     assert Dm.compare_docx_files_and_ignore_new_lines(docx(tmp_path / "n.docx", ["a", "", "b", "c"]), expected) == 1.0
-    assert Dm.compare_docx_files_and_ignore_new_lines(docx(tmp_path / "o.docx", ["a b", "c"]), expected,
-                                                      ignore_blanks=False) == 0.0
+    assert (
+        Dm.compare_docx_files_and_ignore_new_lines(
+            docx(tmp_path / "o.docx", ["a b", "c"]), expected, ignore_blanks=False
+        )
+        == 0.0
+    )
 
 
 def table_doc(cells):
@@ -106,12 +123,15 @@ def table_doc(cells):
         for i, row in enumerate(cells):
             for j, value in enumerate(row):
                 table.cell(i, j).text = value
+
     return build
 
 
 def test_compare_docx_tables(tmp_path):
     expected = docx(tmp_path / "e.docx", build=table_doc([["a", "b"], ["1", "2"]]))
-    assert Dm.compare_docx_tables(docx(tmp_path / "r.docx", build=table_doc([["a ", "b"], ["1", "2"]])), expected) == 1.0
+    assert (
+        Dm.compare_docx_tables(docx(tmp_path / "r.docx", build=table_doc([["a ", "b"], ["1", "2"]])), expected) == 1.0
+    )
     assert Dm.compare_docx_tables(docx(tmp_path / "w.docx", build=table_doc([["a", "b"], ["1", "3"]])), expected) == 0.0
     assert Dm.compare_docx_tables(docx(tmp_path / "n.docx", ["a"]), expected) == 0.0
 
@@ -140,6 +160,7 @@ def test_formatting_checks(tmp_path):
         def build(document):
             for text, spacing in zip(["intro", "body", "end"], values):
                 document.add_paragraph(text).paragraph_format.line_spacing = spacing
+
         return build
 
     good = docx(tmp_path / "s.docx", build=spaced([1.0, 2.0, 1.5]))
@@ -153,6 +174,7 @@ def test_formatting_checks(tmp_path):
             run = document.add_paragraph().add_run("word")
             for key, value in font.items():
                 setattr(run.font, key, value)
+
         return build
 
     assert Dm.compare_font_names(docx(tmp_path / "f.docx", build=runs(name="Arial")), {"font_name": "Arial"}) == 1.0
@@ -175,6 +197,7 @@ def test_highlighted_text_and_coloured_words(tmp_path):
         def build(document):
             paragraph = document.add_paragraph("plain ")
             paragraph.add_run(word).font.highlight_color = WD_COLOR_INDEX.YELLOW
+
         return build
 
     expected = docx(tmp_path / "e.docx", build=highlight("key"))
@@ -187,12 +210,16 @@ def test_highlighted_text_and_coloured_words(tmp_path):
             paragraph = cell.paragraphs[0]
             paragraph.add_run("apple").font.color.rgb = RGBColor(*apple)
             paragraph.add_run("pear").font.color.rgb = RGBColor(*pear)
+
         return build
 
     gold = docx(tmp_path / "g.docx", build=coloured((255, 0, 0), (0, 0, 255)))
     near = docx(tmp_path / "n.docx", build=coloured((254, 1, 0), (0, 0, 250)))
     assert Dm.evaluate_colored_words_in_tables(near, gold) == 1.0
-    assert Dm.evaluate_colored_words_in_tables(docx(tmp_path / "x.docx", build=coloured((0, 0, 255), (0, 0, 255))), gold) == 0.0
+    assert (
+        Dm.evaluate_colored_words_in_tables(docx(tmp_path / "x.docx", build=coloured((0, 0, 255), (0, 0, 255))), gold)
+        == 0.0
+    )
 
 
 def test_layout_checks(tmp_path):
@@ -223,6 +250,7 @@ def test_check_tabstops(tmp_path):
     def tabbed(position, alignment=WD_TAB_ALIGNMENT.RIGHT, text="Name\tValue"):
         def build(document):
             document.add_paragraph(text).paragraph_format.tab_stops.add_tab_stop(Pt(position), alignment)
+
         return build
 
     expected = docx(tmp_path / "e.docx", build=tabbed(400))
@@ -230,10 +258,20 @@ def test_check_tabstops(tmp_path):
     near = Dm.check_tabstops(docx(tmp_path / "n.docx", build=tabbed(390)), expected)
     assert 0.9 < near < 1.0
     assert Dm.check_tabstops(docx(tmp_path / "a.docx", build=tabbed(400, WD_TAB_ALIGNMENT.CENTER)), expected) == 0.0
-    assert Dm.check_tabstops(docx(tmp_path / "r2.docx", build=tabbed(400)), expected,
-                             word_number_split_by_tabstop=1, index=0) == 1.0
-    assert Dm.check_tabstops(docx(tmp_path / "r3.docx", build=tabbed(400, text="Full Name\tValue")), expected,
-                             word_number_split_by_tabstop=1) == 0.0
+    assert (
+        Dm.check_tabstops(
+            docx(tmp_path / "r2.docx", build=tabbed(400)), expected, word_number_split_by_tabstop=1, index=0
+        )
+        == 1.0
+    )
+    assert (
+        Dm.check_tabstops(
+            docx(tmp_path / "r3.docx", build=tabbed(400, text="Full Name\tValue")),
+            expected,
+            word_number_split_by_tabstop=1,
+        )
+        == 0.0
+    )
 
 
 def test_train_records(tmp_path):
@@ -250,8 +288,13 @@ def test_train_records(tmp_path):
 
 def test_compare_references_rescaled(tmp_path):
     expected = docx(tmp_path / "e.docx", ["Body", "References", "A. Author. Title one. 2020.", "B. Author. Title two."])
-    assert Dm.compare_references(docx(tmp_path / "r.docx", ["Text", "References", "A. Author. Title one. 2020.",
-                                                             "B. Author. Title two."]), expected) == 1.0
+    assert (
+        Dm.compare_references(
+            docx(tmp_path / "r.docx", ["Text", "References", "A. Author. Title one. 2020.", "B. Author. Title two."]),
+            expected,
+        )
+        == 1.0
+    )
     assert Dm.compare_references(docx(tmp_path / "w.docx", ["Text", "References", "zzz", "qqq"]), expected) == 0.0
     assert Dm.compare_references(docx(tmp_path / "n.docx", ["Text"]), expected) == 0.0
     assert Dm.compare_references(docx(tmp_path / "n2.docx", ["Text"]), docx(tmp_path / "n3.docx", ["Other"])) == 1.0
@@ -264,9 +307,11 @@ def test_fuzzy_place_math(tmp_path):
 
 
 def test_find_default_font(tmp_path):
-    xcu = ('<?xml version="1.0"?><oor:items xmlns:oor="http://openoffice.org/2001/registry">'
-           '<item oor:path="/org.openoffice.Office.Writer/DefaultFont"><prop oor:name="Standard" oor:op="fuse">'
-           '<value>{font}</value></prop></item></oor:items>')
+    xcu = (
+        '<?xml version="1.0"?><oor:items xmlns:oor="http://openoffice.org/2001/registry">'
+        '<item oor:path="/org.openoffice.Office.Writer/DefaultFont"><prop oor:name="Standard" oor:op="fuse">'
+        "<value>{font}</value></prop></item></oor:items>"
+    )
     path = tmp_path / "registrymodifications.xcu"
     path.write_text(xcu.format(font="Liberation Serif"))
     assert Dm.find_default_font(str(path), {"font_name": "Liberation Serif"}) == 1.0
@@ -276,7 +321,9 @@ def test_find_default_font(tmp_path):
 def epub(path, chapter):
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("toc.ncx", "<ncx>\n<navPoint id='1'/>\n<text>Book</text>\n</ncx>")
-        archive.writestr("content.opf", "<package>\n<dc:identifier>random-id</dc:identifier>\n<title>Book</title>\n</package>")
+        archive.writestr(
+            "content.opf", "<package>\n<dc:identifier>random-id</dc:identifier>\n<title>Book</title>\n</package>"
+        )
         archive.writestr("ch1.html", f"<html><body><p>{chapter}</p>\n<p>end</p></body></html>")
     return str(path)
 

@@ -23,15 +23,18 @@ def write(path, content):
 
 # ---- command output and desktop state -----------------------------------------------
 
+
 def test_gnome_favourites_timezone_scaling():
     rules = {"expected": ["thunderbird.desktop", "vim.desktop"]}
     assert G.check_gnome_favorite_apps("['vim.desktop', 'thunderbird.desktop']\n", rules) == 1.0
     assert G.check_gnome_favorite_apps("['vim.desktop']", rules) == 0.0
     assert G.check_gnome_favorite_apps("__import__('os')", rules) == 0.0  # never evaluated
-    status = ("               Local time: Thu 2024-01-25 12:56:06 WET\n"
-              "           Universal time: Thu 2024-01-25 12:56:06 UTC\n"
-              "                 RTC time: Thu 2024-01-25 12:56:05\n"
-              "                Time zone: {zone}\n")
+    status = (
+        "               Local time: Thu 2024-01-25 12:56:06 WET\n"
+        "           Universal time: Thu 2024-01-25 12:56:06 UTC\n"
+        "                 RTC time: Thu 2024-01-25 12:56:05\n"
+        "                Time zone: {zone}\n"
+    )
     assert G.is_utc_0(status.format(zone="Atlantic/Faroe (WET, +0000)")) == 1.0
     assert G.is_utc_0(status.format(zone="Europe/Paris (CET, +0100)")) == 0.0
     assert G.check_text_enlarged("1.25\n") == 1.0
@@ -44,7 +47,7 @@ def test_moved_files_clipboard_config(tmp_path):
     assert G.check_moved_jpgs(tree, {"expected": ["a.jpg"]}) == 0.0
     assert G.is_in_vm_clickboard({"expected": ["alpha", "beta"]}, "alpha and beta") == 1.0
     assert G.is_in_vm_clickboard({"expected": "gamma"}, "alpha and beta") == 0.0
-    gimprc = write(tmp_path / "gimprc", "# GIMP gimprc\n(theme \"Light\")\n(default-image (width 800))\n")
+    gimprc = write(tmp_path / "gimprc", '# GIMP gimprc\n(theme "Light")\n(default-image (width 800))\n')
     assert G.check_config_status(gimprc, {"key": "theme", "value": '"Light"'}) == 1.0
     assert G.check_config_status(gimprc, {"key": "theme", "value": '"Dark"'}) == 0.0
     assert G.check_config_status(gimprc, {"key": ["default-image", "(width"], "value": "800"}) == 1.0  # ")"s stripped
@@ -53,14 +56,19 @@ def test_moved_files_clipboard_config(tmp_path):
     assert G.check_file_exists(str(tmp_path), "nope") == 0.0
 
 
-A11Y = ('<desktop-frame xmlns:st="https://accessibility.ubuntu.example.org/ns/state" '
-        'xmlns:attr="https://accessibility.ubuntu.example.org/ns/attributes">'
-        '<application name="Files"><label name="Status" attr:id="status" st:showing="true">Saved</label>'
-        '</application></desktop-frame>')
+A11Y = (
+    '<desktop-frame xmlns:st="https://accessibility.ubuntu.example.org/ns/state" '
+    'xmlns:attr="https://accessibility.ubuntu.example.org/ns/attributes">'
+    '<application name="Files"><label name="Status" attr:id="status" st:showing="true">Saved</label>'
+    "</application></desktop-frame>"
+)
 
 
 def test_check_accessibility_tree():
-    assert G.check_accessibility_tree(A11Y, [{"xpath": "//label[@attr:id='status']", "text": "Saved", "exact": True}]) == 1.0
+    assert (
+        G.check_accessibility_tree(A11Y, [{"xpath": "//label[@attr:id='status']", "text": "Saved", "exact": True}])
+        == 1.0
+    )
     assert G.check_accessibility_tree(A11Y, [{"xpath": "//label", "text": "Unsaved", "exact": True}]) == 0.0
     assert 0.0 < G.check_accessibility_tree(A11Y, [{"xpath": "//label", "text": "Save", "exact": False}]) < 1.0
     assert G.check_accessibility_tree(A11Y, [{"xpath": "//button"}]) == 0.0
@@ -80,6 +88,7 @@ def test_compare_time_in_speedtest_results(tmp_path, monkeypatch):
 
 
 # ---- archives and HTML ---------------------------------------------------------------
+
 
 def archive(path, members, kind="zip"):
     if kind == "zip":
@@ -112,22 +121,36 @@ def test_compare_archive(tmp_path):
 
 
 def test_compare_htmls(tmp_path):
-    expected = write(tmp_path / "e.html", '<html><body><table><tr><td sdnum="1;0;@">Total</td></tr></table></body></html>')
-    assert G.compare_htmls(write(tmp_path / "r.html", '<html><body><table><tr><td sdnum="1;0;@">Total</td></tr>'
-                                                      '</table></body></html>'), expected) == 1.0
-    other_number = write(tmp_path / "s.html", '<html><body><table><tr><td sdnum="1;0;0.00">Total</td></tr></table></body></html>')
+    expected = write(
+        tmp_path / "e.html", '<html><body><table><tr><td sdnum="1;0;@">Total</td></tr></table></body></html>'
+    )
+    assert (
+        G.compare_htmls(
+            write(
+                tmp_path / "r.html", '<html><body><table><tr><td sdnum="1;0;@">Total</td></tr></table></body></html>'
+            ),
+            expected,
+        )
+        == 1.0
+    )
+    other_number = write(
+        tmp_path / "s.html", '<html><body><table><tr><td sdnum="1;0;0.00">Total</td></tr></table></body></html>'
+    )
     assert G.compare_htmls(other_number, expected) == 0.0
     assert G.compare_htmls(other_number, expected, ignore_sdnum=True) == 1.0
     assert G.compare_htmls(write(tmp_path / "w.html", "<html><body><p>Total</p></body></html>"), expected) == 0.0
 
 
 def test_check_html_background_image(tmp_path):
-    page = write(tmp_path / "p.html", "<html><head><style>body { background-image: url('bg.png'); }</style></head></html>")
+    page = write(
+        tmp_path / "p.html", "<html><head><style>body { background-image: url('bg.png'); }</style></head></html>"
+    )
     assert G.check_html_background_image(page, {"value": "bg.png"}) == 1.0
     assert G.check_html_background_image(page, {"value": "other.png"}) == 0.0
 
 
 # ---- the last action and the environment's judge -------------------------------------
+
 
 def test_infeasible():
     assert G.infeasible(last_action=A.Fail()) == 1.0
@@ -209,14 +232,20 @@ def test_vlc_settings(tmp_path):
 
 
 def test_vlc_status_and_fullscreen(tmp_path):
-    status = write(tmp_path / "status.xml", "<root><state>playing</state><information><category name=\"meta\">"
-                                            "<info name=\"filename\">/home/user/Music/song.mp3</info></category>"
-                                            "</information></root>")
+    status = write(
+        tmp_path / "status.xml",
+        '<root><state>playing</state><information><category name="meta">'
+        '<info name="filename">/home/user/Music/song.mp3</info></category>'
+        "</information></root>",
+    )
     assert Ap.is_vlc_playing(status, {"type": "file_name", "file_name": "song.mp3"}) == 1.0
     assert Ap.is_vlc_playing(status, {"type": "file_name", "file_name": "other.mp3"}) == 0.0
-    stream = write(tmp_path / "s.xml", "<root><state>playing</state><information><category name=\"meta\">"
-                                       "<info name=\"url\">http://radio.example/live/stream.m3u8?x=1</info>"
-                                       "</category></information></root>")
+    stream = write(
+        tmp_path / "s.xml",
+        '<root><state>playing</state><information><category name="meta">'
+        '<info name="url">http://radio.example/live/stream.m3u8?x=1</info>'
+        "</category></information></root>",
+    )
     assert Ap.is_vlc_playing(stream, {"type": "url", "url": "http://radio.example/live/stream.m3u8"}) == 1.0
     paused = write(tmp_path / "p.xml", "<root><state>paused</state></root>")
     assert Ap.is_vlc_playing(paused, {"type": "file_name", "file_name": "song.mp3"}) == 0.0
@@ -225,31 +254,41 @@ def test_vlc_status_and_fullscreen(tmp_path):
 
 
 def test_libre_locale(tmp_path):
-    xcu = write(tmp_path / "r.xcu", '<?xml version="1.0"?><oor:items xmlns:oor="http://openoffice.org/2001/registry">'
-                                    '<item oor:path="/org.openoffice.Setup/L10N"><prop oor:name="ooSetupSystemLocale" '
-                                    'oor:op="fuse"><value>de-DE</value></prop></item></oor:items>')
+    xcu = write(
+        tmp_path / "r.xcu",
+        '<?xml version="1.0"?><oor:items xmlns:oor="http://openoffice.org/2001/registry">'
+        '<item oor:path="/org.openoffice.Setup/L10N"><prop oor:name="ooSetupSystemLocale" '
+        'oor:op="fuse"><value>de-DE</value></prop></item></oor:items>',
+    )
     assert Ap.check_libre_locale(xcu, {"locale_set": ["de-*", "fr-FR"]}) == 1.0
     assert Ap.check_libre_locale(xcu, {"locale_set": ["en-*"]}) == 0.0
 
 
-PREFS = '''// Mozilla User Preferences
+PREFS = """// Mozilla User Preferences
 user_pref("mail.spellcheck.inline", false);
 user_pref("mailnews.default_sort_order", 2);
 user_pref("mail.identity.id1.fullName", "Ann \\"A\\" Lee");
-'''
+"""
 
 
 def test_thunderbird_prefs(tmp_path):
     prefs = write(tmp_path / "prefs.js", PREFS)
-    rules = {"expect": {"mail.spellcheck.inline": {"method": "eq", "ref": False},
-                        "mailnews.default_sort_order": {"method": "ge", "ref": 2}},
-             "unexpect": {"mail.identity.id1.fullName": {"method": "re", "ref": "^Bob"}}}
+    rules = {
+        "expect": {
+            "mail.spellcheck.inline": {"method": "eq", "ref": False},
+            "mailnews.default_sort_order": {"method": "ge", "ref": 2},
+        },
+        "unexpect": {"mail.identity.id1.fullName": {"method": "re", "ref": "^Bob"}},
+    }
     assert Ap.check_thunderbird_prefs(prefs, rules) == 1.0
     assert Ap.check_thunderbird_prefs(prefs, {"expect": {"mail.never.set": {"method": "eq", "ref": 1}}}) == 0.0
-    assert Ap.check_thunderbird_prefs(prefs, {"unexpect": {"mail.identity.id1.fullName": {"method": "re", "ref": "Ann"}}}) == 0.0
+    assert (
+        Ap.check_thunderbird_prefs(prefs, {"unexpect": {"mail.identity.id1.fullName": {"method": "re", "ref": "Ann"}}})
+        == 0.0
+    )
 
 
-FILTERS = '''version="9"
+FILTERS = """version="9"
 logging="no"
 name="Forward all"
 enabled="yes"
@@ -263,14 +302,17 @@ type="17"
 action="Move to folder"
 actionValue="mailbox://nobody@Local%20Folders/Junk"
 condition="AND (subject,contains,offer) OR (from,is,\\"x@y\\")"
-'''
+"""
 
 
 def test_thunderbird_filters(tmp_path):
     path = write(tmp_path / "msgFilterRules.dat", FILTERS)
     found = Ap.thunderbird_filters(FILTERS)
     assert found[1]["condition"] == ["AND (subject,contains,offer)", 'OR (from,is,"x@y")']
-    assert Ap.check_thunderbird_filter(path, {"expect": [{"enabled": "yes", "action": "Forward", "condition": ["ALL"]}]}) == 1.0
+    assert (
+        Ap.check_thunderbird_filter(path, {"expect": [{"enabled": "yes", "action": "Forward", "condition": ["ALL"]}]})
+        == 1.0
+    )
     assert Ap.check_thunderbird_filter(path, {"expect": [{"name": "Missing"}]}) == 0.0
     assert Ap.check_thunderbird_filter(path, {"unexpect": [{"name": "Spam"}]}) == 0.0
 
@@ -295,16 +337,36 @@ def test_active_tab_and_url_patterns():
 
 
 def test_extensions_bookmarks_history_flags_fonts():
-    assert B.is_expected_installed_extensions(["Zoom for Google Chrome", "uBlock"],
-                                              {"expected": ["Zoom Chrome Extension"]}) == 1.0
+    assert (
+        B.is_expected_installed_extensions(
+            ["Zoom for Google Chrome", "uBlock"], {"expected": ["Zoom Chrome Extension"]}
+        )
+        == 1.0
+    )
     assert B.is_expected_installed_extensions(["uBlock"], {"expected": ["Grammarly"]}) == 0.0
-    bookmarks = {"bookmark_bar": {"children": [
-        {"type": "folder", "name": "Liked Authors", "children": [{"type": "url", "url": "https://a.example"},
-                                                                 {"type": "url", "url": "https://b2.example"}]},
-        {"type": "url", "url": "https://news.example", "name": "News"}]}}
+    bookmarks = {
+        "bookmark_bar": {
+            "children": [
+                {
+                    "type": "folder",
+                    "name": "Liked Authors",
+                    "children": [
+                        {"type": "url", "url": "https://a.example"},
+                        {"type": "url", "url": "https://b2.example"},
+                    ],
+                },
+                {"type": "url", "url": "https://news.example", "name": "News"},
+            ]
+        }
+    }
     assert B.is_expected_bookmarks(bookmarks, {"type": "bookmark_bar_folders_names", "names": ["Liked Authors"]}) == 1.0
-    assert B.is_expected_bookmarks(bookmarks, {"type": "bookmark_bar_websites_urls", "urls": ["https://x.example"]}) == 0.0
-    liked = {"type": "liked_authors_websites_urls", "urls": ["https://a.example", ["https://b1.example", "https://b2.example"]]}
+    assert (
+        B.is_expected_bookmarks(bookmarks, {"type": "bookmark_bar_websites_urls", "urls": ["https://x.example"]}) == 0.0
+    )
+    liked = {
+        "type": "liked_authors_websites_urls",
+        "urls": ["https://a.example", ["https://b1.example", "https://b2.example"]],
+    }
     assert B.is_expected_bookmarks(bookmarks, liked) == 1.0
     assert B.is_expected_bookmarks(bookmarks, {**liked, "urls": ["https://a.example"]}) == 0.0
     history = [("https://mail.example/inbox", "Inbox", 3)]
@@ -317,7 +379,9 @@ def test_extensions_bookmarks_history_flags_fonts():
 
 
 def test_is_shortcut_on_desktop():
-    shortcuts = {"/home/user/Desktop/site.desktop": "[Desktop Entry]\nName=Example Docs\nExec=chrome --app=https://docs.example\n"}
+    shortcuts = {
+        "/home/user/Desktop/site.desktop": "[Desktop Entry]\nName=Example Docs\nExec=chrome --app=https://docs.example\n"
+    }
     assert B.is_shortcut_on_desktop(shortcuts, {"type": "name", "name": "example docs"}) == 1.0
     assert B.is_shortcut_on_desktop(shortcuts, {"type": "name", "name": "Mail"}) == 0.0
     assert B.is_shortcut_on_desktop(shortcuts, {"type": "exec", "exec": "--app=https://docs.example"}) == 1.0

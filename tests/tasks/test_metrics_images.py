@@ -17,8 +17,14 @@ def scene(width=64, height=48):
     """A gradient with a few shapes: structure SSIM can see."""
     x = np.linspace(0, 255, width)[None, :, None]
     y = np.linspace(0, 255, height)[:, None, None]
-    pixels = np.concatenate([np.broadcast_to(x, (height, width, 1)), np.broadcast_to(y, (height, width, 1)),
-                             np.full((height, width, 1), 90.0)], axis=2).astype(np.uint8)
+    pixels = np.concatenate(
+        [
+            np.broadcast_to(x, (height, width, 1)),
+            np.broadcast_to(y, (height, width, 1)),
+            np.full((height, width, 1), 90.0),
+        ],
+        axis=2,
+    ).astype(np.uint8)
     image = Image.fromarray(pixels, "RGB")
     draw = ImageDraw.Draw(image)
     draw.rectangle([8, 8, 24, 30], fill=(200, 40, 40))
@@ -33,6 +39,7 @@ def save(image, path):
 
 # ---- measures --------------------------------------------------------------------------
 
+
 def ssim_reference(a, b, data_range=255.0, win=7):
     """SSIM by explicit windows: the mean over every win x win window inside the image."""
     a, b = a.astype(np.float64), b.astype(np.float64)
@@ -40,7 +47,7 @@ def ssim_reference(a, b, data_range=255.0, win=7):
     values = []
     for i in range(a.shape[0] - win + 1):
         for j in range(a.shape[1] - win + 1):
-            x, y = a[i:i + win, j:j + win].ravel(), b[i:i + win, j:j + win].ravel()
+            x, y = a[i : i + win, j : j + win].ravel(), b[i : i + win, j : j + win].ravel()
             mx, my = x.mean(), y.mean()
             vx, vy = x.var(ddof=1), y.var(ddof=1)
             cov = ((x - mx) * (y - my)).sum() / (x.size - 1)
@@ -49,7 +56,7 @@ def ssim_reference(a, b, data_range=255.0, win=7):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(0, 2 ** 31 - 1), st.integers(7, 14), st.integers(7, 14))
+@given(st.integers(0, 2**31 - 1), st.integers(7, 14), st.integers(7, 14))
 def test_ssim_matches_explicit_windows_and_is_symmetric(seed, height, width):
     rng = np.random.default_rng(seed)
     a = rng.integers(0, 256, (height, width))
@@ -73,14 +80,17 @@ def test_ssim_channels_and_bad_shapes():
 
 
 # Sharma, Wu and Dalal (2005), "The CIEDE2000 color-difference formula": test pairs.
-@pytest.mark.parametrize("lab1, lab2, delta", [
-    ((50.0, 2.6772, -79.7751), (50.0, 0.0, -82.7485), 2.0425),
-    ((50.0, 3.1571, -77.2803), (50.0, 0.0, -82.7485), 2.8615),
-    ((50.0, 0.0, 0.0), (50.0, -1.0, 2.0), 2.3669),
-    ((50.0, 2.5, 0.0), (73.0, 25.0, -18.0), 27.1492),
-    ((60.2574, -34.0099, 36.2677), (60.4626, -34.1751, 39.4387), 1.2644),
-    ((2.0776, 0.0795, -1.1350), (0.9033, -0.0636, -0.5514), 0.9082),
-])
+@pytest.mark.parametrize(
+    "lab1, lab2, delta",
+    [
+        ((50.0, 2.6772, -79.7751), (50.0, 0.0, -82.7485), 2.0425),
+        ((50.0, 3.1571, -77.2803), (50.0, 0.0, -82.7485), 2.8615),
+        ((50.0, 0.0, 0.0), (50.0, -1.0, 2.0), 2.3669),
+        ((50.0, 2.5, 0.0), (73.0, 25.0, -18.0), 27.1492),
+        ((60.2574, -34.0099, 36.2677), (60.4626, -34.1751, 39.4387), 1.2644),
+        ((2.0776, 0.0795, -1.1350), (0.9033, -0.0636, -0.5514), 0.9082),
+    ],
+)
 def test_ciede2000_reference_pairs(lab1, lab2, delta):
     assert M.ciede2000(lab1, lab2) == pytest.approx(delta, abs=1e-4)
     assert M.ciede2000(lab2, lab1) == pytest.approx(delta, abs=1e-4)
@@ -96,8 +106,19 @@ def test_laplacian_variance_matches_convolution():
     rng = np.random.default_rng(1)
     g = rng.integers(0, 256, (6, 7)).astype(np.float64)
     padded = np.pad(g, 1, mode="reflect")
-    lap = np.array([[padded[i, j + 1] + padded[i + 2, j + 1] + padded[i + 1, j] + padded[i + 1, j + 2]
-                     - 4 * padded[i + 1, j + 1] for j in range(7)] for i in range(6)])
+    lap = np.array(
+        [
+            [
+                padded[i, j + 1]
+                + padded[i + 2, j + 1]
+                + padded[i + 1, j]
+                + padded[i + 1, j + 2]
+                - 4 * padded[i + 1, j + 1]
+                for j in range(7)
+            ]
+            for i in range(6)
+        ]
+    )
     assert M.laplacian_variance(g) == pytest.approx(lap.var())
     assert M.laplacian_variance(np.full((5, 5), 7.0)) == 0.0
 
@@ -110,6 +131,7 @@ def test_normalised_rgb_distance_in_unit_range(a, b):
 
 
 # ---- metrics --------------------------------------------------------------------------
+
 
 def test_compare_images(tmp_path):
     reference = save(scene(), tmp_path / "ref.png")
@@ -171,8 +193,12 @@ def test_brightness_saturation_contrast_checks(tmp_path):
 
 def test_palette_mirror_sharpness(tmp_path):
     reference = save(scene(), tmp_path / "ref.png")
-    assert I.check_palette_and_structure_sim(save(scene().convert("P", palette=Image.Palette.ADAPTIVE, colors=256),
-                                                  tmp_path / "p.png"), reference) == 1.0
+    assert (
+        I.check_palette_and_structure_sim(
+            save(scene().convert("P", palette=Image.Palette.ADAPTIVE, colors=256), tmp_path / "p.png"), reference
+        )
+        == 1.0
+    )
     assert I.check_palette_and_structure_sim(save(scene(), tmp_path / "rgb.png"), reference) == 0.0
     mirrored = save(scene().transpose(Image.Transpose.FLIP_LEFT_RIGHT), tmp_path / "m.png")
     assert I.check_image_mirror(mirrored, reference) == 1.0
@@ -189,7 +215,9 @@ def test_green_background(tmp_path):
     green = Image.new("RGB", (20, 10), (200, 10, 10))
     ImageDraw.Draw(green).rectangle([0, 0, 9, 9], fill=(10, 200, 10))
     assert I.check_green_background(save(green, tmp_path / "g.png"), mask_path) == 1.0
-    assert I.check_green_background(save(Image.new("RGB", (20, 10), (200, 10, 10)), tmp_path / "r.png"), mask_path) == 0.0
+    assert (
+        I.check_green_background(save(Image.new("RGB", (20, 10), (200, 10, 10)), tmp_path / "r.png"), mask_path) == 0.0
+    )
 
 
 def test_size_and_file_size(tmp_path):
@@ -201,7 +229,7 @@ def test_size_and_file_size(tmp_path):
     tpath = save(transparent, tmp_path / "t.png")
     assert I.check_image_size(tpath, {"width": 10, "height": 20, "ignore_transparent": True}) == 1.0
     assert I.check_image_size(tpath, {"width": 10, "height": 20}) == 0.0
-    assert I.check_image_file_size(path, {"max_size": 10 ** 6}) == 1.0
+    assert I.check_image_file_size(path, {"max_size": 10**6}) == 1.0
     assert I.check_image_file_size(path, {"max_size": 10}) == 0.0
 
 

@@ -17,8 +17,10 @@ def make_pdf(path, pages):
     for text in pages:
         stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
         objects.append(f"<< /Length {len(stream)} >>\nstream\n{stream.decode()}\nendstream")
-        objects.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {len(objects)} 0 R "
-                       "/Resources << /Font << /F1 3 0 R >> >> >>")
+        objects.append(
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {len(objects)} 0 R "
+            "/Resources << /Font << /F1 3 0 R >> >> >>"
+        )
         kids.append(f"{len(objects)} 0 R")
     objects[1] = f"<< /Type /Pages /Kids [{' '.join(kids)}] /Count {len(kids)} >>"
     out, offsets = bytearray(b"%PDF-1.4\n"), []
@@ -51,8 +53,12 @@ def test_compare_pdfs_single_and_lists(tmp_path):
     assert P.compare_pdfs(make_pdf(tmp_path / "r.pdf", ["The quick brown fox"]), expected) == 1.0
     assert P.compare_pdfs(make_pdf(tmp_path / "w.pdf", ["zzzz"]), expected) == 0.0
     other = make_pdf(tmp_path / "o.pdf", ["jumps"])
-    assert P.compare_pdfs([make_pdf(tmp_path / "r1.pdf", ["The quick brown fox"]), str(tmp_path / "absent.pdf")],
-                          [expected, other]) == 0.5
+    assert (
+        P.compare_pdfs(
+            [make_pdf(tmp_path / "r1.pdf", ["The quick brown fox"]), str(tmp_path / "absent.pdf")], [expected, other]
+        )
+        == 0.5
+    )
     (tmp_path / "junk.pdf").write_text("not a pdf")
     assert P.compare_pdfs(str(tmp_path / "junk.pdf"), expected) == 0.0
 

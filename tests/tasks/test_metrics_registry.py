@@ -64,8 +64,11 @@ def test_every_osworld_metric_is_implemented_or_listed_with_a_reason():
 
 
 def test_every_implemented_metric_is_exercised_by_a_metric_test():
-    sources = "\n".join(p.read_text() for p in pathlib.Path(__file__).parent.glob("test_metrics_*.py")
-                        if p.name != pathlib.Path(__file__).name)
+    sources = "\n".join(
+        p.read_text()
+        for p in pathlib.Path(__file__).parent.glob("test_metrics_*.py")
+        if p.name != pathlib.Path(__file__).name
+    )
     untested = [name for name in M.METRICS if not re.search(rf"\b{re.escape(name)}\(", sources)]
     assert untested == []
 
@@ -115,6 +118,7 @@ def test_lookup_explains_unusable_names():
 
 # ---- the schema and the verdict through the registry ----------------------------------
 
+
 def task(evaluator, tmp_path):
     return parse_task({"id": "m", "instruction": "x", "evaluator": evaluator}, tmp_path)
 
@@ -129,7 +133,10 @@ class FakeClient:
     def run_python(self, code, timeout):
         # the judge's verdict line carries the run's nonce: answer with the marker the code holds
         marker = re.search(re.escape(JUDGE_MARKER) + "[0-9a-f]+:", code)
-        return {"output": self.judge_output.replace(JUDGE_MARKER, marker.group(0) if marker else JUDGE_MARKER), "error": ""}
+        return {
+            "output": self.judge_output.replace(JUDGE_MARKER, marker.group(0) if marker else JUDGE_MARKER),
+            "error": "",
+        }
 
 
 def test_schema_checks_getters_against_arity(tmp_path):
@@ -140,11 +147,23 @@ def test_schema_checks_getters_against_arity(tmp_path):
     assert task({**utc, "expected": {}}, tmp_path)  # an empty getter object is none
     with pytest.raises(TaskSchemaError, match="metric 'compare_docx_files' needs a 'expected' getter"):
         task({"func": "compare_docx_files", "result": {"type": "local_file", "path": "a.docx"}}, tmp_path)
-    sheet = task({"func": "compare_table", "result": {"type": "local_file", "path": "a.xlsx"},
-                  "options": {"rules": [{"type": "check_cell"}]}}, tmp_path)
+    sheet = task(
+        {
+            "func": "compare_table",
+            "result": {"type": "local_file", "path": "a.xlsx"},
+            "options": {"rules": [{"type": "check_cell"}]},
+        },
+        tmp_path,
+    )
     assert sheet.evaluator.checks[0].expected is None
-    audio = task({"func": "compare_audios", "result": {"type": "local_file", "path": "a.mp3"},
-                  "expected": {"type": "local_file", "path": "b.mp3"}}, tmp_path)
+    audio = task(
+        {
+            "func": "compare_audios",
+            "result": {"type": "local_file", "path": "a.mp3"},
+            "expected": {"type": "local_file", "path": "b.mp3"},
+        },
+        tmp_path,
+    )
     assert audio.evaluator.checks[0].func == "compare_audios"
     with pytest.raises(TaskSchemaError, match="unknown metric 'compare_smells'"):
         task({"func": "compare_smells"}, tmp_path)
@@ -155,8 +174,11 @@ def test_verdict_dispatches_through_the_registry(tmp_path):
         document = Document()
         document.add_paragraph(text)
         document.save(tmp_path / name)
-    docs = {"func": "compare_docx_files", "result": {"type": "local_file", "path": "a.docx"},
-            "expected": {"type": "local_file", "path": "b.docx"}}
+    docs = {
+        "func": "compare_docx_files",
+        "result": {"type": "local_file", "path": "a.docx"},
+        "expected": {"type": "local_file", "path": "b.docx"},
+    }
     assert judges.evaluate(task(docs, tmp_path), FakeClient(), tmp_path / "cache", last_action=A.Done()) == 1.0
     wrong = {**docs, "expected": {"type": "local_file", "path": "c.docx"}, "options": {"ignore_case": True}}
     assert judges.evaluate(task(wrong, tmp_path), FakeClient(), tmp_path / "cache", last_action=A.Done()) == 0.0
@@ -169,21 +191,46 @@ def test_verdict_dispatches_through_the_registry(tmp_path):
 
 
 def test_verdict_errors_are_the_judges(tmp_path):
-    audio = task({"func": "compare_audios", "result": {"type": "local_file", "path": "a.txt"},
-                  "expected": {"type": "local_file", "path": "a.txt"}}, tmp_path)
+    audio = task(
+        {
+            "func": "compare_audios",
+            "result": {"type": "local_file", "path": "a.txt"},
+            "expected": {"type": "local_file", "path": "a.txt"},
+        },
+        tmp_path,
+    )
     (tmp_path / "a.txt").write_text("x")
     with pytest.raises(judges.JudgeError, match="not implemented here"):
         judges.evaluate(audio, FakeClient(), tmp_path / "cache", last_action=A.Done())
-    bad_option = task({"func": "compare_text_file", "result": {"type": "local_file", "path": "a.txt"},
-                       "expected": {"type": "local_file", "path": "a.txt"}, "options": {"ignore_everything": True}},
-                      tmp_path)
+    bad_option = task(
+        {
+            "func": "compare_text_file",
+            "result": {"type": "local_file", "path": "a.txt"},
+            "expected": {"type": "local_file", "path": "a.txt"},
+            "options": {"ignore_everything": True},
+        },
+        tmp_path,
+    )
     assert judges.evaluate(bad_option, FakeClient(), tmp_path / "cache", last_action=A.Done()) == 1.0  # **options
-    literal = task({"func": "literal_match", "result": {"type": "rule", "rules": {}},
-                    "expected": {"type": "rule", "rules": {}}, "options": {"flavour": 1}}, tmp_path)
+    literal = task(
+        {
+            "func": "literal_match",
+            "result": {"type": "rule", "rules": {}},
+            "expected": {"type": "rule", "rules": {}},
+            "options": {"flavour": 1},
+        },
+        tmp_path,
+    )
     with pytest.raises(judges.JudgeError, match="metric literal_match failed: TypeError"):
         judges.evaluate(literal, FakeClient(), tmp_path / "cache", last_action=A.Done())
-    sqlite = task({"func": "run_sqlite3", "result": {"type": "local_file", "path": "db.sqlite"},
-                   "expected": {"type": "rule", "rules": {"sql": "select 7"}}}, tmp_path)
+    sqlite = task(
+        {
+            "func": "run_sqlite3",
+            "result": {"type": "local_file", "path": "db.sqlite"},
+            "expected": {"type": "rule", "rules": {"sql": "select 7"}},
+        },
+        tmp_path,
+    )
     import sqlite3
 
     sqlite3.connect(tmp_path / "db.sqlite").close()
@@ -192,8 +239,15 @@ def test_verdict_errors_are_the_judges(tmp_path):
 
 
 def test_a_broken_metric_is_a_judge_error_with_its_traceback(tmp_path):
-    literal = task({"func": "literal_match", "result": {"type": "rule", "rules": {}},
-                    "expected": {"type": "rule", "rules": {}}, "options": {"flavour": 1}}, tmp_path)
+    literal = task(
+        {
+            "func": "literal_match",
+            "result": {"type": "rule", "rules": {}},
+            "expected": {"type": "rule", "rules": {}},
+            "options": {"flavour": 1},
+        },
+        tmp_path,
+    )
     with pytest.raises(judges.JudgeError) as caught:
         judges.evaluate(literal, FakeClient(), tmp_path / "cache", last_action=A.Done())
     assert isinstance(caught.value.__cause__, TypeError)
@@ -212,8 +266,11 @@ def test_a_malformed_result_scores_zero_and_a_reader_bug_raises(tmp_path):
     with zipfile.ZipFile(tmp_path / "partless.docx", "w") as archive:  # python-docx: a KeyError from zipfile
         archive.writestr("word/other.xml", "<x/>")
     for name in ("junk.docx", "partless.docx"):
-        docs = {"func": "compare_docx_files", "result": {"type": "local_file", "path": name},
-                "expected": {"type": "local_file", "path": "e.docx"}}
+        docs = {
+            "func": "compare_docx_files",
+            "result": {"type": "local_file", "path": name},
+            "expected": {"type": "local_file", "path": "e.docx"},
+        }
         assert judges.evaluate(task(docs, tmp_path), FakeClient(), tmp_path / "cache", last_action=A.Done()) == 0.0
         assert result_docx(str(tmp_path / name)) is None
     assert result_docx(str(tmp_path / "absent.docx")) is None

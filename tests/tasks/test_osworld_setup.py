@@ -26,8 +26,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def pool():
     image = ensure_image("desktop")
-    with DockerEnvPool(PoolConfig(image=image, size=2, cpus=1.0, memory="1g", call_timeout=30.0,
-                                  health_interval=None)) as pool:
+    with DockerEnvPool(
+        PoolConfig(image=image, size=2, cpus=1.0, memory="1g", call_timeout=30.0, health_interval=None)
+    ) as pool:
         yield pool
 
 
@@ -47,9 +48,19 @@ def task_file(root: pathlib.Path, domain: str, task: dict) -> pathlib.Path:
 
 
 def osworld_task(task_id: str, config: list, evaluator: dict, related_apps=()) -> dict:
-    return {"id": task_id, "snapshot": "os", "instruction": "Check the setup.", "source": "test",
-            "trajectory": "trajectories/", "related_apps": list(related_apps), "proxy": False,
-            "fixed_ip": False, "possibility_of_env_change": "low", "config": config, "evaluator": evaluator}
+    return {
+        "id": task_id,
+        "snapshot": "os",
+        "instruction": "Check the setup.",
+        "source": "test",
+        "trajectory": "trajectories/",
+        "related_apps": list(related_apps),
+        "proxy": False,
+        "fixed_ip": False,
+        "possibility_of_env_change": "low",
+        "config": config,
+        "evaluator": evaluator,
+    }
 
 
 def shell(client, command: str) -> str:
@@ -64,16 +75,33 @@ def test_setup_steps_prepare_the_desktop(client, tmp_path):
     (mirror / "huggingface.co" / "datasets" / "demo").mkdir(parents=True)
     (mirror / "huggingface.co" / "datasets" / "demo" / "a.txt").write_text("from the mirror\n")
     config = [
-        {"type": "download", "parameters": {"files": [
-            {"url": "files/notes.txt", "path": "/root/Desktop/notes.txt"},
-            {"url": f"file://{tmp_path}/data.csv", "path": "/root/data.csv"},
-            {"url": "https://huggingface.co/datasets/demo/a.txt", "path": "/root/mirrored.txt"}]}},
-        {"type": "upload_file", "parameters": {"files": [{"local_path": "files/notes.txt", "path": "/tmp/up/notes.txt"}]}},
+        {
+            "type": "download",
+            "parameters": {
+                "files": [
+                    {"url": "files/notes.txt", "path": "/root/Desktop/notes.txt"},
+                    {"url": f"file://{tmp_path}/data.csv", "path": "/root/data.csv"},
+                    {"url": "https://huggingface.co/datasets/demo/a.txt", "path": "/root/mirrored.txt"},
+                ]
+            },
+        },
+        {
+            "type": "upload_file",
+            "parameters": {"files": [{"local_path": "files/notes.txt", "path": "/tmp/up/notes.txt"}]},
+        },
         {"type": "command", "parameters": {"command": ["mkdir", "-p", "/root/made"]}},
-        {"type": "execute", "parameters": {"command": "echo {SCREEN_WIDTH}x{SCREEN_HEIGHT_HALF} > /root/made/screen.txt",
-                                           "shell": "true"}},
+        {
+            "type": "execute",
+            "parameters": {
+                "command": "echo {SCREEN_WIDTH}x{SCREEN_HEIGHT_HALF} > /root/made/screen.txt",
+                "shell": "true",
+            },
+        },
         {"type": "launch", "parameters": {"command": ["sh", "-c", "sleep 1; echo ready > /tmp/flag"]}},
-        {"type": "execute", "parameters": {"command": ["cat", "/tmp/flag"], "until": {"stdout": "ready"}, "timeout": 30}},
+        {
+            "type": "execute",
+            "parameters": {"command": ["cat", "/tmp/flag"], "until": {"stdout": "ready"}, "timeout": 30},
+        },
         {"type": "launch", "parameters": {"command": ["xterm", "-T", "alpha-window"]}},
         {"type": "launch", "parameters": {"command": "xterm -T beta-window"}},
         {"type": "activate_window", "parameters": {"window_name": "ALPHA-WIN"}},  # any case, part of the title
@@ -83,12 +111,24 @@ def test_setup_steps_prepare_the_desktop(client, tmp_path):
     ]
     evaluator = {
         "func": ["exact_match", "check_include_exclude"],
-        "result": [{"type": "vm_command_line", "command": ["cat", "/root/made/screen.txt"]},
-                   {"type": "vm_command_line", "shell": True,
-                    "command": "xdotool getactivewindow getwindowname; cat /root/mirrored.txt /root/data.csv /tmp/up/notes.txt"}],
-        "expected": [{"type": "rule", "rules": {"expected": "1280x400\n"}},
-                     {"type": "rule", "rules": {"include": ["beta-window", "from the mirror", "a,b", "local notes"],
-                                                "exclude": ["alpha-window"]}}],
+        "result": [
+            {"type": "vm_command_line", "command": ["cat", "/root/made/screen.txt"]},
+            {
+                "type": "vm_command_line",
+                "shell": True,
+                "command": "xdotool getactivewindow getwindowname; cat /root/mirrored.txt /root/data.csv /tmp/up/notes.txt",
+            },
+        ],
+        "expected": [
+            {"type": "rule", "rules": {"expected": "1280x400\n"}},
+            {
+                "type": "rule",
+                "rules": {
+                    "include": ["beta-window", "from the mirror", "a,b", "local notes"],
+                    "exclude": ["alpha-window"],
+                },
+            },
+        ],
     }
     task = load_task(task_file(tmp_path, "os", osworld_task("setup-steps", config, evaluator, ["os", "terminal"])))
     judges.set_up(task, client, tmp_path / "cache", mirror=mirror)
@@ -100,52 +140,121 @@ def test_setup_steps_prepare_the_desktop(client, tmp_path):
 
 
 def test_window_steps_match_like_wmctrl_and_postconfig_goes_on(client, tmp_path):
-    config = [{"type": "launch", "parameters": {"command": ["xterm", "-T", "Gamma Term"]}},
-              {"type": "activate_window", "parameters": {"window_name": "xterm.XTerm", "strict": True, "by_class": True}},
-              {"type": "close_window", "parameters": {"window_name": "Gamma Term", "strict": True}}]
-    evaluator = {"postconfig": [{"type": "close_window", "parameters": {"window_name": "no-such-window", "timeout": 1}},
-                                {"type": "execute", "parameters": {"command": ["diff", "/etc/hostname", "/etc/shells"],
-                                                                   "stdout": "diff.out"}}],
-                 "func": "check_list", "result": {"type": "cache_file", "path": "diff.out"},
-                 "expected": {"type": "rule", "rules": {"expect": ["^> /bin/sh$"]}}}
+    config = [
+        {"type": "launch", "parameters": {"command": ["xterm", "-T", "Gamma Term"]}},
+        {"type": "activate_window", "parameters": {"window_name": "xterm.XTerm", "strict": True, "by_class": True}},
+        {"type": "close_window", "parameters": {"window_name": "Gamma Term", "strict": True}},
+    ]
+    evaluator = {
+        "postconfig": [
+            {"type": "close_window", "parameters": {"window_name": "no-such-window", "timeout": 1}},
+            {
+                "type": "execute",
+                "parameters": {"command": ["diff", "/etc/hostname", "/etc/shells"], "stdout": "diff.out"},
+            },
+        ],
+        "func": "check_list",
+        "result": {"type": "cache_file", "path": "diff.out"},
+        "expected": {"type": "rule", "rules": {"expect": ["^> /bin/sh$"]}},
+    }
     task = load_task(task_file(tmp_path, "os", osworld_task("windows", config, evaluator)))
     judges.set_up(task, client, tmp_path / "cache")
     assert shell(client, "sleep 0.5; xdotool search --name 'Gamma Term' | wc -l") == "0\n"  # closed
     # the evaluator's steps report on the agent's work: diff's exit status 1 does not fail
     # them, and diff's output reaches the judge through the cache
     assert judges.evaluate(task, client, tmp_path / "cache") == 1.0
-    judges.run_steps((Step("launch", {"command": ["xterm", "-T", "gamma"]}),
-                      Step("activate_window", {"window_name": "GAMMA"}),  # waits for it to appear
-                      Step("activate_window", {"window_name": "no-such", "timeout": 1})), client, "/")  # goes on, as OSWorld
+    judges.run_steps(
+        (
+            Step("launch", {"command": ["xterm", "-T", "gamma"]}),
+            Step("activate_window", {"window_name": "GAMMA"}),  # waits for it to appear
+            Step("activate_window", {"window_name": "no-such", "timeout": 1}),
+        ),
+        client,
+        "/",
+    )  # goes on, as OSWorld
     with pytest.raises(judges.SetupError, match="no window whose title is 'GAMMA'"):  # strict: whole title, same case
-        judges.run_steps((Step("activate_window", {"window_name": "GAMMA", "strict": True, "timeout": 1, "check": True}),),
-                         client, "/")
-    with pytest.raises(judges.SetupError, match=r"step 0 \(close_window\) failed: no window whose class contains 'no-such'"):
-        judges.run_steps((Step("close_window", {"window_name": "no-such", "by_class": True, "timeout": 1, "check": True}),),
-                         client, "/")
+        judges.run_steps(
+            (Step("activate_window", {"window_name": "GAMMA", "strict": True, "timeout": 1, "check": True}),),
+            client,
+            "/",
+        )
+    with pytest.raises(
+        judges.SetupError, match=r"step 0 \(close_window\) failed: no window whose class contains 'no-such'"
+    ):
+        judges.run_steps(
+            (Step("close_window", {"window_name": "no-such", "by_class": True, "timeout": 1, "check": True}),),
+            client,
+            "/",
+        )
     with pytest.raises(judges.SetupError, match="exit status 1"):  # in the setup a failing command fails the step
         judges.run_steps((Step("execute", {"command": ["false"]}),), client, "/")
 
 
 def test_tasks_the_image_cannot_run_fail_at_setup_with_their_reason(pool, client, tmp_path):
     first = {"type": "command", "parameters": {"command": ["touch", "/root/step-ran"]}}
-    cloud = {"type": "download", "parameters": {"files": [
-        {"url": "https://huggingface.co/datasets/xlangai/ubuntu_osworld_file_cache/resolve/main/x.xlsx", "path": "/root/x.xlsx"}]}}
+    cloud = {
+        "type": "download",
+        "parameters": {
+            "files": [
+                {
+                    "url": "https://huggingface.co/datasets/xlangai/ubuntu_osworld_file_cache/resolve/main/x.xlsx",
+                    "path": "/root/x.xlsx",
+                }
+            ]
+        },
+    }
     cases = [
         (osworld_task("mail", [first], {"func": "infeasible"}, ["thunderbird"]), ["needs app: thunderbird"]),
-        (osworld_task("cloud", [first, cloud], {"func": "infeasible"}),
-         ["needs network: https://huggingface.co/datasets/xlangai/ubuntu_osworld_file_cache/resolve/main/x.xlsx"]),
-        (osworld_task("tabs", [first, {"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["http://127.0.0.1/"]}}],
-                      {"func": "infeasible"}), ["needs app: chromium"]),
-        (osworld_task("pyautogui", [first, {"type": "execute", "parameters": {
-            "command": ["python", "-c", "import pyautogui; pyautogui.hotkey('ctrl', 's')"]}}], {"func": "infeasible"}),
-         ["needs app: python"]),
-        (osworld_task("audio", [first], {"func": "compare_audios", "result": {"type": "vm_file", "path": "/a.mp3", "dest": "a.mp3"},
-                                         "expected": {"type": "vm_file", "path": "/b.mp3", "dest": "b.mp3"}}),
-         ["metric not implemented: compare_audios"]),
-        (osworld_task("tabs-getter", [first], {"func": "exact_match", "result": {"type": "open_tabs_info"},
-                                               "expected": {"type": "rule", "rules": {"expected": []}}}),
-         ["needs app: chromium", "getter not implemented: open_tabs_info"]),
+        (
+            osworld_task("cloud", [first, cloud], {"func": "infeasible"}),
+            ["needs network: https://huggingface.co/datasets/xlangai/ubuntu_osworld_file_cache/resolve/main/x.xlsx"],
+        ),
+        (
+            osworld_task(
+                "tabs",
+                [first, {"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["http://127.0.0.1/"]}}],
+                {"func": "infeasible"},
+            ),
+            ["needs app: chromium"],
+        ),
+        (
+            osworld_task(
+                "pyautogui",
+                [
+                    first,
+                    {
+                        "type": "execute",
+                        "parameters": {"command": ["python", "-c", "import pyautogui; pyautogui.hotkey('ctrl', 's')"]},
+                    },
+                ],
+                {"func": "infeasible"},
+            ),
+            ["needs app: python"],
+        ),
+        (
+            osworld_task(
+                "audio",
+                [first],
+                {
+                    "func": "compare_audios",
+                    "result": {"type": "vm_file", "path": "/a.mp3", "dest": "a.mp3"},
+                    "expected": {"type": "vm_file", "path": "/b.mp3", "dest": "b.mp3"},
+                },
+            ),
+            ["metric not implemented: compare_audios"],
+        ),
+        (
+            osworld_task(
+                "tabs-getter",
+                [first],
+                {
+                    "func": "exact_match",
+                    "result": {"type": "open_tabs_info"},
+                    "expected": {"type": "rule", "rules": {"expected": []}},
+                },
+            ),
+            ["needs app: chromium", "getter not implemented: open_tabs_info"],
+        ),
     ]
     for raw, reasons in cases:
         task = load_task(task_file(tmp_path, "os", raw))
@@ -170,14 +279,28 @@ def test_getters_on_a_real_desktop(client, tmp_path):
         book.active.append(row)
     book.save(tmp_path / "stock.xlsx")
     client.upload("/root/stock.xlsx", (tmp_path / "stock.xlsx").read_bytes())
-    shell(client, "mkdir -p /root/tree/sub ~/.config/GIMP/2.10 ~/.config/vlc && touch /root/tree/a.txt /root/tree/sub/b.txt"
-                  " && echo 'gimp settings' > ~/.config/GIMP/2.10/sessionrc && echo 'vlc settings' > ~/.config/vlc/vlcrc"
-                  " && echo one > /root/one.txt && echo three > /root/three.txt")
-    judges.run_steps((Step("launch", {"command": ["xterm", "-T", "sized-window", "-geometry", "40x10+0+0"]}),
-                      Step("activate_window", {"window_name": "sized-window"})), client, "/")
+    shell(
+        client,
+        "mkdir -p /root/tree/sub ~/.config/GIMP/2.10 ~/.config/vlc && touch /root/tree/a.txt /root/tree/sub/b.txt"
+        " && echo 'gimp settings' > ~/.config/GIMP/2.10/sessionrc && echo 'vlc settings' > ~/.config/vlc/vlcrc"
+        " && echo one > /root/one.txt && echo three > /root/three.txt",
+    )
+    judges.run_steps(
+        (
+            Step("launch", {"command": ["xterm", "-T", "sized-window", "-geometry", "40x10+0+0"]}),
+            Step("activate_window", {"window_name": "sized-window"}),
+        ),
+        client,
+        "/",
+    )
     getter_specs = [
-        {"type": "vm_file", "path": ["/root/one.txt", "/root/two.txt", "/root/three.txt"],
-         "dest": ["one.txt", "two.txt", "three.txt"], "multi": True, "gives": [0, 1, 2]},
+        {
+            "type": "vm_file",
+            "path": ["/root/one.txt", "/root/two.txt", "/root/three.txt"],
+            "dest": ["one.txt", "two.txt", "three.txt"],
+            "multi": True,
+            "gives": [0, 1, 2],
+        },
         {"type": "vm_command_line", "command": "echo out; echo err >&2", "shell": True},
         {"type": "vm_command_error", "command": "echo out; echo err >&2", "shell": True},
         {"type": "list_directory", "path": "/root/tree"},
@@ -192,16 +315,25 @@ def test_getters_on_a_real_desktop(client, tmp_path):
         {"type": "default_video_player"},
         {"type": "time_diff_range", "diff_range_in_minutes": 3},
     ]
-    evaluator = {"func": ["exact_match"] * len(getter_specs), "result": getter_specs,
-                 "expected": [{"type": "rule", "rules": {"expected": None}}] * len(getter_specs)}
+    evaluator = {
+        "func": ["exact_match"] * len(getter_specs),
+        "result": getter_specs,
+        "expected": [{"type": "rule", "rules": {"expected": None}}] * len(getter_specs),
+    }
     task = load_task(task_file(tmp_path, "os", osworld_task("getters", [], evaluator)))
     getters = judges.Getters(client, task, tmp_path / "cache")
     values = [getters.get(check.result) for check in task.evaluator.checks]
     files, out, err, tree, last_row, tree_xml, screen, window, terminal, wallpaper, gimp, vlc, player, minutes = values
     assert [f and open(f).read() for f in files] == ["one\n", None, "three\n"]
     assert (out, err) == ("out\n", "err\n")
-    assert tree == {"type": "directory", "name": "tree", "children": [
-        {"type": "file", "name": "a.txt"}, {"type": "directory", "name": "sub", "children": [{"type": "file", "name": "b.txt"}]}]}
+    assert tree == {
+        "type": "directory",
+        "name": "tree",
+        "children": [
+            {"type": "file", "name": "a.txt"},
+            {"type": "directory", "name": "sub", "children": [{"type": "file", "name": "b.txt"}]},
+        ],
+    }
     assert last_row == ["pear", "5"]
     assert "sized-window" in tree_xml
     assert screen == {"width": 1280, "height": 800}
@@ -212,7 +344,7 @@ def test_getters_on_a_real_desktop(client, tmp_path):
     assert player == "unknown" and minutes == 3
 
 
-FAKE_CHROMIUM = r'''
+FAKE_CHROMIUM = r"""
 import http.server, itertools, json, urllib.parse
 pages = [{"id": "start", "type": "page", "url": "chrome://newtab/"}]
 ids = itertools.count(1)
@@ -248,14 +380,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.reply(page)
 
 http.server.ThreadingHTTPServer(("127.0.0.1", 9222), Handler).serve_forever()
-'''
+"""
 
 
 def test_chrome_tab_steps_drive_the_debugging_endpoint(client):
     """Chromium's remote-debugging HTTP endpoints, served here by a stand-in on port 9222."""
     tabs = "import json, urllib.request; print(json.dumps([p['url'] for p in json.load(urllib.request.urlopen('http://127.0.0.1:9222/json/list'))]))"
-    judges.run_steps((Step("launch", {"command": ["python3", "-c", FAKE_CHROMIUM]}),
-                      Step("chrome_open_tabs", {"urls_to_open": ["https://www.example.org/a", "example.com/b"]})), client, "/")
+    judges.run_steps(
+        (
+            Step("launch", {"command": ["python3", "-c", FAKE_CHROMIUM]}),
+            Step("chrome_open_tabs", {"urls_to_open": ["https://www.example.org/a", "example.com/b"]}),
+        ),
+        client,
+        "/",
+    )
     listed = lambda: json.loads(client.run_python(tabs)["output"])  # noqa: E731
     assert listed() == ["https://www.example.org/a", "example.com/b"]  # the first replaced the start tab
     judges.run_steps((Step("chrome_close_tabs", {"urls_to_close": ["https://example.org/a/"]}),), client, "/")

@@ -1,6 +1,5 @@
 """Task pool: EMA pass-rate updates (ScaleCUA eq. 1), per-task statistics, state round-trips."""
 
-
 import jax
 import numpy as np
 import pytest
@@ -21,12 +20,7 @@ NUM_TASKS = 16
 
 
 def make_pool(n: int = NUM_TASKS) -> TaskPool:
-    return TaskPool(
-        [
-            PoolTask(f"t{i}", f"d{i % 3}", i % 4, i % 5 != 0, {"kind": "test", "seed": i})
-            for i in range(n)
-        ]
-    )
+    return TaskPool([PoolTask(f"t{i}", f"d{i % 3}", i % 4, i % 5 != 0, {"kind": "test", "seed": i}) for i in range(n)])
 
 
 def ema_reference(p, rate, observed, alpha):

@@ -69,18 +69,14 @@ def frontier_select_ref(g_frontier, g_explore, weights, eligible, n_frontier, n_
     frontier = descending(draw_scores_ref(g_frontier, weights, in_pool))[:n_frontier]
     chosen = np.zeros_like(in_pool)
     chosen[frontier] = True
-    explore_scores = np.where(
-        eligible & ~chosen, g_explore - np.float32(GAP) * in_pool, -np.inf
-    ).astype(np.float32)
+    explore_scores = np.where(eligible & ~chosen, g_explore - np.float32(GAP) * in_pool, -np.inf).astype(np.float32)
     explore = descending(explore_scores)[:n_explore]
     return np.concatenate([frontier, explore]), in_pool
 
 
 def dtac_select_ref(g_vas, g_inf, weights, eligible, feasible, n_vas, n_inf):
     vas = descending(draw_scores_ref(g_vas, weights, eligible & feasible))[:n_vas]
-    infeasible = descending(np.where(eligible & ~feasible, g_inf, -np.inf).astype(np.float32))[
-        :n_inf
-    ]
+    infeasible = descending(np.where(eligible & ~feasible, g_inf, -np.inf).astype(np.float32))[:n_inf]
     return np.concatenate([vas, infeasible])
 
 
@@ -154,9 +150,7 @@ def test_frontier_select_gamma_share_and_pool(p, eligible, batch_size, gamma, se
         g_frontier, g_explore, weights, eligible, n_frontier, n_explore, pool_size
     )
     batch, in_pool = np.asarray(order)[:batch_size], np.asarray(in_pool)
-    want, want_pool = frontier_select_ref(
-        g_frontier, g_explore, weights, eligible, n_frontier, n_explore, pool_size
-    )
+    want, want_pool = frontier_select_ref(g_frontier, g_explore, weights, eligible, n_frontier, n_explore, pool_size)
     np.testing.assert_array_equal(batch, want)
     np.testing.assert_array_equal(in_pool, want_pool)
 
@@ -205,12 +199,8 @@ def test_dtac_select_rho_inf_share(p, infeasible, excluded, batch_size, rho_inf,
         return
     weights = np.asarray(vas_weights(np.array(p, np.float32)))
     g_vas, g_inf = gumbels(seed, 2)
-    batch = np.asarray(
-        jax.jit(dtac_select)(g_vas, g_inf, weights, eligible, feasible, n_vas, n_inf)
-    )[:batch_size]
-    np.testing.assert_array_equal(
-        batch, dtac_select_ref(g_vas, g_inf, weights, eligible, feasible, n_vas, n_inf)
-    )
+    batch = np.asarray(jax.jit(dtac_select)(g_vas, g_inf, weights, eligible, feasible, n_vas, n_inf))[:batch_size]
+    np.testing.assert_array_equal(batch, dtac_select_ref(g_vas, g_inf, weights, eligible, feasible, n_vas, n_inf))
     assert len(set(batch.tolist())) == batch_size and eligible[batch].all()
     assert (~feasible[batch]).sum() == n_inf  # exactly the rho_inf share is infeasible
 
@@ -239,8 +229,7 @@ def test_dtac_replay_cap(cap, num_cached, groups):
     )
     # "hard" gets its successes cached (p <= p_high); "easy" has p = 7/8, out of the band.
     sampler.update(
-        [GroupOutcome("hard", 1, 8, f"hard-{k}") for k in range(num_cached)]
-        + [GroupOutcome("easy", 7, 8, "easy-0")]
+        [GroupOutcome("hard", 1, 8, f"hard-{k}") for k in range(num_cached)] + [GroupOutcome("easy", 7, 8, "easy-0")]
     )
     assert pool.pass_rate[0] == pytest.approx(1 / 8)
 
@@ -289,23 +278,34 @@ def adapr_reference(steps, num_tasks, p_low, p_high, cap, capacity, alpha):
             attempts = sum(a for _, a in mine)
             if attempts:
                 observed = sum(s for s, _ in mine) / attempts
-                rate[task] = observed if np.isnan(rate[task]) else np.float32((1 - alpha) * rate[task] + alpha * observed)
+                rate[task] = (
+                    observed if np.isnan(rate[task]) else np.float32((1 - alpha) * rate[task] + alpha * observed)
+                )
     return replayed
 
 
 outcome_st = st.tuples(st.integers(0, 2), st.integers(0, 4), st.integers(0, 4)).map(
-    lambda t: (t[0], min(t[1], t[2]), t[2]))
+    lambda t: (t[0], min(t[1], t[2]), t[2])
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(steps=st.lists(st.lists(outcome_st, min_size=1, max_size=4), min_size=1, max_size=12),
-       p_low=st.sampled_from([0.0, 0.1]), p_high=st.sampled_from([0.3, 0.5, 1.0]),
-       cap=st.integers(1, 3), capacity=st.integers(1, 3))
+@given(
+    steps=st.lists(st.lists(outcome_st, min_size=1, max_size=4), min_size=1, max_size=12),
+    p_low=st.sampled_from([0.0, 0.1]),
+    p_high=st.sampled_from([0.3, 0.5, 1.0]),
+    cap=st.integers(1, 3),
+    capacity=st.integers(1, 3),
+)
 def test_dtac_replays_follow_the_adapr_reference(steps, p_low, p_high, cap, capacity):
     named = [[(t, s, a, f"s{i}g{g}") for g, (t, s, a) in enumerate(step)] for i, step in enumerate(steps)]
     pool = TaskPool([PoolTask(f"t{i}", "d", 0, True, {"kind": "test"}) for i in range(3)])
-    sampler = DTACSampler(pool, DTACConfig(p_low=p_low, p_high=p_high, max_replays_per_trajectory=cap,
-                                           replay_cache_size=capacity, ema_alpha=0.3))
+    sampler = DTACSampler(
+        pool,
+        DTACConfig(
+            p_low=p_low, p_high=p_high, max_replays_per_trajectory=cap, replay_cache_size=capacity, ema_alpha=0.3
+        ),
+    )
     got = []
     for step in named:
         outcomes = [GroupOutcome(f"t{t}", s, a, name if s else None) for t, s, a, name in step]
@@ -329,8 +329,12 @@ def curriculum_open_ref(difficulty, eligible, window):
 
 
 @settings(max_examples=60, deadline=None)
-@given(step=st.integers(-2, 300), start=st.floats(0.01, 1.0), steps=st.integers(1, 200),
-       schedule=st.sampled_from(["linear", "sqrt"]))
+@given(
+    step=st.integers(-2, 300),
+    start=st.floats(0.01, 1.0),
+    steps=st.integers(1, 200),
+    schedule=st.sampled_from(["linear", "sqrt"]),
+)
 def test_curriculum_competence_matches_reference_and_grows(step, start, steps, schedule):
     c = curriculum_competence(step, start, steps, schedule)
     assert c == pytest.approx(curriculum_competence_ref(step, start, steps, schedule), abs=1e-12)
@@ -339,8 +343,12 @@ def test_curriculum_competence_matches_reference_and_grows(step, start, steps, s
 
 
 @settings(max_examples=60, deadline=None)
-@given(difficulty=st.lists(st.integers(0, 4), min_size=N, max_size=N), eligible=st.lists(st.booleans(), min_size=N, max_size=N),
-       window=st.integers(1, N), seed=st.integers(0, 2**16))
+@given(
+    difficulty=st.lists(st.integers(0, 4), min_size=N, max_size=N),
+    eligible=st.lists(st.booleans(), min_size=N, max_size=N),
+    window=st.integers(1, N),
+    seed=st.integers(0, 2**16),
+)
 def test_curriculum_select_draws_only_the_easiest_window(difficulty, eligible, window, seed):
     difficulty, eligible = np.asarray(difficulty, np.float32), np.asarray(eligible)
     (gumbel,) = gumbels(seed, 1)
@@ -354,7 +362,9 @@ def test_curriculum_select_draws_only_the_easiest_window(difficulty, eligible, w
 
 
 def test_curriculum_sampler_opens_the_pool_easiest_first_on_its_schedule():
-    pool = TaskPool([PoolTask(f"t{i}", "d", tier, True, {"kind": "test"}) for i, tier in enumerate([2, 0, 1, 0, 2, 1, 0, 2])])
+    pool = TaskPool(
+        [PoolTask(f"t{i}", "d", tier, True, {"kind": "test"}) for i, tier in enumerate([2, 0, 1, 0, 2, 1, 0, 2])]
+    )
     sampler = CurriculumSampler(pool, CurriculumConfig(difficulty="tier", start=0.25, steps=4, schedule="linear"))
     seen = []
     for step in range(6):
@@ -382,9 +392,7 @@ def build(kind: str, seed: int):
     calibration = {
         "uniform": None,
         "frontier": CalibrationConfig(pilot=True, keep_infeasible=False),
-        "dtac": CalibrationConfig(
-            pilot=True, every_k_steps=2, sample_size=30, group_size=4, min_active=40
-        ),
+        "dtac": CalibrationConfig(pilot=True, every_k_steps=2, sample_size=30, group_size=4, min_active=40),
         # The pilot's rates order the fixed curriculum.
         "curriculum": CalibrationConfig(pilot=True, keep_infeasible=False),
     }[kind]
@@ -444,9 +452,7 @@ def test_state_round_trips_through_save_and_restore(kind, tmp_path):
     uninterrupted, sim_a, sampler_a = run(kind, 3, keys)
 
     head, sim, sampler = run(kind, 3, keys[:3])
-    save_state(
-        tmp_path / "tasks.pkl", {"sampler": sampler.state_dict(), "simulator": sim.state_dict()}
-    )
+    save_state(tmp_path / "tasks.pkl", {"sampler": sampler.state_dict(), "simulator": sim.state_dict()})
     del sim, sampler
     restored = load_state(tmp_path / "tasks.pkl")
     sim_b, sampler_b = build(kind, 3)
@@ -472,7 +478,11 @@ def test_restore_refuses_a_different_task_set():
 def test_each_sampler_reports_what_its_draws_rest_on():
     """sampler.metrics(): the pool's estimates, and each kind's own quantities."""
     tasks = [PoolTask(f"t{i}", "d", i % 2, True, {"kind": "test"}) for i in range(4)]
-    outcomes = [GroupOutcome("t0", 1, 4, "t0-win"), GroupOutcome("t1", 3, 4, "t1-win"), GroupOutcome("t2", 2, 4, "t2-win")]
+    outcomes = [
+        GroupOutcome("t0", 1, 4, "t0-win"),
+        GroupOutcome("t1", 3, 4, "t1-win"),
+        GroupOutcome("t2", 2, 4, "t2-win"),
+    ]
     for kind in ("uniform", "frontier", "dtac", "curriculum"):
         sampler = build_sampler(kind, TaskPool(tasks))
         sampler.update(outcomes)
@@ -482,9 +492,14 @@ def test_each_sampler_reports_what_its_draws_rest_on():
         if kind == "frontier":
             p = np.asarray([0.25, 0.75, 0.5, 0.5])  # t3 unknown: unknown_pass_rate 0.5
             assert metrics["sampler/frontier_weight_max"] == pytest.approx(1.0)
-            assert metrics["sampler/frontier_weight_mean"] == pytest.approx(frontier_weights_ref(p, 0.5, 0.25).mean(), rel=1e-5)
+            assert metrics["sampler/frontier_weight_mean"] == pytest.approx(
+                frontier_weights_ref(p, 0.5, 0.25).mean(), rel=1e-5
+            )
         if kind == "dtac":  # band [0.05, 0.5]: t0 (0.25) and t2 (0.5); successes cached where p was unknown
             assert metrics["sampler/replay_band_tasks"] == 2 and metrics["sampler/replay_cache"] == 3
-            assert metrics["sampler/tier_0/pass_rate"] == pytest.approx(0.375) and metrics["sampler/tier_1/pass_rate"] == 0.75
+            assert (
+                metrics["sampler/tier_0/pass_rate"] == pytest.approx(0.375)
+                and metrics["sampler/tier_1/pass_rate"] == 0.75
+            )
         if kind == "curriculum":
             assert metrics["sampler/open_share"] == pytest.approx(0.25)

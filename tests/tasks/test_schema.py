@@ -11,8 +11,10 @@ from cua_jax.tasks.suites.desktop.solutions import SOLUTIONS, SUITE_DIR, WRONG_S
 GOOD = {
     "id": "t1",
     "instruction": "do it",
-    "config": [{"type": "sleep", "parameters": {"seconds": 1}},
-               {"type": "upload", "parameters": {"files": [{"local_path": "a", "path": "/b"}]}}],
+    "config": [
+        {"type": "sleep", "parameters": {"seconds": 1}},
+        {"type": "upload", "parameters": {"files": [{"local_path": "a", "path": "/b"}]}},
+    ],
     "evaluator": {
         "func": ["exact_match", "compare_text_file"],
         "conj": "or",
@@ -63,7 +65,11 @@ def mutated(path, value):
         (["config", 1, "parameters", "extra"], 1, "config[1].parameters.extra: 'upload' takes no parameter 'extra'"),
         (["evaluator", "func", 1], "guess", "evaluator.func[1]: unknown metric 'guess'"),
         (["evaluator", "result", 0, "type"], "vm_magic", "evaluator.result[0].type: unknown getter 'vm_magic'"),
-        (["evaluator", "expected", 1, "path"], KeyError, "evaluator.expected[1].path: getter 'local_file' needs parameter 'path'"),
+        (
+            ["evaluator", "expected", 1, "path"],
+            KeyError,
+            "evaluator.expected[1].path: getter 'local_file' needs parameter 'path'",
+        ),
         (["evaluator", "conj"], "xor", "evaluator.conj: must be 'and' or 'or'"),
         (["evaluator", "options"], [{}], "evaluator.options: lists 1 entries but 'func' lists 2"),
         (["evaluator", "postconfig", 0, "parameters", "command"], [], "evaluator.postconfig[0].parameters.command"),
@@ -101,15 +107,31 @@ def test_load_task_names_the_file(tmp_path):
 # ------------------------------------------------------------------------------------
 
 OSWORLD_STEPS = [
-    {"type": "download", "parameters": {"files": [{"url": "https://huggingface.co/x/a.xlsx", "path": "/home/user/a.xlsx"}]}},
+    {
+        "type": "download",
+        "parameters": {"files": [{"url": "https://huggingface.co/x/a.xlsx", "path": "/home/user/a.xlsx"}]},
+    },
     {"type": "upload", "parameters": {"files": [{"local_path": "a", "path": "/b"}]}},
     {"type": "upload_file", "parameters": {"files": [{"local_path": "a", "path": "/b"}]}},
     {"type": "open", "parameters": {"path": "/home/user/a.xlsx"}},
     {"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}},
     {"type": "launch", "parameters": {"command": "VLC_VERBOSE=-1 vlc", "shell": "true"}},
-    {"type": "execute", "parameters": {"command": ["python", "-c", "import pyautogui; pyautogui.click({SCREEN_WIDTH_HALF}, 1)"]}},
-    {"type": "execute", "parameters": {"command": "ls", "shell": True, "stdout": "ls.out", "stderr": "ls.err",
-                                       "until": {"returncode": 0}, "timeout": 5, "check": False}},
+    {
+        "type": "execute",
+        "parameters": {"command": ["python", "-c", "import pyautogui; pyautogui.click({SCREEN_WIDTH_HALF}, 1)"]},
+    },
+    {
+        "type": "execute",
+        "parameters": {
+            "command": "ls",
+            "shell": True,
+            "stdout": "ls.out",
+            "stderr": "ls.err",
+            "until": {"returncode": 0},
+            "timeout": 5,
+            "check": False,
+        },
+    },
     {"type": "command", "parameters": {"command": ["mkdir", "-p", "/home/user/d"]}},
     {"type": "sleep", "parameters": {"seconds": 0.5}},
     {"type": "activate_window", "parameters": {"window_name": "a.xlsx - LibreOffice Calc", "strict": True}},
@@ -117,16 +139,26 @@ OSWORLD_STEPS = [
     {"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["https://www.example.org"]}},
     {"type": "chrome_close_tabs", "parameters": {"urls_to_close": ["https://www.example.org"]}},
     {"type": "change_wallpaper", "parameters": {"path": "/home/user/w.png"}},
-    {"type": "execute_with_verification", "parameters": {"command": ["x"], "verification": {"window_exists": "x"},
-                                                         "max_wait_time": 10, "check_interval": 1.0, "shell": False}},
+    {
+        "type": "execute_with_verification",
+        "parameters": {
+            "command": ["x"],
+            "verification": {"window_exists": "x"},
+            "max_wait_time": 10,
+            "check_interval": 1.0,
+            "shell": False,
+        },
+    },
     {"type": "tidy_desktop", "parameters": {"anything": 1}},
     {"type": "act", "parameters": {"action_seq": []}},
     {"type": "replay", "parameters": {"trajectory": "t.json"}},
     {"type": "proxy", "parameters": {"client_password": "password"}},
     {"type": "googledrive", "parameters": {"settings_file": "s.yml", "operation": ["delete"], "args": [{"query": ""}]}},
     {"type": "login", "parameters": {"settings_file": "s.json", "platform": "googledrive"}},
-    {"type": "update_browse_history", "parameters": {"history": [{"url": "https://x.org", "title": "x",
-                                                                  "visit_time_from_now_in_seconds": 5}]}},
+    {
+        "type": "update_browse_history",
+        "parameters": {"history": [{"url": "https://x.org", "title": "x", "visit_time_from_now_in_seconds": 5}]},
+    },
 ]
 OSWORLD_GETTERS = [
     {"type": "vm_file", "path": "/home/user/a.xlsx", "dest": "a.xlsx"},
@@ -161,13 +193,27 @@ OSWORLD_GETTERS = [
 
 
 def osworld(config=(), getters=()):
-    return {"id": "osworld", "snapshot": "chrome", "instruction": "x", "source": "https://x", "trajectory": "t/",
-            "related_apps": ["chrome"], "proxy": False, "fixed_ip": False, "possibility_of_env_change": "low",
-            "config": list(config),
-            "evaluator": {"func": ["exact_match"] * len(getters), "result": list(getters),
-                          "expected": [{"type": "rule", "rules": {"expected": 1}}] * len(getters),
-                          "options": [None] * len(getters), "postconfig": list(config)} if getters else
-            {"func": "infeasible", "postconfig": list(config)}}
+    return {
+        "id": "osworld",
+        "snapshot": "chrome",
+        "instruction": "x",
+        "source": "https://x",
+        "trajectory": "t/",
+        "related_apps": ["chrome"],
+        "proxy": False,
+        "fixed_ip": False,
+        "possibility_of_env_change": "low",
+        "config": list(config),
+        "evaluator": {
+            "func": ["exact_match"] * len(getters),
+            "result": list(getters),
+            "expected": [{"type": "rule", "rules": {"expected": 1}}] * len(getters),
+            "options": [None] * len(getters),
+            "postconfig": list(config),
+        }
+        if getters
+        else {"func": "infeasible", "postconfig": list(config)},
+    }
 
 
 def test_every_osworld_step_type_parses():
@@ -184,8 +230,9 @@ def test_every_osworld_step_type_parses():
 def test_every_osworld_getter_type_parses():
     from cua_jax.tasks.schema import GETTERS
 
-    getters = OSWORLD_GETTERS + [{"type": name} for name in GETTERS
-                                 if name not in {g["type"] for g in OSWORLD_GETTERS} and not GETTERS[name][0]]
+    getters = OSWORLD_GETTERS + [
+        {"type": name} for name in GETTERS if name not in {g["type"] for g in OSWORLD_GETTERS} and not GETTERS[name][0]
+    ]
     task = parse_task(osworld(getters=getters))
     checks = task.evaluator.checks
     assert [c.result.type for c in checks] == [g["type"] for g in getters]
@@ -196,61 +243,173 @@ def test_every_osworld_getter_type_parses():
 
 def test_osworld_evaluator_shapes():
     # rules may be a list (check_accessibility_tree's selectors); a source may list several pages
-    task = parse_task({"id": "s", "instruction": "x", "source": ["https://a", "https://b"], "evaluator": {
-        "func": "exact_match", "result": {"type": "accessibility_tree"},
-        "expected": {"type": "rule", "rules": [{"selectors": ["label[name=To]"]}]}}})
+    task = parse_task(
+        {
+            "id": "s",
+            "instruction": "x",
+            "source": ["https://a", "https://b"],
+            "evaluator": {
+                "func": "exact_match",
+                "result": {"type": "accessibility_tree"},
+                "expected": {"type": "rule", "rules": [{"selectors": ["label[name=To]"]}]},
+            },
+        }
+    )
     assert task.evaluator.checks[0].expected.parameters["rules"] == [{"selectors": ["label[name=To]"]}]
     assert task.source == "https://a https://b"
     # {} means no getter; null options are {}; one getter is shared by a single metric
-    task = parse_task({"id": "s", "instruction": "x", "evaluator": {
-        "func": "infeasible", "result": {}, "expected": {}, "options": None}})
+    task = parse_task(
+        {
+            "id": "s",
+            "instruction": "x",
+            "evaluator": {"func": "infeasible", "result": {}, "expected": {}, "options": None},
+        }
+    )
     assert task.evaluator.checks[0].result is None and task.evaluator.checks[0].options == {}
-    task = parse_task({"id": "s", "instruction": "x", "evaluator": {
-        "func": ["infeasible", "exact_match"], "result": [None, {"type": "vm_terminal_output"}],
-        "expected": [{}, {"type": "rule", "rules": {"expected": "x"}}], "options": [None, {"a": 1}]}})
+    task = parse_task(
+        {
+            "id": "s",
+            "instruction": "x",
+            "evaluator": {
+                "func": ["infeasible", "exact_match"],
+                "result": [None, {"type": "vm_terminal_output"}],
+                "expected": [{}, {"type": "rule", "rules": {"expected": "x"}}],
+                "options": [None, {"a": 1}],
+            },
+        }
+    )
     assert task.evaluator.checks[0].result is None and task.evaluator.checks[1].options == {"a": 1}
 
 
-@pytest.mark.parametrize("evaluator, fragment", [
-    ({"func": ""}, "evaluator.func: must name at least one metric"),
-    ({"func": "exact_match", "result": [{"type": "vm_terminal_output"}], "expected": {"type": "rule", "rules": {}}},
-     "evaluator.result: must be one object when 'func' names one metric"),
-    ({"func": "exact_match", "result": {"type": "vm_file", "path": ["/a", "/b"]}, "expected": {"type": "rule", "rules": {}}},
-     "evaluator.result.path: must be a non-empty string (a list needs 'multi': true)"),
-    ({"func": "exact_match", "result": {"type": "vm_file", "path": ["/a", "/b"], "multi": True, "dest": ["a"]},
-      "expected": {"type": "rule", "rules": {}}}, "evaluator.result.dest: must list one file name per path (2)"),
-    ({"func": "exact_match", "result": {"type": "vm_file", "path": ["/a"], "multi": True, "gives": [1]},
-      "expected": {"type": "rule", "rules": {}}}, "evaluator.result.gives: must be a non-empty list of file indices in [0, 1)"),
-    ({"func": "exact_match", "result": {"type": "vm_file", "path": "/a", "dest": "../a"},
-      "expected": {"type": "rule", "rules": {}}}, "evaluator.result.dest: must be a file name (no folders)"),
-    ({"func": "exact_match", "result": {"type": "cache_file", "path": "sub/x"},
-      "expected": {"type": "rule", "rules": {}}}, "evaluator.result.path: must be a file name"),
-    ({"func": "exact_match", "result": {"type": "vm_window_size"}, "expected": {"type": "rule", "rules": {}}},
-     "evaluator.result.app_class_name: getter 'vm_window_size' needs parameter 'app_class_name'"),
-    ({"func": "exact_match", "result": {"type": "vm_file", "path": "/a", "multi": "maybe"},
-      "expected": {"type": "rule", "rules": {}}}, "evaluator.result.multi: must be true or false"),
-    ({"func": "exact_match", "result": {"type": "calc_insensitive_md5"}, "expected": {"type": "rule", "rules": {}}},
-     "evaluator.result.type: unknown getter 'calc_insensitive_md5'"),
-    ({"func": "exact_match", "result": {"type": "audio_in_slide", "ppt_file_path": "/a", "slide_index": -1, "dest": "a"},
-      "expected": {"type": "rule", "rules": {}}}, "evaluator.result.slide_index: must be an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "evaluator, fragment",
+    [
+        ({"func": ""}, "evaluator.func: must name at least one metric"),
+        (
+            {
+                "func": "exact_match",
+                "result": [{"type": "vm_terminal_output"}],
+                "expected": {"type": "rule", "rules": {}},
+            },
+            "evaluator.result: must be one object when 'func' names one metric",
+        ),
+        (
+            {
+                "func": "exact_match",
+                "result": {"type": "vm_file", "path": ["/a", "/b"]},
+                "expected": {"type": "rule", "rules": {}},
+            },
+            "evaluator.result.path: must be a non-empty string (a list needs 'multi': true)",
+        ),
+        (
+            {
+                "func": "exact_match",
+                "result": {"type": "vm_file", "path": ["/a", "/b"], "multi": True, "dest": ["a"]},
+                "expected": {"type": "rule", "rules": {}},
+            },
+            "evaluator.result.dest: must list one file name per path (2)",
+        ),
+        (
+            {
+                "func": "exact_match",
+                "result": {"type": "vm_file", "path": ["/a"], "multi": True, "gives": [1]},
+                "expected": {"type": "rule", "rules": {}},
+            },
+            "evaluator.result.gives: must be a non-empty list of file indices in [0, 1)",
+        ),
+        (
+            {
+                "func": "exact_match",
+                "result": {"type": "vm_file", "path": "/a", "dest": "../a"},
+                "expected": {"type": "rule", "rules": {}},
+            },
+            "evaluator.result.dest: must be a file name (no folders)",
+        ),
+        (
+            {
+                "func": "exact_match",
+                "result": {"type": "cache_file", "path": "sub/x"},
+                "expected": {"type": "rule", "rules": {}},
+            },
+            "evaluator.result.path: must be a file name",
+        ),
+        (
+            {"func": "exact_match", "result": {"type": "vm_window_size"}, "expected": {"type": "rule", "rules": {}}},
+            "evaluator.result.app_class_name: getter 'vm_window_size' needs parameter 'app_class_name'",
+        ),
+        (
+            {
+                "func": "exact_match",
+                "result": {"type": "vm_file", "path": "/a", "multi": "maybe"},
+                "expected": {"type": "rule", "rules": {}},
+            },
+            "evaluator.result.multi: must be true or false",
+        ),
+        (
+            {
+                "func": "exact_match",
+                "result": {"type": "calc_insensitive_md5"},
+                "expected": {"type": "rule", "rules": {}},
+            },
+            "evaluator.result.type: unknown getter 'calc_insensitive_md5'",
+        ),
+        (
+            {
+                "func": "exact_match",
+                "result": {"type": "audio_in_slide", "ppt_file_path": "/a", "slide_index": -1, "dest": "a"},
+                "expected": {"type": "rule", "rules": {}},
+            },
+            "evaluator.result.slide_index: must be an integer >= 0",
+        ),
+    ],
+)
 def test_bad_osworld_evaluators_name_their_field(evaluator, fragment):
     with pytest.raises(TaskSchemaError) as caught:
         parse_task({"id": "b", "instruction": "x", "evaluator": evaluator})
     assert fragment in str(caught.value)
 
 
-@pytest.mark.parametrize("step, fragment", [
-    ({"type": "activate_window", "parameters": {"strict": True}}, "config[0].parameters.window_name: 'activate_window' needs parameter"),
-    ({"type": "activate_window", "parameters": {"window_name": " "}}, "config[0].parameters.window_name: must not be empty"),
-    ({"type": "close_window", "parameters": {"window_name": "x", "strict": "yes"}}, "config[0].parameters.strict: must be true or false"),
-    ({"type": "chrome_open_tabs", "parameters": {"urls_to_open": []}}, "config[0].parameters.urls_to_open: must be a non-empty list"),
-    ({"type": "execute", "parameters": {"command": "x", "until": {"exit": 0}}}, "config[0].parameters.until: knows returncode"),
-    ({"type": "execute", "parameters": {"command": "x", "stdout": "/tmp/out"}}, "config[0].parameters.stdout: must be a file name"),
-    ({"type": "execute", "parameters": {"command": "x", "timeout": 0}}, "config[0].parameters.timeout: must be > 0"),
-    ({"type": "googledrive", "parameters": {"operation": ["delete"]}}, "config[0].parameters.args: 'googledrive' needs parameter"),
-    ({"type": "download", "parameters": {"files": [{"url": "https://x"}]}}, "config[0].parameters.files[0].path: is required"),
-])
+@pytest.mark.parametrize(
+    "step, fragment",
+    [
+        (
+            {"type": "activate_window", "parameters": {"strict": True}},
+            "config[0].parameters.window_name: 'activate_window' needs parameter",
+        ),
+        (
+            {"type": "activate_window", "parameters": {"window_name": " "}},
+            "config[0].parameters.window_name: must not be empty",
+        ),
+        (
+            {"type": "close_window", "parameters": {"window_name": "x", "strict": "yes"}},
+            "config[0].parameters.strict: must be true or false",
+        ),
+        (
+            {"type": "chrome_open_tabs", "parameters": {"urls_to_open": []}},
+            "config[0].parameters.urls_to_open: must be a non-empty list",
+        ),
+        (
+            {"type": "execute", "parameters": {"command": "x", "until": {"exit": 0}}},
+            "config[0].parameters.until: knows returncode",
+        ),
+        (
+            {"type": "execute", "parameters": {"command": "x", "stdout": "/tmp/out"}},
+            "config[0].parameters.stdout: must be a file name",
+        ),
+        (
+            {"type": "execute", "parameters": {"command": "x", "timeout": 0}},
+            "config[0].parameters.timeout: must be > 0",
+        ),
+        (
+            {"type": "googledrive", "parameters": {"operation": ["delete"]}},
+            "config[0].parameters.args: 'googledrive' needs parameter",
+        ),
+        (
+            {"type": "download", "parameters": {"files": [{"url": "https://x"}]}},
+            "config[0].parameters.files[0].path: is required",
+        ),
+    ],
+)
 def test_bad_osworld_steps_name_their_field(step, fragment):
     with pytest.raises(TaskSchemaError) as caught:
         parse_task({"id": "b", "instruction": "x", "config": [step], "evaluator": {"func": "infeasible"}})

@@ -17,9 +17,17 @@ from cua_jax.tasks.suites.desktop.solutions import SUITE_DIR
 
 
 def _task(task_id, **extra):
-    return {"id": task_id, "instruction": f"do {task_id}", "config": [],
-            "evaluator": {"func": "exact_match", "result": {"type": "vm_command_line", "command": "echo a"},
-                          "expected": {"type": "rule", "rules": {"expected": "a"}}}, **extra}
+    return {
+        "id": task_id,
+        "instruction": f"do {task_id}",
+        "config": [],
+        "evaluator": {
+            "func": "exact_match",
+            "result": {"type": "vm_command_line", "command": "echo a"},
+            "expected": {"type": "rule", "rules": {"expected": "a"}},
+        },
+        **extra,
+    }
 
 
 def _write(path, value):
@@ -94,10 +102,13 @@ def test_weighted_select_matches_numpy_and_equal_weights_give_the_uniform_order(
         weights = rng.uniform(0.1, 3.0, n).astype(np.float32)
         eligible = rng.random(n) < 0.8
         k = int(eligible.sum())
-        np.testing.assert_array_equal(np.asarray(select(gumbel, weights, eligible))[:k],
-                                      _numpy_weighted_order(gumbel, weights, eligible)[:k])
-        np.testing.assert_array_equal(np.asarray(select(gumbel, np.ones(n, np.float32), eligible))[:k],
-                                      np.asarray(uniform_select(gumbel, eligible))[:k])
+        np.testing.assert_array_equal(
+            np.asarray(select(gumbel, weights, eligible))[:k], _numpy_weighted_order(gumbel, weights, eligible)[:k]
+        )
+        np.testing.assert_array_equal(
+            np.asarray(select(gumbel, np.ones(n, np.float32), eligible))[:k],
+            np.asarray(uniform_select(gumbel, eligible))[:k],
+        )
 
 
 def test_first_draws_follow_the_weights():

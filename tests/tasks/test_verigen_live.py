@@ -30,8 +30,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def probe():
-    with DockerEnvPool(PoolConfig(image=ensure_image("desktop"), size=3, cpus=1.0, memory="1g",
-                                  health_interval=None)) as pool:
+    with DockerEnvPool(
+        PoolConfig(image=ensure_image("desktop"), size=3, cpus=1.0, memory="1g", health_interval=None)
+    ) as pool:
         with InteractionProbe(pool) as probe:
             yield probe
     assert pool.docker.api.containers(all=True, filters={"label": f"{LABEL_POOL}={pool.pool_id}"}) == []
@@ -40,8 +41,9 @@ def probe():
 def test_programmatic_loop_accepts_tasks_that_rerun_from_scratch(probe, tmp_path):
     # a third of the candidates carry a proposer defect: the static roles and the fixer handle them
     # (the GUI families are exercised by the synthesis run; the fast ones keep this test short)
-    proposer = templates.TemplateProposer(seed=11, defect_rate=0.5,
-                                          families=("file_create", "file_append", "file_replace", "term_tree"))
+    proposer = templates.TemplateProposer(
+        seed=11, defect_rate=0.5, families=("file_create", "file_append", "file_replace", "term_tree")
+    )
     checker = ScriptedChecker(probe, judge_timeout_cap=5.0)
     verigen = pipeline.VeriGen(proposer, ProgrammaticJudger(), checker, TemplateFixer(), pipeline.LoopConfig())
     report = verigen.run(target=6, max_candidates=6, workers=2)
@@ -65,14 +67,25 @@ def test_programmatic_loop_accepts_tasks_that_rerun_from_scratch(probe, tmp_path
 
 def _proposal(task_id, path, content, code=None, instruction=None, timeout=5):
     entry = "check_" + task_id.replace("-", "_")
-    code = code or (f"import os\n\ndef {entry}():\n    if not os.path.isfile({path!r}):\n        return 0.0\n"
-                    f"    with open({path!r}) as handle:\n        return 1.0 if handle.read().strip() == {content!r} else 0.0\n")
-    return json.dumps({
-        "id": task_id, "instruction": instruction or f"Create the file {path} whose only line is: {content}",
-        "config": [{"type": "execute", "parameters": {"command": ["mkdir", "-p", "/root/llm"]}}],
-        "judge_code": code.replace("ENTRY", entry), "judge_entry": entry, "judge_timeout": timeout,
-        "solution": [{"action": "write_file", "path": path, "content": content + "\n"}, {"action": "done"}],
-        "app": "files", "difficulty": "easy", "estimated_steps": 2, "stated": [path, content]})
+    code = code or (
+        f"import os\n\ndef {entry}():\n    if not os.path.isfile({path!r}):\n        return 0.0\n"
+        f"    with open({path!r}) as handle:\n        return 1.0 if handle.read().strip() == {content!r} else 0.0\n"
+    )
+    return json.dumps(
+        {
+            "id": task_id,
+            "instruction": instruction or f"Create the file {path} whose only line is: {content}",
+            "config": [{"type": "execute", "parameters": {"command": ["mkdir", "-p", "/root/llm"]}}],
+            "judge_code": code.replace("ENTRY", entry),
+            "judge_entry": entry,
+            "judge_timeout": timeout,
+            "solution": [{"action": "write_file", "path": path, "content": content + "\n"}, {"action": "done"}],
+            "app": "files",
+            "difficulty": "easy",
+            "estimated_steps": 2,
+            "stated": [path, content],
+        }
+    )
 
 
 def _actions(path, content):
@@ -86,7 +99,13 @@ WHILE = "def ENTRY():\n    while True:\n        pass\n"
 
 
 def test_llm_path_end_to_end_with_a_replayed_model_stand_in(probe):
-    g, r, lo, w, a = "/root/llm/good.txt", "/root/llm/raises.txt", "/root/llm/loops.txt", "/root/llm/while.txt", "/root/llm/vague.txt"
+    g, r, lo, w, a = (
+        "/root/llm/good.txt",
+        "/root/llm/raises.txt",
+        "/root/llm/loops.txt",
+        "/root/llm/while.txt",
+        "/root/llm/vague.txt",
+    )
     recording = [
         # call 1: a good task; prose with no JSON; a judge that raises (fixed on the first round)
         {"role": "proposer", "match": "slot 0 of 3", "content": "Here you go:\n" + _proposal("llm-good", g, "good 1")},
@@ -95,8 +114,11 @@ def test_llm_path_end_to_end_with_a_replayed_model_stand_in(probe):
         # call 2: a judge that never ends; a while-loop judge whose fix is prose; a vague instruction
         {"role": "proposer", "match": "slot 0 of 3", "content": _proposal("llm-loops", lo, "loops 3", LOOPS)},
         {"role": "proposer", "match": "slot 1 of 3", "content": _proposal("llm-while", w, "while 4", WHILE)},
-        {"role": "proposer", "match": "slot 2 of 3",
-         "content": _proposal("llm-vague", a, "vague 5", instruction="Make a file with the right text in it.")},
+        {
+            "role": "proposer",
+            "match": "slot 2 of 3",
+            "content": _proposal("llm-vague", a, "vague 5", instruction="Make a file with the right text in it."),
+        },
         {"role": "judger", "match": "Task llm-good", "content": PASS},
         {"role": "checker", "match": "Task llm-good", "content": _actions(g, "good 1")},
         {"role": "judger", "match": "Task llm-raises", "content": PASS},
@@ -107,19 +129,37 @@ def test_llm_path_end_to_end_with_a_replayed_model_stand_in(probe):
         {"role": "judger", "match": "Task llm-loops", "content": PASS},
         {"role": "fixer", "match": "Task llm-loops", "content": _proposal("llm-loops", lo, "loops 3", LOOPS)},
         {"role": "fixer", "match": "Task llm-while", "content": "I fixed it, the loop is fine now."},
-        {"role": "judger", "match": "Task llm-vague", "content": json.dumps(
-            {"pass": False, "score": 0.2, "reasons": ["the instruction does not say which file or what text"]})},
+        {
+            "role": "judger",
+            "match": "Task llm-vague",
+            "content": json.dumps(
+                {"pass": False, "score": 0.2, "reasons": ["the instruction does not say which file or what text"]}
+            ),
+        },
         {"role": "fixer", "match": "Task llm-vague", "content": _proposal("llm-vague", a, "vague 5")},
         {"role": "judger", "match": "Task llm-vague", "content": PASS},
         {"role": "checker", "match": "Task llm-vague", "content": _actions(a, "vague 5")},
     ]
     with ReplayServer(recording) as server:
-        chat = llm.ChatClient(server.base_url, model="replay", timeout=30.0, retries=1, backoff=0.1,
-                              price_prompt=1.0, price_completion=2.0)
-        verigen = pipeline.VeriGen(llm.LLMProposer(chat), llm.LLMJudger(chat),
-                                   llm.LLMChecker(probe, chat, judge_timeout_cap=3.0), llm.LLMFixer(chat),
-                                   pipeline.LoopConfig(max_fix_rounds=1), knowledge=DESKTOP_KNOWLEDGE,
-                                   cost=chat.ledger.cost, observe=probe.observe_fresh)
+        chat = llm.ChatClient(
+            server.base_url,
+            model="replay",
+            timeout=30.0,
+            retries=1,
+            backoff=0.1,
+            price_prompt=1.0,
+            price_completion=2.0,
+        )
+        verigen = pipeline.VeriGen(
+            llm.LLMProposer(chat),
+            llm.LLMJudger(chat),
+            llm.LLMChecker(probe, chat, judge_timeout_cap=3.0),
+            llm.LLMFixer(chat),
+            pipeline.LoopConfig(max_fix_rounds=1),
+            knowledge=DESKTOP_KNOWLEDGE,
+            cost=chat.ledger.cost,
+            observe=probe.observe_fresh,
+        )
         report = verigen.run(target=100, max_candidates=6, workers=1)
         assert server.unused() == [], [server.entries[i] for i in server.unused()]
         proposals = [r["user"] for r in server.requests if r["role"] == "proposer"]
@@ -127,7 +167,8 @@ def test_llm_path_end_to_end_with_a_replayed_model_stand_in(probe):
     by_id = {r.candidate.id: r for r in report.results if r.candidate}
     assert sorted(r.candidate.id for r in report.results if r.accepted) == ["llm-good", "llm-raises", "llm-vague"]
     assert [r.reason for r in report.results if r.candidate is None] == [
-        "proposer: the proposer reply holds no JSON object: 'Sorry, I cannot think of a task right now.'"]
+        "proposer: the proposer reply holds no JSON object: 'Sorry, I cannot think of a task right now.'"
+    ]
     raised = by_id["llm-raises"].candidate
     assert "ZeroDivisionError" in raised.history[2].reasons[0] and len(raised.repairs) == 1
     assert raised.validation_record()["execution_pass"] and raised.validation_record()["repair_history"]
@@ -185,17 +226,26 @@ def test_probe_grants_sessions_in_arrival_order(probe):
 
 def test_trajectory_guided_tasks_pass_the_dry_run(probe):
     a = templates.render("file_create", {"dir": "/root/notes", "name": "maple_onyx.txt", "content": "quartz 42"})
-    b = templates.render("file_append", {"path": "/root/projects/raven.txt", "lines": ["amber = 1", "basil = 2"],
-                                         "new": "cedar = 300"})
+    b = templates.render(
+        "file_append", {"path": "/root/projects/raven.txt", "lines": ["amber = 1", "basil = 2"], "new": "cedar = 300"}
+    )
     composed = trajectory.compose(a, b)
     checker = ScriptedChecker(probe, judge_timeout_cap=5.0)
     assert checker.check(composed).passed
     # an agent that did the first goal, then wrote the wrong line: it departs at the second goal
     wrong = A.render_action(A.WriteFile("/root/projects/raven.txt", "amber = 1\nbasil = 2\ncedar = 3\n"))
     steps = [composed.solution[0], wrong, A.render_action(A.Done())]
-    failed = EpisodeRecord.from_episode(0, Episode("e1", composed.id, 0, composed.instruction,
-                                                   [Turn("", [], None, None, response_text=s) for s in steps],
-                                                   status=EpisodeStatus.FAILURE))
+    failed = EpisodeRecord.from_episode(
+        0,
+        Episode(
+            "e1",
+            composed.id,
+            0,
+            composed.instruction,
+            [Turn("", [], None, None, response_text=s) for s in steps],
+            status=EpisodeStatus.FAILURE,
+        ),
+    )
     subs = trajectory.subtasks_from_failures([failed], {composed.id: composed}, pass_rates([failed]))
     assert [s.instruction for s in subs] == [b.instruction]
     verdict = checker.check(subs[0])  # its setup replays the first goal's steps

@@ -32,7 +32,11 @@ def test_every_family_renders_a_valid_reviewed_task(family):
     assert ProgrammaticJudger().review(candidate).passed
     assert templates.render(family, candidate.metadata["spec"]).task == candidate.task  # deterministic
     round_trip = Candidate.from_task_json(json.loads(json.dumps(candidate.to_task_json())))
-    assert (round_trip.task, round_trip.solution, round_trip.parts) == (candidate.task, candidate.solution, candidate.parts)
+    assert (round_trip.task, round_trip.solution, round_trip.parts) == (
+        candidate.task,
+        candidate.solution,
+        candidate.parts,
+    )
 
 
 def test_proposer_proposes_distinct_tasks_over_every_application():
@@ -42,10 +46,16 @@ def test_proposer_proposes_distinct_tasks_over_every_application():
     assert {c.metadata["app"] for c in batch} == {"files", "terminal", "mousepad", "gnumeric"}
 
 
-@pytest.mark.parametrize("defect, role", [
-    ("nondeterministic_judge", "rule"), ("judge_writes", "rule"), ("unbounded_loop", "rule"),
-    ("unstated_value", "judger"), ("wrong_path", "judger"),
-])
+@pytest.mark.parametrize(
+    "defect, role",
+    [
+        ("nondeterministic_judge", "rule"),
+        ("judge_writes", "rule"),
+        ("unbounded_loop", "rule"),
+        ("unstated_value", "judger"),
+        ("wrong_path", "judger"),
+    ],
+)
 def test_each_defect_is_caught_by_its_role_and_repaired_by_the_fixer(defect, role):
     clean = sample("file_append", seed=7)
     broken = templates.DEFECTS[defect](clean.copy(), random.Random(0))
@@ -58,27 +68,32 @@ def test_each_defect_is_caught_by_its_role_and_repaired_by_the_fixer(defect, rol
     assert TemplateFixer().fix(fixed, [Feedback(role, False, ["again"])]) is None  # nothing left to change
 
 
-@pytest.mark.parametrize("code, problem", [
-    ("import socket\ndef j():\n    return 1.0\n", "network"),
-    ("import subprocess\ndef j():\n    return 1.0\n", "imports 'subprocess'"),
-    ("def j():\n    return j()\n", "calls itself"),
-    ("def j():\n    for _ in iter(int, 1):\n        pass\n    return 1.0\n", "iter()"),
-    ("import os\ndef j():\n    os.remove('/root/x')\n    return 1.0\n", "writes"),
-    ("def j(path):\n    return 1.0\n", "no arguments"),
-    ("def k():\n    return 1.0\n", "no top-level function 'j'"),
-    ("def j(:\n", "not valid Python"),
-])
+@pytest.mark.parametrize(
+    "code, problem",
+    [
+        ("import socket\ndef j():\n    return 1.0\n", "network"),
+        ("import subprocess\ndef j():\n    return 1.0\n", "imports 'subprocess'"),
+        ("def j():\n    return j()\n", "calls itself"),
+        ("def j():\n    for _ in iter(int, 1):\n        pass\n    return 1.0\n", "iter()"),
+        ("import os\ndef j():\n    os.remove('/root/x')\n    return 1.0\n", "writes"),
+        ("def j(path):\n    return 1.0\n", "no arguments"),
+        ("def k():\n    return 1.0\n", "no top-level function 'j'"),
+        ("def j(:\n", "not valid Python"),
+    ],
+)
 def test_judge_rules_name_the_problem(code, problem):
     problems = rules.judge_problems(code, "j")
     assert any(problem in p for p in problems), problems
 
 
 def test_setup_rules_reject_network_and_writes_outside_the_work_roots():
-    problems = rules.setup_problems([
-        {"type": "execute", "parameters": {"command": "curl http://example.com -o /root/x", "shell": True}},
-        {"type": "execute", "parameters": {"command": ["cp", "/root/a", "/etc/passwd"]}},
-        {"type": "download", "parameters": {"files": [{"url": "https://example.com/x", "path": "/root/x"}]}},
-    ])
+    problems = rules.setup_problems(
+        [
+            {"type": "execute", "parameters": {"command": "curl http://example.com -o /root/x", "shell": True}},
+            {"type": "execute", "parameters": {"command": ["cp", "/root/a", "/etc/passwd"]}},
+            {"type": "download", "parameters": {"files": [{"url": "https://example.com/x", "path": "/root/x"}]}},
+        ]
+    )
     assert any("runs curl" in p for p in problems)
     assert any("/etc/passwd" in p for p in problems)
     assert any("downloads https://example.com/x" in p for p in problems)
@@ -91,8 +106,9 @@ def test_extract_json_and_reply_parsing_reject_malformed_output():
     with pytest.raises(ProposalError, match="lacks 'judge_code'"):
         llm.candidate_from_reply({"instruction": "x", "judge_entry": "j", "solution": []}, "proposer")
     with pytest.raises(ProposalError, match="action 0 is invalid"):
-        llm.candidate_from_reply({"instruction": "x", "judge_code": "", "judge_entry": "j",
-                                  "solution": [{"action": "teleport"}]}, "proposer")
+        llm.candidate_from_reply(
+            {"instruction": "x", "judge_code": "", "judge_entry": "j", "solution": [{"action": "teleport"}]}, "proposer"
+        )
     reply = llm.candidate_to_reply(sample("file_create"))
     again = llm.candidate_from_reply(reply, "fixer")
     assert again.solution == sample("file_create").solution and again.judge_code == reply["judge_code"]
@@ -103,11 +119,13 @@ def test_chat_client_retries_transient_failures_and_timeouts_against_a_replay_st
     from cua_jax.tasks.verigen.replay_server import ReplayServer
 
     verdict = json.dumps({"pass": True, "score": 0.8, "reasons": []})
-    recording = [{"role": "judger", "status": 503, "content": ""},  # transient: retried
-                 {"role": "judger", "content": verdict},
-                 {"role": "judger", "delay_s": 3.0, "content": verdict},  # past the per-call timeout: retried
-                 {"role": "judger", "content": verdict},
-                 {"role": "judger", "content": "no verdict here"}]
+    recording = [
+        {"role": "judger", "status": 503, "content": ""},  # transient: retried
+        {"role": "judger", "content": verdict},
+        {"role": "judger", "delay_s": 3.0, "content": verdict},  # past the per-call timeout: retried
+        {"role": "judger", "content": verdict},
+        {"role": "judger", "content": "no verdict here"},
+    ]
     with ReplayServer(recording) as server:
         chat = llm.ChatClient(server.base_url, "replay", timeout=1.0, retries=1, backoff=0.05)
         judger = llm.LLMJudger(chat)
@@ -120,8 +138,15 @@ def test_chat_client_retries_transient_failures_and_timeouts_against_a_replay_st
 
 # ---- trajectory-guided synthesis ----------------------------------------------------
 
-action_texts = st.lists(st.sampled_from([A.render_action(a) for a in (
-    A.Key(("ctrl", "s")), A.Key(("down",)), A.Type("x"), A.Wait(1.0), A.Click("left_click", 10, 20))]), max_size=8)
+action_texts = st.lists(
+    st.sampled_from(
+        [
+            A.render_action(a)
+            for a in (A.Key(("ctrl", "s")), A.Key(("down",)), A.Type("x"), A.Wait(1.0), A.Click("left_click", 10, 20))
+        ]
+    ),
+    max_size=8,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -142,16 +167,19 @@ def test_subtask_starts_at_the_deviation_and_checks_the_sub_goal():
     # departing at the second goal's first step: the sub-task is the second goal alone
     sub = trajectory.subtask_at(composed, composed.parts[1].start)
     assert sub.instruction == b.instruction and sub.judge_entry == b.judge_entry
-    assert sub.setup_actions == composed.solution[:composed.parts[1].start]
+    assert sub.setup_actions == composed.solution[: composed.parts[1].start]
     assert A.is_terminal(A.parse_action(sub.solution[-1])) and rules.validate(sub).passed
     assert trajectory.subtask_at(a, 0) is None  # nothing easier than a one-goal task from its start
 
 
 # ---- similarity and the overlap audit -------------------------------------------------
 
-vectors = st.integers(1, 6).flatmap(lambda d: st.tuples(
-    st.lists(st.lists(st.floats(-4, 4), min_size=d, max_size=d), min_size=1, max_size=5),
-    st.lists(st.lists(st.floats(-4, 4), min_size=d, max_size=d), min_size=1, max_size=5)))
+vectors = st.integers(1, 6).flatmap(
+    lambda d: st.tuples(
+        st.lists(st.lists(st.floats(-4, 4), min_size=d, max_size=d), min_size=1, max_size=5),
+        st.lists(st.lists(st.floats(-4, 4), min_size=d, max_size=d), min_size=1, max_size=5),
+    )
+)
 
 
 @settings(max_examples=40, deadline=None)
@@ -175,8 +203,13 @@ def embedder():
 
 
 def test_minilm_embeddings_rank_paraphrases_above_unrelated_text(embedder):
-    v = embedder.encode(["Rename the file notes.txt to todo.txt", "Change the name of notes.txt to todo.txt",
-                         "Enter 5 in cell B3 of the spreadsheet"])
+    v = embedder.encode(
+        [
+            "Rename the file notes.txt to todo.txt",
+            "Change the name of notes.txt to todo.txt",
+            "Enter 5 in cell B3 of the spreadsheet",
+        ]
+    )
     assert v.shape == (3, 384)
     np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
     assert v[0] @ v[1] > 0.8 > v[0] @ v[2]

@@ -78,11 +78,17 @@ def test_collate_matches_numpy_reference(lengths, rows, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(1, 5), min_size=1, max_size=10), st.integers(1, 10), st.integers(1, 4), st.integers(0, 1000))
+@given(
+    st.lists(st.integers(1, 5), min_size=1, max_size=10), st.integers(1, 10), st.integers(1, 4), st.integers(0, 1000)
+)
 def test_minibatches_hold_whole_groups_and_every_item_once(group_sizes, num_minibatches, rows, seed):
     num_minibatches = min(num_minibatches, len(group_sizes))
     rng = np.random.default_rng(seed)
-    items = [make_item(rng, int(rng.integers(2, 9)), g, episode=f"ep{g}-{k}") for g, size in enumerate(group_sizes) for k in range(size)]
+    items = [
+        make_item(rng, int(rng.integers(2, 9)), g, episode=f"ep{g}-{k}")
+        for g, size in enumerate(group_sizes)
+        for k in range(size)
+    ]
     order = rng.permutation(len(items))
     items = [items[i] for i in order]
     # The advantage identifies the item, so it can be traced through the batches.
@@ -159,8 +165,12 @@ def test_collate_images_concatenates_patches_in_row_order_and_buckets_the_count(
     for item in items:
         for span in item.images:
             t, h, w = span.grid_thw
-            patches[(item.episode_id, span.turn, span.index)] = rng.normal(size=(t * h * w, PATCH_DIM)).astype(np.float32)
-    batch = collate(items, [1.0, -1.0], BatchingConfig(rows=4, length_multiple=16), pixel_patches=patches, multimodal=MM)
+            patches[(item.episode_id, span.turn, span.index)] = rng.normal(size=(t * h * w, PATCH_DIM)).astype(
+                np.float32
+            )
+    batch = collate(
+        items, [1.0, -1.0], BatchingConfig(rows=4, length_multiple=16), pixel_patches=patches, multimodal=MM
+    )
     # 3 images -> 4 (a blank copy of the last grid).
     assert batch.image_grid.thw == ((1, 4, 4), (1, 2, 4), (1, 4, 2), (1, 4, 2))
     assert batch.pixel_values.shape == (16 + 8 + 8 + 8, PATCH_DIM)
@@ -170,8 +180,13 @@ def test_collate_images_concatenates_patches_in_row_order_and_buckets_the_count(
     np.testing.assert_array_equal(batch.pixel_values[24:32], patches[("b", 0, 0)])
     assert np.all(batch.pixel_values[32:] == 0)
     # Positions are rope_index's over the real images only.
-    want, _ = rope_index(batch.ids, ((1, 4, 4), (1, 2, 4), (1, 4, 2)), image_token_id=IMAGE_TOKEN,
-                         spatial_merge_size=2, attention_mask=batch.segment_ids != 0)
+    want, _ = rope_index(
+        batch.ids,
+        ((1, 4, 4), (1, 2, 4), (1, 4, 2)),
+        image_token_id=IMAGE_TOKEN,
+        spatial_merge_size=2,
+        attention_mask=batch.segment_ids != 0,
+    )
     assert batch.positions.shape == (3, 4, 16)
     np.testing.assert_array_equal(batch.positions, want)
 

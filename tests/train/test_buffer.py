@@ -11,8 +11,14 @@ from cua_jax.types import Episode
 
 def _group(group_id: int, version: int, size: int = 2) -> RolloutGroup:
     episodes = [
-        Episode(episode_id=f"{group_id}-{i}", task_id=f"task{group_id}", group_id=group_id,
-                instruction="", turns=[], policy_version=version)
+        Episode(
+            episode_id=f"{group_id}-{i}",
+            task_id=f"task{group_id}",
+            group_id=group_id,
+            instruction="",
+            turns=[],
+            policy_version=version,
+        )
         for i in range(size)
     ]
     return RolloutGroup(group_id=group_id, task_id=f"task{group_id}", episodes=episodes)
@@ -84,7 +90,7 @@ def _reference_best_cost(item_counts, k):
     best = None
     for cuts in itertools.combinations(range(1, n), k - 1):
         bounds = (0, *cuts, n)
-        sizes = [sum(item_counts[bounds[i]:bounds[i + 1]]) for i in range(k)]
+        sizes = [sum(item_counts[bounds[i] : bounds[i + 1]]) for i in range(k)]
         cost = max(abs(s - total / k) for s in sizes)
         best = cost if best is None else min(best, cost)
     return best

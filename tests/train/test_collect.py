@@ -29,10 +29,25 @@ def fake_rollout(task: str, seed: int, group_id: int, k: int, success: bool, ver
     """A one-turn episode whose reply encodes (seed, k), so a group's episodes differ."""
     ids = np.asarray([seed % 1000, k], np.int32)
     turn = Turn("", [], ids, np.zeros(2, np.float32))
-    episode = Episode(f"{task}/g{group_id}/e{k}", task, group_id, "do it", [turn], reward=float(success),
-                      status=EpisodeStatus.SUCCESS if success else EpisodeStatus.FAILURE, policy_version=version)
-    item = TrainingItem(np.arange(4, dtype=np.int32), np.asarray([0, 0, 1, 1], np.int32), np.zeros(4, np.float32),
-                        [], episode.episode_id, group_id, (0,))
+    episode = Episode(
+        f"{task}/g{group_id}/e{k}",
+        task,
+        group_id,
+        "do it",
+        [turn],
+        reward=float(success),
+        status=EpisodeStatus.SUCCESS if success else EpisodeStatus.FAILURE,
+        policy_version=version,
+    )
+    item = TrainingItem(
+        np.arange(4, dtype=np.int32),
+        np.asarray([0, 0, 1, 1], np.int32),
+        np.zeros(4, np.float32),
+        [],
+        episode.episode_id,
+        group_id,
+        (0,),
+    )
     return Rollout(episode, [item])
 
 
@@ -48,8 +63,10 @@ class FakeWorker:
     def run_groups(self, requests, n):
         with self.lock:
             self.calls.append((list(requests), n))
-        return [[fake_rollout(task, seed, gid, k, k < self.successes.get(task, 0)) for k in range(n)]
-                for task, seed, gid in requests]
+        return [
+            [fake_rollout(task, seed, gid, k, k < self.successes.get(task, 0)) for k in range(n)]
+            for task, seed, gid in requests
+        ]
 
 
 def collector_for(worker, **overrides) -> GroupCollector:
@@ -223,4 +240,4 @@ def test_a_restored_feeder_hands_out_the_saved_groups_first_and_loses_no_draw():
     assert [g.group_id for g in groups] == saved  # the saved groups come back first, in order
     # Unfinished draws are collected again before fresh ones; fresh draws continue the count.
     assert again.draws[: len(state["unfinished_draws"])] == state["unfinished_draws"]
-    assert all(d >= state["next_draw"] for d in again.draws[len(state["unfinished_draws"]):])
+    assert all(d >= state["next_draw"] for d in again.draws[len(state["unfinished_draws"]) :])

@@ -34,8 +34,15 @@ from cua_jax.train.learner import (
 from cua_jax.types import ImageSpan, TrainingItem
 
 # One decoder layer, every sharded dimension divisible by fsdp 4 x tensor 2.
-SMALL = dict(num_hidden_layers=1, vocab_size=128, hidden_size=64, intermediate_size=128, head_dim=16,
-             num_attention_heads=4, num_key_value_heads=2)
+SMALL = dict(
+    num_hidden_layers=1,
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    head_dim=16,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 ROWS = 4
 LENGTH = 32
 
@@ -125,8 +132,11 @@ def test_microbatch_accumulation_equals_full_batch_update(aggregation, token_mea
     if aggregation == "token_mean":
         learner, initial = token_mean_learner
     else:
-        loss = PolicyLossConfig(aggregation=aggregation, kl_coef=1e-2,
-                                fixed_denominator=float(LENGTH) if aggregation == "fixed_denominator" else None)
+        loss = PolicyLossConfig(
+            aggregation=aggregation,
+            kl_coef=1e-2,
+            fixed_denominator=float(LENGTH) if aggregation == "fixed_denominator" else None,
+        )
         learner = Learner(small_model(), LearnerConfig(optimizer=optimizer(), loss=loss))
         initial = copy_state(learner)
     items, adv = batch_items
@@ -148,8 +158,11 @@ def test_microbatch_accumulation_equals_full_batch_update(aggregation, token_mea
 
 def test_on_policy_step_has_ratio_exactly_one_and_no_clipping(batch_items):
     # TIS on: it weights tokens but leaves the ratio (current / current) exactly 1.
-    config = LearnerConfig(optimizer=optimizer(), old_logprobs="current",
-                           loss=PolicyLossConfig(kl_coef=1e-4, aggregation="token_mean", tis_cap=1.5))
+    config = LearnerConfig(
+        optimizer=optimizer(),
+        old_logprobs="current",
+        loss=PolicyLossConfig(kl_coef=1e-4, aggregation="token_mean", tis_cap=1.5),
+    )
     learner = Learner(small_model(seed=3), config)
     items, adv = batch_items
     [micro] = make_minibatches(items, adv * 10.0, BatchingConfig(rows=ROWS, length_multiple=LENGTH), 1)
@@ -172,8 +185,11 @@ TIS_CAP = 1.05
 def test_rollout_mismatch_metrics_and_tis_weights_against_the_learners_own_logprobs(batch_items):
     """With the engine's logprobs equal to the learner's, the gap is ~0 and every TIS weight is
     1; perturbed by known amounts, the reported gap statistics and weights are those amounts'."""
-    config = LearnerConfig(optimizer=optimizer(), old_logprobs="recompute",
-                           loss=PolicyLossConfig(kl_coef=0.0, aggregation="token_mean", tis_cap=TIS_CAP))
+    config = LearnerConfig(
+        optimizer=optimizer(),
+        old_logprobs="recompute",
+        loss=PolicyLossConfig(kl_coef=0.0, aggregation="token_mean", tis_cap=TIS_CAP),
+    )
     learner = Learner(small_model(seed=6), config)
     items, adv = batch_items
     [micro] = make_minibatches(items, adv, BatchingConfig(rows=ROWS, length_multiple=LENGTH), 1)
@@ -183,8 +199,10 @@ def test_rollout_mismatch_metrics_and_tis_weights_against_the_learners_own_logpr
     olds = [np.asarray(b.old_logprobs) for b in micro]
 
     def with_rollout(deltas):
-        return [b.replace(rollout_logprobs=jnp.asarray(np.where(m, o + d, 0.0).astype(np.float32)))
-                for b, m, o, d in zip(micro, masks, olds, deltas)]
+        return [
+            b.replace(rollout_logprobs=jnp.asarray(np.where(m, o + d, 0.0).astype(np.float32)))
+            for b, m, o, d in zip(micro, masks, olds, deltas)
+        ]
 
     _, same = learner.gradients(with_rollout([0.0, 0.0]))
     # The scoring and the gradient programs round differently, by ~1e-6.
@@ -221,8 +239,11 @@ def test_rollout_mismatch_metrics_and_tis_weights_against_the_learners_own_logpr
 
 
 def test_reference_and_recomputed_old_logprobs_are_computed_once_per_rollout_batch(batch_items):
-    config = LearnerConfig(optimizer=optimizer(), old_logprobs="recompute",
-                           loss=PolicyLossConfig(kl_coef=1e-2, aggregation="seq_mean_token_mean"))
+    config = LearnerConfig(
+        optimizer=optimizer(),
+        old_logprobs="recompute",
+        loss=PolicyLossConfig(kl_coef=1e-2, aggregation="seq_mean_token_mean"),
+    )
     learner = Learner(small_model(seed=4), config)
     items, adv = batch_items
     minibatches = make_minibatches(items, adv, BatchingConfig(rows=2, length_multiple=LENGTH), 2)
@@ -352,8 +373,12 @@ def test_sft_objective_steps_as_the_written_out_nll_step_and_accumulates_exactly
     full = collate(items[:4], ones, cfg, length=LENGTH)
     split = [collate(items[:2], ones[:2], cfg, length=LENGTH), collate(items[2:4], ones[2:], cfg, length=LENGTH)]
     # The defaults would keep a KL reference and recompute old logprobs for policy gradient.
-    config = LearnerConfig(objective="sft", optimizer=optimizer(warmup_steps=1), old_logprobs="recompute",
-                           loss=PolicyLossConfig(kl_coef=1.0))
+    config = LearnerConfig(
+        objective="sft",
+        optimizer=optimizer(warmup_steps=1),
+        old_logprobs="recompute",
+        loss=PolicyLossConfig(kl_coef=1.0),
+    )
     learner = Learner(small_model(), config)
     assert learner.reference_params is None
     [prepared] = learner.prepare([full])
@@ -404,7 +429,9 @@ def test_config_errors_name_the_problem():
         OptimizerConfig(schedule="linear")
     with pytest.raises(ValueError, match="unknown learner.optimizer config keys"):
         LearnerConfig.from_dict({"optimizer": {"lr": 1.0}})
-    cfg = LearnerConfig.from_dict({"optimizer": {"learning_rate": 3e-6}, "loss": {"kl_coef": 0.0}, "old_logprobs": "current"})
+    cfg = LearnerConfig.from_dict(
+        {"optimizer": {"learning_rate": 3e-6}, "loss": {"kl_coef": 0.0}, "old_logprobs": "current"}
+    )
     assert cfg.optimizer.learning_rate == 3e-6 and cfg.loss.kl_coef == 0.0
     with pytest.raises(ValueError, match="tis_cap must be 0 .off. or >= 1"):
         LearnerConfig.from_dict({"loss": {"tis_cap": 0.5}})
@@ -419,13 +446,16 @@ def test_frozen_vision_tower_is_bit_identical_after_a_step():
     VISION = nnx.All(nnx.Param, nnx.PathContains("visual"))
     vl_config = tiny_qwen3_vl_config()
     vl_config = dataclasses.replace(  # one decoder layer, one vision block feeding it DeepStack features
-        vl_config, text=dataclasses.replace(vl_config.text, num_hidden_layers=1),
-        vision=dataclasses.replace(vl_config.vision, depth=1, deepstack_visual_indexes=(0,)))
+        vl_config,
+        text=dataclasses.replace(vl_config.text, num_hidden_layers=1),
+        vision=dataclasses.replace(vl_config.vision, depth=1, deepstack_visual_indexes=(0,)),
+    )
     model = Qwen3VLForConditionalGeneration(vl_config, rngs=nnx.Rngs(5))
     vision_before = jax.tree.map(np.array, nnx.state(model, VISION))
     text_before = jax.tree.map(np.array, nnx.state(model.language_model, nnx.Param))
-    learner = Learner(model, LearnerConfig(optimizer=optimizer(), freeze_vision=True,
-                                           loss=PolicyLossConfig(kl_coef=0.0)))
+    learner = Learner(
+        model, LearnerConfig(optimizer=optimizer(), freeze_vision=True, loss=PolicyLossConfig(kl_coef=0.0))
+    )
     rng = np.random.default_rng(0)
     grid = (1, 4, 4)
     patch_dim = vl_config.vision.patch_dim
@@ -437,15 +467,31 @@ def test_frozen_vision_tower_is_bit_identical_after_a_step():
         ids = np.asarray(ids, np.int32)
         mask = np.zeros(len(ids), np.int32)
         mask[-6:] = 1
-        items.append(TrainingItem(ids, mask, np.where(mask > 0, -6.0, 0).astype(np.float32),
-                                  [ImageSpan(start, start + 4, 0, 0, grid)], f"vl{k}", 0, (0,)))
+        items.append(
+            TrainingItem(
+                ids,
+                mask,
+                np.where(mask > 0, -6.0, 0).astype(np.float32),
+                [ImageSpan(start, start + 4, 0, 0, grid)],
+                f"vl{k}",
+                0,
+                (0,),
+            )
+        )
         patches[(f"vl{k}", 0, 0)] = rng.normal(size=(16, patch_dim)).astype(np.float32)
-    batch = collate(items, [1.0, -1.0], BatchingConfig(rows=2, length_multiple=16), pixel_patches=patches,
-                    multimodal=MultimodalPositions.of(vl_config))
+    batch = collate(
+        items,
+        [1.0, -1.0],
+        BatchingConfig(rows=2, length_multiple=16),
+        pixel_patches=patches,
+        multimodal=MultimodalPositions.of(vl_config),
+    )
     metrics = learner.update([batch])
     assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
     # The vision tower is outside the trainable set: no optimizer moments for it.
-    assert not any("visual" in "/".join(map(str, path)) for path, _ in jax.tree_util.tree_leaves_with_path(learner.params))
+    assert not any(
+        "visual" in "/".join(map(str, path)) for path, _ in jax.tree_util.tree_leaves_with_path(learner.params)
+    )
     trainable_size = sum(x.size for x in jax.tree.leaves(learner.params))
     # Adam's two moments for the trainable parameters, plus scalar counters.
     assert 2 * trainable_size <= sum(x.size for x in jax.tree.leaves(learner.opt_state)) < 2 * trainable_size + 16
@@ -453,7 +499,9 @@ def test_frozen_vision_tower_is_bit_identical_after_a_step():
     for a, b in zip(jax.tree.leaves(vision_before), jax.tree.leaves(vision_after)):
         np.testing.assert_array_equal(a, np.asarray(b))
     text_after = nnx.state(learner.model.language_model, nnx.Param)
-    assert any(not np.array_equal(a, np.asarray(b)) for a, b in zip(jax.tree.leaves(text_before), jax.tree.leaves(text_after)))
+    assert any(
+        not np.array_equal(a, np.asarray(b)) for a, b in zip(jax.tree.leaves(text_before), jax.tree.leaves(text_after))
+    )
 
 
 def test_bfloat16_step_keeps_float32_master_weights_and_follows_the_float32_update(batch_items):
@@ -464,8 +512,9 @@ def test_bfloat16_step_keeps_float32_master_weights_and_follows_the_float32_upda
     from cua_jax.train.learner import MasterWeightsState
 
     fp32 = small_model()
-    bf16 = Qwen3ForCausalLM(tiny_qwen3_config(**SMALL, dtype="bfloat16", param_dtype="bfloat16", remat=True),
-                            rngs=nnx.Rngs(0))
+    bf16 = Qwen3ForCausalLM(
+        tiny_qwen3_config(**SMALL, dtype="bfloat16", param_dtype="bfloat16", remat=True), rngs=nnx.Rngs(0)
+    )
     rounded = jax.tree.map(lambda a: a.astype(jnp.bfloat16), nnx.state(fp32, nnx.Param))
     nnx.update(bf16, rounded)
     nnx.update(fp32, jax.tree.map(lambda a: a.astype(jnp.float32), rounded))

@@ -22,9 +22,14 @@ from tests.support.entrypoint import run_main
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 # The shipped base as the policy (its action space, observation and prompt are part of it).
-BASE_POLICY = ("--config.model.name=qwen3_vl", f"--config.model.init_from={BASE}", "--config.env.action_space=elements",
-               "--config.env.include_dom_text=True", "--config.rollout.prompt_style=compact",
-               "--config.rollout.max_new_tokens=128")
+BASE_POLICY = (
+    "--config.model.name=qwen3_vl",
+    f"--config.model.init_from={BASE}",
+    "--config.env.action_space=elements",
+    "--config.env.include_dom_text=True",
+    "--config.rollout.prompt_style=compact",
+    "--config.rollout.max_new_tokens=128",
+)
 
 
 def _metrics(workdir):
@@ -38,30 +43,45 @@ def test_the_canopy_recipe_through_the_entrypoint(tmp_path):
     config = canopy.get_config()
     tiers = dict(zip(config.env.tasks, config.env.task_tiers))
     # A pilot of 8 samples per task at pass rate 0.5: coverage 0.9 needs a handful, not the recipe's 32.
-    records = [{"task": task, "status": "success" if k % 2 else "failure", "success": bool(k % 2)}
-               for task in tiers for k in range(8)]
-    report = pilot_report(records, tiers, group_size=config.rollout.group_size, target=config.sampler.pilot_target,
-                          samples=8)
+    records = [
+        {"task": task, "status": "success" if k % 2 else "failure", "success": bool(k % 2)}
+        for task in tiers
+        for k in range(8)
+    ]
+    report = pilot_report(
+        records, tiers, group_size=config.rollout.group_size, target=config.sampler.pilot_target, samples=8
+    )
     floor = report["group_size_floor"]
     assert 2 <= floor < config.rollout.group_size
     pilot = write_pilot_file(tmp_path / "pilot", report)
     workdir = tmp_path / "run"
-    result = run_main("--config=experiments/configs/canopy.py", *BASE_POLICY, f"--config.sampler.pilot_file={pilot}",
-                      "--config.rollout.max_turns=2", "--config.eval.enabled=False", "--config.train.num_steps=2", "--config.train.checkpoint_every=2",
-                      "--config.train.progress_bar=False", workdir=workdir)
+    result = run_main(
+        "--config=experiments/configs/canopy.py",
+        *BASE_POLICY,
+        f"--config.sampler.pilot_file={pilot}",
+        "--config.rollout.max_turns=2",
+        "--config.eval.enabled=False",
+        "--config.train.num_steps=2",
+        "--config.train.checkpoint_every=2",
+        "--config.train.progress_bar=False",
+        workdir=workdir,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [r for r in _metrics(workdir) if "learner/loss" in r]
     assert len(steps) == 2
     for metrics in steps:
         assert metrics["episodes/total"] == config.rollout.batch_tasks * floor  # the pilot's group size
         assert metrics["learner/updates"] == 1.0
-        assert metrics["learner/ratio_min"] == metrics["learner/ratio_max"] == 1.0 and metrics["learner/clipfrac"] == 0.0
+        assert (
+            metrics["learner/ratio_min"] == metrics["learner/ratio_max"] == 1.0 and metrics["learner/clipfrac"] == 0.0
+        )
         # Token mean over action tokens: the loss's tokens are exactly the replies' tokens
         # (whole_trajectory: one item per episode, each reply trained once).
-        assert metrics["learner/num_tokens"] == pytest.approx(metrics["episode/response_tokens"] * metrics["episodes/trained"])
+        assert metrics["learner/num_tokens"] == pytest.approx(
+            metrics["episode/response_tokens"] * metrics["episodes/trained"]
+        )
     assert steps[0]["learner/ref_kl"] == pytest.approx(0.0, abs=1e-7)  # the policy is the reference at first
     assert steps[1]["learner/ref_kl"] > 0  # after an update the k3 estimate measures the drift it anchors
-
 
 
 def test_the_scalecua_recipe_through_the_entrypoint(tmp_path):
@@ -71,12 +91,21 @@ def test_the_scalecua_recipe_through_the_entrypoint(tmp_path):
     splits an episode whose screenshots outgrow it into segments (items)."""
     config = scalecua.get_config()
     workdir = tmp_path / "run"
-    result = run_main("--config=experiments/configs/scalecua.py", *BASE_POLICY,
-                      "--config.rollout.batch_tasks=2", "--config.rollout.group_size=4", "--config.rollout.max_turns=3",
-                      # The recipe's window (K = Delta = 5) never drops in 3 turns; the smallest one does.
-                      "--config.context.keep=1", "--config.context.min_removal=1",
-                      "--config.eval.enabled=False", "--config.train.num_steps=2", "--config.train.checkpoint_every=2",
-                      "--config.train.progress_bar=False", workdir=workdir)
+    result = run_main(
+        "--config=experiments/configs/scalecua.py",
+        *BASE_POLICY,
+        "--config.rollout.batch_tasks=2",
+        "--config.rollout.group_size=4",
+        "--config.rollout.max_turns=3",
+        # The recipe's window (K = Delta = 5) never drops in 3 turns; the smallest one does.
+        "--config.context.keep=1",
+        "--config.context.min_removal=1",
+        "--config.eval.enabled=False",
+        "--config.train.num_steps=2",
+        "--config.train.checkpoint_every=2",
+        "--config.train.progress_bar=False",
+        workdir=workdir,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [r for r in _metrics(workdir) if "learner/loss" in r]
     assert len(steps) == 2
@@ -100,14 +129,25 @@ def test_the_evocua_recipe_through_the_entrypoint(tmp_path):
     training is asynchronous within the staleness window, with whole-group mini-batches."""
     config = evocua.get_config()
     workdir = tmp_path / "run"
-    result = run_main("--config=experiments/configs/evocua.py", *BASE_POLICY,
-                      "--config.env.tasks=('click-button','click-tab','click-widget','focus-text')",
-                      "--config.env.task_tiers=(0,0,1,1)", "--config.rollout.batch_tasks=2",
-                      "--config.rollout.group_size=4", "--config.rollout.max_turns=2", "--config.train.buffer_groups=2",
-                      "--config.sampler.pilot_group_size=4", "--config.sampler.calibrate_every=1",
-                      "--config.sampler.calibration_sample_size=2", "--config.sampler.calibration_group_size=2",
-                      "--config.eval.enabled=False", "--config.train.num_steps=2",
-                      "--config.train.checkpoint_every=2", "--config.train.progress_bar=False", workdir=workdir)
+    result = run_main(
+        "--config=experiments/configs/evocua.py",
+        *BASE_POLICY,
+        "--config.env.tasks=('click-button','click-tab','click-widget','focus-text')",
+        "--config.env.task_tiers=(0,0,1,1)",
+        "--config.rollout.batch_tasks=2",
+        "--config.rollout.group_size=4",
+        "--config.rollout.max_turns=2",
+        "--config.train.buffer_groups=2",
+        "--config.sampler.pilot_group_size=4",
+        "--config.sampler.calibrate_every=1",
+        "--config.sampler.calibration_sample_size=2",
+        "--config.sampler.calibration_group_size=2",
+        "--config.eval.enabled=False",
+        "--config.train.num_steps=2",
+        "--config.train.checkpoint_every=2",
+        "--config.train.progress_bar=False",
+        workdir=workdir,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     steps = [r for r in _metrics(workdir) if "learner/loss" in r]
     assert len(steps) == 2

@@ -90,8 +90,9 @@ class _BatchRecorder(RolloutEngine):
 
     def generate(self, requests, sampling):
         self.batches.append(tuple(r.prompt_ids.tobytes() for r in requests))
-        return [Generation(self.reply.copy(), np.zeros(len(self.reply), np.float32), FinishReason.STOP, 0)
-                for _ in requests]
+        return [
+            Generation(self.reply.copy(), np.zeros(len(self.reply), np.float32), FinishReason.STOP, 0) for _ in requests
+        ]
 
     def update_weights(self, params, version):
         raise NotImplementedError
@@ -118,8 +119,9 @@ def test_generation_batches_do_not_depend_on_environment_timing():
         envs = [_JitteryEnvironment(i, rng) for i in range(6)]
 
         async def run_all():
-            return await asyncio.gather(*(loop.run_episode(env, "task", seed=0, episode_id=f"e{i}")
-                                          for i, env in enumerate(envs)))
+            return await asyncio.gather(
+                *(loop.run_episode(env, "task", seed=0, episode_id=f"e{i}") for i, env in enumerate(envs))
+            )
 
         rollouts = asyncio.run(run_all())
         assert [r.episode.num_turns for r in rollouts] == [1 + i % 3 for i in range(6)]

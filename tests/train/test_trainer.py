@@ -55,8 +55,9 @@ def on_policy(tmp_path_factory):
 
     # Its evaluations run at YaRN 2 (eval.rope_scaling): training, and so the on-policy tests,
     # keep the model's own rope; a one-turn budget keeps the evaluation test short.
-    trainer = Trainer(tiny_config(tmp_path_factory.mktemp("on_policy"), eval__rope_scaling=2.0, eval__max_turns=1),
-                      env_wrapper=wrap)
+    trainer = Trainer(
+        tiny_config(tmp_path_factory.mktemp("on_policy"), eval__rope_scaling=2.0, eval__max_turns=1), env_wrapper=wrap
+    )
     try:
         yield trainer, wrappers
     finally:
@@ -73,11 +74,25 @@ def test_on_policy_step_has_ratio_one_and_no_clipping(on_policy):
     assert metrics["episodes/trained"] == 4 and metrics["policy/version"] == 1
     assert metrics["quarantine/total"] == 0  # the normal path loses no episode
     assert trainer.workers[0].engine.health().policy_version == 1
-    for key in ("groups/informative_fraction", "groups/all_pass_fraction", "groups/all_fail_fraction",
-                "learner/grad_norm", "learner/entropy", "learner/ref_kl", "learner/rollout_logprob_gap",
-                "learner/rollout_logprob_gap_p99", "learner/rollout_logprob_gap_max", "learner/tis_weight_mean",
-                "episode/response_tokens", "episode/items", "time/rollout_s", "time/learn_s", "time/sync_s",
-                "sampler/active_tasks", "sampler/pass_rate_mean"):
+    for key in (
+        "groups/informative_fraction",
+        "groups/all_pass_fraction",
+        "groups/all_fail_fraction",
+        "learner/grad_norm",
+        "learner/entropy",
+        "learner/ref_kl",
+        "learner/rollout_logprob_gap",
+        "learner/rollout_logprob_gap_p99",
+        "learner/rollout_logprob_gap_max",
+        "learner/tis_weight_mean",
+        "episode/response_tokens",
+        "episode/items",
+        "time/rollout_s",
+        "time/learn_s",
+        "time/sync_s",
+        "sampler/active_tasks",
+        "sampler/pass_rate_mean",
+    ):
         assert math.isfinite(metrics[key]), key
     assert metrics["learner/grad_norm"] > 0  # the entropy bonus moves the policy
 
@@ -135,9 +150,10 @@ def test_a_checkpoint_of_another_seed_or_worker_count_is_refused_before_anything
     trainer, _ = on_policy
     state = trainer.trainer_state()
     assert state.step == trainer.step and state.version == trainer.version
-    for bad, message in ((dataclasses.replace(state, base_key=state.base_key + 1), "config.seed"),
-                         (dataclasses.replace(state, engine_sampling=state.engine_sampling * 2),
-                          "config.rollout.num_workers")):
+    for bad, message in (
+        (dataclasses.replace(state, base_key=state.base_key + 1), "config.seed"),
+        (dataclasses.replace(state, engine_sampling=state.engine_sampling * 2), "config.rollout.num_workers"),
+    ):
         with pytest.raises(ValueError, match=message):
             trainer.load_trainer_state(trainer.learner.train_state(), bad)
     assert trainer.trainer_state().step == state.step and trainer.version == state.version
@@ -208,8 +224,15 @@ def _calibrate_during_a_rollout(trainer):
 
 
 def test_async_mode_drops_stale_groups_and_keeps_groups_whole(tmp_path):
-    config = tiny_config(tmp_path, train__mode="async", train__staleness_window=1, train__buffer_groups=6,
-                         learner__num_minibatches=2, learner__old_logprobs="rollout", loss__kl_coef=0.0)
+    config = tiny_config(
+        tmp_path,
+        train__mode="async",
+        train__staleness_window=1,
+        train__buffer_groups=6,
+        learner__num_minibatches=2,
+        learner__old_logprobs="rollout",
+        loss__kl_coef=0.0,
+    )
     with Trainer(config) as trainer:
         calibration = _calibrate_during_a_rollout(trainer)
         # Rollouts run ahead until the buffer is full: 6 groups of version 0.
@@ -267,9 +290,18 @@ def test_async_run_resumes_with_no_episode_lost_or_trained_twice(tmp_path):
     and AReaL's decoupled objective, checkpointed while its rollout threads run and then stopped
     (as a kill would); the resumed run puts the saved groups back first, in order, starts the
     groups that were running again, and trains every saved episode once."""
-    config = tiny_config(tmp_path, train__mode="async", train__staleness_window=8, train__buffer_groups=3,
-                         learner__old_logprobs="recompute", loss__surrogate="decoupled", loss__tis_cap=5.0,
-                         loss__kl_coef=0.0, rollout__partial_rollout_tokens=4, rollout__max_episodes_in_flight=4)
+    config = tiny_config(
+        tmp_path,
+        train__mode="async",
+        train__staleness_window=8,
+        train__buffer_groups=3,
+        learner__old_logprobs="recompute",
+        loss__surrogate="decoupled",
+        loss__tis_cap=5.0,
+        loss__kl_coef=0.0,
+        rollout__partial_rollout_tokens=4,
+        rollout__max_episodes_in_flight=4,
+    )
     with Trainer(config) as trainer:
         trainer.start_rollouts()
         _wait_for(lambda: len(trainer.buffer) == trainer.buffer.capacity, "a full rollout buffer")
@@ -299,12 +331,17 @@ def test_async_run_resumes_with_no_episode_lost_or_trained_twice(tmp_path):
             resumed.async_step()
         # The groups still running at the save were started again (same requests: same group
         # ids, so the same episode ids), and trained, once.
-        redone = {f"{task}/g{group_id}/e{i}" for _, (task, _, group_id) in saved["unfinished_requests"]
-                  for i in range(config.rollout.group_size)}
+        redone = {
+            f"{task}/g{group_id}/e{i}"
+            for _, (task, _, group_id) in saved["unfinished_requests"]
+            for i in range(config.rollout.group_size)
+        }
         while not redone <= _trained_episodes(tmp_path, set(range(1, resumed.step))):
             assert resumed.step < 8, "the groups running at the save were lost"
             resumed.async_step()
-        assert min(resumed.feeder.collected, default=drawn) >= min([drawn] + [d for d, _ in saved["unfinished_requests"]])
+        assert min(resumed.feeder.collected, default=drawn) >= min(
+            [drawn] + [d for d, _ in saved["unfinished_requests"]]
+        )
         resumed.stop_rollouts()
     after = _trained_episodes(tmp_path, set(range(1, 10)))
     assert not after & before  # no episode trained twice

@@ -44,12 +44,15 @@ def test_wilson_interval_edges():
         wilson_interval(3, 2)
 
 
-@pytest.mark.parametrize("a, b, expected", [
-    # Newcombe (1998), Table II, method 10 (hybrid score without continuity correction).
-    ((48, 80), (56, 70), (0.0524, 0.3339)),
-    ((3, 10), (9, 10), (0.1705, 0.8090)),
-    ((0, 29), (5, 56), (-0.0381, 0.1926)),
-])
+@pytest.mark.parametrize(
+    "a, b, expected",
+    [
+        # Newcombe (1998), Table II, method 10 (hybrid score without continuity correction).
+        ((48, 80), (56, 70), (0.0524, 0.3339)),
+        ((3, 10), (9, 10), (0.1705, 0.8090)),
+        ((0, 29), (5, 56), (-0.0381, 0.1926)),
+    ],
+)
 def test_difference_interval_matches_newcombes_published_values(a, b, expected):
     difference, low, high = difference_interval(*a, *b, confidence=0.95)
     assert difference == pytest.approx(b[0] / b[1] - a[0] / a[1])
@@ -57,8 +60,10 @@ def test_difference_interval_matches_newcombes_published_values(a, b, expected):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 300).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))),
-       st.integers(1, 300).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
+@given(
+    st.integers(1, 300).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))),
+    st.integers(1, 300).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))),
+)
 def test_difference_interval_holds_the_estimate_and_is_antisymmetric(a, b):
     difference, low, high = difference_interval(*a, *b)
     assert -1.0 <= low <= difference <= high <= 1.0
@@ -78,7 +83,15 @@ def paired_reference(table, z):
     l2, u2 = wilson_reference(table[:, 0].sum(), n, z)
     margins = np.prod([table[0].sum(), table[1].sum(), table[:, 0].sum(), table[:, 1].sum()], dtype=np.float64)
     a = table[0, 0] * table[1, 1] - table[0, 1] * table[1, 0]
-    psi = 0.0 if margins == 0 else (a - n / 2) / np.sqrt(margins) if a > n / 2 else 0.0 if a >= 0 else a / np.sqrt(margins)
+    psi = (
+        0.0
+        if margins == 0
+        else (a - n / 2) / np.sqrt(margins)
+        if a > n / 2
+        else 0.0
+        if a >= 0
+        else a / np.sqrt(margins)
+    )
     d = p1 - p2
     low = d - np.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * psi * (p1 - l1) * (u2 - p2))
     high = d + np.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * psi * (p2 - l2) * (u1 - p1))
@@ -98,7 +111,9 @@ def test_paired_difference_interval_matches_the_published_value():
 def test_paired_difference_interval_matches_reference_and_is_antisymmetric(counts):
     both, first_only, second_only, neither = counts
     difference, low, high = paired_difference_interval(*counts)
-    ref_d, ref_low, ref_high = paired_reference(np.array([[both, first_only], [second_only, neither]]), 1.959963984540054)
+    ref_d, ref_low, ref_high = paired_reference(
+        np.array([[both, first_only], [second_only, neither]]), 1.959963984540054
+    )
     # The reference is oriented first - second: negate it.
     assert difference == pytest.approx(-ref_d, abs=1e-12)
     assert low == pytest.approx(max(-ref_high, -1.0), abs=1e-9) and high == pytest.approx(min(-ref_low, 1.0), abs=1e-9)
@@ -134,8 +149,11 @@ def slope_reference(x, y, confidence):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(3, 80).flatmap(lambda n: st.lists(st.floats(0, 1), min_size=n, max_size=n)),
-       st.floats(-0.05, 0.05), st.sampled_from([0.8, 0.95]))
+@given(
+    st.integers(3, 80).flatmap(lambda n: st.lists(st.floats(0, 1), min_size=n, max_size=n)),
+    st.floats(-0.05, 0.05),
+    st.sampled_from([0.8, 0.95]),
+)
 def test_slope_interval_matches_the_matrix_reference_and_holds_the_slope(values, trend, confidence):
     x = list(range(len(values)))
     y = [v + trend * i for i, v in enumerate(values)]
@@ -178,11 +196,29 @@ def test_quarantine_kind_names_the_fault():
 
 def _rollout(task, group_id, k, status, reward, num_items):
     turns = [Turn("", [], np.asarray([k, t], np.int32), np.zeros(2, np.float32)) for t in range(num_items)]
-    episode = Episode(f"{task}/g{group_id}/e{k}", task, group_id, "do it", turns, reward=reward, status=status,
-                      quarantine_reason="setup failed: no page" if status is EpisodeStatus.QUARANTINED else None,
-                      policy_version=3)
-    items = [TrainingItem(np.arange(4, dtype=np.int32), np.asarray([0, 0, 1, 1], np.int32), np.zeros(4, np.float32),
-                          [], episode.episode_id, group_id, (t,)) for t in range(num_items)]
+    episode = Episode(
+        f"{task}/g{group_id}/e{k}",
+        task,
+        group_id,
+        "do it",
+        turns,
+        reward=reward,
+        status=status,
+        quarantine_reason="setup failed: no page" if status is EpisodeStatus.QUARANTINED else None,
+        policy_version=3,
+    )
+    items = [
+        TrainingItem(
+            np.arange(4, dtype=np.int32),
+            np.asarray([0, 0, 1, 1], np.int32),
+            np.zeros(4, np.float32),
+            [],
+            episode.episode_id,
+            group_id,
+            (t,),
+        )
+        for t in range(num_items)
+    ]
     return Rollout(episode, items)
 
 
@@ -198,8 +234,9 @@ S, F, Q = EpisodeStatus.SUCCESS, EpisodeStatus.FAILURE, EpisodeStatus.QUARANTINE
 
 def test_quarantined_episode_leaves_its_group_before_advantages():
     groups = [
-        group_from_rollouts(0, "a", [_rollout("a", 0, 0, S, 1.0, 1), _rollout("a", 0, 1, F, 0.0, 1),
-                                     _rollout("a", 0, 2, Q, 0.0, 1)]),
+        group_from_rollouts(
+            0, "a", [_rollout("a", 0, 0, S, 1.0, 1), _rollout("a", 0, 1, F, 0.0, 1), _rollout("a", 0, 2, Q, 0.0, 1)]
+        ),
         group_from_rollouts(1, "b", [_rollout("b", 1, 0, S, 1.0, 2), _rollout("b", 1, 1, F, 0.0, 1)]),
     ]
     batch = prepare_batch(groups, _settings(), num_minibatches=2, version=4)

@@ -45,8 +45,15 @@ class OracleForOneEpisode(RolloutEngine):
     at each turn whose earlier replies followed the script; every other request goes to
     `policy`. Tasks are told apart by their instruction in the prompt."""
 
-    def __init__(self, policy: RolloutEngine, tokenizer, end_of_turn_id: int, scripts: dict[str, tuple[str, list[str]]],
-                 submit_at_once: frozenset[str] = frozenset(), fill_at_once: frozenset[str] = frozenset()):
+    def __init__(
+        self,
+        policy: RolloutEngine,
+        tokenizer,
+        end_of_turn_id: int,
+        scripts: dict[str, tuple[str, list[str]]],
+        submit_at_once: frozenset[str] = frozenset(),
+        fill_at_once: frozenset[str] = frozenset(),
+    ):
         self.policy, self.tokenizer, self.end_of_turn_id = policy, tokenizer, int(end_of_turn_id)
         self.scripts = scripts  # task id -> (instruction, replies)
         self.submit_at_once = submit_at_once  # tasks whose other episode submits without a patch
@@ -76,7 +83,9 @@ class OracleForOneEpisode(RolloutEngine):
             if reply is None:
                 out.append(self.policy.generate([request], sampling)[0])
             else:
-                ids = np.asarray([*self.tokenizer.encode(reply, add_special_tokens=False), self.end_of_turn_id], np.int32)
+                ids = np.asarray(
+                    [*self.tokenizer.encode(reply, add_special_tokens=False), self.end_of_turn_id], np.int32
+                )
                 out.append(Generation(ids, np.zeros(len(ids), np.float32), FinishReason.STOP, 0))
         return out
 
@@ -116,25 +125,35 @@ def _by_task(batch) -> dict[str, list]:
 def code_step(tmp_path_factory):
     settings = TrainSettings.from_config(code_config(tmp_path_factory.mktemp("check")))
     tasks = {task_id: settings.catalog[task_id].spec for task_id in TASKS}
-    scripts = {task_id: (task.instruction, [render_code_action(a) for a in oracle_actions(task)])
-               for task_id, task in tasks.items()}
+    scripts = {
+        task_id: (task.instruction, [render_code_action(a) for a in oracle_actions(task)])
+        for task_id, task in tasks.items()
+    }
     from cua_jax.context.tokenizer import load_processor
 
     tokenizer, _ = load_processor(None)
-    longest = max(len(tokenizer.encode(reply, add_special_tokens=False)) for _, replies in scripts.values()
-                  for reply in replies)
-    config = code_config(tmp_path_factory.mktemp("code"), rollout__max_new_tokens=longest + 1, eval__num_seeds=1,
-                         eval__max_turns=2, train__trace_every=1)
+    longest = max(
+        len(tokenizer.encode(reply, add_special_tokens=False)) for _, replies in scripts.values() for reply in replies
+    )
+    config = code_config(
+        tmp_path_factory.mktemp("code"),
+        rollout__max_new_tokens=longest + 1,
+        eval__num_seeds=1,
+        eval__max_turns=2,
+        train__trace_every=1,
+    )
     with Trainer(config) as trainer:
         worker = trainer.workers[0]
         policy = worker.train_loop.engine
-        worker.train_loop.engine = OracleForOneEpisode(policy, trainer.tokenizer, trainer.renderer.end_of_turn_id,
-                                                       scripts, NO_PATCH_TASKS, FILL_TASKS)
+        worker.train_loop.engine = OracleForOneEpisode(
+            policy, trainer.tokenizer, trainer.renderer.end_of_turn_id, scripts, NO_PATCH_TASKS, FILL_TASKS
+        )
         metrics = trainer.train_step()
         first_batch = trainer.last_batch
         # The recipe runs on: a second update on fresh episodes, the non-oracle ones the policy's.
-        worker.train_loop.engine = OracleForOneEpisode(policy, trainer.tokenizer, trainer.renderer.end_of_turn_id,
-                                                       scripts)
+        worker.train_loop.engine = OracleForOneEpisode(
+            policy, trainer.tokenizer, trainer.renderer.end_of_turn_id, scripts
+        )
         second = trainer.train_step()
         assert math.isfinite(second["learner/loss"]) and second["policy/version"] == 2
         for episodes in _by_task(trainer.last_batch).values():
@@ -183,7 +202,10 @@ def test_the_canopy_code_recipe_steps_on_code_containers(code_step):
         assert info["fail_to_pass_passed"] == info["fail_to_pass_total"] >= 1 and info["broken"] == []
         assert info["changes_outside_sources"] == [] and info["changes_outside_sources_count"] == 0
         if task_id in NO_PATCH_TASKS:  # submitted with the sources untouched: the recipe's -0.2
-            assert policy.status is EpisodeStatus.FAILURE and policy.reward == -0.2 == trainer.config.advantage.no_patch_reward
+            assert (
+                policy.status is EpisodeStatus.FAILURE
+                and policy.reward == -0.2 == trainer.config.advantage.no_patch_reward
+            )
             assert policy.info["end_reason"].startswith("no patch") and len(policy.turns) == 1
             continue
         # The work tree filled by the agent's own command: a failure scored 0 that stays in its group.
@@ -232,14 +254,17 @@ def test_the_recipe_passes_the_checks_and_adds_no_field():
     assert set(flatten(config.to_dict())) == set(flatten(base.base_config().to_dict()))
 
 
-@pytest.mark.parametrize("field, value, named, says", [
-    ("env.code.memory", "lots", "config.env.code.memory", "is not a size"),
-    ("env.code.reset_mode", "snapshot", "config.env.code.reset_mode", "not one of ('pooled', 'fresh')"),
-    ("env.code.tasks", ("code-six-012", "code-no-such-task"), "config.env.code.tasks", "code-no-such-task"),
-    ("env.code.suite_dir", "/nonexistent/code-suite", "config.env.code.suite_dir", "holds no task files"),
-    ("env.code.bash_timeout_s", 0.0, "config.env.code.bash_timeout_s", "must be > 0"),
-    ("env.tasks", ("click-button",), "config.env.tasks", "env.kind 'code' takes its tasks from env.code.suite_dir"),
-])
+@pytest.mark.parametrize(
+    "field, value, named, says",
+    [
+        ("env.code.memory", "lots", "config.env.code.memory", "is not a size"),
+        ("env.code.reset_mode", "snapshot", "config.env.code.reset_mode", "not one of ('pooled', 'fresh')"),
+        ("env.code.tasks", ("code-six-012", "code-no-such-task"), "config.env.code.tasks", "code-no-such-task"),
+        ("env.code.suite_dir", "/nonexistent/code-suite", "config.env.code.suite_dir", "holds no task files"),
+        ("env.code.bash_timeout_s", 0.0, "config.env.code.bash_timeout_s", "must be > 0"),
+        ("env.tasks", ("click-button",), "config.env.tasks", "env.kind 'code' takes its tasks from env.code.suite_dir"),
+    ],
+)
 def test_a_bad_code_setting_is_named(tmp_path, field, value, named, says):
     config = code_config(tmp_path)
     *sections, name = field.split(".")
@@ -257,8 +282,9 @@ def test_a_bad_code_setting_is_named(tmp_path, field, value, named, says):
 def test_a_warm_start_on_code_oracle_demonstrations(tmp_path):
     """warm_start.steps > 0 on a code run: each task's oracle fix, played through the agent loop
     on a code container and judged by the package's tests, becomes the supervised data."""
-    config = code_config(tmp_path, warm_start__steps=2, warm_start__demos_per_task=1, eval__enabled=False,
-                         rollout__max_new_tokens=512)
+    config = code_config(
+        tmp_path, warm_start__steps=2, warm_start__demos_per_task=1, eval__enabled=False, rollout__max_new_tokens=512
+    )
     config.env.code.tasks = TASKS[:1]
     config.rollout.batch_tasks = 1
     with Trainer(config) as trainer:

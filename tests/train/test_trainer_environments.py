@@ -55,8 +55,9 @@ class ScriptedEngine(RolloutEngine):
     task id -> (solution, wrong solution), reply texts. Other prompts: the oracle (when given)
     answers the first request of each distinct first-turn prompt, the policy the rest."""
 
-    def __init__(self, policy: RolloutEngine, oracle: OracleDemonstrator | None, tokenizer, end_of_turn_id: int,
-                 tasks, scripts):
+    def __init__(
+        self, policy: RolloutEngine, oracle: OracleDemonstrator | None, tokenizer, end_of_turn_id: int, tasks, scripts
+    ):
         self.policy, self.oracle = policy, oracle
         self.tokenizer, self.end_of_turn_id = tokenizer, int(end_of_turn_id)
         self.instructions = {task.id: task.instruction for task in tasks}
@@ -67,10 +68,13 @@ class ScriptedEngine(RolloutEngine):
         if task_id is None:
             return None
         replies = [chunk.split("<|im_end|>")[0].strip() for chunk in text.split("<|im_start|>assistant")[1:-1]]
-        scripts = [script for script in self.scripts[task_id]
-                   if all(reply == done.strip() for reply, done in zip(replies, script))]
+        scripts = [
+            script
+            for script in self.scripts[task_id]
+            if all(reply == done.strip() for reply, done in zip(replies, script))
+        ]
         if len(scripts) > 1:  # both scripts agree so far: the first request takes the solution
-            scripts = scripts[taken.setdefault((task_id, len(replies)), 0):]
+            scripts = scripts[taken.setdefault((task_id, len(replies)), 0) :]
             taken[(task_id, len(replies))] += 1
         return scripts[0][len(replies)]
 
@@ -87,8 +91,11 @@ class ScriptedEngine(RolloutEngine):
             script = self._script(text, taken)
             if script is not None:
                 out.append(self._reply(script))
-            elif self.oracle is not None and "<|im_start|>assistant" not in text.rsplit("<|im_start|>assistant", 1)[0] \
-                    and request.prompt_ids.tobytes() not in seen:  # a first turn, the first of its prompt
+            elif (
+                self.oracle is not None
+                and "<|im_start|>assistant" not in text.rsplit("<|im_start|>assistant", 1)[0]
+                and request.prompt_ids.tobytes() not in seen
+            ):  # a first turn, the first of its prompt
                 seen.add(request.prompt_ids.tobytes())
                 out.append(self.oracle.generate([request], sampling)[0])
             else:
@@ -119,9 +126,17 @@ class KillFirstStepOf(EnvironmentWrapper):
 @pytest.fixture(scope="module")
 def mixed_step(tmp_path_factory):
     root = tmp_path_factory.mktemp("mixed")
-    config = tiny_config(root / "run", env__include_dom_text=True, rollout__group_size=2, rollout__batch_tasks=4,
-                         rollout__max_turns=5, rollout__max_new_tokens=96, rollout__max_context_tokens=2048,
-                         rollout__prompt_style="compact", rollout__group_start="shared")
+    config = tiny_config(
+        root / "run",
+        env__include_dom_text=True,
+        rollout__group_size=2,
+        rollout__batch_tasks=4,
+        rollout__max_turns=5,
+        rollout__max_new_tokens=96,
+        rollout__max_context_tokens=2048,
+        rollout__prompt_style="compact",
+        rollout__group_start="shared",
+    )
     config.env.kind = "mixed"
     config.env.tasks = (MINIWOB_TASK,)
     config.env.task_tiers = (0,)
@@ -134,10 +149,14 @@ def mixed_step(tmp_path_factory):
     with Trainer(config, env_wrapper=KillFirstStepOf) as trainer:
         worker = trainer.workers[0]
         oracle = OracleDemonstrator(trainer.tokenizer, trainer.renderer.end_of_turn_id, MINIWOB_TASK, reasoning=False)
-        worker.train_loop.engine = ScriptedEngine(worker.train_loop.engine, oracle, trainer.tokenizer,
-                                                  trainer.renderer.end_of_turn_id,
-                                                  load_suite(config.env.task_dirs[0]),
-                                                  {t: (SOLUTIONS[t], WRONG_SOLUTIONS[t]) for t in DESKTOP_TASKS})
+        worker.train_loop.engine = ScriptedEngine(
+            worker.train_loop.engine,
+            oracle,
+            trainer.tokenizer,
+            trainer.renderer.end_of_turn_id,
+            load_suite(config.env.task_dirs[0]),
+            {t: (SOLUTIONS[t], WRONG_SOLUTIONS[t]) for t in DESKTOP_TASKS},
+        )
         metrics = trainer.train_step()
         publications = list(worker.runtime.publications)
         capsules = (worker.runtime.backend.renderers, worker.runtime.warm_pages, dict(worker.runtime.fork_methods))
@@ -171,7 +190,8 @@ def test_mixed_run_logs_per_domain_metrics_and_episodes(mixed_step):
     assert 0 < metrics["domain/desktop/success_rate"] < 1
     assert metrics["domain/miniwob/success_rate"] == 0.5  # the oracle's episode
     assert sorted({(r["task_id"], r["domain"]) for r in logged}) == sorted(
-        [(task, "desktop") for task in DESKTOP_TASKS] + [(MINIWOB_TASK, "miniwob")])
+        [(task, "desktop") for task in DESKTOP_TASKS] + [(MINIWOB_TASK, "miniwob")]
+    )
 
 
 def test_groups_prompts_run_once_and_later_turns_continue_cached_keys_and_values(mixed_step):
@@ -181,8 +201,9 @@ def test_groups_prompts_run_once_and_later_turns_continue_cached_keys_and_values
     trainer, metrics, _, _, _, engine_stats = mixed_step
     items = trainer.last_batch.items
     groups = {item.group_id for item in items}
-    assert len(groups) >= 3 and {trainer.settings.catalog[e.task_id].kind for e in trainer.last_batch.episodes.values()} \
-        == {"desktop", "miniwob"}
+    assert len(groups) >= 3 and {
+        trainer.settings.catalog[e.task_id].kind for e in trainer.last_batch.episodes.values()
+    } == {"desktop", "miniwob"}
     assert 0 < metrics["learner/forward_tokens"] < sum(len(item) for item in items)
     assert engine_stats["cached_tokens"] > 0 and engine_stats["prefill_tokens"] < engine_stats["prompt_tokens"]
 
@@ -212,11 +233,18 @@ def verigen_folder(tmp_path_factory):
     from cua_jax.tasks.verigen.roles import ProgrammaticJudger, ScriptedChecker, TemplateFixer
 
     out = tmp_path_factory.mktemp("synthesized")
-    with DockerEnvPool(PoolConfig(image=ensure_image("desktop"), size=2, health_interval=None)) as pool, \
-            InteractionProbe(pool) as probe:
+    with (
+        DockerEnvPool(PoolConfig(image=ensure_image("desktop"), size=2, health_interval=None)) as pool,
+        InteractionProbe(pool) as probe,
+    ):
         proposer = templates.TemplateProposer(seed=5, defect_rate=0.0, families=("file_create", "file_append"))
-        verigen = pipeline.VeriGen(proposer, ProgrammaticJudger(), ScriptedChecker(probe, judge_timeout_cap=5.0),
-                                   TemplateFixer(), pipeline.LoopConfig())
+        verigen = pipeline.VeriGen(
+            proposer,
+            ProgrammaticJudger(),
+            ScriptedChecker(probe, judge_timeout_cap=5.0),
+            TemplateFixer(),
+            pipeline.LoopConfig(),
+        )
         report = verigen.run(target=2, max_candidates=6, workers=2)
     accepted = report.accepted[:2]  # a proposal call may bring more
     assert len(accepted) == 2, report.summary()
@@ -226,8 +254,15 @@ def verigen_folder(tmp_path_factory):
 
 def test_training_on_a_folder_verigen_synthesized(verigen_folder, tmp_path):
     folder, accepted = verigen_folder
-    config = tiny_config(tmp_path, rollout__group_size=2, rollout__batch_tasks=2, rollout__max_turns=4,
-                         rollout__max_new_tokens=160, rollout__max_context_tokens=2048, rollout__prompt_style="compact")
+    config = tiny_config(
+        tmp_path,
+        rollout__group_size=2,
+        rollout__batch_tasks=2,
+        rollout__max_turns=4,
+        rollout__max_new_tokens=160,
+        rollout__max_context_tokens=2048,
+        rollout__prompt_style="compact",
+    )
     config.env.kind = "desktop"
     config.env.tasks = ()
     config.env.task_tiers = ()
@@ -240,9 +275,14 @@ def test_training_on_a_folder_verigen_synthesized(verigen_folder, tmp_path):
         # their containers back for the next group (the pool holds one group at a time).
         idle = [A.render_action(A.Wait(0.1))] * config.rollout.max_turns
         scripts = {task_id: (c.solution, idle) for task_id, c in accepted.items()}
-        worker.train_loop.engine = ScriptedEngine(worker.train_loop.engine, None, trainer.tokenizer,
-                                                  trainer.renderer.end_of_turn_id,
-                                                  [trainer.settings.catalog[t].spec for t in accepted], scripts)
+        worker.train_loop.engine = ScriptedEngine(
+            worker.train_loop.engine,
+            None,
+            trainer.tokenizer,
+            trainer.renderer.end_of_turn_id,
+            [trainer.settings.catalog[t].spec for t in accepted],
+            scripts,
+        )
         metrics = trainer.train_step()
     assert metrics["quarantine/total"] == 0
     assert metrics["learner/updates"] == 1
@@ -253,4 +293,3 @@ def test_training_on_a_folder_verigen_synthesized(verigen_folder, tmp_path):
         statuses.setdefault(episode.task_id, []).append(episode.status.value)
     # Each synthesized task's in-container judge scored its reference solution 1; idling ran out of turns.
     assert {t: sorted(v) for t, v in statuses.items()} == {t: ["no_verdict", "success"] for t in accepted}
-

@@ -76,8 +76,13 @@ def test_a_successful_episode_per_group_raises_its_reply_logprob(tmp_path, recip
     """Under tiny.py's settings and under the main job's (default.py's loss, advantage and
     sampler settings: the update the main job makes)."""
     config = tiny_config(
-        tmp_path, env__include_dom_text=True, env__action_space="elements", rollout__group_size=4,
-        rollout__batch_tasks=1, rollout__max_new_tokens=48, rollout__prompt_style="compact",
+        tmp_path,
+        env__include_dom_text=True,
+        env__action_space="elements",
+        rollout__group_size=4,
+        rollout__batch_tasks=1,
+        rollout__max_new_tokens=48,
+        rollout__prompt_style="compact",
         optimizer__learning_rate=1e-3,
     )
     if recipe == "default":
@@ -89,8 +94,9 @@ def test_a_successful_episode_per_group_raises_its_reply_logprob(tmp_path, recip
     config.eval.num_traces = 2
     with Trainer(config) as trainer:
         worker = trainer.workers[0]
-        oracle = OracleDemonstrator(trainer.tokenizer, trainer.renderer.end_of_turn_id, TASK, reasoning=False,
-                                    action_space="elements")
+        oracle = OracleDemonstrator(
+            trainer.tokenizer, trainer.renderer.end_of_turn_id, TASK, reasoning=False, action_space="elements"
+        )
         mixed = OracleForFirstOfEachPrompt(worker.train_loop.engine, oracle)
         worker.train_loop.engine = mixed
         before = jax.tree.map(jnp.copy, trainer.learner.params)
@@ -102,14 +108,23 @@ def test_a_successful_episode_per_group_raises_its_reply_logprob(tmp_path, recip
 
         batch = trainer.last_batch
         replies = {r.tobytes() for r in mixed.oracle_replies}
-        chosen = [k for k, item in enumerate(batch.items)
-                  if np.asarray(item.ids)[np.asarray(item.loss_mask) != 0].tobytes() in replies]
+        chosen = [
+            k
+            for k, item in enumerate(batch.items)
+            if np.asarray(item.ids)[np.asarray(item.loss_mask) != 0].tobytes() in replies
+        ]
         assert len(chosen) == 1
         items = [batch.items[k] for k in chosen]
         assert batch.item_advantages[chosen[0]] > 0
         patches = process_images(items, batch.episodes, trainer.image_processor)
-        micro = make_minibatches(items, batch.item_advantages[chosen], trainer.settings.batching, 1,
-                                 pixel_patches=patches, multimodal=trainer.multimodal)[0][0]
+        micro = make_minibatches(
+            items,
+            batch.item_advantages[chosen],
+            trainer.settings.batching,
+            1,
+            pixel_patches=patches,
+            multimodal=trainer.multimodal,
+        )[0][0]
         mask = np.asarray(micro.loss_mask) != 0
         logp_before = trainer.learner.score(micro, params=before)[mask]
         logp_after = trainer.learner.score(micro)[mask]

@@ -36,10 +36,12 @@ def ray_trainer(tmp_path_factory):
 
 
 def test_config_names_bad_worker_fields(tmp_path):
-    for field, value, message in (("worker_backend", "threads", "rollout.worker_backend"),
-                                  ("worker_cpus", 0.0, "rollout.worker_cpus"),
-                                  ("ray_object_store_mb", 10, "rollout.ray_object_store_mb"),
-                                  ("engine", "sglang", "rollout.engine: 'sglang' is not one of")):
+    for field, value, message in (
+        ("worker_backend", "threads", "rollout.worker_backend"),
+        ("worker_cpus", 0.0, "rollout.worker_cpus"),
+        ("ray_object_store_mb", 10, "rollout.ray_object_store_mb"),
+        ("engine", "sglang", "rollout.engine: 'sglang' is not one of"),
+    ):
         with pytest.raises(ConfigError, match=message):
             TrainSettings.from_config(tiny_config(tmp_path, **{f"rollout__{field}": value}))
 
@@ -99,4 +101,6 @@ def test_held_out_evaluation_goes_through_the_harness_on_the_actor(ray_trainer):
     assert result["episodes"] + result["given_up"] == 2 and 0.0 <= result["success_rate"] <= 1.0
     folder = os.path.join(trainer.workdir, "evals", f"actor_{trainer.step:06d}")
     records = [json.loads(line) for line in open(os.path.join(folder, "results.jsonl"))]
-    assert {r["task"] for r in records} == set(trainer.eval_tasks) and os.path.exists(os.path.join(folder, "results.md"))
+    assert {r["task"] for r in records} == set(trainer.eval_tasks) and os.path.exists(
+        os.path.join(folder, "results.md")
+    )

@@ -42,9 +42,17 @@ def transformers_qwen3_directory(directory) -> str:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=2048,
-                         tie_word_embeddings=False)
+    config = Qwen3Config(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
     model = Qwen3ForCausalLM(config).eval()
     with torch.no_grad():
         model.model.norm.weight.mul_(8.0)  # peaked next-token distributions, as a trained model has
@@ -73,8 +81,14 @@ class EngineKillingEnvironment(EnvironmentWrapper):
 
 def text_config(workdir, init_from):
     return tiny_config(
-        workdir, model__name="qwen3", model__init_from=init_from, model__num_layers=0,
-        env__observation="text", env__include_dom_text=True, rollout__engine="vllm", rollout__max_turns=2,
+        workdir,
+        model__name="qwen3",
+        model__init_from=init_from,
+        model__num_layers=0,
+        env__observation="text",
+        env__include_dom_text=True,
+        rollout__engine="vllm",
+        rollout__max_turns=2,
         rollout__max_context_tokens=2048,
     )
 
@@ -85,8 +99,10 @@ def text_trainer(tmp_path_factory):
 
     init_from = transformers_qwen3_directory(tmp_path_factory.mktemp("hf_qwen3"))
     killer: dict = {}
-    trainer = Trainer(text_config(tmp_path_factory.mktemp("vllm_text"), init_from),
-                      env_wrapper=lambda env: EngineKillingEnvironment(env, killer))
+    trainer = Trainer(
+        text_config(tmp_path_factory.mktemp("vllm_text"), init_from),
+        env_wrapper=lambda env: EngineKillingEnvironment(env, killer),
+    )
     try:
         yield trainer, killer
     finally:
@@ -104,8 +120,10 @@ def test_config_names_bad_vllm_fields(tmp_path):
         ({"env__observation": "pixels"}, "env.observation"),
         ({"model__name": "tiny_qwen3"}, "env.observation: model.name 'tiny_qwen3' is a text-only policy"),
         ({"env__observation": "text"}, "env.include_dom_text"),
-        ({"model__name": "qwen3", "model__num_layers": 0, "env__observation": "text", "env__include_dom_text": True},
-         "model.init_from: model.name 'qwen3' loads a Hugging Face directory"),
+        (
+            {"model__name": "qwen3", "model__num_layers": 0, "env__observation": "text", "env__include_dom_text": True},
+            "model.init_from: model.name 'qwen3' loads a Hugging Face directory",
+        ),
     ):
         with pytest.raises(ConfigError, match=message):
             TrainSettings.from_config(tiny_config(tmp_path, **overrides))
@@ -124,9 +142,16 @@ def test_init_from_a_directory_of_another_kind_names_both(tmp_path):
 def test_vision_language_policy_steps_on_vllm_with_screenshots(tmp_path):
     # Before the text trainer's module fixture starts a Ray whose CPU its engine holds.
     config = tiny_config(
-        tmp_path, model__name="qwen3_vl", model__init_from=BASE, model__num_layers=0,
-        env__include_dom_text=True, env__action_space="elements", rollout__engine="vllm",
-        rollout__prompt_style="compact", rollout__max_new_tokens=24, rollout__max_context_tokens=2048,
+        tmp_path,
+        model__name="qwen3_vl",
+        model__init_from=BASE,
+        model__num_layers=0,
+        env__include_dom_text=True,
+        env__action_space="elements",
+        rollout__engine="vllm",
+        rollout__prompt_style="compact",
+        rollout__max_new_tokens=24,
+        rollout__max_context_tokens=2048,
     )
     config.env.tasks = ("click-button", "click-tab")
     with Trainer(config) as trainer:

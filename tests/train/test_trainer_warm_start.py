@@ -53,7 +53,9 @@ def test_warm_start_config_errors_name_the_field():
     c = warm_config("/tmp/unused")
     c.env.tasks = ("click-button", "book-flight")
     c.env.task_tiers = (0, 0)
-    with pytest.raises(ConfigError, match=r"config\.warm_start\.steps: the oracle has no demonstrations for \['book-flight'\]"):
+    with pytest.raises(
+        ConfigError, match=r"config\.warm_start\.steps: the oracle has no demonstrations for \['book-flight'\]"
+    ):
         TrainSettings.from_config(c)
     c = warm_config("/tmp/unused")
     c.warm_start.demos_per_task = 0

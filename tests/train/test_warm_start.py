@@ -28,8 +28,9 @@ from cua_jax.types import EpisodeStatus
 TASK = "click-button"  # one turn, one length bucket: one compiled train step
 TRAIN_SEEDS = tuple(range(12))
 HELD_OUT_SEEDS = (1000, 1001, 1002, 1003)
-SFT = W.WarmStartConfig(steps=300, rows=2, learning_rate=3e-3, warmup_steps=5, length_multiple=256,
-                         schedule="cosine", min_lr_ratio=0.05)
+SFT = W.WarmStartConfig(
+    steps=300, rows=2, learning_rate=3e-3, warmup_steps=5, length_multiple=256, schedule="cosine", min_lr_ratio=0.05
+)
 
 
 # ------------------------------------------------------------------------------------
@@ -57,11 +58,23 @@ def test_dom_from_text_inverts_dom_to_text(specs):
     for i, ((tag, element_id, classes, text, value, focused, (left, top, width, height)), up) in enumerate(specs):
         depth = 0 if not elements else max(0, min(elements[-1].depth + 1, elements[-1].depth + 1 - up))
         del depth_stack[depth:]
-        elements.append(DomElement(
-            ref=i + 1, parent=depth_stack[-1] if depth_stack else None, depth=depth, tag=tag, text=text,
-            left=float(left), top=float(top), width=float(width), height=float(height),
-            id=element_id, classes=classes, value=None if value == "" else value, focused=focused,
-        ))
+        elements.append(
+            DomElement(
+                ref=i + 1,
+                parent=depth_stack[-1] if depth_stack else None,
+                depth=depth,
+                tag=tag,
+                text=text,
+                left=float(left),
+                top=float(top),
+                width=float(width),
+                height=float(height),
+                id=element_id,
+                classes=classes,
+                value=None if value == "" else value,
+                focused=focused,
+            )
+        )
         depth_stack.append(i + 1)
     parsed = dom_from_text(dom_to_text(tuple(elements)))
     assert dom_to_text(parsed) == dom_to_text(tuple(elements))
@@ -76,8 +89,17 @@ def test_dom_text_click_point_is_where_the_oracle_clicks(box):
     from cua_jax.envs.miniwob_oracle import OracleError, click_element
 
     left, top, width, height = box
-    element = DomElement(ref=1, parent=None, depth=0, tag="BUTTON", text="ok", left=float(left), top=float(top),
-                         width=float(width), height=float(height))
+    element = DomElement(
+        ref=1,
+        parent=None,
+        depth=0,
+        tag="BUTTON",
+        text="ok",
+        left=float(left),
+        top=float(top),
+        width=float(width),
+        height=float(height),
+    )
     line = dom_to_text((element,))
     try:
         click = click_element(element, 160, 210)
@@ -169,15 +191,22 @@ def test_click_point_items_keep_exactly_the_click_point_digits(renderer):
     def item(parts):
         ids = [i for text, _ in parts for i in encode(text)]
         mask = [int(trained) for text, trained in parts for _ in encode(text)]
-        return TrainingItem(np.array(ids, np.int32), np.array(mask, np.int32), np.zeros(len(ids), np.float32),
-                            [], "e", 0, (0,))
+        return TrainingItem(
+            np.array(ids, np.int32), np.array(mask, np.int32), np.zeros(len(ids), np.float32), [], "e", 0, (0,)
+        )
 
     click = A.render_action(A.Click(kind="left_click", x=119, y=753))
     again = A.render_action(A.Click(kind="left_click", x=8, y=1000))
     typing = A.render_action(A.Type(text="42"))
     items = [
-        item([("page: [10] BUTTON 'No' @2,148 34x21 click=[119, 753]\n", False),
-              (f"Click BUTTON 'No' 2.\n{click}", True), ("next page click=[5, 6]\n", False), (again, True)]),
+        item(
+            [
+                ("page: [10] BUTTON 'No' @2,148 34x21 click=[119, 753]\n", False),
+                (f"Click BUTTON 'No' 2.\n{click}", True),
+                ("next page click=[5, 6]\n", False),
+                (again, True),
+            ]
+        ),
         item([("page\n", False), (typing, True)]),
     ]
     narrowed = W.click_point_items(items, tokenizer)
@@ -187,13 +216,17 @@ def test_click_point_items_keep_exactly_the_click_point_digits(renderer):
     assert set(np.flatnonzero(narrowed[0].loss_mask)) <= set(np.flatnonzero(items[0].loss_mask))
     # Element ids: where a reply first writes the id (its reasoning line's [id]), not the tool
     # call's copy of it; a reply without a reasoning line has only the tool call's.
-    by_id = item([("page: BUTTON 'No' [10]\n", False), (f"Click BUTTON 'No' [10].\n{A.render_action(A.ClickElement(10))}", True),
-                  ("page: INPUT_text [3]\n", False), (A.render_action(A.FillElement(3, "25")), True)])
+    by_id = item(
+        [
+            ("page: BUTTON 'No' [10]\n", False),
+            (f"Click BUTTON 'No' [10].\n{A.render_action(A.ClickElement(10))}", True),
+            ("page: INPUT_text [3]\n", False),
+            (A.render_action(A.FillElement(3, "25")), True),
+        ]
+    )
     kept = W.click_point_items([by_id], tokenizer)[0]
     assert tokenizer.decode(kept.ids[kept.loss_mask == 1].tolist()) == "10" + "3"
     assert tokenizer.decode(kept.ids[: np.flatnonzero(kept.loss_mask)[0]].tolist()).endswith("Click BUTTON 'No' [")
-
-
 
 
 # ------------------------------------------------------------------------------------
@@ -252,7 +285,9 @@ def test_demonstrations_train_exactly_the_oracles_replies(demonstrations, segmen
                 turn.response_ids[:-1], tokenizer.encode(turn.response_text, add_special_tokens=False)
             )
             replies.append(turn.response_ids)
-        trained = np.concatenate([item.ids[item.loss_mask == 1] for item in sorted(rollout.items, key=lambda i: i.step_indices[0])])
+        trained = np.concatenate(
+            [item.ids[item.loss_mask == 1] for item in sorted(rollout.items, key=lambda i: i.step_indices[0])]
+        )
         np.testing.assert_array_equal(trained, np.concatenate(replies))
         assert sum(int(item.loss_mask.sum()) for item in rollout.items) == sum(len(r) for r in replies)
         replayed = segmenter.segment(episode)
@@ -313,8 +348,12 @@ def warm_started(demonstrations, renderer):
     train, _, held_out = demonstrations
     model = Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(num_hidden_layers=2), rngs=nnx.Rngs(0))
     multimodal = MultimodalPositions.of(model.config)
-    data = W.DemonstrationData(train.items, train.episodes, renderer.image_processor, multimodal, SFT.rows, SFT.length_multiple)
-    held = W.DemonstrationData(held_out.items, held_out.episodes, renderer.image_processor, multimodal, SFT.rows, SFT.length_multiple)
+    data = W.DemonstrationData(
+        train.items, train.episodes, renderer.image_processor, multimodal, SFT.rows, SFT.length_multiple
+    )
+    held = W.DemonstrationData(
+        held_out.items, held_out.episodes, renderer.image_processor, multimodal, SFT.rows, SFT.length_multiple
+    )
     run = W.SupervisedRun(model, data, SFT)
     before = run.learner.evaluate(held.all_batches())["loss"]
     run.run(SFT.steps)
@@ -338,9 +377,14 @@ def test_warm_started_greedy_policy_acts_validly_on_held_out_seeds(warm_started,
     _, _, run = warm_started
     seeds = tuple(range(1000, 1012))
     evaluation = W.evaluate_policy(
-        run.model, [TASK], seeds, runtime=runtime, segmenter=segmenter,
-        agent_config=AgentConfig(max_turns=1, max_new_tokens=64, max_context_tokens=4096, temperature=0.0,
-                                 batch_wait_s=None),
+        run.model,
+        [TASK],
+        seeds,
+        runtime=runtime,
+        segmenter=segmenter,
+        agent_config=AgentConfig(
+            max_turns=1, max_new_tokens=64, max_context_tokens=4096, temperature=0.0, batch_wait_s=None
+        ),
         concurrency=len(seeds),
     )
     assert len(evaluation.episodes) == len(seeds) and evaluation.turns == len(seeds)

@@ -71,8 +71,13 @@ class Qwen3_5TextConfig:
         object.__setattr__(self, "dtype", model_dtype(self.dtype, "Qwen3_5TextConfig.dtype"))
         object.__setattr__(self, "param_dtype", model_dtype(self.param_dtype, "Qwen3_5TextConfig.param_dtype"))
         if not self.layer_types:
-            object.__setattr__(self, "layer_types", tuple(
-                "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(self.num_hidden_layers)))
+            object.__setattr__(
+                self,
+                "layer_types",
+                tuple(
+                    "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(self.num_hidden_layers)
+                ),
+            )
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
         object.__setattr__(self, "mrope_section", tuple(int(x) for x in self.mrope_section))
         if len(self.layer_types) != self.num_hidden_layers:
@@ -81,17 +86,25 @@ class Qwen3_5TextConfig:
         if bad:
             raise ValueError(f"layer_types holds unknown types {bad}; known: {LAYER_TYPES}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                             f"num_key_value_heads ({self.num_key_value_heads})")
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
         if self.linear_num_value_heads % self.linear_num_key_heads:
-            raise ValueError(f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
-                             f"linear_num_key_heads ({self.linear_num_key_heads})")
+            raise ValueError(
+                f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
+                f"linear_num_key_heads ({self.linear_num_key_heads})"
+            )
         if self.rotary_dim % 2 or self.rotary_dim == 0:
-            raise ValueError(f"head_dim {self.head_dim} x partial_rotary_factor {self.partial_rotary_factor} must "
-                             "give a positive even rotary dimension")
+            raise ValueError(
+                f"head_dim {self.head_dim} x partial_rotary_factor {self.partial_rotary_factor} must "
+                "give a positive even rotary dimension"
+            )
         if len(self.mrope_section) != 3 or sum(self.mrope_section) != self.rotary_dim // 2:
-            raise ValueError(f"mrope_section {self.mrope_section} must have 3 entries summing to the rotary "
-                             f"dimension / 2 = {self.rotary_dim // 2}")
+            raise ValueError(
+                f"mrope_section {self.mrope_section} must have 3 entries summing to the rotary "
+                f"dimension / 2 = {self.rotary_dim // 2}"
+            )
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (Qwen3.5 uses 'silu')")
         if not isinstance(self.remat, bool):
@@ -113,13 +126,42 @@ class Qwen3_5TextConfig:
     def conv_dim(self) -> int:
         return 2 * self.linear_key_dim + self.linear_value_dim
 
-    _KNOWN = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-              "num_key_value_heads", "head_dim", "linear_conv_kernel_dim", "linear_key_head_dim",
-              "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads", "layer_types",
-              "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings", "attention_bias", "hidden_act",
-              "bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters", "rope_scaling", "rope_theta",
-              "partial_rotary_factor", "model_type", "architectures", "dtype", "torch_dtype", "use_cache",
-              "attention_dropout", "initializer_range", "transformers_version", "full_attention_interval")
+    _KNOWN = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "linear_conv_kernel_dim",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "layer_types",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+        "attention_bias",
+        "hidden_act",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "rope_parameters",
+        "rope_scaling",
+        "rope_theta",
+        "partial_rotary_factor",
+        "model_type",
+        "architectures",
+        "dtype",
+        "torch_dtype",
+        "use_cache",
+        "attention_dropout",
+        "initializer_range",
+        "transformers_version",
+        "full_attention_interval",
+    )
 
     @classmethod
     def from_hf_dict(cls, hf: Mapping[str, Any], **overrides: Any) -> "Qwen3_5TextConfig":
@@ -140,8 +182,11 @@ class Qwen3_5TextConfig:
             layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
         eos = hf.get("eos_token_id")
         kwargs = dict(
-            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
-            num_hidden_layers=layers, num_attention_heads=hf["num_attention_heads"],
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=layers,
+            num_attention_heads=hf["num_attention_heads"],
             num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
             head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
             linear_conv_kernel_dim=hf.get("linear_conv_kernel_dim", 4),
@@ -149,14 +194,17 @@ class Qwen3_5TextConfig:
             linear_value_head_dim=hf.get("linear_value_head_dim", 128),
             linear_num_key_heads=hf.get("linear_num_key_heads", 16),
             linear_num_value_heads=hf.get("linear_num_value_heads", 32),
-            layer_types=tuple(layer_types), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            layer_types=tuple(layer_types),
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
             partial_rotary_factor=float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))),
             mrope_section=tuple(rope.get("mrope_section", (11, 11, 10))),
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             max_position_embeddings=hf.get("max_position_embeddings", 32768),
-            attention_bias=hf.get("attention_bias", False), hidden_act=hf.get("hidden_act", "silu"),
-            bos_token_id=hf.get("bos_token_id"), eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            attention_bias=hf.get("attention_bias", False),
+            hidden_act=hf.get("hidden_act", "silu"),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
             pad_token_id=hf.get("pad_token_id"),
             hf_extra=tuple(sorted((k, json.dumps(v)) for k, v in hf.items() if k not in cls._KNOWN)),
         )
@@ -167,23 +215,43 @@ class Qwen3_5TextConfig:
         """The config.json dict transformers' `Qwen3_5ForCausalLM` loads."""
         eos = list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id
         out = {k: json.loads(v) for k, v in self.hf_extra}
-        out.update({
-            "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
-            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim, "linear_conv_kernel_dim": self.linear_conv_kernel_dim,
-            "linear_key_head_dim": self.linear_key_head_dim, "linear_value_head_dim": self.linear_value_head_dim,
-            "linear_num_key_heads": self.linear_num_key_heads, "linear_num_value_heads": self.linear_num_value_heads,
-            "layer_types": list(self.layer_types), "hidden_act": self.hidden_act,
-            "max_position_embeddings": self.max_position_embeddings, "rms_norm_eps": self.rms_norm_eps,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta,
-                                "partial_rotary_factor": self.partial_rotary_factor,
-                                "mrope_section": list(self.mrope_section), "mrope_interleaved": True},
-            "tie_word_embeddings": self.tie_word_embeddings, "attention_bias": self.attention_bias,
-            "attention_dropout": 0.0, "use_cache": True, "bos_token_id": self.bos_token_id, "eos_token_id": eos,
-            "pad_token_id": self.pad_token_id, "dtype": torch_dtype,
-        })
+        out.update(
+            {
+                "architectures": ["Qwen3_5ForCausalLM"],
+                "model_type": "qwen3_5_text",
+                "vocab_size": self.vocab_size,
+                "hidden_size": self.hidden_size,
+                "intermediate_size": self.intermediate_size,
+                "num_hidden_layers": self.num_hidden_layers,
+                "num_attention_heads": self.num_attention_heads,
+                "num_key_value_heads": self.num_key_value_heads,
+                "head_dim": self.head_dim,
+                "linear_conv_kernel_dim": self.linear_conv_kernel_dim,
+                "linear_key_head_dim": self.linear_key_head_dim,
+                "linear_value_head_dim": self.linear_value_head_dim,
+                "linear_num_key_heads": self.linear_num_key_heads,
+                "linear_num_value_heads": self.linear_num_value_heads,
+                "layer_types": list(self.layer_types),
+                "hidden_act": self.hidden_act,
+                "max_position_embeddings": self.max_position_embeddings,
+                "rms_norm_eps": self.rms_norm_eps,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": self.rope_theta,
+                    "partial_rotary_factor": self.partial_rotary_factor,
+                    "mrope_section": list(self.mrope_section),
+                    "mrope_interleaved": True,
+                },
+                "tie_word_embeddings": self.tie_word_embeddings,
+                "attention_bias": self.attention_bias,
+                "attention_dropout": 0.0,
+                "use_cache": True,
+                "bos_token_id": self.bos_token_id,
+                "eos_token_id": eos,
+                "pad_token_id": self.pad_token_id,
+                "dtype": torch_dtype,
+            }
+        )
         return out
 
 
@@ -201,11 +269,14 @@ class Qwen3_5Config:
 
     def __post_init__(self):
         if self.vision.deepstack_visual_indexes:
-            raise ValueError("the Qwen3.5 vision tower has no DeepStack mergers "
-                             "(deepstack_visual_indexes must be empty)")
+            raise ValueError(
+                "the Qwen3.5 vision tower has no DeepStack mergers (deepstack_visual_indexes must be empty)"
+            )
         if self.vision.out_hidden_size != self.text.hidden_size:
-            raise ValueError(f"vision out_hidden_size {self.vision.out_hidden_size} must equal text hidden_size "
-                             f"{self.text.hidden_size} (image tokens replace text embeddings)")
+            raise ValueError(
+                f"vision out_hidden_size {self.vision.out_hidden_size} must equal text hidden_size "
+                f"{self.text.hidden_size} (image tokens replace text embeddings)"
+            )
 
     @property
     def tie_word_embeddings(self) -> bool:
@@ -221,17 +292,28 @@ class Qwen3_5Config:
         v = dict(hf["vision_config"])
         vision_rope = dict(v.get("rope_parameters") or {})
         vision = VisionConfig(
-            depth=v["depth"], hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
-            num_heads=v["num_heads"], in_channels=v.get("in_channels", 3), patch_size=v.get("patch_size", 16),
-            temporal_patch_size=v.get("temporal_patch_size", 2), spatial_merge_size=v.get("spatial_merge_size", 2),
-            out_hidden_size=v["out_hidden_size"], num_position_embeddings=v["num_position_embeddings"],
-            deepstack_visual_indexes=(), rope_theta=float(vision_rope.get("rope_theta", 10000.0)),
+            depth=v["depth"],
+            hidden_size=v["hidden_size"],
+            intermediate_size=v["intermediate_size"],
+            num_heads=v["num_heads"],
+            in_channels=v.get("in_channels", 3),
+            patch_size=v.get("patch_size", 16),
+            temporal_patch_size=v.get("temporal_patch_size", 2),
+            spatial_merge_size=v.get("spatial_merge_size", 2),
+            out_hidden_size=v["out_hidden_size"],
+            num_position_embeddings=v["num_position_embeddings"],
+            deepstack_visual_indexes=(),
+            rope_theta=float(vision_rope.get("rope_theta", 10000.0)),
             hidden_act=v.get("hidden_act", "gelu_pytorch_tanh"),
         )
-        return cls(text=text, vision=vision, image_token_id=hf.get("image_token_id", 248056),
-                   video_token_id=hf.get("video_token_id", 248057),
-                   vision_start_token_id=hf.get("vision_start_token_id", 248053),
-                   vision_end_token_id=hf.get("vision_end_token_id", 248054))
+        return cls(
+            text=text,
+            vision=vision,
+            image_token_id=hf.get("image_token_id", 248056),
+            video_token_id=hf.get("video_token_id", 248057),
+            vision_start_token_id=hf.get("vision_start_token_id", 248053),
+            vision_end_token_id=hf.get("vision_end_token_id", 248054),
+        )
 
     def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
         """The config.json dict transformers' `Qwen3_5ForConditionalGeneration` loads."""
@@ -240,16 +322,28 @@ class Qwen3_5Config:
             text.pop(key, None)
         v = self.vision
         return {
-            "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
-            "image_token_id": self.image_token_id, "video_token_id": self.video_token_id,
-            "vision_start_token_id": self.vision_start_token_id, "vision_end_token_id": self.vision_end_token_id,
-            "tie_word_embeddings": self.text.tie_word_embeddings, "dtype": torch_dtype, "text_config": text,
+            "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "model_type": "qwen3_5",
+            "image_token_id": self.image_token_id,
+            "video_token_id": self.video_token_id,
+            "vision_start_token_id": self.vision_start_token_id,
+            "vision_end_token_id": self.vision_end_token_id,
+            "tie_word_embeddings": self.text.tie_word_embeddings,
+            "dtype": torch_dtype,
+            "text_config": text,
             "vision_config": {
-                "model_type": "qwen3_5_vision", "depth": v.depth, "hidden_size": v.hidden_size,
-                "hidden_act": v.hidden_act, "intermediate_size": v.intermediate_size, "num_heads": v.num_heads,
-                "in_channels": v.in_channels, "patch_size": v.patch_size,
-                "spatial_merge_size": v.spatial_merge_size, "temporal_patch_size": v.temporal_patch_size,
-                "out_hidden_size": v.out_hidden_size, "num_position_embeddings": v.num_position_embeddings,
+                "model_type": "qwen3_5_vision",
+                "depth": v.depth,
+                "hidden_size": v.hidden_size,
+                "hidden_act": v.hidden_act,
+                "intermediate_size": v.intermediate_size,
+                "num_heads": v.num_heads,
+                "in_channels": v.in_channels,
+                "patch_size": v.patch_size,
+                "spatial_merge_size": v.spatial_merge_size,
+                "temporal_patch_size": v.temporal_patch_size,
+                "out_hidden_size": v.out_hidden_size,
+                "num_position_embeddings": v.num_position_embeddings,
                 "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
             },
         }
@@ -260,11 +354,25 @@ def tiny_qwen3_5_text_config(**overrides: Any) -> Qwen3_5TextConfig:
     linear, full), 4 query / 2 KV heads of head_dim 32 (rotary on 8 channels), linear attention
     with 2 key / 4 value heads of dim 32, vocab 512."""
     base = dict(
-        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=32,
-        linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, rope_theta=10000.0,
-        partial_rotary_factor=0.25, mrope_section=(2, 1, 1), max_position_embeddings=2048,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        rope_theta=10000.0,
+        partial_rotary_factor=0.25,
+        mrope_section=(2, 1, 1),
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
     base.update(overrides)
     return Qwen3_5TextConfig(**base)
@@ -277,13 +385,23 @@ def tiny_qwen3_5_config(**text_overrides: Any) -> Qwen3_5Config:
     from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
 
     ids = shipped_special_token_ids()
-    text = dict(vocab_size=VOCAB_SIZE, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
-                pad_token_id=ids["<|endoftext|>"])
+    text = dict(
+        vocab_size=VOCAB_SIZE, bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"]
+    )
     text.update(text_overrides)
     return Qwen3_5Config(
         text=tiny_qwen3_5_text_config(**text),
-        vision=VisionConfig(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
-                            num_position_embeddings=256, deepstack_visual_indexes=()),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        vision=VisionConfig(
+            depth=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_heads=2,
+            out_hidden_size=128,
+            num_position_embeddings=256,
+            deepstack_visual_indexes=(),
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
     )

@@ -109,11 +109,15 @@ def init_hybrid_cache(cfg: Qwen3_5TextConfig, batch: int, capacity: int, dtype=N
     return HybridCache(
         keys=tuple(jnp.zeros(kv, dtype) for _ in range(n_full)),
         values=tuple(jnp.zeros(kv, dtype) for _ in range(n_full)),
-        conv_states=tuple(jnp.zeros((batch, cfg.linear_conv_kernel_dim - 1, cfg.conv_dim), dtype)
-                          for _ in range(n_linear)),
+        conv_states=tuple(
+            jnp.zeros((batch, cfg.linear_conv_kernel_dim - 1, cfg.conv_dim), dtype) for _ in range(n_linear)
+        ),
         recurrent_states=tuple(
-            jnp.zeros((batch, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim),
-                      jnp.float32) for _ in range(n_linear)),
+            jnp.zeros(
+                (batch, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim), jnp.float32
+            )
+            for _ in range(n_linear)
+        ),
         segment_ids=jnp.zeros((batch, capacity), jnp.int32),
         end=jnp.zeros((), jnp.int32),
     )
@@ -210,8 +214,10 @@ class GatedDeltaNet(nnx.Module):
         self.in_proj_a = linear(cfg, e, hv, ("embed", "linear_heads"), False, rngs)
         self.out_proj = linear(cfg, cfg.linear_value_dim, e, ("linear_heads", "embed"), False, rngs)
         # Stored as torch's Conv1d weight [C, 1, K] so the checkpoint maps without reshaping.
-        self.conv1d = nnx.Param(INIT(rngs.params(), (cfg.conv_dim, 1, cfg.linear_conv_kernel_dim), cfg.param_dtype),
-                                **axis_metadata("linear_conv", None, None))
+        self.conv1d = nnx.Param(
+            INIT(rngs.params(), (cfg.conv_dim, 1, cfg.linear_conv_kernel_dim), cfg.param_dtype),
+            **axis_metadata("linear_conv", None, None),
+        )
         self.dt_bias = nnx.Param(jnp.ones((hv,), cfg.param_dtype), **axis_metadata("linear_heads"))
         a = jax.random.uniform(rngs.params(), (hv,), jnp.float32, 0.01, 16.0)
         self.A_log = nnx.Param(jnp.log(a).astype(cfg.param_dtype), **axis_metadata("linear_heads"))
@@ -234,8 +240,8 @@ class GatedDeltaNet(nnx.Module):
         mixed, conv_state = causal_conv1d(project(self.in_proj_qkv, x), self.conv1d[...][:, 0], conv_state, leading)
         kd = cfg.linear_key_dim
         q = l2_normalize(mixed[..., :kd].reshape(b, t, hk, dk)) * dk**-0.5
-        k = l2_normalize(mixed[..., kd:2 * kd].reshape(b, t, hk, dk))
-        v = mixed[..., 2 * kd:].reshape(b, t, hv, dv)
+        k = l2_normalize(mixed[..., kd : 2 * kd].reshape(b, t, hk, dk))
+        v = mixed[..., 2 * kd :].reshape(b, t, hv, dv)
         if hv != hk:
             q, k = jnp.repeat(q, hv // hk, axis=2), jnp.repeat(k, hv // hk, axis=2)
         beta = jax.nn.sigmoid(project(self.in_proj_b, x).astype(jnp.float32))
@@ -263,8 +269,9 @@ class DecoderLayer(nnx.Module):
         else:
             self.self_attn = GatedAttention(cfg, rngs=rngs)
         self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
-        self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
-                                                            param_dtype=cfg.param_dtype)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(
+            cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.param_dtype
+        )
         self.mlp = MLP(cfg, rngs=rngs)
 
     def __call__(self, x, cos, sin, mask, keep, state=None):
@@ -289,8 +296,13 @@ class Qwen3_5TextModel(nnx.Module):
     def __init__(self, cfg: Qwen3_5TextConfig, *, rngs: nnx.Rngs):
         self.config = cfg
         self.embed_tokens = nnx.Embed(
-            cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-            embedding_init=nnx.with_partitioning(INIT, ("vocab", "embed"), eager_sharding=False), rngs=rngs)
+            cfg.vocab_size,
+            cfg.hidden_size,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            embedding_init=nnx.with_partitioning(INIT, ("vocab", "embed"), eager_sharding=False),
+            rngs=rngs,
+        )
         self.layers = nnx.List([DecoderLayer(cfg, kind, rngs=rngs) for kind in cfg.layer_types])
         self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
 
@@ -305,8 +317,15 @@ class Qwen3_5TextModel(nnx.Module):
         inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
         return mrope_cos_sin(positions, inv_freq, cfg.mrope_section)
 
-    def __call__(self, input_ids=None, *, inputs_embeds=None, positions=None, segment_ids=None,
-                 kv_cache: HybridCache | None = None) -> tuple[jax.Array, HybridCache | None]:
+    def __call__(
+        self,
+        input_ids=None,
+        *,
+        inputs_embeds=None,
+        positions=None,
+        segment_ids=None,
+        kv_cache: HybridCache | None = None,
+    ) -> tuple[jax.Array, HybridCache | None]:
         """Final-normed hidden states [B, T, E] and the updated cache.
 
         input_ids int [B, T] or inputs_embeds [B, T, E] (exactly one); positions int [B, T] or
@@ -329,8 +348,9 @@ class Qwen3_5TextModel(nnx.Module):
         if kv_cache is None:
             mask = attention_mask(segment_ids, q_slots, segment_ids, q_slots)
         else:
-            cache_segments = jax.lax.dynamic_update_slice(kv_cache.segment_ids, segment_ids.astype(jnp.int32),
-                                                          (0, start))
+            cache_segments = jax.lax.dynamic_update_slice(
+                kv_cache.segment_ids, segment_ids.astype(jnp.int32), (0, start)
+            )
             mask = attention_mask(segment_ids, q_slots, cache_segments, jnp.arange(kv_cache.capacity, dtype=jnp.int32))
         keep = (segment_ids != 0)[..., None]
         keys, values, convs, recurrents = [], [], [], []
@@ -358,8 +378,9 @@ class Qwen3_5TextModel(nnx.Module):
         x = self.norm(x)
         new_cache = None
         if kv_cache is not None:
-            new_cache = HybridCache(tuple(keys), tuple(values), tuple(convs), tuple(recurrents), cache_segments,
-                                    start + t)
+            new_cache = HybridCache(
+                tuple(keys), tuple(values), tuple(convs), tuple(recurrents), cache_segments, start + t
+            )
         return x, new_cache
 
 
@@ -372,11 +393,16 @@ class CheckpointTensors(nnx.Module):
     """The `mtp.*` tensors of a checkpoint, in `specs` order (`tensors[i]` is `specs[i].key`)."""
 
     def __init__(self, specs: Sequence[CheckpointTensorSpec]):
-        self.tensors = nnx.List([
-            CheckpointTensor(jnp.zeros(s.shape, np.dtype(checkpoint.SAFETENSORS_DTYPES[s.dtype])),
-                             out_sharding=(None,) * len(s.shape), eager_sharding=False)
-            for s in specs
-        ])
+        self.tensors = nnx.List(
+            [
+                CheckpointTensor(
+                    jnp.zeros(s.shape, np.dtype(checkpoint.SAFETENSORS_DTYPES[s.dtype])),
+                    out_sharding=(None,) * len(s.shape),
+                    eager_sharding=False,
+                )
+                for s in specs
+            ]
+        )
 
 
 class Qwen3_5ForCausalLM(OutputHead, nnx.Module):
@@ -414,8 +440,13 @@ class Qwen3_5ForConditionalGeneration(nnx.Module):
     def __init__(self, config: Qwen3_5Config, *, rngs: nnx.Rngs, freeze_vision: bool = False):
         self.config = config
         self.freeze_vision = freeze_vision
-        self.visual = VisionTower(config.vision, rngs=rngs, dtype=config.text.dtype,
-                                  param_dtype=config.text.param_dtype, remat=config.text.remat)
+        self.visual = VisionTower(
+            config.vision,
+            rngs=rngs,
+            dtype=config.text.dtype,
+            param_dtype=config.text.param_dtype,
+            remat=config.text.remat,
+        )
         self.language_model = Qwen3_5ForCausalLM(config.text, rngs=rngs)
 
     def trainable_filter(self) -> nnx.filterlib.Filter:
@@ -437,9 +468,17 @@ class Qwen3_5ForConditionalGeneration(nnx.Module):
     def init_cache(self, batch: int, capacity: int, dtype=None) -> HybridCache:
         return self.language_model.init_cache(batch, capacity, dtype)
 
-    def hidden_states(self, input_ids, *, positions=None, segment_ids=None, kv_cache=None, pixel_values=None,
-                      image_grid_thw: ImageGrid | GridTHW | None = None,
-                      image_features=None) -> tuple[jax.Array, HybridCache | None]:
+    def hidden_states(
+        self,
+        input_ids,
+        *,
+        positions=None,
+        segment_ids=None,
+        kv_cache=None,
+        pixel_values=None,
+        image_grid_thw: ImageGrid | GridTHW | None = None,
+        image_features=None,
+    ) -> tuple[jax.Array, HybridCache | None]:
         """Final-normed hidden states [B, T, E] and the updated cache; arguments as
         `Qwen3VLForConditionalGeneration.hidden_states` (positions [3, B, T] from `rope_index`
         are required with images; image_features: (tokens [B, T, E], ()), no DeepStack)."""
@@ -460,13 +499,16 @@ class Qwen3_5ForConditionalGeneration(nnx.Module):
             mask = input_ids == cfg.image_token_id
             n_image_tokens = sum(merged_token_counts(normalize_grid(image_grid_thw), cfg.vision.spatial_merge_size))
             if not isinstance(mask, jax.core.Tracer) and int(jnp.sum(mask)) != n_image_tokens:
-                raise ValueError(f"input_ids hold {int(jnp.sum(mask))} image tokens but the images give "
-                                 f"{n_image_tokens} (grids {normalize_grid(image_grid_thw)})")
+                raise ValueError(
+                    f"input_ids hold {int(jnp.sum(mask))} image tokens but the images give "
+                    f"{n_image_tokens} (grids {normalize_grid(image_grid_thw)})"
+                )
             image_embeds, _ = self.encode_images(pixel_values, image_grid_thw)
             gathered, keep = scatter_rows(mask, image_embeds.astype(embeds.dtype))
             embeds = jnp.where(keep, gathered, embeds)
-        return self.language_model.model(inputs_embeds=embeds, positions=positions, segment_ids=segment_ids,
-                                         kv_cache=kv_cache)
+        return self.language_model.model(
+            inputs_embeds=embeds, positions=positions, segment_ids=segment_ids, kv_cache=kv_cache
+        )
 
     def __call__(self, input_ids, **kwargs) -> tuple[jax.Array, HybridCache | None]:
         hidden, cache = self.hidden_states(input_ids, **kwargs)

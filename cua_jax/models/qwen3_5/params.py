@@ -35,10 +35,12 @@ def text_key_rules(cfg: Qwen3_5TextConfig, hf_prefix: str, our_prefix: str) -> l
         if kind == "linear_attention":
             for proj in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
                 rules.append(R(f"{lh}linear_attn.{proj}.weight", f"{lo}linear_attn.{proj}.kernel", transpose=True))
-            rules += [R(f"{lh}linear_attn.conv1d.weight", f"{lo}linear_attn.conv1d"),
-                      R(f"{lh}linear_attn.dt_bias", f"{lo}linear_attn.dt_bias"),
-                      R(f"{lh}linear_attn.A_log", f"{lo}linear_attn.A_log"),
-                      R(f"{lh}linear_attn.norm.weight", f"{lo}linear_attn.norm.weight")]
+            rules += [
+                R(f"{lh}linear_attn.conv1d.weight", f"{lo}linear_attn.conv1d"),
+                R(f"{lh}linear_attn.dt_bias", f"{lo}linear_attn.dt_bias"),
+                R(f"{lh}linear_attn.A_log", f"{lo}linear_attn.A_log"),
+                R(f"{lh}linear_attn.norm.weight", f"{lo}linear_attn.norm.weight"),
+            ]
         else:
             for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
                 rules.append(R(f"{lh}self_attn.{proj}.weight", f"{lo}self_attn.{proj}.kernel", transpose=True))
@@ -74,16 +76,19 @@ def checkpoint_mtp_tensors(directory) -> tuple[CheckpointTensorSpec, ...]:
     """The `mtp.*` tensors of the checkpoint in `directory`, sorted by key."""
     files = checkpoint.open_checkpoint(directory)
     dtype_names = {dtype: name for name, dtype in checkpoint.SAFETENSORS_DTYPES.items()}
-    return tuple(CheckpointTensorSpec(key, files[key].shape(key), dtype_names[files[key].array(key).dtype])
-                 for key in sorted(k for k in files if k.startswith("mtp.")))
+    return tuple(
+        CheckpointTensorSpec(key, files[key].shape(key), dtype_names[files[key].array(key).dtype])
+        for key in sorted(k for k in files if k.startswith("mtp."))
+    )
 
 
 def is_vision_language(hf_config: Mapping[str, Any]) -> bool:
     return "vision_config" in hf_config or "Qwen3_5ForConditionalGeneration" in (hf_config.get("architectures") or ())
 
 
-def load_qwen3_5(directory, *, mesh=None, rules: Mapping[str, Any] = QWEN3_5_RULES, freeze_vision: bool = False,
-                 **text_overrides):
+def load_qwen3_5(
+    directory, *, mesh=None, rules: Mapping[str, Any] = QWEN3_5_RULES, freeze_vision: bool = False, **text_overrides
+):
     """(model, config) for the Qwen3.5 checkpoint in `directory`: a `Qwen3_5ForConditionalGeneration`
     for a vision-language config.json, else a `Qwen3_5ForCausalLM`; the checkpoint's `mtp.*`
     tensors are kept in the model. text_overrides set non-HF fields (dtype, param_dtype, chunk_size, ...)."""
@@ -98,7 +103,11 @@ def load_qwen3_5(directory, *, mesh=None, rules: Mapping[str, Any] = QWEN3_5_RUL
         model_fn = lambda: Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0))
         tied = config.tie_word_embeddings
     model = checkpoint.load_hf_checkpoint(
-        directory, model_fn, qwen3_5_key_table(config), mesh=mesh, rules=rules,
+        directory,
+        model_fn,
+        qwen3_5_key_table(config),
+        mesh=mesh,
+        rules=rules,
         ignore_hf_keys=lambda k: k.endswith("inv_freq") or (tied and k == "lm_head.weight"),
     )
     return model, config

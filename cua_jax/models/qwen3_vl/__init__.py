@@ -22,8 +22,19 @@ from cua_jax.models.qwen3_vl.params import (
 )
 
 __all__ = [
-    "Qwen3VLConfig", "tiny_qwen3_vl_config", "Qwen3VLForConditionalGeneration", "decode_positions",
-    "image_features", "image_prefill_extras", "image_token_counts", "rope_index", "text_positions",
-    "text_rope_tables", "QWEN3_VL_RULES", "export_qwen3_vl", "load_qwen3_vl", "qwen3_vl_key_table",
+    "Qwen3VLConfig",
+    "tiny_qwen3_vl_config",
+    "Qwen3VLForConditionalGeneration",
+    "decode_positions",
+    "image_features",
+    "image_prefill_extras",
+    "image_token_counts",
+    "rope_index",
+    "text_positions",
+    "text_rope_tables",
+    "QWEN3_VL_RULES",
+    "export_qwen3_vl",
+    "load_qwen3_vl",
+    "qwen3_vl_key_table",
     "vision_key_rules",
 ]

@@ -70,7 +70,9 @@ def rope_index(
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [B, L], got shape {input_ids.shape}")
     b, length = input_ids.shape
-    token_types = (input_ids == image_token_id).astype(np.int32) if mm_token_type_ids is None else np.asarray(mm_token_type_ids)
+    token_types = (
+        (input_ids == image_token_id).astype(np.int32) if mm_token_type_ids is None else np.asarray(mm_token_type_ids)
+    )
     if np.any((token_types != 0) & (token_types != 1)):
         raise ValueError("mm_token_type_ids holds values other than 0 (text) and 1 (image); videos are not supported")
     mask = np.ones((b, length), bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
@@ -145,8 +147,9 @@ def image_token_counts(cfg: Qwen3VLConfig, image_grid_thw: GridTHW) -> tuple[int
 # ---------------------------------------------------------------------------
 
 
-def image_features(input_ids: jax.Array, image_token_id: int, tokens: jax.Array,
-                   deepstack: Sequence[jax.Array] = ()) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+def image_features(
+    input_ids: jax.Array, image_token_id: int, tokens: jax.Array, deepstack: Sequence[jax.Array] = ()
+) -> tuple[jax.Array, tuple[jax.Array, ...]]:
     """The `image_features` model input for input_ids int [B, T]: merged image tokens [M, E] (and
     DeepStack features, each [M, E]) in placeholder order, row-major over the batch, laid out
     as [B, T, E] arrays (row i of `tokens` at the i-th placeholder; rows past the placeholders
@@ -170,8 +173,13 @@ class Qwen3VLForConditionalGeneration(nnx.Module):
     def __init__(self, config: Qwen3VLConfig, *, rngs: nnx.Rngs, freeze_vision: bool = False):
         self.config = config
         self.freeze_vision = freeze_vision
-        self.visual = VisionTower(config.vision, rngs=rngs, dtype=config.text.dtype,
-                                  param_dtype=config.text.param_dtype, remat=config.text.remat)
+        self.visual = VisionTower(
+            config.vision,
+            rngs=rngs,
+            dtype=config.text.dtype,
+            param_dtype=config.text.param_dtype,
+            remat=config.text.remat,
+        )
         self.language_model = Qwen3ForCausalLM(config.text, rngs=rngs)
 
     # -- parameter groups ------------------------------------------------------------------
@@ -320,8 +328,11 @@ def image_prefill_extras(config: Qwen3VLConfig, pixel_values: np.ndarray | None,
 
     def extras(padded_ids: np.ndarray, segment_ids: np.ndarray) -> dict[str, Any]:
         positions, _ = rope_index(
-            padded_ids, grid.thw if grid is not None else None, image_token_id=config.image_token_id,
-            spatial_merge_size=config.vision.spatial_merge_size, attention_mask=segment_ids != 0,
+            padded_ids,
+            grid.thw if grid is not None else None,
+            image_token_id=config.image_token_id,
+            spatial_merge_size=config.vision.spatial_merge_size,
+            attention_mask=segment_ids != 0,
         )
         out: dict[str, Any] = {"positions": positions}
         if grid is not None:

@@ -36,8 +36,10 @@ def vision_key_rules(hf_prefix: str = "model.visual.", our_prefix: str = "visual
     rules += linear(f"{blk_h}attn.qkv", f"{blk_o}attn.qkv") + linear(f"{blk_h}attn.proj", f"{blk_o}attn.proj")
     rules += linear(f"{blk_h}mlp.linear_fc1", f"{blk_o}mlp.linear_fc1")
     rules += linear(f"{blk_h}mlp.linear_fc2", f"{blk_o}mlp.linear_fc2")
-    for hf_merger, our_merger in ((f"{h}merger", f"{o}merger"),
-                                  (f"{h}deepstack_merger_list.{{merger}}", f"{o}deepstack_merger_list.{{merger}}")):
+    for hf_merger, our_merger in (
+        (f"{h}merger", f"{o}merger"),
+        (f"{h}deepstack_merger_list.{{merger}}", f"{o}deepstack_merger_list.{{merger}}"),
+    ):
         rules += norm(f"{hf_merger}.norm", f"{our_merger}.norm")
         rules += linear(f"{hf_merger}.linear_fc1", f"{our_merger}.linear_fc1")
         rules += linear(f"{hf_merger}.linear_fc2", f"{our_merger}.linear_fc2")
@@ -47,12 +49,16 @@ def vision_key_rules(hf_prefix: str = "model.visual.", our_prefix: str = "visual
 def qwen3_vl_key_table(config: Qwen3VLConfig) -> list[checkpoint.KeyMapping]:
     """HF `Qwen3VLForConditionalGeneration` keys <-> our parameter paths, for load and export."""
     text = checkpoint.qwen3_key_rules(
-        "model.language_model.", "language_model.model.",
-        tie_word_embeddings=config.text.tie_word_embeddings, attention_bias=config.text.attention_bias,
+        "model.language_model.",
+        "language_model.model.",
+        tie_word_embeddings=config.text.tie_word_embeddings,
+        attention_bias=config.text.attention_bias,
     )
     # The LM head sits at the top level in HF and inside our language model.
-    text = [checkpoint.KeyRule(r.hf, "language_model." + r.ours, r.transpose) if r.hf == "lm_head.weight" else r
-            for r in text]
+    text = [
+        checkpoint.KeyRule(r.hf, "language_model." + r.ours, r.transpose) if r.hf == "lm_head.weight" else r
+        for r in text
+    ]
     counts = {
         "layer": config.text.num_hidden_layers,
         "block": config.vision.depth,
@@ -61,8 +67,9 @@ def qwen3_vl_key_table(config: Qwen3VLConfig) -> list[checkpoint.KeyMapping]:
     return checkpoint.expand_key_table(text + vision_key_rules(), counts)
 
 
-def load_qwen3_vl(directory, *, mesh=None, rules: Mapping[str, Any] = QWEN3_VL_RULES, freeze_vision: bool = False,
-                  **text_overrides) -> tuple[Qwen3VLForConditionalGeneration, Qwen3VLConfig]:
+def load_qwen3_vl(
+    directory, *, mesh=None, rules: Mapping[str, Any] = QWEN3_VL_RULES, freeze_vision: bool = False, **text_overrides
+) -> tuple[Qwen3VLForConditionalGeneration, Qwen3VLConfig]:
     """(model, config) for the Qwen3-VL checkpoint in `directory`, parameters placed on `mesh`.
 
     text_overrides set non-HF fields such as dtype / param_dtype.

@@ -32,11 +32,21 @@ from cua_jax.tasks.metrics.base import CONTEXT_INPUTS, METRICS, JudgeError, Metr
 
 # Importing the modules registers their metrics.
 from cua_jax.tasks.metrics import (  # noqa: E402,F401  isort: skip
-    text, data, sheets, documents, slides, pdf, images, general, apps, browser,
+    text,
+    data,
+    sheets,
+    documents,
+    slides,
+    pdf,
+    images,
+    general,
+    apps,
+    browser,
 )
 
-_REGISTERED_DOMAIN = ("compares URLs by registered domain with tldextract's public-suffix list, "
-                      "which is not available here")
+_REGISTERED_DOMAIN = (
+    "compares URLs by registered domain with tldextract's public-suffix list, which is not available here"
+)
 
 KNOWN_UNIMPLEMENTED: dict[str, str] = {
     **{name: _REGISTERED_DOMAIN for name in ("is_expected_tabs", "is_expected_active_tab", "is_cookie_deleted")},
@@ -47,16 +57,18 @@ KNOWN_UNIMPLEMENTED: dict[str, str] = {
     "compare_triangle_positions": "needs OpenCV (contours and image moments)",
     "check_mp3_meta": "needs mutagen (ID3 tags)",
     "check_python_file_by_test_suite": "runs task-supplied Python on the judging host; use python_judge, "
-                                       "which runs inside the environment",
+    "which runs inside the environment",
     "check_python_file_by_gold_file": "an empty stub in OSWorld (it returns no score)",
     "get_unique_train_ids": "a helper of check_no_duplicates exported by OSWorld, not a metric (returns a tuple)",
     "check_thunderbird_folder": "OSWorld's version discards every non-empty message before comparing, so it "
-                                "cannot tell folders apart; its intent needs a specification",
+    "cannot tell folders apart; its intent needs a specification",
     "contains_mp4_video": "used by one OSWorld task but defined by none of OSWorld's metric modules",
 }
 
-EMPTY_FUNC_MEANING = ("an empty metric name marks an OSWorld draft task without an evaluator "
-                      "(in none of OSWorld's test sets; OSWorld cannot load it)")
+EMPTY_FUNC_MEANING = (
+    "an empty metric name marks an OSWorld draft task without an evaluator "
+    "(in none of OSWorld's test sets; OSWorld cannot load it)"
+)
 
 _overlap = set(KNOWN_UNIMPLEMENTED) & set(METRICS)
 assert not _overlap, f"metrics both implemented and listed as unimplemented: {sorted(_overlap)}"
@@ -81,5 +93,15 @@ def is_judgeable(name: str) -> bool:
     return name in METRICS
 
 
-__all__ = ["CONTEXT_INPUTS", "EMPTY_FUNC_MEANING", "KNOWN_UNIMPLEMENTED", "METRICS", "JudgeError", "Metric",
-           "is_judgeable", "lookup", "match_value", "metric"]
+__all__ = [
+    "CONTEXT_INPUTS",
+    "EMPTY_FUNC_MEANING",
+    "KNOWN_UNIMPLEMENTED",
+    "METRICS",
+    "JudgeError",
+    "Metric",
+    "is_judgeable",
+    "lookup",
+    "match_value",
+    "metric",
+]

@@ -13,7 +13,12 @@ from urllib.parse import urlparse
 from xml.etree import ElementTree
 
 from cua_jax.tasks.metrics.base import (
-    JudgeError, match_record, match_value, metric, read_text, rule,
+    JudgeError,
+    match_record,
+    match_value,
+    metric,
+    read_text,
+    rule,
 )
 
 # ------------------------------------------------------------------------------------
@@ -60,8 +65,9 @@ def check_qt_minimal_view(config_path: str | None, rules: dict) -> float:
 @metric()
 def check_one_instance_when_started_from_file(config_path: str | None, rules: dict) -> float:
     """1 when vlcrc's one-instance-when-started-from-file (default 1) is the expected value."""
-    return _vlc_setting(config_path, rules, "expected_one_instance_when_started_from_file",
-                        "one-instance-when-started-from-file=", "1")
+    return _vlc_setting(
+        config_path, rules, "expected_one_instance_when_started_from_file", "one-instance-when-started-from-file=", "1"
+    )
 
 
 @metric()
@@ -126,10 +132,16 @@ def is_vlc_recordings_folder(config_path: str | None, rules: dict) -> float:
 
 
 _FILE_INFO = ("filename", "title", "uri", "location", "name")
-_URL_INFO = ('category[@name="meta"]/info[@name="url"]', 'category[@name="meta"]/info[@name="URI"]',
-             'category[@name="meta"]/info[@name="location"]', 'category[@name="meta"]/info[@name="title"]',
-             'category[@name="meta"]/info[@name="filename"]', 'category[@name="Stream 0"]/info[@name="Codec"]',
-             'category[@name="Stream 0"]/info[@name="Type"]', 'category[@name="Stream 0"]/info[@name="Language"]')
+_URL_INFO = (
+    'category[@name="meta"]/info[@name="url"]',
+    'category[@name="meta"]/info[@name="URI"]',
+    'category[@name="meta"]/info[@name="location"]',
+    'category[@name="meta"]/info[@name="title"]',
+    'category[@name="meta"]/info[@name="filename"]',
+    'category[@name="Stream 0"]/info[@name="Codec"]',
+    'category[@name="Stream 0"]/info[@name="Type"]',
+    'category[@name="Stream 0"]/info[@name="Language"]',
+)
 
 
 @metric()
@@ -152,8 +164,11 @@ def is_vlc_playing(status_path: str | None, rules: dict) -> float:
     state = tree.find("state")
     if state is None or state.text != "playing":
         return 0.0
-    paths = [f'information/category[@name="meta"]/info[@name="{n}"]' for n in _FILE_INFO] if kind == "file_name" \
+    paths = (
+        [f'information/category[@name="meta"]/info[@name="{n}"]' for n in _FILE_INFO]
+        if kind == "file_name"
         else [f"information/{p}" for p in _URL_INFO]
+    )
     info = next((e.text for e in (tree.find(p) for p in paths) if e is not None and e.text), None)
     if info is None:
         return 0.0
@@ -172,8 +187,9 @@ def is_vlc_fullscreen(window_size: Any, screen_size: Any) -> float:
     """1 when the window size ({"width", "height"}) equals the screen size."""
     if not isinstance(window_size, dict) or not isinstance(screen_size, dict):
         return 0.0
-    return float(window_size.get("width") == screen_size.get("width")
-                 and window_size.get("height") == screen_size.get("height"))
+    return float(
+        window_size.get("width") == screen_size.get("width") and window_size.get("height") == screen_size.get("height")
+    )
 
 
 # ------------------------------------------------------------------------------------

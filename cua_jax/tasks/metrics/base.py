@@ -60,8 +60,9 @@ class Metric:
 METRICS: Registry[Metric] = Registry("metric")
 
 
-def metric(name: str | None = None, *, arity: int = 2, required: int | None = None,
-           needs: tuple[str, ...] = ()) -> Callable[[Callable[..., float]], Callable[..., float]]:
+def metric(
+    name: str | None = None, *, arity: int = 2, required: int | None = None, needs: tuple[str, ...] = ()
+) -> Callable[[Callable[..., float]], Callable[..., float]]:
     """Register the decorated function as a metric (under its own name unless `name`)."""
 
     def add(fn: Callable[..., float]) -> Callable[..., float]:
@@ -131,8 +132,10 @@ def _format_readers(file_format: str) -> tuple[tuple[type[BaseException], ...], 
 
     from lxml import etree
 
-    xml = ((etree.XMLSyntaxError, etree.ParserError, ElementTree.ParseError, MalformedFileError),
-           ("lxml", "xml.etree", "xml.parsers"))
+    xml = (
+        (etree.XMLSyntaxError, etree.ParserError, ElementTree.ParseError, MalformedFileError),
+        ("lxml", "xml.etree", "xml.parsers"),
+    )
     archive = ((zipfile.BadZipFile, zlib.error, *xml[0]), ("zipfile", "zlib", *xml[1]))
     if file_format == "xml":
         return xml
@@ -162,8 +165,9 @@ def _format_readers(file_format: str) -> tuple[tuple[type[BaseException], ...], 
         from pypdf.errors import PyPdfError
 
         return (PyPdfError,), ("pypdf",)
-    raise ValueError(f"no parse errors known for file format {file_format!r}; "
-                     "known: xml, zip, table, docx, pptx, xlsx, image, pdf")
+    raise ValueError(
+        f"no parse errors known for file format {file_format!r}; known: xml, zip, table, docx, pptx, xlsx, image, pdf"
+    )
 
 
 def _raised_in(error: BaseException, modules: tuple[str, ...]) -> bool:
@@ -219,8 +223,14 @@ def option_choice(name: str, value: Any, choices: tuple) -> Any:
 # OSWorld's value rules: {"method": ..., "ref": ...}
 # ------------------------------------------------------------------------------------
 
-_ORDERINGS = {"eq": operator.eq, "ne": operator.ne, "le": operator.le, "lt": operator.lt,
-              "ge": operator.ge, "gt": operator.gt}
+_ORDERINGS = {
+    "eq": operator.eq,
+    "ne": operator.ne,
+    "le": operator.le,
+    "lt": operator.lt,
+    "ge": operator.ge,
+    "gt": operator.gt,
+}
 
 
 def match_value(value: Any, value_rule: dict) -> bool:
@@ -267,7 +277,7 @@ def match_value(value: Any, value_rule: dict) -> bool:
             return False
         return abs(number - reference) <= threshold
     if method.startswith("range."):
-        ends = method[len("range."):]
+        ends = method[len("range.") :]
         if len(ends) != 2 or set(ends) - {"t", "e"} or not (isinstance(ref, list) and len(ref) == 2):
             raise JudgeError(f"method {method!r} needs range.XY (X, Y in t/e) and a [low, high] ref, got {ref!r}")
         left, right = (operator.lt if end == "t" else operator.le for end in ends)

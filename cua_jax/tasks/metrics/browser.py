@@ -91,8 +91,11 @@ def is_expected_bookmarks(bookmarks: Any, rules: dict) -> float:
     names are `names`), bookmark_bar_websites_urls (its URLs are `urls`) or
     liked_authors_websites_urls (a "Liked Authors" folder on the bar holds exactly one of
     the alternatives given for each URL of `urls`)."""
-    kind = _rule_type(rules, ("bookmark_bar_folders_names", "bookmark_bar_websites_urls",
-                              "liked_authors_websites_urls"), "is_expected_bookmarks")
+    kind = _rule_type(
+        rules,
+        ("bookmark_bar_folders_names", "bookmark_bar_websites_urls", "liked_authors_websites_urls"),
+        "is_expected_bookmarks",
+    )
     if not bookmarks:
         return 0.0
     try:
@@ -127,7 +130,7 @@ def is_shortcut_on_desktop(shortcuts: Any, rules: dict) -> float:
         for line in content.split("\n"):
             if not line.startswith(key):
                 continue
-            actual = line[len(key):]
+            actual = line[len(key) :]
             first, second = (actual.lower(), wanted.lower()) if kind == "name" else (actual, wanted)
             if actual == wanted or second in first or first in second:
                 return 1.0

@@ -13,7 +13,14 @@ import tempfile
 from typing import Any, Callable
 
 from cua_jax.tasks.metrics.base import (
-    JudgeError, expected_file, match_record, match_value, metric, read_text, result_file, rule,
+    JudgeError,
+    expected_file,
+    match_record,
+    match_value,
+    metric,
+    read_text,
+    result_file,
+    rule,
 )
 
 _MISSING = object()
@@ -138,15 +145,19 @@ def check_direct_json_object(result: Any, rules: dict) -> float:
     for key, wanted in expected.items():
         actual = result.get(key)
         if isinstance(wanted, list):
-            if not any((isinstance(actual, list) and item in actual) or (isinstance(actual, str) and item == actual)
-                       for item in wanted):
+            if not any(
+                (isinstance(actual, list) and item in actual) or (isinstance(actual, str) and item == actual)
+                for item in wanted
+            ):
                 return 0.0
         elif isinstance(wanted, str):
             if not isinstance(actual, str) or wanted not in actual:
                 return 0.0
         else:
-            raise JudgeError(f"check_direct_json_object with expect_in_result takes list or string values, "
-                             f"got {wanted!r} for {key!r}")
+            raise JudgeError(
+                f"check_direct_json_object with expect_in_result takes list or string values, "
+                f"got {wanted!r} for {key!r}"
+            )
     return 1.0
 
 
@@ -256,8 +267,9 @@ def check_csv(result_path: str | None, rules: dict) -> float:
 
 
 @metric()
-def compare_csv(result_path: str | None, expected_paths: str | list, strict: bool = True,
-                ignore_case: bool = False, **_) -> float:
+def compare_csv(
+    result_path: str | None, expected_paths: str | list, strict: bool = True, ignore_case: bool = False, **_
+) -> float:
     """1 when the CSV file's lines equal those of the expected file (or of any of a list
     of expected files); strict=False strips each line, ignore_case lowers them."""
     candidates = [expected_paths] if isinstance(expected_paths, str) else expected_paths
@@ -277,8 +289,12 @@ def compare_csv(result_path: str | None, expected_paths: str | list, strict: boo
     return float(any(result == lines(expected_file(path)) for path in candidates))
 
 
-_SQL_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-                getattr(sqlite3, "SQLITE_RECURSIVE", -1)}
+_SQL_ALLOWED = {
+    sqlite3.SQLITE_SELECT,
+    sqlite3.SQLITE_READ,
+    sqlite3.SQLITE_FUNCTION,
+    getattr(sqlite3, "SQLITE_RECURSIVE", -1),
+}
 
 
 def _read_only(action: int, *_) -> int:

@@ -10,7 +10,14 @@ import zipfile
 from typing import Any
 
 from cua_jax.tasks.metrics.base import (
-    JudgeError, clamp01, fuzzy_ratio, load_expected, load_result, metric, result_file, rule,
+    JudgeError,
+    clamp01,
+    fuzzy_ratio,
+    load_expected,
+    load_result,
+    metric,
+    result_file,
+    rule,
 )
 from cua_jax.tasks.metrics.measures import rgb_difference
 from cua_jax.tasks.metrics.text import sequence_ratio
@@ -83,9 +90,17 @@ def _collapsed(paragraphs: list[str]) -> str:
 
 
 @metric()
-def compare_docx_files(result_path: str | None, expected_path: str | None, ignore_blanks: bool = True,
-                       ignore_case: bool = False, ignore_order: bool = False, content_only: bool = False,
-                       fuzzy_match: bool = False, delete_empty_lines: bool = False, **_) -> float:
+def compare_docx_files(
+    result_path: str | None,
+    expected_path: str | None,
+    ignore_blanks: bool = True,
+    ignore_case: bool = False,
+    ignore_order: bool = False,
+    content_only: bool = False,
+    fuzzy_match: bool = False,
+    delete_empty_lines: bool = False,
+    **_,
+) -> float:
     """Compare the paragraph text of two .docx (or two .odt) documents.
 
     ignore_order sorts the paragraphs, delete_empty_lines drops blank ones. content_only:
@@ -131,8 +146,9 @@ def _same_text(result_path: Any, expected_path: Any) -> bool:
 
 
 @metric()
-def compare_docx_files_and_ignore_new_lines(result_path: str | None, expected_path: str | None,
-                                            ignore_blanks: bool = True, **_) -> float:
+def compare_docx_files_and_ignore_new_lines(
+    result_path: str | None, expected_path: str | None, ignore_blanks: bool = True, **_
+) -> float:
     """compare_docx_files on .docx files after dropping empty paragraphs: the whitespace-
     collapsed texts are equal (ignore_blanks) or the paragraphs are."""
     expected = [p.text for p in expected_docx(expected_path).paragraphs if p.text != ""]
@@ -215,8 +231,12 @@ def compare_line_spacing(result_path: str | None, expected_path: str | None) -> 
     document, expected = result_docx(result_path), expected_docx(expected_path)
     if document is None or len(document.paragraphs) != len(expected.paragraphs):
         return 0.0
-    return float(all(a.paragraph_format.line_spacing == b.paragraph_format.line_spacing
-                     for a, b in zip(document.paragraphs, expected.paragraphs)))
+    return float(
+        all(
+            a.paragraph_format.line_spacing == b.paragraph_format.line_spacing
+            for a, b in zip(document.paragraphs, expected.paragraphs)
+        )
+    )
 
 
 @metric()
@@ -226,8 +246,12 @@ def compare_insert_equation(result_path: str | None, expected_path: str | None) 
     if not _same_text(result_path, expected_path):
         return 0.0
     document, expected = result_docx(result_path), expected_docx(expected_path)
-    return float(any(run1.element.xpath(".//w:object") and run2.element.xpath(".//w:object")
-                     for run1, run2 in paired_runs(document, expected)))
+    return float(
+        any(
+            run1.element.xpath(".//w:object") and run2.element.xpath(".//w:object")
+            for run1, run2 in paired_runs(document, expected)
+        )
+    )
 
 
 @metric()
@@ -275,8 +299,13 @@ def is_first_line_centered(result_path: str | None) -> float:
 
 
 @metric()
-def check_tabstops(result_path: str | None, expected_path: str | None,
-                   word_number_split_by_tabstop: int | None = None, index: int = 0, **_) -> float:
+def check_tabstops(
+    result_path: str | None,
+    expected_path: str | None,
+    word_number_split_by_tabstop: int | None = None,
+    index: int = 0,
+    **_,
+) -> float:
     """How closely the non-empty paragraphs' tab stops match: 0 when the paragraph counts,
     tab counts or tab alignments differ, else 1 minus the mean (over paragraphs) of the
     summed tab position differences relative to the expected text width. With
@@ -305,9 +334,11 @@ def check_tabstops(result_path: str | None, expected_path: str | None,
     width = section.page_width - section.left_margin - section.right_margin
 
     def kept(paragraph):
-        return [t for t in paragraph.paragraph_format.tab_stops
-                if not (t.alignment == WD_TAB_ALIGNMENT.CLEAR
-                        or (t.alignment == WD_TAB_ALIGNMENT.LEFT and t.position == 0))]
+        return [
+            t
+            for t in paragraph.paragraph_format.tab_stops
+            if not (t.alignment == WD_TAB_ALIGNMENT.CLEAR or (t.alignment == WD_TAB_ALIGNMENT.LEFT and t.position == 0))
+        ]
 
     penalty = 0.0
     for p1, p2 in zip(first, second):
@@ -330,13 +361,18 @@ def compare_contains_image(result_path: str | None, expected_path: str | None) -
     document = result_docx(result_path)
     if document is None:
         return 0.0
-    return float(all(("graphicData" in run1._element.xml) == ("graphicData" in run2._element.xml)
-                     for run1, run2 in paired_runs(document, expected)))
+    return float(
+        all(
+            ("graphicData" in run1._element.xml) == ("graphicData" in run2._element.xml)
+            for run1, run2 in paired_runs(document, expected)
+        )
+    )
 
 
 @metric()
-def evaluate_colored_words_in_tables(result_path: str | None, expected_path: str | None,
-                                     threshold: float = 3.5, **_) -> float:
+def evaluate_colored_words_in_tables(
+    result_path: str | None, expected_path: str | None, threshold: float = 3.5, **_
+) -> float:
     """1 when the documents have the same text and, in every table, words starting with a
     vowel are red and the others blue (CIEDE2000 difference at most `threshold`)."""
     if not _same_text(result_path, expected_path):
@@ -362,7 +398,7 @@ def odt_highlighted(path: str) -> bool:
     root = _odt_content(path)
     yellow = set()
     styles = root.find(f"{{{_ODF_OFFICE}}}automatic-styles")
-    for style in (styles if styles is not None else []):
+    for style in styles if styles is not None else []:
         if any(child.get(f"{{{_ODF_FO}}}background-color") == "#ffff00" for child in style):
             yellow.add(style.get(f"{{{_ODF_STYLE}}}name"))
     return any(span.get(f"{{{_ODF_TEXT}}}style-name") in yellow for span in root.iter(f"{{{_ODF_TEXT}}}span"))
@@ -485,8 +521,12 @@ def compare_unique_train_records(processed_path: str | None, expected_paths: lis
         return 0.0
     processed = lines(document)
     processed_ids = ids(processed)
-    return float(set(processed) <= set(initial) and len(processed_ids) == len(set(processed_ids))
-                 and set(processed_ids) == set(ids(gold)) and len(processed) == len(gold))
+    return float(
+        set(processed) <= set(initial)
+        and len(processed_ids) == len(set(processed_ids))
+        and set(processed_ids) == set(ids(gold))
+        and len(processed) == len(gold)
+    )
 
 
 def docx_highlighted_texts(path: str) -> set[str]:
@@ -513,8 +553,13 @@ def compare_highlighted_text(result_path: str | None, expected_path: str | None)
 
 
 @metric()
-def compare_references(result_path: str | None, expected_path: str | None,
-                       reference_indicator: str = "References", reference_base_result: float = 0.5, **_) -> float:
+def compare_references(
+    result_path: str | None,
+    expected_path: str | None,
+    reference_indicator: str = "References",
+    reference_base_result: float = 0.5,
+    **_,
+) -> float:
     """Compare the reference lists after the paragraph `reference_indicator`: 1 when neither
     document has one, 0 when one does; else the mean similarity ratio r of the reference
     paragraphs, rescaled as (r - base) / (1 - base), and 0 below base + 0.01."""
@@ -527,8 +572,8 @@ def compare_references(result_path: str | None, expected_path: str | None,
         return 1.0
     if reference_indicator not in result or reference_indicator not in expected:
         return 0.0
-    first = [p for p in result[result.index(reference_indicator) + 1:] if p.strip()]
-    second = [p for p in expected[expected.index(reference_indicator) + 1:] if p.strip()]
+    first = [p for p in result[result.index(reference_indicator) + 1 :] if p.strip()]
+    second = [p for p in expected[expected.index(reference_indicator) + 1 :] if p.strip()]
     if len(first) != len(second):
         return 0.0
     if not first:
@@ -563,8 +608,13 @@ def contains_page_break(result_path: str | None, rules: dict) -> float:
     document = result_docx(result_path)
     if document is None:
         return 0.0
-    count = sum(1 for p in document.paragraphs for run in p.runs
-                for br in run.element.iter(f"{{{W}}}br") if br.get(f"{{{W}}}type") == "page")
+    count = sum(
+        1
+        for p in document.paragraphs
+        for run in p.runs
+        for br in run.element.iter(f"{{{W}}}br")
+        if br.get(f"{{{W}}}type") == "page"
+    )
     if wanted is not None and count != wanted:
         return 0.0
     return float(count > 0)
@@ -594,8 +644,9 @@ def find_default_font(config_path: str | None, rules: dict) -> float:
     """1 when LibreOffice Writer's default font (registry DefaultFont/Standard) is
     rules['font_name']."""
     wanted = rule(rules, "font_name")
-    font = load_result(lambda p: registry_value(p, "/org.openoffice.Office.Writer/DefaultFont", "Standard"),
-                       config_path, "xml")
+    font = load_result(
+        lambda p: registry_value(p, "/org.openoffice.Office.Writer/DefaultFont", "Standard"), config_path, "xml"
+    )
     return float(font is not None and font == wanted)
 
 

@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from cua_jax.envs import actions as A
 from cua_jax.tasks.metrics.base import (
-    JudgeError, JudgeTamperedError, expected_file, fuzzy_ratio, is_parse_error, metric, read_text, result_file, rule,
+    JudgeError,
+    JudgeTamperedError,
+    expected_file,
+    fuzzy_ratio,
+    is_parse_error,
+    metric,
+    read_text,
+    result_file,
+    rule,
 )
 
 if TYPE_CHECKING:
@@ -116,16 +124,46 @@ def check_file_exists(directory: Any, filename: Any) -> float:
 
 
 _ACCESSIBILITY_NAMESPACES = {
-    "ubuntu": {key: f"https://accessibility.ubuntu.example.org/ns/{path}" for key, path in (
-        ("st", "state"), ("attr", "attributes"), ("cp", "component"), ("doc", "document"),
-        ("docattr", "document/attributes"), ("txt", "text"), ("val", "value"), ("act", "action"))},
-    "windows": {key: f"https://accessibility.windows.example.org/ns/{path}" for key, path in (
-        ("st", "state"), ("attr", "attributes"), ("cp", "component"), ("doc", "document"),
-        ("docattr", "document/attributes"), ("txt", "text"), ("val", "value"), ("act", "action"),
-        ("class", "class"))},
-    "macos": {key: f"https://accessibility.macos.example.org/ns/{path}" for key, path in (
-        ("st", "state"), ("attr", "attributes"), ("cp", "component"), ("doc", "document"),
-        ("txt", "text"), ("val", "value"), ("act", "action"), ("role", "role"))},
+    "ubuntu": {
+        key: f"https://accessibility.ubuntu.example.org/ns/{path}"
+        for key, path in (
+            ("st", "state"),
+            ("attr", "attributes"),
+            ("cp", "component"),
+            ("doc", "document"),
+            ("docattr", "document/attributes"),
+            ("txt", "text"),
+            ("val", "value"),
+            ("act", "action"),
+        )
+    },
+    "windows": {
+        key: f"https://accessibility.windows.example.org/ns/{path}"
+        for key, path in (
+            ("st", "state"),
+            ("attr", "attributes"),
+            ("cp", "component"),
+            ("doc", "document"),
+            ("docattr", "document/attributes"),
+            ("txt", "text"),
+            ("val", "value"),
+            ("act", "action"),
+            ("class", "class"),
+        )
+    },
+    "macos": {
+        key: f"https://accessibility.macos.example.org/ns/{path}"
+        for key, path in (
+            ("st", "state"),
+            ("attr", "attributes"),
+            ("cp", "component"),
+            ("doc", "document"),
+            ("txt", "text"),
+            ("val", "value"),
+            ("act", "action"),
+            ("role", "role"),
+        )
+    },
 }
 
 
@@ -161,8 +199,9 @@ def check_accessibility_tree(tree: Any, rules: list, osname: str = "ubuntu") -> 
             try:
                 from lxml.cssselect import CSSSelector
             except ImportError:
-                raise JudgeError("check_accessibility_tree CSS selectors need the cssselect package; "
-                                 "use an xpath rule") from None
+                raise JudgeError(
+                    "check_accessibility_tree CSS selectors need the cssselect package; use an xpath rule"
+                ) from None
             elements = CSSSelector(", ".join(item["selectors"]), namespaces=namespaces)(root)
         else:
             raise JudgeError(f"a check_accessibility_tree rule needs 'xpath' or 'selectors', got {item!r}")
@@ -189,7 +228,9 @@ def compare_time_in_speedtest_results(result_path: str | None, time_diff: Any) -
     try:
         limit = int(time_diff)
     except (TypeError, ValueError):
-        raise JudgeError(f"compare_time_in_speedtest_results needs a whole number of minutes, got {time_diff!r}") from None
+        raise JudgeError(
+            f"compare_time_in_speedtest_results needs a whole number of minutes, got {time_diff!r}"
+        ) from None
     text = read_text(result_path)
     if text is None:
         return 0.0
@@ -228,17 +269,24 @@ def unpack_archive(path: str, folder: str) -> None:
 def _archive_comparison(file_type: str):
     from cua_jax.tasks.metrics import data, documents, images, pdf, sheets, slides, text
 
-    functions = {"text": text.compare_text_file, "pdf": pdf.compare_pdfs, "docx": documents.compare_docx_files,
-                 "ppt": slides.compare_pptx_files, "image": images.compare_images, "csv": data.compare_csv,
-                 "table": sheets.compare_table}
+    functions = {
+        "text": text.compare_text_file,
+        "pdf": pdf.compare_pdfs,
+        "docx": documents.compare_docx_files,
+        "ppt": slides.compare_pptx_files,
+        "image": images.compare_images,
+        "csv": data.compare_csv,
+        "table": sheets.compare_table,
+    }
     if file_type not in functions:
         raise JudgeError(f"compare_archive compares files of type {sorted(functions)}, not {file_type!r}")
     return functions[file_type]
 
 
 @metric()
-def compare_archive(result_path: str | None, expected_path: str | None, file_path: str = "",
-                    file_type: str = "text", **options) -> float:
+def compare_archive(
+    result_path: str | None, expected_path: str | None, file_path: str = "", file_type: str = "text", **options
+) -> float:
     """Unpack both archives and compare the files of their folder `file_path`: 0 unless the
     file names agree, else the mean of compare_<file_type> over the files paired by name
     (text, pdf, docx, ppt, image, csv, table; further options go to that comparison)."""
@@ -266,8 +314,10 @@ def compare_archive(result_path: str | None, expected_path: str | None, file_pat
             return 0.0
         if not result_files:
             return 1.0
-        scores = [compare(os.path.join(result_folder, file_path, name), os.path.join(gold_folder, file_path, name),
-                          **options) for name in result_files]
+        scores = [
+            compare(os.path.join(result_folder, file_path, name), os.path.join(gold_folder, file_path, name), **options)
+            for name in result_files
+        ]
     return sum(scores) / len(scores)
 
 
@@ -354,7 +404,9 @@ def compare_htmls(result_path: str | None, expected_path: str | None, ignore_sdn
         if first[3] != second[3]:
             if not ignore_sdnum:
                 return 0.0
-            if {k: v for k, v in first[3].items() if k != "sdnum"} != {k: v for k, v in second[3].items() if k != "sdnum"}:
+            if {k: v for k, v in first[3].items() if k != "sdnum"} != {
+                k: v for k, v in second[3].items() if k != "sdnum"
+            }:
                 return 0.0
     return 1.0
 
@@ -408,12 +460,14 @@ def run_python_judge(runner: Any, code: str, entry: str, timeout: float) -> floa
     cleanly gave none."""
     marker = f"{JUDGE_MARKER}{secrets.token_hex(16)}:"
     reply = runner.run_python(_JUDGE_RUNNER.format(code=code, entry=entry, marker=marker), timeout=timeout)
-    verdicts = [line[len(marker):] for line in reply.get("output", "").splitlines() if line.startswith(marker)]
+    verdicts = [line[len(marker) :] for line in reply.get("output", "").splitlines() if line.startswith(marker)]
     if len(verdicts) > 1:
         raise JudgeTamperedError(f"the judge's output holds {len(verdicts)} verdicts; only one was the judge's")
     if not verdicts or reply.get("returncode", 0) != 0:
-        raise JudgeError(f"the judge gave no result (exit {reply.get('returncode')}): "
-                         f"{(reply.get('message') or reply.get('error') or '')[-500:]}")
+        raise JudgeError(
+            f"the judge gave no result (exit {reply.get('returncode')}): "
+            f"{(reply.get('message') or reply.get('error') or '')[-500:]}"
+        )
     value = float(verdicts[0])
     if not 0.0 <= value <= 1.0:
         raise JudgeError(f"the judge returned {value}, not a reward in [0, 1]")

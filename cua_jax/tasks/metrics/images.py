@@ -10,7 +10,13 @@ from typing import Any
 import numpy as np
 
 from cua_jax.tasks.metrics.base import (
-    JudgeError, clamp01, load_expected, load_result, metric, result_file, rule,
+    JudgeError,
+    clamp01,
+    load_expected,
+    load_result,
+    metric,
+    result_file,
+    rule,
 )
 from cua_jax.tasks.metrics.measures import laplacian_variance, structural_similarity
 
@@ -79,8 +85,9 @@ def _pair(src_path: Any, tgt_path: Any):
 
 
 @metric()
-def compare_images(image1_path: str | None, image2_path: str | None, reference_base_result: float | None = None,
-                   **_) -> float:
+def compare_images(
+    image1_path: str | None, image2_path: str | None, reference_base_result: float | None = None, **_
+) -> float:
     """The SSIM of two images in grayscale, both resized (Lanczos) to the smaller size (the
     lesser (width, height) pair); with reference_base_result b, rescaled as
     (s - b) / (1 - b) and 0 below b + 0.01. Negative similarities score 0."""
@@ -151,8 +158,9 @@ def check_structure_sim_resized(src_path: str | None, tgt_path: str | None) -> f
 
 
 @metric()
-def check_structure_sim_with_threshold(src_path: str | None, tgt_path: str | None, ssim_threshold: float = 0.85,
-                                       **_) -> float:
+def check_structure_sim_with_threshold(
+    src_path: str | None, tgt_path: str | None, ssim_threshold: float = 0.85, **_
+) -> float:
     """1 when the image, resized (Lanczos) to the reference's size, has SSIM at least
     `ssim_threshold` with it (window shrunk to the image for images under 7 pixels)."""
     from PIL import Image
@@ -171,8 +179,9 @@ def check_structure_sim_with_threshold(src_path: str | None, tgt_path: str | Non
 
 
 @metric()
-def check_brightness_decrease_and_structure_sim(src_path: str | None, tgt_path: str | None,
-                                                threshold: float = 0.03) -> float:
+def check_brightness_decrease_and_structure_sim(
+    src_path: str | None, tgt_path: str | None, threshold: float = 0.03
+) -> float:
     """1 when the image is darker than the reference and, both brought to mean brightness
     128, their mean squared difference is below `threshold`."""
     image, reference = _pair(src_path, tgt_path)
@@ -232,7 +241,9 @@ def check_image_mirror(src_path: str | None, tgt_path: str | None) -> float:
     from PIL import Image
 
     image, reference = _pair(src_path, tgt_path)
-    return float(image is not None and similar_by_ssim(image.transpose(Image.Transpose.FLIP_LEFT_RIGHT), reference, 0.99))
+    return float(
+        image is not None and similar_by_ssim(image.transpose(Image.Transpose.FLIP_LEFT_RIGHT), reference, 0.99)
+    )
 
 
 @metric()
@@ -255,7 +266,9 @@ def check_sharper(src_path: str | None, tgt_path: str | None) -> float:
     image, reference = _pair(src_path, tgt_path)
     if image is None or min(image.size) < 2:
         return 0.0
-    return float(laplacian_variance(np.asarray(image.convert("L"))) > laplacian_variance(np.asarray(reference.convert("L"))))
+    return float(
+        laplacian_variance(np.asarray(image.convert("L"))) > laplacian_variance(np.asarray(reference.convert("L")))
+    )
 
 
 @metric()
@@ -289,8 +302,10 @@ def check_image_size(src_path: str | None, rules: dict) -> float:
         width, height = (0, 0) if box is None else (box[2] - box[0], box[3] - box[1])
     else:
         width, height = image.size
-    return float((rules.get("height") is None or height == rules["height"])
-                 and (rules.get("width") is None or width == rules["width"]))
+    return float(
+        (rules.get("height") is None or height == rules["height"])
+        and (rules.get("width") is None or width == rules["width"])
+    )
 
 
 @metric()

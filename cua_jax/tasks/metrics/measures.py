@@ -22,8 +22,7 @@ def _window_means(image: np.ndarray, size: int) -> np.ndarray:
     return sums / (size * size)
 
 
-def structural_similarity(first: np.ndarray, second: np.ndarray, data_range: float = 255.0,
-                          win_size: int = 7) -> float:
+def structural_similarity(first: np.ndarray, second: np.ndarray, data_range: float = 255.0, win_size: int = 7) -> float:
     """Mean SSIM of two equally shaped images (H x W, or H x W x C averaged over C).
 
     Raises ValueError for mismatched shapes, an even window, or a window larger than the
@@ -33,8 +32,9 @@ def structural_similarity(first: np.ndarray, second: np.ndarray, data_range: flo
     if a.shape != b.shape:
         raise ValueError(f"images of different shapes {a.shape} and {b.shape}")
     if a.ndim == 3:
-        return float(np.mean([structural_similarity(a[..., c], b[..., c], data_range, win_size)
-                              for c in range(a.shape[2])]))
+        return float(
+            np.mean([structural_similarity(a[..., c], b[..., c], data_range, win_size) for c in range(a.shape[2])])
+        )
     if a.ndim != 2:
         raise ValueError(f"an image is H x W or H x W x C, got shape {a.shape}")
     if win_size < 1 or win_size % 2 == 0:
@@ -51,9 +51,9 @@ def structural_similarity(first: np.ndarray, second: np.ndarray, data_range: flo
     return float(s.mean())
 
 
-_SRGB_TO_XYZ = np.array([[0.412453, 0.357580, 0.180423],
-                         [0.212671, 0.715160, 0.072169],
-                         [0.019334, 0.119193, 0.950227]])
+_SRGB_TO_XYZ = np.array(
+    [[0.412453, 0.357580, 0.180423], [0.212671, 0.715160, 0.072169], [0.019334, 0.119193, 0.950227]]
+)
 _D65 = np.array([0.95047, 1.0, 1.08883])
 
 
@@ -71,7 +71,7 @@ def ciede2000(lab1, lab2) -> float:
     l1, a1, b1 = (float(v) for v in lab1)
     l2, a2, b2 = (float(v) for v in lab2)
     c_mean = (math.hypot(a1, b1) + math.hypot(a2, b2)) / 2
-    g = 0.5 * (1 - math.sqrt(c_mean ** 7 / (c_mean ** 7 + 25.0 ** 7)))
+    g = 0.5 * (1 - math.sqrt(c_mean**7 / (c_mean**7 + 25.0**7)))
     a1p, a2p = (1 + g) * a1, (1 + g) * a2
     c1p, c2p = math.hypot(a1p, b1), math.hypot(a2p, b2)
     h1p = math.degrees(math.atan2(b1, a1p)) % 360 if c1p else 0.0
@@ -95,20 +95,29 @@ def ciede2000(lab1, lab2) -> float:
         h_mean = (h1p + h2p + 360) / 2
     else:
         h_mean = (h1p + h2p - 360) / 2
-    t = (1 - 0.17 * math.cos(math.radians(h_mean - 30)) + 0.24 * math.cos(math.radians(2 * h_mean))
-         + 0.32 * math.cos(math.radians(3 * h_mean + 6)) - 0.20 * math.cos(math.radians(4 * h_mean - 63)))
+    t = (
+        1
+        - 0.17 * math.cos(math.radians(h_mean - 30))
+        + 0.24 * math.cos(math.radians(2 * h_mean))
+        + 0.32 * math.cos(math.radians(3 * h_mean + 6))
+        - 0.20 * math.cos(math.radians(4 * h_mean - 63))
+    )
     sl = 1 + 0.015 * (l_mean - 50) ** 2 / math.sqrt(20 + (l_mean - 50) ** 2)
     sc = 1 + 0.045 * cp_mean
     sh = 1 + 0.015 * cp_mean * t
-    rt = (-2 * math.sqrt(cp_mean ** 7 / (cp_mean ** 7 + 25.0 ** 7))
-          * math.sin(math.radians(60 * math.exp(-(((h_mean - 275) / 25) ** 2)))))
+    rt = (
+        -2
+        * math.sqrt(cp_mean**7 / (cp_mean**7 + 25.0**7))
+        * math.sin(math.radians(60 * math.exp(-(((h_mean - 275) / 25) ** 2))))
+    )
     return math.sqrt((dl / sl) ** 2 + (dc / sc) ** 2 + (dh_big / sh) ** 2 + rt * (dc / sc) * (dh_big / sh))
 
 
 def rgb_difference(rgb1, rgb2) -> float:
     """CIEDE2000 difference of two 0-255 RGB colours."""
-    return ciede2000(srgb_to_lab(np.asarray(rgb1, dtype=np.float64) / 255.0),
-                     srgb_to_lab(np.asarray(rgb2, dtype=np.float64) / 255.0))
+    return ciede2000(
+        srgb_to_lab(np.asarray(rgb1, dtype=np.float64) / 255.0), srgb_to_lab(np.asarray(rgb2, dtype=np.float64) / 255.0)
+    )
 
 
 def laplacian_variance(gray: np.ndarray) -> float:
@@ -126,4 +135,4 @@ def normalised_rgb_distance(rgb1, rgb2) -> float:
     """Euclidean distance of two 0-255 RGB colours divided by the largest one (white to
     black), in [0, 1]."""
     d = np.asarray(rgb1, dtype=np.float64) - np.asarray(rgb2, dtype=np.float64)
-    return float(np.sqrt((d * d).sum()) / math.sqrt(3 * 255.0 ** 2))
+    return float(np.sqrt((d * d).sum()) / math.sqrt(3 * 255.0**2))

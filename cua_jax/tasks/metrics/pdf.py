@@ -6,7 +6,13 @@ import json
 import operator
 
 from cua_jax.tasks.metrics.base import (
-    JudgeError, fuzzy_ratio, load_expected, load_result, metric, read_expected_text, rule,
+    JudgeError,
+    fuzzy_ratio,
+    load_expected,
+    load_result,
+    metric,
+    read_expected_text,
+    rule,
 )
 
 
@@ -25,8 +31,14 @@ def pdf_page_count(path: str) -> int:
     return len(_reader(path).pages)
 
 
-_RELATIONS = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
-              "gt": operator.gt, "ge": operator.ge}
+_RELATIONS = {
+    "eq": operator.eq,
+    "ne": operator.ne,
+    "lt": operator.lt,
+    "le": operator.le,
+    "gt": operator.gt,
+    "ge": operator.ge,
+}
 
 
 @metric()

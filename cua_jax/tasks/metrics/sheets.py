@@ -15,7 +15,14 @@ from typing import Any
 from xml.etree import ElementTree
 
 from cua_jax.tasks.metrics.base import (
-    JudgeError, MalformedFileError, expected_file, fuzzy_ratio, load_result, match_value, metric, rule,
+    JudgeError,
+    MalformedFileError,
+    expected_file,
+    fuzzy_ratio,
+    load_result,
+    match_value,
+    metric,
+    rule,
 )
 from cua_jax.tasks.metrics.data import read_text_any_encoding
 
@@ -23,8 +30,10 @@ from cua_jax.tasks.metrics.data import read_text_any_encoding
 # Plain tables: csv / xlsx cells as strings (standard library only)
 # ------------------------------------------------------------------------------------
 
-_NS = {"m": "http://schemas.openxmlformats.org/spreadsheetml/2006/main",
-       "r": "http://schemas.openxmlformats.org/officeDocument/2006/relationships"}
+_NS = {
+    "m": "http://schemas.openxmlformats.org/spreadsheetml/2006/main",
+    "r": "http://schemas.openxmlformats.org/officeDocument/2006/relationships",
+}
 
 
 def _cell_index(ref: str) -> tuple[int, int]:
@@ -232,8 +241,9 @@ def pandas_like_grid(sheet, precision: int) -> list[list[Any]]:
     rows = []
     for row in sheet.iter_rows(values_only=True):
         cells = [None if value == "" else value for value in row]
-        cells = [round(float(v), precision) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
-                 for v in cells]
+        cells = [
+            round(float(v), precision) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in cells
+        ]
         while cells and cells[-1] is None:
             cells.pop()
         rows.append(cells)
@@ -333,8 +343,13 @@ def charts(sheet, props: list[str]) -> dict[str, dict[str, Any]]:
             elif prop == "anchor":
                 anchor = chart.anchor
                 # OSWorld's tuple: edit mode, from-column, then to-row, to-column, to-row.
-                info[prop] = [getattr(anchor, "editAs", None), anchor._from.col, anchor.to.row,
-                              anchor.to.col, anchor.to.row]
+                info[prop] = [
+                    getattr(anchor, "editAs", None),
+                    anchor._from.col,
+                    anchor.to.row,
+                    anchor.to.col,
+                    anchor.to.row,
+                ]
             elif prop in ("width", "height"):
                 info[prop] = getattr(chart, prop)
             elif prop == "type":
@@ -364,7 +379,7 @@ def pivot_tables(sheet, props: list[str]) -> dict[str, dict[str, Any]]:
         left = next((i for i, r in enumerate(raw) if r), len(raw))
         trimmed = raw[left:]
         right = next((i for i, r in enumerate(reversed(trimmed)) if r), len(trimmed))
-        selection = trimmed[:len(trimmed) - right]
+        selection = trimmed[: len(trimmed) - right]
         source = pivot.cache.cacheSource
         first, last = source.worksheetSource.ref.split(":")
         first_cell, last_cell = coordinate_to_tuple(first), coordinate_to_tuple(last)
@@ -372,8 +387,14 @@ def pivot_tables(sheet, props: list[str]) -> dict[str, dict[str, Any]]:
         last_cell = (last_cell[0], last_cell[1] - right)
         key = f"{source.type};{first_cell}:{last_cell};{source.worksheetSource.sheet}"
         info: dict[str, Any] = {}
-        simple = {"name": "name", "show_total": "visualTotals", "show_empty_row": "showEmptyRow",
-                  "show_empty_col": "showEmptyCol", "show_headers": "showHeaders", "location": "location"}
+        simple = {
+            "name": "name",
+            "show_total": "visualTotals",
+            "show_empty_row": "showEmptyRow",
+            "show_empty_col": "showEmptyCol",
+            "show_headers": "showHeaders",
+            "location": "location",
+        }
         for prop, attribute in simple.items():
             if prop in props:
                 info[prop] = getattr(pivot, attribute)
@@ -387,8 +408,9 @@ def pivot_tables(sheet, props: list[str]) -> dict[str, dict[str, Any]]:
             info["row_fields"] = [f.x - left for f in pivot.rowFields]
         if "data_fields" in props:
             named = "data_fields_name" in props
-            info["data_fields"] = [f"{f.fld - left:d};{f.name if named else ''};{f.subtotal};{f.showDataAs}"
-                                   for f in pivot.dataFields]
+            info["data_fields"] = [
+                f"{f.fld - left:d};{f.name if named else ''};{f.subtotal};{f.showDataAs}" for f in pivot.dataFields
+            ]
         found[key] = info
     return found
 
@@ -400,8 +422,11 @@ def filters(sheet) -> dict[str, Any]:
     auto = sheet.auto_filter
     columns = []
     for column in auto.filterColumn:
-        entry: dict[str, Any] = {"col_id": column.colId, "hidden_button": column.hiddenButton,
-                                 "show_button": column.showButton}
+        entry: dict[str, Any] = {
+            "col_id": column.colId,
+            "hidden_button": column.hiddenButton,
+            "show_button": column.showButton,
+        }
         if column.filters is not None:
             entry["filters_blank"] = column.filters.blank
             entry["filters"] = set(column.filters.filter)
@@ -413,9 +438,22 @@ def filters(sheet) -> dict[str, Any]:
     state = auto.sortState
     if state is not None:
         found["sort_state"] = {
-            "sort": state.columnSort, "case": state.caseSensitive, "method": state.sortMethod, "ref": state.ref,
-            "condition": [{"descending": c.descending, "key": c.sortBy, "ref": c.ref, "custom_list": c.customList,
-                           "dxf_id": c.dxfId, "icon": c.iconSet, "iconid": c.iconId} for c in state.sortCondition],
+            "sort": state.columnSort,
+            "case": state.caseSensitive,
+            "method": state.sortMethod,
+            "ref": state.ref,
+            "condition": [
+                {
+                    "descending": c.descending,
+                    "key": c.sortBy,
+                    "ref": c.ref,
+                    "custom_list": c.customList,
+                    "dxf_id": c.dxfId,
+                    "icon": c.iconSet,
+                    "iconid": c.iconId,
+                }
+                for c in state.sortCondition
+            ],
         }
     return found
 
@@ -449,8 +487,21 @@ def freeze_key(sheet) -> tuple:
     return ("other", columns, rows, pane.topLeftCell)
 
 
-STYLE_PROPS = ("number_format", "font_name", "font_family", "font_color", "font_bold", "font_italic",
-               "font_underline", "font_size", "fill_type", "bgcolor", "fgcolor", "hyperlink", "merge")
+STYLE_PROPS = (
+    "number_format",
+    "font_name",
+    "font_family",
+    "font_color",
+    "font_bold",
+    "font_italic",
+    "font_underline",
+    "font_size",
+    "fill_type",
+    "bgcolor",
+    "fgcolor",
+    "hyperlink",
+    "merge",
+)
 
 
 def cell_style(name: str, cell, differential=None) -> Any:
@@ -471,9 +522,17 @@ def cell_style(name: str, cell, differential=None) -> Any:
             font = source.font
             if name == "font_color":
                 return font.color.rgb if font.color is not None else None
-            return getattr(font, {"font_name": "name", "font_family": "family", "font_bold": "bold",
-                                  "font_italic": "italic", "font_underline": "underline",
-                                  "font_size": "size"}[name])
+            return getattr(
+                font,
+                {
+                    "font_name": "name",
+                    "font_family": "family",
+                    "font_bold": "bold",
+                    "font_italic": "italic",
+                    "font_underline": "underline",
+                    "font_size": "size",
+                }[name],
+            )
         if name == "fill_type":
             return source.fill.tagname
         if name in ("bgcolor", "fgcolor"):
@@ -503,8 +562,10 @@ def _formula_constant(books: _Books, index: Any, formula: str) -> Any:
     match = re.fullmatch(r"\$?([A-Z]{1,3})\$?(\d+)", text)
     if match:
         return _cell_value(books, index, match.group(1) + match.group(2))
-    raise JudgeError(f"conditional format formula {formula!r} cannot be evaluated here "
-                     f"(numbers, quoted text and single cell references only)")
+    raise JudgeError(
+        f"conditional format formula {formula!r} cannot be evaluated here "
+        f"(numbers, quoted text and single cell references only)"
+    )
 
 
 def _cell_is(operator_name: str, value: Any, references: list) -> bool:
@@ -513,9 +574,14 @@ def _cell_is(operator_name: str, value: Any, references: list) -> bool:
             low, high = min(references), max(references)
             inside = low <= value <= high
             return inside if operator_name == "between" else not inside
-        comparisons = {"lessThan": lambda a, b: a < b, "lessThanOrEqual": lambda a, b: a <= b,
-                       "greaterThan": lambda a, b: a > b, "greaterThanOrEqual": lambda a, b: a >= b,
-                       "equal": lambda a, b: a == b, "notEqual": lambda a, b: a != b}
+        comparisons = {
+            "lessThan": lambda a, b: a < b,
+            "lessThanOrEqual": lambda a, b: a <= b,
+            "greaterThan": lambda a, b: a > b,
+            "greaterThanOrEqual": lambda a, b: a >= b,
+            "equal": lambda a, b: a == b,
+            "notEqual": lambda a, b: a != b,
+        }
         if operator_name not in comparisons:
             raise JudgeError(f"unknown conditional format operator {operator_name!r}")
         return bool(comparisons[operator_name](value, references[0]))
@@ -618,8 +684,9 @@ def _data_validations(sheet, wanted: list[dict]) -> bool:
 
     def meets(validation, props: dict) -> bool:
         try:
-            return all(match_value(getattr(validation, attribute), value_rule)
-                       for attribute, value_rule in props.items())
+            return all(
+                match_value(getattr(validation, attribute), value_rule) for attribute, value_rule in props.items()
+            )
         except AttributeError as error:
             raise JudgeError(f"unknown data validation attribute: {error}") from None
 
@@ -649,10 +716,14 @@ def _check_rule(books: _Books, spec: dict) -> bool:
     if kind == "sheet_fuzzy":
         return _fuzzy_cells(books, rule(spec, "sheet_idx0"), rule(spec, "sheet_idx1"), rule(spec, "rules"))
     if kind == "sparkline":
-        return sparklines(*books.path_of(rule(spec, "sheet_idx0"))) == sparklines(*books.path_of(rule(spec, "sheet_idx1")))
+        return sparklines(*books.path_of(rule(spec, "sheet_idx0"))) == sparklines(
+            *books.path_of(rule(spec, "sheet_idx1"))
+        )
     if kind == "chart":
         props = spec.get("chart_props", [])
-        return charts(books.sheet(rule(spec, "sheet_idx0")), props) == charts(books.sheet(rule(spec, "sheet_idx1")), props)
+        return charts(books.sheet(rule(spec, "sheet_idx0")), props) == charts(
+            books.sheet(rule(spec, "sheet_idx1")), props
+        )
     if kind == "style":
         props = spec.get("props", [])
         return styles(books, rule(spec, "sheet_idx0"), props) == styles(books, rule(spec, "sheet_idx1"), props)
@@ -668,14 +739,16 @@ def _check_rule(books: _Books, spec: dict) -> bool:
     if kind in ("row_props", "col_props"):
         dimension = "row" if kind == "row_props" else "column"
         props = spec.get("props", [])
-        return (dimensions(books.sheet(rule(spec, "sheet_idx0")), dimension, props)
-                == dimensions(books.sheet(rule(spec, "sheet_idx1")), dimension, props))
+        return dimensions(books.sheet(rule(spec, "sheet_idx0")), dimension, props) == dimensions(
+            books.sheet(rule(spec, "sheet_idx1")), dimension, props
+        )
     if kind == "filter":
         return filters(books.sheet(rule(spec, "sheet_idx0"))) == filters(books.sheet(rule(spec, "sheet_idx1")))
     if kind == "pivot_table":
         props = spec.get("pivot_props", [])
-        return (pivot_tables(books.sheet(rule(spec, "sheet_idx0")), props)
-                == pivot_tables(books.sheet(rule(spec, "sheet_idx1")), props))
+        return pivot_tables(books.sheet(rule(spec, "sheet_idx0")), props) == pivot_tables(
+            books.sheet(rule(spec, "sheet_idx1")), props
+        )
     if kind == "check_cell":
         index, coordinate = rule(spec, "sheet_idx"), rule(spec, "coordinate")
         sheet = books.sheet(index)
@@ -690,8 +763,7 @@ def _check_rule(books: _Books, spec: dict) -> bool:
 
 
 @metric(arity=2, required=1)
-def compare_table(result_path: str | None, expected_path: str | None = None, rules: list | None = None,
-                  **_) -> float:
+def compare_table(result_path: str | None, expected_path: str | None = None, rules: list | None = None, **_) -> float:
     """Compare spreadsheets.
 
     Without `rules`: 1 when two tables (csv / xlsx, any mix) hold the same cells in every

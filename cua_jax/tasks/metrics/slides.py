@@ -8,7 +8,14 @@ from typing import Any
 from xml.etree import ElementTree
 
 from cua_jax.tasks.metrics.base import (
-    JudgeError, approximately_equal, clamp01, load_expected, load_result, metric, result_file, rule,
+    JudgeError,
+    approximately_equal,
+    clamp01,
+    load_expected,
+    load_result,
+    metric,
+    result_file,
+    rule,
 )
 from cua_jax.tasks.metrics.measures import normalised_rgb_distance
 
@@ -117,21 +124,38 @@ def bullets_match(first: list[tuple], second: list[tuple]) -> bool:
 
 
 _PPTX_OPTIONS = {
-    "examine_number_of_slides": True, "examine_shape": True, "examine_text": True, "examine_indent": True,
-    "examine_font_name": True, "examine_font_size": True, "examine_font_bold": True, "examine_font_italic": True,
-    "examine_color_rgb": True, "examine_font_underline": True, "examine_strike_through": True,
-    "examine_alignment": True, "examine_title_bottom_position": False, "examine_table_bottom_position": False,
-    "examine_run_count": True, "examine_right_position": False, "examine_top_position": False,
-    "examine_shape_for_shift_size": False, "examine_image_size": False, "examine_modify_height": False,
-    "examine_bullets": True, "examine_background_color": True, "examine_note": True,
+    "examine_number_of_slides": True,
+    "examine_shape": True,
+    "examine_text": True,
+    "examine_indent": True,
+    "examine_font_name": True,
+    "examine_font_size": True,
+    "examine_font_bold": True,
+    "examine_font_italic": True,
+    "examine_color_rgb": True,
+    "examine_font_underline": True,
+    "examine_strike_through": True,
+    "examine_alignment": True,
+    "examine_title_bottom_position": False,
+    "examine_table_bottom_position": False,
+    "examine_run_count": True,
+    "examine_right_position": False,
+    "examine_top_position": False,
+    "examine_shape_for_shift_size": False,
+    "examine_image_size": False,
+    "examine_modify_height": False,
+    "examine_bullets": True,
+    "examine_background_color": True,
+    "examine_note": True,
 }
 # Options OSWorld's tasks pass that its comparison does not read.
 _PPTX_IGNORED_OPTIONS = ("enable_debug", "examine_shape_lenient_height")
 
 
 @metric()
-def compare_pptx_files(result_path: str | None, expected_path: str | None,
-                       approximately_tolerance: float = 0.005, **options) -> float:
+def compare_pptx_files(
+    result_path: str | None, expected_path: str | None, approximately_tolerance: float = 0.005, **options
+) -> float:
     """1 when two presentations match slide by slide, shape by shape (OSWorld's checks).
 
     Options (booleans, defaults as OSWorld's): examine_number_of_slides, examine_shape
@@ -146,8 +170,9 @@ def compare_pptx_files(result_path: str | None, expected_path: str | None,
     and change nothing (OSWorld's comparison does not read them); options whose names
     start with "_" are notes.
     """
-    unknown = sorted(k for k in options if k not in _PPTX_OPTIONS and k not in _PPTX_IGNORED_OPTIONS
-                     and not k.startswith("_"))
+    unknown = sorted(
+        k for k in options if k not in _PPTX_OPTIONS and k not in _PPTX_IGNORED_OPTIONS and not k.startswith("_")
+    )
     if unknown:
         raise JudgeError(f"compare_pptx_files has no option {unknown[0]!r}; known: {sorted(_PPTX_OPTIONS)}")
     o = {k: bool(options.get(k, default)) for k, default in _PPTX_OPTIONS.items()}
@@ -160,7 +185,12 @@ def compare_pptx_files(result_path: str | None, expected_path: str | None,
         return approximately_equal(a or 0, b or 0, approximately_tolerance)
 
     def same_box(s1, s2) -> bool:
-        return close(s1.left, s2.left) and close(s1.top, s2.top) and close(s1.width, s2.width) and close(s1.height, s2.height)
+        return (
+            close(s1.left, s2.left)
+            and close(s1.top, s2.top)
+            and close(s1.width, s2.width)
+            and close(s1.height, s2.height)
+        )
 
     if len(prs.slides) != len(expected.slides) and o["examine_number_of_slides"]:
         return 0.0
@@ -185,16 +215,31 @@ def compare_pptx_files(result_path: str | None, expected_path: str | None,
                         return 0.0
                 elif not same_box(shape1, shape2):
                     return 0.0
-            if o["examine_right_position"] and slide_number == 2 and not hasattr(shape1, "text") \
-                    and not hasattr(shape2, "text") and (shape1.left <= shape2.left or shape1.left < 4320000):
+            if (
+                o["examine_right_position"]
+                and slide_number == 2
+                and not hasattr(shape1, "text")
+                and not hasattr(shape2, "text")
+                and (shape1.left <= shape2.left or shape1.left < 4320000)
+            ):
                 return 0.0
-            if o["examine_top_position"] and slide_number == 2 and shape1.shape_type == _PICTURE \
-                    and shape2.shape_type == _PICTURE and (shape1.top >= shape2.top or shape1.top > 1980000):
+            if (
+                o["examine_top_position"]
+                and slide_number == 2
+                and shape1.shape_type == _PICTURE
+                and shape2.shape_type == _PICTURE
+                and (shape1.top >= shape2.top or shape1.top > 1980000)
+            ):
                 return 0.0
-            if o["examine_shape_for_shift_size"] and not same_box(shape1, shape2) and not (
-                    has_text and shape1.text == shape2.text == "Elaborate on what you want to discuss."):
+            if (
+                o["examine_shape_for_shift_size"]
+                and not same_box(shape1, shape2)
+                and not (has_text and shape1.text == shape2.text == "Elaborate on what you want to discuss.")
+            ):
                 return 0.0
-            both_blank = not (getattr(shape1, "text", "") or "").strip() and not (getattr(shape2, "text", "") or "").strip()
+            both_blank = (
+                not (getattr(shape1, "text", "") or "").strip() and not (getattr(shape2, "text", "") or "").strip()
+            )
             if o["examine_shape"] and not both_blank and not same_box(shape1, shape2):
                 return 0.0
             if o["examine_image_size"]:
@@ -205,7 +250,8 @@ def compare_pptx_files(result_path: str | None, expected_path: str | None,
                     return 0.0
             if o["examine_modify_height"]:
                 if (not hasattr(shape1, "text") and not hasattr(shape2, "text")) or (
-                        shape1.shape_type == _FREEFORM and shape2.shape_type == _FREEFORM):
+                    shape1.shape_type == _FREEFORM and shape2.shape_type == _FREEFORM
+                ):
                     if not close(shape1.height, shape2.height):
                         return 0.0
                 elif not same_box(shape1, shape2):
@@ -225,8 +271,10 @@ def compare_pptx_files(result_path: str | None, expected_path: str | None,
                     return 0.0
                 if len(t1.text_frame.paragraphs) != len(t2.text_frame.paragraphs):
                     return 0.0
-                if any(_alignment(p1) != _alignment(p2)
-                       for p1, p2 in zip(t1.text_frame.paragraphs, t2.text_frame.paragraphs)):
+                if any(
+                    _alignment(p1) != _alignment(p2)
+                    for p1, p2 in zip(t1.text_frame.paragraphs, t2.text_frame.paragraphs)
+                ):
                     return 0.0
     return 1.0
 
@@ -266,7 +314,9 @@ def _tables_match(table1, table2, o: dict) -> bool:
                 for run1, run2 in zip(runs1, runs2):
                     if o["examine_color_rgb"] and _colours_differ(run1, run2):
                         return False
-                    if _flag_differs(run1.font.bold, run2.font.bold) or _flag_differs(run1.font.italic, run2.font.italic):
+                    if _flag_differs(run1.font.bold, run2.font.bold) or _flag_differs(
+                        run1.font.italic, run2.font.italic
+                    ):
                         return False
                     if _underline_differs(run1.font.underline, run2.font.underline):
                         return False
@@ -305,8 +355,9 @@ def _text_frames_match(shape1, shape2, o: dict) -> bool:
                 return False
             if o["examine_font_underline"] and _underline_differs(f1.underline, f2.underline):
                 return False
-            if o["examine_strike_through"] and (f1._element.attrib.get("strike", "noStrike")
-                                                != f2._element.attrib.get("strike", "noStrike")):
+            if o["examine_strike_through"] and (
+                f1._element.attrib.get("strike", "noStrike") != f2._element.attrib.get("strike", "noStrike")
+            ):
                 return False
             if o["examine_bullets"]:
                 try:
@@ -399,9 +450,12 @@ def colour_is(name: str, rgb: tuple[int, int, int], threshold: int = 50) -> bool
     """Whether an RGB colour reads as red, blue, green (that channel exceeds both others by
     more than `threshold`) or black (every channel below it)."""
     r, g, b = rgb
-    tests = {"red": r > g + threshold and r > b + threshold, "blue": b > g + threshold and b > r + threshold,
-             "green": g > r + threshold and g > b + threshold,
-             "black": r < threshold and g < threshold and b < threshold}
+    tests = {
+        "red": r > g + threshold and r > b + threshold,
+        "blue": b > g + threshold and b > r + threshold,
+        "green": g > r + threshold and g > b + threshold,
+        "black": r < threshold and g < threshold and b < threshold,
+    }
     if name not in tests:
         raise JudgeError(f"unknown colour {name!r}; known: {list(tests)}")
     return tests[name]
@@ -487,9 +541,12 @@ def check_image_stretch_and_center(result_path: str | None, original_path: str |
     if moved is None:
         return 0.0
     width, height, slack = original.slide_width, original.slide_height, Inches(0.5)
-    return float(abs(moved.width - width) <= slack and abs(moved.height - height) <= slack
-                 and abs(moved.left - (width - moved.width) / 2) <= slack
-                 and abs(moved.top - (height - moved.height) / 2) <= slack)
+    return float(
+        abs(moved.width - width) <= slack
+        and abs(moved.height - height) <= slack
+        and abs(moved.left - (width - moved.width) / 2) <= slack
+        and abs(moved.top - (height - moved.height) / 2) <= slack
+    )
 
 
 def _registry(path: Any, item_path: str, prop: str) -> str | None:

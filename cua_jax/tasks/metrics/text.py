@@ -7,7 +7,12 @@ import re
 from typing import Any
 
 from cua_jax.tasks.metrics.base import (
-    JudgeError, fuzzy_ratio, metric, read_expected_text, read_text, rule,
+    JudgeError,
+    fuzzy_ratio,
+    metric,
+    read_expected_text,
+    read_text,
+    rule,
 )
 
 # ------------------------------------------------------------------------------------
@@ -126,8 +131,9 @@ def _blanks_collapsed(text: str) -> str:
 
 
 @metric()
-def compare_text_file(result_path: str | None, expected_path: str | None,
-                      ignore_blanks: bool = False, ignore_case: bool = False, **_) -> float:
+def compare_text_file(
+    result_path: str | None, expected_path: str | None, ignore_blanks: bool = False, ignore_case: bool = False, **_
+) -> float:
     """1 when two text files hold the same text (optionally with every whitespace run
     collapsed to one space and the ends stripped, and / or ignoring case)."""
     expected = read_expected_text(expected_path)

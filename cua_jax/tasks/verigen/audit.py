@@ -32,7 +32,9 @@ def normalise_instruction(text: str) -> str:
 
 
 def content_key(task: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json({k: v for k, v in task.items() if k not in PROVENANCE_FIELDS}).encode()).hexdigest()
+    return hashlib.sha256(
+        canonical_json({k: v for k, v in task.items() if k not in PROVENANCE_FIELDS}).encode()
+    ).hexdigest()
 
 
 def judge_key(task: dict[str, Any]) -> str:
@@ -40,8 +42,9 @@ def judge_key(task: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(evaluator).encode()).hexdigest()
 
 
-def overlap_audit(generated: list[dict[str, Any]], evaluation: list[dict[str, Any]], embed,
-                  threshold: float = 0.90) -> dict[str, Any]:
+def overlap_audit(
+    generated: list[dict[str, Any]], evaluation: list[dict[str, Any]], embed, threshold: float = 0.90
+) -> dict[str, Any]:
     """Table 8's row for `generated` tasks (JSON dicts) against the `evaluation` pool.
 
     embed: a callable of a list of texts returning unit-length embeddings [N, D].
@@ -67,9 +70,13 @@ def overlap_audit(generated: list[dict[str, Any]], evaluation: list[dict[str, An
         return {"count": len(ids), "rate": len(ids) / n if n else 0.0, "ids": ids}
 
     return {
-        "generated": n, "evaluation_pool": len(evaluation), "threshold": threshold,
-        "full_json_duplicates": rate(full), "instruction_exact_duplicates": rate(exact),
-        "objective_near_duplicates": rate(near), "judge_exact_reuse": rate(reuse),
+        "generated": n,
+        "evaluation_pool": len(evaluation),
+        "threshold": threshold,
+        "full_json_duplicates": rate(full),
+        "instruction_exact_duplicates": rate(exact),
+        "objective_near_duplicates": rate(near),
+        "judge_exact_reuse": rate(reuse),
         "similarity_p50": float(np.percentile(best, 50)) if n else None,
         "similarity_p95": float(np.percentile(best, 95)) if n else None,
     }
@@ -77,11 +84,14 @@ def overlap_audit(generated: list[dict[str, Any]], evaluation: list[dict[str, An
 
 def format_audit(name: str, audit: dict[str, Any]) -> str:
     """One Table 8 row."""
+
     def cell(key: str) -> str:
         return f"{100 * audit[key]['rate']:.2f}% ({audit[key]['count']})"
 
     p50, p95 = audit["similarity_p50"], audit["similarity_p95"]
     sims = "-" if p50 is None else f"{p50:.3f} / {p95:.3f}"
-    return ("subset | N | full JSON dup. | instruction exact dup. | objective near-dup. | judge exact reuse | sim p50/p95\n"
-            f"{name} | {audit['generated']} | {cell('full_json_duplicates')} | {cell('instruction_exact_duplicates')} | "
-            f"{cell('objective_near_duplicates')} | {cell('judge_exact_reuse')} | {sims}")
+    return (
+        "subset | N | full JSON dup. | instruction exact dup. | objective near-dup. | judge exact reuse | sim p50/p95\n"
+        f"{name} | {audit['generated']} | {cell('full_json_duplicates')} | {cell('instruction_exact_duplicates')} | "
+        f"{cell('objective_near_duplicates')} | {cell('judge_exact_reuse')} | {sims}"
+    )

@@ -120,8 +120,11 @@ class Candidate:
     def to_task_json(self) -> dict[str, Any]:
         """The accepted task as written: the OSWorld JSON with metadata and validation."""
         task = copy.deepcopy(self.task)
-        task["metadata"] = {**copy.deepcopy(self.metadata), "reference_solution": list(self.solution),
-                            "parts": [p.to_json() for p in self.parts]}
+        task["metadata"] = {
+            **copy.deepcopy(self.metadata),
+            "reference_solution": list(self.solution),
+            "parts": [p.to_json() for p in self.parts],
+        }
         task["validation"] = self.validation_record()
         return task
 

@@ -66,8 +66,18 @@ class Ledger:
             calls = list(self.calls)
         by_role: dict[str, dict[str, Any]] = {}
         for call in calls:
-            row = by_role.setdefault(call.role, {"calls": 0, "failed": 0, "retries": 0, "seconds": 0.0,
-                                                 "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0})
+            row = by_role.setdefault(
+                call.role,
+                {
+                    "calls": 0,
+                    "failed": 0,
+                    "retries": 0,
+                    "seconds": 0.0,
+                    "prompt_tokens": 0,
+                    "completion_tokens": 0,
+                    "cost_usd": 0.0,
+                },
+            )
             row["calls"] += 1
             row["failed"] += not call.ok
             row["retries"] += call.attempts - 1
@@ -90,14 +100,26 @@ class ChatClient:
         price_prompt / price_completion: USD per million tokens, for the ledger's cost.
     """
 
-    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout: float = 120.0,
-                 retries: int = 2, backoff: float = 0.5, temperature: float = 0.7, max_tokens: int = 2048,
-                 price_prompt: float = 0.0, price_completion: float = 0.0, ledger: Ledger | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        timeout: float = 120.0,
+        retries: int = 2,
+        backoff: float = 0.5,
+        temperature: float = 0.7,
+        max_tokens: int = 2048,
+        price_prompt: float = 0.0,
+        price_completion: float = 0.0,
+        ledger: Ledger | None = None,
+    ):
         import openai
 
         self._openai = openai
-        self.client = openai.OpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "not-needed",
-                                    timeout=timeout, max_retries=0)
+        self.client = openai.OpenAI(
+            base_url=base_url, api_key=os.environ.get(api_key_env) or "not-needed", timeout=timeout, max_retries=0
+        )
         self.model, self.retries, self.backoff = model, retries, backoff
         self.temperature, self.max_tokens = temperature, max_tokens
         self.price_prompt, self.price_completion = price_prompt, price_completion
@@ -105,15 +127,24 @@ class ChatClient:
 
     def chat(self, role: str, system: str, user: str) -> str:
         openai = self._openai
-        retryable = (openai.APITimeoutError, openai.APIConnectionError, openai.InternalServerError,
-                     openai.RateLimitError)
+        retryable = (
+            openai.APITimeoutError,
+            openai.APIConnectionError,
+            openai.InternalServerError,
+            openai.RateLimitError,
+        )
         started, error = time.monotonic(), ""
         for attempt in range(1, self.retries + 2):
             try:
                 reply = self.client.chat.completions.create(
-                    model=self.model, temperature=self.temperature, max_tokens=self.max_tokens,
-                    messages=[{"role": "system", "content": ROLE_HEADER + role + "\n" + system},
-                              {"role": "user", "content": user}])
+                    model=self.model,
+                    temperature=self.temperature,
+                    max_tokens=self.max_tokens,
+                    messages=[
+                        {"role": "system", "content": ROLE_HEADER + role + "\n" + system},
+                        {"role": "user", "content": user},
+                    ],
+                )
             except retryable as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 if attempt <= self.retries:
@@ -149,8 +180,9 @@ def _field(obj: dict, name: str, kind, what: str):
     if name not in obj:
         raise ProposalError(f"the {what} reply lacks '{name}'")
     if not isinstance(obj[name], kind) or isinstance(obj[name], bool) and kind is not bool:
-        raise ProposalError(f"the {what} reply's '{name}' must be {getattr(kind, '__name__', kind)}, "
-                            f"got {type(obj[name]).__name__}")
+        raise ProposalError(
+            f"the {what} reply's '{name}' must be {getattr(kind, '__name__', kind)}, got {type(obj[name]).__name__}"
+        )
     return obj[name]
 
 
@@ -178,24 +210,42 @@ def candidate_from_reply(obj: dict[str, Any], what: str, augmentation: str = "ll
     solution = action_texts(_field(obj, "solution", list, what), what)
     app = str(obj.get("app", "desktop"))
     digest = hashlib.sha256((instruction + code).encode()).hexdigest()[:10]
-    task = {"id": str(obj.get("id") or f"verigen-llm-{digest}"), "snapshot": "desktop", "instruction": instruction,
-            "source": "verigen llm proposer", "config": config, "related_apps": [app],
-            "evaluator": {"func": "python_judge", "code": code, "entry": entry,
-                          "timeout": obj.get("judge_timeout", 20)}}
-    metadata = {"app": app, "family": "llm", "difficulty": obj.get("difficulty", "medium"),
-                "estimated_steps": obj.get("estimated_steps", len(solution)), "augmentation": augmentation,
-                "stated": [str(s) for s in obj.get("stated", [])]}
+    task = {
+        "id": str(obj.get("id") or f"verigen-llm-{digest}"),
+        "snapshot": "desktop",
+        "instruction": instruction,
+        "source": "verigen llm proposer",
+        "config": config,
+        "related_apps": [app],
+        "evaluator": {"func": "python_judge", "code": code, "entry": entry, "timeout": obj.get("judge_timeout", 20)},
+    }
+    metadata = {
+        "app": app,
+        "family": "llm",
+        "difficulty": obj.get("difficulty", "medium"),
+        "estimated_steps": obj.get("estimated_steps", len(solution)),
+        "augmentation": augmentation,
+        "stated": [str(s) for s in obj.get("stated", [])],
+    }
     return Candidate(task, solution, metadata, [Part(instruction, code, entry, 0, len(solution))])
 
 
 def candidate_to_reply(candidate: Candidate) -> dict[str, Any]:
     """A candidate in the reply format (what the judger and fixer are shown)."""
     evaluator = candidate.task.get("evaluator", {})
-    return {"id": candidate.id, "instruction": candidate.instruction, "config": candidate.task.get("config", []),
-            "judge_code": evaluator.get("code", ""), "judge_entry": evaluator.get("entry", ""),
-            "judge_timeout": evaluator.get("timeout", 20), "solution": candidate.solution,
-            "app": candidate.metadata.get("app"), "difficulty": candidate.metadata.get("difficulty"),
-            "estimated_steps": candidate.metadata.get("estimated_steps"), "stated": candidate.metadata.get("stated", [])}
+    return {
+        "id": candidate.id,
+        "instruction": candidate.instruction,
+        "config": candidate.task.get("config", []),
+        "judge_code": evaluator.get("code", ""),
+        "judge_entry": evaluator.get("entry", ""),
+        "judge_timeout": evaluator.get("timeout", 20),
+        "solution": candidate.solution,
+        "app": candidate.metadata.get("app"),
+        "difficulty": candidate.metadata.get("difficulty"),
+        "estimated_steps": candidate.metadata.get("estimated_steps"),
+        "stated": candidate.metadata.get("stated", []),
+    }
 
 
 PROPOSAL_FORMAT = """Answer with one JSON object:
@@ -215,11 +265,14 @@ class LLMProposer:
         self.chat = chat
 
     def _one(self, slot: int, n: int, knowledge: str, observation: str) -> Candidate | ProposalError:
-        user = (f"Environment knowledge:\n{knowledge}\n\nCurrent screen (accessibility text):\n{observation[:4000]}\n\n"
-                f"Write one new verifiable task. Candidate slot {slot} of {n}.")
+        user = (
+            f"Environment knowledge:\n{knowledge}\n\nCurrent screen (accessibility text):\n{observation[:4000]}\n\n"
+            f"Write one new verifiable task. Candidate slot {slot} of {n}."
+        )
         try:
-            return candidate_from_reply(extract_json(self.chat.chat("proposer", PROPOSAL_FORMAT, user), "proposer"),
-                                        "proposer")
+            return candidate_from_reply(
+                extract_json(self.chat.chat("proposer", PROPOSAL_FORMAT, user), "proposer"), "proposer"
+            )
         except (ProposalError, ChatError) as error:
             return ProposalError(str(error))
 
@@ -229,9 +282,11 @@ class LLMProposer:
 
 
 class LLMJudger:
-    SYSTEM = ("Review the task statically: is the instruction unambiguous and meaningful, does it state every value "
-              "the judge requires, is the judge's logic sound? Answer with one JSON object: "
-              '{"pass": bool, "score": float in [0, 1], "reasons": [str]}')
+    SYSTEM = (
+        "Review the task statically: is the instruction unambiguous and meaningful, does it state every value "
+        "the judge requires, is the judge's logic sound? Answer with one JSON object: "
+        '{"pass": bool, "score": float in [0, 1], "reasons": [str]}'
+    )
 
     def __init__(self, chat: ChatClient):
         self.chat = chat
@@ -245,16 +300,19 @@ class LLMJudger:
             reasons = [str(r) for r in obj.get("reasons", [])] if isinstance(obj.get("reasons", []), list) else []
         except (ProposalError, ChatError, TypeError, ValueError) as error:
             return Feedback("judger", False, [f"no verdict: {error}"], 0.0)
-        return Feedback("judger", verdict, [] if verdict else reasons or ["rejected without a reason"],
-                        min(1.0, max(0.0, score)))
+        return Feedback(
+            "judger", verdict, [] if verdict else reasons or ["rejected without a reason"], min(1.0, max(0.0, score))
+        )
 
 
 class LLMChecker(Checker):
     """The dry run with the model choosing the actions from what it observes."""
 
     name = "llm"
-    SYSTEM = ('Solve the task in the live desktop. Answer with one JSON object: {"actions": [tool-call argument '
-              'objects, e.g. {"action": "key", "keys": ["ctrl", "s"]}]}')
+    SYSTEM = (
+        'Solve the task in the live desktop. Answer with one JSON object: {"actions": [tool-call argument '
+        'objects, e.g. {"action": "key", "keys": ["ctrl", "s"]}]}'
+    )
 
     def __init__(self, probe, chat: ChatClient, **kwargs):
         super().__init__(probe, **kwargs)
@@ -277,14 +335,19 @@ class LLMFixer:
         self.chat = chat
 
     def fix(self, candidate: Candidate, feedback: list[Feedback]) -> Candidate | None:
-        user = (f"Task {candidate.id}:\n{json.dumps(candidate_to_reply(candidate), indent=1)}\n\nFeedback:\n"
-                + "\n".join(f.summary() for f in feedback))
+        user = (
+            f"Task {candidate.id}:\n{json.dumps(candidate_to_reply(candidate), indent=1)}\n\nFeedback:\n"
+            + "\n".join(f.summary() for f in feedback)
+        )
         try:
             obj = extract_json(self.chat.chat("fixer", self.SYSTEM, user), "fixer")
         except ChatError as error:
             raise ProposalError(f"fixer: {error}") from None
-        fixed = candidate_from_reply({**obj, "id": candidate.id}, "fixer", candidate.metadata.get("augmentation", "llm"))
+        fixed = candidate_from_reply(
+            {**obj, "id": candidate.id}, "fixer", candidate.metadata.get("augmentation", "llm")
+        )
         fixed.history = candidate.history
-        fixed.repairs = candidate.repairs + [{"round": len(candidate.repairs) + 1, "by": "llm",
-                                              "feedback": [f.summary() for f in feedback]}]
+        fixed.repairs = candidate.repairs + [
+            {"round": len(candidate.repairs) + 1, "by": "llm", "feedback": [f.summary() for f in feedback]}
+        ]
         return fixed

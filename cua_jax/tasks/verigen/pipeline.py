@@ -86,14 +86,24 @@ class Report:
             "wall_s": self.seconds,
             "cost_usd": self.cost_usd,
             "cost_per_accepted_usd": self.cost_usd / accepted if accepted else None,
-            "accepted_by_app": dict(sorted(collections.Counter(c.metadata.get("app", "?") for c in self.accepted).items())),
+            "accepted_by_app": dict(
+                sorted(collections.Counter(c.metadata.get("app", "?") for c in self.accepted).items())
+            ),
         }
 
 
 class VeriGen:
-    def __init__(self, proposer: Proposer, judger, checker, fixer, config: LoopConfig = LoopConfig(),
-                 knowledge: str = "", cost: Callable[[], float] = lambda: 0.0,
-                 observe: Callable[[], str] | None = None):
+    def __init__(
+        self,
+        proposer: Proposer,
+        judger,
+        checker,
+        fixer,
+        config: LoopConfig = LoopConfig(),
+        knowledge: str = "",
+        cost: Callable[[], float] = lambda: 0.0,
+        observe: Callable[[], str] | None = None,
+    ):
         """knowledge: the environment's knowledge document; observe: returns the text of a
         fresh environment's screen (taken through the probe) for the proposer; cost: the
         ledger's running cost in USD."""
@@ -135,7 +145,9 @@ class VeriGen:
                 feedback = stage(candidate)
             except Exception as error:  # a role must not take the loop down with one odd candidate
                 log.exception("the %s failed on %s", role, candidate.id)
-                feedback = Feedback(role, False, [f"the {role} failed on this candidate: {type(error).__name__}: {error}"], 0.0)
+                feedback = Feedback(
+                    role, False, [f"the {role} failed on this candidate: {type(error).__name__}: {error}"], 0.0
+                )
             candidate.history.append(feedback)
             if not feedback.passed:
                 return feedback
@@ -164,8 +176,9 @@ class VeriGen:
             results += list(executor.map(self.process, candidates))
         return results
 
-    def run(self, target: int, max_candidates: int, workers: int = 4,
-            progress: Callable[[Report], None] | None = None) -> Report:
+    def run(
+        self, target: int, max_candidates: int, workers: int = 4, progress: Callable[[Report], None] | None = None
+    ) -> Report:
         """Run calls on `workers` threads until `target` tasks are accepted or
         `max_candidates` candidates were tried."""
         report, lock, started = Report(), threading.Lock(), time.monotonic()

@@ -71,10 +71,16 @@ class ReplayServer:
     def _answer(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
         system = next((m.get("content", "") for m in messages if m.get("role") == "system"), "")
         user = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "user")
-        role = system[len(ROLE_HEADER):].split("\n", 1)[0] if system.startswith(ROLE_HEADER) else ""
+        role = system[len(ROLE_HEADER) :].split("\n", 1)[0] if system.startswith(ROLE_HEADER) else ""
         with self._lock:
-            index = next((i for i, e in enumerate(self.entries) if not self._used[i] and e["role"] == role
-                          and e.get("match", "") in user), None)
+            index = next(
+                (
+                    i
+                    for i, e in enumerate(self.entries)
+                    if not self._used[i] and e["role"] == role and e.get("match", "") in user
+                ),
+                None,
+            )
             if index is not None:
                 self._used[index] = True
             self.requests.append({"role": role, "entry": index, "user": user})
@@ -87,12 +93,18 @@ class ReplayServer:
         prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
         completion_tokens = len(entry["content"].split())
         return 200, {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
+            "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
             "model": body.get("model", "replay"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": entry["content"]},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": entry["content"]}, "finish_reason": "stop"}
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
         }
 
     def unused(self) -> list[int]:

@@ -33,12 +33,18 @@ class ProgrammaticJudger:
         instruction, code = candidate.instruction, candidate.judge_code
         checks: list[tuple[bool, str]] = []
         for value in candidate.metadata.get("stated", []):
-            checks.append((str(value) in instruction, f"the instruction does not state '{value}', which the judge requires"))
+            checks.append(
+                (str(value) in instruction, f"the instruction does not state '{value}', which the judge requires")
+            )
         for path in _PATH.findall(instruction):
             checks.append((path in code, f"the judge does not inspect {path}, the path the instruction names"))
         checks.append((len(instruction.split()) >= 5, "the instruction is too short to be meaningful"))
-        checks.append((bool(candidate.metadata.get("stated")) or bool(_PATH.findall(instruction)),
-                       "the instruction names no concrete file or value to check"))
+        checks.append(
+            (
+                bool(candidate.metadata.get("stated")) or bool(_PATH.findall(instruction)),
+                "the instruction names no concrete file or value to check",
+            )
+        )
         reasons = [reason for ok, reason in checks if not ok]
         score = sum(ok for ok, _ in checks) / len(checks)
         return Feedback("judger", not reasons, reasons, score)
@@ -82,9 +88,13 @@ class Checker:
                 if attempt < self.infra_retries:
                     continue
                 reasons = [f"environment fault: {error}"]
-            detail = {"initial_score": outcome.initial, "final_score": outcome.final,
-                      "environment": outcome.environment, "seconds": round(time.monotonic() - started, 2),
-                      "actions": outcome.actions}
+            detail = {
+                "initial_score": outcome.initial,
+                "final_score": outcome.final,
+                "environment": outcome.environment,
+                "seconds": round(time.monotonic() - started, 2),
+                "actions": outcome.actions,
+            }
             return Feedback("checker", not reasons, reasons, 1.0 if not reasons else 0.0, detail)
         raise AssertionError("unreachable")
 
@@ -162,6 +172,12 @@ class TemplateFixer:
         if not changed:
             return None
         fixed.parts = [Part(fixed.instruction, fixed.judge_code, fixed.judge_entry, 0, len(fixed.solution))]
-        fixed.repairs.append({"round": len(fixed.repairs) + 1, "by": self.name, "changed": changed,
-                              "feedback": [f.summary() for f in feedback if not f.passed]})
+        fixed.repairs.append(
+            {
+                "round": len(fixed.repairs) + 1,
+                "by": self.name,
+                "changed": changed,
+                "feedback": [f.summary() for f in feedback if not f.passed],
+            }
+        )
         return fixed

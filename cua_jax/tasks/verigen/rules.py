@@ -23,16 +23,62 @@ from cua_jax.envs import actions as A
 from cua_jax.tasks.schema import TaskSchemaError, parse_task
 from cua_jax.tasks.verigen.candidate import Candidate, Feedback
 
-ALLOWED_IMPORTS = frozenset({"os", "os.path", "json", "re", "csv", "zipfile", "xml", "xml.etree",
-                             "xml.etree.ElementTree", "pathlib", "math", "string", "collections"})
+ALLOWED_IMPORTS = frozenset(
+    {
+        "os",
+        "os.path",
+        "json",
+        "re",
+        "csv",
+        "zipfile",
+        "xml",
+        "xml.etree",
+        "xml.etree.ElementTree",
+        "pathlib",
+        "math",
+        "string",
+        "collections",
+    }
+)
 NONDETERMINISTIC = frozenset({"random", "time", "datetime", "uuid", "secrets"})
 NETWORK = frozenset({"socket", "urllib", "http", "requests", "ftplib", "smtplib", "ssl", "asyncio", "aiohttp"})
-MUTATORS = frozenset({"remove", "unlink", "rename", "replace", "makedirs", "mkdir", "rmdir", "removedirs",
-                      "system", "popen", "spawnl", "spawnv", "execv", "execl", "fork", "kill", "chmod", "chown",
-                      "truncate", "symlink", "link", "write_text", "write_bytes", "touch", "rmtree", "move",
-                      "copy", "copyfile", "utime"})
+MUTATORS = frozenset(
+    {
+        "remove",
+        "unlink",
+        "rename",
+        "replace",
+        "makedirs",
+        "mkdir",
+        "rmdir",
+        "removedirs",
+        "system",
+        "popen",
+        "spawnl",
+        "spawnv",
+        "execv",
+        "execl",
+        "fork",
+        "kill",
+        "chmod",
+        "chown",
+        "truncate",
+        "symlink",
+        "link",
+        "write_text",
+        "write_bytes",
+        "touch",
+        "rmtree",
+        "move",
+        "copy",
+        "copyfile",
+        "utime",
+    }
+)
 FORBIDDEN_BUILTINS = frozenset({"eval", "exec", "compile", "__import__", "input", "breakpoint"})
-NETWORK_TOOLS = frozenset({"curl", "wget", "ssh", "scp", "nc", "ncat", "telnet", "ftp", "rsync", "apt", "apt-get", "pip"})
+NETWORK_TOOLS = frozenset(
+    {"curl", "wget", "ssh", "scp", "nc", "ncat", "telnet", "ftp", "rsync", "apt", "apt-get", "pip"}
+)
 WRITABLE_ROOTS = ("/root/", "/tmp/")
 MAX_JUDGE_TIMEOUT = 30.0
 # CPython 3.11's ast.parse is not safe to run from several threads at once ("AST
@@ -84,8 +130,9 @@ def judge_problems(code: str, entry: str) -> list[str]:
             elif name == "iter" and len(node.args) == 2:
                 problems.append(f"unbounded time: two-argument iter() at line {node.lineno}")
     for name, function in functions.items():
-        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name
-               for n in ast.walk(function)):
+        if any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name for n in ast.walk(function)
+        ):
             problems.append(f"unbounded time: '{name}' calls itself")
     return problems
 
@@ -120,17 +167,28 @@ def setup_problems(steps: list[dict[str, Any]]) -> list[str]:
             tools = sorted({w.rsplit("/", 1)[-1] for w in words} & NETWORK_TOOLS)
             if tools:
                 problems.append(f"uses the network: setup step {index} runs {tools[0]}")
-            targets = [w for w in words if w.startswith("/") and not w.startswith(WRITABLE_ROOTS)
-                       and w.rstrip("/") not in ("/root", "/tmp") and not w.startswith(("/usr/", "/bin/"))]
+            targets = [
+                w
+                for w in words
+                if w.startswith("/")
+                and not w.startswith(WRITABLE_ROOTS)
+                and w.rstrip("/") not in ("/root", "/tmp")
+                and not w.startswith(("/usr/", "/bin/"))
+            ]
             if targets:
                 problems.append(f"writes outside the environment's work roots: setup step {index} names {targets[0]}")
         for entry in params.get("files", []) if kind in ("download", "upload") else []:
             if not isinstance(entry, dict):
                 continue  # the schema check names it
             if not str(entry.get("path", "")).startswith(WRITABLE_ROOTS):
-                problems.append(f"writes outside the environment's work roots: setup step {index} writes {entry.get('path')}")
+                problems.append(
+                    f"writes outside the environment's work roots: setup step {index} writes {entry.get('path')}"
+                )
             url = str(entry.get("url", ""))
-            if url.startswith(("http://", "https://")) and not url.split("/")[2].split(":")[0] in ("127.0.0.1", "localhost"):
+            if url.startswith(("http://", "https://")) and not url.split("/")[2].split(":")[0] in (
+                "127.0.0.1",
+                "localhost",
+            ):
                 problems.append(f"uses the network: setup step {index} downloads {url}")
     return problems
 

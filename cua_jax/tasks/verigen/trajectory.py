@@ -61,10 +61,13 @@ def deviation_by_judger(chat, candidate: Candidate, steps: list[str]) -> int:
     """Ask a judger model for the earliest off-goal step of a failed trajectory."""
     from cua_jax.tasks.verigen.llm import extract_json
 
-    system = ('Find the earliest step at which the agent departs from the goal. Answer with one JSON object: '
-              '{"step": int (0-based)}')
+    system = (
+        "Find the earliest step at which the agent departs from the goal. Answer with one JSON object: "
+        '{"step": int (0-based)}'
+    )
     user = f"Task {candidate.id}: {candidate.instruction}\n\nSteps:\n" + "\n".join(
-        f"{i}: {s}" for i, s in enumerate(steps))
+        f"{i}: {s}" for i, s in enumerate(steps)
+    )
     value = extract_json(chat.chat("judger", system, user), "judger").get("step")
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= len(steps):
         raise ValueError(f"the judger named no valid step: {value!r}")
@@ -99,9 +102,16 @@ def subtask_at(candidate: Candidate, deviation: int, prefix: Sequence[str] | Non
     task["id"] = f"verigen-sub-{digest}"
     task["instruction"] = part.instruction
     task["evaluator"] = {**task["evaluator"], "code": part.code, "entry": part.entry}
-    metadata = {**json.loads(json.dumps(candidate.metadata)), "family": "subtask", "augmentation": "trajectory_subtask",
-                "parent": candidate.id, "deviation_step": deviation, "difficulty": "easy",
-                "estimated_steps": len(steps), "setup_actions": candidate.setup_actions + prefix}
+    metadata = {
+        **json.loads(json.dumps(candidate.metadata)),
+        "family": "subtask",
+        "augmentation": "trajectory_subtask",
+        "parent": candidate.id,
+        "deviation_step": deviation,
+        "difficulty": "easy",
+        "estimated_steps": len(steps),
+        "setup_actions": candidate.setup_actions + prefix,
+    }
     if "stated" in metadata:  # the values of the other sub-goals are no longer the task's
         metadata["stated"] = [v for v in metadata["stated"] if str(v) in part.instruction or str(v) in part.code]
     metadata.pop("spec", None)
@@ -111,9 +121,14 @@ def subtask_at(candidate: Candidate, deviation: int, prefix: Sequence[str] | Non
 UNSOLVED = (EpisodeStatus.FAILURE, EpisodeStatus.NO_VERDICT)
 
 
-def subtasks_from_failures(records: Sequence[EpisodeRecord], tasks: Mapping[str, Candidate],
-                           pass_rates: Mapping[str, float], judger_chat=None, max_pass_rate: float = 0.5,
-                           max_tasks: int | None = None) -> list[Candidate]:
+def subtasks_from_failures(
+    records: Sequence[EpisodeRecord],
+    tasks: Mapping[str, Candidate],
+    pass_rates: Mapping[str, float],
+    judger_chat=None,
+    max_pass_rate: float = 0.5,
+    max_tasks: int | None = None,
+) -> list[Candidate]:
     """Sub-tasks of the tasks whose pass rate is at most `max_pass_rate`, one per distinct
     deviation point of their unsolved episodes, the hardest tasks' first (at most `max_tasks`).
 
@@ -124,8 +139,9 @@ def subtasks_from_failures(records: Sequence[EpisodeRecord], tasks: Mapping[str,
     by_task: dict[str, list[EpisodeRecord]] = {}
     for record in records:
         by_task.setdefault(record.task_id, []).append(record)
-    failing = sorted((pass_rates.get(t, 0.0), t) for t in by_task
-                     if t in tasks and pass_rates.get(t, 0.0) <= max_pass_rate)
+    failing = sorted(
+        (pass_rates.get(t, 0.0), t) for t in by_task if t in tasks and pass_rates.get(t, 0.0) <= max_pass_rate
+    )
     out: dict[str, Candidate] = {}
     for _, task_id in failing:
         candidate, runs = tasks[task_id], by_task[task_id]
@@ -179,26 +195,49 @@ def compose(a: Candidate, b: Candidate) -> Candidate:
     second = [t for t in b.solution if not A.is_terminal(A.parse_action(t))]
     digest = hashlib.sha256(f"{a.id}+{b.id}".encode()).hexdigest()[:10]
     entry = f"check_composed__{digest}"
-    code = (a.judge_code + "\n\n" + b.judge_code + f"\n\ndef {entry}():\n"
-            f"    return min({a.judge_entry}(), {b.judge_entry}())\n")
+    code = (
+        a.judge_code + "\n\n" + b.judge_code + f"\n\ndef {entry}():\n"
+        f"    return min({a.judge_entry}(), {b.judge_entry}())\n"
+    )
     instruction = f"{a.instruction.rstrip('.')}. Then: {b.instruction}"
     config = list(a.task.get("config", [])) + [s for s in b.task.get("config", []) if s not in a.task.get("config", [])]
-    task = {**json.loads(json.dumps(a.task)), "id": f"verigen-composed-{digest}", "instruction": instruction,
-            "config": config, "evaluator": {"func": "python_judge", "code": code, "entry": entry,
-                                            "timeout": max(a.task["evaluator"]["timeout"], b.task["evaluator"]["timeout"])}}
+    task = {
+        **json.loads(json.dumps(a.task)),
+        "id": f"verigen-composed-{digest}",
+        "instruction": instruction,
+        "config": config,
+        "evaluator": {
+            "func": "python_judge",
+            "code": code,
+            "entry": entry,
+            "timeout": max(a.task["evaluator"]["timeout"], b.task["evaluator"]["timeout"]),
+        },
+    }
     shift = len(first)
-    parts = ([Part(p.instruction, p.code, p.entry, p.start, min(p.end, shift)) for p in a.parts]
-             + [Part(p.instruction, p.code, p.entry, p.start + shift, min(p.end + shift, shift + len(second)))
-                for p in b.parts])
+    parts = [Part(p.instruction, p.code, p.entry, p.start, min(p.end, shift)) for p in a.parts] + [
+        Part(p.instruction, p.code, p.entry, p.start + shift, min(p.end + shift, shift + len(second))) for p in b.parts
+    ]
     parts[-1].end = shift + len(second) + 1  # the final Done belongs to the last goal
-    metadata = {"app": a.metadata.get("app"), "family": "composed", "augmentation": "trajectory_composed",
-                "parents": [a.id, b.id], "difficulty": "hard", "estimated_steps": shift + len(second) + 1,
-                "stated": list(a.metadata.get("stated", [])) + list(b.metadata.get("stated", []))}
+    metadata = {
+        "app": a.metadata.get("app"),
+        "family": "composed",
+        "augmentation": "trajectory_composed",
+        "parents": [a.id, b.id],
+        "difficulty": "hard",
+        "estimated_steps": shift + len(second) + 1,
+        "stated": list(a.metadata.get("stated", [])) + list(b.metadata.get("stated", [])),
+    }
     return Candidate(task, first + second + [done], metadata, parts)
 
 
-def compose_solved(tasks: list[Candidate], pass_rates: dict[str, float], embed: Callable[[list[str]], np.ndarray],
-                   min_pass_rate: float = 0.8, threshold: float = 0.6, max_tasks: int = 10) -> list[Candidate]:
+def compose_solved(
+    tasks: list[Candidate],
+    pass_rates: dict[str, float],
+    embed: Callable[[list[str]], np.ndarray],
+    min_pass_rate: float = 0.8,
+    threshold: float = 0.6,
+    max_tasks: int = 10,
+) -> list[Candidate]:
     """Harder tasks from clusters of similar solved tasks of one application."""
     solved = [t for t in tasks if pass_rates.get(t.id, 0.0) >= min_pass_rate]
     by_app: dict[str, list[Candidate]] = {}
@@ -217,8 +256,9 @@ def compose_solved(tasks: list[Candidate], pass_rates: dict[str, float], embed: 
 
 
 def describe(candidates: list[Candidate]) -> list[dict[str, Any]]:
-    return [{"id": c.id, "augmentation": c.metadata.get("augmentation"), "instruction": c.instruction}
-            for c in candidates]
+    return [
+        {"id": c.id, "augmentation": c.metadata.get("augmentation"), "instruction": c.instruction} for c in candidates
+    ]
 
 
 @dataclasses.dataclass
@@ -233,10 +273,17 @@ class RunSynthesis:
     unknown_tasks: list[str]
 
 
-def from_run(records: Sequence[EpisodeRecord], tasks: Mapping[str, Candidate],
-             embed: Callable[[list[str]], np.ndarray], judger_chat=None, max_pass_rate: float = 0.5,
-             min_pass_rate: float = 0.8, threshold: float = 0.6, max_subtasks: int = 20,
-             max_composed: int = 10) -> RunSynthesis:
+def from_run(
+    records: Sequence[EpisodeRecord],
+    tasks: Mapping[str, Candidate],
+    embed: Callable[[list[str]], np.ndarray],
+    judger_chat=None,
+    max_pass_rate: float = 0.5,
+    min_pass_rate: float = 0.8,
+    threshold: float = 0.6,
+    max_subtasks: int = 20,
+    max_composed: int = 10,
+) -> RunSynthesis:
     """Sub-tasks of the run's failed tasks (pass rate <= max_pass_rate) from their unsolved
     episodes, and tasks composed from its solved ones (pass rate >= min_pass_rate).
 
@@ -249,9 +296,12 @@ def from_run(records: Sequence[EpisodeRecord], tasks: Mapping[str, Candidate],
     logged = sorted({r.task_id for r in records})
     unknown = [t for t in logged if t not in tasks]
     if len(unknown) == len(logged):
-        raise ValueError(f"none of the {len(logged)} tasks of the episode log is among the {len(tasks)} loaded "
-                         f"tasks (e.g. {unknown[:3]}): are the task folders the run's?")
+        raise ValueError(
+            f"none of the {len(logged)} tasks of the episode log is among the {len(tasks)} loaded "
+            f"tasks (e.g. {unknown[:3]}): are the task folders the run's?"
+        )
     subtasks = subtasks_from_failures(records, tasks, rates, judger_chat, max_pass_rate, max_subtasks)
-    composed = compose_solved([tasks[t] for t in logged if t in tasks], rates, embed, min_pass_rate, threshold,
-                              max_composed)
+    composed = compose_solved(
+        [tasks[t] for t in logged if t in tasks], rates, embed, min_pass_rate, threshold, max_composed
+    )
     return RunSynthesis(rates, subtasks, composed, unknown)

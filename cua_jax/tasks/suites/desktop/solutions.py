@@ -20,13 +20,28 @@ def _terminal(line: str) -> list[str]:
 
 
 def _editor(value: str) -> list[str]:
-    return _texts(A.Key(("ctrl", "home")), A.Key(("down",)), A.Key(("shift", "end")),
-                  A.Type(f"beta = {value}"), A.Key(("ctrl", "s")), A.Wait(1.0), A.Done())
+    return _texts(
+        A.Key(("ctrl", "home")),
+        A.Key(("down",)),
+        A.Key(("shift", "end")),
+        A.Type(f"beta = {value}"),
+        A.Key(("ctrl", "s")),
+        A.Wait(1.0),
+        A.Done(),
+    )
 
 
 def _spreadsheet(value: str) -> list[str]:
-    return _texts(A.Key(("ctrl", "home")), A.Key(("down",)), A.Key(("down",)), A.Key(("right",)),
-                  A.Type(f"{value}\n"), A.Key(("ctrl", "s")), A.Wait(1.5), A.Done())
+    return _texts(
+        A.Key(("ctrl", "home")),
+        A.Key(("down",)),
+        A.Key(("down",)),
+        A.Key(("right",)),
+        A.Type(f"{value}\n"),
+        A.Key(("ctrl", "s")),
+        A.Wait(1.5),
+        A.Done(),
+    )
 
 
 SOLUTIONS: dict[str, list[str]] = {

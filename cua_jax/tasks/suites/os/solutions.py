@@ -38,7 +38,8 @@ SOLUTIONS: dict[str, list[str]] = {
     "create-desktop-folder": _terminal("mkdir ~/Desktop/projects"),
     "rename-desktop-file": _terminal("mv ~/Desktop/draft_report.txt ~/Desktop/final_report.txt"),
     "copy-jpgs-recursively": _terminal(
-        "mkdir -p ~/Desktop/cpjpg && find ~/photos -type f -name '*.jpg' -exec cp {} ~/Desktop/cpjpg/ \\;"),
+        "mkdir -p ~/Desktop/cpjpg && find ~/photos -type f -name '*.jpg' -exec cp {} ~/Desktop/cpjpg/ \\;"
+    ),
     "delete-tmp-files": _terminal("find ~/Documents/cache -type f -name '*.tmp' -delete"),
     "make-script-executable": _terminal("chmod +x ~/Desktop/backup.sh"),
     "set-file-permissions": _terminal("find ~/Documents/reports -type f -exec chmod 644 {} +"),
@@ -56,9 +57,11 @@ SOLUTIONS: dict[str, list[str]] = {
     "hosts-entry": _terminal(f"{SUDO} sh -c \"echo '192.0.2.10 intranet.example' >> /etc/hosts\""),
     "largest-file-name": _terminal("ls -S ~/Documents/data | head -n 1 > ~/Desktop/largest.txt"),
     "enable-autosave-setting": _terminal(
-        "sed -i 's/\"autosave\": false/\"autosave\": true/' ~/.config/notes-app/settings.json"),
+        'sed -i \'s/"autosave": false/"autosave": true/\' ~/.config/notes-app/settings.json'
+    ),
     "convert-csv-to-xlsx": _terminal(
-        "soffice --headless --convert-to xlsx --outdir ~/Desktop ~/Documents/sales.csv", wait=2.0),
+        "soffice --headless --convert-to xlsx --outdir ~/Desktop ~/Documents/sales.csv", wait=2.0
+    ),
     "stop-runaway-process": _terminal("pkill -x data-sync"),
     "python-hello-script": _terminal("echo 'print(\"Hello, OSWorld!\")' > ~/Desktop/hello.py"),
     "desktop-symlink": _terminal("ln -s ~/Documents ~/Desktop/docs"),
@@ -81,14 +84,15 @@ WRONG_SOLUTIONS: dict[str, list[str]] = {
     "join-group": _terminal(f"{SUDO} usermod -aG sudo user"),
     "set-timezone": _terminal("export TZ=Asia/Tokyo"),
     "bash-alias": _terminal("alias ll='ls -alF'"),
-    "extend-path": _terminal("export PATH=\"$PATH:$HOME/tools/bin\""),
+    "extend-path": _terminal('export PATH="$PATH:$HOME/tools/bin"'),
     "dark-color-scheme": _terminal("gsettings set org.gnome.desktop.interface gtk-theme Adwaita-dark"),
     "disable-screen-lock": _terminal("gsettings set org.gnome.desktop.session idle-delay 0"),
     "text-scaling": _terminal("gsettings set org.gnome.desktop.interface text-scaling-factor 1.5"),
     "hosts-entry": _terminal(f"{SUDO} sh -c \"echo '192.0.2.11 intranet.example' >> /etc/hosts\""),
     "largest-file-name": _terminal("ls ~/Documents/data | head -n 1 > ~/Desktop/largest.txt"),
     "enable-autosave-setting": _texts(
-        A.WriteFile("/home/user/.config/notes-app/settings.json", json.dumps({"autosave": True})), A.Done()),
+        A.WriteFile("/home/user/.config/notes-app/settings.json", json.dumps({"autosave": True})), A.Done()
+    ),
     "convert-csv-to-xlsx": _terminal("cp ~/Documents/sales.csv ~/Desktop/sales.xlsx"),
     "stop-runaway-process": _terminal("pkill -x sleep"),
     "python-hello-script": _terminal("echo 'print(\"Hello, World!\")' > ~/Desktop/hello.py"),
