@@ -60,10 +60,10 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
     from cua_jax.eval.harness import sweep
-    from experiments.policies import load_eval_policy, worker_factory
     from cua_jax.eval.suites import load_suite
     from cua_jax.observe.logs import quiet_library_logging
     from cua_jax.train.build import local_ray
+    from experiments.policies import load_eval_policy, worker_factory
 
     quiet_library_logging()
     if _PILOT.value:
@@ -106,11 +106,11 @@ def pilot() -> None:
     per (task, training seed), the tier coverage report and <out>/pilot.json."""
     from cua_jax.eval.harness import evaluate
     from cua_jax.eval.pilot import pilot_report, report_lines, write_pilot_file
-    from experiments.policies import load_eval_policy, worker_factory
     from cua_jax.eval.suites import Suite
     from cua_jax.tasks.sources import TaskCatalog
     from cua_jax.train.build import local_ray
     from cua_jax.train.settings import TrainSettings
+    from experiments.policies import load_eval_policy, worker_factory
 
     if _K.present or _TURNS.value or _TEMPERATURES.value:
         raise app.UsageError(

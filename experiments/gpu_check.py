@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 # The CPU backend gets 8 devices so the sharding check builds real meshes there too; the flag
 # must be set before JAX starts and does not change the devices of a GPU backend.

@@ -211,11 +211,10 @@ def load_eval_policy(spec: str, config: Any, step: int | None = None) -> EvalPol
         return EvalPolicy(f"{path.name}@{step}", run_config, restore_policy(path, step, run_config), step)
     if step is not None:
         raise ValueError(f"--step applies to a run's workdir; {spec} holds no checkpoints/")
+    from cua_jax.models.checkpoint import read_hf_config
     from cua_jax.models.hf_policy import check_policy_directory
     from cua_jax.train.build import build_policy
     from cua_jax.train.settings import TrainSettings
-
-    from cua_jax.models.checkpoint import read_hf_config
 
     found = check_policy_directory(path)
     config = config.copy_and_resolve_references()

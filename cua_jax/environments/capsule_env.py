@@ -63,7 +63,7 @@ class MiniWoBEnvironment(AgentEnvironment):
         future = asyncio.run_coroutine_threadsafe(coro, runtime_loop)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), self.runtime.call_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             future.cancel()
             raise
 

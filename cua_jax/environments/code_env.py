@@ -56,10 +56,10 @@ import requests.exceptions
 
 from cua_jax.envs import actions as A
 from cua_jax.envs.code_actions import (
+    SYSTEM_PROMPT,
     Bash,
     CodeAction,
     Edit,
-    SYSTEM_PROMPT,
     Submit,
     parse_code_action,
 )
@@ -180,7 +180,7 @@ class CodeContainer:
         self.name = f"cua-jax-code-{uuid.uuid4().hex[:10]}"
         self.id: str | None = None
 
-    def start(self) -> "CodeContainer":
+    def start(self) -> CodeContainer:
         cfg = self.config
         try:
             container = self.client.containers.run(
@@ -271,7 +271,7 @@ def limit_fault(before: dict, after: dict, work_free_min: int) -> Fault | None:
 class CodeEpisode:
     """One blocking episode of a code task in `container` (reset to the task's buggy tree)."""
 
-    def __init__(self, env: "CodeEnvironment", task: CodeTask):
+    def __init__(self, env: CodeEnvironment, task: CodeTask):
         self.env, self.task = env, task
         self.turns = 0
         self.baseline: dict | None = None

@@ -82,14 +82,14 @@ from cua_jax.envs import actions as A
 from cua_jax.envs.faults import Fault, FaultError, FaultKind, classify_environment_error
 from cua_jax.envs.miniwob import (
     CHROMIUM_ARGS,
-    VIEWPORT,
     CHROMIUM_EXECUTABLE,
+    VIEWPORT,
     EpisodeEndedError,
+    InvalidElementError,
     MiniWoBObservation,
     MiniWoBPage,
     MiniWoBServer,
     check_task,
-    InvalidElementError,
     unsupported_reason,
 )
 from cua_jax.envs.miniwob_state import (
@@ -624,11 +624,11 @@ class CapsuleOptions:
             raise ValueError(f"capsule fork_by must be one of {FORK_METHODS}, got {self.fork_by!r}")
 
     @classmethod
-    def from_config(cls, section: Any) -> "CapsuleOptions":
+    def from_config(cls, section: Any) -> CapsuleOptions:
         """From an experiment config's `env.capsules` section."""
         return cls(int(section.renderers), int(section.warm_pages), str(section.fork_by))
 
-    def runtime(self, **kwargs: Any) -> "CapsuleRuntime":
+    def runtime(self, **kwargs: Any) -> CapsuleRuntime:
         """A CapsuleRuntime on a shared browser with these options (kwargs: its other arguments)."""
         backend = SharedBrowserBackend(renderers=self.renderers or None)
         return CapsuleRuntime(backend, warm_pages=self.warm_pages, fork_by=self.fork_by, **kwargs)
@@ -803,7 +803,7 @@ class CapsuleRuntime:
         then the snapshot's state restored from its capture or by replaying its prefix."""
         try:
             return await asyncio.wait_for(self._build_unbounded(task, seed, snapshot), self.build_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise BuildTimeoutError(f"building a {task} capsule took longer than {self.build_timeout_s:.0f}s") from None
 
     async def _build_unbounded(self, task: str, seed: int, snapshot: CapsuleSnapshot | None) -> _Generation:
@@ -919,7 +919,7 @@ class CapsuleRuntime:
                 await _release_quietly(slot)
             else:
                 self._warm.setdefault(task, []).append((slot, driver))
-        except Exception as error:  # noqa: BLE001 - the pool is an optimisation: a build without a warm page loads cold
+        except Exception as error:
             # Nothing awaits this task, so the failure is logged here; one that is no environment
             # fault is a bug, which the cold build that follows runs into as well.
             self.warm_pool_failures += 1
@@ -1271,7 +1271,7 @@ class CapsuleRuntime:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
 
-    def __enter__(self) -> "CapsuleRuntime":
+    def __enter__(self) -> CapsuleRuntime:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -237,7 +237,7 @@ class DockerEnvPool:
         shutil.rmtree(env.socket_dir, ignore_errors=True)
 
     # ---- lifecycle ----------------------------------------------------------------------
-    def start(self) -> "DockerEnvPool":
+    def start(self) -> DockerEnvPool:
         """Start `size` containers in parallel and wait for all to be ready."""
         futures = {self._background.submit(self._start_container, slot): slot for slot in range(self.config.size)}
         errors = []
@@ -260,7 +260,7 @@ class DockerEnvPool:
             self._monitor.start()
         return self
 
-    def __enter__(self) -> "DockerEnvPool":
+    def __enter__(self) -> DockerEnvPool:
         return self.start()
 
     def __exit__(self, *exc) -> None:

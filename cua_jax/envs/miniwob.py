@@ -27,10 +27,10 @@ covered are refused with a message (`InvalidElementError`), never acted on.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import base64
 import dataclasses
-import ast
 import difflib
 import functools
 import io
@@ -270,7 +270,7 @@ class MiniWoBObservation:
         """(width, height) of the screenshot: the size the 1000-grid maps onto."""
         return int(self.screenshot.shape[1]), int(self.screenshot.shape[0])
 
-    def same_as(self, other: "MiniWoBObservation") -> bool:
+    def same_as(self, other: MiniWoBObservation) -> bool:
         """Equal task, utterance, DOM and pixels."""
         return (
             self.task == other.task

@@ -97,7 +97,6 @@ from collections.abc import Callable, Iterable
 from cua_jax.envs import actions as A
 from cua_jax.envs.miniwob import DomElement, MiniWoBObservation, click_point
 
-
 SETTLE_SECONDS = 0.5  # a wait that outlasts jQuery UI's 400 ms slides
 
 

@@ -81,7 +81,7 @@ class LoopbackBridge:
     def closed(self) -> bool:
         return self._closed
 
-    def __enter__(self) -> "LoopbackBridge":
+    def __enter__(self) -> LoopbackBridge:
         return self
 
     def __exit__(self, *exc) -> None:

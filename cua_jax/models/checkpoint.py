@@ -18,7 +18,8 @@ import json
 import os
 import pathlib
 import re
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import jax
 import ml_dtypes

@@ -10,7 +10,8 @@ one (`rope_theta` + `rope_scaling`); `to_hf_dict` writes what transformers' own
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax.numpy as jnp
 
@@ -62,7 +63,7 @@ class RopeConfig:
             raise ValueError("rope_type 'yarn' needs 'original_max_position_embeddings'")
 
     @classmethod
-    def from_hf_dict(cls, hf: Mapping[str, Any]) -> "RopeConfig":
+    def from_hf_dict(cls, hf: Mapping[str, Any]) -> RopeConfig:
         """Reads `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (older)."""
         params = dict(hf.get("rope_parameters") or {})
         legacy = dict(hf.get("rope_scaling") or {})
@@ -143,7 +144,7 @@ class Qwen3Config:
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (Qwen3 uses 'silu')")
 
     @classmethod
-    def from_hf_dict(cls, hf: Mapping[str, Any], **overrides: Any) -> "Qwen3Config":
+    def from_hf_dict(cls, hf: Mapping[str, Any], **overrides: Any) -> Qwen3Config:
         """Builds the config from a config.json dict; `overrides` set dtype, param_dtype, ...."""
         if hf.get("use_sliding_window"):
             raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")

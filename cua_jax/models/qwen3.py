@@ -19,7 +19,7 @@ H query heads, K key/value heads, D head_dim, V vocab, I intermediate.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -10,7 +10,8 @@ and the checkpoint loader and exporter. Looking up an unknown kind raises
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from flax import nnx
 

@@ -10,7 +10,7 @@ cos/sin from 3-axis positions and reuses `apply_rotary` unchanged.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp

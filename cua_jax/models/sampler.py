@@ -49,7 +49,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -291,7 +292,7 @@ def _decode(
     temperature,
     top_p,
     *,
-    static: "_StaticSampling",
+    static: _StaticSampling,
     new_token_bucket: int,
     keep_final_state: bool,
 ):

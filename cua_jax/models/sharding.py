@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -82,7 +83,7 @@ class MeshConfig:
             raise ValueError("distributed is False, yet coordinator_address / num_processes / process_id are set")
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "MeshConfig":
+    def from_dict(cls, d: Mapping[str, Any]) -> MeshConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:

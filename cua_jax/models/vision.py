@@ -45,7 +45,7 @@ class ImageGrid:
     thw: GridTHW
 
     @classmethod
-    def of(cls, grid_thw: Any) -> "ImageGrid":
+    def of(cls, grid_thw: Any) -> ImageGrid:
         """From an ImageGrid, an [num_images, 3] array or nested sequence."""
         return grid_thw if isinstance(grid_thw, ImageGrid) else cls(normalize_grid(grid_thw))
 

@@ -46,7 +46,7 @@ class EpisodeRecord:
     replies: tuple[str, ...]
 
     @classmethod
-    def from_episode(cls, step: int, episode: Episode, domain: str = "") -> "EpisodeRecord":
+    def from_episode(cls, step: int, episode: Episode, domain: str = "") -> EpisodeRecord:
         return cls(
             step=int(step),
             episode_id=str(episode.episode_id),
@@ -68,7 +68,7 @@ class EpisodeRecord:
         return value
 
     @classmethod
-    def from_json(cls, value: Any) -> "EpisodeRecord":
+    def from_json(cls, value: Any) -> EpisodeRecord:
         """A record from its decoded JSON line; raises ValueError naming the bad field."""
         if not isinstance(value, dict):
             raise ValueError(f"expected a JSON object, got {type(value).__name__}")

@@ -66,7 +66,7 @@ class MetricWriter:
         if self._tb is not None:
             self._tb.close()
 
-    def __enter__(self) -> "MetricWriter":
+    def __enter__(self) -> MetricWriter:
         return self
 
     def __exit__(self, *exc) -> None:

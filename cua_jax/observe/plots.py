@@ -9,9 +9,9 @@ from collections.abc import Sequence
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from cua_jax.observe.metrics import read_metrics  # noqa: E402
+from cua_jax.observe.metrics import read_metrics
 
 
 def trailing_mean(values: Sequence[float], window: int) -> list[float]:

@@ -19,7 +19,7 @@ class StepProgress:
 
             self.bar = tqdm(total=total, initial=initial, desc=name, unit="step")
 
-    def __enter__(self) -> "StepProgress":
+    def __enter__(self) -> StepProgress:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -10,7 +10,7 @@ Each is registered in KL_ESTIMATORS under its name; `PolicyLossConfig.kl_estimat
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -59,7 +59,8 @@ anything but the mask for micro-batch accumulation to stay exact.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -167,14 +168,14 @@ class PolicyLossMetrics(NamedTuple):
     tis_weight_sum: jax.Array  # sum of the applied weights (1 per token when neither is on)
 
     @classmethod
-    def empty(cls) -> "PolicyLossMetrics":
+    def empty(cls) -> PolicyLossMetrics:
         """The identity of `merge`: the statistics of no token at all."""
         fields = {name: jnp.zeros((), jnp.float32) for name in cls._fields}
         fields["ratio_min"] = jnp.full((), jnp.inf, jnp.float32)
         fields["ratio_max"] = jnp.full((), -jnp.inf, jnp.float32)
         return cls(**fields)
 
-    def merge(self, other: "PolicyLossMetrics") -> "PolicyLossMetrics":
+    def merge(self, other: PolicyLossMetrics) -> PolicyLossMetrics:
         """The statistics of both micro-batches together."""
         combined = {name: a + b for name, a, b in zip(self._fields, self, other)}
         for name in _MERGED_BY_MAX:

@@ -79,6 +79,7 @@ from cua_jax.context.segment import EpisodeContext, Segmenter
 from cua_jax.envs import actions as A
 from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvObservation
 from cua_jax.envs.faults import FAULT_KINDS, Attribution, Outcome, episode_outcome
+from cua_jax.envs.prompts import PROMPT_STYLES, system_prompt
 from cua_jax.observe import timeline
 from cua_jax.rollout.engine import (
     EngineFault,
@@ -89,7 +90,6 @@ from cua_jax.rollout.engine import (
     SamplingConfig,
     check_rope_scaling,
 )
-from cua_jax.envs.prompts import PROMPT_STYLES, system_prompt
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
 
 # ------------------------------------------------------------------------------------
@@ -315,7 +315,7 @@ class GenerationBatcher:
                 return
             try:
                 await asyncio.wait_for(self._changed.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return
 
     async def _run(self) -> None:
@@ -676,7 +676,7 @@ class AgentLoop:
         episode: Episode,
         context: EpisodeContext | None,
         outcome: Outcome,
-        clock: "_Clock",
+        clock: _Clock,
         generations: list[Generation],
         unanswered: bool = False,
         truncated_observations: int = 0,

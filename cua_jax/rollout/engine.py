@@ -18,7 +18,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -43,7 +43,6 @@ from cua_jax.rollout.engine import (
     SamplingConfig,
 )
 
-
 # Processed screenshots kept by content (a screenshot is processed again only once evicted).
 _PROCESSED_IMAGES = 64
 

@@ -47,7 +47,8 @@ import mmap
 import os
 import tempfile
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -26,7 +26,8 @@ import dataclasses
 import functools
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -6,7 +6,8 @@ first draw and every k steps, and keeps the tasks in the learnable band active.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np

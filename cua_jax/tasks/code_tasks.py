@@ -48,7 +48,7 @@ class Hunk:
     old: tuple[str, ...]
     new: tuple[str, ...]
 
-    def reversed(self) -> "Hunk":
+    def reversed(self) -> Hunk:
         return Hunk(self.path, self.start, self.new, self.old)
 
     def to_json(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -15,7 +15,6 @@ import numpy as np
 from cua_jax.rl.coverage import GroupOutcomeStats, group_outcome_stats
 from cua_jax.tasks.pool import GroupOutcome
 from cua_jax.tasks.sampler_interface import Replay, RunGroups, TaskSampler, check_outcomes_match
-
 
 _group_outcome_stats_jit = jax.jit(group_outcome_stats, static_argnames=("num_groups", "num_tiers"))
 

@@ -51,8 +51,8 @@ from cua_jax.envs.client import EnvClient, EnvError, EnvRequestError
 from cua_jax.tasks import metrics
 from cua_jax.tasks.metrics import JudgeError  # raised by the metrics too
 from cua_jax.tasks.metrics.base import load_result
-from cua_jax.tasks.schema import GETTERS, SETUP_STEPS, Check, Getter, Step, Task
 from cua_jax.tasks.metrics.general import infeasible
+from cua_jax.tasks.schema import GETTERS, SETUP_STEPS, Check, Getter, Step, Task
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 log = logging.getLogger(__name__)
@@ -912,7 +912,7 @@ def _score(check: Check, getters: Getters, evaluator, client: EnvClient, judge: 
         score = float(entry.fn(*getter_values, **check.options, **{k: context[k] for k in entry.needs}))
     except (JudgeError, EnvError):
         raise
-    except Exception as error:  # noqa: BLE001 - a metric that breaks is the judge's fault
+    except Exception as error:
         # The traceback is in the message: the message is what the episode's fault records.
         where = "".join(traceback.format_exception(error)).rstrip()
         raise JudgeError(f"metric {check.func} failed: {type(error).__name__}: {error}\n{where}") from error

@@ -26,7 +26,8 @@ import json
 import os
 import pickle
 import tempfile
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -480,7 +480,7 @@ def probe_image(image: str, names: Iterable[str], timeout: float = 120.0) -> set
     return _present(done.stdout)
 
 
-_PROBED: "weakref.WeakKeyDictionary[EnvClient, dict[str, bool]]" = weakref.WeakKeyDictionary()
+_PROBED: weakref.WeakKeyDictionary[EnvClient, dict[str, bool]] = weakref.WeakKeyDictionary()
 _PROBED_LOCK = threading.Lock()
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +31,6 @@ from cua_jax.tasks.selection import (
     vas_weights,
     weighted_select,
 )
-
 
 _uniform_select_jit = jax.jit(uniform_select)
 _weighted_select_jit = jax.jit(weighted_select)

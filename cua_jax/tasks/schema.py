@@ -69,7 +69,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cua_jax.tasks import metrics as _metric_registry
 

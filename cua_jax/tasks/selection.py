@@ -22,7 +22,6 @@ import math
 import jax
 import jax.numpy as jnp
 
-
 # Gap between priority levels of selection scores. Positive float32 weights have
 # log w >= -104 and Gumbel noise of float32 uniforms lies in about [-3, 17], so a score
 # lowered by this gap sorts after every score of the level above.

@@ -98,7 +98,7 @@ class MultimodalPositions:
     spatial_merge_size: int
 
     @classmethod
-    def of(cls, vl_config) -> "MultimodalPositions":
+    def of(cls, vl_config) -> MultimodalPositions:
         return cls(vl_config.image_token_id, vl_config.vision.spatial_merge_size)
 
 

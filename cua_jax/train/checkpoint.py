@@ -73,7 +73,7 @@ class TrainerState:
         }
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], where: str) -> "TrainerState":
+    def from_arrays(cls, arrays: dict[str, np.ndarray], where: str) -> TrainerState:
         missing = {field.name for field in dataclasses.fields(cls)} - set(arrays) - {"rollouts"}
         if missing:
             raise ValueError(f"checkpoint {where} lacks host state {sorted(missing)}")

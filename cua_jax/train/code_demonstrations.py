@@ -84,8 +84,8 @@ def collect_code_demonstrations(
     instance is its bug: seeds only number the episodes), `concurrency` at a time, each on a
     `CodeEnvironment` of `code_env` (a `CodeEnvConfig`) reused for the next; only successes
     are kept. Returns `warm_start.Demonstrations`."""
-    from cua_jax.envs.code_actions import render_code_action
     from cua_jax.environments.code_env import CodeEnvironment
+    from cua_jax.envs.code_actions import render_code_action
     from cua_jax.tasks.code_suite import oracle_actions
     from cua_jax.train.warm_start import Demonstrations, keep_successes, run_bounded
 

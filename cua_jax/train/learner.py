@@ -151,7 +151,7 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.temperature must be > 0, got {self.temperature}")
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "LearnerConfig":
+    def from_dict(cls, d: Mapping[str, Any]) -> LearnerConfig:
         """From a nested mapping (e.g. `ml_collections.ConfigDict.to_dict()`); unknown keys are errors."""
         d = dict(d)
         nested = {"optimizer": OptimizerConfig, "loss": PolicyLossConfig}
@@ -176,10 +176,10 @@ class SupervisedLossMetrics(NamedTuple):
     entropy_sum: jax.Array
 
     @classmethod
-    def empty(cls) -> "SupervisedLossMetrics":
+    def empty(cls) -> SupervisedLossMetrics:
         return cls(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
 
-    def merge(self, other: "SupervisedLossMetrics") -> "SupervisedLossMetrics":
+    def merge(self, other: SupervisedLossMetrics) -> SupervisedLossMetrics:
         return SupervisedLossMetrics(*(a + b for a, b in zip(self, other)))
 
     def summary(self) -> dict[str, jax.Array]:

@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 
 from cua_jax.compilation import use_compilation_cache
-from cua_jax.types import EpisodeStatus
 from cua_jax.train.warm_start import (
     DemonstrationData,
     Demonstrations,
@@ -46,6 +45,7 @@ from cua_jax.train.warm_start import (
     collect_demonstrations,
     evaluate_policy,
 )
+from cua_jax.types import EpisodeStatus
 
 DEMONSTRATIONS_FILE = "demonstrations.pkl.gz"
 STATE_FILE = "sft_state.pkl"

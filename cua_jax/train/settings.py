@@ -16,15 +16,15 @@ from cua_jax.context.segment import SEGMENTER_OPTIONS, check_placeholder
 from cua_jax.envs.actions import ACTION_SPACES
 from cua_jax.envs.faults import FAULT_KINDS
 from cua_jax.eval.pilot import read_pilot_file
-from cua_jax.tasks.sources import SourceTask, TaskCatalog
 from cua_jax.models.sharding import MeshConfig
 from cua_jax.rl.advantages import AdvantageConfig
 from cua_jax.rl.losses import PolicyLossConfig
 from cua_jax.rollout.agent_loop import AgentConfig
+from cua_jax.rollout.workers import PLACEMENT_STRATEGIES
 from cua_jax.tasks.calibration import CalibrationConfig
 from cua_jax.tasks.dynamic_sampling import DynamicSamplingConfig
-from cua_jax.rollout.workers import PLACEMENT_STRATEGIES
 from cua_jax.tasks.samplers import CurriculumConfig, DTACConfig, FrontierConfig, UniformConfig
+from cua_jax.tasks.sources import SourceTask, TaskCatalog
 from cua_jax.train.batching import BatchingConfig
 from cua_jax.train.learner import LearnerConfig, OptimizerConfig
 
@@ -112,7 +112,7 @@ class TrainSettings:
     code_env: Any = None  # cua_jax.environments.code_env.CodeEnvConfig (env.kind "code"), or None
 
     @classmethod
-    def from_config(cls, config) -> "TrainSettings":
+    def from_config(cls, config) -> TrainSettings:
         c = config
 
         def build(section: str, kind, prefix: str = "", **values):

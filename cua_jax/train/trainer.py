@@ -54,24 +54,24 @@ from cua_jax.eval.held_out import evaluate_held_out, per_task_gains, save_traini
 from cua_jax.eval.intervals import slope_interval
 from cua_jax.models.sharding import make_mesh
 from cua_jax.observe import timeline
+from cua_jax.observe.episode_log import EpisodeLog
 from cua_jax.observe.metrics import TIMING_PREFIX, MetricWriter, drop_records_from, read_metrics
 from cua_jax.observe.plots import plot_learning_curve
 from cua_jax.observe.progress import StepProgress
 from cua_jax.rollout.agent_loop import reserved_token_ids
-from cua_jax.observe.episode_log import EpisodeLog
 from cua_jax.rollout.rollout_worker import EnvWrapper
 from cua_jax.tasks.samplers import build_sampler
-from cua_jax.train.batching import MultimodalPositions, batch_tokens, make_minibatches, process_images, score_items
 from cua_jax.train.async_rollouts import RolloutFeeder
+from cua_jax.train.batching import MultimodalPositions, batch_tokens, make_minibatches, process_images, score_items
 from cua_jax.train.buffer import RolloutBuffer
 from cua_jax.train.build import (
     RolloutWorkers,
-    push_weights,
     build_policy,
     build_rollout_workers,
     export_engine_model,
     load_run_processor,
     local_ray,
+    push_weights,
 )
 from cua_jax.train.checkpoint import TrainCheckpointer, TrainerState
 from cua_jax.train.collect import GroupCollector
@@ -310,7 +310,7 @@ class Trainer:
                 c.train.staleness_window,
                 c.train.buffer_groups or 2 * c.rollout.batch_tasks,
                 c.rollout.max_episodes_in_flight,
-            )  # noqa: E501
+            )
             if self._restored_rollouts:  # a resumed run: its saved groups first, its unfinished draws again
                 self.feeder.load_state_dict(self._restored_rollouts)
                 self._restored_rollouts = {}
@@ -524,7 +524,7 @@ class Trainer:
             self._writer.close()
             self._writer = None
 
-    def __enter__(self) -> "Trainer":
+    def __enter__(self) -> Trainer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -47,10 +47,11 @@ import numpy as np
 from flax import nnx
 
 from cua_jax.context.segment import Segmenter
+from cua_jax.environments.capsule_env import MiniWoBEnvironment
 from cua_jax.envs import actions as A
 from cua_jax.envs.miniwob import DomElement, MiniWoBObservation, dom_from_text, dom_line
 from cua_jax.envs.miniwob_oracle import OracleError, oracle_action
-from cua_jax.environments.capsule_env import MiniWoBEnvironment
+from cua_jax.envs.prompts import DOM_TEXT_HEADER
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout
 from cua_jax.rollout.engine import (
     EngineHealth,
@@ -60,7 +61,6 @@ from cua_jax.rollout.engine import (
     RolloutEngine,
     SamplingConfig,
 )
-from cua_jax.envs.prompts import DOM_TEXT_HEADER
 from cua_jax.train.batching import (
     BatchingConfig,
     ImageKey,
@@ -598,7 +598,7 @@ class HeldOutScorer:
         renderer,
         multimodal: MultimodalPositions | None,
         config: WarmStartConfig = WarmStartConfig(),
-    ) -> "HeldOutScorer":
+    ) -> HeldOutScorer:
         pad_id = int(renderer.tokenizer.pad_token_id or 0)
 
         def data(items):

@@ -53,8 +53,8 @@ import json
 import os
 import time
 
-from cua_jax.rollout.latency import LatencyWrapper
 from cua_jax.observe.metrics import TIMING_PREFIX
+from cua_jax.rollout.latency import LatencyWrapper
 from cua_jax.train.trainer import Trainer
 from experiments.configs import tiny
 

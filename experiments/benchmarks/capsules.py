@@ -57,7 +57,7 @@ import signal
 import statistics
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from cua_jax.envs import actions as A
 from cua_jax.envs.browser_baselines import (
@@ -113,7 +113,7 @@ class CpuSampler:
         while not self._stop.wait(self.interval_s):
             self._sample()
 
-    def __enter__(self) -> "CpuSampler":
+    def __enter__(self) -> CpuSampler:
         self._sample()
         self._start = dict(self._seen)
         self._thread.start()

@@ -32,20 +32,20 @@ import jax
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from cua_jax.rl.coverage import signal_coverage  # noqa: E402
-from cua_jax.tasks.pool import TaskPool  # noqa: E402
-from cua_jax.tasks.calibration import CalibrationConfig  # noqa: E402
-from cua_jax.tasks.dynamic_sampling import (  # noqa: E402
+from cua_jax.rl.coverage import signal_coverage
+from cua_jax.tasks.calibration import CalibrationConfig
+from cua_jax.tasks.dynamic_sampling import (
     DynamicSamplingConfig,
     collect_informative_groups,
     outcome_stats,
 )
-from cua_jax.tasks.sampler_interface import TaskSampler  # noqa: E402
-from cua_jax.tasks.samplers import build_sampler  # noqa: E402
-from cua_jax.tasks.simulator import SimulatorConfig, TaskPoolSimulator  # noqa: E402
+from cua_jax.tasks.pool import TaskPool
+from cua_jax.tasks.sampler_interface import TaskSampler
+from cua_jax.tasks.samplers import build_sampler
+from cua_jax.tasks.simulator import SimulatorConfig, TaskPoolSimulator
 
 SAMPLERS = ("uniform", "dapo", "frontier", "dtac")
 GROUP_SIZES = (8, 32)

@@ -32,10 +32,10 @@ TASKS = ("click-button", "click-link", "focus-text", "enter-text")
 
 
 def make_policy(kind: str, turns: int, max_new_tokens: int):
-    from experiments.policies import EvalPolicy, load_eval_policy
     from cua_jax.train.build import build_policy
     from cua_jax.train.settings import TrainSettings
     from experiments.configs import evaluate
+    from experiments.policies import EvalPolicy, load_eval_policy
 
     config = evaluate.get_config()
     config.eval.max_turns = turns
@@ -79,10 +79,10 @@ def main() -> None:
     parser.add_argument("--delay_sigma", type=float, default=1.0)
     args = parser.parse_args()
 
-    from experiments.policies import build_eval_workers
     from cua_jax.eval.suites import load_suite
     from cua_jax.observe.logs import quiet_library_logging
     from cua_jax.train.settings import TrainSettings
+    from experiments.policies import build_eval_workers
 
     quiet_library_logging()
     policy = make_policy(args.policy, args.turns, args.max_new_tokens)

@@ -82,9 +82,9 @@ def _desktop_fresh(pool, task, n: int) -> float:
 
 
 def _desktop_commit(pool, task, n: int, image: str) -> float:
-    from cua_jax.tasks.judges import set_up_task
     from cua_jax.envs.docker_pool import DockerEnvPool, PoolConfig
     from cua_jax.tasks import judges
+    from cua_jax.tasks.judges import set_up_task
 
     relaunch = tuple(step for step in task.config if step.type in LAUNCH_STEPS)
     env = pool.acquire(timeout=600)

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from cua_jax.envs import actions as A
 from cua_jax.environments.desktop_env import DesktopEpisode
+from cua_jax.envs import actions as A
 from cua_jax.envs.docker_pool import DockerEnvPool, PoolConfig
 from cua_jax.envs.faults import AGENT_OWNED_FAULTS, Attribution, FaultKind
 from cua_jax.envs.images import ensure_image

@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from cua_jax.envs import actions as A
 from cua_jax.environments.capsule_env import MiniWoBEnvironment
+from cua_jax.envs import actions as A
 from cua_jax.envs.capsules import CapsuleOptions
 from cua_jax.envs.faults import Attribution, FaultKind, episode_outcome
 from cua_jax.types import EpisodeStatus

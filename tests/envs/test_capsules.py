@@ -16,8 +16,8 @@ from cua_jax.envs import actions as A
 from cua_jax.envs.capsules import (
     CapsuleFrozenError,
     CapsuleOptions,
-    CapsuleSnapshot,
     CapsuleRuntime,
+    CapsuleSnapshot,
     LifecycleError,
     UnknownEnvironmentError,
 )

@@ -6,9 +6,9 @@ import base64
 
 import pytest
 
+from cua_jax.environments.code_env import CodeEnvConfig, CodeEnvironment, bash_observation, escape_output, stream_text
 from cua_jax.envs import actions as A
 from cua_jax.envs.code_actions import Bash, Edit, Submit, parse_code_action, render_code_action
-from cua_jax.environments.code_env import CodeEnvConfig, CodeEnvironment, bash_observation, escape_output, stream_text
 from cua_jax.envs.contract import EnvironmentFault
 from cua_jax.envs.faults import FaultKind, episode_outcome
 from cua_jax.rollout.agent_loop import AgentConfig

@@ -19,6 +19,7 @@ import pytest
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 
+from cua_jax.environments.capsule_env import MiniWoBEnvironment
 from cua_jax.envs import actions as A
 from cua_jax.envs import miniwob
 from cua_jax.envs.capsules import (
@@ -34,11 +35,10 @@ from cua_jax.envs.capsules import (
     UnknownEnvironmentError,
     process_alive,
 )
+from cua_jax.envs.contract import EnvironmentFault
 from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error
 from cua_jax.envs.miniwob import EpisodeEndedError
 from cua_jax.envs.miniwob_oracle import oracle_action
-from cua_jax.environments.capsule_env import MiniWoBEnvironment
-from cua_jax.envs.contract import EnvironmentFault
 from cua_jax.types import EpisodeStatus
 
 

@@ -13,8 +13,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from cua_jax.envs import actions as A
 from cua_jax.environments.desktop_env import run_scripted
+from cua_jax.envs import actions as A
 from cua_jax.envs.docker_pool import DockerEnvPool, PoolConfig
 from cua_jax.envs.images import ensure_image
 from cua_jax.envs.server import accessibility

@@ -8,8 +8,8 @@ from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import SlidingWindow
 from cua_jax.context.tokenizer import load_processor
 from cua_jax.envs import actions as A
-from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop
 from cua_jax.envs.prompts import PROMPT_STYLES, system_prompt
+from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop
 
 # Every action the parser accepts except Qwen's `terminate`, which it reads as DONE / FAIL
 # and the tool schema does not list either.

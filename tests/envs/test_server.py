@@ -14,9 +14,9 @@ from cua_jax.envs.client import EnvRequestError, decode_png
 from cua_jax.envs.docker_pool import DockerEnvPool, PoolConfig
 from cua_jax.envs.images import ensure_image
 from cua_jax.tasks import judges
-from cua_jax.tasks.schema import parse_task
 from cua_jax.tasks.metrics.general import run_python_judge
 from cua_jax.tasks.metrics.sheets import compare_table, read_table
+from cua_jax.tasks.schema import parse_task
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -12,6 +12,10 @@ import pytest
 
 from cua_jax.envs.contract import EnvironmentWrapper
 from cua_jax.eval.harness import Job, _take_jobs, evaluate, pending_jobs, read_results, sweep
+from cua_jax.eval.suites import SEED_START, load_suite
+from cua_jax.train.settings import TrainSettings
+from cua_jax.types import EpisodeStatus
+from experiments.configs import evaluate as evaluate_config
 from experiments.policies import (
     EvalPolicy,
     build_eval_workers,
@@ -20,10 +24,6 @@ from experiments.policies import (
     random_action,
     worker_factory,
 )
-from cua_jax.eval.suites import SEED_START, load_suite
-from cua_jax.train.settings import TrainSettings
-from cua_jax.types import EpisodeStatus
-from experiments.configs import evaluate as evaluate_config
 
 TASKS = ["click-button", "enter-text"]
 SEEDS = [SEED_START, SEED_START + 1]

@@ -10,7 +10,6 @@ from absl import flags
 from ml_collections import config_flags
 
 from cua_jax.train.settings import ConfigError, TrainSettings
-from tests.support.configs import flatten
 from experiments.configs import (
     base,
     canopy,
@@ -24,6 +23,7 @@ from experiments.configs import (
     text_vllm,
     tiny,
 )
+from tests.support.configs import flatten
 
 RECIPES = {
     "default": default,

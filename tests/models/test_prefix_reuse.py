@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 
 from cua_jax.models.gated_deltanet import causal_conv1d
 from cua_jax.models.sampler import CacheEntry, PrefixCache, PromptInput
+from cua_jax.rl.losses import PolicyLossConfig
 from cua_jax.rollout.engine import GenerationRequest, SamplingConfig
 from cua_jax.rollout.jax_engine import JaxSamplerEngine
 from cua_jax.train.batching import BatchingConfig, MultimodalPositions, make_minibatches, shared_prefix_length
 from cua_jax.train.learner import Learner, LearnerConfig
-from cua_jax.rl.losses import PolicyLossConfig
 from cua_jax.types import ImageSpan, TrainingItem
 
 LOGPROB_ATOL = 1e-5

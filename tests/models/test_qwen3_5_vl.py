@@ -39,7 +39,6 @@ def config():
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory, config):
     import transformers
-
     from test_qwen3_5_parity import add_mtp_tensors, spread_weights
 
     model = transformers.Qwen3_5ForConditionalGeneration(transformers.Qwen3_5Config(**config.to_hf_dict())).eval()

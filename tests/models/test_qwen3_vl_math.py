@@ -17,8 +17,8 @@ from cua_jax.models.qwen3_vl import (
 from cua_jax.models.rope import mrope_axis_of_frequency, mrope_cos_sin, rope_cos_sin
 from cua_jax.models.vision import (
     attention_segment_runs,
-    segment_attention,
     position_embedding_taps,
+    segment_attention,
     vision_rotary_cos_sin,
     vision_rotary_positions,
 )

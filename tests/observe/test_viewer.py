@@ -14,8 +14,8 @@ from PIL import Image, ImageDraw
 from cua_jax.envs import actions as A
 from cua_jax.envs.miniwob import CHROMIUM_ARGS
 from cua_jax.eval.held_out import save_traces, save_training_traces, turn_logprobs_from_items
-from cua_jax.observe.episode_log import EpisodeLog
 from cua_jax.observe import viewer
+from cua_jax.observe.episode_log import EpisodeLog
 from cua_jax.observe.viewer import build_site, read_run
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
 

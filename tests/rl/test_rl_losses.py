@@ -17,11 +17,11 @@ from cua_jax.rl.losses import (
     GAP_QUANTILE,
     PolicyLossConfig,
     PolicyLossMetrics,
+    behaviour_importance_weight,
     loss_denominator,
     masked_quantile,
     normalize,
     policy_loss,
-    behaviour_importance_weight,
     truncated_importance_weight,
 )
 

@@ -20,9 +20,9 @@ from cua_jax.context.segment import SlidingWindow, WholeTrajectory
 from cua_jax.envs import actions as A
 from cua_jax.envs.capsules import CapsuleRuntime
 from cua_jax.envs.miniwob import UnknownTaskError, dom_from_text
+from cua_jax.envs.prompts import DOM_TEXT_HEADER, INVALID_ACTION_PREFIX
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, turn_sampling_seed
 from cua_jax.rollout.engine import RolloutEngine
-from cua_jax.envs.prompts import DOM_TEXT_HEADER, INVALID_ACTION_PREFIX
 from cua_jax.types import EpisodeStatus
 from tests.support.agent_loop import (
     LONG_TIME_LIMIT_S,

@@ -32,7 +32,7 @@ from cua_jax.rollout.agent_loop import (
 )
 from cua_jax.rollout.engine import FinishReason, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.types import EpisodeStatus
-from tests.support.agent_loop import LONG_TIME_LIMIT_S, FixedReplyEngine, with_envs, assert_items_equal, run
+from tests.support.agent_loop import LONG_TIME_LIMIT_S, FixedReplyEngine, assert_items_equal, run, with_envs
 
 
 class SamplingRecorder(RolloutEngine):

@@ -118,9 +118,9 @@ def test_bad_parameters_name_the_field(args, field):
 
 @pytest.mark.browser
 def test_wrapped_miniwob_environment_steps_to_success_with_recorded_delays():
+    from cua_jax.environments.capsule_env import MiniWoBEnvironment
     from cua_jax.envs.capsules import CapsuleRuntime
     from cua_jax.envs.miniwob_oracle import oracle_action
-    from cua_jax.environments.capsule_env import MiniWoBEnvironment
     from cua_jax.types import EpisodeStatus
 
     wrapper = LatencyWrapper(0.02, 1.0, max_s=0.5, seed=11, delay_reset=True)

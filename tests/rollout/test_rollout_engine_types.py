@@ -6,9 +6,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from cua_jax.rollout.engine import Generation, GenerationRequest, SamplingConfig, FinishReason
+from cua_jax.rollout.engine import FinishReason, Generation, GenerationRequest, SamplingConfig
 from cua_jax.rollout.vllm_engine import WeightSyncExtension, pack_shared_buffer
 
 

@@ -10,8 +10,8 @@ import numpy as np
 
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.tokenizer import load_processor
-from cua_jax.envs import actions as A
 from cua_jax.environments.capsule_env import MiniWoBEnvironment
+from cua_jax.envs import actions as A
 from cua_jax.envs.miniwob_oracle import oracle_action
 from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, RolloutEngine
 from cua_jax.train.warm_start import observation_from_prompt

@@ -12,11 +12,11 @@ import pytest
 
 from cua_jax.envs import actions as A
 from cua_jax.tasks import judges
-from cua_jax.tasks.schema import Step, parse_task
 from cua_jax.tasks.metrics.data import check_json
 from cua_jax.tasks.metrics.general import infeasible
 from cua_jax.tasks.metrics.sheets import compare_table
 from cua_jax.tasks.metrics.text import check_include_exclude, compare_text_file, exact_match
+from cua_jax.tasks.schema import Step, parse_task
 
 
 def write(path, text):

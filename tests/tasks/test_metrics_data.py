@@ -5,7 +5,8 @@ import operator
 import sqlite3
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cua_jax.tasks.metrics import JudgeError, match_value
 from cua_jax.tasks.metrics import data as D

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from cua_jax.envs import actions as A
-from cua_jax.tasks.metrics import JudgeError
 from cua_jax.envs.container_judge import JudgeTamperedError
+from cua_jax.tasks.metrics import JudgeError
 from cua_jax.tasks.metrics import apps as Ap
 from cua_jax.tasks.metrics import general as G
 

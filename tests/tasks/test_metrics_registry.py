@@ -12,8 +12,9 @@ from docx import Document
 from cua_jax.envs import actions as A
 from cua_jax.tasks import judges
 from cua_jax.tasks import metrics as M
-from cua_jax.tasks.schema import METRICS as SCHEMA_METRICS, TaskSchemaError, parse_task
 from cua_jax.tasks.metrics.general import JUDGE_MARKER
+from cua_jax.tasks.schema import METRICS as SCHEMA_METRICS
+from cua_jax.tasks.schema import TaskSchemaError, parse_task
 
 # Every metric name OSWorld's desktop_env/evaluators/metrics/__init__.py exports.
 OSWORLD_METRICS = """

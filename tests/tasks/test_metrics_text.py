@@ -3,7 +3,8 @@
 import difflib
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cua_jax.tasks.metrics import JudgeError
 from cua_jax.tasks.metrics import text as T

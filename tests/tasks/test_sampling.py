@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cua_jax.tasks.pool import GroupOutcome, PoolTask, TaskPool, load_state, save_state
 from cua_jax.tasks.calibration import CalibrationConfig
 from cua_jax.tasks.dynamic_sampling import collect_informative_groups
+from cua_jax.tasks.pool import GroupOutcome, PoolTask, TaskPool, load_state, save_state
 from cua_jax.tasks.samplers import (
     CurriculumConfig,
     CurriculumSampler,

@@ -580,8 +580,8 @@ def test_master_weights_keep_updates_below_bfloat16_resolution():
 
 
 def test_run_config_tis_cap_reaches_the_loss_and_a_bad_one_is_named():
-    from experiments.configs.base import base_config
     from cua_jax.train.settings import ConfigError, TrainSettings
+    from experiments.configs.base import base_config
 
     config = base_config()
     assert TrainSettings.from_config(config).learner.loss.tis_cap == 0.0  # off by default

@@ -12,8 +12,8 @@ import pytest
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import SlidingWindow
 from cua_jax.context.tokenizer import load_processor
-from cua_jax.envs.faults import episode_outcome
 from cua_jax.envs.contract import AgentEnvironment, EnvObservation, EnvReset, EnvTransition
+from cua_jax.envs.faults import episode_outcome
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout
 from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, RolloutEngine
 from cua_jax.train import warm_start as W

@@ -11,8 +11,8 @@ import os
 import pytest
 
 from cua_jax.models.qwen3_vl import load_qwen3_vl
-from cua_jax.train.pretrain import MANIFEST_FILE, Pretrainer
 from cua_jax.train.build import load_run_processor
+from cua_jax.train.pretrain import MANIFEST_FILE, Pretrainer
 from cua_jax.train.settings import TrainSettings
 from experiments.configs import default
 from experiments.configs.base import config_from_dict

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cua_jax.rollout.agent_loop import Rollout
 from cua_jax.eval.intervals import difference_interval, paired_difference_interval, slope_interval, wilson_interval
+from cua_jax.rollout.agent_loop import Rollout
 from cua_jax.train.groups import draw_group_seeds, group_from_rollouts, prepare_batch, quarantine_kind
 from cua_jax.train.settings import TrainSettings
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn

@@ -16,15 +16,16 @@ its parser.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import docker
 import numpy as np
 import pytest
 
+from cua_jax.environments.code_env import CodeEnvironment
 from cua_jax.envs import actions as A
 from cua_jax.envs.code_actions import SYSTEM_PROMPT, Bash, Edit, Submit, render_code_action
-from cua_jax.environments.code_env import CodeEnvironment
 from cua_jax.envs.contract import AgentEnvironment, EnvironmentWrapper
 from cua_jax.rollout.engine import FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.tasks.code_suite import oracle_actions

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest

@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import SlidingWindow
 from cua_jax.context.tokenizer import load_processor
+from cua_jax.environments.capsule_env import MiniWoBEnvironment
 from cua_jax.envs import actions as A
 from cua_jax.envs.capsules import CapsuleRuntime
 from cua_jax.envs.miniwob import DomElement, dom_from_text, dom_to_text
-from cua_jax.environments.capsule_env import MiniWoBEnvironment
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop
 from cua_jax.train import warm_start as W
 from cua_jax.types import EpisodeStatus

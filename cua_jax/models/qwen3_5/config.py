@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax.numpy as jnp
 
@@ -164,7 +165,7 @@ class Qwen3_5TextConfig:
     )
 
     @classmethod
-    def from_hf_dict(cls, hf: Mapping[str, Any], **overrides: Any) -> "Qwen3_5TextConfig":
+    def from_hf_dict(cls, hf: Mapping[str, Any], **overrides: Any) -> Qwen3_5TextConfig:
         """From a Qwen3.5 text config.json dict (or a VL config's text_config); `overrides` set
         dtype, param_dtype, mtp_tensors, ...."""
         required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -283,7 +284,7 @@ class Qwen3_5Config:
         return self.text.tie_word_embeddings
 
     @classmethod
-    def from_hf_dict(cls, hf: Mapping[str, Any], **text_overrides: Any) -> "Qwen3_5Config":
+    def from_hf_dict(cls, hf: Mapping[str, Any], **text_overrides: Any) -> Qwen3_5Config:
         if "text_config" not in hf or "vision_config" not in hf:
             raise ValueError("a Qwen3.5 vision-language config.json needs 'text_config' and 'vision_config'")
         text_hf = dict(hf["text_config"])

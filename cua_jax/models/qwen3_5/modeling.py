@@ -30,7 +30,7 @@ Hv/Hk linear value/key heads, Dk/Dv their dims, C = 2 * Hk * Dk + Hv * Dv conv c
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -70,7 +70,6 @@ from cua_jax.models.vision import (
     merged_token_counts,
     normalize_grid,
 )
-
 
 # ---------------------------------------------------------------------------
 # Decoding state

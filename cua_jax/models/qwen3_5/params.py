@@ -7,7 +7,8 @@ the multi-token-prediction weights (`mtp.*`) released checkpoints carry are kept
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from flax import nnx

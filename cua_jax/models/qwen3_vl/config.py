@@ -5,7 +5,8 @@ random-init config tests and default runs use."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from cua_jax.models.configs import Qwen3Config, RopeConfig, tiny_qwen3_config
 from cua_jax.models.vision import VisionConfig
@@ -49,7 +50,7 @@ class Qwen3VLConfig:
         return self.text.tie_word_embeddings
 
     @classmethod
-    def from_hf_dict(cls, hf: Mapping[str, Any], **text_overrides: Any) -> "Qwen3VLConfig":
+    def from_hf_dict(cls, hf: Mapping[str, Any], **text_overrides: Any) -> Qwen3VLConfig:
         """From a Qwen3-VL config.json dict; `text_overrides` set dtype, param_dtype, ...."""
         if "text_config" not in hf or "vision_config" not in hf:
             raise ValueError("a Qwen3-VL config.json needs 'text_config' and 'vision_config'")

@@ -22,7 +22,8 @@ Configs are in `config`, checkpoint tables and loading in `params`.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +41,6 @@ from cua_jax.models.vision import (
     merged_token_counts,
     normalize_grid,
 )
-
 
 # ---------------------------------------------------------------------------
 # Multimodal position ids (host-side, numpy)

@@ -31,7 +31,7 @@ import difflib
 from cua_jax.tasks.metrics.base import CONTEXT_INPUTS, METRICS, JudgeError, Metric, match_value, metric
 
 # Importing the modules registers their metrics.
-from cua_jax.tasks.metrics import (  # noqa: E402,F401  isort: skip
+from cua_jax.tasks.metrics import (  # noqa: F401  isort: skip
     text,
     data,
     sheets,

@@ -19,7 +19,8 @@ import math
 import operator
 import pathlib
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cua_jax.envs.container_judge import JudgeError, JudgeTamperedError  # noqa: F401  the metrics raise them too
 from cua_jax.registry import Registry
@@ -207,7 +208,7 @@ def load_result(loader: Callable[[str], Any], path: Any, file_format: str) -> An
         return None
     try:
         return loader(local)
-    except Exception as error:  # noqa: BLE001 - sorted: the agent's malformed file, or a bug
+    except Exception as error:
         if is_parse_error(error, file_format):
             return None
         raise

@@ -10,7 +10,8 @@ import os
 import shutil
 import sqlite3
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cua_jax.tasks.metrics.base import (
     JudgeError,

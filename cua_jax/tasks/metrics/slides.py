@@ -390,7 +390,7 @@ def check_strikethrough(result_path: str | None, rules: dict) -> float:
 
 
 @metric(arity=1)
-def check_slide_orientation_Portrait(result_path: str | None) -> float:  # noqa: N802 - OSWorld's name
+def check_slide_orientation_Portrait(result_path: str | None) -> float:
     """1 when the slides are taller than wide."""
     prs = result_pptx(result_path)
     return float(prs is not None and prs.slide_width < prs.slide_height)

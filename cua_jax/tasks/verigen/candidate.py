@@ -93,7 +93,7 @@ class Candidate:
     def setup_actions(self) -> list[str]:
         return list(self.metadata.get("setup_actions", []))
 
-    def copy(self) -> "Candidate":
+    def copy(self) -> Candidate:
         return copy.deepcopy(self)
 
     def last(self, role: str) -> Feedback | None:
@@ -129,7 +129,7 @@ class Candidate:
         return task
 
     @classmethod
-    def from_task_json(cls, value: dict[str, Any]) -> "Candidate":
+    def from_task_json(cls, value: dict[str, Any]) -> Candidate:
         """Read back a task written by `to_task_json` (validation history is not restored)."""
         task = copy.deepcopy(value)
         metadata = task.pop("metadata", {})

@@ -21,7 +21,8 @@ import logging
 import pathlib
 import threading
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from cua_jax.tasks.verigen import rules
 from cua_jax.tasks.verigen.candidate import Candidate, Feedback

@@ -25,7 +25,7 @@ import pathlib
 import tempfile
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from cua_jax.envs import actions as A
 from cua_jax.envs.client import StepResult
@@ -157,7 +157,7 @@ class InteractionProbe:
             self._cond.notify_all()
         self._dispatcher.join(timeout=10.0)
 
-    def __enter__(self) -> "InteractionProbe":
+    def __enter__(self) -> InteractionProbe:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -111,7 +111,7 @@ class ReplayServer:
         with self._lock:
             return [i for i, used in enumerate(self._used) if not used]
 
-    def start(self) -> "ReplayServer":
+    def start(self) -> ReplayServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True, name="replay-server")
         self._thread.start()
         return self
@@ -122,7 +122,7 @@ class ReplayServer:
         if self._thread is not None:
             self._thread.join(timeout=5.0)
 
-    def __enter__(self) -> "ReplayServer":
+    def __enter__(self) -> ReplayServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -185,7 +185,7 @@ def setup_problems(steps: list[dict[str, Any]]) -> list[str]:
                     f"writes outside the environment's work roots: setup step {index} writes {entry.get('path')}"
                 )
             url = str(entry.get("url", ""))
-            if url.startswith(("http://", "https://")) and not url.split("/")[2].split(":")[0] in (
+            if url.startswith(("http://", "https://")) and url.split("/")[2].split(":")[0] not in (
                 "127.0.0.1",
                 "localhost",
             ):

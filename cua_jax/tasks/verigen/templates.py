@@ -25,7 +25,8 @@ import hashlib
 import json
 import random
 import shlex
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cua_jax.envs import actions as A
 from cua_jax.tasks.verigen.candidate import Candidate, Part, judge_name
