@@ -528,7 +528,7 @@ def run_checks(checks=CHECKS, small: bool = False, log=print) -> list[Result]:
                 results.append(Result(name, "FAIL", 0.0, str(error)))
             except ImportError as error:
                 results.append(Result(name, "MISSING", 0.0, f"missing package: {error.name or error}"))
-            except Exception as error:  # a crash is this check's failure, not the end of the run
+            except Exception as error:  # noqa: BLE001 - a crash is this check's failure, not the end of the run
                 traceback.print_exc()
                 results.append(Result(name, "FAIL", 0.0, f"{type(error).__name__}: {error}"))
         results[-1].seconds = time.perf_counter() - begin

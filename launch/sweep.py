@@ -104,9 +104,9 @@ def run_local(sweep: Sweep, parallel: int, poll_s: float) -> dict[str, int]:
                     del running[name]
                     logging.info("%s: exit %d", name, process.returncode)
     except (_Stop, KeyboardInterrupt):
-        for name, (process, log) in running.items():
+        for process, _log in running.values():
             os.killpg(process.pid, signal.SIGTERM)
-        for name, (process, log) in running.items():
+        for process, _log in running.values():
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:

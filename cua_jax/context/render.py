@@ -13,7 +13,6 @@ screenshots, collapsing old turns into an action history) is a view over the sam
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -74,11 +73,14 @@ class ChatRenderer:
         self.merge_size = int(image_processor.merge_size)
         # Added tokens (special or not) are never merged with neighbouring text by the tokenizer.
         self.added_token_ids = np.asarray(sorted(tokenizer.get_added_vocab().values()), dtype=np.int32)
+        self._grids: dict[tuple[int, int], tuple[int, int, int]] = {}  # screens come in a few sizes
 
-    @functools.lru_cache(maxsize=256)
     def grid_thw(self, height: int, width: int) -> tuple[int, int, int]:
         """The processor's patch grid (t, h, w) for a height x width image."""
-        return image_grid_thw(self.image_processor, height, width)
+        grid = self._grids.get((height, width))
+        if grid is None:
+            grid = self._grids[(height, width)] = image_grid_thw(self.image_processor, height, width)
+        return grid
 
     def image_token_count(self, height: int, width: int) -> int:
         """How many image-pad tokens a height x width image becomes."""

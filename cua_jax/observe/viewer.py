@@ -308,13 +308,13 @@ def _reply(turn: Mapping[str, Any]) -> str:
     rollout = turn.get("rollout_logprobs") or [None] * len(ids)
     learner = turn.get("learner_logprobs") or [None] * len(ids)
     spans = []
-    for token, token_id, r, l in zip(tokens, ids, rollout, learner):
-        title = f"id {token_id} · rollout {_number(r)} · learner {_number(l)}"
-        if r is not None and l is not None:
-            title += f" · gap {_number(l - r)}"
+    for token, token_id, r, learned in zip(tokens, ids, rollout, learner):
+        title = f"id {token_id} · rollout {_number(r)} · learner {_number(learned)}"
+        if r is not None and learned is not None:
+            title += f" · gap {_number(learned - r)}"
         spans.append(
             f'<span class="tok" data-rollout="{"" if r is None else r}" '
-            f'data-learner="{"" if l is None else l}" title="{_e(title)}">{_e(token)}</span>'
+            f'data-learner="{"" if learned is None else learned}" title="{_e(title)}">{_e(token)}</span>'
         )
     return '<div class="reply">' + "".join(spans) + "</div>"
 

@@ -481,7 +481,7 @@ class VllmEngine(RolloutEngine):
             return EngineHealth(healthy=True, policy_version=self._version, detail="busy")
         try:
             client.is_sleeping()  # a round trip through the engine core
-        except Exception as e:  # a dead engine core raises; report it, don't propagate
+        except Exception as e:  # noqa: BLE001 - a dead engine core raises; report it, don't propagate
             return EngineHealth(healthy=False, policy_version=self._version, detail=repr(e))
         finally:
             self._lock.release()

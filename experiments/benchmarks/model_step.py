@@ -225,7 +225,7 @@ def forward_backward(config, ids: np.ndarray, iters: int, compile_torch: bool, p
                 f"  forward+backward tokens/s: transformers torch.compile {tokens / compiled_s:,.0f}  "
                 f"ratio ours / compiled {compiled_s / ours_s:.2f}x"
             )
-        except Exception as error:  # inductor needs a working C++ toolchain, absent on some CPU builds
+        except Exception as error:  # noqa: BLE001 - inductor needs a working C++ toolchain, absent on some CPU builds
             print(f"  torch.compile: does not work here ({type(error).__name__}: {str(error).splitlines()[0][:160]})")
 
 

@@ -135,7 +135,7 @@ def measure(mode: str, args) -> dict:
     n = len(steps)
     windows = {name: [(a, b) for w, a, b in timeline.windows if w == name] for name in ("rollout", "learn")}
     stages = dict.fromkeys(list(STAGES) + ["other"], 0.0)
-    for name, spans in windows.items():
+    for _name, spans in windows.items():
         for a, b in spans:
             for stage, seconds in timeline.breakdown(a, b).items():
                 stages[stage] += seconds / n

@@ -74,7 +74,7 @@ def test_bridge_forwards_to_the_unix_socket_and_closes(unix_echo_server):
 def test_bridge_to_a_missing_socket_drops_the_connection(tmp_path):
     with LoopbackBridge(str(tmp_path / "absent.sock")) as bridge:
         with pytest.raises(requests.ConnectionError):
-            requests.get("http://%s:%d/screenshot" % bridge.address, timeout=10)
+            requests.get("http://{}:{}/screenshot".format(*bridge.address), timeout=10)
 
 
 # ---- a real desktop ---------------------------------------------------------------------

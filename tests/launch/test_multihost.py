@@ -94,7 +94,7 @@ def test_two_processes_train_as_one_process_with_eight_devices(runs):
     reference = np.load(single / "result_0.npz")
     results = [np.load(double / f"result_{p}.npz") for p in range(2)]
     np.testing.assert_array_equal(reference["devices"], [8, 8, 1])
-    for p, result in enumerate(results):
+    for _p, result in enumerate(results):
         np.testing.assert_array_equal(result["devices"], [8, 4, 2])  # 8 global devices, 4 on this host
         # The same two updates: equal up to the order of float32 reductions across hosts.
         for key in ("metric/loss", "metric/grad_norm", "metric/entropy"):

@@ -97,7 +97,7 @@ def test_errors_name_the_problem(hf_qwen3_dir, our_qwen3, tmp_path):
     hf_dir, hf = hf_qwen3_dir
     _, config = our_qwen3
     table = qwen3_key_table(config)
-    make = lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))  # noqa: E731
+    make = lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
     with pytest.raises(KeyError, match="lacks tensors"):
         load_hf_checkpoint(
             hf_dir, make, [m if m.hf != "model.norm.weight" else type(m)("nope", m.path, False) for m in table]

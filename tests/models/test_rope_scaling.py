@@ -43,12 +43,12 @@ def test_the_evaluation_view_shares_the_weights_and_rotates_long_positions_other
         from cua_jax.models.qwen3 import Qwen3ForCausalLM
 
         model = Qwen3ForCausalLM(tiny_qwen3_config(num_hidden_layers=1), rngs=nnx.Rngs(0))
-        text = lambda m: m.config  # noqa: E731
+        text = lambda m: m.config
     else:
         from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
 
         model = Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(num_hidden_layers=2), rngs=nnx.Rngs(0))
-        text = lambda m: m.config.text  # noqa: E731
+        text = lambda m: m.config.text
     original = text(model).max_position_embeddings
     ids = jnp.asarray(np.random.default_rng(0).integers(3, 500, (1, 8)), jnp.int32)
     forward = nnx.jit(lambda m, positions: m(ids, positions=positions)[0])

@@ -224,7 +224,7 @@ def test_seed_per_turn_samples_an_episode_the_same_in_any_batch(runtime, rendere
     alone = group(1)
     first, second = pair[0].episode, pair[1].episode
     assert first.episode_id == alone[0].episode.episode_id == "click-button/g7/e0"
-    for t, (batched, single) in enumerate(zip(first.turns, alone[0].episode.turns, strict=True)):
+    for _t, (batched, single) in enumerate(zip(first.turns, alone[0].episode.turns, strict=True)):
         np.testing.assert_array_equal(batched.response_ids, single.response_ids)
         np.testing.assert_allclose(batched.response_logprobs, single.response_logprobs, atol=1e-5, rtol=0)
     assert not np.array_equal(first.turns[0].response_ids, second.turns[0].response_ids)
@@ -241,7 +241,10 @@ def test_scripted_oracle_policy_earns_reward(runtime, renderer):
         loop = AgentLoop(engine, segmenter, AgentConfig(max_turns=6, max_new_tokens=64))
         rollouts = run(
             with_envs(
-                runtime, 2, lambda envs: loop.run_group(envs, task, seed=3, group_id=1), time_limit_s=LONG_TIME_LIMIT_S
+                runtime,
+                2,
+                lambda envs: loop.run_group(envs, task, seed=3, group_id=1),  # noqa: B023 - awaited within this iteration
+                time_limit_s=LONG_TIME_LIMIT_S,
             )
         )
         for rollout in rollouts:

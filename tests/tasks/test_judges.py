@@ -144,7 +144,7 @@ def test_setup_errors_name_the_step(tmp_path):
         judges.run_steps(steps, None, str(tmp_path))
 
 
-def verdict(tmp_path, evaluator, last_action=A.Done()):
+def verdict(tmp_path, evaluator, last_action=A.Done()):  # noqa: B008 - an action is immutable
     task = parse_task({"id": "v", "instruction": "x", "evaluator": evaluator}, tmp_path)
     return judges.evaluate(task, None, tmp_path / "cache", last_action=last_action)
 

@@ -305,7 +305,7 @@ def test_sparkline_rule(tmp_path):
 
 def test_pivot_table_properties():
     item = types.SimpleNamespace
-    field = lambda *xs: item(items=[item(h=None, x=x) for x in xs])  # noqa: E731
+    field = lambda *xs: item(items=[item(h=None, x=x) for x in xs])
     pivot = item(
         pivotFields=[field(), field(0, 1), field(0)],
         name="Pivot",

@@ -394,7 +394,7 @@ def test_chrome_tab_steps_drive_the_debugging_endpoint(client):
         client,
         "/",
     )
-    listed = lambda: json.loads(client.run_python(tabs)["output"])  # noqa: E731
+    listed = lambda: json.loads(client.run_python(tabs)["output"])
     assert listed() == ["https://www.example.org/a", "example.com/b"]  # the first replaced the start tab
     judges.run_steps((Step("chrome_close_tabs", {"urls_to_close": ["https://example.org/a/"]}),), client, "/")
     assert listed() == ["example.com/b"]  # matched as OSWorld compares URLs (no www., no final /)

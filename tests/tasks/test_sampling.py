@@ -260,7 +260,7 @@ def adapr_reference(steps, num_tasks, p_low, p_high, cap, capacity, alpha):
     replayed = []
     for outcomes in steps:
         picks = []
-        for g, (task, successes, attempts, name) in enumerate(outcomes):
+        for g, (task, successes, attempts, _name) in enumerate(outcomes):
             if successes or attempts < 2 or not (p_low <= rate[task] <= p_high) or not cache[task]:
                 continue
             k = min(range(len(cache[task])), key=lambda j: (cache[task][j][1], j))
@@ -269,7 +269,7 @@ def adapr_reference(steps, num_tasks, p_low, p_high, cap, capacity, alpha):
             if cache[task][k][1] >= cap:
                 del cache[task][k]
         replayed.append(picks)
-        for task, successes, attempts, name in outcomes:
+        for task, successes, _attempts, name in outcomes:
             if successes and (np.isnan(rate[task]) or rate[task] <= p_high):
                 cache[task].append([name, 0])
                 del cache[task][: max(0, len(cache[task]) - capacity)]

@@ -96,7 +96,7 @@ def _numpy_weighted_order(gumbel, weights, eligible):
 def test_weighted_select_matches_numpy_and_equal_weights_give_the_uniform_order():
     select = jax.jit(weighted_select)
     rng = np.random.default_rng(0)
-    for trial in range(20):
+    for _trial in range(20):
         n = int(rng.integers(3, 12))
         gumbel = rng.gumbel(size=n).astype(np.float32)
         weights = rng.uniform(0.1, 3.0, n).astype(np.float32)

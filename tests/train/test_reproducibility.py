@@ -120,7 +120,7 @@ def test_generation_batches_do_not_depend_on_environment_timing():
 
         async def run_all():
             return await asyncio.gather(
-                *(loop.run_episode(env, "task", seed=0, episode_id=f"e{i}") for i, env in enumerate(envs))
+                *(loop.run_episode(env, "task", seed=0, episode_id=f"e{i}") for i, env in enumerate(envs))  # noqa: B023 - awaited within this iteration
             )
 
         rollouts = asyncio.run(run_all())

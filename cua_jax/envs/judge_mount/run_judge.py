@@ -25,7 +25,10 @@ import signal
 import sys
 
 SERVER_SOCKET = "/run/cua/env.sock"
-SYSTEM_PACKAGES = ("/usr/lib/python3/dist-packages", "/usr/local/lib/python%d.%d/dist-packages" % sys.version_info[:2])
+SYSTEM_PACKAGES = (
+    "/usr/lib/python3/dist-packages",
+    f"/usr/local/lib/python{sys.version_info[0]}.{sys.version_info[1]}/dist-packages",
+)
 
 
 def become_server_user():

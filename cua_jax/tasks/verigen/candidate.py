@@ -142,7 +142,7 @@ class Candidate:
 def judge_name(app: str, prop: str, code_seed: str) -> str:
     """A judge function name in ScaleCUA's style: check_<app>_<property>__<hash>."""
     digest = hashlib.sha256(code_seed.encode()).hexdigest()[:8]
-    clean = lambda s: "".join(c if c.isalnum() else "_" for c in s.lower())  # noqa: E731
+    clean = lambda s: "".join(c if c.isalnum() else "_" for c in s.lower())
     return f"check_{clean(app)}_{clean(prop)}__{digest}"
 
 

@@ -100,7 +100,7 @@ class VeriGen:
         judger,
         checker,
         fixer,
-        config: LoopConfig = LoopConfig(),
+        config: LoopConfig | None = None,
         knowledge: str = "",
         cost: Callable[[], float] = lambda: 0.0,
         observe: Callable[[], str] | None = None,
@@ -109,7 +109,8 @@ class VeriGen:
         fresh environment's screen (taken through the probe) for the proposer; cost: the
         ledger's running cost in USD."""
         self.proposer, self.judger, self.checker, self.fixer = proposer, judger, checker, fixer
-        self.config, self.knowledge, self.cost, self.observe = config, knowledge, cost, observe
+        self.config = config if config is not None else LoopConfig()
+        self.knowledge, self.cost, self.observe = knowledge, cost, observe
         self._propose_lock = threading.Lock()
 
     def process(self, candidate: Candidate) -> Result:
@@ -159,7 +160,7 @@ class VeriGen:
         started = time.monotonic()
         try:
             observation = self.observe() if self.observe is not None else ""
-        except Exception as error:  # an observation is context for the proposer, not a requirement
+        except Exception as error:  # noqa: BLE001 - an observation is context for the proposer, not a requirement
             log.warning("no observation for the proposer: %s", error)
             observation = ""
         try:

@@ -244,7 +244,7 @@ def compose_solved(
     for task in solved:
         by_app.setdefault(str(task.metadata.get("app")), []).append(task)
     out: list[Candidate] = []
-    for app, group in sorted(by_app.items()):
+    for _app, group in sorted(by_app.items()):
         if len(group) < 2:
             continue
         vectors = np.asarray(embed([t.instruction for t in group]), np.float32)
