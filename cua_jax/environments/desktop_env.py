@@ -75,6 +75,7 @@ class DesktopEpisode:
         self.fault: Fault | None = None
         self.done = False
         self.outcome: Outcome | None = None
+        self.malformed_results: tuple[str, ...] = ()  # the judge's notes of the agent's malformed files
 
     # ---- faults ---------------------------------------------------------------------
     def _fault_from(self, error: Exception, kind_if_alive: FaultKind) -> Fault:
@@ -156,9 +157,10 @@ class DesktopEpisode:
         finished = last is not None and A.is_terminal(last)
         if self.fault is None and finished:
             try:
-                verdict = judges.evaluate(
+                judged = judges.verdict(
                     self.task, self.env.client, self.cache_dir, last_action=last, judge=self.env.judge
                 )
+                verdict, self.malformed_results = judged.reward, judged.malformed_results
             except judges.SetupError as error:
                 self.fault = self._fault_from(error, FaultKind.SETUP_FAILED)
             except JudgeTamperedError as error:
@@ -222,7 +224,10 @@ class DesktopEnvironment(TaskIsGroupStart, AgentEnvironment):
 
     async def _finish(self) -> EnvTransition:
         outcome = await asyncio.to_thread(self.episode.finish)
-        return EnvTransition(None, outcome.reward, outcome, fault=self.episode.fault)
+        # The last turn's info names the agent's malformed files (each scored 0); the batch's
+        # metrics count such episodes as agent_fault/malformed_result.
+        info = {"malformed_results": list(self.episode.malformed_results)} if self.episode.malformed_results else {}
+        return EnvTransition(None, outcome.reward, outcome, info, fault=self.episode.fault)
 
     async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
         if self.episode is not None and self.episode.outcome is None:

@@ -1228,6 +1228,22 @@ class CapsuleRuntime:
     def quarantine_reason(self, env_id: str) -> str | None:
         return self._route(env_id).quarantine_reason
 
+    def counters(self) -> dict[str, int]:
+        """The runtime's counts since it started, as plain data (a Ray actor returns them):
+        pages that failed to warm, builds on warm and on cold pages, browser (runtime) and
+        renderer crashes, and forks rebuilt from captured state and by replay."""
+        fork_methods = dict(self.fork_methods)  # one copy: the runtime's loop may add to it meanwhile
+        captured = fork_methods.get("capture", 0)
+        return {
+            "warm_failures": self.warm_pool_failures,
+            "warm_builds": self.warm_builds,
+            "cold_builds": self.cold_builds,
+            "browser_crashes": len(self.crashes),
+            "renderer_crashes": len(self.renderer_crashes),
+            "forks_captured": captured,
+            "forks_replayed": sum(fork_methods.values()) - captured,
+        }
+
     def pids(self) -> list[int]:
         """Every process serving this runtime's environments: browsers (or containers), Playwright,
         and the HTTP server when the backend loads tasks from it."""

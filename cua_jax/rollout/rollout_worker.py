@@ -347,6 +347,14 @@ class RolloutWorker:
         """The engine's work counters (`RolloutEngine.stats`)."""
         return self.engine.stats()
 
+    def environment_stats(self) -> dict[str, float]:
+        """The worker's environment counters since it started, under "capsules/" (its capsule
+        runtime's `counters`: warm failures, crashes, fork methods); {} without MiniWoB tasks."""
+        runtime = self.runtime
+        if runtime is None:
+            return {}
+        return {f"capsules/{name}": float(count) for name, count in runtime.counters().items()}
+
     def sampling_state(self) -> dict[str, int]:
         """The engine's restorable sampling state (see `engine_sampling_state`)."""
         return engine_sampling_state(self.engine)
@@ -466,6 +474,11 @@ class RemoteRolloutWorker:
         import ray
 
         return ray.get(self.actor.engine_stats.remote())
+
+    def environment_stats(self) -> dict[str, float]:
+        import ray
+
+        return ray.get(self.actor.environment_stats.remote())
 
     def sampling_state(self) -> dict[str, int]:
         import ray

@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import collections
 import csv
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -50,7 +51,7 @@ from cua_jax.envs import actions as A
 from cua_jax.envs.client import EnvClient, EnvError, EnvRequestError
 from cua_jax.tasks import metrics
 from cua_jax.tasks.metrics import JudgeError  # raised by the metrics too
-from cua_jax.tasks.metrics.base import load_result
+from cua_jax.tasks.metrics.base import load_result, noting_malformed_results
 from cua_jax.tasks.metrics.general import infeasible
 from cua_jax.tasks.schema import GETTERS, SETUP_STEPS, Check, Getter, Step, Task
 
@@ -866,6 +867,28 @@ assert IMPLEMENTED_STEPS <= set(SETUP_STEPS)
 # ------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A judge's verdict: the reward in [0, 1], and a note ("path: error") for each of the
+    agent's files the metrics found malformed in their format (each scored 0)."""
+
+    reward: float
+    malformed_results: tuple[str, ...] = ()
+
+
+def verdict(
+    task: Task,
+    client: EnvClient,
+    cache_dir: str | pathlib.Path,
+    last_action: A.Action | A.InvalidAction | None = None,
+    judge: Any = None,
+) -> Verdict:
+    """`evaluate`'s reward with the notes of the agent's malformed files beside it."""
+    with noting_malformed_results() as malformed:
+        reward = evaluate(task, client, cache_dir, last_action, judge)
+    return Verdict(reward, tuple(malformed))
+
+
 def evaluate(
     task: Task,
     client: EnvClient,
@@ -873,7 +896,8 @@ def evaluate(
     last_action: A.Action | A.InvalidAction | None = None,
     judge: Any = None,
 ) -> float:
-    """Run postconfig, then the task's metrics; the reward in [0, 1].
+    """Run postconfig, then the task's metrics; the reward in [0, 1] (`verdict`: with the notes
+    of the agent's malformed files).
 
     judge runs judge code (`python_judge`) in the environment: a desktop pool's
     `ContainerJudge`, apart from what the agent can change. None: through the environment's

@@ -1,5 +1,6 @@
 """One training step's rollout groups: task draws, group seeds and ids, runs on a rollout worker,
-DTAC replay swaps and DAPO rounds, and the sampler's statistics (`GroupCollector`).
+DTAC replay swaps and DAPO rounds, and the sampler's statistics (`GroupCollector`); the
+workers' environment counters as per-update counts (`EnvironmentCounters`).
 
 Every draw is a function of (the run's base key, the step), and group ids count up from the
 collector's `next_group_id`, so a run restored with the sampler's state and these counters
@@ -9,6 +10,7 @@ threads: the sampler and the id counter sit behind one lock.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import threading
 from collections.abc import Sequence
@@ -38,6 +40,24 @@ def run_on_workers(workers: Sequence[Any], requests: Sequence[tuple], n: int) ->
         for k, rollouts in enumerate(share):
             ordered[w + k * len(workers)] = rollouts
     return ordered
+
+
+class EnvironmentCounters:
+    """The rollout workers' environment counters (`environment_stats`: totals since each
+    worker started, such as its capsule runtime's warm failures and crashes) as counts per
+    update: `read` sums them over the workers and returns what each grew by since the
+    previous read. Workers start with the run (a resumed one too), so both start from 0."""
+
+    def __init__(self) -> None:
+        self._totals: dict[str, float] = {}
+
+    def read(self, workers: Sequence[Any]) -> dict[str, float]:
+        totals: collections.Counter[str] = collections.Counter()
+        for worker in workers:
+            totals.update(worker.environment_stats())
+        counts = {name: float(total - self._totals.get(name, 0.0)) for name, total in totals.items()}
+        self._totals = dict(totals)
+        return counts
 
 
 class GroupCollector:

@@ -197,6 +197,11 @@ def prepare_batch(
                 # a fault the agent caused, scored as its failure: counted all the same
                 metrics[f"agent_fault/{owned}"] += 1
                 metrics["agent_fault/total"] += 1
+            elif any("malformed_results" in turn.info for turn in episode.turns):
+                # the judge found an agent's result file malformed in its format (scored 0);
+                # desktop episodes note it in their last turn's info
+                metrics["agent_fault/malformed_result"] += 1
+                metrics["agent_fault/total"] += 1
             episodes.append(episode)
             group_index.append(g)
             kept_groups[group.group_id].append(episode.episode_id)

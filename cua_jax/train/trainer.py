@@ -74,7 +74,7 @@ from cua_jax.train.build import (
     push_weights,
 )
 from cua_jax.train.checkpoint import TrainCheckpointer, TrainerState
-from cua_jax.train.collect import GroupCollector
+from cua_jax.train.collect import EnvironmentCounters, GroupCollector
 from cua_jax.train.groups import CollectedGroup, PreparedBatch, mean_metrics, prepare_batch
 from cua_jax.train.learner import Learner
 from cua_jax.train.settings import TrainSettings, apply_pilot_file, seed_pool
@@ -153,6 +153,7 @@ class Trainer:
             raise
 
         self.collector = GroupCollector(self.settings, self.base_key, self.workers[0])
+        self.environment_counters = EnvironmentCounters()
         self.pool = self.settings.catalog.pool(self.settings.domain_weights, self.settings.training_tasks)
         if pilot is not None:
             seed_pool(self.pool, pilot, self.settings.training_tasks, c.sampler.pilot_file)
@@ -292,6 +293,8 @@ class Trainer:
     def _finish_step(self, metrics: dict[str, float]) -> dict[str, float]:
         metrics["policy/version"] = float(self.version)
         metrics.update(self.collector.sampler_metrics)
+        # capsules/...: what the workers' environments counted since the previous step
+        metrics.update(self.environment_counters.read(self.workers))
         if self.buffer is not None:
             metrics["buffer/dropped_stale_groups"] = float(self.buffer.dropped_stale_groups)
             metrics["buffer/dropped_stale_episodes"] = float(self.buffer.dropped_stale_episodes)

@@ -39,6 +39,8 @@ from cua_jax.envs.contract import EnvironmentFault
 from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error
 from cua_jax.envs.miniwob import EpisodeEndedError
 from cua_jax.envs.miniwob_oracle import oracle_action
+from cua_jax.rollout.rollout_worker import RolloutWorker
+from cua_jax.train.collect import EnvironmentCounters
 from cua_jax.types import EpisodeStatus
 
 
@@ -379,5 +381,32 @@ def test_a_page_that_fails_to_warm_is_counted_and_logged_with_its_traceback(capl
         assert rt.warm_pool_failures == 2
         records = [r for r in caplog.records if "warming a click-button page failed" in r.getMessage()]
         assert len(records) == 2 and all(r.levelno == level and r.exc_info[1] is error for r in records)
+    finally:
+        rt.shutdown()
+
+
+class _RuntimeOnlyWorker:
+    """A rollout worker's environment side alone: its capsule runtime, reported the worker's way."""
+
+    environment_stats = RolloutWorker.environment_stats
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+
+
+def test_a_page_that_fails_to_warm_reaches_the_step_metrics_as_a_count_per_update():
+    rt = CapsuleRuntime(_PagelessBackend(ConnectionResetError(errno.ECONNRESET, "browser gone")), warm_pages=1)
+    try:
+        worker, counters = _RuntimeOnlyWorker(rt), EnvironmentCounters()
+        assert counters.read([worker])["capsules/warm_failures"] == 0.0
+        rt.run_async(rt._warm_one("click-button"))
+        rt.run_async(rt._warm_one("click-button"))
+        stats = worker.environment_stats()
+        assert stats["capsules/warm_failures"] == 2.0 and stats["capsules/browser_crashes"] == 0.0
+        assert counters.read([worker])["capsules/warm_failures"] == 2.0
+        rt.run_async(rt._warm_one("click-button"))
+        # each update counts its own failures; two workers' counts add up
+        assert counters.read([worker])["capsules/warm_failures"] == 1.0
+        assert counters.read([worker, worker])["capsules/warm_failures"] == 3.0
     finally:
         rt.shutdown()

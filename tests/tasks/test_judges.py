@@ -4,6 +4,7 @@ import datetime
 import functools
 import http.server
 import json
+import logging
 import pathlib
 import threading
 import zipfile
@@ -147,6 +148,31 @@ def test_setup_errors_name_the_step(tmp_path):
 def verdict(tmp_path, evaluator, last_action=A.Done()):  # noqa: B008 - an action is immutable
     task = parse_task({"id": "v", "instruction": "x", "evaluator": evaluator}, tmp_path)
     return judges.evaluate(task, None, tmp_path / "cache", last_action=last_action)
+
+
+def test_a_malformed_result_file_scores_0_and_is_noted_in_the_verdict(tmp_path, caplog):
+    write(tmp_path / "result.docx", "not a zip archive")
+    import docx
+
+    docx.Document().save(tmp_path / "expected.docx")
+    task = parse_task(
+        {
+            "id": "m",
+            "instruction": "x",
+            "evaluator": {
+                "func": "compare_docx_files",
+                "result": {"type": "local_file", "path": "result.docx"},
+                "expected": {"type": "local_file", "path": "expected.docx"},
+            },
+        },
+        tmp_path,
+    )
+    with caplog.at_level(logging.INFO, logger="cua_jax.tasks.metrics.base"):
+        judged = judges.verdict(task, None, tmp_path / "cache", last_action=A.Done())
+    assert judged.reward == 0.0 and len(judged.malformed_results) == 1
+    assert judged.malformed_results[0].startswith(f"{tmp_path / 'result.docx'}: PackageNotFoundError")
+    assert any(judged.malformed_results[0] in record.getMessage() for record in caplog.records)
+    assert judges.verdict(task, None, tmp_path / "cache", last_action=A.Fail()).malformed_results == ()
 
 
 def test_conjunctions_combine_like_osworld(tmp_path):

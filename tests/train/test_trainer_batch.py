@@ -275,9 +275,12 @@ def test_faults_an_agent_owns_are_counted_and_stay_in_their_group():
     owned.episode.info["end_reason"] = "judge output tampered: the judge's output holds 2 verdicts"
     plain = _rollout("a", 0, 2, F, 0.0, 1)
     plain.episode.info["end_reason"] = "the agent declared done"
-    groups = [group_from_rollouts(0, "a", [_rollout("a", 0, 0, S, 1.0, 1), owned, plain])]
+    malformed = _rollout("a", 0, 3, F, 0.0, 1)  # as a desktop episode's last turn notes it
+    malformed.episode.turns[-1].info["malformed_results"] = ["/cache/out.docx: BadZipFile: File is not a zip file"]
+    groups = [group_from_rollouts(0, "a", [_rollout("a", 0, 0, S, 1.0, 1), owned, plain, malformed])]
     batch = prepare_batch(groups, _settings(), num_minibatches=1, version=0)
-    assert batch.metrics["agent_fault/judge_tampered"] == 1 and batch.metrics["agent_fault/total"] == 1
+    assert batch.metrics["agent_fault/judge_tampered"] == 1 and batch.metrics["agent_fault/malformed_result"] == 1
+    assert batch.metrics["agent_fault/total"] == 2
     assert batch.metrics["quarantine/total"] == 0
     assert "a/g0/e1" in {item.episode_id for item in batch.items}
 

@@ -4,7 +4,8 @@ matching and the readers that tell an agent's missing file from a judge's missin
 Conventions (OSWorld's): a metric is `fn(result, expected, **options) -> float in [0, 1]`,
 called with the getter values in order; one that takes a single getter value is
 `fn(result, **options)`. A result the agent failed to produce (None, a missing file, or
-one malformed in its format: `is_parse_error`) scores 0. Anything wrong on the judge's side
+one malformed in its format: `is_parse_error`) scores 0; a malformed one is logged and noted
+for the verdict (`noting_malformed_results`). Anything wrong on the judge's side
 (a missing expected file, rules without a required key, an unknown option value) raises
 JudgeError, so the task is quarantined instead of scored; any other error of a metric is a
 bug, which the judge reports as a JudgeError with its traceback.
@@ -13,17 +14,22 @@ bug, which the judge reports as a JudgeError with its traceback.
 from __future__ import annotations
 
 import builtins
+import contextlib
+import contextvars
 import dataclasses
 import functools
+import logging
 import math
 import operator
 import pathlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cua_jax.envs.container_judge import JudgeError, JudgeTamperedError  # noqa: F401  the metrics raise them too
 from cua_jax.registry import Registry
+
+log = logging.getLogger(__name__)
 
 # Judge-side inputs a metric may ask for by keyword (Metric.needs), besides getter values.
 # judge: what runs judge code in the environment (`general.run_python_judge`).
@@ -199,9 +205,36 @@ def is_parse_error(error: BaseException, file_format: str) -> bool:
     return isinstance(error, types) or _raised_in(error, modules)
 
 
+# The notes of the verdict being reached (`noting_malformed_results`); None outside one.
+_malformed_results: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("malformed_results", default=None)
+
+
+@contextlib.contextmanager
+def noting_malformed_results() -> Iterator[list[str]]:
+    """Collects, while a judge reaches its verdict, a note for each of the agent's files found
+    malformed (`note_malformed_result`). A metric returns its score alone, so the notes travel
+    beside it to the verdict rather than through every metric's signature."""
+    notes: list[str] = []
+    token = _malformed_results.set(notes)
+    try:
+        yield notes
+    finally:
+        _malformed_results.reset(token)
+
+
+def note_malformed_result(path: Any, error: BaseException) -> None:
+    """Logs an agent's file malformed in its format (scored 0) and notes it for the verdict."""
+    note = f"{path}: {type(error).__name__}: {error}"
+    log.info("the agent's result file is malformed (scored 0): %s", note)
+    notes = _malformed_results.get()
+    if notes is not None:
+        notes.append(note)
+
+
 def load_result(loader: Callable[[str], Any], path: Any, file_format: str) -> Any:
     """Parse the agent's file; None when it is missing or malformed in `file_format` (a score
-    of 0, see `is_parse_error`). Any other error of the loader propagates: a judge's bug."""
+    of 0, see `is_parse_error`; a malformed one is noted, `note_malformed_result`). Any other
+    error of the loader propagates: a judge's bug."""
     _format_readers(file_format)  # an unknown format fails here, not only on a malformed file
     local = result_file(path)
     if local is None:
@@ -210,6 +243,7 @@ def load_result(loader: Callable[[str], Any], path: Any, file_format: str) -> An
         return loader(local)
     except Exception as error:
         if is_parse_error(error, file_format):
+            note_malformed_result(local, error)
             return None
         raise
 

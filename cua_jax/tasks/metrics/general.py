@@ -22,6 +22,7 @@ from cua_jax.tasks.metrics.base import (
     fuzzy_ratio,
     is_parse_error,
     metric,
+    note_malformed_result,
     read_text,
     result_file,
     rule,
@@ -343,6 +344,7 @@ def compare_zip_files(result_path: str | None, expected_path: str | None, **_) -
                             return 0.0
                     except Exception as error:
                         if is_parse_error(error, "pdf"):
+                            note_malformed_result(f"{local} ({name})", error)
                             return 0.0
                         raise
                 elif a != b:
