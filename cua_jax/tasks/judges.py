@@ -13,7 +13,7 @@ timeout, never in this process.
 Setup (`set_up`): first whether the environment can run the task at all
 (cua_jax.tasks.runnable: its apps, no network, implemented steps / getters / metrics),
 then its `config` steps as OSWorld runs them (`run_steps`; files come from the host:
-local paths, loopback URLs or the download mirror). The evaluator's `postconfig` steps
+local paths, loopback URLs or the download mirror: cua_jax.tasks.fetch). The evaluator's `postconfig` steps
 run before judging; there, as in OSWorld, a command's exit status reports on the agent's
 work instead of failing the step (run_steps says which failures fail where).
 
@@ -41,7 +41,6 @@ import shutil
 import time
 import traceback
 import urllib.parse
-import urllib.request
 import zipfile
 from typing import Any
 from xml.etree import ElementTree
@@ -49,89 +48,17 @@ from xml.etree import ElementTree
 from cua_jax.envs import actions as A
 from cua_jax.envs.client import EnvClient, EnvError, EnvRequestError
 from cua_jax.tasks import metrics
+from cua_jax.tasks.fetch import fetch, resolve_local
 from cua_jax.tasks.metrics import JudgeError  # raised by the metrics too
 from cua_jax.tasks.metrics.base import load_result
 from cua_jax.tasks.metrics.general import infeasible
 from cua_jax.tasks.schema import GETTERS, SETUP_STEPS, Check, Getter, Step, Task
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 log = logging.getLogger(__name__)
 
 
 class SetupError(RuntimeError):
     """A setup or postconfig step failed."""
-
-
-# ------------------------------------------------------------------------------------
-# Fetching local / loopback / mirrored resources on the host
-# ------------------------------------------------------------------------------------
-
-DOWNLOAD_MIRROR_ENV = "CUA_JAX_DOWNLOAD_MIRROR"
-
-
-class NetworkNeeded(PermissionError):
-    """A URL only the network can serve: not local, not loopback, not in the download mirror."""
-
-    def __init__(self, url: str):
-        super().__init__(f"needs network: {url}")
-        self.url = url
-
-
-def download_mirror(mirror: str | pathlib.Path | None = None) -> pathlib.Path | None:
-    """The download mirror folder: `mirror`, else $CUA_JAX_DOWNLOAD_MIRROR, else none."""
-    chosen = mirror if mirror is not None else os.environ.get(DOWNLOAD_MIRROR_ENV)
-    return pathlib.Path(chosen).expanduser() if chosen else None
-
-
-def mirror_path(url: str, mirror: str | pathlib.Path) -> pathlib.Path:
-    """Where a download mirror keeps `url`: <mirror>/<host[:port]>/<path, unquoted>, with
-    "?<query>" appended to the file name when the URL has a query. OSWorld's files
-    (https://huggingface.co/datasets/xlangai/ubuntu_osworld_file_cache/resolve/main/...)
-    mirror as <mirror>/huggingface.co/datasets/xlangai/...."""
-    parsed = urllib.parse.urlsplit(url)
-    parts = [p for p in urllib.parse.unquote(parsed.path).split("/") if p not in ("", ".", "..")]
-    if parsed.query:
-        parts = parts or ["index"]
-        parts[-1] += "?" + parsed.query
-    return pathlib.Path(mirror).expanduser() / parsed.netloc.lower() / pathlib.Path(*parts or ["index"])
-
-
-def needs_network(url: str, mirror: str | pathlib.Path | None = None) -> bool:
-    """True for an http(s) URL of another host that the download mirror does not hold."""
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("http", "https") or parsed.hostname in LOOPBACK_HOSTS:
-        return False
-    folder = download_mirror(mirror)
-    return folder is None or not mirror_path(url, folder).is_file()
-
-
-def _resolve_local(path: str, base_dir: str) -> pathlib.Path:
-    candidate = pathlib.Path(path).expanduser()
-    return candidate if candidate.is_absolute() else pathlib.Path(base_dir) / candidate
-
-
-def fetch(url: str, base_dir: str, timeout: float = 30.0, mirror: str | pathlib.Path | None = None) -> bytes:
-    """The bytes behind a local path, a file:// URL, a loopback http(s) URL, or an http(s)
-    URL the download mirror holds (`mirror`, default $CUA_JAX_DOWNLOAD_MIRROR).
-
-    Environments have no network, so downloads happen here and are uploaded; any other
-    URL raises NetworkNeeded ("needs network: <url>").
-    """
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme in ("", "file"):
-        path = _resolve_local(urllib.parse.unquote(parsed.path) if parsed.scheme else url, base_dir)
-        if not path.is_file():
-            raise FileNotFoundError(f"no such file: {path}")
-        return path.read_bytes()
-    if parsed.scheme in ("http", "https"):
-        if parsed.hostname in LOOPBACK_HOSTS:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
-                return response.read()
-        folder = download_mirror(mirror)
-        if folder is not None and mirror_path(url, folder).is_file():
-            return mirror_path(url, folder).read_bytes()
-        raise NetworkNeeded(url)
-    raise ValueError(f"unsupported URL scheme '{parsed.scheme}' in {url}")
 
 
 # ------------------------------------------------------------------------------------
@@ -694,7 +621,7 @@ class Getters:
         return str(local)
 
     def local_file(self, path: str) -> str:
-        local = _resolve_local(path, self.task.base_dir)
+        local = resolve_local(path, self.task.base_dir)
         if not local.is_file():
             raise JudgeError(f"expected file {local} does not exist")
         return str(local)
