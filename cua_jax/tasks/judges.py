@@ -47,11 +47,12 @@ from xml.etree import ElementTree
 
 from cua_jax.envs import actions as A
 from cua_jax.envs.client import EnvClient, EnvError, EnvRequestError
-from cua_jax.tasks import metrics
+from cua_jax.tasks import metrics, runnable
 from cua_jax.tasks.fetch import fetch, resolve_local
 from cua_jax.tasks.metrics import JudgeError  # raised by the metrics too
 from cua_jax.tasks.metrics.base import load_result
 from cua_jax.tasks.metrics.general import infeasible
+from cua_jax.tasks.runnable import IMPLEMENTED_GETTERS, IMPLEMENTED_STEPS
 from cua_jax.tasks.schema import GETTERS, SETUP_STEPS, Check, Getter, Step, Task
 
 log = logging.getLogger(__name__)
@@ -66,23 +67,6 @@ class SetupError(RuntimeError):
 # ------------------------------------------------------------------------------------
 
 CLIENT_PASSWORD = "password"  # the user's password in OSWorld's images: {CLIENT_PASSWORD}
-IMPLEMENTED_STEPS = frozenset(
-    {
-        "download",
-        "upload",
-        "upload_file",
-        "open",
-        "launch",
-        "execute",
-        "command",
-        "sleep",
-        "activate_window",
-        "close_window",
-        "chrome_open_tabs",
-        "chrome_close_tabs",
-        "change_wallpaper",
-    }
-)
 WINDOW_WAIT = 5.0  # seconds activate_window / close_window wait for their window to appear
 EXECUTE_TIMEOUT = 120.0  # seconds a command may run unless its step says (OSWorld's server's limit)
 CHROME_WAIT = 30.0  # seconds the chrome_* steps wait for Chromium's debugging endpoint
@@ -416,8 +400,6 @@ def set_up(
     """Prepare `task` on `client`'s environment: first whether it can run there at all
     (cua_jax.tasks.runnable: apps, network, implemented steps, getters and metrics; a
     SetupError lists every reason it cannot), then its `config` steps."""
-    from cua_jax.tasks import runnable
-
     ok, reasons = runnable.check_environment(task, client, mirror=mirror)
     if not ok:
         raise SetupError(f"task {task.id!r} cannot run in this environment: {'; '.join(reasons)}")
@@ -449,33 +431,6 @@ def set_up_task(task: Task, client: EnvClient, setup_actions: list[str] | None =
             raise SetupError(f"{task.id}: replaying setup action {index} failed: {result.error}")
 
 
-IMPLEMENTED_GETTERS = frozenset(
-    {
-        "vm_file",
-        "cloud_file",
-        "cache_file",
-        "local_file",
-        "content_from_vm_file",
-        "vm_command_line",
-        "vm_command_error",
-        "vm_terminal_output",
-        "accessibility_tree",
-        "list_directory",
-        "vm_screen_size",
-        "vm_window_size",
-        "vm_wallpaper",
-        "rule",
-        "time_diff_range",
-        "gimp_config_file",
-        "vlc_config",
-        "vlc_playing_info",
-        "default_video_player",
-        "vscode_config",
-        "audio_in_slide",
-        "background_image_in_slide",
-        "conference_city_in_order",
-    }
-)
 # OSWorld's get_default_video_player asks xdg-mime about these video types.
 VIDEO_TYPES = (
     "3gp",
