@@ -72,150 +72,23 @@ EXECUTE_TIMEOUT = 120.0  # seconds a command may run unless its step says (OSWor
 CHROME_WAIT = 30.0  # seconds the chrome_* steps wait for Chromium's debugging endpoint
 CHROMIUM_NAMES = ("google-chrome", "google-chrome-stable", "chromium", "chromium-browser")
 
+# Scripts the environment's Python runs (through /run_python), sent as their files hold them.
+ENV_SCRIPTS_DIR = pathlib.Path(__file__).resolve().parent / "env_scripts"
+
+
+def _env_script(name: str) -> str:
+    return (ENV_SCRIPTS_DIR / name).read_text(encoding="utf-8")
+
+
 # Run inside the environment by the server's Python (which has python-xlib): find the first
 # window whose title (or "res_name.res_class" with by_class) contains the name, any case
 # (strict: equals it), as wmctrl -a / -c match; activate it or ask it to close.
-_WINDOW_SCRIPT = r"""
-import json, time
-from Xlib import X, display, error, protocol
-
-def text(value):
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else (value or "")
-
-def windows(conn):
-    root = conn.screen().root
-    listed = root.get_full_property(conn.intern_atom("_NET_CLIENT_LIST"), X.AnyPropertyType)
-    if listed is not None and len(listed.value):
-        return [conn.create_resource_object("window", wid) for wid in listed.value]
-    found, stack = [], [root]
-    while stack:
-        try:
-            children = stack.pop().query_tree().children
-        except error.XError:
-            continue
-        for child in children:
-            try:
-                if child.get_attributes().map_state == X.IsViewable and (child.get_wm_name() or child.get_wm_class()):
-                    found.append(child)
-            except error.XError:
-                continue
-            stack.append(child)
-    return found
-
-def title(conn, window):
-    net = window.get_full_property(conn.intern_atom("_NET_WM_NAME"), conn.intern_atom("UTF8_STRING"))
-    return text(net.value) if net is not None and net.value else text(window.get_wm_name())
-
-def send(conn, window, atom, data):
-    event = protocol.event.ClientMessage(window=window, client_type=conn.intern_atom(atom),
-                                         data=(32, (data + [0, 0, 0, 0, 0])[:5]))
-    conn.screen().root.send_event(event, event_mask=X.SubstructureRedirectMask | X.SubstructureNotifyMask)
-
-def act(conn, window, action):
-    if action == "activate":
-        send(conn, window, "_NET_ACTIVE_WINDOW", [2, X.CurrentTime])
-        window.map()
-        window.configure(stack_mode=X.Above)
-        window.set_input_focus(X.RevertToParent, X.CurrentTime)
-        return
-    supported = conn.screen().root.get_full_property(conn.intern_atom("_NET_SUPPORTED"), X.AnyPropertyType)
-    if supported is not None and conn.intern_atom("_NET_CLOSE_WINDOW") in supported.value:
-        send(conn, window, "_NET_CLOSE_WINDOW", [X.CurrentTime, 2])
-        return
-    delete = conn.intern_atom("WM_DELETE_WINDOW")
-    if delete in (window.get_wm_protocols() or ()):
-        event = protocol.event.ClientMessage(window=window, client_type=conn.intern_atom("WM_PROTOCOLS"),
-                                             data=(32, [delete, X.CurrentTime, 0, 0, 0]))
-        window.send_event(event)
-    else:
-        window.kill_client()
-
-def main(args):
-    conn = display.Display()
-    wanted = args["name"] if args["strict"] else args["name"].lower()
-    deadline = time.monotonic() + args["wait"]
-    while True:
-        for window in windows(conn):
-            try:
-                name = ".".join(window.get_wm_class() or ()) if args["by_class"] else title(conn, window)
-                if (name == wanted) if args["strict"] else (wanted in name.lower()):
-                    act(conn, window, args["action"])
-                    conn.sync()
-                    print(json.dumps({"found": True, "window": window.id, "name": name}))
-                    return
-            except error.XError:
-                continue
-        if time.monotonic() >= deadline:
-            print(json.dumps({"found": False}))
-            return
-        time.sleep(0.2)
-"""
+_WINDOW_SCRIPT = _env_script("window.py")
 
 # Run inside the environment (standard library only): Chromium's remote-debugging HTTP
 # endpoints on localhost (OSWorld's 9222, or the 1337 its Chrome listens on), to open tabs
 # (the first replaces the start tab, as OSWorld's setup does) or close those at given URLs.
-_CHROME_SCRIPT = r"""
-import json, time, urllib.error, urllib.parse, urllib.request
-
-def call(port, path, method="GET"):
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
-    with urllib.request.urlopen(request, timeout=10) as response:
-        body = response.read()
-    try:
-        return json.loads(body)
-    except ValueError:
-        return body.decode(errors="replace")
-
-def endpoint(wait):
-    deadline = time.monotonic() + wait
-    while True:
-        for port in (9222, 1337):
-            try:
-                call(port, "/json/version")
-                return port
-            except (OSError, ValueError):
-                pass
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(1.0)
-
-def pages(port):
-    return [target for target in call(port, "/json/list") if target.get("type") == "page"]
-
-def norm(url):
-    if "://" not in url:
-        url = "http://" + url
-    parts = urllib.parse.urlsplit(url)
-    host = parts.netloc.lower()
-    host = host[4:] if host.startswith("www.") else host
-    return (parts.scheme.lower(), host, parts.path.rstrip("/"), parts.query)
-
-def main(args):
-    port = endpoint(args["wait"])
-    if port is None:
-        print(json.dumps({"error": "no Chromium remote-debugging endpoint answers on localhost:9222 or :1337"}))
-        return
-    if args["action"] == "open":
-        before = pages(port)
-        for index, url in enumerate(args["urls"]):
-            path = "/json/new?" + urllib.parse.quote(url, safe="")
-            try:
-                call(port, path, "PUT")
-            except urllib.error.HTTPError:
-                call(port, path)  # Chromium before 111 takes GET
-            if index == 0 and before:
-                call(port, "/json/close/" + before[0]["id"])
-        print(json.dumps({"opened": args["urls"]}))
-        return
-    closed = []
-    for url in args["urls"]:
-        for page in pages(port):
-            if norm(page.get("url", "")) == norm(url):
-                call(port, "/json/close/" + page["id"])
-                closed.append(url)
-                break
-    print(json.dumps({"closed": closed}))
-"""
+_CHROME_SCRIPT = _env_script("chrome_tabs.py")
 
 
 def _run_script(client: EnvClient, script: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -477,16 +350,7 @@ VIDEO_TYPES = (
     "x-theora",
     "x-theora+ogg",
 )
-_VLC_STATUS_SCRIPT = r"""
-import base64, json, urllib.request
-request = urllib.request.Request("http://127.0.0.1:8080/requests/status.xml")
-request.add_header("Authorization", "Basic " + base64.b64encode(b":password").decode())
-try:
-    with urllib.request.urlopen(request, timeout=10) as response:
-        print(json.dumps({"b64": base64.b64encode(response.read()).decode()}))
-except OSError as error:
-    print(json.dumps({"error": str(error)}))
-"""
+_VLC_STATUS_SCRIPT = _env_script("vlc_status.py")
 
 
 class Getters:

@@ -1,5 +1,6 @@
 """Metrics, host-side getters, downloads and the verdict combination of the judges."""
 
+import ast
 import datetime
 import functools
 import http.server
@@ -121,6 +122,16 @@ def test_fetch_local_file_loopback_and_mirrored_urls_only(tmp_path, loopback_ser
     assert not fetch.needs_network(f"{loopback_server}/expected.txt") and not fetch.needs_network("/local/path")
     with pytest.raises(ValueError, match="unsupported URL scheme"):
         fetch.fetch("ftp://127.0.0.1/x", "/")
+
+
+def test_env_scripts_compile_and_define_what_judges_calls():
+    # They run only inside an environment (python-xlib, Chromium, VLC); a syntax error would
+    # show there as a failed setup step, so catch it here.
+    scripts = {path.name: path.read_text() for path in judges.ENV_SCRIPTS_DIR.glob("*.py")}
+    assert set(scripts) == {"window.py", "chrome_tabs.py", "vlc_status.py"}
+    for name, text in scripts.items():
+        names = {node.name for node in ast.parse(text, name).body if isinstance(node, ast.FunctionDef)}
+        assert name == "vlc_status.py" or "main" in names, name
 
 
 def test_host_getters(tmp_path, loopback_server):
