@@ -13,7 +13,7 @@ timeout, never in this process.
 Setup (`set_up`): first whether the environment can run the task at all
 (cua_jax.tasks.runnable: its apps, no network, implemented steps / getters / metrics),
 then its `config` steps as OSWorld runs them (`run_steps`; files come from the host:
-local paths, loopback URLs or the download mirror). The evaluator's `postconfig` steps
+local paths, loopback URLs or the download mirror: cua_jax.tasks.fetch). The evaluator's `postconfig` steps
 run before judging; there, as in OSWorld, a command's exit status reports on the agent's
 work instead of failing the step (run_steps says which failures fail where).
 
@@ -42,20 +42,20 @@ import shutil
 import time
 import traceback
 import urllib.parse
-import urllib.request
 import zipfile
 from typing import Any
 from xml.etree import ElementTree
 
 from cua_jax.envs import actions as A
 from cua_jax.envs.client import EnvClient, EnvError, EnvRequestError
-from cua_jax.tasks import metrics
+from cua_jax.tasks import metrics, runnable
+from cua_jax.tasks.fetch import fetch, resolve_local
 from cua_jax.tasks.metrics import JudgeError  # raised by the metrics too
 from cua_jax.tasks.metrics.base import load_result, noting_malformed_results
 from cua_jax.tasks.metrics.general import infeasible
+from cua_jax.tasks.runnable import IMPLEMENTED_GETTERS, IMPLEMENTED_STEPS
 from cua_jax.tasks.schema import GETTERS, SETUP_STEPS, Check, Getter, Step, Task
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 log = logging.getLogger(__name__)
 
 
@@ -64,248 +64,32 @@ class SetupError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------
-# Fetching local / loopback / mirrored resources on the host
-# ------------------------------------------------------------------------------------
-
-DOWNLOAD_MIRROR_ENV = "CUA_JAX_DOWNLOAD_MIRROR"
-
-
-class NetworkNeeded(PermissionError):
-    """A URL only the network can serve: not local, not loopback, not in the download mirror."""
-
-    def __init__(self, url: str):
-        super().__init__(f"needs network: {url}")
-        self.url = url
-
-
-def download_mirror(mirror: str | pathlib.Path | None = None) -> pathlib.Path | None:
-    """The download mirror folder: `mirror`, else $CUA_JAX_DOWNLOAD_MIRROR, else none."""
-    chosen = mirror if mirror is not None else os.environ.get(DOWNLOAD_MIRROR_ENV)
-    return pathlib.Path(chosen).expanduser() if chosen else None
-
-
-def mirror_path(url: str, mirror: str | pathlib.Path) -> pathlib.Path:
-    """Where a download mirror keeps `url`: <mirror>/<host[:port]>/<path, unquoted>, with
-    "?<query>" appended to the file name when the URL has a query. OSWorld's files
-    (https://huggingface.co/datasets/xlangai/ubuntu_osworld_file_cache/resolve/main/...)
-    mirror as <mirror>/huggingface.co/datasets/xlangai/...."""
-    parsed = urllib.parse.urlsplit(url)
-    parts = [p for p in urllib.parse.unquote(parsed.path).split("/") if p not in ("", ".", "..")]
-    if parsed.query:
-        parts = parts or ["index"]
-        parts[-1] += "?" + parsed.query
-    return pathlib.Path(mirror).expanduser() / parsed.netloc.lower() / pathlib.Path(*parts or ["index"])
-
-
-def needs_network(url: str, mirror: str | pathlib.Path | None = None) -> bool:
-    """True for an http(s) URL of another host that the download mirror does not hold."""
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("http", "https") or parsed.hostname in LOOPBACK_HOSTS:
-        return False
-    folder = download_mirror(mirror)
-    return folder is None or not mirror_path(url, folder).is_file()
-
-
-def _resolve_local(path: str, base_dir: str) -> pathlib.Path:
-    candidate = pathlib.Path(path).expanduser()
-    return candidate if candidate.is_absolute() else pathlib.Path(base_dir) / candidate
-
-
-def fetch(url: str, base_dir: str, timeout: float = 30.0, mirror: str | pathlib.Path | None = None) -> bytes:
-    """The bytes behind a local path, a file:// URL, a loopback http(s) URL, or an http(s)
-    URL the download mirror holds (`mirror`, default $CUA_JAX_DOWNLOAD_MIRROR).
-
-    Environments have no network, so downloads happen here and are uploaded; any other
-    URL raises NetworkNeeded ("needs network: <url>").
-    """
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme in ("", "file"):
-        path = _resolve_local(urllib.parse.unquote(parsed.path) if parsed.scheme else url, base_dir)
-        if not path.is_file():
-            raise FileNotFoundError(f"no such file: {path}")
-        return path.read_bytes()
-    if parsed.scheme in ("http", "https"):
-        if parsed.hostname in LOOPBACK_HOSTS:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
-                return response.read()
-        folder = download_mirror(mirror)
-        if folder is not None and mirror_path(url, folder).is_file():
-            return mirror_path(url, folder).read_bytes()
-        raise NetworkNeeded(url)
-    raise ValueError(f"unsupported URL scheme '{parsed.scheme}' in {url}")
-
-
-# ------------------------------------------------------------------------------------
 # Setup and postconfig
 # ------------------------------------------------------------------------------------
 
 CLIENT_PASSWORD = "password"  # the user's password in OSWorld's images: {CLIENT_PASSWORD}
-IMPLEMENTED_STEPS = frozenset(
-    {
-        "download",
-        "upload",
-        "upload_file",
-        "open",
-        "launch",
-        "execute",
-        "command",
-        "sleep",
-        "activate_window",
-        "close_window",
-        "chrome_open_tabs",
-        "chrome_close_tabs",
-        "change_wallpaper",
-    }
-)
 WINDOW_WAIT = 5.0  # seconds activate_window / close_window wait for their window to appear
 EXECUTE_TIMEOUT = 120.0  # seconds a command may run unless its step says (OSWorld's server's limit)
 CHROME_WAIT = 30.0  # seconds the chrome_* steps wait for Chromium's debugging endpoint
 CHROMIUM_NAMES = ("google-chrome", "google-chrome-stable", "chromium", "chromium-browser")
 
+# Scripts the environment's Python runs (through /run_python), sent as their files hold them.
+ENV_SCRIPTS_DIR = pathlib.Path(__file__).resolve().parent / "env_scripts"
+
+
+def _env_script(name: str) -> str:
+    return (ENV_SCRIPTS_DIR / name).read_text(encoding="utf-8")
+
+
 # Run inside the environment by the server's Python (which has python-xlib): find the first
 # window whose title (or "res_name.res_class" with by_class) contains the name, any case
 # (strict: equals it), as wmctrl -a / -c match; activate it or ask it to close.
-_WINDOW_SCRIPT = r"""
-import json, time
-from Xlib import X, display, error, protocol
-
-def text(value):
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else (value or "")
-
-def windows(conn):
-    root = conn.screen().root
-    listed = root.get_full_property(conn.intern_atom("_NET_CLIENT_LIST"), X.AnyPropertyType)
-    if listed is not None and len(listed.value):
-        return [conn.create_resource_object("window", wid) for wid in listed.value]
-    found, stack = [], [root]
-    while stack:
-        try:
-            children = stack.pop().query_tree().children
-        except error.XError:
-            continue
-        for child in children:
-            try:
-                if child.get_attributes().map_state == X.IsViewable and (child.get_wm_name() or child.get_wm_class()):
-                    found.append(child)
-            except error.XError:
-                continue
-            stack.append(child)
-    return found
-
-def title(conn, window):
-    net = window.get_full_property(conn.intern_atom("_NET_WM_NAME"), conn.intern_atom("UTF8_STRING"))
-    return text(net.value) if net is not None and net.value else text(window.get_wm_name())
-
-def send(conn, window, atom, data):
-    event = protocol.event.ClientMessage(window=window, client_type=conn.intern_atom(atom),
-                                         data=(32, (data + [0, 0, 0, 0, 0])[:5]))
-    conn.screen().root.send_event(event, event_mask=X.SubstructureRedirectMask | X.SubstructureNotifyMask)
-
-def act(conn, window, action):
-    if action == "activate":
-        send(conn, window, "_NET_ACTIVE_WINDOW", [2, X.CurrentTime])
-        window.map()
-        window.configure(stack_mode=X.Above)
-        window.set_input_focus(X.RevertToParent, X.CurrentTime)
-        return
-    supported = conn.screen().root.get_full_property(conn.intern_atom("_NET_SUPPORTED"), X.AnyPropertyType)
-    if supported is not None and conn.intern_atom("_NET_CLOSE_WINDOW") in supported.value:
-        send(conn, window, "_NET_CLOSE_WINDOW", [X.CurrentTime, 2])
-        return
-    delete = conn.intern_atom("WM_DELETE_WINDOW")
-    if delete in (window.get_wm_protocols() or ()):
-        event = protocol.event.ClientMessage(window=window, client_type=conn.intern_atom("WM_PROTOCOLS"),
-                                             data=(32, [delete, X.CurrentTime, 0, 0, 0]))
-        window.send_event(event)
-    else:
-        window.kill_client()
-
-def main(args):
-    conn = display.Display()
-    wanted = args["name"] if args["strict"] else args["name"].lower()
-    deadline = time.monotonic() + args["wait"]
-    while True:
-        for window in windows(conn):
-            try:
-                name = ".".join(window.get_wm_class() or ()) if args["by_class"] else title(conn, window)
-                if (name == wanted) if args["strict"] else (wanted in name.lower()):
-                    act(conn, window, args["action"])
-                    conn.sync()
-                    print(json.dumps({"found": True, "window": window.id, "name": name}))
-                    return
-            except error.XError:
-                continue
-        if time.monotonic() >= deadline:
-            print(json.dumps({"found": False}))
-            return
-        time.sleep(0.2)
-"""
+_WINDOW_SCRIPT = _env_script("window.py")
 
 # Run inside the environment (standard library only): Chromium's remote-debugging HTTP
 # endpoints on localhost (OSWorld's 9222, or the 1337 its Chrome listens on), to open tabs
 # (the first replaces the start tab, as OSWorld's setup does) or close those at given URLs.
-_CHROME_SCRIPT = r"""
-import json, time, urllib.error, urllib.parse, urllib.request
-
-def call(port, path, method="GET"):
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
-    with urllib.request.urlopen(request, timeout=10) as response:
-        body = response.read()
-    try:
-        return json.loads(body)
-    except ValueError:
-        return body.decode(errors="replace")
-
-def endpoint(wait):
-    deadline = time.monotonic() + wait
-    while True:
-        for port in (9222, 1337):
-            try:
-                call(port, "/json/version")
-                return port
-            except (OSError, ValueError):
-                pass
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(1.0)
-
-def pages(port):
-    return [target for target in call(port, "/json/list") if target.get("type") == "page"]
-
-def norm(url):
-    if "://" not in url:
-        url = "http://" + url
-    parts = urllib.parse.urlsplit(url)
-    host = parts.netloc.lower()
-    host = host[4:] if host.startswith("www.") else host
-    return (parts.scheme.lower(), host, parts.path.rstrip("/"), parts.query)
-
-def main(args):
-    port = endpoint(args["wait"])
-    if port is None:
-        print(json.dumps({"error": "no Chromium remote-debugging endpoint answers on localhost:9222 or :1337"}))
-        return
-    if args["action"] == "open":
-        before = pages(port)
-        for index, url in enumerate(args["urls"]):
-            path = "/json/new?" + urllib.parse.quote(url, safe="")
-            try:
-                call(port, path, "PUT")
-            except urllib.error.HTTPError:
-                call(port, path)  # Chromium before 111 takes GET
-            if index == 0 and before:
-                call(port, "/json/close/" + before[0]["id"])
-        print(json.dumps({"opened": args["urls"]}))
-        return
-    closed = []
-    for url in args["urls"]:
-        for page in pages(port):
-            if norm(page.get("url", "")) == norm(url):
-                call(port, "/json/close/" + page["id"])
-                closed.append(url)
-                break
-    print(json.dumps({"closed": closed}))
-"""
+_CHROME_SCRIPT = _env_script("chrome_tabs.py")
 
 
 def _run_script(client: EnvClient, script: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -490,8 +274,6 @@ def set_up(
     """Prepare `task` on `client`'s environment: first whether it can run there at all
     (cua_jax.tasks.runnable: apps, network, implemented steps, getters and metrics; a
     SetupError lists every reason it cannot), then its `config` steps."""
-    from cua_jax.tasks import runnable
-
     ok, reasons = runnable.check_environment(task, client, mirror=mirror)
     if not ok:
         raise SetupError(f"task {task.id!r} cannot run in this environment: {'; '.join(reasons)}")
@@ -523,33 +305,6 @@ def set_up_task(task: Task, client: EnvClient, setup_actions: list[str] | None =
             raise SetupError(f"{task.id}: replaying setup action {index} failed: {result.error}")
 
 
-IMPLEMENTED_GETTERS = frozenset(
-    {
-        "vm_file",
-        "cloud_file",
-        "cache_file",
-        "local_file",
-        "content_from_vm_file",
-        "vm_command_line",
-        "vm_command_error",
-        "vm_terminal_output",
-        "accessibility_tree",
-        "list_directory",
-        "vm_screen_size",
-        "vm_window_size",
-        "vm_wallpaper",
-        "rule",
-        "time_diff_range",
-        "gimp_config_file",
-        "vlc_config",
-        "vlc_playing_info",
-        "default_video_player",
-        "vscode_config",
-        "audio_in_slide",
-        "background_image_in_slide",
-        "conference_city_in_order",
-    }
-)
 # OSWorld's get_default_video_player asks xdg-mime about these video types.
 VIDEO_TYPES = (
     "3gp",
@@ -596,16 +351,7 @@ VIDEO_TYPES = (
     "x-theora",
     "x-theora+ogg",
 )
-_VLC_STATUS_SCRIPT = r"""
-import base64, json, urllib.request
-request = urllib.request.Request("http://127.0.0.1:8080/requests/status.xml")
-request.add_header("Authorization", "Basic " + base64.b64encode(b":password").decode())
-try:
-    with urllib.request.urlopen(request, timeout=10) as response:
-        print(json.dumps({"b64": base64.b64encode(response.read()).decode()}))
-except OSError as error:
-    print(json.dumps({"error": str(error)}))
-"""
+_VLC_STATUS_SCRIPT = _env_script("vlc_status.py")
 
 
 class Getters:
@@ -695,7 +441,7 @@ class Getters:
         return str(local)
 
     def local_file(self, path: str) -> str:
-        local = _resolve_local(path, self.task.base_dir)
+        local = resolve_local(path, self.task.base_dir)
         if not local.is_file():
             raise JudgeError(f"expected file {local} does not exist")
         return str(local)

@@ -8,10 +8,10 @@ step and getter OSWorld defines. It is runnable here when it also meets these:
     every program its setup commands run (`sudo`, `unzip`, `gimp`, ...), and the Python
     modules those commands import (`python -c "import pyautogui; ..."`);
   * nothing needs the network, which environments do not have: a download is a local
-    file, a loopback URL or a URL the download mirror holds (judges.fetch), and no
+    file, a loopback URL or a URL the download mirror holds (cua_jax.tasks.fetch), and no
     command installs packages (`apt-get install`, `pip install pysrt`) or fetches URLs;
   * the project implements each of its setup steps, getters and metrics
-    (judges.IMPLEMENTED_STEPS / IMPLEMENTED_GETTERS, the metric registry).
+    (IMPLEMENTED_STEPS / IMPLEMENTED_GETTERS, the metric registry).
 
     needs(task)                        -> [Need]: what the task relies on (no environment)
     runnable(task, image_apps)         -> (ok, reasons), e.g. (False, ["needs app: thunderbird",
@@ -36,9 +36,55 @@ import weakref
 from collections.abc import Collection, Iterable
 
 from cua_jax.envs.client import EnvClient
-from cua_jax.tasks import judges, schema
+from cua_jax.tasks import fetch, schema
 from cua_jax.tasks.schema import Task
 
+# The setup steps and getters cua_jax.tasks.judges implements (judges asserts on import that
+# they are OSWorld's names and that each getter has its method).
+IMPLEMENTED_STEPS = frozenset(
+    {
+        "download",
+        "upload",
+        "upload_file",
+        "open",
+        "launch",
+        "execute",
+        "command",
+        "sleep",
+        "activate_window",
+        "close_window",
+        "chrome_open_tabs",
+        "chrome_close_tabs",
+        "change_wallpaper",
+    }
+)
+IMPLEMENTED_GETTERS = frozenset(
+    {
+        "vm_file",
+        "cloud_file",
+        "cache_file",
+        "local_file",
+        "content_from_vm_file",
+        "vm_command_line",
+        "vm_command_error",
+        "vm_terminal_output",
+        "accessibility_tree",
+        "list_directory",
+        "vm_screen_size",
+        "vm_window_size",
+        "vm_wallpaper",
+        "rule",
+        "time_diff_range",
+        "gimp_config_file",
+        "vlc_config",
+        "vlc_playing_info",
+        "default_video_player",
+        "vscode_config",
+        "audio_in_slide",
+        "background_image_in_slide",
+        "conference_city_in_order",
+    }
+)
 # Applications by the name reasons use, and what shows one is installed: a command on the
 # PATH or an absolute path that exists (any of them). Anything else a task names is a
 # command of that name.
@@ -269,7 +315,7 @@ def _network_use(program: str, args: list[str]) -> str | None:
         return line if any(_is_url(w) for w in words) else None
     if program in ("curl", "wget", "aria2c", "ssh", "scp", "rsync", "ftp"):
         hosts = [urllib.parse.urlsplit(w).hostname for w in words if _is_url(w)]
-        return line if any(h not in judges.LOOPBACK_HOSTS for h in hosts) or program in ("ssh", "scp") else None
+        return line if any(h not in fetch.LOOPBACK_HOSTS for h in hosts) or program in ("ssh", "scp") else None
     if program in ("snap", "flatpak", "npm", "conda", "gem") and words[:1] == ["install"]:
         return line
     return None
@@ -330,9 +376,9 @@ def command_needs(command: str | list[str], shell: bool, where: str = "") -> lis
 def _url_needs(url: str, where: str, base_dir: str, mirror) -> list[Need]:
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme in ("http", "https"):
-        return [Need("network", url, where)] if judges.needs_network(url, mirror) else []
+        return [Need("network", url, where)] if fetch.needs_network(url, mirror) else []
     if parsed.scheme in ("", "file"):
-        local = judges._resolve_local(urllib.parse.unquote(parsed.path) if parsed.scheme else url, base_dir)
+        local = fetch.resolve_local(urllib.parse.unquote(parsed.path) if parsed.scheme else url, base_dir)
         return [] if local.is_file() else [Need("file", str(local), where)]
     return [Need("network", url, where)]
 
@@ -340,7 +386,7 @@ def _url_needs(url: str, where: str, base_dir: str, mirror) -> list[Need]:
 def _step_needs(step: schema.Step, where: str, base_dir: str, mirror) -> list[Need]:
     p = step.parameters
     needs = [Need("app", app, where) for app in STEP_APPS.get(step.type, ())]
-    if step.type not in judges.IMPLEMENTED_STEPS:
+    if step.type not in IMPLEMENTED_STEPS:
         needs.append(Need("step", step.type, where))
     if step.type in NETWORK_STEPS:
         needs.append(Need("network", NETWORK_STEPS[step.type], where))
@@ -357,7 +403,7 @@ def _step_needs(step: schema.Step, where: str, base_dir: str, mirror) -> list[Ne
             Need("network", url, where)
             for url in p["urls_to_open"]
             if urllib.parse.urlsplit(url).scheme not in ("file", "about", "chrome", "data")
-            and urllib.parse.urlsplit(url if "://" in url else "http://" + url).hostname not in judges.LOOPBACK_HOSTS
+            and urllib.parse.urlsplit(url if "://" in url else "http://" + url).hostname not in fetch.LOOPBACK_HOSTS
         ]
     return needs
 
@@ -366,7 +412,7 @@ def _getter_needs(getter: schema.Getter, where: str, base_dir: str, mirror) -> l
     needs = [Need("app", app, where) for app in GETTER_APPS.get(getter.type, ())]
     if getter.type in BROWSER_GETTERS:
         needs.append(Need("app", "chromium", where))
-    if getter.type not in judges.IMPLEMENTED_GETTERS:
+    if getter.type not in IMPLEMENTED_GETTERS:
         needs.append(Need("getter", getter.type, where))
     if getter.type == "vscode_config":
         needs.append(Need("module", "python:pyautogui", where))
@@ -391,7 +437,7 @@ def _metric_needs(name: str, where: str) -> list[Need]:
 
 def needs(task: Task, mirror=None) -> list[Need]:
     """Everything `task` relies on, in task order (without asking any environment).
-    mirror: the download mirror (judges.download_mirror's default when None)."""
+    mirror: the download mirror (fetch.download_mirror's default when None)."""
     out: list[Need] = []
     for name in task.related_apps:
         app = RELATED_APPS[name.lower()] if name.lower() in RELATED_APPS else name

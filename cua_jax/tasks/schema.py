@@ -31,7 +31,7 @@ at setup with the reason.
 
 Setup steps (`config`, `postconfig`), as OSWorld runs them:
     download {files: [{url, path}]}       url: a local path, file:// URL, loopback URL, or a
-                                          URL found in the download mirror (judges.fetch);
+                                          URL found in the download mirror (cua_jax.tasks.fetch);
                                           fetched on the host and uploaded to `path`
     upload / upload_file {files: [{local_path, path}]}
     open {path}                           opens a file in its application

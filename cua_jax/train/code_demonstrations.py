@@ -4,7 +4,7 @@ agent loop on a code container, so the demonstrations' token streams are the RL 
 
     demonstrations = collect_code_demonstrations(tasks, seeds, code_env=..., segmenter=..., agent_config=...)
 
-Only episodes the task's tests judge a success are kept (`warm_start.Demonstrations`).
+Only episodes the task's tests judge a success are kept (`demonstrations.Demonstrations`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from cua_jax.rollout.engine import (
     RolloutEngine,
     SamplingConfig,
 )
+from cua_jax.train.demonstrations import Demonstrations, keep_successes, run_bounded
 
 
 class CodeOracleEngine(RolloutEngine):
@@ -83,11 +84,10 @@ def collect_code_demonstrations(
     """The oracle's episodes of every code task (`code_tasks.CodeTask`) x seed (a code task's
     instance is its bug: seeds only number the episodes), `concurrency` at a time, each on a
     `CodeEnvironment` of `code_env` (a `CodeEnvConfig`) reused for the next; only successes
-    are kept. Returns `warm_start.Demonstrations`."""
+    are kept. Returns `demonstrations.Demonstrations`."""
     from cua_jax.environments.code_env import CodeEnvironment
     from cua_jax.envs.code_actions import render_code_action
     from cua_jax.tasks.code_suite import oracle_actions
-    from cua_jax.train.warm_start import Demonstrations, keep_successes, run_bounded
 
     if not seeds:
         raise ValueError("collect_code_demonstrations needs at least one seed")

@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 
 from cua_jax.compilation import use_compilation_cache
+from cua_jax.train.demonstrations import Demonstrations
 from cua_jax.train.warm_start import (
     DemonstrationData,
-    Demonstrations,
     HeldOutScorer,
     SupervisedRun,
     collect_demonstrations,

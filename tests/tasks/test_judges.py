@@ -1,5 +1,6 @@
 """Metrics, host-side getters, downloads and the verdict combination of the judges."""
 
+import ast
 import datetime
 import functools
 import http.server
@@ -12,7 +13,7 @@ import zipfile
 import pytest
 
 from cua_jax.envs import actions as A
-from cua_jax.tasks import judges
+from cua_jax.tasks import fetch, judges
 from cua_jax.tasks.metrics.data import check_json
 from cua_jax.tasks.metrics.general import infeasible
 from cua_jax.tasks.metrics.sheets import compare_table
@@ -99,12 +100,12 @@ def loopback_server(tmp_path_factory):
 
 def test_fetch_local_file_loopback_and_mirrored_urls_only(tmp_path, loopback_server, monkeypatch):
     write(tmp_path / "local.txt", "local")
-    assert judges.fetch("local.txt", str(tmp_path)) == b"local"
-    assert judges.fetch(f"file://{tmp_path}/local.txt", "/") == b"local"
-    assert judges.fetch(f"{loopback_server}/expected.txt", "/") == b"served text\n"
-    monkeypatch.delenv(judges.DOWNLOAD_MIRROR_ENV, raising=False)
-    with pytest.raises(judges.NetworkNeeded, match="needs network: http://example.com/x"):
-        judges.fetch("http://example.com/x", "/")
+    assert fetch.fetch("local.txt", str(tmp_path)) == b"local"
+    assert fetch.fetch(f"file://{tmp_path}/local.txt", "/") == b"local"
+    assert fetch.fetch(f"{loopback_server}/expected.txt", "/") == b"served text\n"
+    monkeypatch.delenv(fetch.DOWNLOAD_MIRROR_ENV, raising=False)
+    with pytest.raises(fetch.NetworkNeeded, match="needs network: http://example.com/x"):
+        fetch.fetch("http://example.com/x", "/")
     # a download mirror serves cloud URLs by host and path (a query joins the file name)
     mirror = tmp_path / "mirror"
     (mirror / "huggingface.co/datasets/x").mkdir(parents=True)
@@ -112,16 +113,26 @@ def test_fetch_local_file_loopback_and_mirrored_urls_only(tmp_path, loopback_ser
     write(mirror / "huggingface.co/datasets/x/a b.txt", "mirrored")
     write(mirror / "drive.google.com/uc?id=7&export=download", "by query")
     url = "https://huggingface.co/datasets/x/a%20b.txt"
-    assert judges.fetch(url, "/", mirror=mirror) == b"mirrored"
-    assert judges.fetch("https://drive.google.com/uc?id=7&export=download", "/", mirror=mirror) == b"by query"
-    assert judges.needs_network(url) and not judges.needs_network(url, mirror)
-    monkeypatch.setenv(judges.DOWNLOAD_MIRROR_ENV, str(mirror))
-    assert judges.fetch(url, "/") == b"mirrored" and not judges.needs_network(url)
-    with pytest.raises(judges.NetworkNeeded, match="needs network: https://huggingface.co/datasets/x/other.txt"):
-        judges.fetch("https://huggingface.co/datasets/x/other.txt", "/")
-    assert not judges.needs_network(f"{loopback_server}/expected.txt") and not judges.needs_network("/local/path")
+    assert fetch.fetch(url, "/", mirror=mirror) == b"mirrored"
+    assert fetch.fetch("https://drive.google.com/uc?id=7&export=download", "/", mirror=mirror) == b"by query"
+    assert fetch.needs_network(url) and not fetch.needs_network(url, mirror)
+    monkeypatch.setenv(fetch.DOWNLOAD_MIRROR_ENV, str(mirror))
+    assert fetch.fetch(url, "/") == b"mirrored" and not fetch.needs_network(url)
+    with pytest.raises(fetch.NetworkNeeded, match="needs network: https://huggingface.co/datasets/x/other.txt"):
+        fetch.fetch("https://huggingface.co/datasets/x/other.txt", "/")
+    assert not fetch.needs_network(f"{loopback_server}/expected.txt") and not fetch.needs_network("/local/path")
     with pytest.raises(ValueError, match="unsupported URL scheme"):
-        judges.fetch("ftp://127.0.0.1/x", "/")
+        fetch.fetch("ftp://127.0.0.1/x", "/")
+
+
+def test_env_scripts_compile_and_define_what_judges_calls():
+    # They run only inside an environment (python-xlib, Chromium, VLC); a syntax error would
+    # show there as a failed setup step, so catch it here.
+    scripts = {path.name: path.read_text() for path in judges.ENV_SCRIPTS_DIR.glob("*.py")}
+    assert set(scripts) == {"window.py", "chrome_tabs.py", "vlc_status.py"}
+    for name, text in scripts.items():
+        names = {node.name for node in ast.parse(text, name).body if isinstance(node, ast.FunctionDef)}
+        assert name == "vlc_status.py" or "main" in names, name
 
 
 def test_host_getters(tmp_path, loopback_server):

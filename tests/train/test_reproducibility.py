@@ -16,7 +16,7 @@ from cua_jax.envs.contract import AgentEnvironment, EnvObservation, EnvReset, En
 from cua_jax.envs.faults import episode_outcome
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout
 from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, RolloutEngine
-from cua_jax.train import warm_start as W
+from cua_jax.train.demonstrations import run_bounded
 from cua_jax.types import Episode
 
 
@@ -51,7 +51,7 @@ def test_demonstrations_come_out_in_job_order_whatever_order_episodes_finish(con
     for trial in range(5):
         loop = _SlowLoop(random.Random(trial))
         jobs = [(loop, t, t, s, g) for g, (t, s) in enumerate((t, s) for t in tasks for s in seeds)]
-        rollouts = asyncio.run(W.run_bounded(jobs, concurrency, lambda: _NoEnvironment(None)))
+        rollouts = asyncio.run(run_bounded(jobs, concurrency, lambda: _NoEnvironment(None)))
         assert [r.episode.episode_id for r in rollouts] == expected
         finish_orders.add(tuple(loop.finished))
     if concurrency > 1:
