@@ -1,5 +1,9 @@
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 
-import json, time, urllib.error, urllib.parse, urllib.request
 
 def call(port, path, method="GET"):
     request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
@@ -9,6 +13,7 @@ def call(port, path, method="GET"):
         return json.loads(body)
     except ValueError:
         return body.decode(errors="replace")
+
 
 def endpoint(wait):
     deadline = time.monotonic() + wait
@@ -23,8 +28,10 @@ def endpoint(wait):
             return None
         time.sleep(1.0)
 
+
 def pages(port):
     return [target for target in call(port, "/json/list") if target.get("type") == "page"]
+
 
 def norm(url):
     if "://" not in url:
@@ -33,6 +40,7 @@ def norm(url):
     host = parts.netloc.lower()
     host = host[4:] if host.startswith("www.") else host
     return (parts.scheme.lower(), host, parts.path.rstrip("/"), parts.query)
+
 
 def main(args):
     port = endpoint(args["wait"])

@@ -1,5 +1,7 @@
+import base64
+import json
+import urllib.request
 
-import base64, json, urllib.request
 request = urllib.request.Request("http://127.0.0.1:8080/requests/status.xml")
 request.add_header("Authorization", "Basic " + base64.b64encode(b":password").decode())
 try:

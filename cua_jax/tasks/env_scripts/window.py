@@ -1,9 +1,12 @@
+import json
+import time
 
-import json, time
 from Xlib import X, display, error, protocol
+
 
 def text(value):
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else (value or "")
+
 
 def windows(conn):
     root = conn.screen().root
@@ -25,14 +28,18 @@ def windows(conn):
             stack.append(child)
     return found
 
+
 def title(conn, window):
     net = window.get_full_property(conn.intern_atom("_NET_WM_NAME"), conn.intern_atom("UTF8_STRING"))
     return text(net.value) if net is not None and net.value else text(window.get_wm_name())
 
+
 def send(conn, window, atom, data):
-    event = protocol.event.ClientMessage(window=window, client_type=conn.intern_atom(atom),
-                                         data=(32, (data + [0, 0, 0, 0, 0])[:5]))
+    event = protocol.event.ClientMessage(
+        window=window, client_type=conn.intern_atom(atom), data=(32, (data + [0, 0, 0, 0, 0])[:5])
+    )
     conn.screen().root.send_event(event, event_mask=X.SubstructureRedirectMask | X.SubstructureNotifyMask)
+
 
 def act(conn, window, action):
     if action == "activate":
@@ -47,11 +54,13 @@ def act(conn, window, action):
         return
     delete = conn.intern_atom("WM_DELETE_WINDOW")
     if delete in (window.get_wm_protocols() or ()):
-        event = protocol.event.ClientMessage(window=window, client_type=conn.intern_atom("WM_PROTOCOLS"),
-                                             data=(32, [delete, X.CurrentTime, 0, 0, 0]))
+        event = protocol.event.ClientMessage(
+            window=window, client_type=conn.intern_atom("WM_PROTOCOLS"), data=(32, [delete, X.CurrentTime, 0, 0, 0])
+        )
         window.send_event(event)
     else:
         window.kill_client()
+
 
 def main(args):
     conn = display.Display()
