@@ -222,8 +222,11 @@ def test_verdict_errors_are_the_judges(tmp_path):
         },
         tmp_path,
     )
-    with pytest.raises(judges.JudgeError, match="metric literal_match failed: TypeError"):
+    with pytest.raises(judges.JudgeError, match="metric literal_match failed: TypeError") as caught:
         judges.evaluate(literal, FakeClient(), tmp_path / "cache", last_action=A.Done())
+    assert isinstance(caught.value.__cause__, TypeError)
+    # The message is what an episode's fault records: it carries the traceback.
+    assert "Traceback (most recent call last)" in str(caught.value) and "in _score" in str(caught.value)
     sqlite = task(
         {
             "func": "run_sqlite3",
@@ -237,23 +240,6 @@ def test_verdict_errors_are_the_judges(tmp_path):
     sqlite3.connect(tmp_path / "db.sqlite").close()
     with pytest.raises(judges.JudgeError, match="gave 7.0, not a reward"):
         judges.evaluate(sqlite, FakeClient(), tmp_path / "cache", last_action=A.Done())
-
-
-def test_a_broken_metric_is_a_judge_error_with_its_traceback(tmp_path):
-    literal = task(
-        {
-            "func": "literal_match",
-            "result": {"type": "rule", "rules": {}},
-            "expected": {"type": "rule", "rules": {}},
-            "options": {"flavour": 1},
-        },
-        tmp_path,
-    )
-    with pytest.raises(judges.JudgeError) as caught:
-        judges.evaluate(literal, FakeClient(), tmp_path / "cache", last_action=A.Done())
-    assert isinstance(caught.value.__cause__, TypeError)
-    # The message is what an episode's fault records: it carries the traceback.
-    assert "Traceback (most recent call last)" in str(caught.value) and "in _score" in str(caught.value)
 
 
 def test_a_malformed_result_scores_zero_and_a_reader_bug_raises(tmp_path):
