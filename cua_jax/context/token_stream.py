@@ -123,7 +123,8 @@ class TokenStreamBuilder:
         """Append the engine's response ids/logprobs; `text` (its decoded content) extends H for later diffs."""
         if not self._awaiting_response or turn != self._turn:
             raise ValueError(
-                f"response for turn {turn} out of order (expecting {'response' if self._awaiting_response else 'observation'} of turn {self._turn})"
+                f"response for turn {turn} out of order "
+                f"(expecting {'response' if self._awaiting_response else 'observation'} of turn {self._turn})"
             )
         self.messages.append({"role": "assistant", "content": text})
         rendered = self.renderer.render(self.messages, add_generation_prompt=False)
@@ -157,7 +158,8 @@ class TokenStreamBuilder:
         """Append the diff Tokenize(H + o)[len(Tokenize(H)):] (observation + generation prompt), mask 0."""
         if self._awaiting_response or turn != self._turn + 1:
             raise ValueError(
-                f"observation for turn {turn} out of order (turn {self._turn} awaits {'its response' if self._awaiting_response else 'the next observation'})"
+                f"observation for turn {turn} out of order "
+                f"(turn {self._turn} awaits {'its response' if self._awaiting_response else 'the next observation'})"
             )
         self.messages.append(message)
         rendered = self.renderer.render(self.messages, add_generation_prompt=True)

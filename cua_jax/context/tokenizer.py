@@ -73,7 +73,7 @@ QWEN_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 
 # Qwen2/Qwen3's pre-tokenizer split (contractions, letters, single digits, punctuation runs, newlines).
-QWEN_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+QWEN_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501 (kept whole to compare with upstream)
 
 # Renders like Qwen3-VL-Instruct's chat template: ChatML turns, images and videos as one
 # vision_start/pad/vision_end triple each (the processor expands the pad to the merged patch
@@ -146,7 +146,7 @@ QWEN_VL_CHAT_TEMPLATE = r"""{%- macro render_content(content, allow_vision) -%}
 {%- if add_generation_prompt -%}
     {{- '<|im_start|>assistant\n' -}}
 {%- endif -%}
-"""
+"""  # noqa: E501 (Qwen's system-prompt lines kept whole to compare with upstream)
 
 # Image-processor settings: Qwen3-VL's patch geometry, pixel bounds sized for small screenshots
 # (at most 256 merged tokens per image; a 160x210 MiniWoB page gives 35).
@@ -317,9 +317,9 @@ def load_tokenizer(path: str | os.PathLike | None = None):
     """Load a tokenizer directory with transformers: the shipped tiny one by default, or a real Qwen3-VL one.
 
     The chat template comes from the tokenizer files (chat_template.jinja / tokenizer_config.json)
-    or, failing those, from the processor's chat_template.json. Returns a `PreTrainedTokenizerFast` (transformers' tokenizers backend) with the chat template
-    attached. Special token ids come from the tokenizer, e.g.
-    `tok.convert_tokens_to_ids("<|image_pad|>")` or `special_token_ids(tok)`.
+    or, failing those, from the processor's chat_template.json. Returns a `PreTrainedTokenizerFast`
+    (transformers' tokenizers backend) with the chat template attached. Special token ids come from
+    the tokenizer, e.g. `tok.convert_tokens_to_ids("<|image_pad|>")` or `special_token_ids(tok)`.
     """
     from transformers import AutoTokenizer
 

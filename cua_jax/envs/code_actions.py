@@ -165,15 +165,21 @@ def render_code_action(action: CodeAction) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
 
 
-TOOL_DESCRIPTION = """You work in a Python repository at /work/repo (the current directory) inside a container without network.
-Tools (call exactly one per turn as <tool_call>{"name": ..., "arguments": {...}}</tool_call>):
-- bash: {"command": "...", "timeout": seconds (optional)} runs a shell command; you see its exit code, stdout and stderr.
-- str_replace_editor: {"command": "view", "path": P, "view_range": [first, last] (optional)} shows a file with line numbers or lists a directory;
-  {"command": "create", "path": P, "file_text": "..."} writes a file;
-  {"command": "str_replace", "path": P, "old_str": "...", "new_str": "..."} replaces old_str, which must occur exactly once;
-  {"command": "insert", "path": P, "insert_line": N, "new_str": "..."} inserts text after line N (0: at the top).
-  Paths are relative to /work/repo; files outside it cannot be edited.
-- submit: {} ends the episode; the repository's tests then judge your fix."""
+TOOL_DESCRIPTION = (
+    "You work in a Python repository at /work/repo (the current directory) inside a container without network.\n"
+    'Tools (call exactly one per turn as <tool_call>{"name": ..., "arguments": {...}}</tool_call>):\n'
+    '- bash: {"command": "...", "timeout": seconds (optional)} runs a shell command; '
+    "you see its exit code, stdout and stderr.\n"
+    '- str_replace_editor: {"command": "view", "path": P, "view_range": [first, last] (optional)} '
+    "shows a file with line numbers or lists a directory;\n"
+    '  {"command": "create", "path": P, "file_text": "..."} writes a file;\n'
+    '  {"command": "str_replace", "path": P, "old_str": "...", "new_str": "..."} '
+    "replaces old_str, which must occur exactly once;\n"
+    '  {"command": "insert", "path": P, "insert_line": N, "new_str": "..."} '
+    "inserts text after line N (0: at the top).\n"
+    "  Paths are relative to /work/repo; files outside it cannot be edited.\n"
+    "- submit: {} ends the episode; the repository's tests then judge your fix."
+)
 
 # The system prompt of a code episode (`CodeEnvironment.system_prompt`, shown by the agent loop).
 SYSTEM_PROMPT = (

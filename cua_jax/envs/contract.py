@@ -18,7 +18,8 @@ outcome is QUARANTINED and whose `fault` says why. Anything else an adapter rais
 in this library and propagates (`faults.classify_environment_error` draws that line).
 
 `EnvironmentWrapper` passes the contract through to a wrapped environment (fault injection,
-added latency override what they change). Adapters: `cua_jax.environments.capsule_env.MiniWoBEnvironment` (MiniWoB++ in a capsule of a shared
+added latency override what they change). Adapters:
+`cua_jax.environments.capsule_env.MiniWoBEnvironment` (MiniWoB++ in a capsule of a shared
 browser), `cua_jax.environments.desktop_env.DesktopEnvironment` (a task of OSWorld's format on a
 pooled Docker desktop) and `cua_jax.environments.code_env.CodeEnvironment` (a Python repository in a
 container, acted on with its own shell and editor tools: `system_prompt`, `parse_action`).

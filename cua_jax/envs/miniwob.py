@@ -506,7 +506,8 @@ _RESET_NUMBERING_JS = """
 # centre of the element's part inside the task region (width x height) when the element (or
 # one of its descendants) is what a click there hits, else the hit point nearest that centre
 # on a 2-pixel lattice: an element partly covered by another is clicked where it shows.
-_RESOLVE_ELEMENT_JS = """([ref, width, height]) => {
+_RESOLVE_ELEMENT_JS = (
+    """([ref, width, height]) => {
   var element = document.querySelector('[data-wob_ref="' + ref + '"]');
   if (element === null || element.dataset.wob_eps !== 'e' + WOB_EPISODE_ID) {
     return {status: ref < core.nextRefCode ? 'gone' : 'unknown'};
@@ -522,7 +523,8 @@ _RESOLVE_ELEMENT_JS = """([ref, width, height]) => {
   var right = Math.min(width, rect.right), bottom = Math.min(height, rect.bottom);
   if (!visible || right - left < 1 || bottom - top < 1) return found;
   var cx = Math.floor((left + right) / 2), cy = Math.floor((top + bottom) / 2);
-  var hits = function (x, y) { var at = document.elementFromPoint(x + 0.5, y + 0.5); return at !== null && element.contains(at); };
+  var hits = function (x, y) { var at = document.elementFromPoint(x + 0.5, y + 0.5);"""
+    """ return at !== null && element.contains(at); };
   var point = hits(cx, cy) ? [cx, cy] : null, nearest = Infinity;
   for (var y = Math.ceil(top); point === null && y < bottom; y += 2) {
     for (var x = Math.ceil(left); x < right; x += 2) {
@@ -534,6 +536,7 @@ _RESOLVE_ELEMENT_JS = """([ref, width, height]) => {
   found.status = found.x === undefined ? 'covered' : 'ok';
   return found;
 }"""
+)
 
 # Set-of-marks: which elements get their id drawn on the screenshot (every element keeps its
 # id in the DOM text). Interactive tags, and leaves with text or a value (MiniWoB's widgets

@@ -477,9 +477,10 @@ def _movie_search(page: _Page) -> A.Action:
 
 def _use_autocomplete(page: _Page) -> A.Action:
     """Type the start; wait for the menu that typing opens (after 300 ms; the down arrow would
-    race it, and in an open menu it picks the first item); enter the whole name of an item that fits (typed: the menu's items are rebuilt as it
-    searches and may lie outside the task region); leave the field with Tab (which closes the
-    menu that typing opened over the button); submit."""
+    race it, and in an open menu it picks the first item); enter the whole name of an item that
+    fits (typed: the menu's items are rebuilt as it searches and may lie outside the task
+    region); leave the field with Tab (which closes the menu that typing opened over the
+    button); submit."""
     match = page.match(r'Enter an item that starts with "(.*?)"(?: and ends with "(.*?)")?\.')
     start, end = match.group(1), match.group(2) or ""
 

@@ -23,8 +23,9 @@ own clock (chase-circle, moving-items, jQuery UI slides); the DOM changed beyond
 (contenteditable text, `<details open>`); the episode ended; a mouse button is held; a
 scroll is still in progress; a field holds input its value does not show
 (`validity.badInput`); a date or time field has the focus (the segment it edits is not a
-property); the page navigated to a #fragment. Not restored, as no observation or reward reads them: the click-trace canvas and
-the reward/countdown panel beside the 160 x 210 task region, and the countdown's closure.
+property); the page navigated to a #fragment. Not restored, as no observation or reward
+reads them: the click-trace canvas and the reward/countdown panel beside the 160 x 210 task
+region, and the countdown's closure.
 Wall-clock time is not page state here: the caller moves the fork's clock with
 `MiniWoBPage.set_elapsed_ms`, as a replay fork does.
 
@@ -101,7 +102,8 @@ class PageState:
 # listener on window. Timers and animation frames are wrapped; MutationObserver sees the DOM.
 # The record restarts when core.startEpisodeReal returns: what the seeded episode start itself
 # does, a fresh page begun with the same seed does too.
-_RECORDER_JS = r"""
+_RECORDER_JS = (
+    r"""
 (() => {
   if (Object.prototype.hasOwnProperty.call(window, '__cuaStateRecorder')) return;
   const native = {
@@ -228,7 +230,8 @@ _RECORDER_JS = r"""
 
   // Timers and animation frames. Core's episode timer and countdown are recognised by their
   // ids (core.EP_TIMER, core.CD_TIMER) when asked.
-  const isCoreTimer = (key) => !!window.core && (key === 'T' + window.core.EP_TIMER || key === 'T' + window.core.CD_TIMER);
+  const isCoreTimer = (key) => !!window.core && (key === 'T' + window.core.EP_TIMER"""
+    r""" || key === 'T' + window.core.CD_TIMER);
   const wrapTimer = (kind, prefix, repeats, schedule, args) => {
     const fn = args[0];
     const task = taskOrigin();
@@ -266,13 +269,15 @@ _RECORDER_JS = r"""
   const interesting = (record) => {
     if (record.type === 'attributes' && IGNORED_ATTRIBUTES.indexOf(record.attributeName) >= 0) return false;
     if (record.type === 'attributes' && record.attributeName === 'style'
-        && R.styleWithoutCaret(record.oldValue) === R.styleWithoutCaret(record.target.getAttribute('style'))) return false;
+        && R.styleWithoutCaret(record.oldValue) === R.styleWithoutCaret(record.target.getAttribute('style')))"""
+    r""" return false;
     const element = record.target.nodeType === 1 ? record.target : record.target.parentElement;
     return !(element && element.closest && element.closest(CORE_PARTS));
   };
   const keep = (record) => {
     if (R.started && interesting(record) && R.mutations.length < 50) {
-      R.mutations.push(record.type + (record.attributeName ? ' ' + record.attributeName : '') + ' on ' + describe(record.target));
+      R.mutations.push(record.type + (record.attributeName ? ' ' + record.attributeName : '')"""
+    r""" + ' on ' + describe(record.target));
     }
   };
   const observer = new MutationObserver((records) => records.forEach(keep));
@@ -310,9 +315,11 @@ _RECORDER_JS = r"""
     get() { return coreValue; }, set(value) { coreValue = value; hookCore(value); }});
 })();
 """
+)
 
 # Paths, the fingerprint's serialisation, and the text-field test, shared by capture and restore.
-_HELPERS_JS = r"""
+_HELPERS_JS = (
+    r"""
   const body = document.body;
   const episodeMark = 'e' + WOB_EPISODE_ID;
   const elementPath = (el) => {
@@ -346,7 +353,8 @@ _HELPERS_JS = r"""
   const hasSelection = (el) => {
     try { return el.selectionStart !== null && el.selectionStart !== undefined; } catch (e) { return false; }
   };
-  const isTextControl = (el) => (el instanceof HTMLInputElement || el instanceof HTMLTextAreaElement) && hasSelection(el);
+  const isTextControl = (el) => (el instanceof HTMLInputElement || el instanceof HTMLTextAreaElement)"""
+    r""" && hasSelection(el);
   const fingerprintText = () => {
     const active = document.activeElement;
     const out = [];
@@ -365,8 +373,10 @@ _HELPERS_JS = r"""
       const props = [];
       if (node instanceof HTMLInputElement || node instanceof HTMLTextAreaElement) {
         props.push('value=' + JSON.stringify(node.value));
-        if (node instanceof HTMLInputElement) props.push('checked=' + node.checked, 'indeterminate=' + node.indeterminate);
-        if (hasSelection(node)) props.push('selection=' + [node.selectionStart, node.selectionEnd, node.selectionDirection]);
+        if (node instanceof HTMLInputElement)"""
+    r""" props.push('checked=' + node.checked, 'indeterminate=' + node.indeterminate);
+        if (hasSelection(node))"""
+    r""" props.push('selection=' + [node.selectionStart, node.selectionEnd, node.selectionDirection]);
       }
       if (node instanceof HTMLOptionElement) props.push('selected=' + node.selected);
       if (node.scrollLeft || node.scrollTop) props.push('scroll=' + node.scrollLeft + ',' + node.scrollTop);
@@ -389,10 +399,12 @@ _HELPERS_JS = r"""
     return out.join('\n');
   };
 """
+)
 
 _CAPTURE_JS = (
     "() => {\n  const R = window.__cuaStateRecorder;\n"
-    "  if (!R) return {refused: 'the page has no state recorder: call install_state_recorder before loading the task'};\n"
+    "  if (!R) return {refused: 'the page has no state recorder: "
+    "call install_state_recorder before loading the task'};\n"
     "  if (typeof core === 'undefined' || !R.started) return {refused: 'no episode has started on this page'};\n"
     + _HELPERS_JS
     + r"""
@@ -405,22 +417,26 @@ _CAPTURE_JS = (
   const animations = document.getAnimations().filter((a) => a.playState === 'running' || a.pending);
   if (animations.length) reasons.push(animations.length + ' animation(s) running');
   R.flushMutations();
-  if (R.mutations.length) reasons.push('the DOM changed beyond form state: ' + unique(R.mutations).slice(0, 5).join(', '));
+  if (R.mutations.length)"""
+    r""" reasons.push('the DOM changed beyond form state: ' + unique(R.mutations).slice(0, 5).join(', '));
   if (R.buttons) reasons.push('a mouse button is held down');
   if (R.scrolling.size) reasons.push('a scroll is in progress');
   if (location.href !== R.startHref) reasons.push('the page navigated to ' + location.hash);
   const controls = Array.from(body.querySelectorAll('input, textarea, select'));
   for (const el of controls) {
-    if (el.validity && el.validity.badInput) reasons.push('a field (' + el.tagName + ') holds input its value does not show');
+    if (el.validity && el.validity.badInput)"""
+    r""" reasons.push('a field (' + el.tagName + ') holds input its value does not show');
     if (el.type === 'file' && el.files && el.files.length) reasons.push('a file input holds files');
   }
   const active = document.activeElement;
   // A focused date or time field edits one segment (month, hour), which no property shows.
-  if (active instanceof HTMLInputElement && ['date', 'datetime-local', 'month', 'week', 'time'].indexOf(active.type) >= 0) {
+  if (active instanceof HTMLInputElement"""
+    r""" && ['date', 'datetime-local', 'month', 'week', 'time'].indexOf(active.type) >= 0) {
     reasons.push('the focus is in a ' + active.type + ' field, whose segment being edited the page cannot read');
   }
   if (active && active !== body && elementPath(active) === null) reasons.push('the focus is outside the page body');
-  if (active && (active.tagName === 'IFRAME' || active.shadowRoot)) reasons.push('the focus is inside a frame or shadow root');
+  if (active && (active.tagName === 'IFRAME' || active.shadowRoot))"""
+    r""" reasons.push('the focus is inside a frame or shadow root');
   if (reasons.length) return {refused: reasons.join('; ')};
 
   const fields = controls.map((el) => ({
@@ -437,8 +453,10 @@ _CAPTURE_JS = (
   if (body.scrollLeft || body.scrollTop) scrolled.unshift(['', body.scrollLeft, body.scrollTop]);
   const refs = Array.from(body.querySelectorAll('[data-wob_ref]')).filter((el) => el.dataset.wob_eps === episodeMark)
     .map((el) => [elementPath(el), +el.dataset.wob_ref]);
-  if (body.dataset.wob_ref !== undefined && body.dataset.wob_eps === episodeMark) refs.unshift(['', +body.dataset.wob_ref]);
-  const tampered = Array.from(body.querySelectorAll('[data-tampered]')).filter((el) => el.dataset.tampered === episodeMark)
+  if (body.dataset.wob_ref !== undefined && body.dataset.wob_eps === episodeMark)"""
+    r""" refs.unshift(['', +body.dataset.wob_ref]);
+  const tampered = Array.from(body.querySelectorAll('[data-tampered]'))"""
+    r""".filter((el) => el.dataset.tampered === episodeMark)
     .map(elementPath);
   if (body.dataset.tampered === episodeMark) tampered.unshift('');
   const selection = window.getSelection();
@@ -464,9 +482,7 @@ _RESTORE_JS = (
     "(s) => {\n  const R = window.__cuaStateRecorder;\n"
     "  if (!R) return {error: 'the page has no state recorder: call install_state_recorder before loading the task'};\n"
     "  if (typeof core === 'undefined' || !R.started) {\n"
-    "    return {error: 'no episode has begun on this page: call begin_episode first'};\n  }\n"
-    + _HELPERS_JS
-    + r"""
+    "    return {error: 'no episode has begun on this page: call begin_episode first'};\n  }\n" + _HELPERS_JS + r"""
   if (location.pathname !== s.urlPath) return {error: 'another task: ' + location.pathname + ', captured ' + s.urlPath};
   if (core.EPISODE_MAX_TIME !== s.maxTime) {
     return {error: 'the episode time limit is ' + core.EPISODE_MAX_TIME + ' ms, captured ' + s.maxTime
@@ -482,7 +498,8 @@ _RESTORE_JS = (
     const el = controls[i], f = s.fields[i];
     const kind = el.tagName + (el instanceof HTMLInputElement ? '_' + el.type : '');
     if (elementPath(el) !== f.path || kind !== f.kind) {
-      return {error: 'form field ' + i + ' is ' + kind + ' at ' + elementPath(el) + ', captured ' + f.kind + ' at ' + f.path};
+      return {error: 'form field ' + i + ' is ' + kind + ' at ' + elementPath(el)"""
+    r""" + ', captured ' + f.kind + ' at ' + f.path};
     }
     if (f.value !== null && el.value !== f.value) el.value = f.value;
     if (el instanceof HTMLInputElement) {
@@ -491,7 +508,8 @@ _RESTORE_JS = (
     }
     if (el instanceof HTMLSelectElement) {
       if (el.options.length !== f.options.length) return {error: 'select at ' + f.path + ' has other options'};
-      f.options.forEach((selected, j) => { if (el.options[j].selected !== selected) el.options[j].selected = selected; });
+      f.options.forEach((selected, j) => {"""
+    r""" if (el.options[j].selected !== selected) el.options[j].selected = selected; });
     }
   }
   const applySelection = (el, f) => {

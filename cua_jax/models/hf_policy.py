@@ -3,8 +3,9 @@
 A policy directory is what transformers' `save_pretrained` writes for a Qwen3ForCausalLM, a
 Qwen3VLForConditionalGeneration, a Qwen3_5ForConditionalGeneration or a Qwen3_5ForCausalLM, plus
 the policy's tokenizer (with its chat template) and image processor: config.json, safetensors
-weights (model.safetensors, or shards listed by model.safetensors.index.json), tokenizer.json / tokenizer_config.json / chat_template.jinja and
-preprocessor_config.json. The same directory loads in transformers, in vLLM and here.
+weights (model.safetensors, or shards listed by model.safetensors.index.json), tokenizer.json /
+tokenizer_config.json / chat_template.jinja and preprocessor_config.json. The same directory
+loads in transformers, in vLLM and here.
 
 * `check_policy_directory` validates a directory before any weight is read, with errors naming
   the file and field at fault;
@@ -185,7 +186,8 @@ def load_policy(directory: str | os.PathLike, **overrides):
     "qwen3" gives our Qwen3ForCausalLM (`checkpoint.load_qwen3`), "qwen3_vl" our
     Qwen3VLForConditionalGeneration (`qwen3_vl.load_qwen3_vl`), "qwen3_5" / "qwen3_5_text" our
     Qwen3.5 (`qwen3_5.load_qwen3_5`).
-    The directory is checked first (`check_policy_directory`); overrides go to the loader (mesh, rules, dtype, param_dtype, freeze_vision for Qwen3-VL)."""
+    The directory is checked first (`check_policy_directory`); overrides go to the loader (mesh,
+    rules, dtype, param_dtype, freeze_vision for Qwen3-VL)."""
     policy = check_policy_directory(directory)
     model, _ = MODEL_KINDS[policy.kind].load(directory, **overrides)
     return model, policy.kind

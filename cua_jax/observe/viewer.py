@@ -67,7 +67,8 @@ th { background: #f3f3f3; }
 .filters select { margin-right: 12px; }
 """
 
-SCRIPT = """
+SCRIPT = (
+    """
 (function () {
   function logprobColor(value) {  // unlikely tokens (low logprob) red
     if (value === null || isNaN(value)) return "transparent";
@@ -97,7 +98,8 @@ SCRIPT = """
     var task = document.getElementById("task-filter").value;
     var outcome = document.getElementById("outcome-filter").value;
     document.querySelectorAll("tr[data-task]").forEach(function (row) {
-      var show = (!task || row.dataset.task === task) && (!outcome || !row.dataset.outcome || row.dataset.outcome === outcome);
+      var show = (!task || row.dataset.task === task)"""
+    """ && (!outcome || !row.dataset.outcome || row.dataset.outcome === outcome);
       row.hidden = !show;
     });
   }
@@ -107,6 +109,7 @@ SCRIPT = """
   });
 })();
 """
+)
 
 
 @dataclasses.dataclass

@@ -184,7 +184,8 @@ class AgentConfig:
             raise ValueError(f"batch_wait_s must be >= 0 or None, got {self.batch_wait_s}")
         if self.max_response_tokens is not None and self.max_response_tokens < 1:
             raise ValueError(
-                f"max_response_tokens (the episode's response budget) must be >= 1 or None, got {self.max_response_tokens}"
+                "max_response_tokens (the episode's response budget) must be >= 1 or None, "
+                f"got {self.max_response_tokens}"
             )
         if self.max_observation_tokens is not None and self.max_observation_tokens < 1:
             raise ValueError(

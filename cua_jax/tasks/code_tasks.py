@@ -11,7 +11,8 @@ A task file (OSWorld's shape; `snapshot` names the environment image):
                   "bug": [{"path": "toolz/itertoolz.py", "start": 120,
                            "old": ["    if n < 0:"], "new": ["    if n <= 0:"]}]}}],
       "evaluator": {"func": "pytest",
-                    "options": {"test_files": ["toolz/tests"], "fail_to_pass": ["toolz.tests.test_itertoolz::test_take"],
+                    "options": {"test_files": ["toolz/tests"],
+                                "fail_to_pass": ["toolz.tests.test_itertoolz::test_take"],
                                 "clean_failures": [], "timeout": 300}},
       "metadata": {"mutation": {...}, "oracle": [...the reverse hunks...]}
     }

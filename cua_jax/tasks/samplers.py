@@ -1,6 +1,7 @@
 """Task samplers over a `TaskPool`: uniform, Frontier Sampling (ScaleCUA), DTAC (EvoCUA-1.5)
-and a fixed curriculum (the baseline ScaleCUA's Fig. 6a compares Frontier Sampling with), their configs, and `build_sampler`, which builds the sampler a training config
-names (wrapped in pass-rate calibration when it asks for one).
+and a fixed curriculum (the baseline ScaleCUA's Fig. 6a compares Frontier Sampling with), their
+configs, and `build_sampler`, which builds the sampler a training config names (wrapped in
+pass-rate calibration when it asks for one).
 
 Each implements `cua_jax.tasks.sampler_interface.TaskSampler`; the weights and draws are the
 pure math of `cua_jax.tasks.selection`, jitted here.

@@ -230,10 +230,10 @@ class TaskCatalog:
     def pool(
         self, domain_weights: Mapping[str, float] | None = None, task_ids: Sequence[str] | None = None
     ) -> TaskPool:
-        """The sampler's pool of the tasks `task_ids` (None: every task). With `domain_weights`, each task's prior weight
-        gives its domain a share of the draws proportional to domain_weights[domain] (1 when
-        unlisted), spread evenly over the domain's tasks; without, every task weighs the same.
-        A weight for an unknown domain raises."""
+        """The sampler's pool of the tasks `task_ids` (None: every task). With `domain_weights`,
+        each task's prior weight gives its domain a share of the draws proportional to
+        domain_weights[domain] (1 when unlisted), spread evenly over the domain's tasks; without,
+        every task weighs the same. A weight for an unknown domain raises."""
         chosen = list(self._tasks.values()) if task_ids is None else [self[task_id] for task_id in task_ids]
         tasks = [task.pool_task() for task in chosen]
         if not domain_weights:

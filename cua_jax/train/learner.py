@@ -689,7 +689,8 @@ class Learner:
         Returns float metrics: loss, grad_norm (before clipping), learning_rate,
         loss_denominator, and the loss statistics: for "sft", entropy and num_tokens; for
         policy gradient, clipfrac, clipfrac_low, clipfrac_high, clipfrac_dual, ppo_kl,
-        ratio_mean, ratio_min, ratio_max, entropy, ref_kl, rollout_logprob_gap (mean |learner - rollout| logprob over action tokens),
+        ratio_mean, ratio_min, ratio_max, entropy, ref_kl, rollout_logprob_gap (mean
+        |learner - rollout| logprob over action tokens),
         rollout_logprob_gap_p99 (the largest micro-batch's 99th percentile of it),
         rollout_logprob_gap_max, tis_capped_frac, tis_weight_mean, num_tokens.
         """

@@ -152,7 +152,8 @@ class Pretrainer:
             if saved != meta:
                 raise ValueError(f"{path} was made for {saved}, not this config's {meta}: use another workdir")
             print(
-                f"pretrain: read {len(sets['train'].rollouts)} + {len(sets['held_out'].rollouts)} demonstrations from {path}"
+                f"pretrain: read {len(sets['train'].rollouts)} + {len(sets['held_out'].rollouts)} "
+                f"demonstrations from {path}"
             )
             return sets
         start = time.perf_counter()
@@ -199,7 +200,8 @@ class Pretrainer:
         train, held_out = sets["train"], sets["held_out"]
         if not train.rollouts or not held_out.rollouts:
             raise RuntimeError(
-                f"the oracle succeeded on no training or no held-out episode: {train.rejected[:3]} {held_out.rejected[:3]}"
+                "the oracle succeeded on no training or no held-out episode: "
+                f"{train.rejected[:3]} {held_out.rejected[:3]}"
             )
         multimodal = MultimodalPositions.of(self.policy.config)
         data = DemonstrationData(

@@ -28,8 +28,9 @@ Modes (config.train.mode):
              the draw accounting, so a resumed run loses no episode and trains none twice.
 
 Evaluation runs held-out seeds of the evaluation tasks through the evaluation harness
-(`cua_jax.eval`) before the first step, every eval.every_steps steps and after the last. Traces (PNG + JSON, for `python -m experiments.view`)
-come from evaluations and, every train.trace_every steps, from the batch. Metrics go to
+(`cua_jax.eval`) before the first step, every eval.every_steps steps and after the last.
+Traces (PNG + JSON, for `python -m experiments.view`) come from evaluations and, every
+train.trace_every steps, from the batch. Metrics go to
 `MetricWriter` per step; the learning curve is drawn at the end. A run checkpoints with Orbax
 (`cua_jax.train.checkpoint`) and resumes exactly: every random draw is a function of the step.
 """

@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     for arm in ARMS:
         row = rows[arm]
         print(
-            f"{arm}: RL gain paired by seed {row['rl_paired_gain']:+.3f} [{row['rl_gain_low']:+.3f}, {row['rl_gain_high']:+.3f}]"
+            f"{arm}: RL gain paired by seed {row['rl_paired_gain']:+.3f} "
+            f"[{row['rl_gain_low']:+.3f}, {row['rl_gain_high']:+.3f}]"
         )
     print(f"runs in {root}")
 

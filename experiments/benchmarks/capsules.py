@@ -178,7 +178,8 @@ async def _measure(rt: CapsuleRuntime, concurrency: int, episodes: int) -> Measu
                 result = await rt.astep(env, checkbox_click(obs, k))
                 if result.done or result.observation is None:
                     raise RuntimeError(
-                        f"{env} ended after {k + 1} steps ({result.status}, {result.reason or result.quarantine_reason}): "
+                        f"{env} ended after {k + 1} steps "
+                        f"({result.status}, {result.reason or result.quarantine_reason}): "
                         "every backend must do the same steps"
                     )
                 steps += 1

@@ -121,8 +121,10 @@ def main() -> None:
     for concurrency in args.concurrency:
         r = measure(image, concurrency, args.steps)
         print(
-            f"{concurrency:>4} | {r['start_seq']:>11.2f} {r['start_pool']:>6.2f} {r['start_pool'] / r['start_seq']:>5.2f}x | "
-            f"{r['reset_recreate']:>16.2f} {r['reset_restart']:>8.2f} {r['reset_recreate'] / r['reset_restart']:>5.2f}x | "
+            f"{concurrency:>4} | {r['start_seq']:>11.2f} {r['start_pool']:>6.2f} "
+            f"{r['start_pool'] / r['start_seq']:>5.2f}x | "
+            f"{r['reset_recreate']:>16.2f} {r['reset_restart']:>8.2f} "
+            f"{r['reset_recreate'] / r['reset_restart']:>5.2f}x | "
             f"{r['step_2calls']:>14.3f} {r['step_action']:>8.3f} {r['step_2calls'] / r['step_action']:>5.2f}x | "
             f"{r['mem']:>11.1f}",
             flush=True,

@@ -89,7 +89,8 @@ def synthetic_episode(
         response = (
             f"<think>The page after step {t} shows the dialog; the next control to use is at ({x}, {y}). "
             "Clicking it should move the task forward.</think>\n<tool_call>\n"
-            f'{{"name": "computer_use", "arguments": {{"action": "left_click", "coordinate": [{x}, {y}]}}}}\n</tool_call>'
+            f'{{"name": "computer_use", "arguments": {{"action": "left_click", "coordinate": [{x}, {y}]}}}}'
+            "\n</tool_call>"
         )
         ids = np.asarray(renderer.tokenizer(response)["input_ids"] + [renderer.end_of_turn_id], np.int32)
         logprobs = -rng.exponential(0.3, size=len(ids)).astype(np.float32)
@@ -194,7 +195,8 @@ def learner_table(
     bench = LearnerBench(tokenizer, episodes_per_batch)
     k = LEARNER_WINDOW
     print(
-        f"\nlearner time per episode: tiny random Qwen3-VL, {LEARNER_SCREEN[1]}x{LEARNER_SCREEN[0]} random screenshot = "
+        "\nlearner time per episode: tiny random Qwen3-VL, "
+        f"{LEARNER_SCREEN[1]}x{LEARNER_SCREEN[0]} random screenshot = "
         f"{bench.image_tokens()} image tokens through the vision tower, K=D={k}; the items of {episodes_per_batch} "
         f"episode(s) batched by make_minibatches (rows {bench.batching.rows}, length multiple "
         f"{bench.batching.length_multiple}, 1 update) and trained by Learner.train_on_batch, compile untimed, "

@@ -58,9 +58,10 @@ tasks x 10 pages). From it, this config for 40 updates (lr 1e-4, evaluated at 1.
 training success rose by +0.0049 per update ([+0.0006, +0.0093]; fitted 0.21 -> 0.40). The
 permuted-reward control (advantage.permute_rewards, the same pages and sampling keys) rose as
 much, +0.0042 ([-0.0006, +0.0090]; 0.22 -> 0.39), with held-out 30 -> 30 and greedy 33 -> 25:
-the rise is the draw of pages, not the reward, so the trend is read against that control. None is a held-out gain; at temperature 0.5 the base's replies are nearly
-  deterministic (0.02-0.07 nats per token) and half the groups had one outcome, at 1.0 67-100%
-  of the groups were informative and its tool calls stay valid (96-100%).
+the rise is the draw of pages, not the reward, so the trend is read against that control.
+None is a held-out gain; at temperature 0.5 the base's replies are nearly deterministic
+(0.02-0.07 nats per token) and half the groups had one outcome, at 1.0 67-100% of the groups
+were informative and its tool calls stay valid (96-100%).
 
 CPU-scale choices, each a field to override:
 - 3 tasks; two turns per episode; `train.num_steps` updates of 3 groups (one per task) x 8

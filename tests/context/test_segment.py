@@ -178,8 +178,8 @@ def test_compact_context_collapses_old_turns_into_an_action_history(renderer):
     items = CompactContext(renderer, window=2).segment(episode)
     last = renderer.tokenizer.decode(items[5].ids.tolist())
     assert (
-        "Previous actions:\nStep 1: <tool_call>click 0</tool_call>\nStep 2: <tool_call>click 1</tool_call>\nStep 3: <tool_call>click 2</tool_call>\n"
-        in last
+        "Previous actions:\nStep 1: <tool_call>click 0</tool_call>\n"
+        "Step 2: <tool_call>click 1</tool_call>\nStep 3: <tool_call>click 2</tool_call>\n" in last
     )
     assert "page 2" not in last and "page 3" in last
     assert [s.turn for s in items[5].images] == [3, 4, 5]

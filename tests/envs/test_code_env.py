@@ -49,8 +49,8 @@ def test_actions_render_and_parse_back(action):
             "'command' must be one of",
         ),
         (
-            '<tool_call>{"name": "str_replace_editor", "arguments": {"command": "str_replace", "path": "a", "old_str": ""}}'
-            "</tool_call>",
+            '<tool_call>{"name": "str_replace_editor", '
+            '"arguments": {"command": "str_replace", "path": "a", "old_str": ""}}</tool_call>',
             "'old_str' is empty",
         ),
         (

@@ -116,7 +116,8 @@ def test_setup_steps_prepare_the_desktop(client, tmp_path):
             {
                 "type": "vm_command_line",
                 "shell": True,
-                "command": "xdotool getactivewindow getwindowname; cat /root/mirrored.txt /root/data.csv /tmp/up/notes.txt",
+                "command": "xdotool getactivewindow getwindowname; "
+                "cat /root/mirrored.txt /root/data.csv /tmp/up/notes.txt",
             },
         ],
         "expected": [
