@@ -1,3 +1,4 @@
+# Single job: the scripted MiniWoB++ policy (one action from an observation's DOM), task by task.
 """A scripted MiniWoB++ policy: reads the observation's DOM, emits one action of our grammar.
 
 `oracle_action(observation, action_space="coordinates")` is stateless: it looks at the

@@ -1,3 +1,4 @@
+# Single job: capturing and restoring a MiniWoB++ page's state (the recorder, capture and restore scripts).
 """Forking a MiniWoB++ page by capturing its state instead of replaying its actions.
 
 A replay fork loads the task, begins the episode with the same seed and performs every

@@ -1,3 +1,4 @@
+# Single job: the multi-turn agent loop (observation, engine, action, environment) over episodes and groups.
 """The multi-turn computer-use agent: observation -> engine -> action -> environment, per turn.
 
 One episode:

@@ -1,3 +1,4 @@
+# Single job: the OSWorld task format: parsing and validating task JSON into typed tasks.
 """OSWorld task JSON: parsing and validation. A malformed task names its bad field.
 
 A task (OSWorld's format, with the Python judge of ScaleCUA App. B as an extra metric):

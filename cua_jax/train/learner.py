@@ -1,3 +1,4 @@
+# Single job: the learner's updates (policy-gradient and supervised) of a policy on a device mesh.
 """The learner: policy-gradient and supervised updates of an NNX policy on a device mesh.
 
 Objectives. `LearnerConfig.objective` picks the loss: "policy_gradient" (`policy_loss` of

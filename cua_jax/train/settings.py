@@ -1,3 +1,4 @@
+# Single job: checking a run's config once and turning it into typed settings.
 """A run's config checked once: `TrainSettings.from_config` names the field of any bad value
 (`ConfigError: config.loss.clip_eps_low: ...`) before anything starts, and turns the config
 into the typed settings the learner, agent loops, samplers and warm start take."""

@@ -1,3 +1,4 @@
+# Single job: the word-processor document metrics (docx, odt, epub).
 """Word-processor document metrics (OSWorld's docs.py) on python-docx; OpenDocument text
 (.odt) and EPUB read straight from their zip archives with lxml."""
 

@@ -1,3 +1,4 @@
+# Single job: the spreadsheet metrics (compare_table's rules and plain table comparison).
 """Spreadsheet metrics: OSWorld's compare_table with its rules (openpyxl), and the plain
 cell-by-cell comparison of csv / xlsx tables this project uses without rules."""
 
