@@ -143,7 +143,7 @@ def base_config() -> ml_collections.ConfigDict:
     # screenshot as set-of-marks and listed in the DOM text) or "both".
     c.env.action_space = "coordinates"
     c.env.time_limit_s = 600.0  # replaces MiniWoB's 10 s limit (a CPU-sampled turn is slower)
-    # The MiniWoB capsules of each rollout worker (cua_jax/envs/capsules.py): pages of private
+    # The MiniWoB capsules of each rollout worker (cua_jax/envs/capsules/): pages of private
     # sites in `renderers` cells that share a renderer process each (0: a browser context per
     # capsule), `warm_pages` loaded pages per task kept ready for resets and forks, and forks
     # from captured page state where that is exact ("capture") or always by replay ("replay").

@@ -375,7 +375,7 @@ class _PagelessBackend(RuntimeBackend):
 def test_a_page_that_fails_to_warm_is_counted_and_logged_with_its_traceback(caplog, error, level):
     rt = CapsuleRuntime(_PagelessBackend(error), warm_pages=1, call_timeout_s=60)
     try:
-        with caplog.at_level(logging.WARNING, logger="cua_jax.envs.capsules"):
+        with caplog.at_level(logging.WARNING, logger="cua_jax.envs.capsules.runtime"):
             rt.run_async(rt._warm_one("click-button"))
             rt.run_async(rt._warm_one("click-button"))
         assert rt.warm_pool_failures == 2

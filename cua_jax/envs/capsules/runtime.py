@@ -1,71 +1,12 @@
-"""State capsules: many MiniWoB environments on one shared, initialised browser runtime.
+"""The capsule runtime: routes and generations, the freeze/drain/build/publish transactions,
+snapshot and fork, the warm pool, fault attribution, and the blocking twin of every
+coroutine. The design is the package docstring's (`cua_jax.envs.capsules`)."""
 
-CUA-Sandbox (§3) observes that a trajectory needs its own mutable state, not its own
-runtime. Here the runtime is one Chromium process (launched once, through Playwright);
-each environment is a *capsule*: a page on a site of its own (so its own cookies, storage,
-IndexedDB and cache), in one of a few *cells* that share a renderer process each
-(SharedBrowserBackend; or a browser context per capsule), the task and its seed, reached
-through a *route* keyed by the environment id. A route publishes one *generation* of the
-capsule at a time; every generation gets a new page on a new site.
-
-Lifecycle operations are transactions (CUA-Sandbox §3.4):
-
-    freeze the route  -> requests arriving now are refused with CapsuleFrozenError
-    drain             -> wait until requests already admitted have finished
-    build successor   -> a new page (a warm one when the pool has it), prepared off the route
-    publish           -> one assignment on the event loop swaps the route to the successor
-    retire            -> the old generation's page is closed once the caller has its observation
-
-If building fails, the route keeps its previous generation (LifecycleError says so) and the
-half-built successor is closed. All route bookkeeping runs on one asyncio event loop, so
-admission (check frozen, count in-flight) and publication are atomic with respect to each
-other; `publications` records, for every publish, how many requests were in flight (0 by
-construction, checked by the tests).
-
-How fork reproduces state: from captured page state where that is exact, else by *replay*.
-`snapshot` asks `miniwob_state.capture_state` for the page's state (form fields, focus,
-selection, scroll, element ids, MiniWoB's globals), which it gives only when none of the
-task's own code has run since the episode began; a fork then begins the same seed on a
-fresh page and writes that state, and a fingerprint check sends a mismatch back to replay.
-Otherwise (and with fork_by="replay") the fork replays. A generation records its task, its
-seed and the prefix of actions it performed. MiniWoB generates every problem from `Math.seedrandom`
-(core.js), and its handlers are deterministic functions of the DOM and the input events,
-so loading the task, seeding, starting the episode and replaying the prefix rebuilds the
-same DOM, pixels and reward state (the tests check observation equality and equal rewards
-under the same next actions). The one quantity replay cannot reproduce is wall-clock time:
-after replay the fork's MiniWoB clock is moved to the parent's elapsed time at the snapshot
-and its time limit re-armed, so the fork keeps the time the parent had left then. Replay is
-exact for tasks whose state is a function of the seed and the input events (the scripted
-tasks and most of MiniWoB); tasks that move on their own clock (chase-circle, moving
-targets) come back at the same seed and inputs but not the same animation phase (and capture
-refuses them). `snapshot` captures (task, seed, prefix, elapsed time, page state) without
-building anything; `fork` builds a new capsule
-from an environment or a snapshot; `restore` replaces an environment's generation by one.
-
-Faults: when the shared browser disconnects (crash, killed process), every capsule on it is
-quarantined as "browser crashed: ..." (steps return EpisodeStatus.QUARANTINED with that
-`fault`) and the backend relaunches the runtime; `reset` (or `restore`) of a quarantined
-environment builds a fresh generation on the new runtime. When one renderer process dies,
-each page it hosted reports the crash and exactly those capsules (one cell's) are
-quarantined as "renderer crashed: ..."; the browser and the other cells serve on. The runtime remembers which
-runtimes died, and asks the backend whether a runtime's browser still lives, so a request
-that fails because its browser died (even before the disconnect is reported), and a build
-that fails until the browser is back, also carry the browser crash (CapsuleFaultError,
-BrowserCrashedError) rather than a setup or page failure. A Playwright error or timeout
-inside one capsule whose browser lives quarantines only that capsule. An exception that
-`faults.classify_environment_error` does not call an infrastructure fault is a bug in this
-library and raises. Malformed action text becomes an invalid-action step; an action after
-the episode ended raises EpisodeEndedError; unknown tasks raise UnknownTaskError; unknown
-environment ids raise UnknownEnvironmentError.
-
-The runtime is generic over a `RuntimeBackend` that hands out browser pages: the shared
-browser here, and one browser or one container per environment in
-`cua_jax.envs.browser_baselines`, so baselines run the same code path.
-"""
+# One job, the transactional runtime over a backend's pages: over 600 lines because its route
+# bookkeeping, lifecycle transactions and requests share one event loop's state.
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import collections
 import dataclasses
@@ -74,16 +15,23 @@ import logging
 import os
 import random
 import threading
-import uuid
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from cua_jax.envs import actions as A
-from cua_jax.envs.faults import Fault, FaultError, FaultKind, classify_environment_error
+from cua_jax.envs.capsules.backends import RuntimeBackend, SharedBrowserBackend, Slot, release_quietly
+from cua_jax.envs.capsules.errors import (
+    BuildTimeoutError,
+    CapsuleFaultError,
+    CapsuleFrozenError,
+    LifecycleError,
+    RuntimeShutDownError,
+    UnknownEnvironmentError,
+)
+from cua_jax.envs.capsules.procfs import command_line, process_tree
+from cua_jax.envs.capsules.records import CapsuleSnapshot, PublicationRecord, StepResult
+from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error
 from cua_jax.envs.miniwob import (
-    CHROMIUM_ARGS,
-    CHROMIUM_EXECUTABLE,
-    VIEWPORT,
     EpisodeEndedError,
     InvalidElementError,
     MiniWoBObservation,
@@ -93,7 +41,6 @@ from cua_jax.envs.miniwob import (
     unsupported_reason,
 )
 from cua_jax.envs.miniwob_state import (
-    PageState,
     StateRestoreMismatch,
     capture_state,
     install_state_recorder,
@@ -102,472 +49,6 @@ from cua_jax.envs.miniwob_state import (
 from cua_jax.types import EpisodeStatus
 
 log = logging.getLogger(__name__)
-
-CrashCallback = Callable[[str, str], None]  # (runtime id, reason)
-
-
-class CapsuleError(RuntimeError):
-    """Base of the errors the capsule runtime raises about environments."""
-
-
-class UnknownEnvironmentError(CapsuleError, LookupError, FaultError):
-    """An environment id that no route holds (never created, or closed). To an episode that
-    holds the id, its capsule was closed under it: the runtime no longer serves it."""
-
-    fault_kind = FaultKind.SERVER_UNRESPONSIVE
-
-
-class BrowserCrashedError(CapsuleError, FaultError):
-    """The browser runtime a capsule needs died (crash, killed process) and is not back yet."""
-
-    fault_kind = FaultKind.BROWSER_CRASHED
-
-
-class RuntimeStartError(CapsuleError, FaultError):
-    """A runtime a capsule needs (a browser, a container) could not be started."""
-
-    fault_kind = FaultKind.SETUP_FAILED
-
-
-class RuntimeShutDownError(CapsuleError, FaultError):
-    """A request reached a runtime that has been shut down."""
-
-    fault_kind = FaultKind.SERVER_UNRESPONSIVE
-
-
-class CapsuleFaultError(CapsuleError, FaultError):
-    """A request failed on a fault the runtime attributes: its capsule is quarantined, or the
-    runtime serving it died or is shutting down."""
-
-    def __init__(self, fault: Fault):
-        super().__init__(fault.reason)
-        self._fault = fault
-
-    @property
-    def fault(self) -> Fault:
-        return self._fault
-
-
-class BuildTimeoutError(CapsuleError, TimeoutError):
-    """Building a capsule generation took longer than the runtime's build_timeout_s."""
-
-
-class CapsuleFrozenError(CapsuleError):
-    """A request reached a route frozen by a lifecycle transaction; retry after it publishes."""
-
-
-class LifecycleError(CapsuleError):
-    """A lifecycle transaction failed; the previous generation stays published."""
-
-
-# ------------------------------------------------------------------------------------
-# Records
-# ------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class CapsuleSnapshot:
-    """Everything needed to rebuild a capsule: task, seed, action prefix, clock, and the
-    captured page state when capture is exact for it (`miniwob_state`); otherwise
-    `replay_reason` says why a rebuild replays the prefix instead."""
-
-    task: str
-    seed: int
-    actions: tuple[A.Action, ...]
-    elapsed_ms: float | None  # None once the episode has ended
-    source_env: str
-    source_generation: int
-    page_state: PageState | None = None
-    replay_reason: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class StepResult:
-    """The outcome of one step.
-
-    reward / env_reward: MiniWoB's raw reward and its time-scaled reward (0 until done).
-    status: SUCCESS / FAILURE once done, QUARANTINED when the infrastructure ended the
-    episode (then `quarantine_reason` says why), None while the episode runs.
-    invalid_action: the parser's or the environment's message when the action was not
-    performed (the page is unchanged). generation: the capsule generation that served it.
-    fault: the infrastructure fault behind a quarantine; `quarantine_reason` is its reason.
-    """
-
-    observation: MiniWoBObservation | None
-    reward: float
-    env_reward: float
-    done: bool
-    success: bool
-    status: EpisodeStatus | None
-    generation: int
-    invalid_action: str | None = None
-    quarantine_reason: str | None = None
-    reason: str | None = None  # MiniWoB's reason for the reward, e.g. "timed out"
-    fault: Fault | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class PublicationRecord:
-    """One publish of a route: which generation replaced which, and the in-flight count then."""
-
-    env_id: str
-    operation: str
-    previous_generation: int | None
-    generation: int
-    in_flight_at_publish: int
-
-
-# ------------------------------------------------------------------------------------
-# Backends: where capsules' pages come from
-# ------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Slot:
-    """A browser context and its page on the runtime `runtime_id`; `release` frees them.
-
-    site: the host name the page must load its task from, when the backend isolates capsules
-    by site (capsules sharing a browser context and its renderer); None: the backend's own
-    task URL.
-    """
-
-    runtime_id: str
-    context: Any
-    page: Any
-    release: Callable[[], Coroutine[Any, Any, None]]
-    site: str | None = None
-    cell: int | None = None  # the shared renderer's cell, when the backend shares renderers
-    fault: Fault | None = None  # set when the page's renderer crashed
-
-
-class RuntimeBackend(abc.ABC):
-    """Hands out pages for capsules. All methods run on the runtime's event loop."""
-
-    name: str = "backend"
-
-    @abc.abstractmethod
-    async def start(self, playwright: Any, on_crash: CrashCallback) -> None:
-        """Prepare the backend; call `on_crash(runtime_id, reason)` when a runtime dies."""
-
-    @abc.abstractmethod
-    async def open_slot(self) -> Slot:
-        """A fresh, private browser context with one page."""
-
-    @abc.abstractmethod
-    async def close(self) -> None:
-        """Stop every runtime this backend started."""
-
-    @abc.abstractmethod
-    def pids(self) -> list[int]:
-        """Root processes of the runtimes (their descendants belong to them too)."""
-
-    def runtime_alive(self, runtime_id: str) -> bool:
-        """False when the runtime is known to be gone. A backend that cannot tell answers True
-        and relies on `on_crash` alone."""
-        return True
-
-    serves_over_http = True  # pages load tasks from the runtime's MiniWoBServer
-
-    def task_url(self, server: MiniWoBServer, task: str, site: str | None = None) -> str:
-        """The URL a page of this backend opens for `task`; `site`: the slot's own host name
-        (`Slot.site`), which resolves to the same server."""
-        return server.task_url(task) if site is None else server.task_url(task, host=site)
-
-
-def launch_marker() -> str:
-    """A unique, inert command-line switch that identifies one launched browser process."""
-    return f"--cua-jax-runtime={uuid.uuid4().hex}"
-
-
-def command_line(pid: int) -> list[bytes] | None:
-    """The arguments `pid` was started with (/proc/<pid>/cmdline); None once it has exited."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return None
-
-
-def find_browser_pid(marker: str) -> int | None:
-    """The pid of the browser process launched with `marker` (its children carry --type=)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        argv = command_line(int(entry))
-        if argv is not None and marker.encode() in argv and not any(a.startswith(b"--type=") for a in argv):
-            return int(entry)
-    return None
-
-
-async def launch_browser(playwright: Any, marker: str, extra_args: Iterable[str] = ()) -> Any:
-    """The system Chromium, headless, background networking off (never a downloaded browser)."""
-    return await playwright.chromium.launch(
-        executable_path=CHROMIUM_EXECUTABLE, headless=True, args=[*CHROMIUM_ARGS, *extra_args, marker]
-    )
-
-
-CAPSULE_SITE_DOMAIN = "test"  # RFC 2606's reserved top-level domain: never a real host
-
-
-def renderer_sharing_args() -> list[str]:
-    """Chromium switches that make the pages of one browser context share a renderer process:
-    a process limit of 1 (past it Chromium reuses a process of the same context; processes of
-    different contexts are never shared, so each context keeps one), site isolation off (else
-    every site needs a process of its own), and every `<name>.test` host resolved to the
-    loopback MiniWoB server. Capsules keep private storage because each generation's page
-    lives on a site of its own (see SharedBrowserBackend)."""
-    return [
-        "--renderer-process-limit=1",
-        "--disable-site-isolation-trials",
-        "--disable-features=IsolateOrigins,site-per-process",
-        f"--host-resolver-rules=MAP *.{CAPSULE_SITE_DOMAIN} 127.0.0.1",
-    ]
-
-
-class SharedBrowserBackend(RuntimeBackend):
-    """One Chromium for every capsule.
-
-    renderers=None: each capsule generation gets its own browser context, so Chromium gives it
-    renderer processes of its own (a fixed cost per capsule). renderers=R: R *cells*, each a
-    browser context whose pages share one renderer process; every generation's page opens in
-    the cell with the fewest pages, on a host of its own (`c<n>.test`, never reused). A page's
-    cookies, local storage, IndexedDB and HTTP cache are keyed by its site, and `.test` names
-    are registrable domains of an unlisted suffix, so no page can reach another's storage or
-    set a cookie for a parent domain; releasing a generation closes its page and clears its
-    origin's data. The price is a shared fate: a renderer that crashes takes down every page
-    of its cell, and `CapsuleRuntime` quarantines exactly those capsules (each page reports
-    the crash); `Slot.cell` says which capsules share a fate.
-
-    When the browser disconnects without being asked to close, `on_crash` quarantines its
-    capsules and a new browser is launched; slots opened afterwards live on it.
-    """
-
-    name = "capsules"
-
-    def __init__(self, renderers: int | None = 2) -> None:
-        self._playwright: Any = None
-        self._on_crash: CrashCallback | None = None
-        self._browser: Any = None
-        self._marker = ""
-        self._pid: int | None = None
-        self._runtime_id = ""
-        self._ready: asyncio.Future | None = None
-        self._closing = False
-        self._launches = itertools.count(1)
-        self._restarts = 0
-        if renderers is not None and renderers < 1:
-            raise ValueError(f"renderers must be at least 1 (or None for a context per capsule), got {renderers}")
-        self.renderers = renderers
-        self._cells: list[Any] = []  # renderers=R: one browser context per shared renderer
-        self._cell_pages: list[int] = []  # live pages per cell
-        self._browser_cdp: Any = None  # clears a released site's data
-        self._sites = itertools.count(1)
-
-    @property
-    def runtime_id(self) -> str:
-        return self._runtime_id
-
-    @property
-    def restarts(self) -> int:
-        """How many times the shared browser has been relaunched after a crash."""
-        return self._restarts
-
-    async def start(self, playwright: Any, on_crash: CrashCallback) -> None:
-        self._playwright, self._on_crash = playwright, on_crash
-        self._ready = asyncio.ensure_future(self._launch())
-        await self._ready
-
-    async def _launch(self) -> None:
-        self._marker = launch_marker()
-        extra = [] if self.renderers is None else renderer_sharing_args()
-        browser = await launch_browser(self._playwright, self._marker, extra)
-        runtime_id = f"shared-browser-{next(self._launches)}"
-        browser.on("disconnected", lambda _: self._disconnected(runtime_id))
-        if self.renderers is not None:
-            self._cells = [await browser.new_context(viewport=VIEWPORT) for _ in range(self.renderers)]
-            self._cell_pages = [0] * self.renderers
-            self._browser_cdp = await browser.new_browser_cdp_session()
-        self._browser, self._runtime_id = browser, runtime_id
-        self._pid = find_browser_pid(self._marker)
-
-    def _disconnected(self, runtime_id: str) -> None:
-        if self._closing or runtime_id != self._runtime_id:
-            return
-        self._browser = None
-        assert self._on_crash is not None
-        self._on_crash(runtime_id, f"shared browser runtime {runtime_id} crashed (browser disconnected)")
-        self._restarts += 1
-        self._ready = asyncio.ensure_future(self._launch())
-
-    def runtime_alive(self, runtime_id: str) -> bool:
-        # A runtime replaced by a relaunch is dead; the current one lives while its browser is
-        # connected and its process runs (a killed process is gone before Playwright reports it).
-        if runtime_id != self._runtime_id or self._browser is None or not self._browser.is_connected():
-            return False
-        return self._pid is None or process_alive(self._pid)
-
-    async def open_slot(self) -> Slot:
-        assert self._ready is not None, "start() the backend first"
-        launch = self._ready
-        try:
-            await launch
-        except Exception as error:
-            if self._restarts == 0 or self._closing:
-                raise  # the first launch failed: there was no crash
-            if self._ready is launch:  # the relaunch after a crash failed: the next slot tries again
-                self._ready = asyncio.ensure_future(self._launch())
-            raise BrowserCrashedError(f"shared browser runtime crashed and its relaunch failed: {error}") from error
-        browser, runtime_id = self._browser, self._runtime_id
-        if browser is None:
-            raise BrowserCrashedError(f"shared browser runtime {runtime_id} is down")
-        if self.renderers is not None:
-            return await self._open_shared_slot(runtime_id)
-        try:
-            context = await browser.new_context(viewport=VIEWPORT)
-        except Exception as error:
-            if not self.runtime_alive(runtime_id):
-                raise BrowserCrashedError(f"shared browser runtime {runtime_id} died: {error}") from error
-            raise
-        try:
-            page = await context.new_page()
-        except BaseException as error:
-            await _close_quietly(context.close)
-            if isinstance(error, Exception) and not self.runtime_alive(runtime_id):
-                raise BrowserCrashedError(f"shared browser runtime {runtime_id} died: {error}") from error
-            raise
-        return Slot(runtime_id, context, page, context.close)
-
-    async def _open_shared_slot(self, runtime_id: str) -> Slot:
-        cell = min(range(len(self._cells)), key=self._cell_pages.__getitem__)
-        context, cdp, counts = self._cells[cell], self._browser_cdp, self._cell_pages
-        counts[cell] += 1  # before the await: slots opened meanwhile see it and balance
-        site = f"c{next(self._sites)}.{CAPSULE_SITE_DOMAIN}"
-        try:
-            page = await context.new_page()
-        except BaseException as error:
-            counts[cell] -= 1
-            if isinstance(error, Exception) and not self.runtime_alive(runtime_id):
-                raise BrowserCrashedError(f"shared browser runtime {runtime_id} died: {error}") from error
-            raise
-
-        async def release() -> None:
-            counts[cell] -= 1
-            origin = page.url.split("/miniwob/", 1)[0] if site in page.url else None
-            await page.close()
-            if origin is not None:  # the site is never used again: its data would only pile up
-                await cdp.send("Storage.clearDataForOrigin", {"origin": origin, "storageTypes": "all"})
-
-        return Slot(runtime_id, context, page, release, site=site, cell=cell)
-
-    def renderer_pids(self) -> list[int]:
-        """The browser's live renderer processes (a cell's, and any spare Chromium keeps)."""
-        pid = self.browser_pid()
-        # Chromium rewrites its children's command lines into one space-joined argument: a substring test.
-        return [
-            child
-            for child in process_tree([pid] if pid else [])
-            if any(b"--type=renderer" in arg for arg in command_line(child) or ())
-        ]
-
-    def cell_pages(self) -> list[int]:
-        """Live pages per cell (renderers=R): how many capsules each renderer's crash would end."""
-        return list(self._cell_pages)
-
-    def browser_pid(self) -> int | None:
-        return find_browser_pid(self._marker) if self._marker else None
-
-    def pids(self) -> list[int]:
-        pid = self.browser_pid()
-        return [pid] if pid else []
-
-    async def close(self) -> None:
-        self._closing = True
-        if self._ready is not None and not self._ready.done():
-            await asyncio.wait([self._ready])
-        if self._browser is not None:
-            await self._browser.close()
-            self._browser = None
-
-
-# ------------------------------------------------------------------------------------
-# Processes and memory
-# ------------------------------------------------------------------------------------
-
-
-def process_alive(pid: int) -> bool:
-    """Whether `pid` runs: it exists and is not a zombie waiting to be reaped."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def process_tree(roots: Iterable[int]) -> list[int]:
-    """`roots` and all their live descendants (from /proc/*/stat parent links)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    seen: list[int] = []
-    stack = [r for r in roots if os.path.exists(f"/proc/{r}")]
-    while stack:
-        pid = stack.pop()
-        if pid in seen:
-            continue
-        seen.append(pid)
-        stack.extend(children.get(pid, ()))
-    return seen
-
-
-@dataclasses.dataclass(frozen=True)
-class PssReading:
-    """Summed proportional set size of a set of processes, and which of them could not be read.
-
-    pss_bytes: the sum over the processes read. unreadable: pids that exist but whose
-    /proc/<pid>/smaps_rollup could not be read (permissions, a kernel without it): their
-    memory is missing from pss_bytes, so a report must say so. exited: pids gone before
-    they were read (nothing of theirs is live).
-    """
-
-    pss_bytes: int
-    read: int
-    unreadable: tuple[int, ...]
-    exited: tuple[int, ...]
-
-
-def read_pss(pids: Iterable[int]) -> PssReading:
-    """The PSS of `pids` (/proc/<pid>/smaps_rollup), counting the processes it could not read."""
-    total, read, unreadable, exited = 0, 0, [], []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                pss = next((int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:")), None)
-        except (FileNotFoundError, ProcessLookupError):
-            exited.append(pid)
-            continue
-        except OSError:
-            (unreadable if os.path.exists(f"/proc/{pid}") else exited).append(pid)
-            continue
-        if pss is None:  # no memory map: a zombie holds no memory; anything else is unaccounted for
-            (unreadable if process_alive(pid) else exited).append(pid)
-            continue
-        total += pss
-        read += 1
-    return PssReading(total, read, tuple(unreadable), tuple(exited))
-
-
-# ------------------------------------------------------------------------------------
-# Routes and generations
-# ------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -603,35 +84,6 @@ class _Route:
 
 
 FORK_METHODS = ("capture", "replay")
-
-
-@dataclasses.dataclass(frozen=True)
-class CapsuleOptions:
-    """How a runtime's capsules share their browser: `renderers` cells sharing a renderer
-    process each (0: a browser context, and renderers, per capsule), `warm_pages` loaded pages
-    per task kept ready, fork and restore by captured state or by replay (`fork_by`)."""
-
-    renderers: int = 2
-    warm_pages: int = 2
-    fork_by: str = "capture"
-
-    def __post_init__(self) -> None:
-        if self.renderers < 0 or self.warm_pages < 0:
-            raise ValueError(
-                f"capsule renderers and warm_pages must be 0 or more, got {self.renderers}, {self.warm_pages}"
-            )
-        if self.fork_by not in FORK_METHODS:
-            raise ValueError(f"capsule fork_by must be one of {FORK_METHODS}, got {self.fork_by!r}")
-
-    @classmethod
-    def from_config(cls, section: Any) -> CapsuleOptions:
-        """From an experiment config's `env.capsules` section."""
-        return cls(int(section.renderers), int(section.warm_pages), str(section.fork_by))
-
-    def runtime(self, **kwargs: Any) -> CapsuleRuntime:
-        """A CapsuleRuntime on a shared browser with these options (kwargs: its other arguments)."""
-        backend = SharedBrowserBackend(renderers=self.renderers or None)
-        return CapsuleRuntime(backend, warm_pages=self.warm_pages, fork_by=self.fork_by, **kwargs)
 
 
 class CapsuleRuntime:
@@ -828,7 +280,7 @@ class CapsuleRuntime:
                         self.fork_methods["capture"] += 1
                     except StateRestoreMismatch as mismatch:
                         # The page is half restored: start over on a fresh page, by replay.
-                        await _release_quietly(slot)
+                        await release_quietly(slot)
                         slot = None  # type: ignore[assignment]
                         return await self._build_unbounded(
                             task,
@@ -848,7 +300,7 @@ class CapsuleRuntime:
             return _Generation(next(self._generation_ids), slot, driver, seed, list(actions), ended=ended)
         except BaseException as error:
             if slot is not None:
-                await _release_quietly(slot)
+                await release_quietly(slot)
                 if isinstance(error, Exception):
                     self._raise_if_runtime_down(slot.runtime_id, error)
             raise
@@ -887,7 +339,7 @@ class CapsuleRuntime:
             slot, driver = pool.pop(0)
             if slot.fault is None and not slot.page.is_closed() and self._runtime_down(slot.runtime_id) is None:
                 return slot, driver
-            self._in_background(_release_quietly(slot))
+            self._in_background(release_quietly(slot))
         return None
 
     def _replenish(self, task: str) -> None:
@@ -895,7 +347,7 @@ class CapsuleRuntime:
         (with the loads under way) is full. Called once an operation has its observation, so
         this work does not compete with it."""
         while self._retired:
-            self._in_background(_release_quietly(self._retired.pop()))
+            self._in_background(release_quietly(self._retired.pop()))
         if not self.warm_pages or self._shutting_down:
             return
         for _ in range(self.warm_pages - len(self._warm.get(task, [])) - self._warming[task]):
@@ -913,10 +365,10 @@ class CapsuleRuntime:
             try:
                 driver = await asyncio.wait_for(self._load(slot, task), self.build_timeout_s)
             except BaseException:
-                await _release_quietly(slot)
+                await release_quietly(slot)
                 raise
             if self._shutting_down:
-                await _release_quietly(slot)
+                await release_quietly(slot)
             else:
                 self._warm.setdefault(task, []).append((slot, driver))
         except Exception as error:
@@ -937,7 +389,7 @@ class CapsuleRuntime:
     async def _transaction(
         self, route: _Route, operation: str, build: Callable[[], Coroutine[Any, Any, _Generation]]
     ) -> _Generation:
-        """Freeze, drain, build, publish (see the module docstring)."""
+        """Freeze, drain, build, publish (see the package docstring, `cua_jax.envs.capsules`)."""
         if route.frozen is not None:
             raise CapsuleFrozenError(
                 f"environment {route.env_id!r} is frozen by {route.frozen}; retry after it publishes"
@@ -1058,7 +510,7 @@ class CapsuleRuntime:
         await route.idle.wait()
         del self._routes[env_id]
         if route.generation is not None:
-            await _release_quietly(route.generation.slot)
+            await release_quietly(route.generation.slot)
 
     # ---- requests (coroutines on the loop) ------------------------------------------
 
@@ -1268,13 +720,13 @@ class CapsuleRuntime:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         for pool in self._warm.values():
             for slot, _ in pool:
-                await _release_quietly(slot)
+                await release_quietly(slot)
         self._warm.clear()
         while self._retired:
-            await _release_quietly(self._retired.pop())
+            await release_quietly(self._retired.pop())
         for route in list(self._routes.values()):
             if route.generation is not None:
-                await _release_quietly(route.generation.slot)
+                await release_quietly(route.generation.slot)
         self._routes.clear()
         try:
             await self.backend.close()
@@ -1317,17 +769,3 @@ def _action_seconds(action: A.Action | A.InvalidAction) -> float:
     if isinstance(action, A.HoldKey):
         return float(action.duration)
     return 0.0
-
-
-async def _release_quietly(slot: Slot) -> None:
-    """Free a slot whose runtime may already be gone (crashed, killed): nothing left to free then."""
-    await _close_quietly(slot.release)
-
-
-async def _close_quietly(release: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    try:
-        await asyncio.wait_for(release(), timeout=30)
-    except Exception as error:
-        if classify_environment_error(error) is None:
-            raise  # a bug in this library, not a dead runtime
-        # a dead runtime's context cannot be closed; it died with it
