@@ -1,53 +1,28 @@
-"""MiniWoB++ tasks on a Playwright page: loading, observing, acting, rewards.
-
-The task HTML comes from the installed `miniwob` package and is served by a loopback HTTP
-server (`MiniWoBServer`, 127.0.0.1 only, in a child process). A `MiniWoBPage` drives one task page through
-Playwright's async API; it knows nothing about who owns the browser, so the capsule
-runtime (`cua_jax.envs.capsules`) and the baselines beside it reuse it unchanged.
-
-Episodes follow MiniWoB's own protocol (as its Selenium driver does): load the task page,
-`Math.seedrandom(seed)`, `core.startEpisodeReal()`; the task's JavaScript decides the
-reward (`WOB_RAW_REWARD_GLOBAL`, raw; `WOB_REWARD_GLOBAL`, scaled by the time left) and
-ends the episode itself, including on MiniWoB's time limit (`core.EPISODE_MAX_TIME`, 10 s
-by default, per task), which ends with raw reward -1 and reason "timed out".
-
-Observation: the 160 x 210 task region as MiniWoB crops it (uint8 [210, 160, 3]), the
-utterance, the visible DOM as flat `DomElement`s (MiniWoB's `core.getDOMInfo`) and,
-optionally, that DOM as text. Actions are `cua_jax.envs.actions`; their 1000-grid
-coordinates map onto the 160 x 210 region, which is the page's top-left corner.
-
-Element ids (set-of-marks): every visible element keeps the ref MiniWoB gives it the first
-time it is observed in an episode (`[ref]` in the DOM text), so an id stays valid while its
-element is on the page. With an action space other than "coordinates" the screenshot shows
-the ids of interactive elements (`draw_marks`), and `click_element` / `fill_element` act where
-a click reaches the element (`MiniWoBPage.element_point`). An id never given out, an id whose
-element has left the page, and an element that is hidden, outside the task region or wholly
-covered are refused with a message (`InvalidElementError`), never acted on.
-"""
+"""The Playwright driver of one MiniWoB++ task page (`MiniWoBPage`): loading, episodes,
+observing and acting."""
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import base64
-import dataclasses
-import difflib
-import functools
 import io
-import math
-import pathlib
-import re
-import subprocess
-import sys
-import threading
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from cua_jax.envs import actions as A
+from cua_jax.envs.miniwob.catalog import check_task
+from cua_jax.envs.miniwob.marks import draw_marks
+from cua_jax.envs.miniwob.observation import (
+    TASK_HEIGHT,
+    TASK_WIDTH,
+    EpisodeState,
+    MiniWoBObservation,
+    dom_to_text,
+    flatten_dom,
+)
 
-TASK_WIDTH, TASK_HEIGHT = 160, 210  # the task region MiniWoB observes (miniwob.constants)
 WINDOW_WIDTH, WINDOW_HEIGHT = 500, 320  # MiniWoB's browser window (miniwob.constants)
 VIEWPORT = {"width": WINDOW_WIDTH, "height": WINDOW_HEIGHT}
 SCROLL_PIXELS_PER_CLICK = 50  # miniwob.constants.DEFAULT_SCROLL_AMOUNT
@@ -72,375 +47,12 @@ CHROMIUM_ARGS = (
 )
 
 
-class UnknownTaskError(ValueError):
-    """A task name that the installed MiniWoB++ package does not ship."""
-
-
 class EpisodeEndedError(RuntimeError):
     """An action sent to an episode that has already ended; reset it first."""
 
 
 class InvalidElementError(ValueError):
     """An element action whose id names no visible element of the page; the message says why."""
-
-
-def html_dir() -> pathlib.Path:
-    """The `html/` folder of the installed `miniwob` package (holds miniwob/, core/, common/)."""
-    import miniwob
-
-    path = pathlib.Path(miniwob.__file__).parent / "html"
-    if not (path / "miniwob").is_dir() or not (path / "core" / "core.js").is_file():
-        raise FileNotFoundError(f"the installed miniwob package has no task HTML under {path}")
-    return path
-
-
-@functools.lru_cache(maxsize=1)
-def task_names() -> tuple[str, ...]:
-    """Every MiniWoB++ task the installed package ships (the file stems of html/miniwob/*.html)."""
-    return tuple(sorted(p.stem for p in (html_dir() / "miniwob").glob("*.html")))
-
-
-def check_task(task: str) -> str:
-    """Return `task` if the package ships it, else raise UnknownTaskError naming close matches."""
-    if not isinstance(task, str) or task not in task_names():
-        close = difflib.get_close_matches(str(task), task_names(), n=3)
-        hint = (
-            f"; did you mean {', '.join(close)}?" if close else f"; {len(task_names())} tasks exist, e.g. click-button"
-        )
-        raise UnknownTaskError(f"unknown MiniWoB task {task!r}{hint}")
-    return task
-
-
-# The server process: quiet, loopback only, and gone as soon as its parent is (stdin at EOF),
-# however the parent ended.
-_SERVER_SCRIPT = """
-import functools, os, sys, threading
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-
-ASSETS = sys.argv[2]
-
-class Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):
-        # A task page opened on a capsule's own site takes its scripts from one shared host, so
-        # a renderer that hosts many capsules compiles jQuery, d3 and core.js once, not per page.
-        host = (self.headers.get("Host") or "").split(":")[0]
-        if host.endswith(".test") and host != ASSETS and self.path.split("?")[0].endswith(".html"):
-            try:
-                with open(self.translate_path(self.path), "rb") as f:
-                    body = f.read()
-            except OSError:
-                self.send_error(404)
-                return
-            shared = '<script src="http://%s:%d/' % (ASSETS, self.server.server_address[1])
-            body = body.replace(b'<script src="../', shared.encode())
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        super().do_GET()
-
-httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=sys.argv[1]))
-httpd.daemon_threads = True
-print("serving on port", httpd.server_address[1], flush=True)
-threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
-httpd.serve_forever()
-"""
-
-
-SHARED_ASSETS_HOST = "assets.test"  # where pages on capsule sites (*.test) load MiniWoB's scripts from
-
-
-class MiniWoBServer:
-    """Serves the package's html/ folder on 127.0.0.1 (an OS-chosen port).
-
-    The server is a child process (the standard library's `http.server`), not a thread:
-    page loads of many capsules would otherwise contend for the GIL with the event loop
-    that drives Playwright. It exits when its parent does (its stdin reaches EOF).
-    """
-
-    def __init__(self, root: pathlib.Path | None = None, start_timeout_s: float = 30.0):
-        self.root = root or html_dir()
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", _SERVER_SCRIPT, str(self.root), SHARED_ASSETS_HOST],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            stdin=subprocess.PIPE,
-            text=True,
-        )
-        self.port = self._read_port(start_timeout_s)
-
-    def _read_port(self, timeout_s: float) -> int:
-        ready: list[str] = []
-        reader = threading.Thread(target=lambda: ready.append(self._process.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout_s)
-        match = re.search(r"port (\d+)", ready[0]) if ready else None
-        if match is None:
-            self.close()
-            raise RuntimeError(f"the MiniWoB HTTP server did not start (said {ready[:1]!r})")
-        return int(match.group(1))
-
-    @property
-    def pid(self) -> int:
-        return self._process.pid
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
-
-    def task_url(self, task: str, host: str = "127.0.0.1") -> str:
-        """The task's page; `host` names the server by another name that resolves to it (a
-        browser launched with a host-resolver rule gives each capsule a site of its own)."""
-        return f"http://{host}:{self.port}/miniwob/{check_task(task)}.html"
-
-    def close(self) -> None:
-        if self._process.stdin is not None:
-            self._process.stdin.close()  # the server exits on EOF
-        if self._process.poll() is None:
-            try:
-                self._process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        if self._process.stdout is not None:
-            self._process.stdout.close()
-
-
-# ------------------------------------------------------------------------------------
-# Observations and rewards
-# ------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class DomElement:
-    """One visible element of the task page (MiniWoB's DOM info, flattened in document order).
-
-    `ref` numbers the elements of one observation in document order (negative for text
-    fragments, tag "t"), as MiniWoB's `core.getDOMInfo` does;
-    left/top/width/height are page pixels; `value` is an input's value (bool for
-    checkboxes and radios); `tag` carries the input type ("INPUT_text", "INPUT_checkbox").
-    """
-
-    ref: int
-    parent: int | None
-    depth: int
-    tag: str
-    text: str
-    left: float
-    top: float
-    width: float
-    height: float
-    id: str = ""
-    classes: str = ""
-    value: Any = None
-    focused: bool = False
-
-    @property
-    def center(self) -> tuple[float, float]:
-        return self.left + self.width / 2, self.top + self.height / 2
-
-
-@dataclasses.dataclass(frozen=True)
-class MiniWoBObservation:
-    """What an agent sees of a MiniWoB page.
-
-    screenshot: uint8 [TASK_HEIGHT, TASK_WIDTH, 3] = [210, 160, 3], the task region.
-    dom: the visible elements; dom_text: the same as indented text (None unless asked for).
-    """
-
-    task: str
-    utterance: str
-    screenshot: np.ndarray
-    dom: tuple[DomElement, ...]
-    dom_text: str | None = None
-
-    @property
-    def screen_size(self) -> tuple[int, int]:
-        """(width, height) of the screenshot: the size the 1000-grid maps onto."""
-        return int(self.screenshot.shape[1]), int(self.screenshot.shape[0])
-
-    def same_as(self, other: MiniWoBObservation) -> bool:
-        """Equal task, utterance, DOM and pixels."""
-        return (
-            self.task == other.task
-            and self.utterance == other.utterance
-            and self.dom == other.dom
-            and np.array_equal(self.screenshot, other.screenshot)
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class EpisodeState:
-    """MiniWoB's episode globals: done, rewards (raw: the task's; env: scaled by time left)."""
-
-    done: bool
-    raw_reward: float
-    env_reward: float
-    reason: str | None
-
-    @property
-    def success(self) -> bool:
-        """MiniWoB's success criterion: the episode ended with a positive raw reward."""
-        return self.done and self.raw_reward > 0
-
-
-def click_point(element: DomElement, width: int = TASK_WIDTH, height: int = TASK_HEIGHT) -> tuple[int, int] | None:
-    """The action-grid point (`actions.GRID` per axis) at the centre of the part of `element`
-    inside the width x height task region, or None when no part of it is inside."""
-    left, top = max(0.0, element.left), max(0.0, element.top)
-    right, bottom = min(float(width), element.left + element.width), min(float(height), element.top + element.height)
-    if right <= left or bottom <= top:
-        return None
-    return A.pixels_to_grid(int((left + right) / 2), int((top + bottom) / 2), width, height)
-
-
-def dom_line(e: DomElement, geometry: bool = True) -> str:
-    """One element's line of `dom_to_text`, without its indentation."""
-    name = e.tag + (f"#{e.id}" if e.id else "") + "".join(f".{c}" for c in e.classes.split())
-    parts = [name]
-    if e.text:
-        parts.append(repr(e.text))
-    if e.value is not None and e.value != "":
-        parts.append(f"value={e.value!r}")
-    if e.focused:
-        parts.append("focused")
-    if not geometry:
-        return " ".join(parts + [f"[{e.ref}]"])
-    box = [f"{value:.0f}" for value in (e.left, e.top, e.width, e.height)]
-    parts.append(f"@{box[0]},{box[1]} {box[2]}x{box[3]}")
-    # The point of the box as printed, so a reader of the text (the demonstrator) clicks it.
-    left, top, width, height = (float(value) for value in box)
-    point = click_point(dataclasses.replace(e, left=left, top=top, width=width, height=height))
-    if point is not None:
-        parts.append(f"click=[{point[0]}, {point[1]}]")
-    return " ".join([f"[{e.ref}]"] + parts)
-
-
-def dom_to_text(dom: tuple[DomElement, ...], geometry: bool = True) -> str:
-    """One line per element, indented by depth:
-    `[ref] TAG#id.classes "text" value=.. focused @x,y wxh click=[gx, gy]`, or without
-    geometry `TAG#id.classes "text" value=.. focused [ref]`.
-
-    [ref] is the element's id for element actions. @x,y wxh is the box in page pixels;
-    click=[gx, gy] (elements with a visible part only) is its visible centre on the action
-    grid, in the same form as a tool call's "coordinate", so a policy can ground an action by
-    reading it off the page rather than by arithmetic. geometry=False leaves both out (a policy
-    that acts by element id needs neither, and the prompt is shorter) and puts the id last,
-    after what identifies the element: a reply that names its target as the page does
-    (`warm_start.reasoning_line`) then reaches the id by continuing a copied span, the lookup
-    small transformers learn first (an induction head), instead of looking back from the text
-    to the start of its line.
-    """
-    return "\n".join("  " * e.depth + dom_line(e, geometry) for e in dom)
-
-
-_DOM_LINE = re.compile(
-    r"^(?P<indent> *)\[(?P<ref>-?\d+)\] (?P<name>\S+)(?P<rest>.*?)"
-    r"(?: @(?P<left>-?[\d.]+),(?P<top>-?[\d.]+) (?P<width>[\d.]+)x(?P<height>[\d.]+)(?: click=\[\d+, \d+\])?)?$"
-)
-# A line written without geometry: the id last.
-_DOM_LINE_ID_LAST = re.compile(r"^(?P<indent> *)(?P<name>[^\s\[]\S*)(?P<rest>.*?) \[(?P<ref>-?\d+)\]$")
-
-
-def _leading_literal(text: str) -> tuple[Any, str]:
-    """The Python literal (a repr) at the start of `text`, and what follows it."""
-    for end in range(1, len(text) + 1):
-        if end == len(text) or text[end] == " ":
-            try:
-                return ast.literal_eval(text[:end]), text[end:].strip()
-            except (ValueError, SyntaxError):
-                continue
-    raise ValueError(f"no literal at the start of {text!r}")
-
-
-def _position(printed: str | None) -> float:
-    return math.nan if printed is None else float(printed)
-
-
-def dom_from_text(text: str) -> tuple[DomElement, ...]:
-    """The inverse of `cua_jax.envs.miniwob.dom_to_text` (positions as printed: whole pixels;
-    NaN when the text was written without geometry)."""
-    elements: list[DomElement] = []
-    parents: list[int] = []
-    for line in text.splitlines():
-        match = _DOM_LINE.match(line) or _DOM_LINE_ID_LAST.match(line)
-        if match is None:
-            raise ValueError(f"not a DOM text line: {line!r}")
-        match = {"left": None, "top": None, "width": None, "height": None, **match.groupdict()}
-        depth = len(match["indent"]) // 2
-        head, *classes = match["name"].split(".")
-        tag, _, element_id = head.partition("#")
-        rest, label, value, focused = match["rest"].strip(), "", None, False
-        if rest.endswith("focused"):
-            rest, focused = rest[: -len("focused")].strip(), True
-        if rest[:1] in ("'", '"'):
-            label, rest = _leading_literal(rest)
-        if rest.startswith("value="):
-            value, rest = _leading_literal(rest[len("value=") :])
-        if rest:
-            raise ValueError(f"unexpected {rest!r} in the DOM text line {line!r}")
-        del parents[depth:]
-        ref = int(match["ref"])
-        elements.append(
-            DomElement(
-                ref=ref,
-                parent=parents[-1] if parents else None,
-                depth=depth,
-                tag=tag,
-                text=label,
-                left=_position(match["left"]),
-                top=_position(match["top"]),
-                width=_position(match["width"]),
-                height=_position(match["height"]),
-                id=element_id,
-                classes=" ".join(classes),
-                value=value,
-                focused=focused,
-            )
-        )
-        parents.append(ref)
-    return tuple(elements)
-
-
-def _flatten_dom(info: dict[str, Any] | None) -> tuple[DomElement, ...]:
-    out: list[DomElement] = []
-
-    def visit(node: dict[str, Any], parent: int | None, depth: int) -> None:
-        classes = node.get("classes") or ""
-        out.append(
-            DomElement(
-                ref=int(node["ref"]),
-                parent=parent,
-                depth=depth,
-                tag=str(node["tag"]),
-                text=str(node.get("text") or ""),
-                left=float(node["left"]),
-                top=float(node["top"]),
-                width=float(node["width"]),
-                height=float(node["height"]),
-                id=str(node.get("id") or ""),
-                classes=classes if isinstance(classes, str) else "",  # SVG className is an object
-                value=node.get("value"),
-                focused=bool(node.get("focused", False)),
-            )
-        )
-        for child in node.get("children", ()):
-            visit(child, int(node["ref"]), depth + 1)
-
-    if info:
-        visit(info, None, 0)
-    return tuple(out)
 
 
 # ------------------------------------------------------------------------------------
@@ -537,61 +149,6 @@ _RESOLVE_ELEMENT_JS = (
   return found;
 }"""
 )
-
-# Set-of-marks: which elements get their id drawn on the screenshot (every element keeps its
-# id in the DOM text). Interactive tags, and leaves with text or a value (MiniWoB's widgets
-# are often bare spans and divs with click handlers).
-_MARKED_TAGS = frozenset({"BUTTON", "A", "SELECT", "TEXTAREA", "LABEL", "OPTION", "LI", "SPAN", "TD", "H3"})
-MARK_COLOR = (255, 0, 255)  # magenta boxes: rare in MiniWoB pages, visible on white and grey
-MARK_TEXT_COLOR = (255, 255, 255)
-
-
-def marked_elements(dom: tuple[DomElement, ...]) -> list[DomElement]:
-    """The elements whose ids `draw_marks` draws: inputs, interactive tags, and leaf elements with text."""
-    parents = {e.parent for e in dom if e.tag != "t"}
-    marked = []
-    for e in dom:
-        if e.tag == "t" or e.width <= 0 or e.height <= 0:
-            continue
-        leaf = e.ref not in parents
-        if (
-            e.tag.startswith("INPUT")
-            or (e.tag in _MARKED_TAGS and (leaf or e.tag in ("BUTTON", "A", "SELECT")))
-            or (leaf and e.text)
-        ):
-            marked.append(e)
-    return marked
-
-
-@functools.lru_cache(maxsize=1)
-def _mark_font():
-    from PIL import ImageFont
-
-    return ImageFont.load_default(size=8)
-
-
-def draw_marks(screenshot: np.ndarray, dom: tuple[DomElement, ...]) -> np.ndarray:
-    """The screenshot (uint8 [H, W, 3]) with each marked element's id in a filled box at its
-    top-left corner and its outline drawn, as set-of-marks prompting shows them. Pure: returns a new array."""
-    from PIL import ImageDraw
-
-    image = Image.fromarray(screenshot)
-    draw = ImageDraw.Draw(image)
-    font = _mark_font()
-    height, width = screenshot.shape[:2]
-    for e in marked_elements(dom):
-        left, top = max(0.0, e.left), max(0.0, e.top)
-        right, bottom = min(float(width), e.left + e.width) - 1, min(float(height), e.top + e.height) - 1
-        if right <= left or bottom <= top:
-            continue
-        draw.rectangle((left, top, right, bottom), outline=MARK_COLOR)
-        label = str(e.ref)
-        box = draw.textbbox((0, 0), label, font=font)
-        label_width, label_height = box[2] - box[0] + 2, box[3] - box[1] + 2
-        x0, y0 = min(left, width - label_width), min(top, height - label_height)
-        draw.rectangle((x0, y0, x0 + label_width - 1, y0 + label_height - 1), fill=MARK_COLOR)
-        draw.text((x0 + 1 - box[0], y0 + 1 - box[1]), label, fill=MARK_TEXT_COLOR, font=font)
-    return np.asarray(image, dtype=np.uint8)
 
 
 def _episode_state(s: dict[str, Any]) -> EpisodeState:
@@ -711,7 +268,7 @@ class MiniWoBPage:
         """
         page_info = await self.page.evaluate(_OBSERVE_JS)
         image = await self.screenshot()
-        dom = _flatten_dom(page_info["dom"])
+        dom = flatten_dom(page_info["dom"])
         if A.check_action_space(action_space) != "coordinates":
             image = draw_marks(image, dom)
         observation = MiniWoBObservation(
