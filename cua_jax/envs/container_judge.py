@@ -14,7 +14,7 @@ What root in the container can still alter, and this does not close (docs/reliab
 integrity"): the interpreter binary and the standard library in the image's writable layer,
 the system's dist-packages directories (appended after the standard library, without their
 .pth files), and the judge process itself from a process the agent left running (same uid:
-it can read the judge's arguments and write to its output). `judges.run_python_judge`
+it can read the judge's arguments and write to its output). `metrics.general.run_python_judge`
 therefore marks its verdict with a fresh nonce per run and refuses an output with more than
 one verdict.
 """

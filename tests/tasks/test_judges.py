@@ -13,7 +13,7 @@ import zipfile
 import pytest
 
 from cua_jax.envs import actions as A
-from cua_jax.tasks import fetch, judges
+from cua_jax.tasks import fetch, judges, setup_steps
 from cua_jax.tasks.metrics.data import check_json
 from cua_jax.tasks.metrics.general import infeasible
 from cua_jax.tasks.metrics.sheets import compare_table
@@ -128,7 +128,7 @@ def test_fetch_local_file_loopback_and_mirrored_urls_only(tmp_path, loopback_ser
 def test_env_scripts_compile_and_define_what_judges_calls():
     # They run only inside an environment (python-xlib, Chromium, VLC); a syntax error would
     # show there as a failed setup step, so catch it here.
-    scripts = {path.name: path.read_text() for path in judges.ENV_SCRIPTS_DIR.glob("*.py")}
+    scripts = {path.name: path.read_text() for path in setup_steps.ENV_SCRIPTS_DIR.glob("*.py")}
     assert set(scripts) == {"window.py", "chrome_tabs.py", "vlc_status.py"}
     for name, text in scripts.items():
         names = {node.name for node in ast.parse(text, name).body if isinstance(node, ast.FunctionDef)}
@@ -251,7 +251,7 @@ def test_execute_substitutes_placeholders_checks_status_and_captures_output(tmp_
         Step("command", {"command": "echo {SCREEN_WIDTH_HALF}", "shell": True, "stdout": "o.txt"}),
     )
     judges.run_steps(steps, client, str(tmp_path), cache_dir=tmp_path / "cache")
-    assert client.commands == [["echo", "1280x400", judges.CLIENT_PASSWORD], "echo 640"]
+    assert client.commands == [["echo", "1280x400", setup_steps.CLIENT_PASSWORD], "echo 640"]
     assert (tmp_path / "cache" / "o.txt").read_text() == "out\n"
     differ = (Step("execute", {"command": ["diff", "a", "b"], "stdout": "diff.out", "stderr": "diff.err"}),)
     with pytest.raises(judges.SetupError, match=r"step 0 \(execute\) failed: exit status 1: err"):

@@ -1,0 +1,381 @@
+"""The Playwright driver of one MiniWoB++ task page (`MiniWoBPage`): loading, episodes,
+observing and acting."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from cua_jax.envs import actions as A
+from cua_jax.envs.miniwob.catalog import check_task
+from cua_jax.envs.miniwob.marks import draw_marks
+from cua_jax.envs.miniwob.observation import (
+    TASK_HEIGHT,
+    TASK_WIDTH,
+    EpisodeState,
+    MiniWoBObservation,
+    dom_to_text,
+    flatten_dom,
+)
+
+WINDOW_WIDTH, WINDOW_HEIGHT = 500, 320  # MiniWoB's browser window (miniwob.constants)
+VIEWPORT = {"width": WINDOW_WIDTH, "height": WINDOW_HEIGHT}
+SCROLL_PIXELS_PER_CLICK = 50  # miniwob.constants.DEFAULT_SCROLL_AMOUNT
+PAGE_TIMEOUT_MS = 30_000  # bound on Playwright waits (loads): generous, as machines can be oversubscribed
+
+CHROMIUM_EXECUTABLE = "/usr/bin/chromium"
+CHROMIUM_ARGS = (
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    # MiniWoB's clock and handlers are timers: pages of many capsules must not be throttled.
+    "--disable-background-timer-throttling",
+    "--disable-renderer-backgrounding",
+    "--disable-backgrounding-occluded-windows",
+    # A screenshot waits for the next frame; without a vsync-paced frame rate that wait is
+    # shorter (measured by experiments/benchmarks/capsules.py's observation lever).
+    "--disable-gpu-vsync",
+    "--disable-frame-rate-limit",
+)
+
+
+class EpisodeEndedError(RuntimeError):
+    """An action sent to an episode that has already ended; reset it first."""
+
+
+class InvalidElementError(ValueError):
+    """An element action whose id names no visible element of the page; the message says why."""
+
+
+# ------------------------------------------------------------------------------------
+# Driving a page
+# ------------------------------------------------------------------------------------
+
+_PLAYWRIGHT_KEYS = {
+    "ctrl": "Control",
+    "alt": "Alt",
+    "shift": "Shift",
+    "super": "Meta",
+    "enter": "Enter",
+    "esc": "Escape",
+    "tab": "Tab",
+    "space": "Space",
+    "backspace": "Backspace",
+    "delete": "Delete",
+    "insert": "Insert",
+    "home": "Home",
+    "end": "End",
+    "pageup": "PageUp",
+    "pagedown": "PageDown",
+    "up": "ArrowUp",
+    "down": "ArrowDown",
+    "left": "ArrowLeft",
+    "right": "ArrowRight",
+    "capslock": "CapsLock",
+    "printscreen": "PrintScreen",
+    "menu": "ContextMenu",
+    **{f"f{i}": f"F{i}" for i in range(1, 13)},
+}
+_CLICKS = {  # kind -> (button, click count)
+    "left_click": ("left", 1),
+    "right_click": ("right", 1),
+    "middle_click": ("middle", 1),
+    "double_click": ("left", 2),
+    "triple_click": ("left", 3),
+}
+_STATE_JS = (
+    "() => ({done: WOB_DONE_GLOBAL, raw: WOB_RAW_REWARD_GLOBAL, env: WOB_REWARD_GLOBAL,"
+    " reason: WOB_REWARD_REASON == null ? null : String(WOB_REWARD_REASON)})"
+)
+
+
+# MiniWoB gives an element its ref the first time it observes it in an episode (the element's
+# id for element actions, stable while it stays on the page) and renumbers text fragments on
+# every call. Text refs restart at -1 on each observation so that they are a function of the
+# page alone. A replay (fork, restore) numbers the page where the original episode observed
+# it, before each action, so that it hands out the same element ids.
+_NUMBER_JS = "core.nextTextRefCode = -1; var dom = core.getDOMInfo();"
+_OBSERVE_JS = (
+    "() => { " + _NUMBER_JS + " var state = (" + _STATE_JS + ")();"
+    " return {utterance: core.getUtterance(), dom: dom, state: state}; }"
+)
+_NUMBER_ONLY_JS = "() => { " + _NUMBER_JS + " return null; }"
+# A fresh episode numbers its elements from 1.
+_RESET_NUMBERING_JS = """
+  document.querySelectorAll('[data-wob_ref]').forEach(function (e) { delete e.dataset.wob_ref; });
+  core.nextRefCode = 1;
+  core.nextTextRefCode = -1;
+"""
+# Where to act on the element with id `ref`, or why it cannot be acted on. The point is the
+# centre of the element's part inside the task region (width x height) when the element (or
+# one of its descendants) is what a click there hits, else the hit point nearest that centre
+# on a 2-pixel lattice: an element partly covered by another is clicked where it shows.
+_RESOLVE_ELEMENT_JS = (
+    """([ref, width, height]) => {
+  var element = document.querySelector('[data-wob_ref="' + ref + '"]');
+  if (element === null || element.dataset.wob_eps !== 'e' + WOB_EPISODE_ID) {
+    return {status: ref < core.nextRefCode ? 'gone' : 'unknown'};
+  }
+  var rect = element.getBoundingClientRect(), style = window.getComputedStyle(element);
+  var editable = element instanceof HTMLTextAreaElement || element.isContentEditable
+    || (element instanceof HTMLInputElement
+        && ['text', 'password', 'email', 'search', 'tel', 'url', 'number', ''].indexOf(element.type) >= 0);
+  var found = {status: 'hidden', tag: element.tagName, editable: editable};
+  var visible = rect.width > 0 && rect.height > 0 && style.visibility !== 'hidden'
+    && (typeof element.checkVisibility !== 'function' || element.checkVisibility());
+  var left = Math.max(0, rect.left), top = Math.max(0, rect.top);
+  var right = Math.min(width, rect.right), bottom = Math.min(height, rect.bottom);
+  if (!visible || right - left < 1 || bottom - top < 1) return found;
+  var cx = Math.floor((left + right) / 2), cy = Math.floor((top + bottom) / 2);
+  var hits = function (x, y) { var at = document.elementFromPoint(x + 0.5, y + 0.5);"""
+    """ return at !== null && element.contains(at); };
+  var point = hits(cx, cy) ? [cx, cy] : null, nearest = Infinity;
+  for (var y = Math.ceil(top); point === null && y < bottom; y += 2) {
+    for (var x = Math.ceil(left); x < right; x += 2) {
+      var d = (x - cx) * (x - cx) + (y - cy) * (y - cy);
+      if (d < nearest && hits(x, y)) { nearest = d; found.x = x; found.y = y; }
+    }
+  }
+  if (point !== null) { found.x = point[0]; found.y = point[1]; }
+  found.status = found.x === undefined ? 'covered' : 'ok';
+  return found;
+}"""
+)
+
+
+def _episode_state(s: dict[str, Any]) -> EpisodeState:
+    return EpisodeState(bool(s["done"]), float(s["raw"]), float(s["env"]), s["reason"])
+
+
+def playwright_key(key: str) -> str:
+    """Playwright's name for a canonical key of the action grammar."""
+    return _PLAYWRIGHT_KEYS.get(key, key)
+
+
+def unsupported_reason(action: A.Action, action_space: str = "both") -> str | None:
+    """Why `action` cannot act on a MiniWoB page in `action_space` (None when it can)."""
+    if isinstance(action, A.WriteFile):
+        return "write_file is not available in a web page; MiniWoB tasks are solved in the page itself"
+    return A.outside_action_space(action, action_space)
+
+
+# Screenshots must not depend on when they are taken: a blinking caret and running CSS
+# animations or transitions would make two captures of one state differ. Stilled once per page
+# (a style element in <head>, outside the task region and its DOM), not around every capture.
+_STILL_PAGE_JS = """() => {
+  const style = document.createElement('style');
+  style.id = 'cua-still';
+  style.textContent = '*, *::before, *::after { caret-color: transparent !important; ' +
+    'animation-duration: 0s !important; animation-delay: 0s !important; ' +
+    'animation-iteration-count: 1 !important; transition: none !important; }';
+  document.head.appendChild(style);
+}"""
+
+
+class MiniWoBPage:
+    """One MiniWoB task page of a Playwright (async) `page`. Not safe for concurrent use."""
+
+    def __init__(self, page: Any, task: str):
+        self.page = page
+        self.task = check_task(task)
+        self.max_time_ms: float | None = None
+        self.url: str | None = None  # the task's document, once loaded
+        self._cdp: Any = None  # the page's DevTools session, for screenshots
+
+    async def load(self, url: str) -> None:
+        """Open the task and wait until MiniWoB shows its start cover (the task is loaded)."""
+        self.page.set_default_timeout(PAGE_TIMEOUT_MS)
+        if self.page.viewport_size != VIEWPORT:
+            await self.page.set_viewport_size(VIEWPORT)
+        await self.page.goto(url, wait_until="load")
+        self.url = self.page.url
+        loaded = "() => typeof core !== 'undefined' && core.cover_div !== null"
+        if not await self.page.evaluate(loaded):
+            await self.page.wait_for_function(loaded)
+        await self.page.evaluate(_STILL_PAGE_JS)
+
+    async def begin_episode(self, seed: int, time_limit_ms: float | None = None) -> None:
+        """Seed MiniWoB's RNG and start an episode, as MiniWoB's own driver does.
+
+        time_limit_ms replaces the task's own limit (core.EPISODE_MAX_TIME) when given; the
+        time-scaled reward then follows it. The start cover's click handler is removed: only
+        the driver starts episodes, so a click that lands after a time limit ended the
+        episode cannot start an unseeded one.
+        """
+        ready = await self.page.evaluate(
+            """([seed, limit]) => {
+              core.cover_div.onclick = null;
+              if (limit !== null) core.EPISODE_MAX_TIME = limit;
+              Math.seedrandom(seed);
+              core.setDataMode('train');
+              core.startEpisodeReal();"""
+            + _RESET_NUMBERING_JS
+            + """
+              return [WOB_TASK_READY === true, core.EPISODE_MAX_TIME];
+            }""",
+            [seed, time_limit_ms],
+        )
+        self.max_time_ms = float(ready[1])
+        if not ready[0]:
+            await self.page.wait_for_function("() => WOB_TASK_READY === true")
+
+    async def elapsed_ms(self) -> float:
+        """Milliseconds since the running episode began (MiniWoB's own clock)."""
+        return float(await self.page.evaluate("() => new Date().getTime() - core.ept0"))
+
+    async def set_elapsed_ms(self, elapsed_ms: float) -> None:
+        """Move the running episode's clock so that `elapsed_ms` have passed, and re-arm its limit.
+
+        A fork replays its parent's actions in less time than they took; this gives the fork
+        the parent's remaining time, so time limits and time-scaled rewards carry over.
+        """
+        await self.page.evaluate(
+            """(elapsed) => {
+              if (WOB_DONE_GLOBAL || core.EP_TIMER === null) return;
+              core.ept0 = new Date().getTime() - elapsed;
+              clearTimeout(core.EP_TIMER);
+              core.EP_TIMER = setTimeout(function () { core.endEpisode(-1, false, 'timed out'); },
+                                         Math.max(0, core.EPISODE_MAX_TIME - elapsed));
+            }""",
+            elapsed_ms,
+        )
+
+    async def state(self) -> EpisodeState:
+        return _episode_state(await self.page.evaluate(_STATE_JS))
+
+    async def observe(self, include_dom_text: bool = False, action_space: str = "coordinates") -> MiniWoBObservation:
+        return (await self.observe_with_state(include_dom_text, action_space))[0]
+
+    async def number_elements(self) -> None:
+        """Give ids to the elements now on the page, as an observation would (for replays)."""
+        await self.page.evaluate(_NUMBER_ONLY_JS)
+
+    async def observe_with_state(
+        self, include_dom_text: bool = False, action_space: str = "coordinates"
+    ) -> tuple[MiniWoBObservation, EpisodeState]:
+        """The observation and the episode state, read in one round trip plus the screenshot.
+
+        With an action space that acts on elements the screenshot shows the element ids
+        (`draw_marks`); the DOM text leaves out geometry when only element actions are allowed.
+        """
+        page_info = await self.page.evaluate(_OBSERVE_JS)
+        image = await self.screenshot()
+        dom = flatten_dom(page_info["dom"])
+        if A.check_action_space(action_space) != "coordinates":
+            image = draw_marks(image, dom)
+        observation = MiniWoBObservation(
+            task=self.task,
+            utterance=str(page_info["utterance"]),
+            screenshot=image,
+            dom=dom,
+            dom_text=dom_to_text(dom, geometry=action_space != "elements") if include_dom_text else None,
+        )
+        return observation, _episode_state(page_info["state"])
+
+    async def screenshot(self) -> np.ndarray:
+        """The task region (uint8 [TASK_HEIGHT, TASK_WIDTH, 3]), captured by one DevTools call:
+        the page's caret and animations were stilled once at load (`_STILL_PAGE_JS`), so no
+        per-shot restyling is needed; PNG at the encoder's fast setting, decoded once."""
+        if self._cdp is None:
+            self._cdp = await self.page.context.new_cdp_session(self.page)
+        shot = await self._cdp.send(
+            "Page.captureScreenshot",
+            {
+                "format": "png",
+                "optimizeForSpeed": True,
+                "captureBeyondViewport": False,
+                "clip": {"x": 0, "y": 0, "width": TASK_WIDTH, "height": TASK_HEIGHT, "scale": 1},
+            },
+        )
+        png = base64.b64decode(shot["data"])
+        return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.uint8)
+
+    async def end_by_agent(self, action: A.Action) -> None:
+        """The agent ended the episode (done / FAIL / answer): a failure unless the task already paid."""
+        name = A.action_arguments(action)["action"]
+        await self.page.evaluate(
+            "(reason) => core.endEpisode(-1.0, false, reason)", f"agent ended the episode with {name}"
+        )
+
+    async def element_point(self, ref: int, fill: bool = False) -> tuple[int, int]:
+        """The page pixel where a click reaches element `ref`: the centre of its part inside the
+        task region, or the nearest point to it not covered by other elements. Raises
+        InvalidElementError when the id names no element the agent can act on."""
+        found = await self.page.evaluate(_RESOLVE_ELEMENT_JS, [ref, TASK_WIDTH, TASK_HEIGHT])
+        if found["status"] == "unknown":
+            raise InvalidElementError(f"element {ref} does not exist: use an id the page lists")
+        if found["status"] == "gone":
+            raise InvalidElementError(f"element {ref} is no longer on the page: use an id from the current page")
+        name = f"element {ref} ({found['tag']})"
+        if found["status"] == "hidden":
+            raise InvalidElementError(f"{name} is hidden: it cannot be acted on until it is shown")
+        if found["status"] == "covered":
+            raise InvalidElementError(f"{name} is covered by other elements: no click would reach it")
+        if fill and not found["editable"]:
+            raise InvalidElementError(f"{name} cannot be filled: fill_element takes a text field or text area")
+        return int(found["x"]), int(found["y"])
+
+    async def perform(self, action: A.Action) -> None:
+        """Carry out one action of the grammar on the page (coordinates: 1000-grid -> 160 x 210;
+        element ids: `element_point`, whose InvalidElementError leaves the page untouched)."""
+        page, mouse = self.page, self.page.mouse
+
+        def px(x: float, y: float) -> tuple[int, int]:
+            return A.grid_to_pixels(x, y, TASK_WIDTH, TASK_HEIGHT)
+
+        if isinstance(action, A.Click):
+            button, count = _CLICKS[action.kind]
+            await mouse.click(*px(action.x, action.y), button=button, click_count=count)
+        elif isinstance(action, A.ClickElement):
+            await mouse.click(*await self.element_point(action.element))
+        elif isinstance(action, A.FillElement):
+            await mouse.click(*await self.element_point(action.element, fill=True))
+            await page.keyboard.press("Control+A")
+            if action.text:
+                await page.keyboard.type(action.text)
+            else:
+                await page.keyboard.press("Backspace")
+        elif isinstance(action, A.MouseMove):
+            await mouse.move(*px(action.x, action.y))
+        elif isinstance(action, A.LeftClickDrag):
+            if action.start_x is not None:
+                await mouse.move(*px(action.start_x, action.start_y))
+            await mouse.down()
+            await mouse.move(*px(action.x, action.y), steps=5)
+            await mouse.up()
+        elif isinstance(action, (A.LeftMouseDown, A.LeftMouseUp)):
+            if action.x is not None:
+                await mouse.move(*px(action.x, action.y))
+            await (mouse.down() if isinstance(action, A.LeftMouseDown) else mouse.up())
+        elif isinstance(action, A.Key):
+            await page.keyboard.press("+".join(playwright_key(k) for k in action.keys))
+        elif isinstance(action, A.HoldKey):
+            for k in action.keys:
+                await page.keyboard.down(playwright_key(k))
+            await asyncio.sleep(float(action.duration))
+            for k in reversed(action.keys):
+                await page.keyboard.up(playwright_key(k))
+        elif isinstance(action, A.Type):
+            await page.keyboard.type(action.text)
+        elif isinstance(action, A.Scroll):
+            if action.x is not None:
+                await mouse.move(*px(action.x, action.y))
+            step = SCROLL_PIXELS_PER_CLICK * action.amount
+            dx, dy = {"up": (0, -step), "down": (0, step), "left": (-step, 0), "right": (step, 0)}[action.direction]
+            await mouse.wheel(dx, dy)
+        elif isinstance(action, A.Wait):
+            await asyncio.sleep(float(action.seconds))
+        elif isinstance(action, (A.Screenshot, A.CursorPosition)):
+            pass  # every step returns a fresh observation anyway
+        elif A.is_terminal(action):
+            await self.end_by_agent(action)
+        else:
+            raise TypeError(f"not an action MiniWoB can perform: {action!r}")
