@@ -25,10 +25,10 @@ import pytest
 from cua_jax.envs import actions as A
 from cua_jax.envs.contract import EnvironmentWrapper
 from cua_jax.rollout.engine import FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.rollout.oracle_engine import OracleDemonstrator
 from cua_jax.tasks.schema import load_suite
 from cua_jax.tasks.suites.desktop.solutions import SOLUTIONS, SUITE_DIR, WRONG_SOLUTIONS
 from cua_jax.train.trainer import Trainer
-from cua_jax.train.warm_start import OracleDemonstrator
 from cua_jax.types import EpisodeStatus
 from tests.support.trainer import tiny_config
 

@@ -23,9 +23,9 @@ import pytest
 
 from cua_jax.observe.viewer import build_site
 from cua_jax.rollout.engine import Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.rollout.oracle_engine import OracleDemonstrator
 from cua_jax.train.batching import make_minibatches, process_images
 from cua_jax.train.trainer import Trainer
-from cua_jax.train.warm_start import OracleDemonstrator
 from experiments.configs import default
 from tests.support.trainer import tiny_config
 

@@ -22,6 +22,7 @@ from cua_jax.envs import actions as A
 from cua_jax.envs.capsules import CapsuleRuntime
 from cua_jax.envs.miniwob import DomElement, dom_from_text, dom_to_text
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop
+from cua_jax.rollout.oracle_engine import OracleDemonstrator, observation_from_prompt
 from cua_jax.train import warm_start as W
 from cua_jax.types import EpisodeStatus
 
@@ -117,7 +118,7 @@ def test_dom_from_text_names_a_bad_line():
 def test_observation_from_prompt_needs_dom_text():
     prompt = "<|im_start|>user\nClick on the button.\nno page here<|im_end|>\n"
     with pytest.raises(ValueError, match="include_dom_text"):
-        W.observation_from_prompt(prompt, TASK, np.zeros((210, 160, 3), np.uint8))
+        observation_from_prompt(prompt, TASK, np.zeros((210, 160, 3), np.uint8))
 
 
 def test_cosine_warm_start_decays_to_its_floor_at_the_last_step():
@@ -316,7 +317,7 @@ def test_click_point_items_of_real_demonstrations(demonstrations, renderer):
 def test_unreadable_page_fails_the_episode_and_is_reported(runtime, renderer, segmenter):
     """An oracle asked for the wrong task finds nothing to click: it answers FAIL, the episode
     is a FAILURE, and the oracle's message is kept."""
-    engine = W.OracleDemonstrator(renderer.tokenizer, renderer.end_of_turn_id, "click-link")
+    engine = OracleDemonstrator(renderer.tokenizer, renderer.end_of_turn_id, "click-link")
     loop = AgentLoop(engine, segmenter, AgentConfig(max_turns=2, max_new_tokens=64))
 
     async def one():
@@ -330,7 +331,7 @@ def test_unreadable_page_fails_the_episode_and_is_reported(runtime, renderer, se
     assert episode.status is EpisodeStatus.FAILURE and episode.turns[0].action == A.Fail()
     assert len(engine.errors) == 1 and "no link" in engine.errors[0]
     # A reply longer than max_new_tokens (a policy could not write it) fails its episode too.
-    engine = W.OracleDemonstrator(renderer.tokenizer, renderer.end_of_turn_id, TASK)
+    engine = OracleDemonstrator(renderer.tokenizer, renderer.end_of_turn_id, TASK)
     loop = AgentLoop(engine, segmenter, AgentConfig(max_turns=2, max_new_tokens=20))
     episode = asyncio.run(one()).episode
     assert episode.status is EpisodeStatus.FAILURE and episode.turns[0].action == A.Fail()
