@@ -16,8 +16,8 @@ from flax import nnx
 from cua_jax.models.qwen3_vl import load_qwen3_vl
 from cua_jax.train.pretrain import DEMONSTRATIONS_FILE, MANIFEST_FILE, STATE_FILE, Pretrainer
 from cua_jax.train.settings import ConfigError, TrainSettings
+from cua_jax.train.sft import SupervisedRun
 from cua_jax.train.trainer import Trainer
-from cua_jax.train.warm_start import SupervisedRun
 from experiments.configs import pretrain
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
