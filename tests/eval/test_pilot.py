@@ -138,7 +138,6 @@ def test_pilot_command_writes_the_file_a_run_reads(tmp_path):
     assert json.loads(result.stdout.strip().splitlines()[-1])["group_size_floor"] == report["group_size_floor"]
     assert report["group_size_floor"] is not None, "the random policy reached no tier; pick easier tasks"
 
-    from cua_jax.train.trainer import Trainer
     from experiments.configs import tiny
 
     c = tiny.get_config()
@@ -147,7 +146,7 @@ def test_pilot_command_writes_the_file_a_run_reads(tmp_path):
     c.rollout.batch_tasks = 2
     c.sampler.pilot_file = str(tmp_path / "pilot" / "pilot.json")
     c.eval.enabled = False
-    with Trainer(c) as trainer:
+    with start_trainer(c) as trainer:
         assert trainer.config.rollout.group_size == report["group_size_floor"]
         rates = dict(zip(trainer.pool.task_ids, trainer.pool.pass_rate))
         assert rates == pytest.approx({t: row["pass_rate"] for t, row in report["tasks"].items()})
