@@ -3,8 +3,8 @@
 Any config field can be overridden on the command line: --config.x.y=value. The config's
 `job` picks what runs:
 
-  train                    online RL (cua_jax.train.trainer.Trainer): evaluation before,
-                           training with checkpoints, evaluation after, learning curve
+  train                    online RL (cua_jax.train.trainer): the warm start, evaluation
+                           before, training with checkpoints, evaluation after, learning curve
   segmentation_benchmark   the Visual Context Segmentation benchmark
 
 Flags: --workdir replaces config.workdir; --resume continues the run checkpointed in the
@@ -37,19 +37,24 @@ def _run_segmentation_benchmark(config) -> None:
 
 def _run_training(config) -> None:
     from cua_jax.train.settings import ConfigError, TrainSettings
-    from cua_jax.train.trainer import Trainer
+    from cua_jax.train.trainer import build_trainer, prepare_run, warm_start
 
     try:
         TrainSettings.from_config(config)  # every field checked before anything starts
     except ConfigError as error:
         raise app.UsageError(str(error)) from error
-    with Trainer(config) as trainer:
-        latest = trainer.checkpointer.latest_step()
-        if latest is not None and not _RESUME.value:
-            raise app.UsageError(
-                f"{config.workdir} holds checkpoints (latest step {latest}); pass --resume to continue "
-                "that run, or choose another --workdir"
-            )
+    setup = prepare_run(config)
+    latest = setup.checkpointer.latest_step()
+    if latest is not None and not _RESUME.value:
+        setup.checkpointer.close()
+        raise app.UsageError(
+            f"{config.workdir} holds checkpoints (latest step {latest}); pass --resume to continue "
+            "that run, or choose another --workdir"
+        )
+    # The warm start: supervised fine-tuning on the oracle's demonstrations before anything copies
+    # the policy; a resumed run's checkpoint holds its result, so it does not run again.
+    warm_start(setup)
+    with build_trainer(setup) as trainer:
         if _RESUME.value:
             if trainer.restore():
                 logging.info("resumed %s at step %d", config.workdir, trainer.step)

@@ -102,7 +102,7 @@ class TaskOracleEngine(RolloutEngine):
         return [e for d in self.demonstrators.values() for e in d.errors]
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
-        from cua_jax.train.warm_start import OracleDemonstrator
+        from cua_jax.rollout.oracle_engine import OracleDemonstrator
 
         if self.task is None:
             raise RuntimeError("the oracle engine was not told its task (TaskOracleEngine.task) before the group")

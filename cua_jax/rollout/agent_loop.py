@@ -71,7 +71,7 @@ import functools
 import hashlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -734,3 +734,26 @@ class _Clock:
 
 async def _awaited(future: asyncio.Future) -> Any:
     return await future
+
+
+async def run_bounded(jobs, concurrency: int, make_env: Callable[[], Any]) -> list[Rollout]:
+    """Runs (loop, task, task_id, seed, group_id) jobs, at most `concurrency` at once, each
+    on an environment of `make_env()` that is reused for the next job."""
+    queue: asyncio.Queue = asyncio.Queue()
+    for index, job in enumerate(jobs):
+        queue.put_nowait((index, job))
+    results: list[Rollout | None] = [None] * len(jobs)
+
+    async def worker():
+        env = make_env()
+        try:
+            while not queue.empty():
+                index, (loop, task, task_id, seed, group_id) = queue.get_nowait()
+                results[index] = await loop.run_episode(
+                    env, task, task_id=task_id, seed=seed, group_id=group_id, episode_id=f"{task_id}/s{seed}"
+                )
+        finally:
+            await env.close()
+
+    await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(jobs))))))
+    return [r for r in results if r is not None]

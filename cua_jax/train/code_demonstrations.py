@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop
+from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, run_bounded
 from cua_jax.rollout.engine import (
     EngineHealth,
     FinishReason,
@@ -24,7 +24,7 @@ from cua_jax.rollout.engine import (
     RolloutEngine,
     SamplingConfig,
 )
-from cua_jax.train.demonstrations import Demonstrations, keep_successes, run_bounded
+from cua_jax.train.demonstrations import Demonstrations, keep_successes
 
 
 class CodeOracleEngine(RolloutEngine):

@@ -19,8 +19,9 @@ from typing import Any
 import jax
 
 from cua_jax.tasks.dynamic_sampling import collect_informative_groups
-from cua_jax.tasks.pool import GroupOutcome
+from cua_jax.tasks.pool import GroupOutcome, TaskPool
 from cua_jax.tasks.sampler_interface import TaskSampler
+from cua_jax.tasks.samplers import build_sampler
 from cua_jax.train.groups import CollectedGroup, draw_group_seeds, group_from_rollouts, group_outcome, swap_in_replay
 
 # Calibration's rollouts draw their seeds from a stream of their own, apart from the steps'.
@@ -61,19 +62,29 @@ class EnvironmentCounters:
 
 
 class GroupCollector:
-    """Draws tasks with `sampler` and runs their groups on rollout workers.
+    """Draws tasks with its `sampler` and runs their groups on rollout workers.
 
-    settings: the run's `TrainSettings` (batch size, group size, training seeds, DTAC / DAPO).
-    base_key: the run's base PRNG key; step s draws with fold_in(base_key, s).
-    default_worker: where calibration's rollouts and unassigned steps run.
+    settings: the run's `TrainSettings` (batch size, group size, training seeds, DTAC / DAPO,
+    the sampler's kind and configs). base_key: the run's base PRNG key; step s draws with
+    fold_in(base_key, s). default_worker: where calibration's rollouts and unassigned steps
+    run. pool: the training tasks the sampler draws from; a calibrating sampler runs its
+    rollouts through this collector (`run_outcome_groups`).
     """
 
-    def __init__(self, settings, base_key: jax.Array, default_worker: Any):
+    def __init__(self, settings, base_key: jax.Array, default_worker: Any, pool: TaskPool):
         self.settings = settings
         self.config = settings.config
         self.base_key = base_key
         self.default_worker = default_worker
-        self.sampler: TaskSampler | None = None
+        self.pool = pool
+        kind = settings.sampler_kind
+        self.sampler: TaskSampler = build_sampler(
+            kind,
+            pool,
+            **{kind: settings.sampler_configs[kind]},
+            calibration=settings.calibration,
+            run_groups=self.run_outcome_groups if settings.calibration else None,
+        )
         self.next_group_id = 0
         # Reentrant: under DAPO, collect() holds it across its rounds, whose group runs take it
         # again for group ids.

@@ -37,14 +37,10 @@ from typing import Any
 import numpy as np
 
 from cua_jax.compilation import use_compilation_cache
-from cua_jax.train.demonstrations import Demonstrations
-from cua_jax.train.warm_start import (
-    DemonstrationData,
-    HeldOutScorer,
-    SupervisedRun,
-    collect_demonstrations,
-    evaluate_policy,
-)
+from cua_jax.eval.in_process import evaluate_model_in_process
+from cua_jax.train.demonstrations import Demonstrations, collect_demonstrations
+from cua_jax.train.sft import DemonstrationData, SupervisedRun
+from cua_jax.train.warm_start_diagnostics import HeldOutScorer
 from cua_jax.types import EpisodeStatus
 
 DEMONSTRATIONS_FILE = "demonstrations.pkl.gz"
@@ -292,7 +288,7 @@ class Pretrainer:
         """Greedy success per task on pages no demonstration used."""
         agent = dataclasses.replace(self.settings.eval_agent, temperature=0.0, seed_per_turn=False, seed=None)
         with self._runtime() as runtime:
-            result = evaluate_policy(
+            result = evaluate_model_in_process(
                 model,
                 self.tasks,
                 self.eval_seeds,

@@ -109,7 +109,7 @@ class TrainSettings:
     training_tasks: tuple[str, ...]  # the sampler's pool (env.drop_hardest_tier applied)
     domain_weights: dict  # domain -> sampling weight (env.domain_weights)
     desktop_pool: Any = None  # cua_jax.envs.docker_pool.PoolConfig without its image, or None
-    warm_start: Any = None  # cua_jax.train.warm_start.WarmStartConfig, or None (no warm start)
+    warm_start: Any = None  # cua_jax.train.sft.WarmStartConfig, or None (no warm start)
     code_env: Any = None  # cua_jax.environments.code_env.CodeEnvConfig (env.kind "code"), or None
 
     @classmethod
@@ -673,7 +673,7 @@ class TrainSettings:
             )
         warm_start = None
         if c.warm_start.steps > 0:
-            from cua_jax.train.warm_start import WarmStartConfig
+            from cua_jax.train.sft import WarmStartConfig
 
             warm_start = build(
                 "warm_start",

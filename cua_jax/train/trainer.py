@@ -61,7 +61,6 @@ from cua_jax.observe.plots import plot_learning_curve
 from cua_jax.observe.progress import StepProgress
 from cua_jax.rollout.agent_loop import reserved_token_ids
 from cua_jax.rollout.rollout_worker import EnvWrapper
-from cua_jax.tasks.samplers import build_sampler
 from cua_jax.train.async_rollouts import RolloutFeeder
 from cua_jax.train.batching import MultimodalPositions, batch_tokens, make_minibatches, process_images, score_items
 from cua_jax.train.buffer import RolloutBuffer
@@ -87,85 +86,152 @@ LOW_TEMPERATURE_GAIN = "gain_low_temperature"
 
 
 # ---------------------------------------------------------------------------------------
+# Building a trainer: the run's setup, the warm start, the trainer
+# ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RunSetup:
+    """What a run's trainer is built from, before anything copies its policy: the config (with
+    rollout.group_size from sampler.pilot_file) and its settings, the tokenizer, image processor,
+    renderer and segmenter, the token ids no reply may hold, the policy, the checkpointer of the
+    workdir, and the warm start's metrics once `warm_start` ran (None before)."""
+
+    config: Any
+    settings: TrainSettings
+    pilot: Any
+    tokenizer: Any
+    image_processor: Any
+    renderer: ChatRenderer
+    segmenter: Any
+    banned_token_ids: Any
+    policy: Any
+    checkpointer: TrainCheckpointer
+    warm_start_metrics: dict[str, float] | None = None
+
+
+def prepare_run(config) -> RunSetup:
+    """A run's setup from its config (checked as `TrainSettings`): the processor, the segmenter
+    and the policy (a random init or model.init_from), and the workdir with its checkpointer."""
+    config, pilot = apply_pilot_file(config)  # rollout.group_size from sampler.pilot_file
+    settings = TrainSettings.from_config(config)
+    use_compilation_cache(config.compilation_cache_dir)
+    os.makedirs(config.workdir, exist_ok=True)
+    tokenizer, image_processor = load_run_processor(config)
+    renderer = ChatRenderer(tokenizer, image_processor)
+    segmenter = make_segmenter(config.context.segmenter, renderer, **settings.segmenter_options)
+    # Vision placeholders can never be part of a reply: the engines never sample them and the
+    # learner scores under the same renormalised distribution (no rollout / learner gap).
+    banned_token_ids = reserved_token_ids(renderer)
+    settings = dataclasses.replace(
+        settings, learner=dataclasses.replace(settings.learner, banned_token_ids=banned_token_ids)
+    )
+    policy = build_policy(settings, config.seed)
+    checkpointer = TrainCheckpointer(os.path.join(config.workdir, "checkpoints"), keep=config.train.keep_checkpoints)
+    return RunSetup(
+        config, settings, pilot, tokenizer, image_processor, renderer, segmenter, banned_token_ids, policy, checkpointer
+    )
+
+
+def warm_start(setup: RunSetup) -> dict[str, float]:
+    """The run's warm start, the phase between `prepare_run` and `build_trainer`: supervised
+    fine-tuning of setup.policy (in place) on the oracle's demonstrations of the training tasks
+    (`cua_jax.train.warm_start.run_warm_start`), before anything copies the policy (learner,
+    KL reference, engines). Nothing runs without warm_start.steps, or for a workdir with
+    checkpoints: a run to resume, whose checkpoint holds the warm start's result. Returns the
+    metrics ({} when nothing ran), also kept in setup.warm_start_metrics."""
+    if setup.warm_start_metrics is not None:
+        raise RuntimeError("the run's warm start already ran")
+    settings, metrics = setup.settings, {}
+    if settings.warm_start is not None and setup.checkpointer.latest_step() is None:
+        from cua_jax.train.warm_start import run_warm_start  # SFT on the oracle's demonstrations
+
+        demonstrated = [t for t in settings.training_tasks if settings.catalog[t].kind != "desktop"]
+        metrics = run_warm_start(
+            setup.policy, demonstrated, setup.config, settings, setup.segmenter, setup.renderer, setup.config.workdir
+        )
+    setup.warm_start_metrics = metrics
+    return metrics
+
+
+def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> Trainer:
+    """The trainer of a prepared run: its learner (on the mesh settings.mesh asks for), its
+    rollout workers (on a local Ray when the config wants one; vLLM engines load the policy
+    exported to the workdir), the collector with its sampler over the training tasks.
+
+    A run whose config asks for a warm start needs `warm_start(setup)` first (which does nothing
+    when resuming). env_wrapper: wraps every environment (fault injection, added latency)."""
+    if setup.warm_start_metrics is None:
+        if setup.settings.warm_start is not None:
+            raise RuntimeError(
+                "config.warm_start.steps > 0: the run's warm start (cua_jax.train.trainer.warm_start) must run before "
+                "build_trainer"
+            )
+        setup.warm_start_metrics = {}
+    c, settings, policy = setup.config, setup.settings, setup.policy
+    base_key = jax.random.key(c.seed)
+    m = settings.mesh
+    mesh = make_mesh(m, devices=jax.devices()[: max(1, m.data) * max(1, m.fsdp) * max(1, m.tensor)])
+    learner = Learner(policy, settings.learner, mesh=mesh)
+    ray = contextlib.ExitStack()  # the local Ray the worker actors run on, if this run started it
+    ray.enter_context(local_ray(c))
+    try:
+        engine_model_dir = (
+            export_engine_model(policy, c.workdir, setup.tokenizer, setup.image_processor)
+            if c.rollout.engine == "vllm"
+            else None
+        )
+        workers: RolloutWorkers = build_rollout_workers(
+            settings,
+            policy,
+            int(setup.tokenizer.pad_token_id or 0),
+            env_wrapper,
+            setup.banned_token_ids,
+            engine_model_dir,
+        )
+    except BaseException:
+        ray.close()
+        raise
+    pool = settings.catalog.pool(settings.domain_weights, settings.training_tasks)
+    if setup.pilot is not None:
+        seed_pool(pool, setup.pilot, settings.training_tasks, c.sampler.pilot_file)
+    collector = GroupCollector(settings, base_key, workers[0], pool)
+    return Trainer(setup, learner, workers, ray, collector)
+
+
+# ---------------------------------------------------------------------------------------
 # The trainer
 # ---------------------------------------------------------------------------------------
 
 
 class Trainer:
-    """Online RL of a computer-use policy on MiniWoB++ capsules (see the module doc).
+    """Online RL of a computer-use policy on MiniWoB++ capsules (see the module doc), built by
+    `build_trainer` from a prepared run (`prepare_run`, then its `warm_start`).
 
-    config: an ml_collections.ConfigDict of experiments/configs/base.py's shape.
-    env_wrapper: wraps every environment (fault injection, added latency).
+    setup: the run (config: an ml_collections.ConfigDict of experiments/configs/base.py's
+    shape). learner: over setup.policy. workers: the rollout workers; ray: closes the local Ray
+    they run on, if the run started it. collector: draws and runs the training groups.
     """
 
-    def __init__(self, config, *, env_wrapper: EnvWrapper | None = None):
-        config, pilot = apply_pilot_file(config)  # rollout.group_size from sampler.pilot_file
-        self.settings = TrainSettings.from_config(config)
-        use_compilation_cache(config.compilation_cache_dir)
-        self.config = config
-        c = config
+    def __init__(self, setup: RunSetup, learner: Learner, workers: RolloutWorkers, ray, collector: GroupCollector):
+        self.config = c = setup.config
+        self.settings = setup.settings
         self.workdir = c.workdir
-        os.makedirs(self.workdir, exist_ok=True)
-        self.base_key = jax.random.key(c.seed)
-        self.tokenizer, self.image_processor = load_run_processor(c)
-        self.renderer = ChatRenderer(self.tokenizer, self.image_processor)
-        self.segmenter = make_segmenter(c.context.segmenter, self.renderer, **self.settings.segmenter_options)
-        # Vision placeholders can never be part of a reply: the engines never sample them and the
-        # learner scores under the same renormalised distribution (no rollout / learner gap).
-        self.banned_token_ids = reserved_token_ids(self.renderer)
-        self.settings = dataclasses.replace(
-            self.settings, learner=dataclasses.replace(self.settings.learner, banned_token_ids=self.banned_token_ids)
-        )
-
-        policy = build_policy(self.settings, c.seed)
-        self.checkpointer = TrainCheckpointer(os.path.join(self.workdir, "checkpoints"), keep=c.train.keep_checkpoints)
-        # The warm start runs before anything copies the policy (learner, KL reference, engines);
-        # a workdir with checkpoints is a run to resume, whose checkpoint holds its result.
-        self.warm_start_metrics: dict[str, float] = {}
-        if self.settings.warm_start is not None and self.checkpointer.latest_step() is None:
-            from cua_jax.train.warm_start import run_warm_start  # SFT on the oracle's demonstrations
-
-            demonstrated = [t for t in self.settings.training_tasks if self.settings.catalog[t].kind != "desktop"]
-            self.warm_start_metrics = run_warm_start(
-                policy, demonstrated, c, self.settings, self.segmenter, self.renderer, self.workdir
-            )
+        self.base_key = collector.base_key
+        self.tokenizer, self.image_processor = setup.tokenizer, setup.image_processor
+        self.renderer, self.segmenter = setup.renderer, setup.segmenter
+        self.banned_token_ids = setup.banned_token_ids
+        self.checkpointer = setup.checkpointer
+        self.warm_start_metrics: dict[str, float] = setup.warm_start_metrics or {}
+        policy = setup.policy
         self.multimodal = MultimodalPositions.of(policy.config) if hasattr(policy, "encode_images") else None
-        m = self.settings.mesh
-        mesh = make_mesh(m, devices=jax.devices()[: max(1, m.data) * max(1, m.fsdp) * max(1, m.tensor)])
-        self.learner = Learner(policy, self.settings.learner, mesh=mesh)
-        self._ray = contextlib.ExitStack()  # the local Ray the worker actors run on, if this run started it
-        self._ray.enter_context(local_ray(c))
-        try:
-            engine_model_dir = (
-                export_engine_model(policy, self.workdir, self.tokenizer, self.image_processor)
-                if c.rollout.engine == "vllm"
-                else None
-            )
-            self.workers: RolloutWorkers = build_rollout_workers(
-                self.settings,
-                policy,
-                int(self.tokenizer.pad_token_id or 0),
-                env_wrapper,
-                self.banned_token_ids,
-                engine_model_dir,
-            )
-        except BaseException:
-            self._ray.close()
-            raise
-
-        self.collector = GroupCollector(self.settings, self.base_key, self.workers[0])
+        self.learner = learner
+        self._ray = ray
+        self.workers = workers
+        self.collector = collector
+        self.sampler = collector.sampler
+        self.pool = collector.pool
         self.environment_counters = EnvironmentCounters()
-        self.pool = self.settings.catalog.pool(self.settings.domain_weights, self.settings.training_tasks)
-        if pilot is not None:
-            seed_pool(self.pool, pilot, self.settings.training_tasks, c.sampler.pilot_file)
-        kind = self.settings.sampler_kind
-        self.sampler = self.collector.sampler = build_sampler(
-            kind,
-            self.pool,
-            **{kind: self.settings.sampler_configs[kind]},
-            calibration=self.settings.calibration,
-            run_groups=self.collector.run_outcome_groups if self.settings.calibration else None,
-        )
         self.eval_tasks = tuple(c.eval.tasks) or self.settings.training_tasks
         self.domains = self.settings.catalog.domains()
         self.episode_log = EpisodeLog(os.path.join(self.workdir, "episodes.jsonl"))

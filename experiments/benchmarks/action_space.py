@@ -47,11 +47,13 @@ def arm_config(action_space: str, args, workdir: str):
 
 
 def run_arm(action_space: str, args, root: str) -> dict[str, float]:
-    from cua_jax.train.trainer import Trainer
+    from cua_jax.train.trainer import build_trainer, prepare_run, warm_start
 
     start = time.perf_counter()
     config = arm_config(action_space, args, os.path.join(root, action_space))
-    with Trainer(config) as trainer:
+    setup = prepare_run(config)
+    warm_start(setup)
+    with build_trainer(setup) as trainer:
         summary = trainer.run()
     evaluations = summary["evaluations"]
     gain = evaluations["gain"]

@@ -55,7 +55,7 @@ import time
 
 from cua_jax.observe.metrics import TIMING_PREFIX
 from cua_jax.rollout.latency import LatencyWrapper
-from cua_jax.train.trainer import Trainer
+from cua_jax.train.trainer import Trainer, build_trainer, prepare_run, warm_start
 from experiments.configs import tiny
 
 
@@ -104,7 +104,9 @@ def measure(label: str, config, latency: LatencyWrapper, warmup_steps: int, step
     held-out evaluation; its row."""
     asynchronous = config.train.mode == "async"
     setup_start = time.perf_counter()
-    with Trainer(config, env_wrapper=latency) as trainer:
+    setup = prepare_run(config)
+    warm_start(setup)
+    with build_trainer(setup, env_wrapper=latency) as trainer:
         step = trainer.async_step if asynchronous else trainer.train_step
         if asynchronous:
             trainer.start_rollouts()

@@ -56,7 +56,7 @@ import numpy as np
 
 from cua_jax.observe.timeline import STAGES, Timeline, record_compilation, recording
 from cua_jax.train.batching import group_order
-from cua_jax.train.trainer import Trainer
+from cua_jax.train.trainer import build_trainer, prepare_run, warm_start
 from experiments.configs.base import base_config
 
 MODES = ("off", "on")
@@ -120,7 +120,9 @@ def ideal_tokens(items) -> int:
 
 def measure(mode: str, args) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
-        with Trainer(reference_config(workdir, mode == "on")) as trainer:
+        setup = prepare_run(reference_config(workdir, mode == "on"))
+        warm_start(setup)
+        with build_trainer(setup) as trainer:
             for _ in range(args.warmup_steps):
                 trainer.train_step()
             engine = trainer.workers[0].engine.engine  # the JaxSamplerEngine behind the canonical order

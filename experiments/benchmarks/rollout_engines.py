@@ -40,7 +40,7 @@ import tempfile
 import numpy as np
 
 from cua_jax.observe.metrics import TIMING_PREFIX
-from cua_jax.train.trainer import Trainer
+from cua_jax.train.trainer import build_trainer, prepare_run, warm_start
 from experiments.configs import default
 
 ENGINES = ("jax", "vllm")
@@ -63,7 +63,9 @@ def engine_config(engine: str, workdir: str, group_size: int, threads: int):
 
 def measure(engine: str, args) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
-        with Trainer(engine_config(engine, workdir, args.group_size, args.threads)) as trainer:
+        setup = prepare_run(engine_config(engine, workdir, args.group_size, args.threads))
+        warm_start(setup)
+        with build_trainer(setup) as trainer:
             for _ in range(args.warmup_steps):
                 trainer.train_step()
             before = trainer.workers[0].engine_stats()

@@ -34,22 +34,26 @@ def main(argv: list[str] | None = None) -> None:
     from cua_jax.context.segment import SlidingWindow
     from cua_jax.context.tokenizer import load_processor
     from cua_jax.envs.capsules import CapsuleRuntime
+    from cua_jax.eval.in_process import evaluate_model_in_process
     from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
     from cua_jax.rollout.agent_loop import AgentConfig
-    from cua_jax.train import warm_start as W
     from cua_jax.train.batching import MultimodalPositions
+    from cua_jax.train.demonstrations import collect_demonstrations
     from cua_jax.train.learner import Learner
+    from cua_jax.train.sft import DemonstrationData, WarmStartConfig
+    from cua_jax.train.warm_start import warm_start
+    from cua_jax.train.warm_start_diagnostics import click_point_items, click_point_prior_nll, click_points
 
     tasks = args.tasks.split(",")
     held_out = range(1_000_000, 1_000_000 + args.eval_seeds)
     tokenizer, image_processor = load_processor()
     segmenter = SlidingWindow(ChatRenderer(tokenizer, image_processor), keep=5, min_removal=5)
-    config = W.WarmStartConfig(steps=args.steps, rows=args.rows, learning_rate=args.learning_rate, length_multiple=64)
+    config = WarmStartConfig(steps=args.steps, rows=args.rows, learning_rate=args.learning_rate, length_multiple=64)
     greedy = AgentConfig(max_turns=args.max_turns, max_new_tokens=64, max_context_tokens=4096, temperature=0.0)
     model = Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(num_hidden_layers=args.layers), rngs=nnx.Rngs(0))
     with CapsuleRuntime(include_dom_text=True, seed=0) as runtime:
-        held = W.collect_demonstrations(tasks, held_out, runtime=runtime, segmenter=segmenter)
-        held_data = W.DemonstrationData(
+        held = collect_demonstrations(tasks, held_out, runtime=runtime, segmenter=segmenter)
+        held_data = DemonstrationData(
             held.items,
             held.episodes,
             image_processor,
@@ -57,8 +61,8 @@ def main(argv: list[str] | None = None) -> None:
             config.rows,
             config.length_multiple,
         )
-        click_data = W.DemonstrationData(
-            W.click_point_items(held.items, tokenizer),
+        click_data = DemonstrationData(
+            click_point_items(held.items, tokenizer),
             held.episodes,
             image_processor,
             MultimodalPositions.of(model.config),
@@ -67,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
         def measure(label: str, learner: Learner) -> dict[str, float]:
-            evaluation = W.evaluate_policy(
+            evaluation = evaluate_model_in_process(
                 model, tasks, held_out, runtime=runtime, segmenter=segmenter, agent_config=greedy
             )
             row = {
@@ -80,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
 
         baseline = measure("random", Learner(model, config.learner()))
         start = time.perf_counter()
-        result, demonstrations = W.warm_start(
+        result, demonstrations = warm_start(
             model, tasks, range(args.train_seeds), runtime=runtime, segmenter=segmenter, config=config
         )
         wall = time.perf_counter() - start
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{len(result.shapes)} compiled shapes); loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f}"
     )
     print(f"held-out NLL ratio warm/random: {ours['held_out_nll'] / baseline['held_out_nll']:.3f}")
-    prior = W.click_point_prior_nll(W.click_points(demonstrations), W.click_points(held))
+    prior = click_point_prior_nll(click_points(demonstrations), click_points(held))
     print(
         f"held-out click-point digits: random {baseline['held_out_click_nll']:.3f} -> warm "
         f"{ours['held_out_click_nll']:.3f} nats each; page-blind prior {prior:.3f} (0 if read off the page)"

@@ -257,12 +257,12 @@ def test_hugging_face_policy_directory(tmp_path):
 @pytest.mark.slow
 def test_training_run_workdir_as_policy(tmp_path):
     """A training run's workdir as --policy: its checkpoint and its own config."""
-    from cua_jax.train.trainer import Trainer
     from experiments.configs import tiny
+    from tests.support.trainer import start_trainer
 
     run = tiny.get_config()
     run.workdir = str(tmp_path / "run")
-    with Trainer(run) as trainer:
+    with start_trainer(run) as trainer:
         trainer.train_step()
         trainer.save()
     with pytest.raises(ValueError, match="no checkpoint of step 7"):

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from cua_jax.eval.pilot import pilot_report, read_pilot_file, report_lines, write_pilot_file
 from cua_jax.rl.coverage import min_group_size, tier_signal_coverage
 from cua_jax.train.settings import ConfigError, apply_pilot_file
+from tests.support.trainer import start_trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NUM_TASKS, NUM_TIERS = 9, 3
@@ -138,7 +139,6 @@ def test_pilot_command_writes_the_file_a_run_reads(tmp_path):
     assert json.loads(result.stdout.strip().splitlines()[-1])["group_size_floor"] == report["group_size_floor"]
     assert report["group_size_floor"] is not None, "the random policy reached no tier; pick easier tasks"
 
-    from cua_jax.train.trainer import Trainer
     from experiments.configs import tiny
 
     c = tiny.get_config()
@@ -147,7 +147,7 @@ def test_pilot_command_writes_the_file_a_run_reads(tmp_path):
     c.rollout.batch_tasks = 2
     c.sampler.pilot_file = str(tmp_path / "pilot" / "pilot.json")
     c.eval.enabled = False
-    with Trainer(c) as trainer:
+    with start_trainer(c) as trainer:
         assert trainer.config.rollout.group_size == report["group_size_floor"]
         rates = dict(zip(trainer.pool.task_ids, trainer.pool.pass_rate))
         assert rates == pytest.approx({t: row["pass_rate"] for t, row in report["tasks"].items()})

@@ -25,6 +25,7 @@ from cua_jax.models.qwen3_vl import rope_index
 from cua_jax.models.vision import ImageGrid
 from experiments import export
 from experiments.configs import tiny
+from tests.support.trainer import start_trainer
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -98,7 +99,6 @@ def transformers_logits(directory, inputs):
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     """(workdir, the run's tokenizer directory, {step: our logits on the probe at that step})."""
-    from cua_jax.train.trainer import Trainer
 
     tokenizer_dir = tmp_path_factory.mktemp("run_tokenizer")
     for name in os.listdir(SHIPPED_TOKENIZER_DIR):
@@ -110,7 +110,7 @@ def trained_run(tmp_path_factory):
     config.workdir = str(tmp_path_factory.mktemp("run"))
     config.model.tokenizer_dir = str(tokenizer_dir)
     logits = {}
-    with Trainer(config) as trainer:
+    with start_trainer(config) as trainer:
         inputs = probe_inputs(trainer.tokenizer, trainer.image_processor)
         for _ in range(2):
             trainer.train_step()

@@ -13,8 +13,8 @@ from flax import nnx
 from cua_jax.context.tokenizer import load_tokenizer
 from cua_jax.models.hf_policy import export_policy, load_policy
 from cua_jax.models.qwen3_5 import Qwen3_5ForConditionalGeneration, tiny_qwen3_5_config
-from cua_jax.train.trainer import Trainer
 from experiments.configs import tiny
+from tests.support.trainer import start_trainer
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -32,7 +32,7 @@ def test_one_trainer_step_from_a_qwen3_5_directory_with_screenshots(tmp_path):
     c.model.name, c.model.init_from, c.model.num_layers = "qwen3_5", str(directory), 0
     c.env.observation = "screenshot"
     c.train.num_steps = 1
-    with Trainer(c) as trainer:
+    with start_trainer(c) as trainer:
         before = [np.asarray(v) for _, v in nnx.to_flat_state(nnx.state(trainer.learner.model, nnx.Param))]
         metrics = trainer.train_step()
         after = [np.asarray(v) for _, v in nnx.to_flat_state(nnx.state(trainer.learner.model, nnx.Param))]

@@ -14,7 +14,7 @@ from cua_jax.environments.capsule_env import MiniWoBEnvironment
 from cua_jax.envs import actions as A
 from cua_jax.envs.miniwob_oracle import oracle_action
 from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, RolloutEngine
-from cua_jax.train.warm_start import observation_from_prompt
+from cua_jax.rollout.oracle_engine import observation_from_prompt
 from tests.support.items import assert_items_equal  # noqa: F401 - the agent-loop tests' import point
 
 LONG_TIME_LIMIT_S = 600.0  # MiniWoB's 10 s limit is shorter than a CPU-sampled turn

@@ -18,3 +18,13 @@ def tiny_config(workdir, **train):
 
 def without_timing(metrics):
     return {k: v for k, v in metrics.items() if not k.startswith(TIMING_PREFIX)}
+
+
+def start_trainer(config, *, env_wrapper=None):
+    """The run's trainer as experiments.main builds it: the setup, its warm start (nothing
+    without warm_start.steps or when resuming), the trainer."""
+    from cua_jax.train.trainer import build_trainer, prepare_run, warm_start
+
+    setup = prepare_run(config)
+    warm_start(setup)
+    return build_trainer(setup, env_wrapper=env_wrapper)

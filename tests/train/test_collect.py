@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from cua_jax.rollout.agent_loop import Rollout
-from cua_jax.tasks.samplers import build_sampler
 from cua_jax.train.async_rollouts import RolloutFeeder
 from cua_jax.train.buffer import RolloutGroup
 from cua_jax.train.collect import GroupCollector, run_on_workers
@@ -77,11 +76,8 @@ def collector_for(worker, **overrides) -> GroupCollector:
         section, name = key.split("__")
         config[section][name] = value
     settings = TrainSettings.from_config(config)
-    collector = GroupCollector(settings, jax.random.key(7), worker)
     pool = settings.catalog.pool(settings.domain_weights, settings.training_tasks)
-    kind = settings.sampler_kind
-    collector.sampler = build_sampler(kind, pool, **{kind: settings.sampler_configs[kind]})
-    return collector
+    return GroupCollector(settings, jax.random.key(7), worker, pool)
 
 
 def test_collect_draws_runs_and_counts_groups_as_a_function_of_the_step():

@@ -16,9 +16,9 @@ from flax import nnx
 from cua_jax.models.qwen3_vl import load_qwen3_vl
 from cua_jax.train.pretrain import DEMONSTRATIONS_FILE, MANIFEST_FILE, STATE_FILE, Pretrainer
 from cua_jax.train.settings import ConfigError, TrainSettings
-from cua_jax.train.trainer import Trainer
-from cua_jax.train.warm_start import SupervisedRun
+from cua_jax.train.sft import SupervisedRun
 from experiments.configs import pretrain
+from tests.support.trainer import start_trainer
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -99,7 +99,7 @@ def test_pretrain_resumes_exactly_and_exports_a_base_that_a_run_starts_from(tmp_
     c.warm_start.steps = 0
     c.eval.enabled = False
     c.train.num_steps = 0
-    with Trainer(c) as trainer:
+    with start_trainer(c) as trainer:
         for a, b in zip(params(trainer.learner.model), params(loaded)):
             np.testing.assert_array_equal(a, b)
     bad = c.copy_and_resolve_references()
@@ -111,4 +111,4 @@ def test_pretrain_resumes_exactly_and_exports_a_base_that_a_run_starts_from(tmp_
         TrainSettings.from_config(bad)
     bad.model.init_from = str(tmp_path / "missing")
     with pytest.raises(ConfigError, match=r"config\.model\.init_from: .* is not a directory"):
-        Trainer(bad)
+        start_trainer(bad)

@@ -14,9 +14,8 @@ from cua_jax.context.segment import SlidingWindow
 from cua_jax.context.tokenizer import load_processor
 from cua_jax.envs.contract import AgentEnvironment, EnvObservation, EnvReset, EnvTransition
 from cua_jax.envs.faults import episode_outcome
-from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout
+from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout, run_bounded
 from cua_jax.rollout.engine import EngineHealth, FinishReason, Generation, RolloutEngine
-from cua_jax.train.demonstrations import run_bounded
 from cua_jax.types import Episode
 
 
@@ -43,7 +42,7 @@ class _SlowLoop:
 
 @pytest.mark.parametrize("concurrency", [1, 3, 8])
 def test_demonstrations_come_out_in_job_order_whatever_order_episodes_finish(concurrency):
-    """collect_demonstrations / evaluate_policy keep (task, seed) order: the SFT batches and
+    """collect_demonstrations / evaluate_model_in_process keep (task, seed) order: the SFT batches and
     the held-out data do not depend on which concurrent episode finished first."""
     tasks, seeds = ("b", "a", "c"), (3, 1, 2)
     expected = [f"{t}/s{s}" for t in tasks for s in seeds]

@@ -20,9 +20,8 @@ import pytest
 from flax import nnx
 
 from cua_jax.envs.contract import EnvironmentWrapper
-from cua_jax.train.trainer import Trainer
 from cua_jax.types import EpisodeStatus
-from tests.support.trainer import tiny_config, without_timing
+from tests.support.trainer import start_trainer, tiny_config, without_timing
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -55,7 +54,7 @@ def on_policy(tmp_path_factory):
 
     # Its evaluations run at YaRN 2 (eval.rope_scaling): training, and so the on-policy tests,
     # keep the model's own rope; a one-turn budget keeps the evaluation test short.
-    trainer = Trainer(
+    trainer = start_trainer(
         tiny_config(tmp_path_factory.mktemp("on_policy"), eval__rope_scaling=2.0, eval__max_turns=1), env_wrapper=wrap
     )
     try:
@@ -180,7 +179,7 @@ def test_on_policy_mode_runs_sequential_minibatch_updates_with_a_live_ratio(tmp_
     batch, no asynchrony. The first update's ratio is 1; the second's is live against the
     sampling policy's recomputed logprobs, so the step's extrema leave 1."""
     config = tiny_config(tmp_path, learner__num_minibatches=2, learner__old_logprobs="recompute")
-    with Trainer(config) as trainer:
+    with start_trainer(config) as trainer:
         metrics = trainer.train_step()
         _assert_whole_groups(trainer)
     assert metrics["learner/updates"] == 2 and metrics["policy/version"] == 1
@@ -233,7 +232,7 @@ def test_async_mode_drops_stale_groups_and_keeps_groups_whole(tmp_path):
         learner__old_logprobs="rollout",
         loss__kl_coef=0.0,
     )
-    with Trainer(config) as trainer:
+    with start_trainer(config) as trainer:
         calibration = _calibrate_during_a_rollout(trainer)
         # Rollouts run ahead until the buffer is full: 6 groups of version 0.
         _wait_for(lambda: len(trainer.buffer) == trainer.buffer.capacity, "a full rollout buffer")
@@ -269,7 +268,7 @@ def test_dapo_step_draws_again_and_skips_an_uninformative_batch(tmp_path):
     import threading
 
     config = tiny_config(tmp_path, train__dapo=True, train__dapo_max_rounds=2, rollout__batch_tasks=1)
-    with Trainer(config) as trainer:
+    with start_trainer(config) as trainer:
         result: dict = {}
         thread = threading.Thread(target=lambda: result.update(trainer.train_step()), daemon=True)
         thread.start()
@@ -302,7 +301,7 @@ def test_async_run_resumes_with_no_episode_lost_or_trained_twice(tmp_path):
         rollout__partial_rollout_tokens=4,
         rollout__max_episodes_in_flight=4,
     )
-    with Trainer(config) as trainer:
+    with start_trainer(config) as trainer:
         trainer.start_rollouts()
         _wait_for(lambda: len(trainer.buffer) == trainer.buffer.capacity, "a full rollout buffer")
         first = trainer.async_step()
@@ -314,7 +313,7 @@ def test_async_run_resumes_with_no_episode_lost_or_trained_twice(tmp_path):
     before = _trained_episodes(tmp_path, {0})
     assert len(before) == 4
 
-    with Trainer(config) as resumed:
+    with start_trainer(config) as resumed:
         assert resumed.restore() and resumed.step == 1
         saved = resumed._restored_rollouts
         saved_groups = saved["buffer"] + [g for groups in saved["waiting"].values() for g in groups]

@@ -30,10 +30,10 @@ from cua_jax.envs.contract import AgentEnvironment, EnvironmentWrapper
 from cua_jax.rollout.engine import FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
 from cua_jax.tasks.code_suite import oracle_actions
 from cua_jax.train.settings import ConfigError, TrainSettings
-from cua_jax.train.trainer import Trainer
 from cua_jax.types import EpisodeStatus
 from experiments.configs import base, canopy_code
 from tests.support.configs import flatten
+from tests.support.trainer import start_trainer
 
 TASKS = ("code-six-012", "code-inflection-006")
 NO_PATCH_TASKS = frozenset({"code-six-012"})  # its non-oracle episode submits at once
@@ -143,7 +143,7 @@ def code_step(tmp_path_factory):
         eval__max_turns=2,
         train__trace_every=1,
     )
-    with Trainer(config) as trainer:
+    with start_trainer(config) as trainer:
         worker = trainer.workers[0]
         policy = worker.train_loop.engine
         worker.train_loop.engine = OracleForOneEpisode(
@@ -288,7 +288,7 @@ def test_a_warm_start_on_code_oracle_demonstrations(tmp_path):
     )
     config.env.code.tasks = TASKS[:1]
     config.rollout.batch_tasks = 1
-    with Trainer(config) as trainer:
+    with start_trainer(config) as trainer:
         metrics = trainer.warm_start_metrics
     assert metrics["warm_start/demonstrations"] == 1 and metrics["warm_start/rejected"] == 0
     assert math.isfinite(metrics["warm_start/loss_first"]) and metrics["warm_start/items"] >= 1

@@ -25,12 +25,11 @@ import pytest
 from cua_jax.envs import actions as A
 from cua_jax.envs.contract import EnvironmentWrapper
 from cua_jax.rollout.engine import FinishReason, Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.rollout.oracle_engine import OracleDemonstrator
 from cua_jax.tasks.schema import load_suite
 from cua_jax.tasks.suites.desktop.solutions import SOLUTIONS, SUITE_DIR, WRONG_SOLUTIONS
-from cua_jax.train.trainer import Trainer
-from cua_jax.train.warm_start import OracleDemonstrator
 from cua_jax.types import EpisodeStatus
-from tests.support.trainer import tiny_config
+from tests.support.trainer import start_trainer, tiny_config
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser, pytest.mark.slow]
 
@@ -147,7 +146,7 @@ def mixed_step(tmp_path_factory):
     config.env.desktop.screen = "800x500"
     config.env.capsules.renderers = 3  # reaches the worker's capsule runtime
     config.env.capsules.warm_pages = 1
-    with Trainer(config, env_wrapper=KillFirstStepOf) as trainer:
+    with start_trainer(config, env_wrapper=KillFirstStepOf) as trainer:
         worker = trainer.workers[0]
         oracle = OracleDemonstrator(trainer.tokenizer, trainer.renderer.end_of_turn_id, MINIWOB_TASK, reasoning=False)
         worker.train_loop.engine = ScriptedEngine(
@@ -270,7 +269,7 @@ def test_training_on_a_folder_verigen_synthesized(verigen_folder, tmp_path):
     config.env.task_dirs = (str(folder),)
     config.env.desktop.pool_size = 2
     config.env.desktop.screen = "800x500"
-    with Trainer(config) as trainer:
+    with start_trainer(config) as trainer:
         worker = trainer.workers[0]
         # The wrong script never ends: its episodes run out of turns (no verdict), and must give
         # their containers back for the next group (the pool holds one group at a time).

@@ -23,11 +23,10 @@ import pytest
 
 from cua_jax.observe.viewer import build_site
 from cua_jax.rollout.engine import Generation, GenerationRequest, RolloutEngine, SamplingConfig
+from cua_jax.rollout.oracle_engine import OracleDemonstrator
 from cua_jax.train.batching import make_minibatches, process_images
-from cua_jax.train.trainer import Trainer
-from cua_jax.train.warm_start import OracleDemonstrator
 from experiments.configs import default
-from tests.support.trainer import tiny_config
+from tests.support.trainer import start_trainer, tiny_config
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -93,7 +92,7 @@ def test_a_successful_episode_per_group_raises_its_reply_logprob(tmp_path, recip
     config.loss.entropy_coef = 0.0  # only the verdicts move the policy
     config.train.trace_every = 1  # the step's traces for the viewer, with the learner's logprobs
     config.eval.num_traces = 2
-    with Trainer(config) as trainer:
+    with start_trainer(config) as trainer:
         worker = trainer.workers[0]
         oracle = OracleDemonstrator(
             trainer.tokenizer, trainer.renderer.end_of_turn_id, TASK, reasoning=False, action_space="elements"

@@ -16,8 +16,7 @@ import pytest
 
 from cua_jax.rollout.rollout_worker import RemoteRolloutWorker
 from cua_jax.train.settings import ConfigError, TrainSettings
-from cua_jax.train.trainer import Trainer
-from tests.support.trainer import tiny_config, without_timing
+from tests.support.trainer import start_trainer, tiny_config, without_timing
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -27,7 +26,7 @@ def ray_trainer(tmp_path_factory):
     import ray
 
     assert not ray.is_initialized()
-    trainer = Trainer(tiny_config(tmp_path_factory.mktemp("ray"), rollout__worker_backend="ray"))
+    trainer = start_trainer(tiny_config(tmp_path_factory.mktemp("ray"), rollout__worker_backend="ray"))
     try:
         yield trainer
     finally:

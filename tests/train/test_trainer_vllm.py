@@ -24,8 +24,7 @@ from cua_jax.context.tokenizer import VOCAB_SIZE, save_tokenizer_and_processor
 from cua_jax.envs.contract import EnvironmentWrapper
 from cua_jax.train.build import ENGINE_MODEL_DIR
 from cua_jax.train.settings import ConfigError, TrainSettings
-from cua_jax.train.trainer import Trainer
-from tests.support.trainer import tiny_config
+from tests.support.trainer import start_trainer, tiny_config
 
 pytestmark = [pytest.mark.browser, pytest.mark.vllm, pytest.mark.slow]
 
@@ -99,7 +98,7 @@ def text_trainer(tmp_path_factory):
 
     init_from = transformers_qwen3_directory(tmp_path_factory.mktemp("hf_qwen3"))
     killer: dict = {}
-    trainer = Trainer(
+    trainer = start_trainer(
         text_config(tmp_path_factory.mktemp("vllm_text"), init_from),
         env_wrapper=lambda env: EngineKillingEnvironment(env, killer),
     )
@@ -136,7 +135,7 @@ def test_config_names_bad_vllm_fields(tmp_path):
 def test_init_from_a_directory_of_another_kind_names_both(tmp_path):
     config = text_config(tmp_path, BASE)  # a Qwen3-VL directory for a text-only Qwen3 policy
     with pytest.raises(ConfigError, match=r"model.init_from.*Qwen3VLForConditionalGeneration.*model.name is 'qwen3'"):
-        Trainer(config)
+        start_trainer(config)
 
 
 def test_vision_language_policy_steps_on_vllm_with_screenshots(tmp_path):
@@ -154,7 +153,7 @@ def test_vision_language_policy_steps_on_vllm_with_screenshots(tmp_path):
         rollout__max_context_tokens=2048,
     )
     config.env.tasks = ("click-button", "click-tab")
-    with Trainer(config) as trainer:
+    with start_trainer(config) as trainer:
         metrics = trainer.train_step()
         assert metrics["episodes/trained"] == 4
         assert metrics["learner/rollout_logprob_gap"] < GAP_MEAN_BOUND

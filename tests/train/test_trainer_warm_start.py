@@ -15,8 +15,8 @@ import pytest
 
 from cua_jax.train.build import build_policy
 from cua_jax.train.settings import ConfigError, TrainSettings
-from cua_jax.train.trainer import Trainer
 from experiments.configs import tiny
+from tests.support.trainer import start_trainer
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -72,7 +72,7 @@ def test_warm_start_feeds_learner_and_reference_and_is_resumed_not_rerun(tmp_pat
     config.warm_start.held_out_seeds = 2
     # The warm start trains the vision tower, RL keeps it frozen: the checkpoint must hold it.
     config.learner.freeze_vision = True
-    with Trainer(config) as trainer:
+    with start_trainer(config) as trainer:
         metrics = trainer.warm_start_metrics
         assert metrics["warm_start/demonstrations"] == 2 and metrics["warm_start/rejected"] == 0
         assert math.isfinite(metrics["warm_start/loss_first"]) and math.isfinite(metrics["warm_start/loss_last10"])
@@ -103,7 +103,7 @@ def test_warm_start_feeds_learner_and_reference_and_is_resumed_not_rerun(tmp_pat
         served = leaves(nnx.state(trainer.workers[0].engine.engine.model))
         trainer.save()
 
-    with Trainer(config) as resumed:  # the workdir holds a checkpoint: no second warm start
+    with start_trainer(config) as resumed:  # the workdir holds a checkpoint: no second warm start
         assert resumed.warm_start_metrics == {}
         assert resumed.restore()
         for a, b in zip(reference, leaves(resumed.learner.reference_params)):
@@ -126,7 +126,7 @@ def test_elements_action_space_reaches_demonstrations_rollouts_and_the_learner(t
     config.rollout.prompt_style = "compact"
     config.train.num_steps = 1
     config.loss.kl_coef = 0.0
-    with Trainer(config) as trainer:
+    with start_trainer(config) as trainer:
         assert trainer.warm_start_metrics["warm_start/demonstrations"] == 2
         demonstrated = json.load(open(os.path.join(tmp_path, "warm_start.json")))
         assert demonstrated["rejected"] == [] and demonstrated["oracle_errors"] == []

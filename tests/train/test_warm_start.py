@@ -21,14 +21,18 @@ from cua_jax.environments.capsule_env import MiniWoBEnvironment
 from cua_jax.envs import actions as A
 from cua_jax.envs.capsules import CapsuleRuntime
 from cua_jax.envs.miniwob import DomElement, dom_from_text, dom_to_text
+from cua_jax.eval.in_process import evaluate_model_in_process
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop
-from cua_jax.train import warm_start as W
+from cua_jax.rollout.oracle_engine import OracleDemonstrator, observation_from_prompt
+from cua_jax.train.demonstrations import collect_demonstrations
+from cua_jax.train.sft import DemonstrationData, SupervisedRun, WarmStartConfig
+from cua_jax.train.warm_start_diagnostics import click_point_items, click_point_prior_nll, click_points
 from cua_jax.types import EpisodeStatus
 
 TASK = "click-button"  # one turn, one length bucket: one compiled train step
 TRAIN_SEEDS = tuple(range(12))
 HELD_OUT_SEEDS = (1000, 1001, 1002, 1003)
-SFT = W.WarmStartConfig(
+SFT = WarmStartConfig(
     steps=300, rows=2, learning_rate=3e-3, warmup_steps=5, length_multiple=256, schedule="cosine", min_lr_ratio=0.05
 )
 
@@ -117,28 +121,28 @@ def test_dom_from_text_names_a_bad_line():
 def test_observation_from_prompt_needs_dom_text():
     prompt = "<|im_start|>user\nClick on the button.\nno page here<|im_end|>\n"
     with pytest.raises(ValueError, match="include_dom_text"):
-        W.observation_from_prompt(prompt, TASK, np.zeros((210, 160, 3), np.uint8))
+        observation_from_prompt(prompt, TASK, np.zeros((210, 160, 3), np.uint8))
 
 
 def test_cosine_warm_start_decays_to_its_floor_at_the_last_step():
     from cua_jax.train.learner import learning_rate_schedule
 
-    config = W.WarmStartConfig(steps=50, learning_rate=3e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1)
+    config = WarmStartConfig(steps=50, learning_rate=3e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1)
     lr = learning_rate_schedule(config.optimizer())
     assert float(lr(10)) == pytest.approx(3e-3)
     assert float(lr(30)) == pytest.approx(3e-3 * (0.1 + 0.9 * 0.5), rel=1e-5)
     assert float(lr(50)) == pytest.approx(3e-4, rel=1e-5)
-    constant = learning_rate_schedule(W.WarmStartConfig(steps=50, learning_rate=3e-3, warmup_steps=10).optimizer())
+    constant = learning_rate_schedule(WarmStartConfig(steps=50, learning_rate=3e-3, warmup_steps=10).optimizer())
     assert float(constant(50)) == pytest.approx(3e-3)
 
 
 def test_config_and_task_errors():
     with pytest.raises(ValueError, match="rows"):
-        W.WarmStartConfig(rows=0)
+        WarmStartConfig(rows=0)
     with pytest.raises(ValueError, match="schedule"):
-        W.WarmStartConfig(schedule="linear")
+        WarmStartConfig(schedule="linear")
     with pytest.raises(ValueError, match="no script"):
-        W.collect_demonstrations(["click-pie"], [0], runtime=None, segmenter=None)
+        collect_demonstrations(["click-pie"], [0], runtime=None, segmenter=None)
 
 
 def _prior_reference(train, held_out):
@@ -166,16 +170,16 @@ _POINTS = st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 1000)), min_si
 @settings(max_examples=40, deadline=None)
 @given(_POINTS, _POINTS)
 def test_click_point_prior_nll_matches_counting(train, held_out):
-    assert W.click_point_prior_nll(train, held_out) == pytest.approx(_prior_reference(train, held_out), rel=1e-12)
+    assert click_point_prior_nll(train, held_out) == pytest.approx(_prior_reference(train, held_out), rel=1e-12)
 
 
 def test_click_point_prior_nll_values():
     # Each digit seen once at its place: p = (1 + 1) / (1 + 10) for every held-out digit.
-    assert W.click_point_prior_nll([(119, 753)], [(119, 753)]) == pytest.approx(-np.log(2 / 11))
+    assert click_point_prior_nll([(119, 753)], [(119, 753)]) == pytest.approx(-np.log(2 / 11))
     # A number length never seen in training: the uniform digit, log 10 nats.
-    assert W.click_point_prior_nll([(119, 753)], [(5, 7)]) == pytest.approx(np.log(10))
+    assert click_point_prior_nll([(119, 753)], [(5, 7)]) == pytest.approx(np.log(10))
     with pytest.raises(ValueError, match="held-out"):
-        W.click_point_prior_nll([(1, 2)], [])
+        click_point_prior_nll([(1, 2)], [])
 
 
 def test_click_point_items_keep_exactly_the_click_point_digits(renderer):
@@ -209,7 +213,7 @@ def test_click_point_items_keep_exactly_the_click_point_digits(renderer):
         ),
         item([("page\n", False), (typing, True)]),
     ]
-    narrowed = W.click_point_items(items, tokenizer)
+    narrowed = click_point_items(items, tokenizer)
     assert len(narrowed) == 1
     kept = narrowed[0].ids[narrowed[0].loss_mask == 1]
     assert tokenizer.decode(kept.tolist()) == "119753" + "81000"
@@ -224,7 +228,7 @@ def test_click_point_items_keep_exactly_the_click_point_digits(renderer):
             (A.render_action(A.FillElement(3, "25")), True),
         ]
     )
-    kept = W.click_point_items([by_id], tokenizer)[0]
+    kept = click_point_items([by_id], tokenizer)[0]
     assert tokenizer.decode(kept.ids[kept.loss_mask == 1].tolist()) == "10" + "3"
     assert tokenizer.decode(kept.ids[: np.flatnonzero(kept.loss_mask)[0]].tolist()).endswith("Click BUTTON 'No' [")
 
@@ -255,9 +259,9 @@ def runtime():
 def demonstrations(runtime, segmenter):
     """(training, held-out): click-button on TRAIN_SEEDS and enter-text (3 turns) on two of
     them; click-button on HELD_OUT_SEEDS."""
-    train = W.collect_demonstrations([TASK], TRAIN_SEEDS, runtime=runtime, segmenter=segmenter)
-    multi_turn = W.collect_demonstrations(["enter-text"], TRAIN_SEEDS[:2], runtime=runtime, segmenter=segmenter)
-    held_out = W.collect_demonstrations([TASK], HELD_OUT_SEEDS, runtime=runtime, segmenter=segmenter)
+    train = collect_demonstrations([TASK], TRAIN_SEEDS, runtime=runtime, segmenter=segmenter)
+    multi_turn = collect_demonstrations(["enter-text"], TRAIN_SEEDS[:2], runtime=runtime, segmenter=segmenter)
+    held_out = collect_demonstrations([TASK], HELD_OUT_SEEDS, runtime=runtime, segmenter=segmenter)
     return train, multi_turn, held_out
 
 
@@ -302,21 +306,21 @@ def test_demonstrations_train_exactly_the_oracles_replies(demonstrations, segmen
 def test_click_point_items_of_real_demonstrations(demonstrations, renderer):
     """On the oracle's click-button replies, the narrowed mask is the clicked point's digits."""
     train, _, _ = demonstrations
-    narrowed = W.click_point_items(train.items, renderer.tokenizer)
+    narrowed = click_point_items(train.items, renderer.tokenizer)
     assert len(narrowed) == len(train.items)
     for item in narrowed:
         episode = train.episodes[item.episode_id]
         clicks = [t.action for t in episode.turns if isinstance(t.action, A.Click)]
         kept = renderer.tokenizer.decode(item.ids[item.loss_mask == 1].tolist())
         assert kept == "".join(f"{c.x}{c.y}" for c in clicks)
-    assert len(W.click_points(train)) == len(train.rollouts)
+    assert len(click_points(train)) == len(train.rollouts)
 
 
 @pytest.mark.browser
 def test_unreadable_page_fails_the_episode_and_is_reported(runtime, renderer, segmenter):
     """An oracle asked for the wrong task finds nothing to click: it answers FAIL, the episode
     is a FAILURE, and the oracle's message is kept."""
-    engine = W.OracleDemonstrator(renderer.tokenizer, renderer.end_of_turn_id, "click-link")
+    engine = OracleDemonstrator(renderer.tokenizer, renderer.end_of_turn_id, "click-link")
     loop = AgentLoop(engine, segmenter, AgentConfig(max_turns=2, max_new_tokens=64))
 
     async def one():
@@ -330,7 +334,7 @@ def test_unreadable_page_fails_the_episode_and_is_reported(runtime, renderer, se
     assert episode.status is EpisodeStatus.FAILURE and episode.turns[0].action == A.Fail()
     assert len(engine.errors) == 1 and "no link" in engine.errors[0]
     # A reply longer than max_new_tokens (a policy could not write it) fails its episode too.
-    engine = W.OracleDemonstrator(renderer.tokenizer, renderer.end_of_turn_id, TASK)
+    engine = OracleDemonstrator(renderer.tokenizer, renderer.end_of_turn_id, TASK)
     loop = AgentLoop(engine, segmenter, AgentConfig(max_turns=2, max_new_tokens=20))
     episode = asyncio.run(one()).episode
     assert episode.status is EpisodeStatus.FAILURE and episode.turns[0].action == A.Fail()
@@ -348,13 +352,13 @@ def warm_started(demonstrations, renderer):
     train, _, held_out = demonstrations
     model = Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(num_hidden_layers=2), rngs=nnx.Rngs(0))
     multimodal = MultimodalPositions.of(model.config)
-    data = W.DemonstrationData(
+    data = DemonstrationData(
         train.items, train.episodes, renderer.image_processor, multimodal, SFT.rows, SFT.length_multiple
     )
-    held = W.DemonstrationData(
+    held = DemonstrationData(
         held_out.items, held_out.episodes, renderer.image_processor, multimodal, SFT.rows, SFT.length_multiple
     )
-    run = W.SupervisedRun(model, data, SFT)
+    run = SupervisedRun(model, data, SFT)
     before = run.learner.evaluate(held.all_batches())["loss"]
     run.run(SFT.steps)
     after = run.learner.evaluate(held.all_batches())["loss"]
@@ -376,7 +380,7 @@ def test_short_sft_lowers_held_out_nll(warm_started):
 def test_warm_started_greedy_policy_acts_validly_on_held_out_seeds(warm_started, runtime, segmenter):
     _, _, run = warm_started
     seeds = tuple(range(1000, 1012))
-    evaluation = W.evaluate_policy(
+    evaluation = evaluate_model_in_process(
         run.model,
         [TASK],
         seeds,

@@ -132,7 +132,7 @@ def dom_to_text(dom: tuple[DomElement, ...], geometry: bool = True) -> str:
     reading it off the page rather than by arithmetic. geometry=False leaves both out (a policy
     that acts by element id needs neither, and the prompt is shorter) and puts the id last,
     after what identifies the element: a reply that names its target as the page does
-    (`warm_start.reasoning_line`) then reaches the id by continuing a copied span, the lookup
+    (`oracle_engine.reasoning_line`) then reaches the id by continuing a copied span, the lookup
     small transformers learn first (an induction head), instead of looking back from the text
     to the start of its line.
     """
