@@ -3,8 +3,15 @@
 A recipe file (`canopy.py`, `scalecua.py`, `evocua.py`, `default.py`) starts from
 `base_config()` and changes values only; it never adds a field, so a typo in a recipe or an
 override (`--config.loss.clip_eps_hgih=0.3`) is an error instead of a silently unused value.
-`cua_jax.train.trainer.TrainSettings.from_config` checks every value at start and names the
+`cua_jax.train.settings.TrainSettings.from_config` checks every value at start and names the
 field of any bad one.
+
+Who reads what: `experiments/main.py` checks the config, then `cua_jax.train.trainer`'s
+`prepare_run` (settings, policy, checkpointer), `warm_start` (the supervised phase, `warm_start.*`)
+and `build_trainer` (learner, rollout workers, the task pool and its collector) each take what
+they need; `env.*` reaches the environment adapters in `cua_jax.environments` through the rollout
+workers, `sampler.*` the task samplers in `cua_jax.tasks`, `eval.*` the evaluation in
+`cua_jax.eval`. Library code sits in the layers of `.importlinter` (README.md, "What is where").
 
 Conventions: a disabled optional number is 0 (e.g. `loss.dual_clip_c = 0.0` turns the dual
 clip off), so every field keeps one type and overrides from the command line type-check.
