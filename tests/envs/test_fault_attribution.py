@@ -38,6 +38,7 @@ from cua_jax.envs.capsules import (
 from cua_jax.envs.contract import EnvironmentFault
 from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error
 from cua_jax.envs.miniwob import EpisodeEndedError
+from cua_jax.envs.miniwob import page as miniwob_page
 from cua_jax.envs.miniwob_oracle import oracle_action
 from cua_jax.rollout.rollout_worker import RolloutWorker
 from cua_jax.train.collect import EnvironmentCounters
@@ -304,7 +305,7 @@ def test_a_closed_page_quarantines_as_a_server_error_and_only_its_capsule(runtim
 @pytest.mark.browser
 def test_a_playwright_timeout_during_setup_is_a_setup_failure(runtime, monkeypatch):
     env = MiniWoBEnvironment(runtime)
-    monkeypatch.setattr(miniwob, "PAGE_TIMEOUT_MS", 300)
+    monkeypatch.setattr(miniwob_page, "PAGE_TIMEOUT_MS", 300)  # read where the page sets it
     # A page without MiniWoB: waiting for its task to load times out in Playwright.
     monkeypatch.setattr(
         runtime.backend, "task_url", lambda server, task, site=None: "data:text/html,<p>no task here</p>"
