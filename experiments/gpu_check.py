@@ -99,7 +99,7 @@ def check_parity_qwen3(small: bool) -> str:
     import transformers
     from flax import nnx
 
-    from cua_jax.models.checkpoint import load_qwen3
+    from cua_jax.models.qwen3 import load_qwen3
 
     torch.manual_seed(0)
     hf_config = transformers.Qwen3Config(
@@ -233,8 +233,7 @@ def check_sharding(small: bool) -> str:
     import numpy as np
     from flax import nnx
 
-    from cua_jax.models.configs import tiny_qwen3_config
-    from cua_jax.models.qwen3 import Qwen3ForCausalLM
+    from cua_jax.models.qwen3 import Qwen3ForCausalLM, tiny_qwen3_config
     from cua_jax.models.sharding import bytes_per_device, make_mesh, shard_model, use_mesh
 
     devices = jax.devices()
@@ -384,7 +383,8 @@ def check_learner_bf16(small: bool) -> str:
 def qwen3_vl_2b_config(**text_overrides):
     """Qwen3-VL-2B-Instruct's shapes (28 x 2048 text layers, a 24-block vision tower with DeepStack
     from blocks 5, 11 and 17), for random weights."""
-    from cua_jax.models.configs import Qwen3Config, RopeConfig
+    from cua_jax.models.configs import RopeConfig
+    from cua_jax.models.qwen3 import Qwen3Config
     from cua_jax.models.qwen3_vl import Qwen3VLConfig
     from cua_jax.models.vision import VisionConfig
 

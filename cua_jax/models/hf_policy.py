@@ -183,7 +183,7 @@ def check_policy_directory(directory: str | os.PathLike) -> PolicyDirectory:
 
 def load_policy(directory: str | os.PathLike, **overrides):
     """(model, kind) for the policy directory, loaded by its kind's `MODEL_KINDS` entry: kind
-    "qwen3" gives our Qwen3ForCausalLM (`checkpoint.load_qwen3`), "qwen3_vl" our
+    "qwen3" gives our Qwen3ForCausalLM (`qwen3.load_qwen3`), "qwen3_vl" our
     Qwen3VLForConditionalGeneration (`qwen3_vl.load_qwen3_vl`), "qwen3_5" / "qwen3_5_text" our
     Qwen3.5 (`qwen3_5.load_qwen3_5`).
     The directory is checked first (`check_policy_directory`); overrides go to the loader (mesh,

@@ -14,11 +14,15 @@ cua_jax.models.sharding); large activations are constrained by logical name.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from cua_jax.models.configs import Qwen3Config
+if TYPE_CHECKING:  # annotations only: the Qwen3 package imports these layers
+    from cua_jax.models.qwen3.config import Qwen3Config
+
 from cua_jax.models.sharding import constrain
 
 BATCH, LENGTH, EMBED = "activation_batch", "activation_length", "activation_embed"

@@ -15,9 +15,7 @@ from typing import Any
 
 from flax import nnx
 
-from cua_jax.models.checkpoint import export_qwen3, load_qwen3
-from cua_jax.models.configs import Qwen3Config, tiny_qwen3_config
-from cua_jax.models.qwen3 import Qwen3ForCausalLM
+from cua_jax.models.qwen3 import Qwen3Config, Qwen3ForCausalLM, export_qwen3, load_qwen3, tiny_qwen3_config
 from cua_jax.models.qwen3_5 import (
     Qwen3_5Config,
     Qwen3_5ForCausalLM,

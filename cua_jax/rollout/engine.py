@@ -48,7 +48,7 @@ class SamplingConfig:
     output). seed makes a call reproducible (each engine derives its per-request
     streams from it: vLLM seeds request i with seed + i, the JAX sampler splits one key).
     rope_scaling: > 1 runs the policy with its rope extended by YaRN at that factor
-    (`cua_jax.models.configs.rope_scaled`: a longer context, same weights); 0 its own rope.
+    (`cua_jax.models.qwen3.rope_scaled`: a longer context, same weights); 0 its own rope.
     Only the JAX sampler supports it (evaluation at a longer context, config.eval.rope_scaling).
     """
 

@@ -69,7 +69,7 @@ class JaxSamplerEngine(RolloutEngine):
     cache is dropped whenever the weights change. 0: every prompt is prefilled whole.
 
     A call whose `SamplingConfig.rope_scaling` is set samples from a view of the model under
-    YaRN at that factor (`configs.rope_scaled_model`, built on first use): the same parameter
+    YaRN at that factor (`qwen3.rope_scaled_model`, built on first use): the same parameter
     arrays, kept in step by every weight update, with a prefix cache of its own (its keys
     rotate otherwise). The model itself, and every other call, keep the model's own rope.
     """
@@ -134,7 +134,7 @@ class JaxSamplerEngine(RolloutEngine):
             return self._sampler, self._prefix_cache
         factor = float(rope_scaling)
         if factor not in self._scaled:
-            from cua_jax.models.configs import rope_scaled_model
+            from cua_jax.models.qwen3 import rope_scaled_model
 
             self._scaled[factor] = (
                 Sampler(rope_scaled_model(self.model, factor), **self._sampler_kwargs),

@@ -218,12 +218,12 @@ def pack_shared_buffer(
 def key_table_for_directory(model_dir: str):
     """Our key table for the model an exported directory holds (by config.json's architecture)."""
     from cua_jax.models import checkpoint
-    from cua_jax.models.configs import Qwen3Config
+    from cua_jax.models.qwen3 import Qwen3Config, qwen3_key_table
 
     hf = checkpoint.read_hf_config(model_dir)
     architectures = hf.get("architectures") or []
     if "Qwen3ForCausalLM" in architectures:
-        return checkpoint.qwen3_key_table(Qwen3Config.from_hf_dict(hf))
+        return qwen3_key_table(Qwen3Config.from_hf_dict(hf))
     if "Qwen3VLForConditionalGeneration" in architectures:
         from cua_jax.models.qwen3_vl import Qwen3VLConfig, qwen3_vl_key_table
 

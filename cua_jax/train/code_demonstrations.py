@@ -13,63 +13,9 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, run_bounded
-from cua_jax.rollout.engine import (
-    EngineHealth,
-    FinishReason,
-    Generation,
-    GenerationRequest,
-    RolloutEngine,
-    SamplingConfig,
-)
+from cua_jax.rollout.oracle_engine import CodeOracleEngine
 from cua_jax.train.demonstrations import Demonstrations, keep_successes
-
-
-class CodeOracleEngine(RolloutEngine):
-    """Replies with a code task's oracle tool calls in order (logprob 0 per token): a request
-    whose prompt already holds the script's first t replies gets reply t. A reply longer than
-    max_new_tokens (a policy could not write it) is cut there and noted in `errors`."""
-
-    def __init__(self, tokenizer, end_of_turn_id: int, task_id: str, script: Sequence[str]):
-        if not script:
-            raise ValueError(f"{task_id}: the oracle's script is empty")
-        self.tokenizer, self.end_of_turn_id = tokenizer, int(end_of_turn_id)
-        self.task_id, self.script = task_id, list(script)
-        self.errors: list[str] = []
-
-    def reply_index(self, prompt_text: str) -> int:
-        """How many of the script's replies the prompt already holds, in order."""
-        done, position = 0, 0
-        for reply in self.script:
-            found = prompt_text.find(reply, position)
-            if found < 0:
-                break
-            done, position = done + 1, found + len(reply)
-        return min(done, len(self.script) - 1)
-
-    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
-        out = []
-        for request in requests:
-            text = self.tokenizer.decode(request.prompt_ids.tolist(), skip_special_tokens=False)
-            reply = self.script[self.reply_index(text)]
-            ids = np.asarray([*self.tokenizer.encode(reply, add_special_tokens=False), self.end_of_turn_id], np.int32)
-            finish = FinishReason.STOP
-            if len(ids) > sampling.max_new_tokens:
-                self.errors.append(
-                    f"{self.task_id}: the oracle's reply has {len(ids)} tokens, more than "
-                    f"max_new_tokens ({sampling.max_new_tokens})"
-                )
-                ids, finish = ids[: sampling.max_new_tokens], FinishReason.LENGTH
-            out.append(Generation(ids, np.zeros(len(ids), np.float32), finish, 0))
-        return out
-
-    def update_weights(self, params: Any, version: int) -> None:
-        raise NotImplementedError("the code oracle has no weights")
-
-    def health(self) -> EngineHealth:
-        return EngineHealth(True, 0)
 
 
 def collect_code_demonstrations(

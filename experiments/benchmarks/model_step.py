@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from flax import nnx
 
-from cua_jax.models.configs import tiny_qwen3_config
+from cua_jax.models.qwen3 import tiny_qwen3_config
 from cua_jax.models.sampler import Sampler, SamplingParams
 
 # (hidden, layers, batch, seq) of the default runs.

@@ -30,8 +30,7 @@ def build_model(name: str):
     from flax import nnx
 
     from cua_jax.context.tokenizer import VOCAB_SIZE
-    from cua_jax.models.configs import tiny_qwen3_config
-    from cua_jax.models.qwen3 import Qwen3ForCausalLM
+    from cua_jax.models.qwen3 import Qwen3ForCausalLM, tiny_qwen3_config
 
     hidden, inter, layers, heads, kv = SIZES[name]
     config = tiny_qwen3_config(
@@ -51,7 +50,7 @@ def run_size(name: str, new_tokens: int, batch: int, syncs: int) -> dict:
     import numpy as np
     from flax import nnx
 
-    from cua_jax.models.checkpoint import export_qwen3
+    from cua_jax.models.qwen3 import export_qwen3
     from cua_jax.rollout.engine import GenerationRequest, SamplingConfig
     from cua_jax.rollout.jax_engine import JaxSamplerEngine
     from cua_jax.rollout.vllm_engine import (

@@ -59,9 +59,7 @@ def main(argv):
     from flax import nnx
     from jax.experimental import multihost_utils
 
-    from cua_jax.models.checkpoint import export_qwen3
-    from cua_jax.models.configs import tiny_qwen3_config
-    from cua_jax.models.qwen3 import Qwen3ForCausalLM
+    from cua_jax.models.qwen3 import Qwen3ForCausalLM, export_qwen3, tiny_qwen3_config
     from cua_jax.models.sharding import initialize_distributed, make_mesh
     from cua_jax.rl.losses import PolicyLossConfig
     from cua_jax.train.batching import BatchingConfig, make_minibatches

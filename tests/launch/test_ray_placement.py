@@ -32,8 +32,7 @@ def tiny_engine(seed: int):
     """A JAX sampler engine over a small random Qwen3 (built inside the actor)."""
     from flax import nnx
 
-    from cua_jax.models.configs import tiny_qwen3_config
-    from cua_jax.models.qwen3 import Qwen3ForCausalLM
+    from cua_jax.models.qwen3 import Qwen3ForCausalLM, tiny_qwen3_config
     from cua_jax.rollout.jax_engine import JaxSamplerEngine
 
     return JaxSamplerEngine(Qwen3ForCausalLM(tiny_qwen3_config(**SMALL), rngs=nnx.Rngs(seed)))

@@ -58,7 +58,7 @@ def hf_qwen3_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def our_qwen3(hf_qwen3_dir):
     """(model, config) loaded from `hf_qwen3_dir` by cua_jax."""
-    from cua_jax.models.checkpoint import load_qwen3
+    from cua_jax.models.qwen3 import load_qwen3
 
     return load_qwen3(hf_qwen3_dir[0])
 

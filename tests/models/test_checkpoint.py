@@ -10,16 +10,8 @@ import torch
 import transformers
 from flax import nnx
 
-from cua_jax.models.checkpoint import (
-    KeyRule,
-    SafetensorsFile,
-    expand_key_table,
-    export_qwen3,
-    load_hf_checkpoint,
-    load_qwen3,
-    qwen3_key_table,
-)
-from cua_jax.models.qwen3 import Qwen3ForCausalLM
+from cua_jax.models.checkpoint import KeyRule, SafetensorsFile, expand_key_table, load_hf_checkpoint
+from cua_jax.models.qwen3 import Qwen3ForCausalLM, export_qwen3, load_qwen3, qwen3_key_table
 
 
 def torch_logits(model, ids):

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cua_jax.models.configs import Qwen3Config, RopeConfig, tiny_qwen3_config
+from cua_jax.models.configs import RopeConfig
 from cua_jax.models.layers import RMSNorm, attention_mask, dot_product_attention, project
+from cua_jax.models.qwen3 import Qwen3Config, tiny_qwen3_config
 from cua_jax.models.rope import apply_rotary, rope_cos_sin, rope_inv_freq
 
 small = settings(max_examples=10, deadline=None)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from cua_jax.models.configs import tiny_qwen3_config
 from cua_jax.models.hf_policy import SUPPORTED_ARCHITECTURES
+from cua_jax.models.qwen3 import tiny_qwen3_config
 from cua_jax.models.qwen3_5 import tiny_qwen3_5_config, tiny_qwen3_5_text_config
 from cua_jax.models.qwen3_vl import tiny_qwen3_vl_config
 from cua_jax.models.registry import MODEL_KINDS, TINY_MODELS, model_kind_of, model_kind_of_config

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cua_jax.models.configs import Qwen3Config, tiny_qwen3_config
-from cua_jax.models.qwen3 import Qwen3ForCausalLM
+from cua_jax.models.qwen3 import Qwen3Config, Qwen3ForCausalLM, tiny_qwen3_config
 from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, rope_index, tiny_qwen3_vl_config
 from cua_jax.models.vision import ImageGrid
 

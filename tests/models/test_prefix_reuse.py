@@ -70,8 +70,7 @@ def policy(request):
         depth=1, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128, num_position_embeddings=256
     )
     if request.param == "qwen3":
-        from cua_jax.models.configs import tiny_qwen3_config
-        from cua_jax.models.qwen3 import Qwen3ForCausalLM
+        from cua_jax.models.qwen3 import Qwen3ForCausalLM, tiny_qwen3_config
 
         model = Qwen3ForCausalLM(tiny_qwen3_config(vocab_size=VOCAB_SIZE, num_hidden_layers=1), rngs=nnx.Rngs(0))
         _sharpen(model.model.norm)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from flax import nnx
 
-from cua_jax.models.checkpoint import load_qwen3
+from cua_jax.models.qwen3 import load_qwen3
 
 TOL = 1e-4
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cua_jax.models.configs import RopeConfig, rope_scaled, rope_scaled_model, tiny_qwen3_config
+from cua_jax.models.configs import RopeConfig
+from cua_jax.models.qwen3 import rope_scaled, rope_scaled_model, tiny_qwen3_config
 
 
 def test_the_scaled_rope_is_hf_yarn_over_the_models_own_context():

@@ -9,9 +9,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from cua_jax.models.checkpoint import load_qwen3
-from cua_jax.models.configs import tiny_qwen3_config
-from cua_jax.models.qwen3 import Qwen3ForCausalLM
+from cua_jax.models.qwen3 import Qwen3ForCausalLM, load_qwen3, tiny_qwen3_config
 from cua_jax.models.sharding import (
     DEFAULT_RULES,
     MeshConfig,

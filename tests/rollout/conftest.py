@@ -31,8 +31,7 @@ def sharpened_tiny_qwen3(seed: int = 0):
     from flax import nnx
 
     from cua_jax.context.tokenizer import VOCAB_SIZE
-    from cua_jax.models.configs import tiny_qwen3_config
-    from cua_jax.models.qwen3 import Qwen3ForCausalLM
+    from cua_jax.models.qwen3 import Qwen3ForCausalLM, tiny_qwen3_config
 
     model = Qwen3ForCausalLM(tiny_qwen3_config(vocab_size=VOCAB_SIZE), rngs=nnx.Rngs(seed))
     model.model.norm.weight[...] = model.model.norm.weight[...] * 8.0
@@ -65,7 +64,7 @@ def engine_env():
 @pytest.fixture(scope="session")
 def qwen3_checkpoint(tmp_path_factory):
     """(model, directory): the sharpened tiny Qwen3 and the HF directory our exporter wrote."""
-    from cua_jax.models.checkpoint import export_qwen3
+    from cua_jax.models.qwen3 import export_qwen3
 
     model = sharpened_tiny_qwen3()
     directory = tmp_path_factory.mktemp("qwen3_export")

@@ -52,7 +52,7 @@ def test_a_rope_scaled_call_samples_the_yarn_view_of_the_current_weights(model):
 
     import jax
 
-    from cua_jax.models.configs import rope_scaled_model
+    from cua_jax.models.qwen3 import rope_scaled_model
 
     engine = JaxSamplerEngine(nnx.clone(model), prefix_cache_tokens=512)
     requests = [GenerationRequest(p) for p in PROMPTS]

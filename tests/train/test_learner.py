@@ -16,8 +16,7 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cua_jax.models.configs import tiny_qwen3_config
-from cua_jax.models.qwen3 import Qwen3ForCausalLM
+from cua_jax.models.qwen3 import Qwen3ForCausalLM, tiny_qwen3_config
 from cua_jax.models.scoring import score_sequences
 from cua_jax.models.sharding import MeshConfig, make_mesh
 from cua_jax.rl.losses import AGGREGATION_MODES, GAP_QUANTILE, PolicyLossConfig, normalize

@@ -8,7 +8,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from cua_jax.models.configs import Qwen3Config, RopeConfig, tiny_qwen3_config
+from cua_jax.models.configs import RopeConfig
+from cua_jax.models.qwen3 import Qwen3Config, tiny_qwen3_config
 from cua_jax.models.vision import VisionConfig
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from flax import nnx
 
 from cua_jax.models import checkpoint
+from cua_jax.models.qwen3 import qwen3_key_rules
 from cua_jax.models.qwen3_vl.config import Qwen3VLConfig
 from cua_jax.models.qwen3_vl.modeling import Qwen3VLForConditionalGeneration
 from cua_jax.models.sharding import DEFAULT_RULES
@@ -49,7 +50,7 @@ def vision_key_rules(hf_prefix: str = "model.visual.", our_prefix: str = "visual
 
 def qwen3_vl_key_table(config: Qwen3VLConfig) -> list[checkpoint.KeyMapping]:
     """HF `Qwen3VLForConditionalGeneration` keys <-> our parameter paths, for load and export."""
-    text = checkpoint.qwen3_key_rules(
+    text = qwen3_key_rules(
         "model.language_model.",
         "language_model.model.",
         tie_word_embeddings=config.text.tie_word_embeddings,

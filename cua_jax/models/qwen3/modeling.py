@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from cua_jax.models.configs import Qwen3Config
 from cua_jax.models.layers import (
     BATCH,
     EMBED,
@@ -41,6 +40,7 @@ from cua_jax.models.layers import (
     project,
     write_kv_cache,
 )
+from cua_jax.models.qwen3.config import Qwen3Config
 from cua_jax.models.rope import apply_rotary, dynamic_ntk_inv_freq, rope_cos_sin, rope_inv_freq
 from cua_jax.models.sharding import constrain
 
