@@ -22,6 +22,16 @@ mkdir -p "$CUA_JAX_CACHE"
 source "$CUA_JAX_ROOT/launch/setup_steps.sh"
 setup_log_start "$CUA_JAX_CACHE/logs"
 
+# Two setups on one machine (a suite and a main job started together) take turns: the second
+# waits for the first, then finds everything cached. The lock is released at the end of setup,
+# not held by the job that sourced it.
+exec 9>"$CUA_JAX_CACHE/setup.lock"  # fd 9: setup_run closes it for the programs it starts
+if ! flock -n 9; then
+  setup_step "waiting for another setup on this machine ($CUA_JAX_CACHE/setup.lock)"
+  flock 9
+  setup_done done
+fi
+
 # ---- 1. Debian packages -------------------------------------------------------------
 _missing=()
 _packages=0
@@ -131,4 +141,6 @@ if [ "${CUA_JAX_SETUP_NO_DOCKER:-0}" != 1 ]; then
     if [ -n "$_built" ]; then setup_done "built $_built"; else setup_done "all present"; fi
   fi
 fi
+flock -u 9
+exec 9>&-
 printf '[setup] ready: python=%s platform=%s\n' "$CUA_JAX_PYTHON" "$_platform" >&2

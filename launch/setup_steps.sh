@@ -53,7 +53,8 @@ setup_run() {
   fi
   printf '$ %s\n' "$*" >> "$SETUP_LOG"
   local status=0
-  "$@" >> "$SETUP_LOG" 2>&1 < /dev/null || status=$?
+  # fd 9 (setup.sh's lock) is closed for the program: a daemon it starts must not hold the lock.
+  "$@" >> "$SETUP_LOG" 2>&1 < /dev/null 9>&- || status=$?
   if [ "$status" -ne 0 ]; then
     printf 'failed (exit %d)\n' "$status" >&2
     setup_step_output | tail -n "$SETUP_TAIL_LINES" >&2

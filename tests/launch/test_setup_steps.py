@@ -108,3 +108,19 @@ setup_run install
     assert result.returncode == 2
     assert "setup_run runs programs, not shell functions: install" in result.stderr
     assert not os.path.exists(_log_path(result.stderr) + ".marker")
+
+
+def test_programs_do_not_inherit_the_setup_lock(tmp_path):
+    """setup.sh holds its lock on fd 9; a daemon a step starts (dockerd) must not keep it held."""
+    result = _source(
+        tmp_path,
+        f"""
+exec 9>"{tmp_path}/setup.lock"
+setup_step lock
+setup_run bash -c 'if [ -e /proc/self/fd/9 ]; then echo fd9 open; else echo fd9 closed; fi'
+setup_done done
+""",
+    )
+    assert result.returncode == 0, result.stderr
+    text = pathlib.Path(_log_path(result.stderr)).read_text()
+    assert text.splitlines()[-1] == "fd9 closed"
