@@ -16,7 +16,7 @@ import numpy as np
 from cua_jax.context.segment import SEGMENTER_OPTIONS, check_placeholder
 from cua_jax.envs.actions import ACTION_SPACES
 from cua_jax.envs.faults import FAULT_KINDS
-from cua_jax.eval.pilot import read_pilot_file
+from cua_jax.eval.pilot import PilotConfig, read_pilot_file
 from cua_jax.models.sharding import MeshConfig
 from cua_jax.rl.advantages import AdvantageConfig
 from cua_jax.rl.losses import PolicyLossConfig
@@ -52,13 +52,40 @@ class ConfigError(ValueError):
     """A bad config value; the message starts with the field's full name (config.x.y)."""
 
 
-def _field_error(section: str, fields: Sequence[str], error: Exception, prefix: str = "") -> ConfigError:
-    """Names the field of `section` that `error`'s message talks about (the earliest mentioned);
-    `prefix` is what the config's field names add to the constructor's (e.g. "curriculum_")."""
+def _field_error(error: Exception, where: Mapping[str, str], section: str) -> ConfigError:
+    """A dataclass's ValueError / TypeError as a ConfigError naming the config field (`where`:
+    constructor argument -> config field) of the argument its message mentions first, else the
+    section."""
     message = str(error)
-    mentioned = [(message.find(name), name) for name in fields if name in message]
-    where = f"config.{section}" + (f".{prefix}{min(mentioned)[1]}" if mentioned else "")
-    return ConfigError(f"{where}: {message}")
+    mentioned = [(m.start(), name) for name in where if (m := re.search(rf"\b{re.escape(name)}\b", message))]
+    return ConfigError(f"config.{where[min(mentioned)[1]] if mentioned else section}: {message}")
+
+
+def section_to_dataclass(cls: type, section: Mapping[str, Any], path: str, **given: tuple[Any, str]) -> Any:
+    """`cls` built from the config section at `path` (e.g. "sampler.dtac"), whose field names are
+    `cls`'s; `given`: the fields taken from elsewhere, each (value, the config field it comes from).
+    A section field `cls` lacks, or a field of `cls` that nothing fills, is a ConfigError naming it;
+    so is a value `cls` rejects (its checks live in its __post_init__)."""
+    fields = [field.name for field in dataclasses.fields(cls) if field.init]
+    for name in section.keys():
+        if name not in fields or name in given:
+            raise ConfigError(f"config.{path}.{name}: not a field of {cls.__name__} ({', '.join(fields)})")
+    for name in fields:
+        if name not in section and name not in given:
+            raise ConfigError(f"config.{path}.{name}: missing ({cls.__name__} needs every field)")
+    values = {name: section[name] for name in section.keys()} | {name: value for name, (value, _) in given.items()}
+    where = {name: f"{path}.{name}" for name in section.keys()} | {name: field for name, (_, field) in given.items()}
+    try:
+        return cls(**values)
+    except (ValueError, TypeError) as error:
+        raise _field_error(error, where, path) from error
+
+
+def optional_section(cls: type, section: Mapping[str, Any], path: str, **given: tuple[Any, str]) -> Any:
+    """None when the section's `enabled` is False, else `section_to_dataclass` of its other fields."""
+    if not section["enabled"]:
+        return None
+    return section_to_dataclass(cls, {k: v for k, v in section.items() if k != "enabled"}, path, **given)
 
 
 def _require(ok: bool, field: str, message: str) -> None:
@@ -82,11 +109,8 @@ def mesh_settings(config) -> MeshConfig:
             process_id=None if m.process_id < 0 else m.process_id,
         )
     except (ValueError, TypeError) as error:
-        raise _field_error(
-            "mesh",
-            ["data", "fsdp", "tensor", "distributed", "coordinator_address", "num_processes", "process_id"],
-            error,
-        ) from error
+        fields = ("data", "fsdp", "tensor", "distributed", "coordinator_address", "num_processes", "process_id")
+        raise _field_error(error, {name: f"mesh.{name}" for name in fields}, "mesh") from error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +127,7 @@ class TrainSettings:
     sampler_kind: str
     sampler_configs: dict
     calibration: CalibrationConfig | None
+    pilot: PilotConfig
     dynamic: DynamicSamplingConfig | None
     segmenter_options: dict
     catalog: TaskCatalog  # every task the run names (training and evaluation)
@@ -116,11 +141,11 @@ class TrainSettings:
     def from_config(cls, config) -> TrainSettings:
         c = config
 
-        def build(section: str, kind, prefix: str = "", **values):
+        def build(section: str, kind, **values):
             try:
                 return kind(**values)
             except (ValueError, TypeError) as error:
-                raise _field_error(section, list(values), error, prefix) from error
+                raise _field_error(error, {name: f"{section}.{name}" for name in values}, section) from error
 
         _require(c.train.mode in MODES, "train.mode", f"{c.train.mode!r} is not one of {MODES}")
         _require(c.train.num_steps >= 0, "train.num_steps", f"must be >= 0, got {c.train.num_steps}")
@@ -206,15 +231,15 @@ class TrainSettings:
             f"({', '.join(training[:12])}{', ...' if len(training) > 12 else ''}); add tasks or lower "
             "rollout.batch_tasks",
         )
-        if c.sampler.kind == "dtac" and c.sampler.rho_inf > 0:
+        if c.sampler.kind == "dtac" and c.sampler.dtac.rho_inf > 0:
             from cua_jax.tasks.selection import share_count
 
             infeasible = [task for task in training if not catalog[task].feasible]
-            needed = share_count(c.rollout.batch_tasks, c.sampler.rho_inf)
+            needed = share_count(c.rollout.batch_tasks, c.sampler.dtac.rho_inf)
             _require(
                 len(infeasible) >= needed,
-                "sampler.rho_inf",
-                f"{c.sampler.rho_inf} of a batch of {c.rollout.batch_tasks} draws {needed} infeasible tasks, but "
+                "sampler.dtac.rho_inf",
+                f"{c.sampler.dtac.rho_inf} of a batch of {c.rollout.batch_tasks} draws {needed} infeasible tasks, but "
                 f"the pool holds {len(infeasible)} (tasks whose evaluator is 'infeasible', e.g. the desktop suite's)",
             )
         desktop_pool = None
@@ -520,9 +545,6 @@ class TrainSettings:
                 "eval.rope_scaling",
                 f"model.name {c.model.name!r} (Qwen3.5) supports only its default rope; set 0",
             )
-        _require(
-            0 < c.sampler.pilot_target < 1, "sampler.pilot_target", f"must lie in (0, 1), got {c.sampler.pilot_target}"
-        )
 
         loss = build(
             "loss",
@@ -610,62 +632,28 @@ class TrainSettings:
         )
         mesh = mesh_settings(c)
         s = c.sampler
+        # Every kind keeps its pass-rate estimates the same way (sampler.ema_alpha, unknown_pass_rate).
+        smoothing = {"ema_alpha": (s.ema_alpha, "sampler.ema_alpha")}
+        estimates = smoothing | {"unknown_pass_rate": (s.unknown_pass_rate, "sampler.unknown_pass_rate")}
         sampler_configs = {
-            "uniform": build("sampler", UniformConfig, ema_alpha=s.ema_alpha),
-            "frontier": build(
-                "sampler",
-                FrontierConfig,
-                ema_alpha=s.ema_alpha,
-                mu=s.mu,
-                sigma=s.sigma,
-                gamma=s.gamma,
-                pool_factor=s.pool_factor,
-                unknown_pass_rate=s.unknown_pass_rate,
-            ),
-            "dtac": build(
-                "sampler",
-                DTACConfig,
-                ema_alpha=s.ema_alpha,
-                p_low=s.p_low,
-                p_high=s.p_high,
-                max_replays_per_trajectory=s.max_replays_per_trajectory,
-                replay_cache_size=s.replay_cache_size,
-                rho_inf=s.rho_inf,
-                unknown_pass_rate=s.unknown_pass_rate,
-            ),
-            # ema_alpha and unknown_pass_rate were checked by the configs above.
-            "curriculum": dataclasses.replace(
-                build(
-                    "sampler",
-                    CurriculumConfig,
-                    "curriculum_",
-                    difficulty=s.curriculum_difficulty,
-                    start=s.curriculum_start,
-                    steps=s.curriculum_steps,
-                    schedule=s.curriculum_schedule,
-                ),
-                ema_alpha=s.ema_alpha,
-                unknown_pass_rate=s.unknown_pass_rate,
-            ),
+            "uniform": section_to_dataclass(UniformConfig, {}, "sampler", **smoothing),
+            "frontier": section_to_dataclass(FrontierConfig, s.frontier, "sampler.frontier", **estimates),
+            "dtac": section_to_dataclass(DTACConfig, s.dtac, "sampler.dtac", **estimates),
+            "curriculum": section_to_dataclass(CurriculumConfig, s.curriculum, "sampler.curriculum", **estimates),
         }
         _require(s.kind in sampler_configs, "sampler.kind", f"{s.kind!r} is not one of {sorted(sampler_configs)}")
-        calibration = None
-        if s.calibration:
+        pilot = section_to_dataclass(PilotConfig, s.pilot, "sampler.pilot")
+        calibration = optional_section(
+            CalibrationConfig,
+            s.calibration,
+            "sampler.calibration",
             # A pilot file is the run's pilot: the pool starts from its rates (cua_jax.eval.pilot).
-            calibration = build(
-                "sampler",
-                CalibrationConfig,
-                p_min=s.p_min,
-                p_max=s.p_max,
-                pilot=s.pilot and not s.pilot_file,
-                pilot_group_size=s.pilot_group_size,
-                every_k_steps=s.calibrate_every,
-                sample_size=s.calibration_sample_size,
-                group_size=s.calibration_group_size,
-                # A band that leaves fewer tasks than a batch draws keeps the ones
-                # nearest to it, so a re-calibration never stops the run.
-                min_active=c.rollout.batch_tasks,
-            )
+            pilot=(pilot.enabled and not pilot.file, "sampler.pilot.enabled"),
+            pilot_group_size=(pilot.group_size, "sampler.pilot.group_size"),
+            # A band that leaves fewer tasks than a batch draws keeps the ones
+            # nearest to it, so a re-calibration never stops the run.
+            min_active=(c.rollout.batch_tasks, "rollout.batch_tasks"),
+        )
         dynamic = None
         if c.train.dapo:
             dynamic = build(
@@ -705,6 +693,7 @@ class TrainSettings:
             s.kind,
             {s.kind: sampler_configs[s.kind]},
             calibration,
+            pilot,
             dynamic,
             options,
             catalog,
@@ -816,19 +805,19 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
 
 
 def apply_pilot_file(config: Any) -> tuple[Any, dict[str, Any] | None]:
-    """(config with rollout.group_size from config.sampler.pilot_file's floor, the pilot), or
+    """(config with rollout.group_size from config.sampler.pilot.file's floor, the pilot), or
     (config, None) without a pilot file. A bad file, or one with no floor (no tier reached),
     is a ConfigError naming the field."""
-    path = config.sampler.pilot_file
+    path = config.sampler.pilot.file
     if not path:
         return config, None
     try:
         report = read_pilot_file(path)
     except ValueError as error:
-        raise ConfigError(f"config.sampler.pilot_file: {error}") from None
+        raise ConfigError(f"config.sampler.pilot.file: {error}") from None
     if report["group_size_floor"] is None:
         raise ConfigError(
-            f"config.sampler.pilot_file: {path}: no tier succeeded in the pilot, so it gives no group size"
+            f"config.sampler.pilot.file: {path}: no tier succeeded in the pilot, so it gives no group size"
         )
     config = config.copy_and_resolve_references()
     floor = int(report["group_size_floor"])
@@ -850,7 +839,7 @@ def seed_pool(pool: Any, report: Mapping[str, Any], training_tasks: Sequence[str
     the pilot did not run raises, naming the file."""
     missing = sorted(set(training_tasks) - set(report["tasks"]))
     if missing:
-        raise ConfigError(f"config.sampler.pilot_file: {path} has no estimate for training tasks {missing}")
+        raise ConfigError(f"config.sampler.pilot.file: {path} has no estimate for training tasks {missing}")
     rows = [report["tasks"][t] for t in training_tasks]
     pool.set_pass_rates(
         pool.indices_of(training_tasks),

@@ -93,7 +93,7 @@ LOW_TEMPERATURE_GAIN = "gain_low_temperature"
 @dataclasses.dataclass
 class RunSetup:
     """What a run's trainer is built from, before anything copies its policy: the config (with
-    rollout.group_size from sampler.pilot_file) and its settings, the tokenizer, image processor,
+    rollout.group_size from sampler.pilot.file) and its settings, the tokenizer, image processor,
     renderer and segmenter, the token ids no reply may hold, the policy, the checkpointer of the
     workdir, and the warm start's metrics once `warm_start` ran (None before)."""
 
@@ -113,7 +113,7 @@ class RunSetup:
 def prepare_run(config) -> RunSetup:
     """A run's setup from its config (checked as `TrainSettings`): the processor, the segmenter
     and the policy (a random init or model.init_from), and the workdir with its checkpointer."""
-    config, pilot = apply_pilot_file(config)  # rollout.group_size from sampler.pilot_file
+    config, pilot = apply_pilot_file(config)  # rollout.group_size from sampler.pilot.file
     settings = TrainSettings.from_config(config)
     use_compilation_cache(config.compilation_cache_dir)
     os.makedirs(config.workdir, exist_ok=True)
@@ -194,7 +194,7 @@ def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> 
         raise
     pool = settings.catalog.pool(settings.domain_weights, settings.training_tasks)
     if setup.pilot is not None:
-        seed_pool(pool, setup.pilot, settings.training_tasks, c.sampler.pilot_file)
+        seed_pool(pool, setup.pilot, settings.training_tasks, settings.pilot.file)
     collector = GroupCollector(settings, base_key, workers[0], pool)
     return Trainer(setup, learner, workers, ray, collector)
 

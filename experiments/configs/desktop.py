@@ -47,9 +47,9 @@ def get_config():
     c.context.keep = 3
     c.context.min_removal = 2
     c.sampler.kind = "dtac"
-    c.sampler.rho_inf = 0.5  # one of the batch's two tasks is the infeasible one
-    c.sampler.p_low = 0.0
-    c.sampler.p_high = 0.5
+    c.sampler.dtac.rho_inf = 0.5  # one of the batch's two tasks is the infeasible one
+    c.sampler.dtac.p_low = 0.0
+    c.sampler.dtac.p_high = 0.5
     c.loss.entropy_coef = 1e-3
     c.optimizer.learning_rate = 1e-4
     c.learner.rows = 2

@@ -3,7 +3,10 @@ take command-line overrides; a malformed field is named in the error."""
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import operator
 import pathlib
 import sys
 
@@ -25,7 +28,8 @@ from experiments.configs import (
     text_vllm,
     tiny,
 )
-from tests.support.configs import flatten
+from experiments.configs.renames import RENAMED
+from tests.support.configs import flatten, set_field
 
 RECIPES = {
     "default": default,
@@ -112,7 +116,7 @@ def test_scalecua_table_10():
         0.2,
         3,
     )
-    assert (c.sampler.p_min, c.sampler.p_max) == (0.0, 1.0)
+    assert (c.sampler.calibration.p_min, c.sampler.calibration.p_max) == (0.0, 1.0)
     assert s.segmenter_options == {"keep": 5, "min_removal": 5, "placeholder_text": c.context.placeholder_text}
     assert (
         c.context.placeholder_text.format(step=3, action="click(2)")
@@ -164,6 +168,21 @@ def test_unknown_override_is_rejected():
         _parse("--config=experiments/configs/scalecua.py", "--config.loss.clip_eps_hgih=0.3")
 
 
+def test_a_section_holds_exactly_its_dataclass_fields():
+    """A config section fills its dataclass by name: a field the dataclass lacks, or one the
+    section lacks, is named."""
+    config = evocua.get_config()
+    with config.unlocked():
+        config.sampler.dtac.p_lo = 0.1
+    with pytest.raises(ConfigError, match=r"^config\.sampler\.dtac\.p_lo: not a field of DTACConfig"):
+        TrainSettings.from_config(config)
+    config = evocua.get_config()
+    with config.unlocked():
+        del config.sampler.calibration["sample_size"]
+    with pytest.raises(ConfigError, match=r"^config\.sampler\.calibration\.sample_size: missing"):
+        TrainSettings.from_config(config)
+
+
 @pytest.mark.parametrize(
     "field, value, named",
     [
@@ -173,7 +192,10 @@ def test_unknown_override_is_rejected():
         ("train.mode", "sync", "config.train.mode"),
         ("learner.num_minibatches", 2, "config.learner.num_minibatches"),
         ("rollout.group_size", 0, "config.rollout.group_size"),
-        ("sampler.gamma", 2.0, "config.sampler.gamma"),
+        ("sampler.frontier.gamma", 2.0, "config.sampler.frontier.gamma"),
+        ("sampler.dtac.p_low", 0.9, "config.sampler.dtac.p_low"),  # above p_high
+        ("sampler.ema_alpha", 0.0, "config.sampler.ema_alpha"),  # shared by every kind's dataclass
+        ("sampler.pilot.group_size", 0, "config.sampler.pilot.group_size"),
         ("advantage.estimator", "ppo", "config.advantage.estimator"),
         ("env.eval_seed_start", 5, "config.env.eval_seed_start"),
         ("rollout.prompt_style", "json", "config.rollout.prompt_style"),
@@ -191,13 +213,13 @@ def test_unknown_override_is_rejected():
         ("rollout.max_episodes_in_flight", 8, "config.rollout.max_episodes_in_flight"),  # on_policy
         ("rollout.partial_rollout_tokens", -1, "config.rollout.partial_rollout_tokens"),
         ("eval.every_steps", -1, "config.eval.every_steps"),
-        ("sampler.pilot_target", 1.0, "config.sampler.pilot_target"),
+        ("sampler.pilot.target", 1.0, "config.sampler.pilot.target"),
         ("advantage.agent_faults", ("OOM-killed", "out of memory"), "config.advantage.agent_faults"),
         ("context.placeholder_text", "{page_title}", "config.context.placeholder_text"),
-        ("sampler.curriculum_difficulty", "length", "config.sampler.curriculum_difficulty"),
-        ("sampler.curriculum_start", 0.0, "config.sampler.curriculum_start"),
-        ("sampler.curriculum_schedule", "exp", "config.sampler.curriculum_schedule"),
-        ("sampler.curriculum_steps", 0, "config.sampler.curriculum_steps"),
+        ("sampler.curriculum.difficulty", "length", "config.sampler.curriculum.difficulty"),
+        ("sampler.curriculum.start", 0.0, "config.sampler.curriculum.start"),
+        ("sampler.curriculum.schedule", "exp", "config.sampler.curriculum.schedule"),
+        ("sampler.curriculum.steps", 0, "config.sampler.curriculum.steps"),
         ("advantage.negative_scale", 1.5, "config.advantage.negative_scale"),
         ("advantage.no_patch_reward", 0.5, "config.advantage.no_patch_reward"),
         ("advantage.crash_reward", -2.0, "config.advantage.crash_reward"),
@@ -210,8 +232,7 @@ def test_unknown_override_is_rejected():
 )
 def test_a_malformed_field_is_named(field, value, named):
     config = canopy.get_config()
-    section, name = field.split(".")
-    config[section][name] = value
+    set_field(config, field, value)
     with pytest.raises(ConfigError) as error:
         TrainSettings.from_config(config)
     assert str(error.value).startswith(named), str(error.value)
@@ -304,16 +325,31 @@ def test_a_run_config_saved_before_the_layer_moves_loads():
     saved = json.loads((pathlib.Path(__file__).parent / "data" / "default_run_config_dc1d63e.json").read_text())
     loaded = json.loads(json.dumps(base.config_from_dict(saved).to_dict()))  # tuples as the saved lists
 
-    def kept(values: dict, into: dict, prefix: str) -> None:
+    def kept(values: dict, prefix: str) -> None:
         for key, value in values.items():
             if isinstance(value, dict):
-                kept(value, into[key], f"{prefix}{key}.")
+                kept(value, f"{prefix}{key}.")
             else:
-                assert into[key] == value, f"config.{prefix}{key}"
+                field = RENAMED.get(f"{prefix}{key}", f"{prefix}{key}")
+                assert functools.reduce(operator.getitem, field.split("."), loaded) == value, f"config.{field}"
 
-    kept(saved, loaded, "")
+    kept(saved, "")
     assert loaded["train"]["num_steps"] == 4 and loaded["model"] == saved["model"]
     TrainSettings.from_config(base.config_from_dict(saved))
+
+
+def test_a_renamed_field_keeps_its_saved_value(caplog):
+    """A saved config's old names (the flat sampler section) load under the new ones with the
+    values saved there, not today's defaults, each rename logged; a switch that is now a
+    section's (sampler.calibration) becomes that section's `enabled`."""
+    saved = json.loads((pathlib.Path(__file__).parent / "data" / "default_run_config_dc1d63e.json").read_text())
+    saved["sampler"].update(mu=0.6, calibration=True, calibrate_every=7, pilot_target=0.8)
+    with caplog.at_level(logging.INFO):
+        config = base.config_from_dict(saved)
+    assert config.sampler.frontier.mu == 0.6 and config.sampler.pilot.target == 0.8
+    assert config.sampler.calibration.enabled and config.sampler.calibration.every_k_steps == 7
+    assert "config.sampler.calibrate_every is now config.sampler.calibration.every_k_steps" in caplog.text
+    assert saved["sampler"]["mu"] == 0.6  # the saved dict itself is left as it was
 
 
 @pytest.mark.parametrize(
@@ -324,13 +360,12 @@ def test_a_run_config_saved_before_the_layer_moves_loads():
         ("env.action_space", "elements", "config.env.action_space", "a desktop shows no element ids"),
         ("env.observation", "text", "config.env.observation", "desktop tasks are seen as screenshots"),
         ("rollout.group_size", 8, "config.env.desktop.pool_size", "4 containers cannot run a group of 8"),
-        ("sampler.rho_inf", 1.0, "config.sampler.rho_inf", "draws 2 infeasible tasks, but the pool holds 1"),
+        ("sampler.dtac.rho_inf", 1.0, "config.sampler.dtac.rho_inf", "draws 2 infeasible tasks, but the pool holds 1"),
     ],
 )
 def test_a_bad_desktop_setting_is_named(field, value, named, says):
     config = desktop.get_config()
-    section, name = field.split(".")
-    config[section][name] = value
+    set_field(config, field, value)
     if field == "env.tasks":
         config.env.task_tiers = (0,)
     with pytest.raises(ConfigError) as error:

@@ -49,7 +49,7 @@ def test_the_canopy_recipe_through_the_entrypoint(tmp_path):
         for k in range(8)
     ]
     report = pilot_report(
-        records, tiers, group_size=config.rollout.group_size, target=config.sampler.pilot_target, samples=8
+        records, tiers, group_size=config.rollout.group_size, target=config.sampler.pilot.target, samples=8
     )
     floor = report["group_size_floor"]
     assert 2 <= floor < config.rollout.group_size
@@ -58,7 +58,7 @@ def test_the_canopy_recipe_through_the_entrypoint(tmp_path):
     result = run_main(
         "--config=experiments/configs/canopy.py",
         *BASE_POLICY,
-        f"--config.sampler.pilot_file={pilot}",
+        f"--config.sampler.pilot.file={pilot}",
         "--config.rollout.max_turns=2",
         "--config.eval.enabled=False",
         "--config.train.num_steps=2",
@@ -124,7 +124,7 @@ def test_the_scalecua_recipe_through_the_entrypoint(tmp_path):
 
 def test_the_evocua_recipe_through_the_entrypoint(tmp_path):
     """EvoCUA-1.5 (experiments/configs/evocua.py): a pilot of the current policy filters the
-    pool to the learnable band and re-estimates it every `calibrate_every` steps, DTAC draws
+    pool to the learnable band and re-estimates it every `calibration.every_k_steps` steps, DTAC draws
     from what is left, STEPO spreads each trajectory's advantage over its step items, and
     training is asynchronous within the staleness window, with whole-group mini-batches."""
     config = evocua.get_config()
@@ -138,10 +138,10 @@ def test_the_evocua_recipe_through_the_entrypoint(tmp_path):
         "--config.rollout.group_size=4",
         "--config.rollout.max_turns=2",
         "--config.train.buffer_groups=2",
-        "--config.sampler.pilot_group_size=4",
-        "--config.sampler.calibrate_every=1",
-        "--config.sampler.calibration_sample_size=2",
-        "--config.sampler.calibration_group_size=2",
+        "--config.sampler.pilot.group_size=4",
+        "--config.sampler.calibration.every_k_steps=1",
+        "--config.sampler.calibration.sample_size=2",
+        "--config.sampler.calibration.group_size=2",
         "--config.eval.enabled=False",
         "--config.train.num_steps=2",
         "--config.train.checkpoint_every=2",
