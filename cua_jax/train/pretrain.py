@@ -114,7 +114,7 @@ class Pretrainer:
         self.renderer = ChatRenderer(self.tokenizer, self.image_processor)
         self.segmenter = make_segmenter(c.context.segmenter, self.renderer, **self.settings.segmenter_options)
         self.policy = build_policy(self.settings, c.seed)
-        self.tasks = list(c.env.tasks)
+        self.tasks = [task for task, _ in c.env.tasks]
         self.train_seeds = range(c.warm_start.demos_per_task)
         # Past the main run's evaluation seeds: held out from training and from its evaluations.
         first = c.env.eval_seed_start + c.eval.num_seeds

@@ -463,7 +463,7 @@ class TrainSettings:
                 "warm_start.steps",
                 "the warm start's oracle reads the page as DOM text: set env.include_dom_text = True",
             )
-            unsolved = [task for task in c.env.tasks if task not in ORACLE_TASKS]
+            unsolved = [task for task, _ in c.env.tasks if task not in ORACLE_TASKS]
             _require(
                 not unsolved,
                 "warm_start.steps",
@@ -721,7 +721,7 @@ def _code_env_config(**values):
 
 def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
     """(every task the run names, the training pool's ids, the domain weights), with any bad
-    source named by its field: env.kind, env.tasks / task_tiers (MiniWoB), env.task_dirs
+    source named by its field: env.kind, env.tasks ((task, tier) records: MiniWoB), env.task_dirs
     (folders of OSWorld-format task JSON), env.code.suite_dir / tasks (code tasks),
     env.domain_weights, eval.tasks."""
     from cua_jax.envs.miniwob import task_names
@@ -756,14 +756,18 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
             "env.kind 'miniwob' runs MiniWoB tasks only; set () (or env.kind = 'mixed')",
         )
     known = set(task_names())
-    for task in c.env.tasks:
-        _require(task in known, "env.tasks", f"unknown MiniWoB task {task!r}")
-    _require(
-        len(c.env.task_tiers) == len(c.env.tasks),
-        "env.task_tiers",
-        f"has {len(c.env.task_tiers)} entries for {len(c.env.tasks)} tasks",
-    )
-    tasks = miniwob_tasks(tuple(c.env.tasks), tuple(c.env.task_tiers))
+    for record in c.env.tasks:
+        _require(
+            isinstance(record, (tuple, list))
+            and len(record) == 2
+            and isinstance(record[0], str)
+            and isinstance(record[1], int)
+            and record[1] >= 0,
+            "env.tasks",
+            f"{record!r} is not a (MiniWoB task, tier >= 0) record such as ('click-button', 0)",
+        )
+        _require(record[0] in known, "env.tasks", f"unknown MiniWoB task {record[0]!r}")
+    tasks = miniwob_tasks([task for task, _ in c.env.tasks], [tier for _, tier in c.env.tasks])
     for folder in c.env.task_dirs:
         try:
             tasks += load_task_folder(folder)

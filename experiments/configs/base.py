@@ -59,6 +59,11 @@ ORACLE_BOTH_SPACES = MINIWOB_TASKS + (
 )
 
 
+def at_tier(tasks, tier: int = 0) -> tuple[tuple[str, int], ...]:
+    """env.tasks' (task, tier) records of `tasks`, every one at `tier`."""
+    return tuple((task, tier) for task in tasks)
+
+
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.job = "train"  # a key of experiments.main.JOBS
@@ -143,8 +148,9 @@ def base_config() -> ml_collections.ConfigDict:
     # What the policy is shown: "screenshot" (the task region, plus the DOM as text when
     # env.include_dom_text) or "text" (the DOM as text only: text-only policies, web agents).
     c.env.observation = "screenshot"
-    c.env.tasks = MINIWOB_TASKS
-    c.env.task_tiers = (0,) * len(MINIWOB_TASKS)  # difficulty tier per task (0 easiest)
+    # MiniWoB++ tasks as (task, difficulty tier) records, tier 0 the easiest (tiers group the
+    # pilot's coverage report and env.drop_hardest_tier; at_tier gives a list one tier).
+    c.env.tasks = at_tier(MINIWOB_TASKS)
     c.env.drop_hardest_tier = False  # CANOPY keeps the hardest tier (Table A1 "hardest tier kept")
     c.env.include_dom_text = True  # MiniWoB's DOM as text beside the screenshot
     # How the policy points: "coordinates" (grid points), "elements" (element ids, drawn on the

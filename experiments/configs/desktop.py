@@ -32,7 +32,6 @@ def get_config():
     c.model.num_layers = 2
     c.env.kind = "desktop"
     c.env.tasks = ()
-    c.env.task_tiers = ()
     c.env.task_dirs = (str(SUITE_DIR),)
     c.env.desktop.pool_size = 4
     c.env.desktop.screen = "1280x800"

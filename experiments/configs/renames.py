@@ -3,7 +3,9 @@
 by `base.config_from_dict`, each rename logged, so older runs still load with every value kept.
 
 RENAMED maps a field's old full name to its new one; a field renamed twice maps its oldest name
-straight to today's. An entry is kept for as long as saved runs may hold the old name."""
+straight to today's. An entry is kept for as long as saved runs may hold the old name. Beside
+the table, env.task_tiers (a tier per task of env.tasks) merges into env.tasks' (task, tier)
+records."""
 
 from __future__ import annotations
 
@@ -57,6 +59,15 @@ def renamed(saved: dict[str, Any]) -> dict[str, Any]:
         for parent in parents:
             section = section.setdefault(parent, {})
         section[name] = value
+    env = saved.get("env")
+    if isinstance(env, dict) and "task_tiers" in env:
+        tiers, tasks = env.pop("task_tiers"), env.get("tasks", [])
+        if len(tiers) != len(tasks):
+            raise ValueError(f"config.env.task_tiers: {len(tiers)} tiers for the {len(tasks)} tasks of env.tasks")
+        env["tasks"] = [[task, tier] for task, tier in zip(tasks, tiers)]
+        logging.info(
+            "saved config: config.env.task_tiers is now the tier of each (task, tier) record of config.env.tasks"
+        )
     return saved
 
 

@@ -8,7 +8,7 @@ e.g. --config.rollout.batch_tasks=2 --config.rollout.max_turns=5). The ViT is fr
 importance ratio is against the rollout policy's logprobs (eq. 3).
 """
 
-from experiments.configs.base import base_config
+from experiments.configs.base import at_tier, base_config
 
 # 32 tasks per iteration need a pool of at least 32 (a batch draws distinct tasks): MiniWoB++
 # tasks of clicking, typing, menus, widgets and forms, all tier 0 (Frontier Sampling adapts).
@@ -63,8 +63,7 @@ def get_config():
     c.loss.kl_estimator = "k3"
     c.loss.entropy_coef = 0.0
     c.loss.aggregation = "token_mean"
-    c.env.tasks = SCALECUA_TASKS
-    c.env.task_tiers = (0,) * len(SCALECUA_TASKS)
+    c.env.tasks = at_tier(SCALECUA_TASKS)
     c.rollout.batch_tasks = 32  # tasks per iteration (16 for ablations)
     c.rollout.group_size = 8  # rollouts per task n
     c.train.num_steps = 1000  # max iterations

@@ -106,8 +106,7 @@ def test_pilot_command_writes_the_file_a_run_reads(tmp_path):
     """The pilot on real capsules (the random policy, 2 tasks in 2 tiers), then a trainer given
     the file: its group size is the floor and its pool starts from the pilot's rates."""
     overrides = [
-        "--config.env.tasks=('click-test','click-button')",
-        "--config.env.task_tiers=(0,1)",
+        "--config.env.tasks=(('click-test',0),('click-button',1))",
         "--config.sampler.pilot.group_size=4",
         "--config.rollout.group_size=2",
         "--config.rollout.max_turns=2",
@@ -143,7 +142,7 @@ def test_pilot_command_writes_the_file_a_run_reads(tmp_path):
 
     c = tiny.get_config()
     c.workdir = str(tmp_path / "run")
-    c.env.tasks, c.env.task_tiers = ("click-test", "click-button"), (0, 1)
+    c.env.tasks = (("click-test", 0), ("click-button", 1))
     c.rollout.batch_tasks = 2
     c.sampler.pilot.file = str(tmp_path / "pilot" / "pilot.json")
     c.eval.enabled = False

@@ -85,7 +85,7 @@ def test_canopy_table_a1():
     assert (s.learner.loss.kl_coef, s.learner.loss.kl_estimator) == (1e-4, "k3")
     assert s.learner.loss.aggregation == "token_mean" and s.learner.loss.entropy_coef == 0.0
     assert s.learner.optimizer.learning_rate == 3e-6 and s.learner.optimizer.schedule == "constant"
-    assert c.advantage.reward == "sparse" and not c.env.drop_hardest_tier and max(c.env.task_tiers) > 0
+    assert c.advantage.reward == "sparse" and not c.env.drop_hardest_tier and max(tier for _, tier in c.env.tasks) > 0
     assert s.eval_agent.max_turns > s.agent.max_turns
     assert (c.eval.group_size, c.eval.temperature, c.eval.top_k, c.eval.top_p) == (4, 0.6, 20, 0.95)
     assert s.agent.temperature == 0.9
@@ -196,6 +196,7 @@ def test_a_section_holds_exactly_its_dataclass_fields():
         ("sampler.dtac.p_low", 0.9, "config.sampler.dtac.p_low"),  # above p_high
         ("sampler.ema_alpha", 0.0, "config.sampler.ema_alpha"),  # shared by every kind's dataclass
         ("sampler.pilot.group_size", 0, "config.sampler.pilot.group_size"),
+        ("env.tasks", ("click-button",), "config.env.tasks"),  # a name, not a (task, tier) record
         ("advantage.estimator", "ppo", "config.advantage.estimator"),
         ("env.eval_seed_start", 5, "config.env.eval_seed_start"),
         ("rollout.prompt_style", "json", "config.rollout.prompt_style"),
@@ -278,8 +279,7 @@ def test_a_malformed_warm_start_field_is_named():
 
 def test_an_unknown_task_is_named():
     config = default.get_config()
-    config.env.tasks = ("click-button", "no-such-task")
-    config.env.task_tiers = (0, 0)
+    config.env.tasks = (("click-button", 0), ("no-such-task", 0))
     with pytest.raises(ConfigError, match=r"config\.env\.tasks: unknown MiniWoB task 'no-such-task'"):
         TrainSettings.from_config(config)
 
@@ -296,7 +296,7 @@ def test_more_tasks_per_batch_than_the_pool_holds_is_named():
         TrainSettings.from_config(config)
     # The dropped hardest tier leaves the pool too.
     config = canopy.get_config()
-    tiers = tuple(config.env.task_tiers)
+    tiers = tuple(tier for _, tier in config.env.tasks)
     config.env.drop_hardest_tier = True
     config.rollout.batch_tasks = sum(tier != max(tiers) for tier in tiers) + 1
     with pytest.raises(ConfigError, match=r"config\.rollout\.batch_tasks"):
@@ -308,9 +308,9 @@ def test_a_saved_config_loads_on_todays_base():
     added since keep their defaults; a field today's base does not know is named."""
     saved = default.get_config().to_dict()
     del saved["env"]["observation"]  # a field added after the save
-    saved["env"]["tasks"] = list(saved["env"]["tasks"])
+    saved["env"]["tasks"] = [list(record) for record in saved["env"]["tasks"]]
     config = base.config_from_dict(saved)
-    assert config.env.observation == "screenshot" and config.env.tasks == default.TASKS
+    assert config.env.observation == "screenshot" and config.env.tasks == base.at_tier(default.TASKS)
     TrainSettings.from_config(config)
     saved["env"]["no_such_field"] = 1
     with pytest.raises(KeyError, match="config.env.no_such_field"):
@@ -329,11 +329,12 @@ def test_a_run_config_saved_before_the_layer_moves_loads():
         for key, value in values.items():
             if isinstance(value, dict):
                 kept(value, f"{prefix}{key}.")
-            else:
+            elif f"{prefix}{key}" not in ("env.tasks", "env.task_tiers"):  # merged: below
                 field = RENAMED.get(f"{prefix}{key}", f"{prefix}{key}")
                 assert functools.reduce(operator.getitem, field.split("."), loaded) == value, f"config.{field}"
 
     kept(saved, "")
+    assert loaded["env"]["tasks"] == [list(r) for r in zip(saved["env"]["tasks"], saved["env"]["task_tiers"])]
     assert loaded["train"]["num_steps"] == 4 and loaded["model"] == saved["model"]
     TrainSettings.from_config(base.config_from_dict(saved))
 
@@ -341,13 +342,16 @@ def test_a_run_config_saved_before_the_layer_moves_loads():
 def test_a_renamed_field_keeps_its_saved_value(caplog):
     """A saved config's old names (the flat sampler section) load under the new ones with the
     values saved there, not today's defaults, each rename logged; a switch that is now a
-    section's (sampler.calibration) becomes that section's `enabled`."""
+    section's (sampler.calibration) becomes that section's `enabled`; env.task_tiers becomes the
+    tier of each (task, tier) record of env.tasks."""
     saved = json.loads((pathlib.Path(__file__).parent / "data" / "default_run_config_dc1d63e.json").read_text())
     saved["sampler"].update(mu=0.6, calibration=True, calibrate_every=7, pilot_target=0.8)
+    saved["env"]["task_tiers"] = [0, 1, 2]
     with caplog.at_level(logging.INFO):
         config = base.config_from_dict(saved)
     assert config.sampler.frontier.mu == 0.6 and config.sampler.pilot.target == 0.8
     assert config.sampler.calibration.enabled and config.sampler.calibration.every_k_steps == 7
+    assert config.env.tasks == (("click-button", 0), ("click-widget", 1), ("click-tab", 2))
     assert "config.sampler.calibrate_every is now config.sampler.calibration.every_k_steps" in caplog.text
     assert saved["sampler"]["mu"] == 0.6  # the saved dict itself is left as it was
 
@@ -355,7 +359,12 @@ def test_a_renamed_field_keeps_its_saved_value(caplog):
 @pytest.mark.parametrize(
     "field, value, named, says",
     [
-        ("env.tasks", ("click-button",), "config.env.tasks", "env.kind 'desktop' takes its tasks from env.task_dirs"),
+        (
+            "env.tasks",
+            (("click-button", 0),),
+            "config.env.tasks",
+            "env.kind 'desktop' takes its tasks from env.task_dirs",
+        ),
         ("env.task_dirs", (), "config.env.task_dirs", "needs at least one task folder"),
         ("env.action_space", "elements", "config.env.action_space", "a desktop shows no element ids"),
         ("env.observation", "text", "config.env.observation", "desktop tasks are seen as screenshots"),
@@ -366,8 +375,6 @@ def test_a_renamed_field_keeps_its_saved_value(caplog):
 def test_a_bad_desktop_setting_is_named(field, value, named, says):
     config = desktop.get_config()
     set_field(config, field, value)
-    if field == "env.tasks":
-        config.env.task_tiers = (0,)
     with pytest.raises(ConfigError) as error:
         TrainSettings.from_config(config)
     assert str(error.value).startswith(named) and says in str(error.value), str(error.value)
@@ -376,8 +383,7 @@ def test_a_bad_desktop_setting_is_named(field, value, named, says):
 def test_mixed_sources_make_one_catalog_with_domains():
     config = desktop.get_config()
     config.env.kind = "mixed"
-    config.env.tasks = ("click-button", "focus-text")
-    config.env.task_tiers = (0, 0)
+    config.env.tasks = (("click-button", 0), ("focus-text", 0))
     config.env.domain_weights = ("miniwob=1", "desktop=1")
     settings = TrainSettings.from_config(config)
     assert settings.catalog.domains()["click-button"] == "miniwob"

@@ -41,7 +41,7 @@ def test_the_canopy_recipe_through_the_entrypoint(tmp_path):
     every update is strictly on-policy (ratio exactly 1, no clipping), the k3 KL to the frozen
     base is part of the loss, and the loss is a token mean over the action tokens alone."""
     config = canopy.get_config()
-    tiers = dict(zip(config.env.tasks, config.env.task_tiers))
+    tiers = dict(config.env.tasks)
     # A pilot of 8 samples per task at pass rate 0.5: coverage 0.9 needs a handful, not the recipe's 32.
     records = [
         {"task": task, "status": "success" if k % 2 else "failure", "success": bool(k % 2)}
@@ -132,8 +132,7 @@ def test_the_evocua_recipe_through_the_entrypoint(tmp_path):
     result = run_main(
         "--config=experiments/configs/evocua.py",
         *BASE_POLICY,
-        "--config.env.tasks=('click-button','click-tab','click-widget','focus-text')",
-        "--config.env.task_tiers=(0,0,1,1)",
+        "--config.env.tasks=(('click-button',0),('click-tab',0),('click-widget',1),('focus-text',1))",
         "--config.rollout.batch_tasks=2",
         "--config.rollout.group_size=4",
         "--config.rollout.max_turns=2",
