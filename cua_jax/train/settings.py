@@ -1,7 +1,11 @@
 # Single job: checking a run's config once and turning it into typed settings.
 """A run's config checked once: `TrainSettings.from_config` names the field of any bad value
 (`ConfigError: config.loss.clip_eps_low: ...`) before anything starts, and turns the config
-into the typed settings the learner, agent loops, samplers and warm start take."""
+into the typed settings the learner, agent loops, samplers and warm start take.
+
+A section whose names are a dataclass's fields (train, eval, advantage, the sampler's parts) is
+built by `section_to_dataclass`, which names an unknown or missing field and turns the
+dataclass's own check into a ConfigError naming the field; what spans sections is checked here."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import numpy as np
 from cua_jax.context.segment import SEGMENTER_OPTIONS, check_placeholder
 from cua_jax.envs.actions import ACTION_SPACES
 from cua_jax.envs.faults import FAULT_KINDS
+from cua_jax.eval.held_out import EvalConfig
 from cua_jax.eval.pilot import PilotConfig, read_pilot_file
 from cua_jax.models.sharding import MeshConfig
 from cua_jax.rl.advantages import AdvantageConfig
@@ -114,13 +119,90 @@ def mesh_settings(config) -> MeshConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrainLoopConfig:
+    """The training loop (config.train; experiments/configs/base.py says what each field does)."""
+
+    mode: str
+    num_steps: int
+    staleness_window: int
+    buffer_groups: int
+    dapo: bool
+    dapo_max_rounds: int  # checked with dapo_oversample by DynamicSamplingConfig when dapo is on
+    dapo_oversample: float
+    checkpoint_every: int
+    keep_checkpoints: int
+    progress_bar: bool
+    trace_every: int
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"TrainLoopConfig.mode {self.mode!r} is not one of {MODES}")
+        for name, low in (("num_steps", 0), ("checkpoint_every", 1), ("trace_every", 0), ("buffer_groups", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"TrainLoopConfig.{name} must be >= {low}, got {getattr(self, name)}")
+        if self.mode == "on_policy" and self.staleness_window != 0:
+            raise ValueError(
+                f"TrainLoopConfig.staleness_window must be 0 in on_policy mode, got {self.staleness_window}"
+            )
+        if self.staleness_window < 0:
+            raise ValueError(f"TrainLoopConfig.staleness_window must be >= 0, got {self.staleness_window}")
+        if self.mode == "async" and self.dapo:
+            raise ValueError("TrainLoopConfig.dapo: DAPO filtering is supported in on_policy mode only")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageSettings:
+    """Rewards and advantages (config.advantage; experiments/configs/base.py says what each field
+    does). `estimator_config`: the estimator's own fields, the static config of
+    cua_jax.rl.advantages (which checks them)."""
+
+    estimator: str
+    std_eps: float
+    no_verdict_reward: float
+    negative_scale: float
+    agent_faults: tuple[str, ...]
+    quarantine_as_failure: bool
+    item_advantages: str
+    reward: str
+    no_patch_reward: float
+    crash_reward: float
+    permute_rewards: bool
+    estimator_config: AdvantageConfig = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "agent_faults", tuple(self.agent_faults))
+        if self.item_advantages not in ITEM_ADVANTAGES:
+            raise ValueError(
+                f"AdvantageSettings.item_advantages {self.item_advantages!r} is not one of {ITEM_ADVANTAGES}"
+            )
+        if self.reward not in REWARDS:
+            raise ValueError(f"AdvantageSettings.reward {self.reward!r} is not one of {REWARDS}")
+        if not all(kind in FAULT_KINDS for kind in self.agent_faults):
+            raise ValueError(
+                f"AdvantageSettings.agent_faults {list(self.agent_faults)} names something that is no fault kind; "
+                f"choose from {list(FAULT_KINDS)}"
+            )
+        for name in ("no_patch_reward", "crash_reward"):
+            if not -1.0 <= getattr(self, name) <= 0.0:
+                raise ValueError(f"AdvantageSettings.{name} must lie in [-1, 0], got {getattr(self, name)}")
+        estimator = AdvantageConfig(
+            estimator=self.estimator,
+            std_eps=self.std_eps,
+            no_verdict_reward=self.no_verdict_reward,
+            negative_scale=self.negative_scale,
+        )
+        object.__setattr__(self, "estimator_config", estimator)
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainSettings:
     """The checked form of a run's config (see experiments/configs/base.py for the fields)."""
 
     config: Any  # the ml_collections.ConfigDict it came from
+    seed: int  # config.seed: the base of every random stream of the run
     learner: LearnerConfig
     batching: BatchingConfig
-    advantage: AdvantageConfig
+    advantage: AdvantageSettings
     agent: AgentConfig
     eval_agent: AgentConfig
     mesh: MeshConfig
@@ -128,6 +210,8 @@ class TrainSettings:
     sampler_configs: dict
     calibration: CalibrationConfig | None
     pilot: PilotConfig
+    train: TrainLoopConfig
+    eval: EvalConfig
     dynamic: DynamicSamplingConfig | None
     segmenter_options: dict
     catalog: TaskCatalog  # every task the run names (training and evaluation)
@@ -147,8 +231,9 @@ class TrainSettings:
             except (ValueError, TypeError) as error:
                 raise _field_error(error, {name: f"{section}.{name}" for name in values}, section) from error
 
-        _require(c.train.mode in MODES, "train.mode", f"{c.train.mode!r} is not one of {MODES}")
-        _require(c.train.num_steps >= 0, "train.num_steps", f"must be >= 0, got {c.train.num_steps}")
+        train = section_to_dataclass(TrainLoopConfig, c.train, "train")
+        advantage = section_to_dataclass(AdvantageSettings, c.advantage, "advantage")
+        evaluation = section_to_dataclass(EvalConfig, c.eval, "eval")
         _require(c.rollout.group_size >= 1, "rollout.group_size", f"must be >= 1, got {c.rollout.group_size}")
         _require(c.rollout.batch_tasks >= 1, "rollout.batch_tasks", f"must be >= 1, got {c.rollout.batch_tasks}")
         _require(c.rollout.num_workers >= 1, "rollout.num_workers", f"must be >= 1, got {c.rollout.num_workers}")
@@ -350,23 +435,13 @@ class TrainSettings:
         _require(
             not outside, "env.train_seeds", f"{outside} lie outside the training seeds [0, {c.env.train_seed_max})"
         )
-        _require(
-            c.advantage.item_advantages in ITEM_ADVANTAGES,
-            "advantage.item_advantages",
-            f"{c.advantage.item_advantages!r} is not one of {ITEM_ADVANTAGES}",
-        )
-        _require(c.advantage.reward in REWARDS, "advantage.reward", f"{c.advantage.reward!r} is not one of {REWARDS}")
         # The dense form scores a code fix by the share of its tests that pass; the other kinds'
         # judges give their own rewards.
         _require(
-            c.advantage.reward == "sparse" or "code" in catalog.kinds,
+            advantage.reward == "sparse" or "code" in catalog.kinds,
             "advantage.reward",
             "'pass_fraction' scores code tasks by the share of fail-to-pass tests fixed, and the run has none",
         )
-        for name in ("no_patch_reward", "crash_reward"):
-            _require(
-                -1.0 <= c.advantage[name] <= 0.0, f"advantage.{name}", f"must lie in [-1, 0], got {c.advantage[name]}"
-            )
         _require(
             c.context.segmenter in SEGMENTER_OPTIONS,
             "context.segmenter",
@@ -381,8 +456,7 @@ class TrainSettings:
             f"{c.learner.num_minibatches} mini-batches of whole groups need at least as many tasks per batch "
             f"(rollout.batch_tasks = {c.rollout.batch_tasks})",
         )
-        if c.train.mode == "on_policy":
-            _require(c.train.staleness_window == 0, "train.staleness_window", "must be 0 in on_policy mode")
+        if train.mode == "on_policy":
             # k sequential updates on one freshly collected batch (CANOPY App. D's control): the
             # first is on-policy, the later ones' ratios are live against the sampling policy.
             _require(
@@ -391,12 +465,6 @@ class TrainSettings:
                 f"{c.learner.num_minibatches} sequential updates on one batch need the sampling policy's "
                 "logprobs for the later ones: set learner.old_logprobs = 'recompute' (or 'rollout'), or 1 update",
             )
-        else:
-            _require(
-                c.train.staleness_window >= 0, "train.staleness_window", f"must be >= 0, got {c.train.staleness_window}"
-            )
-            _require(not c.train.dapo, "train.dapo", "DAPO filtering is supported in on_policy mode only")
-            _require(c.train.buffer_groups >= 0, "train.buffer_groups", f"must be >= 0, got {c.train.buffer_groups}")
         _require(
             c.rollout.worker_placement in PLACEMENT_STRATEGIES,
             "rollout.worker_placement",
@@ -414,7 +482,7 @@ class TrainSettings:
         )
         if c.rollout.max_episodes_in_flight:
             _require(
-                c.train.mode == "async",
+                train.mode == "async",
                 "rollout.max_episodes_in_flight",
                 "streams rollouts in async mode only (train.mode = 'async'); on_policy steps run whole batches",
             )
@@ -445,14 +513,10 @@ class TrainSettings:
         )
         if c.learner.old_logprobs == "current":
             _require(
-                c.train.mode == "on_policy" and c.learner.num_minibatches == 1,
+                train.mode == "on_policy" and c.learner.num_minibatches == 1,
                 "learner.old_logprobs",
                 "'current' equals the sampling policy only strictly on-policy; use 'recompute' or 'rollout'",
             )
-        _require(
-            c.train.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {c.train.checkpoint_every}"
-        )
-        _require(c.train.trace_every >= 0, "train.trace_every", f"must be >= 0, got {c.train.trace_every}")
         _require(c.warm_start.steps >= 0, "warm_start.steps", f"must be >= 0, got {c.warm_start.steps}")
         if c.warm_start.steps > 0:
             from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
@@ -493,7 +557,6 @@ class TrainSettings:
                 "warm_start.held_out_seeds",
                 f"must be >= 0, got {c.warm_start.held_out_seeds}",
             )
-        _require(0 < c.eval.confidence < 1, "eval.confidence", f"must lie in (0, 1), got {c.eval.confidence}")
         _require(c.model.num_layers >= 0, "model.num_layers", f"must be >= 0, got {c.model.num_layers}")
         _require(c.model.name in POLICIES, "model.name", f"{c.model.name!r} is not a known policy {POLICIES}")
         from cua_jax.models.configs import MODEL_DTYPES
@@ -519,21 +582,7 @@ class TrainSettings:
                 f"model.name {c.model.name!r} is a random init; set model.name to one of {LOADED_POLICIES} "
                 "to load a checkpoint",
             )
-        for name in ("num_seeds", "group_size", "concurrent_groups"):
-            _require(c.eval[name] >= 1, f"eval.{name}", f"must be >= 1, got {c.eval[name]}")
-        for name in ("every_steps", "max_reruns"):
-            _require(c.eval[name] >= 0, f"eval.{name}", f"must be >= 0, got {c.eval[name]}")
-        _require(
-            c.eval.low_temperature < 0 or c.eval.low_temperature < c.eval.temperature,
-            "eval.low_temperature",
-            f"must be below eval.temperature ({c.eval.temperature}) to run, or < 0 (off); got {c.eval.low_temperature}",
-        )
-        _require(
-            c.eval.rope_scaling == 0 or c.eval.rope_scaling > 1,
-            "eval.rope_scaling",
-            f"must be 0 (off) or a YaRN factor > 1, got {c.eval.rope_scaling}",
-        )
-        if c.eval.rope_scaling:
+        if evaluation.rope_scaling:
             _require(
                 c.rollout.engine == "jax",
                 "eval.rope_scaling",
@@ -580,26 +629,13 @@ class TrainSettings:
             share_prefix=c.learner.share_prefix,
             suffix_length_multiple=c.learner.suffix_length_multiple or None,
         )
-        advantage = build(
-            "advantage",
-            AdvantageConfig,
-            estimator=c.advantage.estimator,
-            std_eps=c.advantage.std_eps,
-            no_verdict_reward=c.advantage.no_verdict_reward,
-            negative_scale=c.advantage.negative_scale,
-        )
         # Budgets and sampling both loops share; turns, context and sampling have eval's own fields.
-        _require(
-            all(kind in FAULT_KINDS for kind in c.advantage.agent_faults),
-            "advantage.agent_faults",
-            f"{list(c.advantage.agent_faults)} names something that is no fault kind; choose from {list(FAULT_KINDS)}",
-        )
         shared = dict(
             max_new_tokens=c.rollout.max_new_tokens,
-            no_verdict_reward=c.advantage.no_verdict_reward,
-            agent_faults=tuple(c.advantage.agent_faults),
-            no_patch_reward=c.advantage.no_patch_reward,
-            crash_reward=c.advantage.crash_reward,
+            no_verdict_reward=advantage.no_verdict_reward,
+            agent_faults=advantage.agent_faults,
+            no_patch_reward=advantage.no_patch_reward,
+            crash_reward=advantage.crash_reward,
             batch_wait_s=c.rollout.batch_wait_s or None,
             max_response_tokens=c.rollout.max_response_tokens or None,
             max_observation_tokens=c.rollout.max_observation_tokens or None,
@@ -655,9 +691,9 @@ class TrainSettings:
             min_active=(c.rollout.batch_tasks, "rollout.batch_tasks"),
         )
         dynamic = None
-        if c.train.dapo:
+        if train.dapo:
             dynamic = build(
-                "train", DynamicSamplingConfig, max_rounds=c.train.dapo_max_rounds, oversample=c.train.dapo_oversample
+                "train", DynamicSamplingConfig, max_rounds=train.dapo_max_rounds, oversample=train.dapo_oversample
             )
         warm_start = None
         if c.warm_start.steps > 0:
@@ -684,6 +720,7 @@ class TrainSettings:
             raise ConfigError(f"config.context.placeholder_text: {error}") from None
         return cls(
             config,
+            int(c.seed),
             learner,
             batching,
             advantage,
@@ -694,6 +731,8 @@ class TrainSettings:
             {s.kind: sampler_configs[s.kind]},
             calibration,
             pilot,
+            train,
+            evaluation,
             dynamic,
             options,
             catalog,

@@ -72,7 +72,9 @@ def test_canopy_code_terminal_constants_and_the_dense_reward():
     with pytest.raises(ConfigError, match="config.advantage.reward: 'pass_fraction' scores code tasks"):
         TrainSettings.from_config(miniwob)
     c.advantage.crash_reward = 0.5
-    with pytest.raises(ConfigError, match=r"config.advantage.crash_reward: must lie in \[-1, 0\]"):
+    with pytest.raises(
+        ConfigError, match=r"config.advantage.crash_reward: AdvantageSettings.crash_reward must lie in \[-1, 0\]"
+    ):
         TrainSettings.from_config(c)
 
 
@@ -197,6 +199,8 @@ def test_a_section_holds_exactly_its_dataclass_fields():
         ("sampler.ema_alpha", 0.0, "config.sampler.ema_alpha"),  # shared by every kind's dataclass
         ("sampler.pilot.group_size", 0, "config.sampler.pilot.group_size"),
         ("env.tasks", ("click-button",), "config.env.tasks"),  # a name, not a (task, tier) record
+        ("train.staleness_window", 1, "config.train.staleness_window"),  # canopy trains on_policy
+        ("eval.num_seeds", 0, "config.eval.num_seeds"),
         ("advantage.estimator", "ppo", "config.advantage.estimator"),
         ("env.eval_seed_start", 5, "config.env.eval_seed_start"),
         ("rollout.prompt_style", "json", "config.rollout.prompt_style"),
