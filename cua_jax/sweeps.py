@@ -215,7 +215,7 @@ def load_sweep(
         if name_ in names:
             raise SweepError(f"{sweep_path}: two runs are both named {name_!r}")
         names.add(name_)
-        tiers = {str(t): int(k) for t, k in zip(config.env.tasks, config.env.task_tiers)}
+        tiers = {str(task): int(tier) for task, tier in config.env.tasks}
         runs.append(
             SweepRun(
                 name=name_,

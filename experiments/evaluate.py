@@ -8,10 +8,10 @@
 (with --step, default its latest checkpoint; its own config then replaces --config).
 --suite: miniwob, browsergym, webgum (the 56 tasks of WebGUM and HTML-T5), desktop, os, or a
 folder of OSWorld-format tasks.
---pilot: CANOPY's pilot pass instead (`cua_jax.eval.pilot`): config.sampler.pilot_group_size
+--pilot: CANOPY's pilot pass instead (`cua_jax.eval.pilot`): config.sampler.pilot.group_size
 samples of each of the config's training tasks on --seeds training seeds; prints each tier's
-signal coverage at rollout.group_size and the group-size floor for sampler.pilot_target, and
-writes <out>/pilot.json, which a run reads through --config.sampler.pilot_file.
+signal coverage at rollout.group_size and the group-size floor for sampler.pilot.target, and
+writes <out>/pilot.json, which a run reads through --config.sampler.pilot.file.
 Workers: --workers rollout workers (in this process, or Ray actors with
 --config.rollout.worker_backend=ray for a model policy), each running up to
 config.eval.concurrent_groups groups per call with batched generation.
@@ -102,7 +102,7 @@ def main(argv: list[str]) -> None:
 
 
 def pilot() -> None:
-    """CANOPY's pilot pass: the config's training tasks, config.sampler.pilot_group_size samples
+    """CANOPY's pilot pass: the config's training tasks, config.sampler.pilot.group_size samples
     per (task, training seed), the tier coverage report and <out>/pilot.json."""
     from cua_jax.eval.harness import evaluate
     from cua_jax.eval.pilot import pilot_report, report_lines, write_pilot_file
@@ -114,7 +114,7 @@ def pilot() -> None:
 
     if _K.present or _TURNS.value or _TEMPERATURES.value:
         raise app.UsageError(
-            "--pilot takes its samples from config.sampler.pilot_group_size and runs the training "
+            "--pilot takes its samples from config.sampler.pilot.group_size and runs the training "
             "agent's budget; drop --k, --turn_budgets and --temperatures"
         )
     try:
@@ -132,7 +132,7 @@ def pilot() -> None:
             raise ValueError(f"--tasks {unknown} are not training tasks of the config")
         # Training seeds: the pilot estimates the pass rates the sampler will see.
         suite = Suite("pilot", TaskCatalog([settings.catalog[t] for t in tasks]), seed_start=0)
-        k = c.sampler.pilot_group_size
+        k = settings.pilot.group_size
         make_workers = worker_factory(policy, suite, _WORKERS.value, group_size=k)
         with local_ray(c):
             workers = make_workers(settings.agent.max_turns, settings.agent.temperature)
@@ -156,7 +156,7 @@ def pilot() -> None:
             summary["records"],
             {t: settings.catalog[t].tier for t in tasks},
             c.rollout.group_size,
-            c.sampler.pilot_target,
+            settings.pilot.target,
             k,
             policy.name,
         )

@@ -31,7 +31,8 @@ DTYPES = ("float32", "bfloat16")
 
 def read_run_config(workdir: str | os.PathLike, step: int):
     """The run's config as the trainer saved it with checkpoint `step`, on today's base config
-    (`config_from_dict`: fields added since the run keep their defaults)."""
+    (`config_from_dict`: renamed fields under their new names, fields added since the run keep
+    their defaults)."""
     return config_from_dict(read_saved_config(workdir, step))
 
 

@@ -5,6 +5,7 @@ Newcombe's interval, unpaired and paired by seed; episode traces people can look
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import json
 import os
@@ -353,10 +354,53 @@ def save_training_traces(
     return chosen
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """A run's held-out evaluation (config.eval; experiments/configs/base.py says what each field
+    does). The agent's budgets and sampling (max_turns .. seed_per_turn) are checked where the
+    evaluation agent is built (cua_jax.rollout.agent_loop.AgentConfig)."""
+
+    enabled: bool
+    tasks: tuple[str, ...]
+    num_seeds: int
+    group_size: int
+    concurrent_groups: int
+    every_steps: int
+    max_reruns: int
+    max_turns: int
+    max_context_tokens: int
+    rope_scaling: float
+    temperature: float
+    low_temperature: float
+    top_p: float
+    top_k: int
+    seed_per_turn: bool
+    confidence: float
+    num_traces: int
+
+    def __post_init__(self):
+        for name in ("num_seeds", "group_size", "concurrent_groups"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EvalConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("every_steps", "max_reruns", "num_traces"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"EvalConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if not (self.low_temperature < 0 or self.low_temperature < self.temperature):
+            raise ValueError(
+                f"EvalConfig.low_temperature must be below temperature ({self.temperature}) to run, or < 0 "
+                f"(off); got {self.low_temperature}"
+            )
+        if not (self.rope_scaling == 0 or self.rope_scaling > 1):
+            raise ValueError(f"EvalConfig.rope_scaling must be 0 (off) or a YaRN factor > 1, got {self.rope_scaling}")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"EvalConfig.confidence must lie in (0, 1), got {self.confidence}")
+
+
 def evaluate_held_out(
     workers: Sequence[Any],
     tasks: Sequence[str],
-    config: Any,
+    evaluation: EvalConfig,
+    seed_start: int,
     catalog: Any,
     out: str,
     traces: str,
@@ -364,20 +408,20 @@ def evaluate_held_out(
     version: int | None = None,
     temperature: float | None = None,
 ) -> dict[str, Any]:
-    """One held-out evaluation of a run through the evaluation harness: config.eval.num_seeds
-    seeds from config.env.eval_seed_start of each task in `tasks` (SourceTasks of `catalog`),
-    config.eval.group_size samples each, config.eval.concurrent_groups groups per worker call
-    over `workers`, quarantined samples re-run up to config.eval.max_reruns times; the harness
+    """One held-out evaluation of a run through the evaluation harness: evaluation.num_seeds
+    seeds from `seed_start` (config.env.eval_seed_start) of each task in `tasks` (SourceTasks of
+    `catalog`), evaluation.group_size samples each, evaluation.concurrent_groups groups per worker
+    call over `workers`, quarantined samples re-run up to evaluation.max_reruns times; the harness
     files and tables go to `out` (a killed evaluation resumes there). Returns `summary_metrics`;
-    config.eval.num_traces traces spread over the tasks go to `traces` (`save_traces`: with
+    evaluation.num_traces traces spread over the tasks go to `traces` (`save_traces`: with
     `tokenizer`, the replies' tokens; with `version`, the policy's current version).
-    `temperature` replaces config.eval.temperature (the same seeds and per-turn sampling seeds)."""
+    `temperature` replaces evaluation.temperature (the same seeds and per-turn sampling seeds)."""
     from cua_jax.eval.harness import evaluate
     from cua_jax.eval.suites import Suite
     from cua_jax.tasks.sources import TaskCatalog
 
-    e = config.eval
-    suite = Suite("held_out", TaskCatalog([catalog[t] for t in tasks]), seed_start=config.env.eval_seed_start)
+    e = evaluation
+    suite = Suite("held_out", TaskCatalog([catalog[t] for t in tasks]), seed_start=seed_start)
     first_episode: dict[str, Episode] = {}  # per task: what the traces show, one episode kept each
 
     def keep(job, rollouts):

@@ -2,13 +2,13 @@
 difficulty tier gets at the configured group size, and the group-size floor for a target.
 
     python -m experiments.evaluate --pilot --config=experiments/configs/canopy.py --policy=... --out=pilots/x
-    python -m experiments.main --config=experiments/configs/canopy.py --config.sampler.pilot_file=pilots/x/pilot.json
+    python -m experiments.main --config=experiments/configs/canopy.py --config.sampler.pilot.file=pilots/x/pilot.json
 
-The pilot runs config.sampler.pilot_group_size samples of every training task on each seed
+The pilot runs config.sampler.pilot.group_size samples of every training task on each seed
 (`pilot_report` over the harness's records). A tier's coverage at n is the mean over its tasks
 of P_sig(p_i, n) (`tier_signal_coverage`). The floor is `min_group_size(p_min, target)` with
 p_min the lowest pass rate among the tiers the pilot reached (a tier with no success has no
-finite floor; it is listed as unreached). A run given the file (`sampler.pilot_file`) takes
+finite floor; it is listed as unreached). A run given the file (`sampler.pilot.file`) takes
 rollout.group_size from the floor and its pool's pass rates from the pilot
 (`cua_jax.train.settings.apply_pilot_file`, `seed_pool`).
 """
@@ -16,6 +16,7 @@ rollout.group_size from the floor and its pool's pass rates from the pilot
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,30 @@ from cua_jax.types import EpisodeStatus
 
 PILOT_FILE = "pilot.json"
 PILOT_FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PilotConfig:
+    """A run's pilot (config.sampler.pilot).
+
+    enabled: with calibration on, the run starts with a pilot filter of its own
+      (cua_jax.tasks.calibration), unless it is given a pilot file.
+    group_size: samples per (task, seed) of a pilot, the run's own or `experiments.evaluate --pilot`'s.
+    target: the signal coverage the hardest tier reached gets at the group-size floor (eq. 5).
+    file: a pilot file (`experiments.evaluate --pilot`): the run takes rollout.group_size from its
+      floor and its pool's pass rates from it ("" : none).
+    """
+
+    enabled: bool = True
+    group_size: int = 8
+    target: float = 0.9
+    file: str = ""
+
+    def __post_init__(self):
+        if self.group_size < 1:
+            raise ValueError(f"PilotConfig.group_size must be >= 1, got {self.group_size}")
+        if not 0 < self.target < 1:
+            raise ValueError(f"PilotConfig.target must lie in (0, 1), got {self.target}")
 
 
 def pilot_report(

@@ -177,7 +177,7 @@ def prepare_batch(
     metrics: dict[str, float] = collections.Counter()
     if domains is not None:
         metrics.update(domain_metrics(groups, domains))
-    as_failure = bool(settings.config.advantage.quarantine_as_failure)
+    as_failure = settings.advantage.quarantine_as_failure
     episodes, group_index, kept_groups, quarantined = [], [], {}, {}
     for g, group in enumerate(groups):
         kept_groups[group.group_id] = []
@@ -222,14 +222,16 @@ def prepare_batch(
     status = np.asarray([STATUS_CODES[e.status] for e in episodes], np.int32)
     group_ids = np.asarray(group_index, np.int32)
     credited_rewards, credited_status = rewards, status
-    if settings.config.advantage.permute_rewards:
+    if settings.advantage.permute_rewards:
         # The control run: each episode is credited with the outcome of another episode of the
         # batch (a permutation drawn from the seed and the policy version), so the advantages keep
         # their distribution but no longer say which replies succeeded.
-        order = np.random.default_rng([int(settings.config.seed), int(version)]).permutation(len(episodes))
+        order = np.random.default_rng([settings.seed, int(version)]).permutation(len(episodes))
         credited_rewards, credited_status = rewards[order], status[order]
     advantages = np.asarray(
-        episode_advantages(credited_rewards, credited_status, group_ids, num_groups, settings.advantage)
+        episode_advantages(
+            credited_rewards, credited_status, group_ids, num_groups, settings.advantage.estimator_config
+        )
     )
     success = np.asarray([e.status is EpisodeStatus.SUCCESS for e in episodes])
     # Live coverage per difficulty tier (CANOPY §3.2): the informative share of each tier's groups.
@@ -245,7 +247,7 @@ def prepare_batch(
             items.append(item)
             item_episode.append(e)
     item_episode = np.asarray(item_episode, np.int32)
-    spread = stepo_item_advantages if settings.config.advantage.item_advantages == "stepo" else broadcast_to_items
+    spread = stepo_item_advantages if settings.advantage.item_advantages == "stepo" else broadcast_to_items
     item_advantages = np.asarray(spread(advantages, item_episode), np.float32) if items else np.zeros(0, np.float32)
 
     lags = [version - e.policy_version for e in episodes if not is_replay(e)]

@@ -114,14 +114,16 @@ class Pretrainer:
         self.renderer = ChatRenderer(self.tokenizer, self.image_processor)
         self.segmenter = make_segmenter(c.context.segmenter, self.renderer, **self.settings.segmenter_options)
         self.policy = build_policy(self.settings, c.seed)
-        self.tasks = list(c.env.tasks)
+        self.tasks = [task for task, _ in c.env.tasks]
         self.train_seeds = range(c.warm_start.demos_per_task)
         # Past the main run's evaluation seeds: held out from training and from its evaluations.
-        first = c.env.eval_seed_start + c.eval.num_seeds
+        first = c.env.eval_seed_start + self.settings.eval.num_seeds
         self.held_out_seeds = range(first, first + c.warm_start.held_out_seeds)
         self.eval_seeds = range(self.held_out_seeds.stop, self.held_out_seeds.stop + c.pretrain.eval_seeds)
         # The demonstrations' budgets: training's and evaluation's, whichever is larger.
-        self.agent = dataclasses.replace(self.settings.agent, max_turns=max(c.rollout.max_turns, c.eval.max_turns))
+        self.agent = dataclasses.replace(
+            self.settings.agent, max_turns=max(c.rollout.max_turns, self.settings.eval.max_turns)
+        )
         self._writer = None
 
     # -- demonstrations ---------------------------------------------------------------------
@@ -221,7 +223,7 @@ class Pretrainer:
             print(f"pretrain: resumed at step {sft.step} of {config.steps}")
 
         progress, on_step = None, None
-        if c.train.progress_bar:
+        if self.settings.train.progress_bar:
             from tqdm import tqdm
 
             progress = tqdm(total=config.steps, initial=sft.step, desc=f"{c.name} pretrain", unit="step")
@@ -296,7 +298,7 @@ class Pretrainer:
                 segmenter=self.segmenter,
                 agent_config=agent,
                 time_limit_s=self.config.env.time_limit_s,
-                concurrency=self.config.eval.concurrent_groups,
+                concurrency=self.settings.eval.concurrent_groups,
             )
         per_task: dict[str, list[bool]] = {}
         for episode in result.episodes:

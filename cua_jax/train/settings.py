@@ -1,7 +1,11 @@
 # Single job: checking a run's config once and turning it into typed settings.
 """A run's config checked once: `TrainSettings.from_config` names the field of any bad value
 (`ConfigError: config.loss.clip_eps_low: ...`) before anything starts, and turns the config
-into the typed settings the learner, agent loops, samplers and warm start take."""
+into the typed settings the learner, agent loops, samplers and warm start take.
+
+A section whose names are a dataclass's fields (train, eval, advantage, the sampler's parts) is
+built by `section_to_dataclass`, which names an unknown or missing field and turns the
+dataclass's own check into a ConfigError naming the field; what spans sections is checked here."""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ import numpy as np
 from cua_jax.context.segment import SEGMENTER_OPTIONS, check_placeholder
 from cua_jax.envs.actions import ACTION_SPACES
 from cua_jax.envs.faults import FAULT_KINDS
-from cua_jax.eval.pilot import read_pilot_file
+from cua_jax.eval.held_out import EvalConfig
+from cua_jax.eval.pilot import PilotConfig, read_pilot_file
 from cua_jax.models.sharding import MeshConfig
 from cua_jax.rl.advantages import AdvantageConfig
 from cua_jax.rl.losses import PolicyLossConfig
@@ -52,13 +57,40 @@ class ConfigError(ValueError):
     """A bad config value; the message starts with the field's full name (config.x.y)."""
 
 
-def _field_error(section: str, fields: Sequence[str], error: Exception, prefix: str = "") -> ConfigError:
-    """Names the field of `section` that `error`'s message talks about (the earliest mentioned);
-    `prefix` is what the config's field names add to the constructor's (e.g. "curriculum_")."""
+def _field_error(error: Exception, where: Mapping[str, str], section: str) -> ConfigError:
+    """A dataclass's ValueError / TypeError as a ConfigError naming the config field (`where`:
+    constructor argument -> config field) of the argument its message mentions first, else the
+    section."""
     message = str(error)
-    mentioned = [(message.find(name), name) for name in fields if name in message]
-    where = f"config.{section}" + (f".{prefix}{min(mentioned)[1]}" if mentioned else "")
-    return ConfigError(f"{where}: {message}")
+    mentioned = [(m.start(), name) for name in where if (m := re.search(rf"\b{re.escape(name)}\b", message))]
+    return ConfigError(f"config.{where[min(mentioned)[1]] if mentioned else section}: {message}")
+
+
+def section_to_dataclass(cls: type, section: Mapping[str, Any], path: str, **given: tuple[Any, str]) -> Any:
+    """`cls` built from the config section at `path` (e.g. "sampler.dtac"), whose field names are
+    `cls`'s; `given`: the fields taken from elsewhere, each (value, the config field it comes from).
+    A section field `cls` lacks, or a field of `cls` that nothing fills, is a ConfigError naming it;
+    so is a value `cls` rejects (its checks live in its __post_init__)."""
+    fields = [field.name for field in dataclasses.fields(cls) if field.init]
+    for name in section.keys():
+        if name not in fields or name in given:
+            raise ConfigError(f"config.{path}.{name}: not a field of {cls.__name__} ({', '.join(fields)})")
+    for name in fields:
+        if name not in section and name not in given:
+            raise ConfigError(f"config.{path}.{name}: missing ({cls.__name__} needs every field)")
+    values = {name: section[name] for name in section.keys()} | {name: value for name, (value, _) in given.items()}
+    where = {name: f"{path}.{name}" for name in section.keys()} | {name: field for name, (_, field) in given.items()}
+    try:
+        return cls(**values)
+    except (ValueError, TypeError) as error:
+        raise _field_error(error, where, path) from error
+
+
+def optional_section(cls: type, section: Mapping[str, Any], path: str, **given: tuple[Any, str]) -> Any:
+    """None when the section's `enabled` is False, else `section_to_dataclass` of its other fields."""
+    if not section["enabled"]:
+        return None
+    return section_to_dataclass(cls, {k: v for k, v in section.items() if k != "enabled"}, path, **given)
 
 
 def _require(ok: bool, field: str, message: str) -> None:
@@ -82,11 +114,84 @@ def mesh_settings(config) -> MeshConfig:
             process_id=None if m.process_id < 0 else m.process_id,
         )
     except (ValueError, TypeError) as error:
-        raise _field_error(
-            "mesh",
-            ["data", "fsdp", "tensor", "distributed", "coordinator_address", "num_processes", "process_id"],
-            error,
-        ) from error
+        fields = ("data", "fsdp", "tensor", "distributed", "coordinator_address", "num_processes", "process_id")
+        raise _field_error(error, {name: f"mesh.{name}" for name in fields}, "mesh") from error
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainLoopConfig:
+    """The training loop (config.train; experiments/configs/base.py says what each field does)."""
+
+    mode: str
+    num_steps: int
+    staleness_window: int
+    buffer_groups: int
+    dapo: bool
+    dapo_max_rounds: int  # checked with dapo_oversample by DynamicSamplingConfig when dapo is on
+    dapo_oversample: float
+    checkpoint_every: int
+    keep_checkpoints: int
+    progress_bar: bool
+    trace_every: int
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"TrainLoopConfig.mode {self.mode!r} is not one of {MODES}")
+        for name, low in (("num_steps", 0), ("checkpoint_every", 1), ("trace_every", 0), ("buffer_groups", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"TrainLoopConfig.{name} must be >= {low}, got {getattr(self, name)}")
+        if self.mode == "on_policy" and self.staleness_window != 0:
+            raise ValueError(
+                f"TrainLoopConfig.staleness_window must be 0 in on_policy mode, got {self.staleness_window}"
+            )
+        if self.staleness_window < 0:
+            raise ValueError(f"TrainLoopConfig.staleness_window must be >= 0, got {self.staleness_window}")
+        if self.mode == "async" and self.dapo:
+            raise ValueError("TrainLoopConfig.dapo: DAPO filtering is supported in on_policy mode only")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageSettings:
+    """Rewards and advantages (config.advantage; experiments/configs/base.py says what each field
+    does). `estimator_config`: the estimator's own fields, the static config of
+    cua_jax.rl.advantages (which checks them)."""
+
+    estimator: str
+    std_eps: float
+    no_verdict_reward: float
+    negative_scale: float
+    agent_faults: tuple[str, ...]
+    quarantine_as_failure: bool
+    item_advantages: str
+    reward: str
+    no_patch_reward: float
+    crash_reward: float
+    permute_rewards: bool
+    estimator_config: AdvantageConfig = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "agent_faults", tuple(self.agent_faults))
+        if self.item_advantages not in ITEM_ADVANTAGES:
+            raise ValueError(
+                f"AdvantageSettings.item_advantages {self.item_advantages!r} is not one of {ITEM_ADVANTAGES}"
+            )
+        if self.reward not in REWARDS:
+            raise ValueError(f"AdvantageSettings.reward {self.reward!r} is not one of {REWARDS}")
+        if not all(kind in FAULT_KINDS for kind in self.agent_faults):
+            raise ValueError(
+                f"AdvantageSettings.agent_faults {list(self.agent_faults)} names something that is no fault kind; "
+                f"choose from {list(FAULT_KINDS)}"
+            )
+        for name in ("no_patch_reward", "crash_reward"):
+            if not -1.0 <= getattr(self, name) <= 0.0:
+                raise ValueError(f"AdvantageSettings.{name} must lie in [-1, 0], got {getattr(self, name)}")
+        estimator = AdvantageConfig(
+            estimator=self.estimator,
+            std_eps=self.std_eps,
+            no_verdict_reward=self.no_verdict_reward,
+            negative_scale=self.negative_scale,
+        )
+        object.__setattr__(self, "estimator_config", estimator)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,15 +199,19 @@ class TrainSettings:
     """The checked form of a run's config (see experiments/configs/base.py for the fields)."""
 
     config: Any  # the ml_collections.ConfigDict it came from
+    seed: int  # config.seed: the base of every random stream of the run
     learner: LearnerConfig
     batching: BatchingConfig
-    advantage: AdvantageConfig
+    advantage: AdvantageSettings
     agent: AgentConfig
     eval_agent: AgentConfig
     mesh: MeshConfig
     sampler_kind: str
     sampler_configs: dict
     calibration: CalibrationConfig | None
+    pilot: PilotConfig
+    train: TrainLoopConfig
+    eval: EvalConfig
     dynamic: DynamicSamplingConfig | None
     segmenter_options: dict
     catalog: TaskCatalog  # every task the run names (training and evaluation)
@@ -116,14 +225,15 @@ class TrainSettings:
     def from_config(cls, config) -> TrainSettings:
         c = config
 
-        def build(section: str, kind, prefix: str = "", **values):
+        def build(section: str, kind, **values):
             try:
                 return kind(**values)
             except (ValueError, TypeError) as error:
-                raise _field_error(section, list(values), error, prefix) from error
+                raise _field_error(error, {name: f"{section}.{name}" for name in values}, section) from error
 
-        _require(c.train.mode in MODES, "train.mode", f"{c.train.mode!r} is not one of {MODES}")
-        _require(c.train.num_steps >= 0, "train.num_steps", f"must be >= 0, got {c.train.num_steps}")
+        train = section_to_dataclass(TrainLoopConfig, c.train, "train")
+        advantage = section_to_dataclass(AdvantageSettings, c.advantage, "advantage")
+        evaluation = section_to_dataclass(EvalConfig, c.eval, "eval")
         _require(c.rollout.group_size >= 1, "rollout.group_size", f"must be >= 1, got {c.rollout.group_size}")
         _require(c.rollout.batch_tasks >= 1, "rollout.batch_tasks", f"must be >= 1, got {c.rollout.batch_tasks}")
         _require(c.rollout.num_workers >= 1, "rollout.num_workers", f"must be >= 1, got {c.rollout.num_workers}")
@@ -206,15 +316,15 @@ class TrainSettings:
             f"({', '.join(training[:12])}{', ...' if len(training) > 12 else ''}); add tasks or lower "
             "rollout.batch_tasks",
         )
-        if c.sampler.kind == "dtac" and c.sampler.rho_inf > 0:
+        if c.sampler.kind == "dtac" and c.sampler.dtac.rho_inf > 0:
             from cua_jax.tasks.selection import share_count
 
             infeasible = [task for task in training if not catalog[task].feasible]
-            needed = share_count(c.rollout.batch_tasks, c.sampler.rho_inf)
+            needed = share_count(c.rollout.batch_tasks, c.sampler.dtac.rho_inf)
             _require(
                 len(infeasible) >= needed,
-                "sampler.rho_inf",
-                f"{c.sampler.rho_inf} of a batch of {c.rollout.batch_tasks} draws {needed} infeasible tasks, but "
+                "sampler.dtac.rho_inf",
+                f"{c.sampler.dtac.rho_inf} of a batch of {c.rollout.batch_tasks} draws {needed} infeasible tasks, but "
                 f"the pool holds {len(infeasible)} (tasks whose evaluator is 'infeasible', e.g. the desktop suite's)",
             )
         desktop_pool = None
@@ -325,23 +435,13 @@ class TrainSettings:
         _require(
             not outside, "env.train_seeds", f"{outside} lie outside the training seeds [0, {c.env.train_seed_max})"
         )
-        _require(
-            c.advantage.item_advantages in ITEM_ADVANTAGES,
-            "advantage.item_advantages",
-            f"{c.advantage.item_advantages!r} is not one of {ITEM_ADVANTAGES}",
-        )
-        _require(c.advantage.reward in REWARDS, "advantage.reward", f"{c.advantage.reward!r} is not one of {REWARDS}")
         # The dense form scores a code fix by the share of its tests that pass; the other kinds'
         # judges give their own rewards.
         _require(
-            c.advantage.reward == "sparse" or "code" in catalog.kinds,
+            advantage.reward == "sparse" or "code" in catalog.kinds,
             "advantage.reward",
             "'pass_fraction' scores code tasks by the share of fail-to-pass tests fixed, and the run has none",
         )
-        for name in ("no_patch_reward", "crash_reward"):
-            _require(
-                -1.0 <= c.advantage[name] <= 0.0, f"advantage.{name}", f"must lie in [-1, 0], got {c.advantage[name]}"
-            )
         _require(
             c.context.segmenter in SEGMENTER_OPTIONS,
             "context.segmenter",
@@ -356,8 +456,7 @@ class TrainSettings:
             f"{c.learner.num_minibatches} mini-batches of whole groups need at least as many tasks per batch "
             f"(rollout.batch_tasks = {c.rollout.batch_tasks})",
         )
-        if c.train.mode == "on_policy":
-            _require(c.train.staleness_window == 0, "train.staleness_window", "must be 0 in on_policy mode")
+        if train.mode == "on_policy":
             # k sequential updates on one freshly collected batch (CANOPY App. D's control): the
             # first is on-policy, the later ones' ratios are live against the sampling policy.
             _require(
@@ -366,12 +465,6 @@ class TrainSettings:
                 f"{c.learner.num_minibatches} sequential updates on one batch need the sampling policy's "
                 "logprobs for the later ones: set learner.old_logprobs = 'recompute' (or 'rollout'), or 1 update",
             )
-        else:
-            _require(
-                c.train.staleness_window >= 0, "train.staleness_window", f"must be >= 0, got {c.train.staleness_window}"
-            )
-            _require(not c.train.dapo, "train.dapo", "DAPO filtering is supported in on_policy mode only")
-            _require(c.train.buffer_groups >= 0, "train.buffer_groups", f"must be >= 0, got {c.train.buffer_groups}")
         _require(
             c.rollout.worker_placement in PLACEMENT_STRATEGIES,
             "rollout.worker_placement",
@@ -389,7 +482,7 @@ class TrainSettings:
         )
         if c.rollout.max_episodes_in_flight:
             _require(
-                c.train.mode == "async",
+                train.mode == "async",
                 "rollout.max_episodes_in_flight",
                 "streams rollouts in async mode only (train.mode = 'async'); on_policy steps run whole batches",
             )
@@ -420,14 +513,10 @@ class TrainSettings:
         )
         if c.learner.old_logprobs == "current":
             _require(
-                c.train.mode == "on_policy" and c.learner.num_minibatches == 1,
+                train.mode == "on_policy" and c.learner.num_minibatches == 1,
                 "learner.old_logprobs",
                 "'current' equals the sampling policy only strictly on-policy; use 'recompute' or 'rollout'",
             )
-        _require(
-            c.train.checkpoint_every >= 1, "train.checkpoint_every", f"must be >= 1, got {c.train.checkpoint_every}"
-        )
-        _require(c.train.trace_every >= 0, "train.trace_every", f"must be >= 0, got {c.train.trace_every}")
         _require(c.warm_start.steps >= 0, "warm_start.steps", f"must be >= 0, got {c.warm_start.steps}")
         if c.warm_start.steps > 0:
             from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
@@ -438,7 +527,7 @@ class TrainSettings:
                 "warm_start.steps",
                 "the warm start's oracle reads the page as DOM text: set env.include_dom_text = True",
             )
-            unsolved = [task for task in c.env.tasks if task not in ORACLE_TASKS]
+            unsolved = [task for task, _ in c.env.tasks if task not in ORACLE_TASKS]
             _require(
                 not unsolved,
                 "warm_start.steps",
@@ -468,7 +557,6 @@ class TrainSettings:
                 "warm_start.held_out_seeds",
                 f"must be >= 0, got {c.warm_start.held_out_seeds}",
             )
-        _require(0 < c.eval.confidence < 1, "eval.confidence", f"must lie in (0, 1), got {c.eval.confidence}")
         _require(c.model.num_layers >= 0, "model.num_layers", f"must be >= 0, got {c.model.num_layers}")
         _require(c.model.name in POLICIES, "model.name", f"{c.model.name!r} is not a known policy {POLICIES}")
         from cua_jax.models.configs import MODEL_DTYPES
@@ -494,21 +582,7 @@ class TrainSettings:
                 f"model.name {c.model.name!r} is a random init; set model.name to one of {LOADED_POLICIES} "
                 "to load a checkpoint",
             )
-        for name in ("num_seeds", "group_size", "concurrent_groups"):
-            _require(c.eval[name] >= 1, f"eval.{name}", f"must be >= 1, got {c.eval[name]}")
-        for name in ("every_steps", "max_reruns"):
-            _require(c.eval[name] >= 0, f"eval.{name}", f"must be >= 0, got {c.eval[name]}")
-        _require(
-            c.eval.low_temperature < 0 or c.eval.low_temperature < c.eval.temperature,
-            "eval.low_temperature",
-            f"must be below eval.temperature ({c.eval.temperature}) to run, or < 0 (off); got {c.eval.low_temperature}",
-        )
-        _require(
-            c.eval.rope_scaling == 0 or c.eval.rope_scaling > 1,
-            "eval.rope_scaling",
-            f"must be 0 (off) or a YaRN factor > 1, got {c.eval.rope_scaling}",
-        )
-        if c.eval.rope_scaling:
+        if evaluation.rope_scaling:
             _require(
                 c.rollout.engine == "jax",
                 "eval.rope_scaling",
@@ -520,9 +594,6 @@ class TrainSettings:
                 "eval.rope_scaling",
                 f"model.name {c.model.name!r} (Qwen3.5) supports only its default rope; set 0",
             )
-        _require(
-            0 < c.sampler.pilot_target < 1, "sampler.pilot_target", f"must lie in (0, 1), got {c.sampler.pilot_target}"
-        )
 
         loss = build(
             "loss",
@@ -558,26 +629,13 @@ class TrainSettings:
             share_prefix=c.learner.share_prefix,
             suffix_length_multiple=c.learner.suffix_length_multiple or None,
         )
-        advantage = build(
-            "advantage",
-            AdvantageConfig,
-            estimator=c.advantage.estimator,
-            std_eps=c.advantage.std_eps,
-            no_verdict_reward=c.advantage.no_verdict_reward,
-            negative_scale=c.advantage.negative_scale,
-        )
         # Budgets and sampling both loops share; turns, context and sampling have eval's own fields.
-        _require(
-            all(kind in FAULT_KINDS for kind in c.advantage.agent_faults),
-            "advantage.agent_faults",
-            f"{list(c.advantage.agent_faults)} names something that is no fault kind; choose from {list(FAULT_KINDS)}",
-        )
         shared = dict(
             max_new_tokens=c.rollout.max_new_tokens,
-            no_verdict_reward=c.advantage.no_verdict_reward,
-            agent_faults=tuple(c.advantage.agent_faults),
-            no_patch_reward=c.advantage.no_patch_reward,
-            crash_reward=c.advantage.crash_reward,
+            no_verdict_reward=advantage.no_verdict_reward,
+            agent_faults=advantage.agent_faults,
+            no_patch_reward=advantage.no_patch_reward,
+            crash_reward=advantage.crash_reward,
             batch_wait_s=c.rollout.batch_wait_s or None,
             max_response_tokens=c.rollout.max_response_tokens or None,
             max_observation_tokens=c.rollout.max_observation_tokens or None,
@@ -610,66 +668,32 @@ class TrainSettings:
         )
         mesh = mesh_settings(c)
         s = c.sampler
+        # Every kind keeps its pass-rate estimates the same way (sampler.ema_alpha, unknown_pass_rate).
+        smoothing = {"ema_alpha": (s.ema_alpha, "sampler.ema_alpha")}
+        estimates = smoothing | {"unknown_pass_rate": (s.unknown_pass_rate, "sampler.unknown_pass_rate")}
         sampler_configs = {
-            "uniform": build("sampler", UniformConfig, ema_alpha=s.ema_alpha),
-            "frontier": build(
-                "sampler",
-                FrontierConfig,
-                ema_alpha=s.ema_alpha,
-                mu=s.mu,
-                sigma=s.sigma,
-                gamma=s.gamma,
-                pool_factor=s.pool_factor,
-                unknown_pass_rate=s.unknown_pass_rate,
-            ),
-            "dtac": build(
-                "sampler",
-                DTACConfig,
-                ema_alpha=s.ema_alpha,
-                p_low=s.p_low,
-                p_high=s.p_high,
-                max_replays_per_trajectory=s.max_replays_per_trajectory,
-                replay_cache_size=s.replay_cache_size,
-                rho_inf=s.rho_inf,
-                unknown_pass_rate=s.unknown_pass_rate,
-            ),
-            # ema_alpha and unknown_pass_rate were checked by the configs above.
-            "curriculum": dataclasses.replace(
-                build(
-                    "sampler",
-                    CurriculumConfig,
-                    "curriculum_",
-                    difficulty=s.curriculum_difficulty,
-                    start=s.curriculum_start,
-                    steps=s.curriculum_steps,
-                    schedule=s.curriculum_schedule,
-                ),
-                ema_alpha=s.ema_alpha,
-                unknown_pass_rate=s.unknown_pass_rate,
-            ),
+            "uniform": section_to_dataclass(UniformConfig, {}, "sampler", **smoothing),
+            "frontier": section_to_dataclass(FrontierConfig, s.frontier, "sampler.frontier", **estimates),
+            "dtac": section_to_dataclass(DTACConfig, s.dtac, "sampler.dtac", **estimates),
+            "curriculum": section_to_dataclass(CurriculumConfig, s.curriculum, "sampler.curriculum", **estimates),
         }
         _require(s.kind in sampler_configs, "sampler.kind", f"{s.kind!r} is not one of {sorted(sampler_configs)}")
-        calibration = None
-        if s.calibration:
+        pilot = section_to_dataclass(PilotConfig, s.pilot, "sampler.pilot")
+        calibration = optional_section(
+            CalibrationConfig,
+            s.calibration,
+            "sampler.calibration",
             # A pilot file is the run's pilot: the pool starts from its rates (cua_jax.eval.pilot).
-            calibration = build(
-                "sampler",
-                CalibrationConfig,
-                p_min=s.p_min,
-                p_max=s.p_max,
-                pilot=s.pilot and not s.pilot_file,
-                pilot_group_size=s.pilot_group_size,
-                every_k_steps=s.calibrate_every,
-                sample_size=s.calibration_sample_size,
-                group_size=s.calibration_group_size,
-                # A band that leaves fewer tasks than a batch draws keeps the ones
-                # nearest to it, so a re-calibration never stops the run.
-                min_active=c.rollout.batch_tasks,
-            )
+            pilot=(pilot.enabled and not pilot.file, "sampler.pilot.enabled"),
+            pilot_group_size=(pilot.group_size, "sampler.pilot.group_size"),
+            # A band that leaves fewer tasks than a batch draws keeps the ones
+            # nearest to it, so a re-calibration never stops the run.
+            min_active=(c.rollout.batch_tasks, "rollout.batch_tasks"),
+        )
         dynamic = None
-        if c.train.dapo:
+        if train.dapo:
             dynamic = build(
-                "train", DynamicSamplingConfig, max_rounds=c.train.dapo_max_rounds, oversample=c.train.dapo_oversample
+                "train", DynamicSamplingConfig, max_rounds=train.dapo_max_rounds, oversample=train.dapo_oversample
             )
         warm_start = None
         if c.warm_start.steps > 0:
@@ -696,6 +720,7 @@ class TrainSettings:
             raise ConfigError(f"config.context.placeholder_text: {error}") from None
         return cls(
             config,
+            int(c.seed),
             learner,
             batching,
             advantage,
@@ -705,6 +730,9 @@ class TrainSettings:
             s.kind,
             {s.kind: sampler_configs[s.kind]},
             calibration,
+            pilot,
+            train,
+            evaluation,
             dynamic,
             options,
             catalog,
@@ -732,7 +760,7 @@ def _code_env_config(**values):
 
 def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
     """(every task the run names, the training pool's ids, the domain weights), with any bad
-    source named by its field: env.kind, env.tasks / task_tiers (MiniWoB), env.task_dirs
+    source named by its field: env.kind, env.tasks ((task, tier) records: MiniWoB), env.task_dirs
     (folders of OSWorld-format task JSON), env.code.suite_dir / tasks (code tasks),
     env.domain_weights, eval.tasks."""
     from cua_jax.envs.miniwob import task_names
@@ -767,14 +795,18 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
             "env.kind 'miniwob' runs MiniWoB tasks only; set () (or env.kind = 'mixed')",
         )
     known = set(task_names())
-    for task in c.env.tasks:
-        _require(task in known, "env.tasks", f"unknown MiniWoB task {task!r}")
-    _require(
-        len(c.env.task_tiers) == len(c.env.tasks),
-        "env.task_tiers",
-        f"has {len(c.env.task_tiers)} entries for {len(c.env.tasks)} tasks",
-    )
-    tasks = miniwob_tasks(tuple(c.env.tasks), tuple(c.env.task_tiers))
+    for record in c.env.tasks:
+        _require(
+            isinstance(record, (tuple, list))
+            and len(record) == 2
+            and isinstance(record[0], str)
+            and isinstance(record[1], int)
+            and record[1] >= 0,
+            "env.tasks",
+            f"{record!r} is not a (MiniWoB task, tier >= 0) record such as ('click-button', 0)",
+        )
+        _require(record[0] in known, "env.tasks", f"unknown MiniWoB task {record[0]!r}")
+    tasks = miniwob_tasks([task for task, _ in c.env.tasks], [tier for _, tier in c.env.tasks])
     for folder in c.env.task_dirs:
         try:
             tasks += load_task_folder(folder)
@@ -816,19 +848,19 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
 
 
 def apply_pilot_file(config: Any) -> tuple[Any, dict[str, Any] | None]:
-    """(config with rollout.group_size from config.sampler.pilot_file's floor, the pilot), or
+    """(config with rollout.group_size from config.sampler.pilot.file's floor, the pilot), or
     (config, None) without a pilot file. A bad file, or one with no floor (no tier reached),
     is a ConfigError naming the field."""
-    path = config.sampler.pilot_file
+    path = config.sampler.pilot.file
     if not path:
         return config, None
     try:
         report = read_pilot_file(path)
     except ValueError as error:
-        raise ConfigError(f"config.sampler.pilot_file: {error}") from None
+        raise ConfigError(f"config.sampler.pilot.file: {error}") from None
     if report["group_size_floor"] is None:
         raise ConfigError(
-            f"config.sampler.pilot_file: {path}: no tier succeeded in the pilot, so it gives no group size"
+            f"config.sampler.pilot.file: {path}: no tier succeeded in the pilot, so it gives no group size"
         )
     config = config.copy_and_resolve_references()
     floor = int(report["group_size_floor"])
@@ -850,7 +882,7 @@ def seed_pool(pool: Any, report: Mapping[str, Any], training_tasks: Sequence[str
     the pilot did not run raises, naming the file."""
     missing = sorted(set(training_tasks) - set(report["tasks"]))
     if missing:
-        raise ConfigError(f"config.sampler.pilot_file: {path} has no estimate for training tasks {missing}")
+        raise ConfigError(f"config.sampler.pilot.file: {path} has no estimate for training tasks {missing}")
     rows = [report["tasks"][t] for t in training_tasks]
     pool.set_pass_rates(
         pool.indices_of(training_tasks),

@@ -93,7 +93,7 @@ LOW_TEMPERATURE_GAIN = "gain_low_temperature"
 @dataclasses.dataclass
 class RunSetup:
     """What a run's trainer is built from, before anything copies its policy: the config (with
-    rollout.group_size from sampler.pilot_file) and its settings, the tokenizer, image processor,
+    rollout.group_size from sampler.pilot.file) and its settings, the tokenizer, image processor,
     renderer and segmenter, the token ids no reply may hold, the policy, the checkpointer of the
     workdir, and the warm start's metrics once `warm_start` ran (None before)."""
 
@@ -113,7 +113,7 @@ class RunSetup:
 def prepare_run(config) -> RunSetup:
     """A run's setup from its config (checked as `TrainSettings`): the processor, the segmenter
     and the policy (a random init or model.init_from), and the workdir with its checkpointer."""
-    config, pilot = apply_pilot_file(config)  # rollout.group_size from sampler.pilot_file
+    config, pilot = apply_pilot_file(config)  # rollout.group_size from sampler.pilot.file
     settings = TrainSettings.from_config(config)
     use_compilation_cache(config.compilation_cache_dir)
     os.makedirs(config.workdir, exist_ok=True)
@@ -127,7 +127,7 @@ def prepare_run(config) -> RunSetup:
         settings, learner=dataclasses.replace(settings.learner, banned_token_ids=banned_token_ids)
     )
     policy = build_policy(settings, config.seed)
-    checkpointer = TrainCheckpointer(os.path.join(config.workdir, "checkpoints"), keep=config.train.keep_checkpoints)
+    checkpointer = TrainCheckpointer(os.path.join(config.workdir, "checkpoints"), keep=settings.train.keep_checkpoints)
     return RunSetup(
         config, settings, pilot, tokenizer, image_processor, renderer, segmenter, banned_token_ids, policy, checkpointer
     )
@@ -194,7 +194,7 @@ def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> 
         raise
     pool = settings.catalog.pool(settings.domain_weights, settings.training_tasks)
     if setup.pilot is not None:
-        seed_pool(pool, setup.pilot, settings.training_tasks, c.sampler.pilot_file)
+        seed_pool(pool, setup.pilot, settings.training_tasks, settings.pilot.file)
     collector = GroupCollector(settings, base_key, workers[0], pool)
     return Trainer(setup, learner, workers, ray, collector)
 
@@ -232,7 +232,7 @@ class Trainer:
         self.sampler = collector.sampler
         self.pool = collector.pool
         self.environment_counters = EnvironmentCounters()
-        self.eval_tasks = tuple(c.eval.tasks) or self.settings.training_tasks
+        self.eval_tasks = tuple(self.settings.eval.tasks) or self.settings.training_tasks
         self.domains = self.settings.catalog.domains()
         self.episode_log = EpisodeLog(os.path.join(self.workdir, "episodes.jsonl"))
 
@@ -282,7 +282,8 @@ class Trainer:
             metrics["learner/skipped"] = 1.0
             metrics[TIMING_PREFIX + "learn_s"] = time.perf_counter() - t0
             return metrics
-        if self.config.train.trace_every and self.step % self.config.train.trace_every == 0:
+        trace_every = self.settings.train.trace_every
+        if trace_every and self.step % trace_every == 0:
             self._trace(batch)
         with timeline.span("learner_host"):
             pixel_patches = process_images(batch.items, batch.episodes, self.image_processor)
@@ -328,7 +329,7 @@ class Trainer:
             batch,
             score,
             self.version,
-            self.config.eval.num_traces,
+            self.settings.eval.num_traces,
             self.tokenizer,
         )
 
@@ -374,11 +375,11 @@ class Trainer:
 
     def start_rollouts(self) -> None:
         """Starts one rollout thread per worker feeding the buffer (async mode: `RolloutFeeder`)."""
-        c = self.config
+        c, train = self.config, self.settings.train
         if self.feeder is None:
             self.feeder = RolloutFeeder(
-                c.train.staleness_window,
-                c.train.buffer_groups or 2 * c.rollout.batch_tasks,
+                train.staleness_window,
+                train.buffer_groups or 2 * c.rollout.batch_tasks,
                 c.rollout.max_episodes_in_flight,
             )
             if self._restored_rollouts:  # a resumed run: its saved groups first, its unfinished draws again
@@ -415,7 +416,8 @@ class Trainer:
         result = evaluate_held_out(
             self.workers,
             self.eval_tasks,
-            self.config,
+            self.settings.eval,
+            self.config.env.eval_seed_start,
             self.settings.catalog,
             os.path.join(self.workdir, "evals", folder),
             os.path.join(self.workdir, "traces", label),
@@ -437,7 +439,7 @@ class Trainer:
         if first not in self.evaluations or second not in self.evaluations:
             return None
         a, b = self.evaluations[first], self.evaluations[second]
-        paired, confidence = self.config.eval.group_size == 1, self.config.eval.confidence
+        paired, confidence = self.settings.eval.group_size == 1, self.settings.eval.confidence
         gain = self.evaluations[name] = {
             **success_gain(a, b, confidence, paired),
             "per_task": per_task_gains(a, b, self.eval_tasks, confidence, paired),
@@ -505,36 +507,36 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         """Evaluate, train config.train.num_steps steps (checkpointing), evaluate, plot."""
-        c = self.config
-        low = c.eval.low_temperature if c.eval.low_temperature >= 0 else None
-        if c.eval.enabled and self.step == 0:
+        c, train, evaluation = self.config, self.settings.train, self.settings.eval
+        low = evaluation.low_temperature if evaluation.low_temperature >= 0 else None
+        if evaluation.enabled and self.step == 0:
             if "before" not in self.evaluations:
                 self.evaluate("before")
             if low is not None and LOW_TEMPERATURE_BEFORE not in self.evaluations:
                 self.evaluate(LOW_TEMPERATURE_BEFORE, temperature=low)
-        asynchronous = c.train.mode == "async"
-        if asynchronous and self.step < c.train.num_steps:
+        asynchronous = train.mode == "async"
+        if asynchronous and self.step < train.num_steps:
             self.start_rollouts()
         try:
             with StepProgress(
-                c.train.progress_bar, c.train.num_steps, self.step, c.name, show_gap=c.rollout.engine == "vllm"
+                train.progress_bar, train.num_steps, self.step, c.name, show_gap=c.rollout.engine == "vllm"
             ) as progress:
-                while self.step < c.train.num_steps:
+                while self.step < train.num_steps:
                     metrics = self.async_step() if asynchronous else self.train_step()
                     if (
-                        c.eval.enabled
-                        and c.eval.every_steps
-                        and self.step % c.eval.every_steps == 0
-                        and self.step < c.train.num_steps
+                        evaluation.enabled
+                        and evaluation.every_steps
+                        and self.step % evaluation.every_steps == 0
+                        and self.step < train.num_steps
                     ):
                         self.evaluate(f"step_{self.step}")
-                    if self.step % c.train.checkpoint_every == 0 or self.step == c.train.num_steps:
+                    if self.step % train.checkpoint_every == 0 or self.step == train.num_steps:
                         self.save()
                     progress.step(metrics)
         finally:
             if asynchronous:
                 self.stop_rollouts()
-        if c.eval.enabled:
+        if evaluation.enabled:
             self.evaluate("after")
             self.compare_evaluations()
             if low is not None:
@@ -570,7 +572,7 @@ class Trainer:
         if len({step for step, _ in points}) < 3:
             return None
         steps, rates = zip(*points)
-        slope, low, high = slope_interval(steps, rates, self.config.eval.confidence)
+        slope, low, high = slope_interval(steps, rates, self.settings.eval.confidence)
         mean_step, mean_rate = float(np.mean(steps)), float(np.mean(rates))
         return {
             "slope": slope,

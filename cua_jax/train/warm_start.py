@@ -79,9 +79,9 @@ def run_warm_start(
     c = config
     # The demonstrations' budgets are the larger of training's and evaluation's, so a
     # multi-step oracle episode is not cut short; the token stream is the same either way.
-    agent = dataclasses.replace(settings.agent, max_turns=max(c.rollout.max_turns, c.eval.max_turns))
+    agent = dataclasses.replace(settings.agent, max_turns=max(c.rollout.max_turns, settings.eval.max_turns))
     progress, on_step = None, None
-    if c.train.progress_bar:
+    if settings.train.progress_bar:
         from tqdm import tqdm
 
         progress = tqdm(total=c.warm_start.steps, desc=f"{c.name} warm start", unit="step")
@@ -137,7 +137,7 @@ def run_warm_start(
             run = fine_tune(policy, demonstrations, tasks, segmenter, settings.warm_start, on_step)
             if miniwob and c.warm_start.held_out_seeds:
                 # Past the evaluation seeds: outside training's range and unseen by "before".
-                first = c.env.eval_seed_start + c.eval.num_seeds
+                first = c.env.eval_seed_start + settings.eval.num_seeds
                 unseen = collect_demonstrations(
                     miniwob,
                     range(first, first + c.warm_start.held_out_seeds),

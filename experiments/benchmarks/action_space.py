@@ -25,14 +25,14 @@ ARMS = ("coordinates", "elements")
 
 def arm_config(action_space: str, args, workdir: str):
     from experiments.configs import default
+    from experiments.configs.base import at_tier
 
     c = default.get_config()
     c.name = f"action_space_{action_space}"
     c.workdir = workdir
     c.model.name, c.model.init_from = "tiny_qwen3_vl", ""  # both arms from the same random init
     c.env.action_space = action_space
-    c.env.tasks = tuple(args.tasks.split(","))
-    c.env.task_tiers = (0,) * len(c.env.tasks)
+    c.env.tasks = at_tier(args.tasks.split(","))
     c.rollout.batch_tasks = min(c.rollout.batch_tasks, len(c.env.tasks))
     c.warm_start.steps = args.sft_steps
     c.warm_start.demos_per_task = args.demos_per_task

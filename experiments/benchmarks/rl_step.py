@@ -57,7 +57,7 @@ import numpy as np
 from cua_jax.observe.timeline import STAGES, Timeline, record_compilation, recording
 from cua_jax.train.batching import group_order
 from cua_jax.train.trainer import build_trainer, prepare_run, warm_start
-from experiments.configs.base import base_config
+from experiments.configs.base import at_tier, base_config
 
 MODES = ("off", "on")
 BASE = "experiments/bases/miniwob-elements"
@@ -71,8 +71,7 @@ def reference_config(workdir: str, optimizations: bool):
     c.model.name = "qwen3_vl"
     c.model.init_from = BASE
     c.env.action_space = "elements"
-    c.env.tasks = ("click-button", "click-widget", "click-tab")
-    c.env.task_tiers = (0, 0, 0)
+    c.env.tasks = at_tier(("click-button", "click-widget", "click-tab"))
     c.env.include_dom_text = True
     c.rollout.group_size = 8
     c.rollout.batch_tasks = 3

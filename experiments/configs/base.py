@@ -13,6 +13,18 @@ they need; `env.*` reaches the environment adapters in `cua_jax.environments` th
 workers, `sampler.*` the task samplers in `cua_jax.tasks`, `eval.*` the evaluation in
 `cua_jax.eval`. Library code sits in the layers of `.importlinter` (README.md, "What is where").
 
+Typed sections: `train`, `eval`, `advantage`, `sampler.frontier`, `sampler.dtac`,
+`sampler.curriculum`, `sampler.calibration` and `sampler.pilot` hold exactly the fields of the
+dataclass each fills, by the same names (`TrainLoopConfig` and `AdvantageSettings` of
+`cua_jax.train.settings`, `cua_jax.eval.held_out.EvalConfig`, the sampler configs of
+`cua_jax.tasks.samplers`, `cua_jax.tasks.calibration.CalibrationConfig`,
+`cua_jax.eval.pilot.PilotConfig`); each value is checked once, by its dataclass, and the library
+reads those dataclasses from `TrainSettings`. `env.tasks` holds (MiniWoB task, tier) records.
+
+Renames: a field renamed since a run was saved is read under its new name through
+`renames.RENAMED` (`config_from_dict`: a run's workdir for --resume and
+`experiments.evaluate --policy`, a base's manifest), so saved runs keep loading.
+
 Conventions: a disabled optional number is 0 (e.g. `loss.dual_clip_c = 0.0` turns the dual
 clip off), so every field keeps one type and overrides from the command line type-check.
 """
@@ -22,6 +34,7 @@ from __future__ import annotations
 import ml_collections
 
 from cua_jax.envs.faults import AGENT_OWNED_FAULTS
+from experiments.configs.renames import renamed
 
 # MiniWoB++ tasks the scripted oracle solves (cua_jax.envs.miniwob_oracle.ORACLE_TASKS): the
 # embedded run's pool, so the warm start has demonstrations for every task.
@@ -56,6 +69,11 @@ ORACLE_BOTH_SPACES = MINIWOB_TASKS + (
     "enter-text-dynamic",
     "click-tab-2-easy",
 )
+
+
+def at_tier(tasks, tier: int = 0) -> tuple[tuple[str, int], ...]:
+    """env.tasks' (task, tier) records of `tasks`, every one at `tier`."""
+    return tuple((task, tier) for task in tasks)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -142,8 +160,9 @@ def base_config() -> ml_collections.ConfigDict:
     # What the policy is shown: "screenshot" (the task region, plus the DOM as text when
     # env.include_dom_text) or "text" (the DOM as text only: text-only policies, web agents).
     c.env.observation = "screenshot"
-    c.env.tasks = MINIWOB_TASKS
-    c.env.task_tiers = (0,) * len(MINIWOB_TASKS)  # difficulty tier per task (0 easiest)
+    # MiniWoB++ tasks as (task, difficulty tier) records, tier 0 the easiest (tiers group the
+    # pilot's coverage report and env.drop_hardest_tier; at_tier gives a list one tier).
+    c.env.tasks = at_tier(MINIWOB_TASKS)
     c.env.drop_hardest_tier = False  # CANOPY keeps the hardest tier (Table A1 "hardest tier kept")
     c.env.include_dom_text = True  # MiniWoB's DOM as text beside the screenshot
     # How the policy points: "coordinates" (grid points), "elements" (element ids, drawn on the
@@ -331,41 +350,55 @@ def base_config() -> ml_collections.ConfigDict:
     # (traces/train_<step>: screenshots, replies, rollout and learner logprobs, advantages). 0: never.
     c.train.trace_every = 0
 
-    # Task sampling (cua_jax.tasks.samplers.build_sampler).
+    # Task sampling (cua_jax.tasks.samplers.build_sampler). Each subsection holds the fields of
+    # the dataclass it fills, by the same names: sampler.frontier FrontierConfig, sampler.dtac
+    # DTACConfig, sampler.curriculum CurriculumConfig (cua_jax.tasks.samplers), sampler.calibration
+    # CalibrationConfig (cua_jax.tasks.calibration), sampler.pilot PilotConfig (cua_jax.eval.pilot).
     c.sampler = ml_collections.ConfigDict()
     c.sampler.kind = "uniform"  # uniform | frontier | dtac | curriculum
+    # Every kind's pass-rate estimates: their EMA's weight of a new rate, and a task's before any.
     c.sampler.ema_alpha = 0.2
-    c.sampler.mu = 0.5  # frontier: target success rate
-    c.sampler.sigma = 0.25  # frontier: bandwidth
-    c.sampler.gamma = 0.2  # frontier: random sample ratio
-    c.sampler.pool_factor = 3  # frontier: candidate pool = pool_factor x B
     c.sampler.unknown_pass_rate = 0.5
-    c.sampler.p_low = 0.0  # dtac: positive-replay band
-    c.sampler.p_high = 0.5
-    c.sampler.max_replays_per_trajectory = 2
-    c.sampler.replay_cache_size = 4
-    c.sampler.rho_inf = 0.0  # dtac: infeasible share of the batch
-    # curriculum (the fixed-schedule baseline of ScaleCUA Fig. 6a): tasks ordered once by
-    # "tier" or "pass_rate" (the pilot's), the easiest `curriculum_start` share open at the first
-    # draw, all of it after `curriculum_steps` draws, widened "linear"-ly or as "sqrt".
-    c.sampler.curriculum_difficulty = "tier"
-    c.sampler.curriculum_start = 0.25
-    c.sampler.curriculum_steps = 100
-    c.sampler.curriculum_schedule = "sqrt"
-    c.sampler.calibration = False  # pilot filter / periodic pass-rate calibration
-    c.sampler.p_min = 0.0  # calibration band
-    c.sampler.p_max = 1.0
-    c.sampler.pilot = True
-    c.sampler.pilot_group_size = 8
-    # CANOPY's pilot pass (`python -m experiments.evaluate --pilot`): pilot_group_size samples
-    # per training task; the group-size floor gives the hardest tier signal coverage
-    # pilot_target (eq. 5). A run given its pilot_file takes rollout.group_size from the floor
-    # and its tasks' pass rates from the pilot (no pilot of its own then).
-    c.sampler.pilot_target = 0.9
-    c.sampler.pilot_file = ""
-    c.sampler.calibrate_every = 0
-    c.sampler.calibration_sample_size = 64
-    c.sampler.calibration_group_size = 8
+    c.sampler.frontier = ml_collections.ConfigDict()
+    c.sampler.frontier.mu = 0.5  # target success rate
+    c.sampler.frontier.sigma = 0.25  # bandwidth
+    c.sampler.frontier.gamma = 0.2  # random sample ratio
+    c.sampler.frontier.pool_factor = 3  # candidate pool = pool_factor x B
+    c.sampler.dtac = ml_collections.ConfigDict()
+    c.sampler.dtac.p_low = 0.0  # positive-replay band
+    c.sampler.dtac.p_high = 0.5
+    c.sampler.dtac.max_replays_per_trajectory = 2
+    c.sampler.dtac.replay_cache_size = 4
+    c.sampler.dtac.rho_inf = 0.0  # infeasible share of the batch
+    # The fixed-schedule baseline of ScaleCUA Fig. 6a: tasks ordered once by "tier" or "pass_rate"
+    # (the pilot's), the easiest `start` share open at the first draw, all of it after `steps`
+    # draws, widened "linear"-ly or as "sqrt".
+    c.sampler.curriculum = ml_collections.ConfigDict()
+    c.sampler.curriculum.difficulty = "tier"
+    c.sampler.curriculum.start = 0.25
+    c.sampler.curriculum.steps = 100
+    c.sampler.curriculum.schedule = "sqrt"
+    # The pilot filter to the band [p_min, p_max] (sampler.pilot.enabled) and periodic pass-rate
+    # calibration: every every_k_steps steps (0: never) sample_size tasks re-estimated with
+    # group_size rollouts each. keep_infeasible: infeasible tasks stay active whatever their rate.
+    c.sampler.calibration = ml_collections.ConfigDict()
+    c.sampler.calibration.enabled = False
+    c.sampler.calibration.p_min = 0.0
+    c.sampler.calibration.p_max = 1.0
+    c.sampler.calibration.every_k_steps = 0
+    c.sampler.calibration.sample_size = 64
+    c.sampler.calibration.group_size = 8
+    c.sampler.calibration.keep_infeasible = True
+    # CANOPY's pilot pass (`python -m experiments.evaluate --pilot`): group_size samples per
+    # training task; the group-size floor gives the hardest tier signal coverage `target`
+    # (eq. 5). A run given its pilot `file` takes rollout.group_size from the floor and its
+    # tasks' pass rates from the pilot (no pilot of its own then). enabled: with calibration on,
+    # the run's own pilot filter.
+    c.sampler.pilot = ml_collections.ConfigDict()
+    c.sampler.pilot.enabled = True
+    c.sampler.pilot.group_size = 8
+    c.sampler.pilot.target = 0.9
+    c.sampler.pilot.file = ""
 
     # Evaluation on held-out seeds through the evaluation harness (cua_jax.eval), before and
     # after training and every every_steps steps (0: never in between).
@@ -429,8 +462,9 @@ def base_config() -> ml_collections.ConfigDict:
 
 def config_from_dict(saved: dict) -> ml_collections.ConfigDict:
     """A config saved as a dict (a run's checkpoint, a base's manifest recipe), on today's base:
-    fields the dict lacks (added since it was saved) keep their defaults, lists become the
-    tuples the base declares, and a field the base does not know is an error naming it."""
+    fields renamed since are read under their new names (`renames.RENAMED`), fields the dict
+    lacks (added since it was saved) keep their defaults, lists become the tuples the base
+    declares, and a field the base does not know is an error naming it."""
     config = base_config()
 
     def merge(target: ml_collections.ConfigDict, values: dict, prefix: str) -> None:
@@ -444,5 +478,5 @@ def config_from_dict(saved: dict) -> ml_collections.ConfigDict:
             else:
                 target[key] = value
 
-    merge(config, saved, "")
+    merge(config, renamed(saved), "")
     return config

@@ -18,8 +18,13 @@ def get_config():
     c.workdir = "runs/canopy"
     c.model.name = "tiny_qwen3_vl"  # paper: Qwen3-14B
     # Train tasks: paper 90 AppWorld tasks, hardest tier kept.
-    c.env.tasks = ("click-button", "click-link", "focus-text", "click-checkboxes", "enter-text")
-    c.env.task_tiers = (0, 0, 0, 1, 2)
+    c.env.tasks = (
+        ("click-button", 0),
+        ("click-link", 0),
+        ("focus-text", 0),
+        ("click-checkboxes", 1),
+        ("enter-text", 2),
+    )
     c.env.drop_hardest_tier = False
     c.rollout.group_size = 32  # n
     c.rollout.batch_tasks = 2  # train batch, paper 90 tasks (2,880 rollouts per step)

@@ -50,7 +50,6 @@ def get_config():
     c.model.num_layers = 2
     c.env.kind = "code"
     c.env.tasks = ()
-    c.env.task_tiers = ()
     c.env.code.tasks = CODE_TASKS
     c.env.code.reset_mode = "pooled"
     c.env.code.output_limit = 2000

@@ -79,7 +79,7 @@ CPU-scale choices, each a field to override:
 The segmentation benchmark stays available: --config.job=segmentation_benchmark.
 """
 
-from experiments.configs.base import base_config
+from experiments.configs.base import at_tier, base_config
 
 # The shipped base policy (a Hugging Face directory, relative to the repository root).
 BASE = "experiments/bases/miniwob-elements"
@@ -94,8 +94,7 @@ def get_config():
     c.model.name = "qwen3_vl"
     c.model.init_from = BASE
     c.env.action_space = "elements"
-    c.env.tasks = TASKS
-    c.env.task_tiers = (0,) * len(TASKS)
+    c.env.tasks = at_tier(TASKS)
     c.env.include_dom_text = True
     c.rollout.group_size = 8
     c.rollout.batch_tasks = 3

@@ -32,7 +32,6 @@ def get_config():
     c.model.num_layers = 2
     c.env.kind = "desktop"
     c.env.tasks = ()
-    c.env.task_tiers = ()
     c.env.task_dirs = (str(SUITE_DIR),)
     c.env.desktop.pool_size = 4
     c.env.desktop.screen = "1280x800"
@@ -47,9 +46,9 @@ def get_config():
     c.context.keep = 3
     c.context.min_removal = 2
     c.sampler.kind = "dtac"
-    c.sampler.rho_inf = 0.5  # one of the batch's two tasks is the infeasible one
-    c.sampler.p_low = 0.0
-    c.sampler.p_high = 0.5
+    c.sampler.dtac.rho_inf = 0.5  # one of the batch's two tasks is the infeasible one
+    c.sampler.dtac.p_low = 0.0
+    c.sampler.dtac.p_high = 0.5
     c.loss.entropy_coef = 1e-3
     c.optimizer.learning_rate = 1e-4
     c.learner.rows = 2

@@ -9,7 +9,7 @@ long cosine schedule.
 """
 
 from experiments.configs import default
-from experiments.configs.base import ORACLE_BOTH_SPACES
+from experiments.configs.base import ORACLE_BOTH_SPACES, at_tier
 
 
 def get_config():
@@ -19,8 +19,7 @@ def get_config():
     c.model.name = "tiny_qwen3_vl"
     c.model.init_from = ""
     c.env.action_space = "elements"
-    c.env.tasks = ORACLE_BOTH_SPACES
-    c.env.task_tiers = (0,) * len(ORACLE_BOTH_SPACES)
+    c.env.tasks = at_tier(ORACLE_BOTH_SPACES)
     c.rollout.batch_tasks = 1
     # Demonstrations run to the oracle's longest episode on these tasks (login-user: 5 steps).
     c.rollout.max_turns = 6

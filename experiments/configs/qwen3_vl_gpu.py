@@ -15,7 +15,7 @@ tower; a training run writes metrics, checkpoints and traces to the workdir, and
 policy as a Hugging Face directory.
 """
 
-from experiments.configs.base import ORACLE_BOTH_SPACES, base_config
+from experiments.configs.base import ORACLE_BOTH_SPACES, at_tier, base_config
 
 
 def get_config():
@@ -27,8 +27,7 @@ def get_config():
     c.model.param_dtype = "bfloat16"
     c.model.compute_dtype = "bfloat16"
     c.model.remat = True
-    c.env.tasks = ORACLE_BOTH_SPACES  # the 24 tasks the oracle solves in both action spaces
-    c.env.task_tiers = (0,) * len(ORACLE_BOTH_SPACES)
+    c.env.tasks = at_tier(ORACLE_BOTH_SPACES)  # the 24 tasks the oracle solves in both action spaces
     c.env.include_dom_text = True
     c.env.action_space = "both"
     c.rollout.engine = "vllm"

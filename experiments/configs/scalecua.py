@@ -8,7 +8,7 @@ e.g. --config.rollout.batch_tasks=2 --config.rollout.max_turns=5). The ViT is fr
 importance ratio is against the rollout policy's logprobs (eq. 3).
 """
 
-from experiments.configs.base import base_config
+from experiments.configs.base import at_tier, base_config
 
 # 32 tasks per iteration need a pool of at least 32 (a batch draws distinct tasks): MiniWoB++
 # tasks of clicking, typing, menus, widgets and forms, all tier 0 (Frontier Sampling adapts).
@@ -63,8 +63,7 @@ def get_config():
     c.loss.kl_estimator = "k3"
     c.loss.entropy_coef = 0.0
     c.loss.aggregation = "token_mean"
-    c.env.tasks = SCALECUA_TASKS
-    c.env.task_tiers = (0,) * len(SCALECUA_TASKS)
+    c.env.tasks = at_tier(SCALECUA_TASKS)
     c.rollout.batch_tasks = 32  # tasks per iteration (16 for ablations)
     c.rollout.group_size = 8  # rollouts per task n
     c.train.num_steps = 1000  # max iterations
@@ -80,13 +79,13 @@ def get_config():
     c.advantage.no_verdict_reward = -0.2  # incomplete episode penalty
     c.advantage.item_advantages = "broadcast"  # each segment shares its rollout's advantage
     c.sampler.kind = "frontier"
-    c.sampler.mu = 0.5  # target success rate
-    c.sampler.sigma = 0.25  # bandwidth (ScienceBoard: 0.15)
-    c.sampler.gamma = 0.2  # random sample ratio
+    c.sampler.frontier.mu = 0.5  # target success rate
+    c.sampler.frontier.sigma = 0.25  # bandwidth (ScienceBoard: 0.15)
+    c.sampler.frontier.gamma = 0.2  # random sample ratio
     c.sampler.ema_alpha = 0.2  # EMA smoothing
-    c.sampler.pool_factor = 3  # the top 3B tasks form the candidate pool
-    c.sampler.p_min = 0.0  # initial pass-rate range [p_min, p_max]: [0, 1] keeps every task,
-    c.sampler.p_max = 1.0  # so no pilot filter runs (sampler.calibration stays False)
+    c.sampler.frontier.pool_factor = 3  # the top 3B tasks form the candidate pool
+    c.sampler.calibration.p_min = 0.0  # initial pass-rate range [p_min, p_max]: [0, 1] keeps every task,
+    c.sampler.calibration.p_max = 1.0  # so no pilot filter runs (sampler.calibration.enabled stays False)
     c.context.segmenter = "sliding_window"
     c.context.keep = 5  # images to keep K (OSWorld; ScienceBoard: 8)
     c.context.min_removal = 5  # min removal threshold Delta

@@ -13,7 +13,7 @@ every strictly on-policy update; the learner reports its logprob gap to the engi
     python -m experiments.main --config=experiments/configs/text_vllm.py
 """
 
-from experiments.configs.base import base_config
+from experiments.configs.base import at_tier, base_config
 
 
 def get_config():
@@ -24,8 +24,7 @@ def get_config():
     c.env.observation = "text"
     c.env.include_dom_text = True
     c.env.action_space = "elements"
-    c.env.tasks = ("click-button", "click-tab", "focus-text")
-    c.env.task_tiers = (0, 0, 0)
+    c.env.tasks = at_tier(("click-button", "click-tab", "focus-text"))
     c.rollout.engine = "vllm"
     c.rollout.group_size = 8
     c.rollout.batch_tasks = 2

@@ -17,8 +17,7 @@ def get_config():
     c.name = "tiny"
     c.workdir = "runs/tiny"
     c.model.num_layers = 2
-    c.env.tasks = ("click-button", "focus-text")
-    c.env.task_tiers = (0, 1)
+    c.env.tasks = (("click-button", 0), ("focus-text", 1))
     c.env.include_dom_text = False
     c.rollout.group_size = 2
     c.rollout.batch_tasks = 2

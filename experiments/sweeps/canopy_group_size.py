@@ -22,17 +22,16 @@ click-link 0.1. Held-out evaluation is off so that the sweep measures the traini
 CPU-sized budget; turn it back on with --config.eval.enabled=true.
 """
 
-TASKS = (
-    "click-dialog-2",
-    "click-tab",
-    "click-option",
-    "click-widget",
-    "click-button",
-    "unicode-test",
-    "click-tab-2-easy",
-    "click-link",
+TASKS = (  # (task, tier) records of env.tasks
+    ("click-dialog-2", 0),
+    ("click-tab", 0),
+    ("click-option", 0),
+    ("click-widget", 1),
+    ("click-button", 1),
+    ("unicode-test", 1),
+    ("click-tab-2-easy", 2),
+    ("click-link", 2),
 )
-TIERS = (0, 0, 0, 1, 1, 1, 2, 2)
 
 
 def get_sweep():
@@ -41,7 +40,6 @@ def get_sweep():
         "grid": {"rollout.group_size": (2, 4, 8)},
         "fixed": {
             "env.tasks": TASKS,
-            "env.task_tiers": TIERS,
             "env.drop_hardest_tier": False,
             "train.num_steps": 4,
             "train.checkpoint_every": 1,

@@ -74,14 +74,14 @@ def test_pilot_file_errors_name_the_field(tmp_path):
     from experiments.configs import tiny
 
     c = tiny.get_config()
-    c.sampler.pilot_file = str(tmp_path / "none.json")
-    with pytest.raises(ConfigError, match="config.sampler.pilot_file: no pilot file"):
+    c.sampler.pilot.file = str(tmp_path / "none.json")
+    with pytest.raises(ConfigError, match="config.sampler.pilot.file: no pilot file"):
         apply_pilot_file(c)
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a pilot file"):
         read_pilot_file(tmp_path / "bad.json")
     unreached = pilot_report(records({"a": [0, 0]}), {"a": 0}, 4, 0.9, 2)
-    c.sampler.pilot_file = write_pilot_file(tmp_path, unreached)
+    c.sampler.pilot.file = write_pilot_file(tmp_path, unreached)
     with pytest.raises(ConfigError, match="no tier succeeded"):
         apply_pilot_file(c)
 
@@ -91,7 +91,7 @@ def test_a_pilot_files_group_size_is_logged_and_kept_in_the_config(tmp_path, cap
 
     c = tiny.get_config()
     report = pilot_report(records({"a": [1, 0, 0, 0]}), {"a": 0}, 4, 0.9, 4)
-    c.sampler.pilot_file = write_pilot_file(tmp_path, report)
+    c.sampler.pilot.file = write_pilot_file(tmp_path, report)
     with caplog.at_level(logging.INFO):
         applied, read = apply_pilot_file(c)
     floor = report["group_size_floor"]
@@ -106,9 +106,8 @@ def test_pilot_command_writes_the_file_a_run_reads(tmp_path):
     """The pilot on real capsules (the random policy, 2 tasks in 2 tiers), then a trainer given
     the file: its group size is the floor and its pool starts from the pilot's rates."""
     overrides = [
-        "--config.env.tasks=('click-test','click-button')",
-        "--config.env.task_tiers=(0,1)",
-        "--config.sampler.pilot_group_size=4",
+        "--config.env.tasks=(('click-test',0),('click-button',1))",
+        "--config.sampler.pilot.group_size=4",
         "--config.rollout.group_size=2",
         "--config.rollout.max_turns=2",
         "--config.rollout.batch_tasks=2",
@@ -143,9 +142,9 @@ def test_pilot_command_writes_the_file_a_run_reads(tmp_path):
 
     c = tiny.get_config()
     c.workdir = str(tmp_path / "run")
-    c.env.tasks, c.env.task_tiers = ("click-test", "click-button"), (0, 1)
+    c.env.tasks = (("click-test", 0), ("click-button", 1))
     c.rollout.batch_tasks = 2
-    c.sampler.pilot_file = str(tmp_path / "pilot" / "pilot.json")
+    c.sampler.pilot.file = str(tmp_path / "pilot" / "pilot.json")
     c.eval.enabled = False
     with start_trainer(c) as trainer:
         assert trainer.config.rollout.group_size == report["group_size_floor"]

@@ -3,7 +3,10 @@ take command-line overrides; a malformed field is named in the error."""
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import operator
 import pathlib
 import sys
 
@@ -25,7 +28,8 @@ from experiments.configs import (
     text_vllm,
     tiny,
 )
-from tests.support.configs import flatten
+from experiments.configs.renames import RENAMED
+from tests.support.configs import flatten, set_field
 
 RECIPES = {
     "default": default,
@@ -68,7 +72,9 @@ def test_canopy_code_terminal_constants_and_the_dense_reward():
     with pytest.raises(ConfigError, match="config.advantage.reward: 'pass_fraction' scores code tasks"):
         TrainSettings.from_config(miniwob)
     c.advantage.crash_reward = 0.5
-    with pytest.raises(ConfigError, match=r"config.advantage.crash_reward: must lie in \[-1, 0\]"):
+    with pytest.raises(
+        ConfigError, match=r"config.advantage.crash_reward: AdvantageSettings.crash_reward must lie in \[-1, 0\]"
+    ):
         TrainSettings.from_config(c)
 
 
@@ -81,7 +87,7 @@ def test_canopy_table_a1():
     assert (s.learner.loss.kl_coef, s.learner.loss.kl_estimator) == (1e-4, "k3")
     assert s.learner.loss.aggregation == "token_mean" and s.learner.loss.entropy_coef == 0.0
     assert s.learner.optimizer.learning_rate == 3e-6 and s.learner.optimizer.schedule == "constant"
-    assert c.advantage.reward == "sparse" and not c.env.drop_hardest_tier and max(c.env.task_tiers) > 0
+    assert c.advantage.reward == "sparse" and not c.env.drop_hardest_tier and max(tier for _, tier in c.env.tasks) > 0
     assert s.eval_agent.max_turns > s.agent.max_turns
     assert (c.eval.group_size, c.eval.temperature, c.eval.top_k, c.eval.top_p) == (4, 0.6, 20, 0.95)
     assert s.agent.temperature == 0.9
@@ -112,7 +118,7 @@ def test_scalecua_table_10():
         0.2,
         3,
     )
-    assert (c.sampler.p_min, c.sampler.p_max) == (0.0, 1.0)
+    assert (c.sampler.calibration.p_min, c.sampler.calibration.p_max) == (0.0, 1.0)
     assert s.segmenter_options == {"keep": 5, "min_removal": 5, "placeholder_text": c.context.placeholder_text}
     assert (
         c.context.placeholder_text.format(step=3, action="click(2)")
@@ -164,6 +170,21 @@ def test_unknown_override_is_rejected():
         _parse("--config=experiments/configs/scalecua.py", "--config.loss.clip_eps_hgih=0.3")
 
 
+def test_a_section_holds_exactly_its_dataclass_fields():
+    """A config section fills its dataclass by name: a field the dataclass lacks, or one the
+    section lacks, is named."""
+    config = evocua.get_config()
+    with config.unlocked():
+        config.sampler.dtac.p_lo = 0.1
+    with pytest.raises(ConfigError, match=r"^config\.sampler\.dtac\.p_lo: not a field of DTACConfig"):
+        TrainSettings.from_config(config)
+    config = evocua.get_config()
+    with config.unlocked():
+        del config.sampler.calibration["sample_size"]
+    with pytest.raises(ConfigError, match=r"^config\.sampler\.calibration\.sample_size: missing"):
+        TrainSettings.from_config(config)
+
+
 @pytest.mark.parametrize(
     "field, value, named",
     [
@@ -173,7 +194,13 @@ def test_unknown_override_is_rejected():
         ("train.mode", "sync", "config.train.mode"),
         ("learner.num_minibatches", 2, "config.learner.num_minibatches"),
         ("rollout.group_size", 0, "config.rollout.group_size"),
-        ("sampler.gamma", 2.0, "config.sampler.gamma"),
+        ("sampler.frontier.gamma", 2.0, "config.sampler.frontier.gamma"),
+        ("sampler.dtac.p_low", 0.9, "config.sampler.dtac.p_low"),  # above p_high
+        ("sampler.ema_alpha", 0.0, "config.sampler.ema_alpha"),  # shared by every kind's dataclass
+        ("sampler.pilot.group_size", 0, "config.sampler.pilot.group_size"),
+        ("env.tasks", ("click-button",), "config.env.tasks"),  # a name, not a (task, tier) record
+        ("train.staleness_window", 1, "config.train.staleness_window"),  # canopy trains on_policy
+        ("eval.num_seeds", 0, "config.eval.num_seeds"),
         ("advantage.estimator", "ppo", "config.advantage.estimator"),
         ("env.eval_seed_start", 5, "config.env.eval_seed_start"),
         ("rollout.prompt_style", "json", "config.rollout.prompt_style"),
@@ -191,13 +218,13 @@ def test_unknown_override_is_rejected():
         ("rollout.max_episodes_in_flight", 8, "config.rollout.max_episodes_in_flight"),  # on_policy
         ("rollout.partial_rollout_tokens", -1, "config.rollout.partial_rollout_tokens"),
         ("eval.every_steps", -1, "config.eval.every_steps"),
-        ("sampler.pilot_target", 1.0, "config.sampler.pilot_target"),
+        ("sampler.pilot.target", 1.0, "config.sampler.pilot.target"),
         ("advantage.agent_faults", ("OOM-killed", "out of memory"), "config.advantage.agent_faults"),
         ("context.placeholder_text", "{page_title}", "config.context.placeholder_text"),
-        ("sampler.curriculum_difficulty", "length", "config.sampler.curriculum_difficulty"),
-        ("sampler.curriculum_start", 0.0, "config.sampler.curriculum_start"),
-        ("sampler.curriculum_schedule", "exp", "config.sampler.curriculum_schedule"),
-        ("sampler.curriculum_steps", 0, "config.sampler.curriculum_steps"),
+        ("sampler.curriculum.difficulty", "length", "config.sampler.curriculum.difficulty"),
+        ("sampler.curriculum.start", 0.0, "config.sampler.curriculum.start"),
+        ("sampler.curriculum.schedule", "exp", "config.sampler.curriculum.schedule"),
+        ("sampler.curriculum.steps", 0, "config.sampler.curriculum.steps"),
         ("advantage.negative_scale", 1.5, "config.advantage.negative_scale"),
         ("advantage.no_patch_reward", 0.5, "config.advantage.no_patch_reward"),
         ("advantage.crash_reward", -2.0, "config.advantage.crash_reward"),
@@ -210,8 +237,7 @@ def test_unknown_override_is_rejected():
 )
 def test_a_malformed_field_is_named(field, value, named):
     config = canopy.get_config()
-    section, name = field.split(".")
-    config[section][name] = value
+    set_field(config, field, value)
     with pytest.raises(ConfigError) as error:
         TrainSettings.from_config(config)
     assert str(error.value).startswith(named), str(error.value)
@@ -257,8 +283,7 @@ def test_a_malformed_warm_start_field_is_named():
 
 def test_an_unknown_task_is_named():
     config = default.get_config()
-    config.env.tasks = ("click-button", "no-such-task")
-    config.env.task_tiers = (0, 0)
+    config.env.tasks = (("click-button", 0), ("no-such-task", 0))
     with pytest.raises(ConfigError, match=r"config\.env\.tasks: unknown MiniWoB task 'no-such-task'"):
         TrainSettings.from_config(config)
 
@@ -275,7 +300,7 @@ def test_more_tasks_per_batch_than_the_pool_holds_is_named():
         TrainSettings.from_config(config)
     # The dropped hardest tier leaves the pool too.
     config = canopy.get_config()
-    tiers = tuple(config.env.task_tiers)
+    tiers = tuple(tier for _, tier in config.env.tasks)
     config.env.drop_hardest_tier = True
     config.rollout.batch_tasks = sum(tier != max(tiers) for tier in tiers) + 1
     with pytest.raises(ConfigError, match=r"config\.rollout\.batch_tasks"):
@@ -287,9 +312,9 @@ def test_a_saved_config_loads_on_todays_base():
     added since keep their defaults; a field today's base does not know is named."""
     saved = default.get_config().to_dict()
     del saved["env"]["observation"]  # a field added after the save
-    saved["env"]["tasks"] = list(saved["env"]["tasks"])
+    saved["env"]["tasks"] = [list(record) for record in saved["env"]["tasks"]]
     config = base.config_from_dict(saved)
-    assert config.env.observation == "screenshot" and config.env.tasks == default.TASKS
+    assert config.env.observation == "screenshot" and config.env.tasks == base.at_tier(default.TASKS)
     TrainSettings.from_config(config)
     saved["env"]["no_such_field"] = 1
     with pytest.raises(KeyError, match="config.env.no_such_field"):
@@ -304,35 +329,56 @@ def test_a_run_config_saved_before_the_layer_moves_loads():
     saved = json.loads((pathlib.Path(__file__).parent / "data" / "default_run_config_dc1d63e.json").read_text())
     loaded = json.loads(json.dumps(base.config_from_dict(saved).to_dict()))  # tuples as the saved lists
 
-    def kept(values: dict, into: dict, prefix: str) -> None:
+    def kept(values: dict, prefix: str) -> None:
         for key, value in values.items():
             if isinstance(value, dict):
-                kept(value, into[key], f"{prefix}{key}.")
-            else:
-                assert into[key] == value, f"config.{prefix}{key}"
+                kept(value, f"{prefix}{key}.")
+            elif f"{prefix}{key}" not in ("env.tasks", "env.task_tiers"):  # merged: below
+                field = RENAMED.get(f"{prefix}{key}", f"{prefix}{key}")
+                assert functools.reduce(operator.getitem, field.split("."), loaded) == value, f"config.{field}"
 
-    kept(saved, loaded, "")
+    kept(saved, "")
+    assert loaded["env"]["tasks"] == [list(r) for r in zip(saved["env"]["tasks"], saved["env"]["task_tiers"])]
     assert loaded["train"]["num_steps"] == 4 and loaded["model"] == saved["model"]
     TrainSettings.from_config(base.config_from_dict(saved))
+
+
+def test_a_renamed_field_keeps_its_saved_value(caplog):
+    """A saved config's old names (the flat sampler section) load under the new ones with the
+    values saved there, not today's defaults, each rename logged; a switch that is now a
+    section's (sampler.calibration) becomes that section's `enabled`; env.task_tiers becomes the
+    tier of each (task, tier) record of env.tasks."""
+    saved = json.loads((pathlib.Path(__file__).parent / "data" / "default_run_config_dc1d63e.json").read_text())
+    saved["sampler"].update(mu=0.6, calibration=True, calibrate_every=7, pilot_target=0.8)
+    saved["env"]["task_tiers"] = [0, 1, 2]
+    with caplog.at_level(logging.INFO):
+        config = base.config_from_dict(saved)
+    assert config.sampler.frontier.mu == 0.6 and config.sampler.pilot.target == 0.8
+    assert config.sampler.calibration.enabled and config.sampler.calibration.every_k_steps == 7
+    assert config.env.tasks == (("click-button", 0), ("click-widget", 1), ("click-tab", 2))
+    assert "config.sampler.calibrate_every is now config.sampler.calibration.every_k_steps" in caplog.text
+    assert saved["sampler"]["mu"] == 0.6  # the saved dict itself is left as it was
 
 
 @pytest.mark.parametrize(
     "field, value, named, says",
     [
-        ("env.tasks", ("click-button",), "config.env.tasks", "env.kind 'desktop' takes its tasks from env.task_dirs"),
+        (
+            "env.tasks",
+            (("click-button", 0),),
+            "config.env.tasks",
+            "env.kind 'desktop' takes its tasks from env.task_dirs",
+        ),
         ("env.task_dirs", (), "config.env.task_dirs", "needs at least one task folder"),
         ("env.action_space", "elements", "config.env.action_space", "a desktop shows no element ids"),
         ("env.observation", "text", "config.env.observation", "desktop tasks are seen as screenshots"),
         ("rollout.group_size", 8, "config.env.desktop.pool_size", "4 containers cannot run a group of 8"),
-        ("sampler.rho_inf", 1.0, "config.sampler.rho_inf", "draws 2 infeasible tasks, but the pool holds 1"),
+        ("sampler.dtac.rho_inf", 1.0, "config.sampler.dtac.rho_inf", "draws 2 infeasible tasks, but the pool holds 1"),
     ],
 )
 def test_a_bad_desktop_setting_is_named(field, value, named, says):
     config = desktop.get_config()
-    section, name = field.split(".")
-    config[section][name] = value
-    if field == "env.tasks":
-        config.env.task_tiers = (0,)
+    set_field(config, field, value)
     with pytest.raises(ConfigError) as error:
         TrainSettings.from_config(config)
     assert str(error.value).startswith(named) and says in str(error.value), str(error.value)
@@ -341,8 +387,7 @@ def test_a_bad_desktop_setting_is_named(field, value, named, says):
 def test_mixed_sources_make_one_catalog_with_domains():
     config = desktop.get_config()
     config.env.kind = "mixed"
-    config.env.tasks = ("click-button", "focus-text")
-    config.env.task_tiers = (0, 0)
+    config.env.tasks = (("click-button", 0), ("focus-text", 0))
     config.env.domain_weights = ("miniwob=1", "desktop=1")
     settings = TrainSettings.from_config(config)
     assert settings.catalog.domains()["click-button"] == "miniwob"

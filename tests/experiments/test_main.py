@@ -35,8 +35,7 @@ def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
     trend's slope, and every artefact in the workdir."""
     workdir = tmp_path / "run"
     overrides = [
-        "--config.env.tasks=('click-button',)",
-        "--config.env.task_tiers=(0,)",
+        "--config.env.tasks=(('click-button',0),)",
         "--config.rollout.group_size=2",
         "--config.rollout.batch_tasks=1",
         "--config.rollout.max_turns=1",
@@ -110,8 +109,7 @@ def test_text_policy_on_vllm_through_the_entrypoint_then_exported(tmp_path):
     `python -m experiments.export` into a directory transformers loads."""
     workdir = tmp_path / "run"
     overrides = [
-        "--config.env.tasks=('click-button',)",
-        "--config.env.task_tiers=(0,)",
+        "--config.env.tasks=(('click-button',0),)",
         "--config.rollout.group_size=2",
         "--config.rollout.batch_tasks=1",
         "--config.rollout.max_turns=1",

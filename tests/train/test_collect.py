@@ -70,7 +70,7 @@ class FakeWorker:
 
 def collector_for(worker, **overrides) -> GroupCollector:
     config = tiny.get_config()
-    config.env.tasks, config.env.task_tiers = TASKS, (0,) * len(TASKS)
+    config.env.tasks = tuple((task, 0) for task in TASKS)
     config.rollout.batch_tasks, config.rollout.group_size = 2, 4
     for key, value in overrides.items():
         section, name = key.split("__")

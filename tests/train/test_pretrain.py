@@ -28,8 +28,7 @@ def small_config(workdir, steps):
     c = pretrain.get_config()
     c.workdir = str(workdir)
     c.model.num_layers = 2
-    c.env.tasks = ("click-button", "focus-text")
-    c.env.task_tiers = (0, 0)
+    c.env.tasks = (("click-button", 0), ("focus-text", 0))
     c.warm_start.demos_per_task = 2
     c.warm_start.held_out_seeds = 1
     c.warm_start.steps = steps

@@ -41,7 +41,7 @@ def test_the_canopy_recipe_through_the_entrypoint(tmp_path):
     every update is strictly on-policy (ratio exactly 1, no clipping), the k3 KL to the frozen
     base is part of the loss, and the loss is a token mean over the action tokens alone."""
     config = canopy.get_config()
-    tiers = dict(zip(config.env.tasks, config.env.task_tiers))
+    tiers = dict(config.env.tasks)
     # A pilot of 8 samples per task at pass rate 0.5: coverage 0.9 needs a handful, not the recipe's 32.
     records = [
         {"task": task, "status": "success" if k % 2 else "failure", "success": bool(k % 2)}
@@ -49,7 +49,7 @@ def test_the_canopy_recipe_through_the_entrypoint(tmp_path):
         for k in range(8)
     ]
     report = pilot_report(
-        records, tiers, group_size=config.rollout.group_size, target=config.sampler.pilot_target, samples=8
+        records, tiers, group_size=config.rollout.group_size, target=config.sampler.pilot.target, samples=8
     )
     floor = report["group_size_floor"]
     assert 2 <= floor < config.rollout.group_size
@@ -58,7 +58,7 @@ def test_the_canopy_recipe_through_the_entrypoint(tmp_path):
     result = run_main(
         "--config=experiments/configs/canopy.py",
         *BASE_POLICY,
-        f"--config.sampler.pilot_file={pilot}",
+        f"--config.sampler.pilot.file={pilot}",
         "--config.rollout.max_turns=2",
         "--config.eval.enabled=False",
         "--config.train.num_steps=2",
@@ -124,7 +124,7 @@ def test_the_scalecua_recipe_through_the_entrypoint(tmp_path):
 
 def test_the_evocua_recipe_through_the_entrypoint(tmp_path):
     """EvoCUA-1.5 (experiments/configs/evocua.py): a pilot of the current policy filters the
-    pool to the learnable band and re-estimates it every `calibrate_every` steps, DTAC draws
+    pool to the learnable band and re-estimates it every `calibration.every_k_steps` steps, DTAC draws
     from what is left, STEPO spreads each trajectory's advantage over its step items, and
     training is asynchronous within the staleness window, with whole-group mini-batches."""
     config = evocua.get_config()
@@ -132,16 +132,15 @@ def test_the_evocua_recipe_through_the_entrypoint(tmp_path):
     result = run_main(
         "--config=experiments/configs/evocua.py",
         *BASE_POLICY,
-        "--config.env.tasks=('click-button','click-tab','click-widget','focus-text')",
-        "--config.env.task_tiers=(0,0,1,1)",
+        "--config.env.tasks=(('click-button',0),('click-tab',0),('click-widget',1),('focus-text',1))",
         "--config.rollout.batch_tasks=2",
         "--config.rollout.group_size=4",
         "--config.rollout.max_turns=2",
         "--config.train.buffer_groups=2",
-        "--config.sampler.pilot_group_size=4",
-        "--config.sampler.calibrate_every=1",
-        "--config.sampler.calibration_sample_size=2",
-        "--config.sampler.calibration_group_size=2",
+        "--config.sampler.pilot.group_size=4",
+        "--config.sampler.calibration.every_k_steps=1",
+        "--config.sampler.calibration.sample_size=2",
+        "--config.sampler.calibration.group_size=2",
         "--config.eval.enabled=False",
         "--config.train.num_steps=2",
         "--config.train.checkpoint_every=2",

@@ -50,8 +50,7 @@ def test_the_base_succeeds_on_its_held_out_pages_as_its_manifest_says(tmp_path):
     m = manifest()
     config = config_from_dict(m["recipe"])  # the recipe of its commit, on today's base
     config.workdir = str(tmp_path)
-    config.env.tasks = tuple(default.TASKS)  # the tasks the default run trains on
-    config.env.task_tiers = (0,) * len(default.TASKS)
+    config.env.tasks = default.get_config().env.tasks  # the tasks the default run trains on
     pretrainer = Pretrainer(config)
     try:
         assert [pretrainer.eval_seeds.start, pretrainer.eval_seeds.stop] == m["demonstration_seeds"]["held_out_success"]

@@ -162,7 +162,9 @@ def test_held_out_evaluation_runs_the_policy_under_yarn_on_the_engines_weights(o
     """config.eval.rope_scaling reaches the engine through the harness: the evaluation sampled a
     YaRN view of the worker's model (same arrays), and the model itself keeps its rope."""
     trainer, _ = on_policy
-    trainer.config.eval.num_seeds = 1
+    trainer.settings = dataclasses.replace(
+        trainer.settings, eval=dataclasses.replace(trainer.settings.eval, num_seeds=1)
+    )
     engine = trainer.workers[0].engine.engine  # the JAX sampler behind the canonical-order wrapper
     assert engine.scaled_models == {}  # training never asks for it
     result = trainer.evaluate("yarn")
@@ -217,7 +219,7 @@ def _calibrate_during_a_rollout(trainer):
     worker.run_groups = recording
     trainer.start_rollouts()
     _wait_for(lambda: state["active"] > 0, "a rollout on the calibration worker")
-    tasks = list(trainer.config.env.tasks)
+    tasks = [task for task, _ in trainer.config.env.tasks]
     outcomes = trainer.collector.run_outcome_groups(tasks, 2)
     return outcomes, state["overlapped"], state["spans"], tasks
 

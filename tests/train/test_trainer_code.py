@@ -263,7 +263,12 @@ def test_the_recipe_passes_the_checks_and_adds_no_field():
         ("env.code.tasks", ("code-six-012", "code-no-such-task"), "config.env.code.tasks", "code-no-such-task"),
         ("env.code.suite_dir", "/nonexistent/code-suite", "config.env.code.suite_dir", "holds no task files"),
         ("env.code.bash_timeout_s", 0.0, "config.env.code.bash_timeout_s", "must be > 0"),
-        ("env.tasks", ("click-button",), "config.env.tasks", "env.kind 'code' takes its tasks from env.code.suite_dir"),
+        (
+            "env.tasks",
+            (("click-button", 0),),
+            "config.env.tasks",
+            "env.kind 'code' takes its tasks from env.code.suite_dir",
+        ),
     ],
 )
 def test_a_bad_code_setting_is_named(tmp_path, field, value, named, says):

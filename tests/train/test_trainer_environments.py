@@ -138,8 +138,7 @@ def mixed_step(tmp_path_factory):
         rollout__group_start="shared",
     )
     config.env.kind = "mixed"
-    config.env.tasks = (MINIWOB_TASK,)
-    config.env.task_tiers = (0,)
+    config.env.tasks = ((MINIWOB_TASK, 0),)
     config.env.task_dirs = (desktop_folder(root),)
     config.env.domain_weights = ("desktop=3", "miniwob=1")
     config.env.desktop.pool_size = 4  # two desktop groups at a time
@@ -265,7 +264,6 @@ def test_training_on_a_folder_verigen_synthesized(verigen_folder, tmp_path):
     )
     config.env.kind = "desktop"
     config.env.tasks = ()
-    config.env.task_tiers = ()
     config.env.task_dirs = (str(folder),)
     config.env.desktop.pool_size = 2
     config.env.desktop.screen = "800x500"

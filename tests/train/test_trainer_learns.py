@@ -87,8 +87,7 @@ def test_a_successful_episode_per_group_raises_its_reply_logprob(tmp_path, recip
     )
     if recipe == "default":
         adopt_learning_settings(config, default.get_config())
-    config.env.tasks = (TASK,)
-    config.env.task_tiers = (0,)
+    config.env.tasks = ((TASK, 0),)
     config.loss.entropy_coef = 0.0  # only the verdicts move the policy
     config.train.trace_every = 1  # the step's traces for the viewer, with the learner's logprobs
     config.eval.num_traces = 2

@@ -8,6 +8,7 @@ checkpoint), and an asynchronous step whose rollout thread drives the actor.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -95,7 +96,9 @@ def test_held_out_evaluation_goes_through_the_harness_on_the_actor(ray_trainer):
     import os
 
     trainer = ray_trainer
-    trainer.config.eval.num_seeds = 1
+    trainer.settings = dataclasses.replace(
+        trainer.settings, eval=dataclasses.replace(trainer.settings.eval, num_seeds=1)
+    )
     result = trainer.evaluate("actor")
     assert result["episodes"] + result["given_up"] == 2 and 0.0 <= result["success_rate"] <= 1.0
     folder = os.path.join(trainer.workdir, "evals", f"actor_{trainer.step:06d}")

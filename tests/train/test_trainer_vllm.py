@@ -152,7 +152,7 @@ def test_vision_language_policy_steps_on_vllm_with_screenshots(tmp_path):
         rollout__max_new_tokens=24,
         rollout__max_context_tokens=2048,
     )
-    config.env.tasks = ("click-button", "click-tab")
+    config.env.tasks = (("click-button", 0), ("click-tab", 0))
     with start_trainer(config) as trainer:
         metrics = trainer.train_step()
         assert metrics["episodes/trained"] == 4

@@ -27,8 +27,7 @@ def warm_config(workdir):
     c = tiny.get_config()
     c.name = "warm"
     c.workdir = str(workdir)
-    c.env.tasks = ("click-button",)
-    c.env.task_tiers = (0,)
+    c.env.tasks = (("click-button", 0),)
     c.env.include_dom_text = True
     c.rollout.batch_tasks = 1
     c.rollout.max_new_tokens = 64  # an oracle reply is ~50 tokens
@@ -51,8 +50,7 @@ def test_warm_start_config_errors_name_the_field():
     with pytest.raises(ConfigError, match=r"config\.warm_start\.steps: .*include_dom_text"):
         TrainSettings.from_config(c)
     c = warm_config("/tmp/unused")
-    c.env.tasks = ("click-button", "book-flight")
-    c.env.task_tiers = (0, 0)
+    c.env.tasks = (("click-button", 0), ("book-flight", 0))
     with pytest.raises(
         ConfigError, match=r"config\.warm_start\.steps: the oracle has no demonstrations for \['book-flight'\]"
     ):
