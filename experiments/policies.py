@@ -28,12 +28,12 @@ import numpy as np
 from cua_jax.envs import actions as A
 from cua_jax.rollout.agent_loop import AgentConfig
 from cua_jax.rollout.engine import (
-    EngineHealth,
     FinishReason,
     Generation,
     GenerationRequest,
     RolloutEngine,
     SamplingConfig,
+    ScriptedEngine,
 )
 from cua_jax.rollout.rollout_worker import EnvWrapper
 
@@ -56,10 +56,12 @@ def random_action(rng: np.random.Generator) -> A.Action:
     return A.Scroll(A.SCROLL_DIRECTIONS[int(rng.integers(4))], int(rng.integers(1, 6)))
 
 
-class RandomActionEngine(RolloutEngine):
+class RandomActionEngine(ScriptedEngine):
     """Answers every request with `random_action`'s tool call plus the end-of-turn token
     (logprob 0), drawn from the request's seed (else the engine's own stream, seeded `seed`).
     A reply longer than max_new_tokens is cut there, as a policy's would be."""
+
+    name = "the random policy"
 
     def __init__(self, tokenizer, end_of_turn_id: int, seed: int = 0):
         self.tokenizer = tokenizer
@@ -78,17 +80,13 @@ class RandomActionEngine(RolloutEngine):
             out.append(Generation(ids, np.zeros(len(ids), np.float32), finish, 0))
         return out
 
-    def update_weights(self, params: Any, version: int) -> None:
-        raise NotImplementedError("the random policy has no weights")
 
-    def health(self) -> EngineHealth:
-        return EngineHealth(True, 0)
-
-
-class TaskOracleEngine(RolloutEngine):
+class TaskOracleEngine(ScriptedEngine):
     """The MiniWoB oracle for whichever task `task` names (set before each group), through one
     `OracleDemonstrator` per task; the oracle's messages for pages it could not read collect in
     `errors`."""
+
+    name = "the oracle"
 
     def __init__(self, tokenizer, end_of_turn_id: int, action_space: str):
         self.tokenizer = tokenizer
@@ -111,12 +109,6 @@ class TaskOracleEngine(RolloutEngine):
                 self.tokenizer, self.end_of_turn_id, self.task, reasoning=False, action_space=self.action_space
             )
         return self.demonstrators[self.task].generate(requests, sampling)
-
-    def update_weights(self, params: Any, version: int) -> None:
-        raise NotImplementedError("the oracle has no weights")
-
-    def health(self) -> EngineHealth:
-        return EngineHealth(True, 0)
 
 
 @dataclasses.dataclass(frozen=True)

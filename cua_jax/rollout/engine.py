@@ -194,6 +194,20 @@ class RolloutEngine(abc.ABC):
         """Releases processes and memory; the engine is unusable afterwards."""
 
 
+class ScriptedEngine(RolloutEngine):
+    """An engine whose replies come from a script or a rule, not from weights (the oracles, the
+    random policy): always healthy, and asked to load weights it is an error. Subclasses
+    implement `generate`; `name` says what they are in that error."""
+
+    name = "a scripted engine"
+
+    def update_weights(self, params: Any, version: int) -> None:
+        raise NotImplementedError(f"{self.name} has no weights")
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(True, 0)
+
+
 def check_prompt_lengths(requests: Sequence[GenerationRequest], sampling: SamplingConfig, max_model_len: int) -> None:
     """Raises ValueError naming the first request whose prompt + budget exceeds the context."""
     for i, request in enumerate(requests):

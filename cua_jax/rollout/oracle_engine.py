@@ -19,7 +19,6 @@ answers one short reasoning line plus the oracle's tool call, e.g.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -28,12 +27,11 @@ from cua_jax.envs.miniwob import DomElement, MiniWoBObservation, dom_from_text, 
 from cua_jax.envs.miniwob_oracle import OracleError, oracle_action
 from cua_jax.envs.prompts import DOM_TEXT_HEADER
 from cua_jax.rollout.engine import (
-    EngineHealth,
     FinishReason,
     Generation,
     GenerationRequest,
-    RolloutEngine,
     SamplingConfig,
+    ScriptedEngine,
 )
 
 # ------------------------------------------------------------------------------------
@@ -115,7 +113,7 @@ def demonstration_reply(
     return f"{reasoning_line(action, observation)}\n{call}" if reasoning else call
 
 
-class OracleDemonstrator(RolloutEngine):
+class OracleDemonstrator(ScriptedEngine):
     """The MiniWoB oracle as a deterministic policy (logprob 0 per token) for one task.
 
     Each request's prompt is decoded, the observation read back (`observation_from_prompt`,
@@ -124,6 +122,8 @@ class OracleDemonstrator(RolloutEngine):
     max_new_tokens (a policy could not write it), is answered with a FAIL call, which ends the
     episode as a failure (rejected, not demonstrated); the message is kept in `errors`.
     """
+
+    name = "the oracle demonstrator"
 
     def __init__(
         self, tokenizer, end_of_turn_id: int, task: str, *, reasoning: bool = True, action_space: str = "coordinates"
@@ -163,17 +163,13 @@ class OracleDemonstrator(RolloutEngine):
             out.append(Generation(ids, np.zeros(len(ids), np.float32), FinishReason.STOP, 0))
         return out
 
-    def update_weights(self, params: Any, version: int) -> None:
-        raise NotImplementedError("the oracle demonstrator has no weights")
 
-    def health(self) -> EngineHealth:
-        return EngineHealth(True, 0)
-
-
-class CodeOracleEngine(RolloutEngine):
+class CodeOracleEngine(ScriptedEngine):
     """Replies with a code task's oracle tool calls in order (logprob 0 per token): a request
     whose prompt already holds the script's first t replies gets reply t. A reply longer than
     max_new_tokens (a policy could not write it) is cut there and noted in `errors`."""
+
+    name = "the code oracle"
 
     def __init__(self, tokenizer, end_of_turn_id: int, task_id: str, script: Sequence[str]):
         if not script:
@@ -207,9 +203,3 @@ class CodeOracleEngine(RolloutEngine):
                 ids, finish = ids[: sampling.max_new_tokens], FinishReason.LENGTH
             out.append(Generation(ids, np.zeros(len(ids), np.float32), finish, 0))
         return out
-
-    def update_weights(self, params: Any, version: int) -> None:
-        raise NotImplementedError("the code oracle has no weights")
-
-    def health(self) -> EngineHealth:
-        return EngineHealth(True, 0)

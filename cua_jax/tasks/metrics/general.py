@@ -124,47 +124,27 @@ def check_file_exists(directory: Any, filename: Any) -> float:
     return float(os.path.isfile(os.path.join(str(directory), str(filename))))
 
 
+# The namespace prefixes of each platform's accessibility tree (under its own host): the ones all
+# share, plus the platform's own.
+_SHARED_NAMESPACE_PATHS = {
+    "st": "state",
+    "attr": "attributes",
+    "cp": "component",
+    "doc": "document",
+    "txt": "text",
+    "val": "value",
+    "act": "action",
+}
 _ACCESSIBILITY_NAMESPACES = {
-    "ubuntu": {
-        key: f"https://accessibility.ubuntu.example.org/ns/{path}"
-        for key, path in (
-            ("st", "state"),
-            ("attr", "attributes"),
-            ("cp", "component"),
-            ("doc", "document"),
-            ("docattr", "document/attributes"),
-            ("txt", "text"),
-            ("val", "value"),
-            ("act", "action"),
-        )
-    },
-    "windows": {
-        key: f"https://accessibility.windows.example.org/ns/{path}"
-        for key, path in (
-            ("st", "state"),
-            ("attr", "attributes"),
-            ("cp", "component"),
-            ("doc", "document"),
-            ("docattr", "document/attributes"),
-            ("txt", "text"),
-            ("val", "value"),
-            ("act", "action"),
-            ("class", "class"),
-        )
-    },
-    "macos": {
-        key: f"https://accessibility.macos.example.org/ns/{path}"
-        for key, path in (
-            ("st", "state"),
-            ("attr", "attributes"),
-            ("cp", "component"),
-            ("doc", "document"),
-            ("txt", "text"),
-            ("val", "value"),
-            ("act", "action"),
-            ("role", "role"),
-        )
-    },
+    osname: {
+        key: f"https://accessibility.{osname}.example.org/ns/{path}"
+        for key, path in {**_SHARED_NAMESPACE_PATHS, **own}.items()
+    }
+    for osname, own in (
+        ("ubuntu", {"docattr": "document/attributes"}),
+        ("windows", {"docattr": "document/attributes", "class": "class"}),
+        ("macos", {"role": "role"}),
+    )
 }
 
 
