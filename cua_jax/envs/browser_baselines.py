@@ -40,6 +40,7 @@ from cua_jax.envs.capsules import (
     launch_browser,
     launch_marker,
 )
+from cua_jax.envs.images import image_tag
 from cua_jax.envs.miniwob import VIEWPORT, MiniWoBServer, check_task, html_dir
 
 CONTAINER_IMAGE_NAME = "chromium"  # launch/images/chromium
@@ -176,7 +177,6 @@ def _http_get_unix(socket_path: str, path: str, timeout: float = 5.0) -> bytes:
 
 def container_image_tag() -> str:
     """The tag the current sources of launch/images/chromium build to."""
-    from cua_jax.envs.images import image_tag
 
     return image_tag(CONTAINER_IMAGE_NAME)
 

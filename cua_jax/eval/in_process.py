@@ -24,6 +24,7 @@ from flax import nnx
 from cua_jax.context.segment import Segmenter
 from cua_jax.environments.capsule_env import MiniWoBEnvironment
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, run_bounded
+from cua_jax.rollout.jax_engine import JaxSamplerEngine
 from cua_jax.types import Episode, EpisodeStatus
 
 
@@ -85,7 +86,6 @@ def evaluate_model_in_process(
     """`model` (a Qwen3-VL policy) on every (task, seed) through `JaxSamplerEngine` and the agent
     loop; greedy unless agent_config says otherwise. Episodes of `concurrency` environments share
     each batched engine call."""
-    from cua_jax.rollout.jax_engine import JaxSamplerEngine
 
     renderer = segmenter.renderer
     engine = JaxSamplerEngine(

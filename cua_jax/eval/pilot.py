@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from cua_jax.rl.coverage import min_group_size, tier_signal_coverage
 from cua_jax.types import EpisodeStatus
 
 PILOT_FILE = "pilot.json"
@@ -66,8 +67,6 @@ def pilot_report(
     not scored). group_size: the configured n; target: the coverage tau the floor aims at;
     samples: the pilot's samples per (task, seed). Every task of `task_tiers` must have scored
     samples."""
-    from cua_jax.rl.coverage import min_group_size, tier_signal_coverage
-
     if not 0 < target < 1:
         raise ValueError(f"the pilot's coverage target must lie in (0, 1), got {target}")
     if group_size < 1:

@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
+from cua_jax.context.tokenizer import save_tokenizer_and_processor
 from cua_jax.models.sharding import DEFAULT_RULES, state_shardings
 
 SAFETENSORS_DTYPES: dict[str, np.dtype] = {
@@ -350,8 +351,6 @@ def export_hf_checkpoint(
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     if writer and tokenizer_files:
-        from cua_jax.context.tokenizer import save_tokenizer_and_processor
-
         save_tokenizer_and_processor(
             directory, tokenizer=tokenizer, image_processor=image_processor, chat_template=chat_template
         )

@@ -15,6 +15,7 @@ from typing import Any
 
 from flax import nnx
 
+from cua_jax.context.tokenizer import VOCAB_SIZE
 from cua_jax.models.qwen3 import Qwen3Config, Qwen3ForCausalLM, export_qwen3, load_qwen3, tiny_qwen3_config
 from cua_jax.models.qwen3_5 import (
     Qwen3_5Config,
@@ -142,7 +143,6 @@ def tiny_qwen3_vl(num_layers: int, seed: int, **precision):
 
 @TINY_MODELS.register("tiny_qwen3")
 def tiny_qwen3(num_layers: int, seed: int, **precision):
-    from cua_jax.context.tokenizer import VOCAB_SIZE
 
     overrides = {"num_hidden_layers": num_layers} if num_layers else {}
     return Qwen3ForCausalLM(tiny_qwen3_config(vocab_size=VOCAB_SIZE, **overrides, **precision), rngs=nnx.Rngs(seed))

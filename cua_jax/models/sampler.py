@@ -58,6 +58,8 @@ import numpy as np
 from flax import nnx
 
 from cua_jax.models.cache_rows import CachedRows, compact_rows, fill_rows, has_recurrent_state
+from cua_jax.models.qwen3_vl import image_features
+from cua_jax.models.vision import ImageGrid, bucket_count, pad_image_count
 from cua_jax.observe import timeline
 
 # Prompt lengths pad up to the next bucket: steps of 1.5x and 2x alternate above 256, so a
@@ -248,7 +250,6 @@ def _encode_images(graphdef, state, pixel_values, grid):
 
 @functools.partial(jax.jit, static_argnames=("image_token_id",))
 def _layout_images(ids, token_rows, tokens, deepstack, *, image_token_id):
-    from cua_jax.models.qwen3_vl import image_features  # only vision-language models get here
 
     return image_features(ids, image_token_id, tokens[token_rows], tuple(d[token_rows] for d in deepstack))
 
@@ -816,7 +817,6 @@ class Sampler:
             return {}
         if not hasattr(self.model, "encode_images"):
             raise ValueError(f"{type(self.model).__name__} is text-only; the prompts hold images")
-        from cua_jax.models.vision import ImageGrid, bucket_count, pad_image_count
 
         # Each distinct image once when prompts are shared (share_images); else each occurrence.
         unique: dict[Any, PromptImage] = {}

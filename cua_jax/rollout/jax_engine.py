@@ -24,6 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cua_jax.context.tokenizer import image_grid_thw, load_processor
+from cua_jax.models.qwen3 import rope_scaled_model
+from cua_jax.models.qwen3_vl import rope_index
 from cua_jax.models.sampler import (
     PrefixCache,
     PromptImage,
@@ -33,6 +36,7 @@ from cua_jax.models.sampler import (
     image_runs,
     normalized_token_ids,
 )
+from cua_jax.models.vision import image_content_key
 from cua_jax.observe import timeline
 from cua_jax.rollout.engine import (
     EngineHealth,
@@ -134,8 +138,6 @@ class JaxSamplerEngine(RolloutEngine):
             return self._sampler, self._prefix_cache
         factor = float(rope_scaling)
         if factor not in self._scaled:
-            from cua_jax.models.qwen3 import rope_scaled_model
-
             self._scaled[factor] = (
                 Sampler(rope_scaled_model(self.model, factor), **self._sampler_kwargs),
                 self._new_prefix_cache(),
@@ -180,9 +182,6 @@ class JaxSamplerEngine(RolloutEngine):
             raise ValueError(f"{type(model).__name__} is text-only; the requests carry images")
         if self._image_processor is None:
             raise ValueError("requests carry images but the engine has no image_processor")
-        from cua_jax.context.tokenizer import image_grid_thw
-        from cua_jax.models.qwen3_vl import rope_index
-        from cua_jax.models.vision import image_content_key
 
         config = model.config
         ids = request.prompt_ids
@@ -387,7 +386,6 @@ class JaxEngineFactory:
     prefix_cache_tokens: int = 0
 
     def __call__(self) -> JaxSamplerEngine:
-        from cua_jax.context.tokenizer import load_processor
 
         # The structure alone (no random init): every value comes from params.
         model = nnx.eval_shape(lambda: self.model_class(self.model_config, rngs=nnx.Rngs(0)))

@@ -52,6 +52,10 @@ from typing import Any
 
 import numpy as np
 
+from cua_jax.models import checkpoint
+from cua_jax.models.checkpoint import read_hf_config
+from cua_jax.models.qwen3 import Qwen3Config, qwen3_key_table
+from cua_jax.models.qwen3_vl import Qwen3VLConfig, qwen3_vl_key_table
 from cua_jax.rollout.engine import (
     EngineHealth,
     FinishReason,
@@ -217,16 +221,11 @@ def pack_shared_buffer(
 
 def key_table_for_directory(model_dir: str):
     """Our key table for the model an exported directory holds (by config.json's architecture)."""
-    from cua_jax.models import checkpoint
-    from cua_jax.models.qwen3 import Qwen3Config, qwen3_key_table
-
     hf = checkpoint.read_hf_config(model_dir)
     architectures = hf.get("architectures") or []
     if "Qwen3ForCausalLM" in architectures:
         return qwen3_key_table(Qwen3Config.from_hf_dict(hf))
     if "Qwen3VLForConditionalGeneration" in architectures:
-        from cua_jax.models.qwen3_vl import Qwen3VLConfig, qwen3_vl_key_table
-
         return qwen3_vl_key_table(Qwen3VLConfig.from_hf_dict(hf))
     raise ValueError(f"{model_dir}: no key table for architectures {architectures}")
 
@@ -302,8 +301,6 @@ class VllmEngine(RolloutEngine):
         import vllm
 
         self.config = config
-        from cua_jax.models.checkpoint import read_hf_config
-
         hf_config = read_hf_config(config.model_dir)
         self._key_table = key_table_for_directory(config.model_dir)
         self._image_token_id = hf_config.get("image_token_id")

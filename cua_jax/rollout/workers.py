@@ -39,6 +39,7 @@ from cua_jax.rollout.engine import (
     RolloutEngine,
     SamplingConfig,
 )
+from cua_jax.rollout.vllm_engine import hf_host_arrays, key_table_for_directory
 
 
 class EngineActor:
@@ -400,6 +401,5 @@ class Router(RolloutEngine):
 
 def vllm_host_weights(model_dir: str) -> Callable[[Any], dict[str, np.ndarray]]:
     """A Router `host_weights` for vLLM engines serving `model_dir`: params -> {HF name: numpy}."""
-    from cua_jax.rollout.vllm_engine import hf_host_arrays, key_table_for_directory
 
     return functools.partial(hf_host_arrays, key_table=key_table_for_directory(model_dir))

@@ -21,7 +21,7 @@ import tarfile
 from typing import Any
 
 from cua_jax.envs.code_actions import Bash, Edit, Submit
-from cua_jax.tasks.bug_injection import Mutation, mutations
+from cua_jax.tasks.bug_injection import Mutation, apply_hunks, mutations
 from cua_jax.tasks.code_packages import PACKAGES, CodePackage
 from cua_jax.tasks.code_tasks import SNAPSHOT, CodeTask, judge_request
 
@@ -200,8 +200,6 @@ class RandomPolicy:
         package = PACKAGES[task.package]
         buggy = {p: t for p, t in sources.items()}
         for hunk in task.bug:
-            from cua_jax.tasks.bug_injection import apply_hunks
-
             buggy[hunk.path] = apply_hunks(buggy[hunk.path], [hunk])
         out = []
         for _ in range(self.turns):

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from cua_jax.envs.miniwob import check_task
+from cua_jax.tasks.code_tasks import load_code_suite
 from cua_jax.tasks.pool import PoolTask, TaskPool
 from cua_jax.tasks.schema import Task, TaskSchemaError, parse_task
 
@@ -62,8 +64,6 @@ class SourceTask:
 
 def miniwob_tasks(names: Sequence[str], tiers: Sequence[int] | None = None) -> list[SourceTask]:
     """MiniWoB++ tasks by name (domain "miniwob"; tiers default to 0). An unknown name raises."""
-    from cua_jax.envs.miniwob import check_task
-
     tiers = [0] * len(names) if tiers is None else list(tiers)
     if len(tiers) != len(names):
         raise ValueError(f"{len(tiers)} tiers for {len(names)} MiniWoB tasks")
@@ -150,7 +150,6 @@ def load_code_tasks(folder: str | pathlib.Path, task_ids: Sequence[str] = ()) ->
     """The code tasks of `folder` (`code_tasks.load_code_suite`: bugs in real Python repositories,
     judged by their tests; the suite is cua_jax/tasks/suites/code), all of them or those of
     `task_ids` in that order (an id the folder lacks raises). The domain is the task's package."""
-    from cua_jax.tasks.code_tasks import load_code_suite
 
     suite = load_code_suite(folder)
     if not suite:

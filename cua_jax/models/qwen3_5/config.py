@@ -11,6 +11,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
 from cua_jax.models.configs import model_dtype
 from cua_jax.models.vision import VisionConfig
 
@@ -383,7 +384,6 @@ def tiny_qwen3_5_config(**text_overrides: Any) -> Qwen3_5Config:
     """A small random-init Qwen3.5 vision-language config: `tiny_qwen3_5_text_config` with the
     shipped tiny tokenizer's vocabulary and special ids, and a 2-block, width-64 vision tower with
     Qwen3-VL's patch geometry (as `tiny_qwen3_vl_config`'s, without DeepStack)."""
-    from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
 
     ids = shipped_special_token_ids()
     text = dict(

@@ -61,6 +61,7 @@ from cua_jax.models.layers import (  # a Qwen3_5TextConfig has the fields these 
     write_kv_cache,
 )
 from cua_jax.models.qwen3_5.config import CheckpointTensorSpec, Qwen3_5Config, Qwen3_5TextConfig
+from cua_jax.models.qwen3_vl import image_prefill_extras as vl_extras
 from cua_jax.models.rope import apply_rotary, mrope_cos_sin
 from cua_jax.models.sharding import constrain
 from cua_jax.models.vision import (
@@ -516,6 +517,5 @@ class Qwen3_5ForConditionalGeneration(nnx.Module):
 
 def image_prefill_extras(config: Qwen3_5Config, pixel_values, image_grid_thw):
     """A `prefill_extras` callable for `Sampler.generate` (as Qwen3-VL's)."""
-    from cua_jax.models.qwen3_vl import image_prefill_extras as vl_extras
 
     return vl_extras(config, pixel_values, image_grid_thw)

@@ -16,6 +16,7 @@ from flax import nnx
 from cua_jax.models import checkpoint
 from cua_jax.models.qwen3_5.config import CheckpointTensorSpec, Qwen3_5Config, Qwen3_5TextConfig
 from cua_jax.models.qwen3_5.modeling import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
+from cua_jax.models.qwen3_vl import vision_key_rules
 from cua_jax.models.sharding import DEFAULT_RULES
 from cua_jax.models.vision import VISION_RULES
 
@@ -65,7 +66,6 @@ def qwen3_5_key_table(config: Qwen3_5TextConfig | Qwen3_5Config) -> list[checkpo
     if isinstance(config, Qwen3_5TextConfig):
         rules = text_key_rules(config, "model.", "model.") + _head_and_mtp_rules(config, "")
         return checkpoint.expand_key_table(rules, {})
-    from cua_jax.models.qwen3_vl import vision_key_rules
 
     text = config.text
     rules = text_key_rules(text, "model.language_model.", "language_model.model.")

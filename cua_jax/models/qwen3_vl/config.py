@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
 from cua_jax.models.configs import RopeConfig
 from cua_jax.models.qwen3 import Qwen3Config, tiny_qwen3_config
 from cua_jax.models.vision import VisionConfig
@@ -140,7 +141,6 @@ def tiny_qwen3_vl_config(**text_overrides: Any) -> Qwen3VLConfig:
     from blocks 0 and 1 into decoder layers 0 and 1, a 16x16 learned positional grid (a 160x210
     MiniWoB screenshot is a 14x10 patch grid, 35 image tokens).
     """
-    from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
 
     ids = shipped_special_token_ids()
     text = dict(

@@ -15,6 +15,7 @@ import zipfile
 from typing import TYPE_CHECKING, Any
 
 from cua_jax.envs import actions as A
+from cua_jax.tasks.metrics import data, documents, images, pdf, sheets, slides, text
 from cua_jax.tasks.metrics.base import (
     JudgeError,
     JudgeTamperedError,
@@ -27,6 +28,7 @@ from cua_jax.tasks.metrics.base import (
     result_file,
     rule,
 )
+from cua_jax.tasks.metrics.pdf import pdf_texts_similar
 
 if TYPE_CHECKING:
     pass
@@ -248,7 +250,6 @@ def unpack_archive(path: str, folder: str) -> None:
 
 
 def _archive_comparison(file_type: str):
-    from cua_jax.tasks.metrics import data, documents, images, pdf, sheets, slides, text
 
     functions = {
         "text": text.compare_text_file,
@@ -306,7 +307,6 @@ def compare_archive(
 def compare_zip_files(result_path: str | None, expected_path: str | None, **_) -> float:
     """1 when two zip archives hold the same member names with the same bytes (PDF members:
     text similarity ratio at least 0.95)."""
-    from cua_jax.tasks.metrics.pdf import pdf_texts_similar
 
     gold = expected_file(expected_path, "expected archive")
     local = result_file(result_path)

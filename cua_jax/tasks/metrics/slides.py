@@ -17,6 +17,7 @@ from cua_jax.tasks.metrics.base import (
     result_file,
     rule,
 )
+from cua_jax.tasks.metrics.documents import registry_value
 from cua_jax.tasks.metrics.measures import normalised_rgb_distance
 
 _A = "http://schemas.openxmlformats.org/drawingml/2006/main"
@@ -550,7 +551,6 @@ def check_image_stretch_and_center(result_path: str | None, original_path: str |
 
 
 def _registry(path: Any, item_path: str, prop: str) -> str | None:
-    from cua_jax.tasks.metrics.documents import registry_value
 
     return load_result(lambda p: registry_value(p, item_path, prop), path, "xml")
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from cua_jax.tasks.schema import load_suite
 from cua_jax.tasks.verigen import rules
 from cua_jax.tasks.verigen.candidate import Candidate, Feedback
 
@@ -234,7 +235,6 @@ def write_tasks(candidates: list[Candidate], out_dir: str | pathlib.Path) -> lis
 def _read_folder(folder: pathlib.Path) -> list[Candidate]:
     """The candidates of a folder of task JSON files, validated by the task schema
     (a bad file raises TaskSchemaError naming it and the bad field)."""
-    from cua_jax.tasks.schema import load_suite
 
     return [Candidate.from_task_json(task.raw) for task in load_suite(folder)]
 

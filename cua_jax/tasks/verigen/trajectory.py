@@ -30,6 +30,7 @@ from cua_jax.envs import actions as A
 from cua_jax.observe import episode_log
 from cua_jax.observe.episode_log import EpisodeRecord
 from cua_jax.tasks.verigen.candidate import Candidate, Part
+from cua_jax.tasks.verigen.llm import extract_json
 from cua_jax.tasks.verigen.pipeline import ProposalError
 from cua_jax.tasks.verigen.similarity import threshold_clusters
 from cua_jax.types import EpisodeStatus
@@ -59,7 +60,6 @@ def earliest_deviation(steps: list[str], reference: list[str]) -> int:
 
 def deviation_by_judger(chat, candidate: Candidate, steps: list[str]) -> int:
     """Ask a judger model for the earliest off-goal step of a failed trajectory."""
-    from cua_jax.tasks.verigen.llm import extract_json
 
     system = (
         "Find the earliest step at which the agent departs from the goal. Answer with one JSON object: "
