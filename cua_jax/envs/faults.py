@@ -23,32 +23,9 @@ rule that tells them apart for an exception caught around an environment call.
 from __future__ import annotations
 
 import dataclasses
-import enum
 
-from cua_jax.types import EpisodeStatus
-
-
-class FaultKind(str, enum.Enum):
-    """Infrastructure faults that quarantine an episode."""
-
-    CONTAINER_EXITED = "container exited"
-    OOM_KILLED = "OOM-killed"
-    SERVER_UNRESPONSIVE = "server unresponsive"
-    SERVER_ERROR = "server error"
-    SETUP_FAILED = "setup failed"
-    JUDGE_FAILED = "judge failed"
-    ENGINE_FAILED = "engine failed"  # the rollout engine died mid-episode
-    BROWSER_CRASHED = "browser crashed"  # the (shared) browser process died under the episode
-    RENDERER_CRASHED = "renderer crashed"  # a renderer process died, with every page it hosted
-    PROCESS_LIMIT = "process limit reached"  # the environment's pids limit refused a fork
-    WORK_TREE_FULL = "work tree full"  # the environment's size-capped work tree filled up
-    JUDGE_TAMPERED = "judge output tampered"  # something besides the judge wrote a verdict
-    # The environment's main process (a desktop's server, the code runner's reaper) ended cleanly
-    # or on a catchable signal mid-episode: only a process inside the container does that (the
-    # host removes containers with SIGKILL, between episodes).
-    SERVER_STOPPED = "server stopped in the environment"
-    PAGE_LEFT_TASK = "page left its task"  # a MiniWoB page navigated away from its task's document
-
+# FaultKind and Fault are records of cua_jax.types, beside the episode records.
+from cua_jax.types import EpisodeStatus, Fault, FaultKind
 
 # Faults an agent's own actions bring about in an environment capped for it alone: a command
 # that exhausts the container's memory, its pids limit or its work tree. Scored as the agent's
@@ -75,17 +52,6 @@ def fault_kind_of(reason: str | None) -> FaultKind | None:
     """The FaultKind a recorded reason names (`Fault.reason`: the kind's value before ':'), or None."""
     head = (reason or "").split(":", 1)[0].strip()
     return next((kind for kind in FaultKind if kind.value == head), None)
-
-
-@dataclasses.dataclass(frozen=True)
-class Fault:
-    kind: FaultKind
-    detail: str = ""
-
-    @property
-    def reason(self) -> str:
-        """The quarantine reason recorded on the episode, e.g. 'container exited: status 137'."""
-        return f"{self.kind.value}: {self.detail}" if self.detail else self.kind.value
 
 
 class FaultError(Exception):
