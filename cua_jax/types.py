@@ -93,10 +93,25 @@ class Episode:
     turns: list[Turn]
     reward: float = 0.0
     status: EpisodeStatus = EpisodeStatus.FAILURE
-    quarantine_reason: str | None = None
+    fault: Fault | None = None  # the infrastructure fault that ended it (quarantined, or scored as the agent's)
     policy_version: int = 0
     system_prompt: str = ""
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def quarantine_reason(self) -> str | None:
+        """Why a quarantined episode was quarantined (its fault's reason, as logs record it)."""
+        return self.fault.reason if self.fault is not None and self.status is EpisodeStatus.QUARANTINED else None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # An episode pickled before episodes carried a Fault (a checkpoint's buffer) holds its
+        # quarantine reason, "<kind>: <detail>": its fault is read back from it.
+        reason = state.pop("quarantine_reason", None)
+        if reason is not None and "fault" not in state:
+            head, _, detail = reason.partition(": ")
+            kinds = {kind.value: kind for kind in FaultKind}
+            state["fault"] = Fault(kinds[head], detail) if head in kinds else Fault(FaultKind.SERVER_ERROR, reason)
+        self.__dict__.update(state)
 
     @property
     def num_turns(self) -> int:

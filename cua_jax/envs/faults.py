@@ -49,7 +49,8 @@ FAULT_KINDS = tuple(kind.value for kind in FaultKind)  # what configs may name
 
 
 def fault_kind_of(reason: str | None) -> FaultKind | None:
-    """The FaultKind a recorded reason names (`Fault.reason`: the kind's value before ':'), or None."""
+    """The FaultKind a recorded reason names (`Fault.reason`: the kind's value before ':'), or None:
+    for reasons read back from episode logs (a running episode carries its `Fault`)."""
     head = (reason or "").split(":", 1)[0].strip()
     return next((kind for kind in FaultKind if kind.value == head), None)
 
@@ -124,11 +125,13 @@ def classify_environment_error(error: BaseException, *, setup: bool = False) -> 
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """The end of an episode: status, reward and (for quarantine or agent failure) why."""
+    """The end of an episode: status, reward, (for quarantine or agent failure) why, and the
+    infrastructure fault behind it (quarantined, or scored as the agent's failure)."""
 
     status: EpisodeStatus
     reward: float
     reason: str | None = None
+    fault: Fault | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,8 +184,8 @@ def episode_outcome(
     """
     if fault is not None:
         if fault.kind in rule.agent_faults:
-            return Outcome(EpisodeStatus.FAILURE, 0.0, fault.reason)
-        return Outcome(EpisodeStatus.QUARANTINED, 0.0, fault.reason)
+            return Outcome(EpisodeStatus.FAILURE, 0.0, fault.reason, fault)
+        return Outcome(EpisodeStatus.QUARANTINED, 0.0, fault.reason, fault)
     if no_patch is not None:
         return Outcome(EpisodeStatus.FAILURE, float(rule.no_patch_reward), no_patch)
     if crash is not None:
