@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+import ml_collections
 import pytest
 
 import tests.support.http_page_kind as http_page
@@ -144,6 +145,15 @@ def test_a_plugin_kind_trains_from_its_module_alone(tmp_path):
     bad.env.kind_modules = ("tests.support.no_such_kind",)
     with pytest.raises(ConfigError, match="config.env.kind_modules"):
         TrainSettings.from_config(bad)
+    # The kind's config comes from a section env.<kind> when the config has one.
+    sectioned = config.copy_and_resolve_references()
+    sectioned.env.http_page = ml_collections.ConfigDict({"tasks": ("read-word", "read-it-again"), "timeout_s": 5.0})
+    assert TrainSettings.from_config(sectioned).kind_configs == (
+        (http_page.KIND, http_page.HttpPageConfig(("read-word", "read-it-again"), 5.0)),
+    )
+    sectioned.env.http_page.timeout_s = -1.0
+    with pytest.raises(ConfigError, match=r"config.env.http_page: timeout_s must be > 0"):
+        TrainSettings.from_config(sectioned)
     trainer = start_trainer(config)
     try:
         assert trainer.settings.catalog.kinds == {http_page.KIND}
