@@ -1,4 +1,4 @@
-"""The nouns shared by every layer: episode status, turns, episodes, training items.
+"""The nouns shared by every layer: episode status, faults, turns, episodes, training items.
 
 Arrays held here are numpy (host) arrays: these records cross process boundaries
 (Ray actors, checkpoints) and are batched into device arrays only by the batcher.
@@ -28,6 +28,39 @@ class EpisodeStatus(str, enum.Enum):
     FAILURE = "failure"
     NO_VERDICT = "no_verdict"
     QUARANTINED = "quarantined"
+
+
+class FaultKind(str, enum.Enum):
+    """Infrastructure faults that quarantine an episode."""
+
+    CONTAINER_EXITED = "container exited"
+    OOM_KILLED = "OOM-killed"
+    SERVER_UNRESPONSIVE = "server unresponsive"
+    SERVER_ERROR = "server error"
+    SETUP_FAILED = "setup failed"
+    JUDGE_FAILED = "judge failed"
+    ENGINE_FAILED = "engine failed"  # the rollout engine died mid-episode
+    BROWSER_CRASHED = "browser crashed"  # the (shared) browser process died under the episode
+    RENDERER_CRASHED = "renderer crashed"  # a renderer process died, with every page it hosted
+    PROCESS_LIMIT = "process limit reached"  # the environment's pids limit refused a fork
+    WORK_TREE_FULL = "work tree full"  # the environment's size-capped work tree filled up
+    JUDGE_TAMPERED = "judge output tampered"  # something besides the judge wrote a verdict
+    # The environment's main process (a desktop's server, the code runner's reaper) ended cleanly
+    # or on a catchable signal mid-episode: only a process inside the container does that (the
+    # host removes containers with SIGKILL, between episodes).
+    SERVER_STOPPED = "server stopped in the environment"
+    PAGE_LEFT_TASK = "page left its task"  # a MiniWoB page navigated away from its task's document
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    detail: str = ""
+
+    @property
+    def reason(self) -> str:
+        """The quarantine reason recorded on the episode, e.g. 'container exited: status 137'."""
+        return f"{self.kind.value}: {self.detail}" if self.detail else self.kind.value
 
 
 @dataclasses.dataclass
@@ -60,10 +93,25 @@ class Episode:
     turns: list[Turn]
     reward: float = 0.0
     status: EpisodeStatus = EpisodeStatus.FAILURE
-    quarantine_reason: str | None = None
+    fault: Fault | None = None  # the infrastructure fault that ended it (quarantined, or scored as the agent's)
     policy_version: int = 0
     system_prompt: str = ""
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def quarantine_reason(self) -> str | None:
+        """Why a quarantined episode was quarantined (its fault's reason, as logs record it)."""
+        return self.fault.reason if self.fault is not None and self.status is EpisodeStatus.QUARANTINED else None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # An episode pickled before episodes carried a Fault (a checkpoint's buffer) holds its
+        # quarantine reason, "<kind>: <detail>": its fault is read back from it.
+        reason = state.pop("quarantine_reason", None)
+        if reason is not None and "fault" not in state:
+            head, _, detail = reason.partition(": ")
+            kinds = {kind.value: kind for kind in FaultKind}
+            state["fault"] = Fault(kinds[head], detail) if head in kinds else Fault(FaultKind.SERVER_ERROR, reason)
+        self.__dict__.update(state)
 
     @property
     def num_turns(self) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from cua_jax.envs import actions as A
-from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvObservation, EnvReset, EnvTransition
+from cua_jax.envs.contract import AgentEnvironment, EnvObservation, EnvReset, EnvTransition
 from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error, episode_outcome
 from cua_jax.envs.prompts import INVALID_ACTION_PREFIX, observation_text
 from cua_jax.types import EpisodeStatus
@@ -34,8 +34,8 @@ class MiniWoBEnvironment(AgentEnvironment):
     sampled on a small CPU cannot meet; the time-scaled reward follows the new limit.
     A quarantined capsule (browser crash, page failure) ends the episode QUARANTINED with
     the runtime's fault; the next reset builds a fresh capsule generation. Exceptions from the
-    runtime go through `faults.classify_environment_error`: infrastructure faults quarantine
-    (a reset raises EnvironmentFault, a step ends QUARANTINED), anything else is a bug and raises.
+    runtime go through the contract's fault rule: infrastructure faults quarantine (a reset
+    raises EnvironmentFault, a step ends QUARANTINED), anything else is a bug and raises.
     screenshots=False: text-only observations (the DOM text, for a text-only policy); the
     reset still reports the task region's size, which coordinates refer to.
     """
@@ -77,42 +77,33 @@ class MiniWoBEnvironment(AgentEnvironment):
         from cua_jax.envs.miniwob import check_task
 
         check_task(task)  # an unknown task is the caller's error, not an infrastructure fault
-        try:
-            observation = None
-            if self.env_id is None:
-                self.env_id = await self._call(build())
-            else:
-                observation = await self._call(rebuild(self.env_id))
-            if self.time_limit_s is not None:
-                await self._call(self.runtime.aevaluate(self.env_id, _SET_TIME_LIMIT_JS, self.time_limit_s * 1000))
-            if observation is None:
-                observation = await self._call(self.runtime.aobserve(self.env_id))
-        except Exception as error:
-            fault = classify_environment_error(error, setup=True)
-            if fault is None:
-                raise  # a bug in this library, not the environment's fault
-            raise EnvironmentFault(Fault(fault.kind, f"MiniWoB {task}: {fault.detail}")) from error
+        observation = None
+        if self.env_id is None:
+            self.env_id = await self._call(build())
+        else:
+            observation = await self._call(rebuild(self.env_id))
+        if self.time_limit_s is not None:
+            await self._call(self.runtime.aevaluate(self.env_id, _SET_TIME_LIMIT_JS, self.time_limit_s * 1000))
+        if observation is None:
+            observation = await self._call(self.runtime.aobserve(self.env_id))
         height, width = observation.screenshot.shape[:2]
         return EnvReset(observation.utterance, self._observation(observation), screen_size=(width, height))
 
-    async def reset(self, task: str, seed: int | None = None) -> EnvReset:
+    def _fault_place(self, task: Any) -> str:
+        return f"MiniWoB {task}" if task is not None else f"capsule {self.env_id}"
+
+    async def _reset(self, task: str, seed: int | None) -> EnvReset:
         return await self._start(
             task, lambda: self.runtime.acreate(task, seed), lambda env_id: self.runtime.areset(env_id, seed, task)
         )
 
-    async def shared_state(self) -> Any:
+    async def _shared_state(self) -> Any:
         """The capsule's snapshot (task, seed, no actions yet, its clock): what a fork rebuilds."""
         if self.env_id is None:
             raise RuntimeError("shared_state() before reset()")
-        try:
-            return await self._call(self.runtime.asnapshot(self.env_id))
-        except Exception as error:
-            fault = classify_environment_error(error, setup=True)
-            if fault is None:
-                raise
-            raise EnvironmentFault(Fault(fault.kind, f"snapshot of capsule {self.env_id}: {fault.detail}")) from error
+        return await self._call(self.runtime.asnapshot(self.env_id))
 
-    async def reset_to(self, task: str, seed: int | None, state: Any) -> EnvReset:
+    async def _reset_to(self, task: str, seed: int | None, state: Any) -> EnvReset:
         """A fork of another capsule's snapshot `state` (a new capsule, or a restore of this one)."""
         if state.task != task:
             raise ValueError(f"the shared state is a {state.task!r} capsule, not {task!r}")
@@ -120,17 +111,10 @@ class MiniWoBEnvironment(AgentEnvironment):
             task, lambda: self.runtime.afork(state), lambda env_id: self.runtime.arestore(env_id, state)
         )
 
-    async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
+    async def _step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
         if self.env_id is None:
             raise RuntimeError("step() before reset()")
-        try:
-            result = await self._call(self.runtime.astep(self.env_id, action))
-        except Exception as error:
-            fault = classify_environment_error(error)
-            if fault is None:
-                raise  # a bug in this library (stepping an ended episode too), not the environment's fault
-            fault = Fault(fault.kind, f"capsule {self.env_id}: {fault.detail}")
-            return EnvTransition(None, 0.0, episode_outcome(fault=fault), fault=fault)
+        result = await self._call(self.runtime.astep(self.env_id, action))
         if result.status is EpisodeStatus.QUARANTINED:
             fault = result.fault or Fault(
                 FaultKind.SERVER_ERROR, result.quarantine_reason or f"capsule {self.env_id} quarantined"

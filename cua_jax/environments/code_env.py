@@ -65,13 +65,12 @@ from cua_jax.envs.code_actions import (
 )
 from cua_jax.envs.contract import (
     AgentEnvironment,
-    EnvironmentFault,
     EnvObservation,
     EnvReset,
     EnvTransition,
     TaskIsGroupStart,
 )
-from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, container_fault, episode_outcome
+from cua_jax.envs.faults import Attribution, Fault, FaultError, FaultKind, Outcome, container_fault, episode_outcome
 from cua_jax.tasks.code_tasks import CodeTask, judge_request, verdict
 
 log = logging.getLogger(__name__)
@@ -161,10 +160,17 @@ class CodeEnvConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
-class ContainerFault(Exception):
+class ContainerFault(FaultError):
+    """A fault of the container (its state, a limit it hit, a runner that failed): the
+    contract's fault rule takes `fault` as is."""
+
     def __init__(self, fault: Fault):
         super().__init__(fault.reason)
-        self.fault = fault
+        self._fault = fault
+
+    @property
+    def fault(self) -> Fault:
+        return self._fault
 
 
 _DOCKER_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, ConnectionError)
@@ -407,9 +413,9 @@ class CodeEnvironment(TaskIsGroupStart, AgentEnvironment):
         episode = CodeEpisode(self, task)
         try:
             episode.start()
-        except ContainerFault as error:
+        except ContainerFault:
             self._broken = True
-            raise EnvironmentFault(error.fault) from None
+            raise
         self.counters["resets"] += 1
         return episode
 
@@ -419,17 +425,14 @@ class CodeEnvironment(TaskIsGroupStart, AgentEnvironment):
             self.counters["quarantined"] += 1
 
     # ---- the contract -------------------------------------------------------------------
-    async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
+    async def _reset(self, task: Any, seed: int | None) -> EnvReset:
         await self.end_episode()
-        try:
-            self.episode = await asyncio.to_thread(self._start, task)
-        except ContainerFault as error:  # the container itself could not start
-            self._broken = True
-            raise EnvironmentFault(error.fault) from None
+        # A container that could not start is gone (`_new_container`): the next reset starts another.
+        self.episode = await asyncio.to_thread(self._start, task)
         text = f"The repository is checked out at {REPO}. Fix the issue, then submit."
         return EnvReset(task.instruction, EnvObservation((), text), screen_size=A.DEFAULT_SCREEN_SIZE)
 
-    async def step(self, action: Any) -> EnvTransition:
+    async def _step(self, action: Any) -> EnvTransition:
         episode = self.episode
         if episode is None or episode.outcome is not None:
             raise RuntimeError("step() without a running episode (reset first)")

@@ -229,7 +229,7 @@ class DesktopEnvironment(TaskIsGroupStart, AgentEnvironment):
         info = {"malformed_results": list(self.episode.malformed_results)} if self.episode.malformed_results else {}
         return EnvTransition(None, outcome.reward, outcome, info, fault=self.episode.fault)
 
-    async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
+    async def _reset(self, task: Any, seed: int | None) -> EnvReset:
         if self.episode is not None and self.episode.outcome is None:
             await asyncio.to_thread(self.episode.finish)  # release the previous episode's container
         self.episode = DesktopEpisode(
@@ -242,7 +242,7 @@ class DesktopEnvironment(TaskIsGroupStart, AgentEnvironment):
             raise EnvironmentFault(fault)
         return EnvReset(task.instruction, self._observation(observation))
 
-    async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
+    async def _step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
         if self.episode is None:
             raise RuntimeError("step() before reset()")
         text = action.text if isinstance(action, A.InvalidAction) else A.render_action(action)

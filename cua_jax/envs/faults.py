@@ -23,32 +23,9 @@ rule that tells them apart for an exception caught around an environment call.
 from __future__ import annotations
 
 import dataclasses
-import enum
 
-from cua_jax.types import EpisodeStatus
-
-
-class FaultKind(str, enum.Enum):
-    """Infrastructure faults that quarantine an episode."""
-
-    CONTAINER_EXITED = "container exited"
-    OOM_KILLED = "OOM-killed"
-    SERVER_UNRESPONSIVE = "server unresponsive"
-    SERVER_ERROR = "server error"
-    SETUP_FAILED = "setup failed"
-    JUDGE_FAILED = "judge failed"
-    ENGINE_FAILED = "engine failed"  # the rollout engine died mid-episode
-    BROWSER_CRASHED = "browser crashed"  # the (shared) browser process died under the episode
-    RENDERER_CRASHED = "renderer crashed"  # a renderer process died, with every page it hosted
-    PROCESS_LIMIT = "process limit reached"  # the environment's pids limit refused a fork
-    WORK_TREE_FULL = "work tree full"  # the environment's size-capped work tree filled up
-    JUDGE_TAMPERED = "judge output tampered"  # something besides the judge wrote a verdict
-    # The environment's main process (a desktop's server, the code runner's reaper) ended cleanly
-    # or on a catchable signal mid-episode: only a process inside the container does that (the
-    # host removes containers with SIGKILL, between episodes).
-    SERVER_STOPPED = "server stopped in the environment"
-    PAGE_LEFT_TASK = "page left its task"  # a MiniWoB page navigated away from its task's document
-
+# FaultKind and Fault are records of cua_jax.types, beside the episode records.
+from cua_jax.types import EpisodeStatus, Fault, FaultKind
 
 # Faults an agent's own actions bring about in an environment capped for it alone: a command
 # that exhausts the container's memory, its pids limit or its work tree. Scored as the agent's
@@ -72,20 +49,10 @@ FAULT_KINDS = tuple(kind.value for kind in FaultKind)  # what configs may name
 
 
 def fault_kind_of(reason: str | None) -> FaultKind | None:
-    """The FaultKind a recorded reason names (`Fault.reason`: the kind's value before ':'), or None."""
+    """The FaultKind a recorded reason names (`Fault.reason`: the kind's value before ':'), or None:
+    for reasons read back from episode logs (a running episode carries its `Fault`)."""
     head = (reason or "").split(":", 1)[0].strip()
     return next((kind for kind in FaultKind if kind.value == head), None)
-
-
-@dataclasses.dataclass(frozen=True)
-class Fault:
-    kind: FaultKind
-    detail: str = ""
-
-    @property
-    def reason(self) -> str:
-        """The quarantine reason recorded on the episode, e.g. 'container exited: status 137'."""
-        return f"{self.kind.value}: {self.detail}" if self.detail else self.kind.value
 
 
 class FaultError(Exception):
@@ -158,11 +125,13 @@ def classify_environment_error(error: BaseException, *, setup: bool = False) -> 
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """The end of an episode: status, reward and (for quarantine or agent failure) why."""
+    """The end of an episode: status, reward, (for quarantine or agent failure) why, and the
+    infrastructure fault behind it (quarantined, or scored as the agent's failure)."""
 
     status: EpisodeStatus
     reward: float
     reason: str | None = None
+    fault: Fault | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,8 +184,8 @@ def episode_outcome(
     """
     if fault is not None:
         if fault.kind in rule.agent_faults:
-            return Outcome(EpisodeStatus.FAILURE, 0.0, fault.reason)
-        return Outcome(EpisodeStatus.QUARANTINED, 0.0, fault.reason)
+            return Outcome(EpisodeStatus.FAILURE, 0.0, fault.reason, fault)
+        return Outcome(EpisodeStatus.QUARANTINED, 0.0, fault.reason, fault)
     if no_patch is not None:
         return Outcome(EpisodeStatus.FAILURE, float(rule.no_patch_reward), no_patch)
     if crash is not None:

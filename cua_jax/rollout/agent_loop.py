@@ -20,7 +20,7 @@ and it ends (`faults.episode_outcome`) as
                        `max_new_tokens` over `max_context_tokens`) or the episode's
                        responses ("response_tokens", `max_response_tokens`, below);
     QUARANTINED        the environment reported an infrastructure fault (browser crashed,
-                       container exited, setup failed); `Episode.quarantine_reason` says which.
+                       container exited, setup failed); `Episode.fault` says which.
 
 The engine is shared: `GenerationBatcher` gathers the prompts of every episode waiting on it
 into one `RolloutEngine.generate` call (run in a worker thread), so a group of n episodes of
@@ -685,9 +685,8 @@ class AgentLoop:
     ) -> Rollout:
         episode.status = outcome.status
         episode.reward = float(outcome.reward)
-        if outcome.status is EpisodeStatus.QUARANTINED:
-            episode.quarantine_reason = outcome.reason
-        elif outcome.reason is not None:
+        episode.fault = outcome.fault
+        if outcome.status is not EpisodeStatus.QUARANTINED and outcome.reason is not None:
             episode.info["end_reason"] = outcome.reason
         versions = [v for g in generations for _, v in g.version_segments()]
         # The oldest weights that produced any token: what a staleness window must compare.

@@ -128,19 +128,19 @@ class LatencyEnvironment(EnvironmentWrapper):
         await asyncio.sleep(delay)
         return delay
 
-    async def reset(self, task: Any, seed: int | None = None) -> EnvReset:
+    async def _reset(self, task: Any, seed: int | None) -> EnvReset:
         self.resets += 1
         if self.delay_reset:
             await self._sleep()
         return await self.env.reset(task, seed)
 
-    async def reset_to(self, task: Any, seed: int | None, state: Any) -> EnvReset:
+    async def _reset_to(self, task: Any, seed: int | None, state: Any) -> EnvReset:
         self.resets += 1
         if self.delay_reset:
             await self._sleep()
         return await self.env.reset_to(task, seed, state)
 
-    async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
+    async def _step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
         self.steps += 1
         delay = await self._sleep()
         transition = await self.env.step(action)

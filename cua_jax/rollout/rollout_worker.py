@@ -1,6 +1,7 @@
-"""A rollout worker: its environments (a capsule runtime over a shared Chromium for MiniWoB++,
-a Docker desktop pool for desktop tasks, a code container per environment for code tasks), one
-engine and the agent loops.
+"""A rollout worker: its environments (for each kind of task its catalog holds, the resources
+its registry entry opens, `cua_jax.environments.kinds`: a capsule runtime over a shared
+Chromium for MiniWoB++, a Docker desktop pool for desktop tasks, a code image whose
+environments hold a container each), one engine and the agent loops.
 
 `RolloutWorker` runs groups of episodes on request and takes weight updates. It
 runs in-process, or as a Ray actor (`rollout_worker_actor`), one per CPU group; the actor
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from cua_jax.environments.capsule_env import MiniWoBEnvironment
+from cua_jax.environments.kinds import EnvironmentKind, environment_kind, import_kind_modules, kind_names
 from cua_jax.envs.capsules import CapsuleOptions
 from cua_jax.envs.contract import AgentEnvironment
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout
@@ -123,7 +124,9 @@ class RolloutWorkerConfig:
     MiniWoB names only). desktop_pool: the Docker desktop pool this worker runs desktop tasks
     on (`docker_pool.PoolConfig`; None: no desktop tasks). code_env: the containers of code
     tasks (`code_env.CodeEnvConfig`; None: its defaults), each environment holding its own.
-    capsules: how the MiniWoB capsules share their browser (`capsules.CapsuleOptions`)."""
+    capsules: how the MiniWoB capsules share their browser (`capsules.CapsuleOptions`).
+    kind_modules: modules the worker imports first (they register plugin kinds, see
+    `cua_jax.environments.kinds`); kind_configs: (kind, its config dataclass) of plugin kinds."""
 
     agent: AgentConfig = AgentConfig()
     eval_agent: AgentConfig | None = None
@@ -139,10 +142,17 @@ class RolloutWorkerConfig:
     desktop_pool: Any = None
     code_env: Any = None
     capsules: CapsuleOptions = CapsuleOptions()
+    kind_modules: tuple[str, ...] = ()
+    kind_configs: tuple[tuple[str, Any], ...] = ()
+
+    def kind_config(self, kind: str) -> Any:
+        """The config of plugin kind `kind` (None: its defaults)."""
+        return dict(self.kind_configs).get(kind)
 
 
 class RolloutWorker:
-    """Owns a CapsuleRuntime, an engine (built by `engine_factory` here) and two AgentLoops.
+    """Owns the resources of its kinds of environment (a CapsuleRuntime for MiniWoB), an engine
+    (built by `engine_factory` here) and two AgentLoops.
 
     env_wrapper wraps every environment the worker makes (fault injection, added latency); in
     a Ray actor it is pickled into the actor's process, so its state lives there.
@@ -168,57 +178,38 @@ class RolloutWorker:
         self.train_loop = AgentLoop(self.engine, self.segmenter, config.agent)
         self.eval_loop = AgentLoop(self.engine, self.segmenter, config.eval_agent or config.agent)
         self._eval_loops: dict[float, AgentLoop] = {}  # the evaluation loop at other temperatures
-        kinds = {"miniwob"} if config.catalog is None else config.catalog.kinds
-        if "desktop" in kinds and config.desktop_pool is None:
-            raise ValueError("the task catalog holds desktop tasks, but the worker has no desktop_pool config")
-        self.runtime = None
-        self.desktop_pool = None
-        self.code_env = None
+        # The kinds this worker runs and the resources each shares, opened in registration order.
+        self.kinds: dict[str, EnvironmentKind] = {}
+        self.resources: dict[str, Any] = {}
         try:
-            if "miniwob" in kinds:
-                # The capsules show element ids (marks, DOM text) as the agent's action space needs.
-                self.runtime = config.capsules.runtime(
-                    include_dom_text=config.include_dom_text,
-                    action_space=config.agent.action_space,
-                    seed=config.runtime_seed,
-                )
-            if "desktop" in kinds:
-                from cua_jax.envs.docker_pool import DockerEnvPool
-
-                self.desktop_pool = DockerEnvPool(config.desktop_pool).start()
-            if "code" in kinds:
-                from cua_jax.environments.code_env import CodeEnvConfig
-                from cua_jax.envs.images import ensure_image
-
-                # The image is resolved (built when missing) once, not by every environment.
-                code_env = config.code_env or CodeEnvConfig()
-                self.code_env = dataclasses.replace(code_env, image=code_env.image or ensure_image("code"))
+            import_kind_modules(config.kind_modules)
+            names = {"miniwob"} if config.catalog is None else config.catalog.kinds
+            for name in names - set(kind_names()):
+                environment_kind(name)  # raises, naming the registered kinds
+            self.kinds = {name: environment_kind(name) for name in kind_names() if name in names}
+            for name, kind in self.kinds.items():
+                self.resources[name] = kind.open(config)
         except BaseException:
             self._close_environments()
             self.engine.close()
             raise
         self.env_wrapper = env_wrapper
-        self.envs: dict[str, list[AgentEnvironment]] = {"miniwob": [], "desktop": [], "code": []}
+        self.envs: dict[str, list[AgentEnvironment]] = {name: [] for name in self.kinds}
         # One batch of groups at a time: the environments are shared between calls.
         self._run_lock = threading.Lock()
         # Streaming (`submit_group`): an event loop of its own in a thread, with its own environments.
         self._stream_loop: asyncio.AbstractEventLoop | None = None
         self._stream_thread: threading.Thread | None = None
         self._stream_envs: dict[str, list[AgentEnvironment]] = {}
-        self._stream_desktop_groups: asyncio.Semaphore | None = None
+        self._stream_groups: dict[str, asyncio.Semaphore] = {}
+
+    @property
+    def runtime(self) -> Any:
+        """The MiniWoB capsule runtime (None without MiniWoB tasks)."""
+        return self.resources.get("miniwob")
 
     def _new_env(self, kind: str) -> AgentEnvironment:
-        if kind == "desktop":
-            from cua_jax.environments.desktop_env import DesktopEnvironment
-
-            return DesktopEnvironment(self.desktop_pool, attribution=self.config.agent.attribution)
-        if kind == "code":
-            from cua_jax.environments.code_env import CodeEnvironment
-
-            return CodeEnvironment(self.code_env, attribution=self.config.agent.attribution)
-        return MiniWoBEnvironment(
-            self.runtime, time_limit_s=self.config.time_limit_s, screenshots=self.config.screenshots
-        )
+        return self.kinds[kind].make(self.resources[kind], self.config)
 
     def _envs(self, kind: str, n: int) -> list[AgentEnvironment]:
         """n environments of `kind`, reused across groups (a reset starts each one afresh)."""
@@ -228,8 +219,23 @@ class RolloutWorker:
             envs.append(self.env_wrapper(env) if self.env_wrapper else env)
         return envs[:n]
 
-    def _desktop_capacity(self) -> int:
-        return self.desktop_pool.config.size if self.desktop_pool is not None else 0
+    def _capacity(self, kind: str) -> int | None:
+        """Episodes of `kind` the worker's resources carry at once (None: unbounded)."""
+        return self.kinds[kind].capacity(self.resources[kind])
+
+    def _check_capacity(self, kind: str, n: int) -> None:
+        capacity = self._capacity(kind)
+        if capacity is not None and n > capacity:
+            raise ValueError(
+                f"a group of {n} {kind} episodes needs {n} at once, but the worker's {kind} environments "
+                f"carry {capacity}"
+            )
+
+    def _group_gate(self, kind: str, n: int) -> asyncio.Semaphore | None:
+        """At most as many groups of n episodes of `kind` as its capacity holds run at once: a
+        group waiting for room has not started, so the batcher never waits for its episodes."""
+        capacity = self._capacity(kind)
+        return None if capacity is None else asyncio.Semaphore(max(1, capacity // n))
 
     def resolve(self, task_id: str) -> tuple[str, Any]:
         """(environment kind, what its reset takes) of a requested task id."""
@@ -245,26 +251,20 @@ class RolloutWorker:
         if n < 1:
             raise ValueError(f"a group needs n >= 1 episodes, got {n}")
         resolved = [self.resolve(task_id) for task_id, _, _ in groups]
-        if any(kind == "desktop" for kind, _ in resolved) and n > self._desktop_capacity():
-            raise ValueError(
-                f"a group of {n} desktop episodes needs {n} containers at once, but the pool has "
-                f"{self._desktop_capacity()}"
-            )
+        for kind in {kind for kind, _ in resolved}:
+            self._check_capacity(kind, n)
         with self._run_lock:
             needed = {kind: n * sum(k == kind for k, _ in resolved) for kind in self.envs}
             pools = {kind: iter(self._envs(kind, count)) for kind, count in needed.items()}
             assigned = [[next(pools[kind]) for _ in range(n)] for kind, _ in resolved]
 
             async def run_all():
-                # At most as many desktop episodes run as the pool has containers: a group waiting
-                # for containers has not started, so the batcher never waits for its episodes.
-                desktop_groups = asyncio.Semaphore(max(1, self._desktop_capacity() // n))
+                gates = {kind: self._group_gate(kind, n) for kind in self.kinds}
 
                 async def run_one(envs, kind, spec, task_id, seed, group_id):
-                    if kind != "desktop":
-                        return await loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
-                    async with desktop_groups:
-                        return await loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
+                    return await _gated(
+                        gates[kind], loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
+                    )
 
                 return await asyncio.gather(
                     *(
@@ -334,7 +334,7 @@ class RolloutWorker:
         asyncio.run_coroutine_threadsafe(close_all(), loop).result(timeout=120)
         loop.call_soon_threadsafe(loop.stop)
         self._stream_thread.join(timeout=120)
-        self._stream_loop, self._stream_envs, self._stream_desktop_groups = None, {}, None
+        self._stream_loop, self._stream_envs, self._stream_groups = None, {}, {}
 
     def update_weights(self, params: Any, version: int) -> None:
         """Loads `params` (whatever the engine's update_weights takes) as policy `version`."""
@@ -348,12 +348,13 @@ class RolloutWorker:
         return self.engine.stats()
 
     def environment_stats(self) -> dict[str, float]:
-        """The worker's environment counters since it started, under "capsules/" (its capsule
-        runtime's `counters`: warm failures, crashes, fork methods); {} without MiniWoB tasks."""
-        runtime = self.runtime
-        if runtime is None:
-            return {}
-        return {f"capsules/{name}": float(count) for name, count in runtime.counters().items()}
+        """The worker's environment counters since it started, each kind's `stats` (under
+        "capsules/": its capsule runtime's `counters`: warm failures, crashes, fork methods)."""
+        return {
+            name: value
+            for kind, entry in self.kinds.items()
+            for name, value in entry.stats(self.resources[kind]).items()
+        }
 
     def sampling_state(self) -> dict[str, int]:
         """The engine's restorable sampling state (see `engine_sampling_state`)."""
@@ -380,12 +381,16 @@ class RolloutWorker:
                 self.engine = None
 
     def _close_environments(self) -> None:
-        if self.runtime is not None:
-            self.runtime.shutdown()
-            self.runtime = None
-        if self.desktop_pool is not None:
-            self.desktop_pool.close()
-            self.desktop_pool = None
+        while self.resources:
+            kind, resources = self.resources.popitem()  # the last opened closes first
+            self.kinds[kind].close(resources)
+
+
+async def _gated(gate: asyncio.Semaphore | None, coroutine):
+    if gate is None:
+        return await coroutine
+    async with gate:
+        return await coroutine
 
 
 async def _stream_group(worker: RolloutWorker, request: GroupRequest, n: int) -> list[Rollout]:
@@ -393,20 +398,14 @@ async def _stream_group(worker: RolloutWorker, request: GroupRequest, n: int) ->
     method would make Ray run RolloutWorker as an asyncio actor, where asyncio.run fails)."""
     task_id, seed, group_id = request
     kind, spec = worker.resolve(task_id)
-    if kind == "desktop" and n > worker._desktop_capacity():
-        raise ValueError(
-            f"a group of {n} desktop episodes needs {n} containers at once, but the pool has "
-            f"{worker._desktop_capacity()}"
-        )
+    worker._check_capacity(kind, n)
     free = worker._stream_envs.setdefault(kind, [])
     envs = [free.pop() if free else worker._wrapped(worker._new_env(kind)) for _ in range(n)]
     try:
-        if kind != "desktop":
-            return await worker.train_loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
-        if worker._stream_desktop_groups is None:  # at most as many desktop groups as the pool holds
-            worker._stream_desktop_groups = asyncio.Semaphore(max(1, worker._desktop_capacity() // n))
-        async with worker._stream_desktop_groups:
-            return await worker.train_loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
+        if kind not in worker._stream_groups:  # the gate of the first group's size, as before
+            worker._stream_groups[kind] = worker._group_gate(kind, n)
+        group = worker.train_loop.run_group(envs, spec, task_id=task_id, seed=seed, group_id=group_id)
+        return await _gated(worker._stream_groups[kind], group)
     finally:
         free.extend(envs)
 

@@ -35,7 +35,6 @@ from cua_jax.tasks.code_tasks import load_code_suite
 from cua_jax.tasks.pool import PoolTask, TaskPool
 from cua_jax.tasks.schema import Task, TaskSchemaError, parse_task
 
-TASK_KINDS = ("miniwob", "desktop", "code")
 MINIWOB_DOMAIN = "miniwob"
 _TASK_KEYS = ("id", "instruction", "evaluator")
 
@@ -45,7 +44,8 @@ class SourceTask:
     """One task a run can draw.
 
     kind: what runs it ("miniwob": a capsule of the shared browser; "desktop": a pooled
-        Docker desktop; "code": a code container). spec: what that environment's reset takes
+        Docker desktop; "code": a code container; or a plugin kind registered in
+        `cua_jax.environments.kinds`). spec: what that environment's reset takes
         (the MiniWoB task name, the desktop `schema.Task`, or the `code_tasks.CodeTask`).
         origin: the file or list it came from (for errors).
     """
@@ -183,15 +183,14 @@ def parse_domain_weights(entries: Iterable[str]) -> dict[str, float]:
 
 
 class TaskCatalog:
-    """The run's tasks by id; ids must be unique across sources."""
+    """The run's tasks by id; ids must be unique across sources. A task's kind is resolved
+    where its environment is made (`cua_jax.environments.kinds`, which names the known ones)."""
 
     def __init__(self, tasks: Sequence[SourceTask]):
         if not tasks:
             raise ValueError("a task catalog needs at least one task")
         self._tasks: dict[str, SourceTask] = {}
         for task in tasks:
-            if task.kind not in TASK_KINDS:
-                raise ValueError(f"task {task.task_id!r}: kind {task.kind!r} is not one of {TASK_KINDS}")
             if task.task_id in self._tasks:
                 raise ValueError(
                     f"task id {task.task_id!r} appears twice: in {self._tasks[task.task_id].origin} "

@@ -104,6 +104,8 @@ def rollout_worker_config(settings: TrainSettings, worker: int) -> RolloutWorker
         desktop_pool=desktop_pool_config(settings),
         code_env=settings.code_env,
         capsules=CapsuleOptions.from_config(c.env.capsules),
+        kind_modules=tuple(c.env.kind_modules),
+        kind_configs=settings.kind_configs,
     )
 
 

@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 import jax
 import numpy as np
 
-from cua_jax.envs.faults import fault_kind_of
 from cua_jax.rl.advantages import (
     STATUS_CODES,
     broadcast_to_items,
@@ -27,7 +26,7 @@ from cua_jax.tasks.pool import GroupOutcome
 from cua_jax.train.batching import group_order
 from cua_jax.train.buffer import RolloutGroup, is_replay, whole_group_minibatches
 from cua_jax.train.settings import TrainSettings
-from cua_jax.types import Episode, EpisodeStatus, TrainingItem
+from cua_jax.types import Episode, EpisodeStatus, Fault, TrainingItem
 
 
 def draw_group_seeds(key: jax.Array, count: int, train_seeds: Sequence[int], train_seed_max: int) -> list[int]:
@@ -39,16 +38,15 @@ def draw_group_seeds(key: jax.Array, count: int, train_seeds: Sequence[int], tra
     return [int(x) for x in np.asarray(jax.random.randint(key, (count,), 0, train_seed_max))]
 
 
-def agent_fault_kind(reason: str | None) -> str | None:
-    """The metric name of the FaultKind a reason names (the text before ':', slugged), or None:
-    for a scored episode's end reason, a fault its agent owns (`advantage.agent_faults`)."""
-    kind = fault_kind_of(reason)
-    return None if kind is None else kind.name.lower()
+def fault_metric_name(fault: Fault | None) -> str | None:
+    """The metric name of a fault's kind (slugged), or None without one: for a scored episode,
+    a fault its agent owns (`advantage.agent_faults`)."""
+    return None if fault is None else fault.kind.name.lower()
 
 
-def quarantine_kind(reason: str | None) -> str:
-    """The metric name of a quarantine reason: its FaultKind's, or "other"."""
-    return agent_fault_kind(reason) or "other"
+def quarantine_kind(fault: Fault | None) -> str:
+    """The metric name of a quarantined episode's fault: its kind's, or "other"."""
+    return fault_metric_name(fault) or "other"
 
 
 @dataclasses.dataclass
@@ -157,7 +155,7 @@ def domain_metrics(groups: Sequence[CollectedGroup], domains: Mapping[str, str])
         for episode in group.episodes:
             metrics[f"domain/{domain}/episodes"] += 1
             if episode.status is EpisodeStatus.QUARANTINED:
-                metrics[f"domain/{domain}/quarantine/{quarantine_kind(episode.quarantine_reason)}"] += 1
+                metrics[f"domain/{domain}/quarantine/{quarantine_kind(episode.fault)}"] += 1
             else:
                 scored[domain].append(episode.status is EpisodeStatus.SUCCESS)
     for domain, outcomes in scored.items():
@@ -183,7 +181,7 @@ def prepare_batch(
         kept_groups[group.group_id] = []
         for episode in group.episodes:
             if episode.status is EpisodeStatus.QUARANTINED:
-                metrics[f"quarantine/{quarantine_kind(episode.quarantine_reason)}"] += 1
+                metrics[f"quarantine/{quarantine_kind(episode.fault)}"] += 1
                 metrics["quarantine/total"] += 1
                 if not as_failure:
                     quarantined[episode.episode_id] = episode.quarantine_reason or ""
@@ -191,9 +189,9 @@ def prepare_batch(
                 # CANOPY App. G's sensitivity check: the faulted episode stays in its group as a
                 # failure (reward 0) instead of leaving it; its items, if any, take that advantage.
                 metrics["quarantine/scored_as_failure"] += 1
-                episode = copy.copy(episode)  # keeps its quarantine_reason; the group's record is untouched
+                episode = copy.copy(episode)  # keeps its fault; the group's record is untouched
                 episode.status, episode.reward = EpisodeStatus.FAILURE, 0.0
-            elif (owned := agent_fault_kind(episode.info.get("end_reason"))) is not None:
+            elif (owned := fault_metric_name(episode.fault)) is not None:
                 # a fault the agent caused, scored as its failure: counted all the same
                 metrics[f"agent_fault/{owned}"] += 1
                 metrics["agent_fault/total"] += 1

@@ -44,7 +44,7 @@ LOADED_POLICIES = ("qwen3_vl", "qwen3", "qwen3_5", "qwen3_5_text")
 POLICIES = ("tiny_qwen3_vl", "tiny_qwen3", "tiny_qwen3_5") + LOADED_POLICIES
 TEXT_POLICIES = ("tiny_qwen3", "qwen3", "qwen3_5_text")
 OBSERVATIONS = ("screenshot", "text")
-ENV_KINDS = ("miniwob", "desktop", "mixed", "code")
+ENV_KINDS = ("miniwob", "desktop", "mixed", "code")  # and any plugin kind of env.kind_modules
 
 
 def without_hardest_tier(tasks: Sequence[SourceTask]) -> list[SourceTask]:
@@ -220,6 +220,7 @@ class TrainSettings:
     desktop_pool: Any = None  # cua_jax.envs.docker_pool.PoolConfig without its image, or None
     warm_start: Any = None  # cua_jax.train.sft.WarmStartConfig, or None (no warm start)
     code_env: Any = None  # cua_jax.environments.code_env.CodeEnvConfig (env.kind "code"), or None
+    kind_configs: tuple = ()  # (kind, its config dataclass) of a plugin env.kind
 
     @classmethod
     def from_config(cls, config) -> TrainSettings:
@@ -307,7 +308,7 @@ class TrainSettings:
             "rollout.ray_object_store_mb",
             f"Ray needs an object store of at least 80 MiB, got {c.rollout.ray_object_store_mb}",
         )
-        catalog, training, domain_weights = _task_catalog(c)
+        catalog, training, domain_weights, kind_configs = _task_catalog(c)
         # A batch draws distinct tasks: caught here, not after the warm start and evaluation.
         _require(
             c.rollout.batch_tasks <= len(training),
@@ -741,6 +742,7 @@ class TrainSettings:
             desktop_pool,
             warm_start,
             code_env,
+            kind_configs,
         )
 
 
@@ -758,25 +760,50 @@ def _code_env_config(**values):
     return CodeEnvConfig(**values)
 
 
-def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
-    """(every task the run names, the training pool's ids, the domain weights), with any bad
-    source named by its field: env.kind, env.tasks ((task, tier) records: MiniWoB), env.task_dirs
-    (folders of OSWorld-format task JSON), env.code.suite_dir / tasks (code tasks),
-    env.domain_weights, eval.tasks."""
+def _plugin_kind(c) -> Any:
+    """The registered kind env.kind names when it is none of ENV_KINDS (after importing
+    env.kind_modules, which register their kinds), else None."""
+    from cua_jax.environments.kinds import environment_kind, import_kind_modules, kind_names
+
+    try:
+        import_kind_modules(tuple(c.env.kind_modules))
+    except ImportError as error:
+        raise ConfigError(f"config.env.kind_modules: {error}") from None
+    if c.env.kind in ENV_KINDS:
+        return None
+    plugins = tuple(name for name in kind_names() if name not in ENV_KINDS)
+    _require(
+        c.env.kind in plugins,
+        "env.kind",
+        f"{c.env.kind!r} is not one of {ENV_KINDS + plugins} (a plugin kind's module goes in env.kind_modules)",
+    )
+    kind = environment_kind(c.env.kind)
+    _require(
+        kind.tasks is not None and kind.config is not None,
+        "env.kind",
+        f"the environment kind {kind.name!r} gives no tasks of its own (its registry entry needs config and tasks)",
+    )
+    return kind
+
+
+def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float], tuple]:
+    """(every task the run names, the training pool's ids, the domain weights, the plugin
+    kind's config), with any bad source named by its field: env.kind / kind_modules,
+    env.tasks ((task, tier) records: MiniWoB), env.task_dirs (folders of OSWorld-format task JSON),
+    env.code.suite_dir / tasks (code tasks), env.<plugin kind> (its tasks), env.domain_weights,
+    eval.tasks."""
+    from cua_jax.environments.kinds import kind_config
     from cua_jax.envs.miniwob import task_names
     from cua_jax.tasks.sources import load_code_tasks, load_task_folder, miniwob_tasks, parse_domain_weights
 
-    _require(c.env.kind in ENV_KINDS, "env.kind", f"{c.env.kind!r} is not one of {ENV_KINDS}")
+    plugin = _plugin_kind(c)
     miniwob = c.env.kind in ("miniwob", "mixed")
     desktop = c.env.kind in ("desktop", "mixed")
     code = c.env.kind == "code"
-    if code:
+    if code or plugin is not None:
+        where = "env.code.suite_dir (env.code.tasks)" if code else f"its registry entry (env.{c.env.kind})"
         for field in ("tasks", "task_dirs"):
-            _require(
-                not c.env[field],
-                f"env.{field}",
-                "env.kind 'code' takes its tasks from env.code.suite_dir (env.code.tasks); set ()",
-            )
+            _require(not c.env[field], f"env.{field}", f"env.kind {c.env.kind!r} takes its tasks from {where}; set ()")
     elif miniwob:
         _require(len(c.env.tasks) >= 1, "env.tasks", f"env.kind {c.env.kind!r} needs at least one MiniWoB task")
     else:
@@ -788,7 +815,7 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
         )
     if desktop:
         _require(len(c.env.task_dirs) >= 1, "env.task_dirs", f"env.kind {c.env.kind!r} needs at least one task folder")
-    elif not code:
+    elif not code and plugin is None:
         _require(
             not c.env.task_dirs,
             "env.task_dirs",
@@ -822,6 +849,18 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
             not missing, "env.code.tasks", f"{missing} are not tasks of env.code.suite_dir {c.env.code.suite_dir!r}"
         )
         tasks += [suite[task] for task in dict.fromkeys(c.env.code.tasks)] if c.env.code.tasks else list(suite.values())
+    kind_configs = ()
+    if plugin is not None:
+        section = f"env.{plugin.name}"
+        try:
+            config = kind_config(plugin, c.env.get(plugin.name))
+            own = list(plugin.tasks(config))
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"config.{section}: {error}") from None
+        strays = [task.task_id for task in own if task.kind != plugin.name]
+        _require(not strays, section, f"the kind's tasks {strays} name another kind")
+        tasks += own
+        kind_configs = ((plugin.name, config),)
     training = without_hardest_tier(tasks) if c.env.drop_hardest_tier else tasks
     try:
         catalog = TaskCatalog(
@@ -841,7 +880,7 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
         _require(
             task in catalog, "eval.tasks", f"unknown task {task!r} (neither a MiniWoB task nor one of env.task_dirs)"
         )
-    return catalog, tuple(task.task_id for task in training), weights
+    return catalog, tuple(task.task_id for task in training), weights, kind_configs
 
 
 # ---- the pilot file (cua_jax.eval.pilot writes it) ------------------------------------------

@@ -119,10 +119,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.process_id = -1
 
     # Tasks. env.kind: "miniwob" (env.tasks, MiniWoB++ in capsules of a shared browser),
-    # "desktop" (env.task_dirs, OSWorld-format task JSON on pooled Docker desktops) or "mixed"
-    # (both). cua_jax/tasks/sources.py says how a folder's tasks get their domains.
+    # "desktop" (env.task_dirs, OSWorld-format task JSON on pooled Docker desktops), "mixed"
+    # (both), "code" (env.code) or a plugin kind. cua_jax/tasks/sources.py says how a folder's
+    # tasks get their domains.
     c.env = ml_collections.ConfigDict()
     c.env.kind = "miniwob"
+    # Modules imported before the config is checked: each registers environment kinds of its own
+    # (cua_jax/environments/kinds.py, docs/environments.md). env.kind may then name one: its tasks
+    # come from its registry entry, its config from a section env.<kind> when the config has one.
+    c.env.kind_modules = ()
     # Folders of OSWorld-format task JSON at any depth: the desktop suite
     # (cua_jax/tasks/suites/desktop), a folder experiments/synthesize.py wrote, OSWorld's examples/.
     c.env.task_dirs = ()

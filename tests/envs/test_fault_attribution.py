@@ -20,6 +20,7 @@ from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 
 from cua_jax.environments.capsule_env import MiniWoBEnvironment
+from cua_jax.environments.kinds import environment_kind
 from cua_jax.envs import actions as A
 from cua_jax.envs import miniwob
 from cua_jax.envs.capsules import (
@@ -392,7 +393,8 @@ class _RuntimeOnlyWorker:
     environment_stats = RolloutWorker.environment_stats
 
     def __init__(self, runtime):
-        self.runtime = runtime
+        self.kinds = {"miniwob": environment_kind("miniwob")}
+        self.resources = {"miniwob": runtime}
 
 
 def test_a_page_that_fails_to_warm_reaches_the_step_metrics_as_a_count_per_update():

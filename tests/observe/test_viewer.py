@@ -17,7 +17,7 @@ from cua_jax.eval.held_out import save_traces, save_training_traces, turn_logpro
 from cua_jax.observe import viewer
 from cua_jax.observe.episode_log import EpisodeLog
 from cua_jax.observe.viewer import build_site, read_run
-from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
+from cua_jax.types import Episode, EpisodeStatus, Fault, FaultKind, TrainingItem, Turn
 
 WIDTH, HEIGHT = 160, 210
 VERSION = 7  # the policy's version when the traces are saved
@@ -116,7 +116,7 @@ def episodes(tokenizer: CharTokenizer, flip: bool) -> list[Episode]:
             "Click button 2.",
             [turn(tokenizer, A.ClickElement(3), 6, 4, observation=DOM_TEXT)],
             status=EpisodeStatus.QUARANTINED,
-            quarantine_reason="browser_crash: the page closed",
+            fault=Fault(FaultKind.BROWSER_CRASHED, "the page closed"),
             policy_version=6,
             info={"seed": 300},
         ),
@@ -176,7 +176,7 @@ def test_save_traces_records_tokens_logprobs_points_and_versions(tmp_path):
         list(A.grid_to_pixels(500, 800, WIDTH, HEIGHT)),
     ]
     assert element["turns"][0]["element"] == 3 and element["turns"][0]["element_box"] == [20, 104, 121, 29]
-    assert element["quarantine_reason"].startswith("browser_crash")
+    assert element["quarantine_reason"] == "browser crashed: the page closed"
     assert os.path.exists(tmp_path / "traces" / "after" / "00" / "turn_01_0.png")
 
 
@@ -298,7 +298,7 @@ def test_the_site_in_chromium(tmp_path):
             assert page.locator(".shot svg line.drag").count() == 1
             page.goto(f"file://{tmp_path / 'site' / 'episodes' / 'after-02.html'}")
             assert page.locator(".shot svg rect.element-box").count() == 1
-            assert "browser_crash" in page.inner_text("body")
+            assert "browser crashed" in page.inner_text("body")
 
             page.goto(f"file://{tmp_path / 'site' / 'compare' / 'index.html'}")
             assert page.locator("#pairs tr[data-task]").count() == 3

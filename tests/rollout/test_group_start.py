@@ -46,23 +46,23 @@ class CountingEnv(AgentEnvironment):
         self.fail_reset = fail_reset
         self.screen = None
 
-    async def reset(self, task, seed=None):
+    async def _reset(self, task, seed):
         self.calls.append("reset")
         if self.fail_reset:
             raise EnvironmentFault(Fault(FaultKind.SETUP_FAILED, "setup step 0 failed"))
         self.screen = np.full((32, 32, 3), next(self.draws), np.uint8)
         return EnvReset("click it", EnvObservation((self.screen,)))
 
-    async def shared_state(self):
+    async def _shared_state(self):
         self.calls.append("shared_state")
         return self.screen
 
-    async def reset_to(self, task, seed, state):
+    async def _reset_to(self, task, seed, state):
         self.calls.append("reset_to")
         self.screen = state
         return EnvReset("click it", EnvObservation((state,)))
 
-    async def step(self, action):
+    async def _step(self, action):
         return EnvTransition(None, 1.0, episode_outcome(verdict=1.0))
 
     async def end_episode(self):
@@ -115,7 +115,7 @@ class FaultingStepEnv(CountingEnv):
         super().__init__()
         self.kind = kind
 
-    async def step(self, action):
+    async def _step(self, action):
         fault = Fault(self.kind, "caused by the step")
         return EnvTransition(None, 0.0, episode_outcome(fault=fault), fault=fault)
 

@@ -15,7 +15,7 @@ import pytest
 from cua_jax.envs import actions as A
 from cua_jax.observe.episode_log import EPISODE_LOG, EpisodeLog, EpisodeRecord, pass_rates, read_episode_log
 from cua_jax.tasks.verigen import pipeline, rules, templates, trajectory
-from cua_jax.types import Episode, EpisodeStatus, Turn
+from cua_jax.types import Episode, EpisodeStatus, Fault, FaultKind, Turn
 
 S, F, N, Q = EpisodeStatus.SUCCESS, EpisodeStatus.FAILURE, EpisodeStatus.NO_VERDICT, EpisodeStatus.QUARANTINED
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def episode(task_id, status, replies=(), index=0, reward=None):
         turns,
         reward=float(status is S) if reward is None else reward,
         status=status,
-        quarantine_reason="container died" if status is Q else None,
+        fault=Fault(FaultKind.CONTAINER_EXITED, "died") if status is Q else None,
         policy_version=index,
     )
 

@@ -67,12 +67,12 @@ class _JitteryEnvironment(AgentEnvironment):
         image = np.full((8, 8, 3), self.index, np.uint8)
         return EnvObservation((image,), f"page {self.index} step {self.steps}")
 
-    async def reset(self, task, seed=None) -> EnvReset:
+    async def _reset(self, task, seed) -> EnvReset:
         await asyncio.sleep(self.rng.random() * 0.005)
         self.steps = 0
         return EnvReset(f"task {self.index}", self._observation())
 
-    async def step(self, action) -> EnvTransition:
+    async def _step(self, action) -> EnvTransition:
         await asyncio.sleep(self.rng.random() * 0.005)
         self.steps += 1
         if self.steps >= 1 + self.index % 3:

@@ -34,7 +34,7 @@ class CapsuleClosingEnvironment(EnvironmentWrapper):
         super().__init__(env)
         self.armed = False
 
-    async def step(self, action):
+    async def _step(self, action):
         if not self.armed:
             return await self.env.step(action)
         self.armed = False

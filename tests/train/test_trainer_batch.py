@@ -13,7 +13,7 @@ from cua_jax.eval.intervals import difference_interval, paired_difference_interv
 from cua_jax.rollout.agent_loop import Rollout
 from cua_jax.train.groups import draw_group_seeds, group_from_rollouts, prepare_batch, quarantine_kind
 from cua_jax.train.settings import TrainSettings
-from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
+from cua_jax.types import Episode, EpisodeStatus, Fault, FaultKind, TrainingItem, Turn
 from experiments.configs.base import base_config
 
 
@@ -189,9 +189,9 @@ def test_group_seeds_come_from_the_fixed_pages_when_given():
 
 
 def test_quarantine_kind_names_the_fault():
-    assert quarantine_kind("server unresponsive: capsule env-1: boom") == "server_unresponsive"
-    assert quarantine_kind("container exited: status 137") == "container_exited"
-    assert quarantine_kind("mystery") == "other" and quarantine_kind(None) == "other"
+    assert quarantine_kind(Fault(FaultKind.SERVER_UNRESPONSIVE, "capsule env-1: boom")) == "server_unresponsive"
+    assert quarantine_kind(Fault(FaultKind.CONTAINER_EXITED, "status 137")) == "container_exited"
+    assert quarantine_kind(None) == "other"
 
 
 def _rollout(task, group_id, k, status, reward, num_items):
@@ -204,7 +204,7 @@ def _rollout(task, group_id, k, status, reward, num_items):
         turns,
         reward=reward,
         status=status,
-        quarantine_reason="setup failed: no page" if status is EpisodeStatus.QUARANTINED else None,
+        fault=Fault(FaultKind.SETUP_FAILED, "no page") if status is EpisodeStatus.QUARANTINED else None,
         policy_version=3,
     )
     items = [
@@ -272,7 +272,8 @@ def test_faults_an_agent_owns_are_counted_and_stay_in_their_group():
     """An episode that ended with a fault its agent owns (scored as failure) keeps its place in
     the group's advantages and is counted per kind, beside the quarantines."""
     owned = _rollout("a", 0, 1, F, 0.0, 1)
-    owned.episode.info["end_reason"] = "judge output tampered: the judge's output holds 2 verdicts"
+    owned.episode.fault = Fault(FaultKind.JUDGE_TAMPERED, "the judge's output holds 2 verdicts")  # as the loop sets it
+    owned.episode.info["end_reason"] = owned.episode.fault.reason
     plain = _rollout("a", 0, 2, F, 0.0, 1)
     plain.episode.info["end_reason"] = "the agent declared done"
     malformed = _rollout("a", 0, 3, F, 0.0, 1)  # as a desktop episode's last turn notes it

@@ -239,10 +239,10 @@ def test_the_environment_supplies_its_tools_through_wrappers():
 class _Plain(AgentEnvironment):
     """The contract's defaults: the computer-use tool."""
 
-    async def reset(self, task, seed=None):
+    async def _reset(self, task, seed):
         raise NotImplementedError
 
-    async def step(self, action):
+    async def _step(self, action):
         raise NotImplementedError
 
 

@@ -115,7 +115,7 @@ class KillFirstStepOf(EnvironmentWrapper):
 
     armed = {"left": 1}
 
-    async def step(self, action):
+    async def _step(self, action):
         episode = getattr(self.env, "episode", None)
         if episode is not None and episode.task.id == KILLED_TASK and self.armed["left"] and not episode.history:
             self.armed["left"] -= 1

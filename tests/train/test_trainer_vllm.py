@@ -69,7 +69,7 @@ class EngineKillingEnvironment(EnvironmentWrapper):
         super().__init__(env)
         self.killer = killer
 
-    async def step(self, action):
+    async def _step(self, action):
         if self.killer.get("actor") is not None:
             import ray
 
