@@ -232,7 +232,7 @@ def eval_settings(policy: EvalPolicy, suite: Any, agent: AgentConfig, num_worker
     if "desktop" in suite.catalog.kinds:
         config.env.kind, config.env.task_dirs = "mixed", (suite.folder,)
         config.rollout.group_size = config.eval.group_size = int(group_size)
-        config.env.desktop.pool_size = max(config.env.desktop.pool_size, int(group_size))
+        config.env.desktop.size = max(config.env.desktop.size, int(group_size))
     settings = TrainSettings.from_config(config)
     return dataclasses.replace(settings, catalog=suite.catalog, eval_agent=agent)
 

@@ -154,10 +154,15 @@ class CodeEnvConfig:
 
     def __post_init__(self):
         if self.reset_mode not in RESET_MODES:
-            raise ValueError(f"reset_mode must be one of {RESET_MODES}, got {self.reset_mode!r}")
+            raise ValueError(f"reset_mode {self.reset_mode!r} is not one of {RESET_MODES}")
         for name in ("cpus", "pids_limit", "default_timeout", "max_timeout", "output_limit", "docker_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("memory", "work_size", "tmp_size"):  # Docker's sizes: bytes, or a number with b, k, m or g
+            if re.fullmatch(r"[1-9][0-9]*[bkmg]?", str(getattr(self, name))) is None:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not a size such as '512m'")
+        if self.max_timeout < self.default_timeout:
+            raise ValueError(f"max_timeout {self.max_timeout} is below default_timeout ({self.default_timeout})")
 
 
 class ContainerFault(FaultError):

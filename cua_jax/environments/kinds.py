@@ -12,13 +12,14 @@ the run's settings and the task catalog loop over the registered kinds instead o
     kind.capacity(resources)                          # episodes at once; None: unbounded
     kind.close(resources)
 
-The three built-in kinds ("miniwob", "desktop", "code") register below; their configs come
-from the run config's own sections (`env.capsules`, `env.desktop`, `env.code`, turned into the
-worker config's fields by `cua_jax.train.settings`). A kind added by a module of its own (a
-plugin) registers itself when imported: a run names the module in `env.kind_modules` and the
-kind in `env.kind`; its config dataclass is built from `config.env.<kind>` when the run config
-has that section (its defaults otherwise), and its `tasks(config)` gives the run's tasks.
-docs/environments.md walks through one.
+Every kind's config dataclass is built from the run config's `env.<kind>` section, field for
+field (its defaults where the section lacks a field or the run config the section), by
+`cua_jax.train.settings`; the worker config carries them all (`kind_configs`). The three
+built-in kinds ("miniwob", "desktop", "code") register below, with `env.capsules`,
+`env.desktop` and `env.code` as their sections. A kind added by a module of its own (a plugin)
+registers itself when imported: a run names the module in `env.kind_modules` and the kind in
+`env.kind`, and its `tasks(config)` gives the run's tasks. docs/environments.md walks through
+one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from cua_jax.environments.code_env import CodeEnvConfig
+from cua_jax.envs.capsules import CapsuleOptions
 from cua_jax.envs.contract import AgentEnvironment
+from cua_jax.envs.docker_pool import PoolConfig
 
 
 def _unbounded(resources: Any) -> int | None:
@@ -41,6 +45,24 @@ def _nothing_to_close(resources: Any) -> None:
 
 def _no_stats(resources: Any) -> dict[str, float]:
     return {}
+
+
+def _as_is(config: Any) -> Any:
+    return config
+
+
+def _no_derived_fields(run_config: Any) -> dict[str, tuple[Any, str]]:
+    return {}
+
+
+def _nothing_to_check(config: Any, run_config: Any, catalog: Any) -> None:
+    return None
+
+
+def require(ok: bool, field: str, message: str) -> None:
+    """A `check_settings` hook's check: ValueError naming the run config's field."""
+    if not ok:
+        raise ValueError(f"config.{field}: {message}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,11 +81,19 @@ class EnvironmentKind:
         groups beyond it wait for one to end before they start.
     close(resources): releases them (once, when the worker shuts down).
     stats(resources) -> {name: count}: the worker's environment counters of the kind.
-    config: the kind's config dataclass (plugin kinds), built from the run config's
-        `env.<name>` section when it has one, with its defaults otherwise; None: the kind's
-        config lives in the run config's own sections (the built-in kinds).
-    tasks(config) -> list[SourceTask]: the run's tasks of a plugin kind (`env.kind`); the
-        config dataclass checks its own values (ValueError in `__post_init__`).
+    config: the kind's config dataclass, built from the run config's `env.<name>` section
+        (field for field; its defaults for fields the section lacks); it checks its own values
+        (ValueError in `__post_init__`). The worker config carries it (`kind_config(name)`).
+    section: the run config's section of the config, `env.<section>` ("": the kind's name).
+    task_fields: fields of that section that choose the run's tasks, not the config's.
+    derived_fields(run_config) -> {field: (value, the run config field it comes from)}: config
+        fields set by other sections of the run config.
+    check_settings(config, run_config, catalog): the kind's checks against the rest of the run
+        (its observation, group sizes, the tasks), called for every kind the run's tasks hold;
+        raises ValueError("config.<field>: ...", see `require`).
+    prepare(config) -> config: run once before the workers start, for every kind the run's
+        tasks hold (the desktop pool's image resolved to its exact tag).
+    tasks(config) -> list[SourceTask]: the run's tasks of a plugin kind (`env.kind`).
     """
 
     name: str
@@ -73,7 +103,17 @@ class EnvironmentKind:
     close: Callable[[Any], None] = _nothing_to_close
     stats: Callable[[Any], Mapping[str, float]] = _no_stats
     config: type | None = None
+    section: str = ""
+    task_fields: tuple[str, ...] = ()
+    derived_fields: Callable[[Any], Mapping[str, tuple[Any, str]]] = _no_derived_fields
+    check_settings: Callable[[Any, Any, Any], None] = _nothing_to_check
+    prepare: Callable[[Any], Any] = _as_is
     tasks: Callable[[Any], Sequence[Any]] | None = None
+
+    @property
+    def config_section(self) -> str:
+        """The run config's section of the kind's config, e.g. "env.desktop"."""
+        return f"env.{self.section or self.name}"
 
 
 _KINDS: dict[str, EnvironmentKind] = {}
@@ -107,27 +147,12 @@ def import_kind_modules(modules: Sequence[str]) -> None:
         importlib.import_module(module)
 
 
-def kind_config(kind: EnvironmentKind, section: Any) -> Any:
-    """The kind's config dataclass from `section` (a mapping of its fields; None: the
-    defaults). A field the dataclass lacks, or a bad value, raises ValueError / TypeError."""
-    if kind.config is None:
-        raise ValueError(f"environment kind {kind.name!r} takes no config of its own")
-    if section is None:
-        return kind.config()
-    values = dict(section)
-    fields = {field.name for field in dataclasses.fields(kind.config)}
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise ValueError(f"{unknown} are no fields of {kind.config.__name__} (it has {sorted(fields)})")
-    return kind.config(**values)
-
-
 # ---- the built-in kinds ------------------------------------------------------------------------
 
 
 def _open_capsules(worker_config: Any) -> Any:
     # The capsules show element ids (marks, DOM text) as the agent's action space needs.
-    return worker_config.capsules.runtime(
+    return (worker_config.kind_config("miniwob") or CapsuleOptions()).runtime(
         include_dom_text=worker_config.include_dom_text,
         action_space=worker_config.agent.action_space,
         seed=worker_config.runtime_seed,
@@ -145,11 +170,50 @@ def _capsule_stats(runtime: Any) -> dict[str, float]:
 
 
 def _open_desktop_pool(worker_config: Any) -> Any:
-    if worker_config.desktop_pool is None:
-        raise ValueError("the task catalog holds desktop tasks, but the worker has no desktop_pool config")
+    config = worker_config.kind_config("desktop")
+    if config is None:
+        raise ValueError("the task catalog holds desktop tasks, but the worker has no desktop config (a PoolConfig)")
     from cua_jax.envs.docker_pool import DockerEnvPool
 
-    return DockerEnvPool(worker_config.desktop_pool).start()
+    return DockerEnvPool(config).start()
+
+
+def _resolve_desktop_image(config: PoolConfig) -> PoolConfig:
+    """env.desktop.image (an image of launch/images/) as the exact tag of the current sources,
+    built when missing: once for the run, not by every worker."""
+    from cua_jax.envs.images import ensure_image
+
+    return dataclasses.replace(config, image=ensure_image(config.image))
+
+
+def _check_desktop_settings(config: PoolConfig, run_config: Any, catalog: Any) -> None:
+    c = run_config
+    require(
+        c.env.observation == "screenshot", "env.observation", "desktop tasks are seen as screenshots; set 'screenshot'"
+    )
+    require(
+        c.env.action_space == "coordinates",
+        "env.action_space",
+        "a desktop shows no element ids: desktop tasks point by coordinates; set 'coordinates'",
+    )
+    # A group's episodes run at once, each on a container of its own.
+    groups = {"rollout.group_size": c.rollout.group_size}
+    if c.eval.enabled:
+        groups["eval.group_size"] = c.eval.group_size
+    for field, size in groups.items():
+        require(
+            config.size >= size,
+            "env.desktop.size",
+            f"{config.size} containers cannot run a group of {size} desktop episodes at once ({field})",
+        )
+    snapshots = sorted(
+        {catalog[t].spec.snapshot for t in catalog.task_ids if catalog[t].kind == "desktop"} - {config.image}
+    )
+    require(
+        not snapshots,
+        "env.task_dirs",
+        f"tasks need the environment images {snapshots}; the pool runs env.desktop.image {config.image!r}",
+    )
 
 
 def _make_desktop(pool: Any, worker_config: Any) -> AgentEnvironment:
@@ -159,11 +223,10 @@ def _make_desktop(pool: Any, worker_config: Any) -> AgentEnvironment:
 
 
 def _open_code(worker_config: Any) -> Any:
-    from cua_jax.environments.code_env import CodeEnvConfig
     from cua_jax.envs.images import ensure_image
 
     # The image is resolved (built when missing) once, not by every environment.
-    config = worker_config.code_env or CodeEnvConfig()
+    config = worker_config.kind_config("code") or CodeEnvConfig()
     return dataclasses.replace(config, image=config.image or ensure_image("code"))
 
 
@@ -173,9 +236,20 @@ def _make_code(config: Any, worker_config: Any) -> AgentEnvironment:
     return CodeEnvironment(config, attribution=worker_config.agent.attribution)
 
 
+def _code_derived_fields(run_config: Any) -> dict[str, tuple[Any, str]]:
+    # The dense reward scores a code fix by the share of its tests that pass.
+    return {"partial_credit": (run_config.advantage.reward == "pass_fraction", "advantage.reward")}
+
+
 register_kind(
     EnvironmentKind(
-        "miniwob", _open_capsules, _make_miniwob, close=lambda runtime: runtime.shutdown(), stats=_capsule_stats
+        "miniwob",
+        _open_capsules,
+        _make_miniwob,
+        close=lambda runtime: runtime.shutdown(),
+        stats=_capsule_stats,
+        config=CapsuleOptions,
+        section="capsules",
     )
 )
 register_kind(
@@ -185,6 +259,18 @@ register_kind(
         _make_desktop,
         capacity=lambda pool: pool.config.size,
         close=lambda pool: pool.close(),
+        config=PoolConfig,
+        check_settings=_check_desktop_settings,
+        prepare=_resolve_desktop_image,
     )
 )
-register_kind(EnvironmentKind("code", _open_code, _make_code))
+register_kind(
+    EnvironmentKind(
+        "code",
+        _open_code,
+        _make_code,
+        config=CodeEnvConfig,
+        task_fields=("suite_dir", "tasks"),
+        derived_fields=_code_derived_fields,
+    )
+)

@@ -73,7 +73,7 @@ class PoolConfig:
     ready_timeout: seconds a new container has to answer its health probe.
     call_timeout: the default timeout of every environment call.
     docker_timeout: the timeout of every Docker API call.
-    health_interval: seconds between health checks of idle environments (None: only
+    health_interval: seconds between health checks of idle environments (None or 0: only
         on acquire).
     health_timeout: seconds a health probe may take before the server counts as hung.
     socket_root: host directory holding the per-container socket directories (a fresh
@@ -93,6 +93,15 @@ class PoolConfig:
     health_interval: float | None = 10.0
     health_timeout: float = 10.0
     socket_root: str | None = None
+
+    def __post_init__(self):
+        for name in ("size", "cpus", "pids_limit", "ready_timeout", "call_timeout", "docker_timeout", "health_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.health_interval is not None and self.health_interval < 0:
+            raise ValueError(f"health_interval must be >= 0 (0 or None: on acquire only), got {self.health_interval}")
+        if self.reset_mode not in ("recreate", "restart"):
+            raise ValueError(f"reset_mode {self.reset_mode!r} is not one of ('recreate', 'restart')")
 
 
 @dataclasses.dataclass
@@ -115,10 +124,6 @@ class PooledEnv:
 
 class DockerEnvPool:
     def __init__(self, config: PoolConfig):
-        if config.size < 1:
-            raise ValueError(f"pool size must be positive, got {config.size}")
-        if config.reset_mode not in ("recreate", "restart"):
-            raise ValueError(f"reset_mode must be 'recreate' or 'restart', got {config.reset_mode!r}")
         self.config = config
         self.pool_id = uuid.uuid4().hex[:10]
         self._own_socket_root = config.socket_root is None

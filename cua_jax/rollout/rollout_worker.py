@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from cua_jax.environments.kinds import EnvironmentKind, environment_kind, import_kind_modules, kind_names
-from cua_jax.envs.capsules import CapsuleOptions
 from cua_jax.envs.contract import AgentEnvironment
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout
 from cua_jax.rollout.engine import (
@@ -121,12 +120,11 @@ class RolloutWorkerConfig:
     seeds the capsule runtime's draws of unseeded episodes. canonical_order: serve the engine
     through `CanonicalOrderEngine`, so the samples of a batch do not depend on the order its
     prompts arrived in. catalog: the tasks requests name (`cua_jax.tasks.sources`; None:
-    MiniWoB names only). desktop_pool: the Docker desktop pool this worker runs desktop tasks
-    on (`docker_pool.PoolConfig`; None: no desktop tasks). code_env: the containers of code
-    tasks (`code_env.CodeEnvConfig`; None: its defaults), each environment holding its own.
-    capsules: how the MiniWoB capsules share their browser (`capsules.CapsuleOptions`).
-    kind_modules: modules the worker imports first (they register plugin kinds, see
-    `cua_jax.environments.kinds`); kind_configs: (kind, its config dataclass) of plugin kinds."""
+    MiniWoB names only). kind_modules: modules the worker imports first (they register plugin
+    kinds, see `cua_jax.environments.kinds`). kind_configs: kind -> its config dataclass
+    (`capsules.CapsuleOptions` for "miniwob", `docker_pool.PoolConfig` for "desktop",
+    `code_env.CodeEnvConfig` for "code", a plugin's own); a kind it lacks opens with its
+    defaults, but desktop, whose pool needs its image."""
 
     agent: AgentConfig = AgentConfig()
     eval_agent: AgentConfig | None = None
@@ -139,15 +137,12 @@ class RolloutWorkerConfig:
     runtime_seed: int = 0
     canonical_order: bool = False
     catalog: Any = None
-    desktop_pool: Any = None
-    code_env: Any = None
-    capsules: CapsuleOptions = CapsuleOptions()
     kind_modules: tuple[str, ...] = ()
-    kind_configs: tuple[tuple[str, Any], ...] = ()
+    kind_configs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def kind_config(self, kind: str) -> Any:
-        """The config of plugin kind `kind` (None: its defaults)."""
-        return dict(self.kind_configs).get(kind)
+        """The config of kind `kind` (None: its defaults)."""
+        return self.kind_configs.get(kind)
 
 
 class RolloutWorker:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cua_jax.context.tokenizer import load_processor
-from cua_jax.envs.capsules import CapsuleOptions
+from cua_jax.environments.kinds import environment_kind
 from cua_jax.rollout.jax_engine import JaxEngineFactory
 from cua_jax.rollout.rollout_worker import (
     EnvWrapper,
@@ -101,23 +101,19 @@ def rollout_worker_config(settings: TrainSettings, worker: int) -> RolloutWorker
         runtime_seed=c.seed * 1000 + worker,
         canonical_order=True,
         catalog=settings.catalog,
-        desktop_pool=desktop_pool_config(settings),
-        code_env=settings.code_env,
-        capsules=CapsuleOptions.from_config(c.env.capsules),
         kind_modules=tuple(c.env.kind_modules),
-        kind_configs=settings.kind_configs,
+        kind_configs=prepared_kind_configs(settings),
     )
 
 
-def desktop_pool_config(settings: TrainSettings):
-    """The desktop pool's `PoolConfig` with env.desktop.image resolved to the exact tag of the
-    current sources (built when missing: `cua_jax.envs.images.ensure_image`); None without
-    desktop tasks."""
-    if settings.desktop_pool is None:
-        return None
-    from cua_jax.envs.images import ensure_image
-
-    return dataclasses.replace(settings.desktop_pool, image=ensure_image(settings.desktop_pool.image))
+def prepared_kind_configs(settings: TrainSettings) -> dict[str, Any]:
+    """Every kind's config, each kind the run's tasks hold prepared by its registry entry
+    (`EnvironmentKind.prepare`: the desktop image resolved to the exact tag of the current
+    sources, built when missing)."""
+    return {
+        name: environment_kind(name).prepare(config) if name in settings.catalog.kinds else config
+        for name, config in settings.kind_configs.items()
+    }
 
 
 ENGINE_MODEL_DIR = "engine_model"  # under the workdir: the policy as the vLLM engines load it

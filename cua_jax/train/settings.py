@@ -66,17 +66,25 @@ def _field_error(error: Exception, where: Mapping[str, str], section: str) -> Co
     return ConfigError(f"config.{where[min(mentioned)[1]] if mentioned else section}: {message}")
 
 
-def section_to_dataclass(cls: type, section: Mapping[str, Any], path: str, **given: tuple[Any, str]) -> Any:
+def section_to_dataclass(
+    cls: type, section: Mapping[str, Any], path: str, defaults: bool = False, **given: tuple[Any, str]
+) -> Any:
     """`cls` built from the config section at `path` (e.g. "sampler.dtac"), whose field names are
     `cls`'s; `given`: the fields taken from elsewhere, each (value, the config field it comes from).
-    A section field `cls` lacks, or a field of `cls` that nothing fills, is a ConfigError naming it;
-    so is a value `cls` rejects (its checks live in its __post_init__)."""
+    A section field `cls` lacks, or a field of `cls` that nothing fills, is a ConfigError naming it
+    (`defaults`: a field with a default may be left out); so is a value `cls` rejects (its checks
+    live in its __post_init__)."""
     fields = [field.name for field in dataclasses.fields(cls) if field.init]
+    optional = {
+        field.name
+        for field in dataclasses.fields(cls)
+        if defaults and (field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING)
+    }
     for name in section.keys():
         if name not in fields or name in given:
             raise ConfigError(f"config.{path}.{name}: not a field of {cls.__name__} ({', '.join(fields)})")
     for name in fields:
-        if name not in section and name not in given:
+        if name not in section and name not in given and name not in optional:
             raise ConfigError(f"config.{path}.{name}: missing ({cls.__name__} needs every field)")
     values = {name: section[name] for name in section.keys()} | {name: value for name, (value, _) in given.items()}
     where = {name: f"{path}.{name}" for name in section.keys()} | {name: field for name, (_, field) in given.items()}
@@ -217,10 +225,10 @@ class TrainSettings:
     catalog: TaskCatalog  # every task the run names (training and evaluation)
     training_tasks: tuple[str, ...]  # the sampler's pool (env.drop_hardest_tier applied)
     domain_weights: dict  # domain -> sampling weight (env.domain_weights)
-    desktop_pool: Any = None  # cua_jax.envs.docker_pool.PoolConfig without its image, or None
     warm_start: Any = None  # cua_jax.train.sft.WarmStartConfig, or None (no warm start)
-    code_env: Any = None  # cua_jax.environments.code_env.CodeEnvConfig (env.kind "code"), or None
-    kind_configs: tuple = ()  # (kind, its config dataclass) of a plugin env.kind
+    # kind -> its config dataclass, for every registered kind (built from env.<kind>; the
+    # desktop pool's image not yet resolved to its tag: EnvironmentKind.prepare does that)
+    kind_configs: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config) -> TrainSettings:
@@ -328,103 +336,17 @@ class TrainSettings:
                 f"{c.sampler.dtac.rho_inf} of a batch of {c.rollout.batch_tasks} draws {needed} infeasible tasks, but "
                 f"the pool holds {len(infeasible)} (tasks whose evaluator is 'infeasible', e.g. the desktop suite's)",
             )
-        desktop_pool = None
-        if "desktop" in catalog.kinds:
-            _require(
-                c.env.observation == "screenshot",
-                "env.observation",
-                "desktop tasks are seen as screenshots; set 'screenshot'",
-            )
-            _require(
-                c.env.action_space == "coordinates",
-                "env.action_space",
-                "a desktop shows no element ids: desktop tasks point by coordinates; set 'coordinates'",
-            )
-            d = c.env.desktop
-            for name in ("pool_size", "cpus", "call_timeout_s", "ready_timeout_s"):
-                _require(d[name] > 0, f"env.desktop.{name}", f"must be > 0, got {d[name]}")
-            _require(
-                d.health_interval_s >= 0, "env.desktop.health_interval_s", f"must be >= 0, got {d.health_interval_s}"
-            )
-            # A group's episodes run at once, each on a container of its own.
-            groups = {"rollout.group_size": c.rollout.group_size}
-            if c.eval.enabled:
-                groups["eval.group_size"] = c.eval.group_size
-            for field, size in groups.items():
-                _require(
-                    d.pool_size >= size,
-                    "env.desktop.pool_size",
-                    f"{d.pool_size} containers cannot run a group of {size} desktop episodes at once ({field})",
-                )
-            snapshots = sorted(
-                {catalog[t].spec.snapshot for t in catalog.task_ids if catalog[t].kind == "desktop"} - {d.image}
-            )
-            _require(
-                not snapshots,
-                "env.task_dirs",
-                f"tasks need the environment images {snapshots}; the pool runs env.desktop.image {d.image!r}",
-            )
-            desktop_pool = build(
-                "env.desktop",
-                _desktop_pool_config,
-                image=d.image,
-                size=d.pool_size,
-                cpus=d.cpus,
-                memory=d.memory,
-                screen=d.screen,
-                reset_mode=d.reset_mode,
-                ready_timeout=d.ready_timeout_s,
-                call_timeout=d.call_timeout_s,
-                health_interval=d.health_interval_s or None,
-            )
-        code_env = None
-        if "code" in catalog.kinds:
-            k = c.env.code
-            _require(
-                k.reset_mode in ("pooled", "fresh"),
-                "env.code.reset_mode",
-                f"{k.reset_mode!r} is not one of ('pooled', 'fresh')",
-            )
-            for name in ("cpus", "pids_limit", "bash_timeout_s", "max_bash_timeout_s", "output_limit"):
-                _require(k[name] > 0, f"env.code.{name}", f"must be > 0, got {k[name]}")
-            for name in ("memory", "work_size"):  # Docker's sizes: bytes, or a number with b, k, m or g
-                _require(
-                    re.fullmatch(r"[1-9][0-9]*[bkmg]?", str(k[name])) is not None,
-                    f"env.code.{name}",
-                    f"{k[name]!r} is not a size such as '512m'",
-                )
-            _require(
-                k.max_bash_timeout_s >= k.bash_timeout_s,
-                "env.code.max_bash_timeout_s",
-                f"{k.max_bash_timeout_s} is below env.code.bash_timeout_s ({k.bash_timeout_s})",
-            )
-            # Evaluation traces record computer-use actions (points, elements), not shell and editor calls.
-            code_env = build(
-                "env.code",
-                _code_env_config,
-                cpus=k.cpus,
-                memory=k.memory,
-                pids_limit=k.pids_limit,
-                work_size=k.work_size,
-                default_timeout=k.bash_timeout_s,
-                max_timeout=k.max_bash_timeout_s,
-                output_limit=k.output_limit,
-                reset_mode=k.reset_mode,
-                partial_credit=c.advantage.reward == "pass_fraction",
-            )
+        from cua_jax.environments.kinds import environment_kind
+
+        for name in sorted(catalog.kinds):
+            try:
+                environment_kind(name).check_settings(kind_configs[name], c, catalog)
+            except ValueError as error:  # its message names the field: "config.<field>: ..."
+                raise ConfigError(str(error)) from None
         _require(
             c.env.action_space in ACTION_SPACES,
             "env.action_space",
             f"{c.env.action_space!r} is not one of {ACTION_SPACES}",
-        )
-        from cua_jax.envs.capsules import CapsuleOptions
-
-        build(
-            "env.capsules",
-            CapsuleOptions,
-            renderers=c.env.capsules.renderers,
-            warm_pages=c.env.capsules.warm_pages,
-            fork_by=c.env.capsules.fork_by,
         )
         _require(c.env.train_seed_max >= 1, "env.train_seed_max", f"must be >= 1, got {c.env.train_seed_max}")
         _require(
@@ -739,25 +661,30 @@ class TrainSettings:
             catalog,
             training,
             domain_weights,
-            desktop_pool,
             warm_start,
-            code_env,
             kind_configs,
         )
 
 
-def _desktop_pool_config(**values):
-    """The desktop pool's config; its image is resolved to the exact tag when the pool starts."""
-    from cua_jax.envs.docker_pool import PoolConfig
+def _kind_configs(c) -> dict[str, Any]:
+    """Every registered kind's config dataclass, built from its section of the run config
+    (`EnvironmentKind.config_section`; the dataclass's defaults for fields, or a section, the
+    run config lacks) less the fields that choose its tasks, with the fields it derives from
+    other sections."""
+    from cua_jax.environments.kinds import environment_kind, kind_names
 
-    return PoolConfig(**values)
-
-
-def _code_env_config(**values):
-    """The code environment's config; its image (`code`) is resolved when a worker starts."""
-    from cua_jax.environments.code_env import CodeEnvConfig
-
-    return CodeEnvConfig(**values)
+    configs = {}
+    for name in kind_names():
+        kind = environment_kind(name)
+        if kind.config is None:
+            continue
+        path = kind.config_section.removeprefix("env.")
+        section = c.env.get(path) or {}
+        own = {field: section[field] for field in section.keys() if field not in kind.task_fields}
+        configs[name] = section_to_dataclass(
+            kind.config, own, kind.config_section, defaults=True, **kind.derived_fields(c)
+        )
+    return configs
 
 
 def _plugin_kind(c) -> Any:
@@ -786,13 +713,12 @@ def _plugin_kind(c) -> Any:
     return kind
 
 
-def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float], tuple]:
-    """(every task the run names, the training pool's ids, the domain weights, the plugin
-    kind's config), with any bad source named by its field: env.kind / kind_modules,
+def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float], dict[str, Any]]:
+    """(every task the run names, the training pool's ids, the domain weights, every kind's
+    config), with any bad source named by its field: env.kind / kind_modules,
     env.tasks ((task, tier) records: MiniWoB), env.task_dirs (folders of OSWorld-format task JSON),
     env.code.suite_dir / tasks (code tasks), env.<plugin kind> (its tasks), env.domain_weights,
     eval.tasks."""
-    from cua_jax.environments.kinds import kind_config
     from cua_jax.envs.miniwob import task_names
     from cua_jax.tasks.sources import load_code_tasks, load_task_folder, miniwob_tasks, parse_domain_weights
 
@@ -849,18 +775,16 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float], tu
             not missing, "env.code.tasks", f"{missing} are not tasks of env.code.suite_dir {c.env.code.suite_dir!r}"
         )
         tasks += [suite[task] for task in dict.fromkeys(c.env.code.tasks)] if c.env.code.tasks else list(suite.values())
-    kind_configs = ()
+    kind_configs = _kind_configs(c)
     if plugin is not None:
-        section = f"env.{plugin.name}"
+        section = plugin.config_section
         try:
-            config = kind_config(plugin, c.env.get(plugin.name))
-            own = list(plugin.tasks(config))
+            own = list(plugin.tasks(kind_configs[plugin.name]))
         except (ValueError, TypeError) as error:
             raise ConfigError(f"config.{section}: {error}") from None
         strays = [task.task_id for task in own if task.kind != plugin.name]
         _require(not strays, section, f"the kind's tasks {strays} name another kind")
         tasks += own
-        kind_configs = ((plugin.name, config),)
     training = without_hardest_tier(tasks) if c.env.drop_hardest_tier else tasks
     try:
         catalog = TaskCatalog(

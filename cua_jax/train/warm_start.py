@@ -105,7 +105,7 @@ def run_warm_start(
                 collect_code_demonstrations(
                     code,
                     seeds,
-                    code_env=settings.code_env,
+                    code_env=settings.kind_configs["code"],
                     segmenter=segmenter,
                     agent_config=agent,
                     concurrency=c.warm_start.concurrency,

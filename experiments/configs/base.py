@@ -136,20 +136,28 @@ def base_config() -> ml_collections.ConfigDict:
     # task weighs the same. Success and quarantines are logged per domain either way.
     c.env.domain_weights = ()
     # The Docker desktop pool of each rollout worker (desktop tasks): sized, health-checked,
-    # and every environment recycled (a fresh container) after each episode.
+    # and every environment recycled (a fresh container) after each episode. The fields are
+    # cua_jax.envs.docker_pool.PoolConfig's (its socket_root, None, keeps its default: a fresh
+    # temporary directory; the image is resolved to its exact tag when the run starts).
     c.env.desktop = ml_collections.ConfigDict()
     c.env.desktop.image = "desktop"  # launch/images/<image>; a task's "snapshot" must name it
-    c.env.desktop.pool_size = 4  # containers kept ready per worker
+    c.env.desktop.size = 4  # containers kept ready per worker
     c.env.desktop.cpus = 1.0
     c.env.desktop.memory = "1g"
+    c.env.desktop.pids_limit = 1024
     c.env.desktop.screen = "1280x800"
     c.env.desktop.reset_mode = "recreate"  # recreate (clean files) | restart (faster, files stay)
-    c.env.desktop.ready_timeout_s = 240.0
-    c.env.desktop.call_timeout_s = 30.0
-    c.env.desktop.health_interval_s = 10.0  # health checks of idle containers (0: on acquire only)
+    c.env.desktop.ready_timeout = 240.0  # seconds a new container has to answer its health probe
+    c.env.desktop.call_timeout = 30.0  # seconds: the default timeout of an environment call
+    c.env.desktop.docker_timeout = 60.0  # seconds: a Docker API call's timeout
+    c.env.desktop.health_interval = 10.0  # seconds between health checks of idle containers (0: on acquire only)
+    c.env.desktop.health_timeout = 10.0  # seconds a health probe may take before the server counts as hung
     # Code tasks (env.kind = "code"): bugs injected into real Python repositories, each episode in
     # a `--network none` container of the code image with a shell and a file editor as its tools,
-    # judged on submit by the repository's own tests (cua_jax/environments/code_env.py).
+    # judged on submit by the repository's own tests (cua_jax/environments/code_env.py). Beside
+    # suite_dir and tasks (the run's tasks), the fields are CodeEnvConfig's: its partial_credit
+    # follows advantage.reward ('pass_fraction'); image and max_turns, None, keep their defaults
+    # (the code image built when missing; the agent loop's step budget alone).
     c.env.code = ml_collections.ConfigDict()
     c.env.code.suite_dir = "cua_jax/tasks/suites/code"  # a folder of code task JSON (from the repository root)
     c.env.code.tasks = ()  # ids of the folder's tasks the run uses (() : all of them)
@@ -159,9 +167,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.code.memory = "512m"  # without swap: a memory hog is OOM-killed and its episode quarantined
     c.env.code.pids_limit = 128  # a fork bomb hits it and its episode is quarantined
     c.env.code.work_size = "64m"  # the size-capped tmpfs holding the work tree
-    c.env.code.bash_timeout_s = 30.0  # a bash call's timeout when it names none
-    c.env.code.max_bash_timeout_s = 300.0  # the most a bash call may ask for
+    c.env.code.tmp_size = "16m"  # the size-capped tmpfs /tmp
+    c.env.code.work_free_min = 256 * 1024  # bytes left on the work tree under which it counts as filled
+    c.env.code.default_timeout = 30.0  # seconds: a bash call's timeout when it names none
+    c.env.code.max_timeout = 300.0  # seconds: the most a bash call may ask for
     c.env.code.output_limit = 8000  # bytes shown of each of stdout and stderr (its first and last halves)
+    c.env.code.docker_timeout = 60.0  # seconds a Docker API call may take beyond the work it waits for
     # What the policy is shown: "screenshot" (the task region, plus the DOM as text when
     # env.include_dom_text) or "text" (the DOM as text only: text-only policies, web agents).
     c.env.observation = "screenshot"
@@ -178,6 +189,7 @@ def base_config() -> ml_collections.ConfigDict:
     # sites in `renderers` cells that share a renderer process each (0: a browser context per
     # capsule), `warm_pages` loaded pages per task kept ready for resets and forks, and forks
     # from captured page state where that is exact ("capture") or always by replay ("replay").
+    # The fields are cua_jax.envs.capsules.CapsuleOptions'.
     c.env.capsules = ml_collections.ConfigDict()
     c.env.capsules.renderers = 2
     c.env.capsules.warm_pages = 2

@@ -5,7 +5,7 @@ share.
 
     python -m experiments.main --config=experiments/configs/desktop.py
 
-Each rollout worker keeps `env.desktop.pool_size` containers of the desktop image ready
+Each rollout worker keeps `env.desktop.size` containers of the desktop image ready
 (`--network none`, capped CPU and memory, health-checked while idle) and recreates each one
 after its episode. A container that dies mid-episode quarantines that episode only (fault
 `container exited`), before advantages. Groups start from one prepared state
@@ -33,7 +33,7 @@ def get_config():
     c.env.kind = "desktop"
     c.env.tasks = ()
     c.env.task_dirs = (str(SUITE_DIR),)
-    c.env.desktop.pool_size = 4
+    c.env.desktop.size = 4
     c.env.desktop.screen = "1280x800"
     c.rollout.group_size = 4
     c.rollout.batch_tasks = 2

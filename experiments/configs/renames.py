@@ -38,6 +38,13 @@ RENAMED = {
     "sampler.pilot_group_size": "sampler.pilot.group_size",
     "sampler.pilot_target": "sampler.pilot.target",
     "sampler.pilot_file": "sampler.pilot.file",
+    # The environment kinds' sections, named as their config dataclasses' fields.
+    "env.desktop.pool_size": "env.desktop.size",
+    "env.desktop.ready_timeout_s": "env.desktop.ready_timeout",
+    "env.desktop.call_timeout_s": "env.desktop.call_timeout",
+    "env.desktop.health_interval_s": "env.desktop.health_interval",
+    "env.code.bash_timeout_s": "env.code.default_timeout",
+    "env.code.max_bash_timeout_s": "env.code.max_timeout",
 }
 
 

@@ -32,7 +32,7 @@ def _desktop():
     from cua_jax.tasks.suites.desktop.solutions import SUITE_DIR
 
     task = next(task for task in load_suite(SUITE_DIR) if task.id == "terminal-create-file")
-    return RolloutWorkerConfig(desktop_pool=PoolConfig(image=ensure_image("desktop"), size=1)), task
+    return RolloutWorkerConfig(kind_configs={"desktop": PoolConfig(image=ensure_image("desktop"), size=1)}), task
 
 
 def _code():
@@ -40,7 +40,7 @@ def _code():
     from cua_jax.tasks.code_tasks import load_code_task
     from tests.support.code_env import SUITE
 
-    return RolloutWorkerConfig(code_env=CodeEnvConfig(default_timeout=20)), load_code_task(
+    return RolloutWorkerConfig(kind_configs={"code": CodeEnvConfig(default_timeout=20)}), load_code_task(
         SUITE / "code-inflection-000.json"
     )
 
@@ -147,11 +147,11 @@ def test_a_plugin_kind_trains_from_its_module_alone(tmp_path):
     # The kind's config comes from a section env.<kind> when the config has one.
     sectioned = config.copy_and_resolve_references()
     sectioned.env.http_page = ml_collections.ConfigDict({"tasks": ("read-word", "read-it-again"), "timeout_s": 5.0})
-    assert TrainSettings.from_config(sectioned).kind_configs == (
-        (http_page.KIND, http_page.HttpPageConfig(("read-word", "read-it-again"), 5.0)),
+    assert TrainSettings.from_config(sectioned).kind_configs[http_page.KIND] == http_page.HttpPageConfig(
+        ("read-word", "read-it-again"), 5.0
     )
     sectioned.env.http_page.timeout_s = -1.0
-    with pytest.raises(ConfigError, match=r"config.env.http_page: timeout_s must be > 0"):
+    with pytest.raises(ConfigError, match=r"config.env.http_page.timeout_s: timeout_s must be > 0"):
         TrainSettings.from_config(sectioned)
     trainer = start_trainer(config)
     try:

@@ -206,7 +206,7 @@ def test_suites_and_policy_errors():
     assert desktop.catalog.kinds == {"desktop"}
     random_policy = load_eval_policy("random", config(4))
     settings = eval_settings(random_policy, desktop, agent_of(random_policy), 1, group_size=6)
-    assert settings.desktop_pool.size == 6 and settings.catalog is desktop.catalog
+    assert settings.kind_configs["desktop"].size == 6 and settings.catalog is desktop.catalog
     with pytest.raises(ValueError, match="neither one of"):
         load_suite("no-such-suite")
     with pytest.raises(ValueError, match="has no task"):

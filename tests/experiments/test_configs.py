@@ -64,9 +64,9 @@ def test_canopy_code_terminal_constants_and_the_dense_reward():
     c = canopy_code.get_config()
     s = TrainSettings.from_config(c)
     assert (s.agent.no_patch_reward, s.agent.crash_reward, s.agent.no_verdict_reward) == (-0.2, -0.2, -0.2)
-    assert s.agent.attribution.no_patch_reward == -0.2 and not s.code_env.partial_credit
+    assert s.agent.attribution.no_patch_reward == -0.2 and not s.kind_configs["code"].partial_credit
     c.advantage.reward = "pass_fraction"
-    assert TrainSettings.from_config(c).code_env.partial_credit
+    assert TrainSettings.from_config(c).kind_configs["code"].partial_credit
     miniwob = canopy.get_config()
     miniwob.advantage.reward = "pass_fraction"
     with pytest.raises(ConfigError, match="config.advantage.reward: 'pass_fraction' scores code tasks"):
@@ -372,7 +372,9 @@ def test_a_renamed_field_keeps_its_saved_value(caplog):
         ("env.task_dirs", (), "config.env.task_dirs", "needs at least one task folder"),
         ("env.action_space", "elements", "config.env.action_space", "a desktop shows no element ids"),
         ("env.observation", "text", "config.env.observation", "desktop tasks are seen as screenshots"),
-        ("rollout.group_size", 8, "config.env.desktop.pool_size", "4 containers cannot run a group of 8"),
+        ("rollout.group_size", 8, "config.env.desktop.size", "4 containers cannot run a group of 8"),
+        ("env.desktop.ready_timeout", 0.0, "config.env.desktop.ready_timeout", "must be > 0"),
+        ("env.desktop.reset_mode", "reuse", "config.env.desktop.reset_mode", "is not one of"),
         ("sampler.dtac.rho_inf", 1.0, "config.sampler.dtac.rho_inf", "draws 2 infeasible tasks, but the pool holds 1"),
     ],
 )
@@ -393,4 +395,4 @@ def test_mixed_sources_make_one_catalog_with_domains():
     assert settings.catalog.domains()["click-button"] == "miniwob"
     assert settings.catalog.domains()["terminal-create-file"] == "desktop"
     assert len(settings.training_tasks) == 7 and settings.domain_weights == {"miniwob": 1.0, "desktop": 1.0}
-    assert settings.desktop_pool.size == 4 and settings.agent.group_start == "shared"
+    assert settings.kind_configs["desktop"].size == 4 and settings.agent.group_start == "shared"

@@ -251,7 +251,7 @@ def test_the_recipe_passes_the_checks_and_adds_no_field():
     settings = TrainSettings.from_config(config)
     assert settings.catalog.kinds == {"code"} and settings.training_tasks == canopy_code.CODE_TASKS
     assert {settings.catalog[t].domain for t in settings.training_tasks} == {t.spec.package for t in settings.catalog}
-    assert settings.learner.old_logprobs == "current" and settings.code_env.reset_mode == "pooled"
+    assert settings.learner.old_logprobs == "current" and settings.kind_configs["code"].reset_mode == "pooled"
     assert set(flatten(config.to_dict())) == set(flatten(base.base_config().to_dict()))
 
 
@@ -262,7 +262,8 @@ def test_the_recipe_passes_the_checks_and_adds_no_field():
         ("env.code.reset_mode", "snapshot", "config.env.code.reset_mode", "not one of ('pooled', 'fresh')"),
         ("env.code.tasks", ("code-six-012", "code-no-such-task"), "config.env.code.tasks", "code-no-such-task"),
         ("env.code.suite_dir", "/nonexistent/code-suite", "config.env.code.suite_dir", "holds no task files"),
-        ("env.code.bash_timeout_s", 0.0, "config.env.code.bash_timeout_s", "must be > 0"),
+        ("env.code.default_timeout", 0.0, "config.env.code.default_timeout", "must be > 0"),
+        ("env.code.max_timeout", 10.0, "config.env.code.max_timeout", "is below default_timeout (30.0)"),
         (
             "env.tasks",
             (("click-button", 0),),

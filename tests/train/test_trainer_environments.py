@@ -141,7 +141,7 @@ def mixed_step(tmp_path_factory):
     config.env.tasks = ((MINIWOB_TASK, 0),)
     config.env.task_dirs = (desktop_folder(root),)
     config.env.domain_weights = ("desktop=3", "miniwob=1")
-    config.env.desktop.pool_size = 4  # two desktop groups at a time
+    config.env.desktop.size = 4  # two desktop groups at a time
     config.env.desktop.screen = "800x500"
     config.env.capsules.renderers = 3  # reaches the worker's capsule runtime
     config.env.capsules.warm_pages = 1
@@ -265,7 +265,7 @@ def test_training_on_a_folder_verigen_synthesized(verigen_folder, tmp_path):
     config.env.kind = "desktop"
     config.env.tasks = ()
     config.env.task_dirs = (str(folder),)
-    config.env.desktop.pool_size = 2
+    config.env.desktop.size = 2
     config.env.desktop.screen = "800x500"
     with start_trainer(config) as trainer:
         worker = trainer.workers[0]
