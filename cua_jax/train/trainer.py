@@ -51,6 +51,7 @@ import numpy as np
 from cua_jax.compilation import use_compilation_cache
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import make_segmenter
+from cua_jax.environments.kinds import environment_kind
 from cua_jax.eval.held_out import evaluate_held_out, per_task_gains, save_training_traces, success_gain
 from cua_jax.eval.intervals import slope_interval
 from cua_jax.models.sharding import make_mesh
@@ -146,7 +147,7 @@ def warm_start(setup: RunSetup) -> dict[str, float]:
     if settings.warm_start is not None and setup.checkpointer.latest_step() is None:
         from cua_jax.train.warm_start import run_warm_start  # SFT on the oracle's demonstrations
 
-        demonstrated = [t for t in settings.training_tasks if settings.catalog[t].kind != "desktop"]
+        demonstrated = [t for t in settings.training_tasks if environment_kind(settings.catalog[t].kind).demonstrated]
         metrics = run_warm_start(
             setup.policy, demonstrated, setup.config, settings, setup.segmenter, setup.renderer, setup.config.workdir
         )
