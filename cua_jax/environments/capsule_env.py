@@ -8,8 +8,10 @@ from collections.abc import Coroutine
 from typing import Any
 
 from cua_jax.envs import actions as A
+from cua_jax.envs.capsules import RuntimeShutDownError
 from cua_jax.envs.contract import AgentEnvironment, EnvObservation, EnvReset, EnvTransition
 from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error, episode_outcome
+from cua_jax.envs.miniwob import check_task
 from cua_jax.envs.prompts import INVALID_ACTION_PREFIX, observation_text
 from cua_jax.types import EpisodeStatus
 
@@ -52,8 +54,6 @@ class MiniWoBEnvironment(AgentEnvironment):
 
     async def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Await a coroutine of the runtime on the runtime's own event loop (Playwright lives there)."""
-        from cua_jax.envs.capsules import RuntimeShutDownError
-
         runtime_loop = self.runtime.loop
         if not runtime_loop.is_running():  # shut down: nothing would ever run the coroutine
             coro.close()
@@ -74,8 +74,6 @@ class MiniWoBEnvironment(AgentEnvironment):
     async def _start(self, task: str, build, rebuild) -> EnvReset:
         """Publishes a capsule of `task` (`build()`: a new one, when this environment has none;
         `rebuild(env_id)`: a new generation of its own), arms the time limit, and observes."""
-        from cua_jax.envs.miniwob import check_task
-
         check_task(task)  # an unknown task is the caller's error, not an infrastructure fault
         observation = None
         if self.env_id is None:

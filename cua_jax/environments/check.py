@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from cua_jax.environments.kinds import environment_kind
 from cua_jax.envs import actions as A
 from cua_jax.envs.contract import AgentEnvironment, EnvObservation, EnvReset, EnvTransition
 
@@ -106,8 +107,6 @@ async def check_env(env: AgentEnvironment, task: Any, *, seed: int | None = 0) -
 def check_kind(name: str, worker_config: Any, task: Any, *, seed: int | None = 0) -> None:
     """Opens the registered kind `name` as a rollout worker would (`worker_config`: a
     `RolloutWorkerConfig`), checks an environment it makes on `task`, and closes it."""
-    from cua_jax.environments.kinds import environment_kind
-
     kind = environment_kind(name)
     resources = kind.open(worker_config)
     try:

@@ -71,6 +71,7 @@ from cua_jax.envs.contract import (
     TaskIsGroupStart,
 )
 from cua_jax.envs.faults import Attribution, Fault, FaultError, FaultKind, Outcome, container_fault, episode_outcome
+from cua_jax.envs.images import ensure_image
 from cua_jax.tasks.code_tasks import CodeTask, judge_request, verdict
 
 log = logging.getLogger(__name__)
@@ -395,8 +396,6 @@ class CodeEnvironment(TaskIsGroupStart, AgentEnvironment):
     @property
     def image(self) -> str:
         if self._image is None:
-            from cua_jax.envs.images import ensure_image
-
             self._image = ensure_image("code")
         return self._image
 

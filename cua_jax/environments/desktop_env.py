@@ -23,7 +23,7 @@ import tempfile
 from typing import Any
 
 from cua_jax.envs import actions as A
-from cua_jax.envs.client import EnvError, EnvServerError
+from cua_jax.envs.client import EnvError, EnvServerError, decode_png
 from cua_jax.envs.container_judge import JudgeTamperedError
 from cua_jax.envs.contract import (
     AgentEnvironment,
@@ -35,6 +35,7 @@ from cua_jax.envs.contract import (
 )
 from cua_jax.envs.docker_pool import DockerEnvPool, PooledEnv, PoolError
 from cua_jax.envs.faults import Attribution, Fault, FaultKind, Outcome, episode_outcome
+from cua_jax.envs.prompts import observation_text
 from cua_jax.tasks import judges
 from cua_jax.tasks.schema import Task
 
@@ -216,8 +217,6 @@ class DesktopEnvironment(TaskIsGroupStart, AgentEnvironment):
 
     @staticmethod
     def _observation(observation: Any) -> EnvObservation:
-        from cua_jax.envs.client import decode_png
-        from cua_jax.envs.prompts import observation_text
 
         images = () if observation.screenshot_png is None else (decode_png(observation.screenshot_png),)
         return EnvObservation(images, observation_text(feedback=observation.feedback))

@@ -29,10 +29,13 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from cua_jax.environments.code_env import CodeEnvConfig
+from cua_jax.environments.capsule_env import MiniWoBEnvironment
+from cua_jax.environments.code_env import CodeEnvConfig, CodeEnvironment
+from cua_jax.environments.desktop_env import DesktopEnvironment
 from cua_jax.envs.capsules import CapsuleOptions
 from cua_jax.envs.contract import AgentEnvironment
-from cua_jax.envs.docker_pool import PoolConfig
+from cua_jax.envs.docker_pool import DockerEnvPool, PoolConfig
+from cua_jax.envs.images import ensure_image
 
 
 def _unbounded(resources: Any) -> int | None:
@@ -163,7 +166,6 @@ def _open_capsules(worker_config: Any) -> Any:
 
 
 def _make_miniwob(runtime: Any, worker_config: Any) -> AgentEnvironment:
-    from cua_jax.environments.capsule_env import MiniWoBEnvironment
 
     return MiniWoBEnvironment(runtime, time_limit_s=worker_config.time_limit_s, screenshots=worker_config.screenshots)
 
@@ -176,7 +178,6 @@ def _open_desktop_pool(worker_config: Any) -> Any:
     config = worker_config.kind_config("desktop")
     if config is None:
         raise ValueError("the task catalog holds desktop tasks, but the worker has no desktop config (a PoolConfig)")
-    from cua_jax.envs.docker_pool import DockerEnvPool
 
     return DockerEnvPool(config).start()
 
@@ -184,7 +185,6 @@ def _open_desktop_pool(worker_config: Any) -> Any:
 def _resolve_desktop_image(config: PoolConfig) -> PoolConfig:
     """env.desktop.image (an image of launch/images/) as the exact tag of the current sources,
     built when missing: once for the run, not by every worker."""
-    from cua_jax.envs.images import ensure_image
 
     return dataclasses.replace(config, image=ensure_image(config.image))
 
@@ -220,21 +220,17 @@ def _check_desktop_settings(config: PoolConfig, run_config: Any, catalog: Any) -
 
 
 def _make_desktop(pool: Any, worker_config: Any) -> AgentEnvironment:
-    from cua_jax.environments.desktop_env import DesktopEnvironment
 
     return DesktopEnvironment(pool, attribution=worker_config.agent.attribution)
 
 
 def _open_code(worker_config: Any) -> Any:
-    from cua_jax.envs.images import ensure_image
-
     # The image is resolved (built when missing) once, not by every environment.
     config = worker_config.kind_config("code") or CodeEnvConfig()
     return dataclasses.replace(config, image=config.image or ensure_image("code"))
 
 
 def _make_code(config: Any, worker_config: Any) -> AgentEnvironment:
-    from cua_jax.environments.code_env import CodeEnvironment
 
     return CodeEnvironment(config, attribution=worker_config.agent.attribution)
 

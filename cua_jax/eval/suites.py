@@ -22,6 +22,7 @@ import os
 import pathlib
 from collections.abc import Mapping, Sequence
 
+from cua_jax.envs.miniwob import task_names
 from cua_jax.tasks.sources import TaskCatalog, load_task_folder, miniwob_tasks
 
 # Evaluation seeds start past training's and the held-out evaluation's
@@ -262,7 +263,6 @@ class Suite:
 
 def miniwob_suite(name: str, tasks: Sequence[str]) -> Suite:
     """A MiniWoB++ list intersected with the tasks the installed package ships."""
-    from cua_jax.envs.miniwob import task_names
 
     shipped = set(task_names())
     skipped = {t: "the installed MiniWoB++ package does not ship it" for t in tasks if t not in shipped}
@@ -272,8 +272,6 @@ def miniwob_suite(name: str, tasks: Sequence[str]) -> Suite:
 def load_suite(name_or_folder: str | os.PathLike) -> Suite:
     """A named suite (SUITE_NAMES) or a folder of OSWorld-format task files; a name that is
     neither raises, listing the names."""
-    from cua_jax.envs.miniwob import task_names
-
     name = str(name_or_folder)
     if name == "miniwob":
         return miniwob_suite(name, task_names())

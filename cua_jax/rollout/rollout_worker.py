@@ -32,6 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from cua_jax.context.render import ChatRenderer
+from cua_jax.context.segment import make_segmenter
+from cua_jax.context.tokenizer import load_processor
 from cua_jax.environments.kinds import EnvironmentKind, environment_kind, import_kind_modules, kind_names
 from cua_jax.envs.contract import AgentEnvironment
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout
@@ -159,9 +162,6 @@ class RolloutWorker:
         config: RolloutWorkerConfig = RolloutWorkerConfig(),
         env_wrapper: EnvWrapper | None = None,
     ):
-        from cua_jax.context.render import ChatRenderer
-        from cua_jax.context.segment import make_segmenter
-        from cua_jax.context.tokenizer import load_processor
 
         self.config = config
         tokenizer, image_processor = load_processor(config.tokenizer_dir)
@@ -522,6 +522,7 @@ def start_remote_workers(
     a placement-group strategy over one bundle per actor (`workers.reserve_bundles`), "" for none."""
     import ray
 
+    # Deferred, as Ray is: rollout.workers imports JAX, which a worker without Ray actors never needs.
     from cua_jax.rollout.workers import bundle_strategy, reserve_bundles
 
     group = reserve_bundles(len(specs), num_cpus, 0.0, resources, placement, placement_timeout_s)

@@ -27,8 +27,10 @@ import jax
 import numpy as np
 from flax import struct
 
+from cua_jax.models.qwen3_vl import rope_index
 from cua_jax.models.scoring import SharedPrefix, image_model_inputs
 from cua_jax.models.vision import ImageGrid, bucket_count, image_content_key, pad_image_count
+from cua_jax.rl.advantages import token_advantages
 from cua_jax.train.buffer import whole_group_minibatches
 from cua_jax.types import Episode, ImageSpan, TrainingItem
 
@@ -158,7 +160,6 @@ def item_positions(item: TrainingItem, multimodal: MultimodalPositions | None) -
     multimodal positions from `rope_index`, over its images' grids)."""
     if multimodal is None:
         return np.arange(len(item), dtype=np.int32)
-    from cua_jax.models.qwen3_vl import rope_index  # the VL model module is heavy; only for multimodal batches
 
     spans = sorted(item.images, key=lambda s: s.start)
     positions, _ = rope_index(
@@ -261,7 +262,6 @@ def collate(
     Returns:
       TrainBatch with numpy leaves (shapes in its docstring); `jax.device_put` it.
     """
-    from cua_jax.rl.advantages import token_advantages
 
     b = config.rows
     if len(items) > b:

@@ -16,6 +16,9 @@ import numpy as np
 
 from cua_jax.context.tokenizer import load_processor
 from cua_jax.environments.kinds import environment_kind
+from cua_jax.models.checkpoint import read_hf_config
+from cua_jax.models.hf_policy import check_policy_directory, export_policy, load_policy, token_id_bound
+from cua_jax.models.registry import TINY_MODELS
 from cua_jax.rollout.jax_engine import JaxEngineFactory
 from cua_jax.rollout.rollout_worker import (
     EnvWrapper,
@@ -23,8 +26,11 @@ from cua_jax.rollout.rollout_worker import (
     RolloutWorker,
     RolloutWorkerConfig,
     broadcast_weights,
+    ensure_local_ray,
     start_remote_workers,
 )
+from cua_jax.rollout.vllm_engine import VllmEngineConfig, VllmEngineFactory
+from cua_jax.rollout.workers import Router, RouterConfig, vllm_host_weights
 from cua_jax.train.settings import LOADED_POLICIES, ConfigError, TrainSettings, _require
 
 RolloutWorkers = list[RolloutWorker] | list[RemoteRolloutWorker]
@@ -39,8 +45,6 @@ def tokenizer_dir(config) -> str | None:
 def build_policy(settings: TrainSettings, seed: int):
     """The policy model a config names: a random init of the tiny Qwen3-VL, Qwen3 or Qwen3.5, or
     the Qwen3-VL / Qwen3 / Qwen3.5 checkpoint in model.init_from (`cua_jax.models.hf_policy.load_policy`)."""
-    from cua_jax.models.hf_policy import load_policy
-    from cua_jax.models.registry import TINY_MODELS
 
     model = settings.config.model
     precision = dict(dtype=model.compute_dtype, param_dtype=model.param_dtype, remat=model.remat)
@@ -53,7 +57,6 @@ def check_init_from(config):
     """model.init_from's `PolicyDirectory`; ConfigError naming model.init_from unless it holds a
     checkpoint of the kind model.name says (`cua_jax.models.hf_policy.check_policy_directory`:
     config, shards, architecture, a tokenizer that fits the vocabulary)."""
-    from cua_jax.models.hf_policy import check_policy_directory
 
     where = f"config.model.init_from: {config.model.init_from!r}"
     try:
@@ -70,7 +73,6 @@ def check_init_from(config):
 def load_run_processor(config):
     """The run's (tokenizer, image processor) (`tokenizer_dir`), with model.init_from checked
     first when the policy is loaded from it: a checkpoint whose vocabulary holds the tokenizer's."""
-    from cua_jax.models.hf_policy import token_id_bound
 
     policy = check_init_from(config) if config.model.name in LOADED_POLICIES else None
     tokenizer, image_processor = load_processor(tokenizer_dir(config))
@@ -123,7 +125,6 @@ def export_engine_model(policy, workdir: str, tokenizer, image_processor) -> str
     """Writes the policy, with the run's tokenizer, chat template and image processor, as the
     Hugging Face directory the vLLM engines start from (<workdir>/engine_model); later
     policy versions reach them by weight sync."""
-    from cua_jax.models.hf_policy import export_policy
 
     directory = os.path.join(workdir, ENGINE_MODEL_DIR)
     export_policy(policy, directory, tokenizer=tokenizer, image_processor=image_processor)
@@ -140,8 +141,6 @@ class VllmRouterFactory:
     router: Any  # cua_jax.rollout.workers.RouterConfig
 
     def __call__(self):
-        from cua_jax.rollout.vllm_engine import VllmEngineFactory
-        from cua_jax.rollout.workers import Router, vllm_host_weights
 
         return Router(VllmEngineFactory(self.engine), self.router, host_weights=vllm_host_weights(self.model_dir))
 
@@ -152,9 +151,6 @@ def vllm_router_factories(
     """One `VllmRouterFactory` per rollout worker, as config.rollout.vllm names them (engine
     seeds c.seed * 1000 + worker); the engines never sample `banned_token_ids`. A context
     budget past the policy's positions is a ConfigError naming the field."""
-    from cua_jax.models.checkpoint import read_hf_config
-    from cua_jax.rollout.vllm_engine import VllmEngineConfig
-    from cua_jax.rollout.workers import RouterConfig
 
     c = settings.config
     v = c.rollout.vllm
@@ -217,7 +213,6 @@ def ray_cpus_needed(config) -> float:
 def local_ray(config):
     """A local Ray for the run's actors (`ray_cpus_needed`) while the context lasts, when the run
     needs one and none is running; one already running is left as it was."""
-    from cua_jax.rollout.rollout_worker import ensure_local_ray
 
     needed = ray_cpus_needed(config)
     owned = ensure_local_ray(needed, config.rollout.ray_object_store_mb) if needed else False

@@ -13,8 +13,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from cua_jax.envs.code_actions import render_code_action
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, run_bounded
 from cua_jax.rollout.oracle_engine import CodeOracleEngine
+from cua_jax.tasks.code_suite import oracle_actions
 from cua_jax.train.demonstrations import Demonstrations, keep_successes
 
 
@@ -31,9 +33,7 @@ def collect_code_demonstrations(
     instance is its bug: seeds only number the episodes), `concurrency` at a time, each on a
     `CodeEnvironment` of `code_env` (a `CodeEnvConfig`) reused for the next; only successes
     are kept. Returns `demonstrations.Demonstrations`."""
-    from cua_jax.environments.code_env import CodeEnvironment
-    from cua_jax.envs.code_actions import render_code_action
-    from cua_jax.tasks.code_suite import oracle_actions
+    from cua_jax.environments.code_env import CodeEnvironment  # deferred: the Docker client
 
     if not seeds:
         raise ValueError("collect_code_demonstrations needs at least one seed")

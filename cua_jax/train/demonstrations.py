@@ -20,6 +20,7 @@ import numpy as np
 
 from cua_jax.context.segment import Segmenter
 from cua_jax.environments.capsule_env import MiniWoBEnvironment
+from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
 from cua_jax.rollout.agent_loop import AgentConfig, AgentLoop, Rollout, run_bounded
 from cua_jax.rollout.oracle_engine import OracleDemonstrator
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem
@@ -82,7 +83,6 @@ def collect_demonstrations(
     MiniWoB's per-task limit. Episodes run `concurrency` at a time; each (task, seed) is its
     own group (group_id = its index). Only SUCCESS episodes are kept.
     """
-    from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
 
     unknown = [task for task in tasks if task not in ORACLE_TASKS]
     if unknown:

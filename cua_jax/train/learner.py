@@ -62,6 +62,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from cua_jax.models.qwen3_vl import QWEN3_VL_RULES, image_features
 from cua_jax.models.sampler import normalized_token_ids
 from cua_jax.models.scoring import score_sequences
 from cua_jax.models.sharding import DEFAULT_RULES, MeshConfig, logical_to_spec, make_mesh, shard_model, use_mesh
@@ -335,8 +336,6 @@ class Learner:
         self.mesh = mesh if mesh is not None else make_mesh(MeshConfig(fsdp=1), devices=jax.devices()[:1])
         if rules is None:
             if hasattr(model, "visual"):
-                from cua_jax.models.qwen3_vl import QWEN3_VL_RULES
-
                 rules = QWEN3_VL_RULES
             else:
                 rules = DEFAULT_RULES
@@ -464,7 +463,6 @@ class Learner:
         return batch
 
     def _encode(self, ids, pixel_values, grid):
-        from cua_jax.models.qwen3_vl import image_features
 
         def encode(params, frozen, ids, pixel_values):
             model = nnx.merge(self._graphdef, params, frozen)
