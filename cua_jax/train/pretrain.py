@@ -122,7 +122,7 @@ class Pretrainer:
         self.eval_seeds = range(self.held_out_seeds.stop, self.held_out_seeds.stop + c.pretrain.eval_seeds)
         # The demonstrations' budgets: training's and evaluation's, whichever is larger.
         self.agent = dataclasses.replace(
-            self.settings.agent, max_turns=max(c.rollout.max_turns, self.settings.eval.max_turns)
+            self.settings.agent, max_turns=max(self.settings.rollout.max_turns, self.settings.eval.max_turns)
         )
         self._writer = None
 
@@ -142,7 +142,7 @@ class Pretrainer:
             "train_seeds": [self.train_seeds.start, self.train_seeds.stop],
             "held_out_seeds": [self.held_out_seeds.start, self.held_out_seeds.stop],
             "action_space": self.config.env.action_space,
-            "prompt_style": self.config.rollout.prompt_style,
+            "prompt_style": self.settings.rollout.prompt_style,
             "segmenter": self.config.context.segmenter,
         }
         if os.path.exists(path):

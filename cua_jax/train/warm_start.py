@@ -79,7 +79,7 @@ def run_warm_start(
     c = config
     # The demonstrations' budgets are the larger of training's and evaluation's, so a
     # multi-step oracle episode is not cut short; the token stream is the same either way.
-    agent = dataclasses.replace(settings.agent, max_turns=max(c.rollout.max_turns, settings.eval.max_turns))
+    agent = dataclasses.replace(settings.agent, max_turns=max(settings.rollout.max_turns, settings.eval.max_turns))
     progress, on_step = None, None
     if settings.train.progress_bar:
         from tqdm import tqdm

@@ -13,13 +13,14 @@ they need; `env.*` reaches the environment adapters in `cua_jax.environments` th
 workers, `sampler.*` the task samplers in `cua_jax.tasks`, `eval.*` the evaluation in
 `cua_jax.eval`. Library code sits in the layers of `.importlinter` (README.md, "What is where").
 
-Typed sections: `train`, `eval`, `advantage`, `sampler.frontier`, `sampler.dtac`,
-`sampler.curriculum`, `sampler.calibration` and `sampler.pilot` hold exactly the fields of the
-dataclass each fills, by the same names (`TrainLoopConfig` and `AdvantageSettings` of
-`cua_jax.train.settings`, `cua_jax.eval.held_out.EvalConfig`, the sampler configs of
-`cua_jax.tasks.samplers`, `cua_jax.tasks.calibration.CalibrationConfig`,
-`cua_jax.eval.pilot.PilotConfig`); each value is checked once, by its dataclass, and the library
-reads those dataclasses from `TrainSettings`. `env.tasks` holds (MiniWoB task, tier) records.
+Typed sections: `train`, `rollout`, `rollout.vllm`, `eval`, `advantage`, `sampler.frontier`,
+`sampler.dtac`, `sampler.curriculum`, `sampler.calibration` and `sampler.pilot` hold exactly the
+fields of the dataclass each fills, by the same names (`TrainLoopConfig`, `RolloutSettings`,
+`VllmSettings` and `AdvantageSettings` of `cua_jax.train.settings`,
+`cua_jax.eval.held_out.EvalConfig`, the sampler configs of `cua_jax.tasks.samplers`,
+`cua_jax.tasks.calibration.CalibrationConfig`, `cua_jax.eval.pilot.PilotConfig`); each value is
+checked once, by its dataclass, and the library reads those dataclasses from `TrainSettings`.
+`env.tasks` holds (MiniWoB task, tier) records.
 
 Renames: a field renamed since a run was saved is read under its new name through
 `renames.RENAMED` (`config_from_dict`: a run's workdir for --resume and
