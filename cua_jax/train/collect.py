@@ -94,7 +94,7 @@ class GroupCollector:
         self.sampler_metrics: dict[str, float] = {}
 
     def _group_seeds(self, key: jax.Array, count: int) -> list[int]:
-        return draw_group_seeds(key, count, self.config.env.train_seeds, self.config.env.train_seed_max)
+        return draw_group_seeds(key, count, self.settings.env.train_seeds, self.settings.env.train_seed_max)
 
     def run_groups(self, worker: Any, task_ids: Sequence[str], key: jax.Array) -> list[CollectedGroup]:
         """One training group per task id on `worker` (or a list of workers: the groups dealt

@@ -195,6 +195,46 @@ class AdvantageSettings:
         object.__setattr__(self, "estimator_config", estimator)
 
 
+@dataclasses.dataclass(frozen=True)
+class EnvSettings:
+    """The fields of config.env every environment kind shares (experiments/configs/base.py says
+    what each does): what the policy is shown and how it points, an episode's time limit, the
+    training and held-out problem seeds, and how the training pool is shaped. The task sources
+    (env.kind, env.tasks, env.task_dirs) and each kind's own sections are read with the task
+    catalog; domain_weights ("domain=weight" each) is checked against the pool there."""
+
+    observation: str
+    include_dom_text: bool
+    action_space: str
+    time_limit_s: float
+    train_seed_max: int
+    train_seeds: tuple[int, ...]
+    eval_seed_start: int
+    drop_hardest_tier: bool
+    domain_weights: tuple[str, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "train_seeds", tuple(self.train_seeds))
+        object.__setattr__(self, "domain_weights", tuple(self.domain_weights))
+        if self.observation not in OBSERVATIONS:
+            raise ValueError(f"EnvSettings.observation {self.observation!r} is not one of {OBSERVATIONS}")
+        if self.action_space not in ACTION_SPACES:
+            raise ValueError(f"EnvSettings.action_space {self.action_space!r} is not one of {ACTION_SPACES}")
+        if self.train_seed_max < 1:
+            raise ValueError(f"EnvSettings.train_seed_max must be >= 1, got {self.train_seed_max}")
+        if self.eval_seed_start < self.train_seed_max:
+            raise ValueError(
+                f"EnvSettings.eval_seed_start {self.eval_seed_start} overlaps the training seeds "
+                f"[0, {self.train_seed_max}) (train_seed_max): not held out"
+            )
+        outside = [seed for seed in self.train_seeds if not 0 <= int(seed) < self.train_seed_max]
+        if outside:
+            raise ValueError(
+                f"EnvSettings.train_seeds {outside} lie outside the training seeds [0, {self.train_seed_max}) "
+                "(train_seed_max)"
+            )
+
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")  # rollout.vllm.log_level
 VLLM_DTYPES = ("float32", "bfloat16")
 
@@ -309,6 +349,7 @@ class TrainSettings:
     config: Any  # the ml_collections.ConfigDict it came from
     seed: int  # config.seed: the base of every random stream of the run
     rollout: RolloutSettings
+    env: EnvSettings  # config.env's fields every environment kind shares
     learner: LearnerConfig
     batching: BatchingConfig
     num_minibatches: int  # config.learner.num_minibatches: optimizer updates per rollout batch
@@ -359,12 +400,11 @@ class TrainSettings:
                 "rollout.engine",
                 f"model.name {c.model.name!r} (Qwen3.5) runs on the JAX sampler: set rollout.engine = 'jax'",
             )
-        _require(
-            c.env.observation in OBSERVATIONS, "env.observation", f"{c.env.observation!r} is not one of {OBSERVATIONS}"
-        )
-        if c.env.observation == "text":
+        # The kind-specific fields are read with the task catalog and each kind's own section.
+        env = section_to_dataclass(EnvSettings, {f.name: c.env[f.name] for f in dataclasses.fields(EnvSettings)}, "env")
+        if env.observation == "text":
             _require(
-                c.env.include_dom_text or c.env.kind == "code",
+                env.include_dom_text or c.env.kind == "code",
                 "env.include_dom_text",  # code: text throughout
                 "env.observation 'text' shows the page as DOM text only: set it True",
             )
@@ -374,7 +414,7 @@ class TrainSettings:
                 "env.observation",
                 f"model.name {c.model.name!r} is a text-only policy: set env.observation = 'text'",
             )
-        catalog, training, domain_weights = _task_catalog(c)
+        catalog, training, domain_weights = _task_catalog(c, env)
         # A batch draws distinct tasks: caught here, not after the warm start and evaluation.
         _require(
             rollout.batch_tasks <= len(training),
@@ -478,11 +518,6 @@ class TrainSettings:
                 reset_mode=k.reset_mode,
                 partial_credit=c.advantage.reward == "pass_fraction",
             )
-        _require(
-            c.env.action_space in ACTION_SPACES,
-            "env.action_space",
-            f"{c.env.action_space!r} is not one of {ACTION_SPACES}",
-        )
         from cua_jax.envs.capsules import CapsuleOptions
 
         build(
@@ -491,16 +526,6 @@ class TrainSettings:
             renderers=c.env.capsules.renderers,
             warm_pages=c.env.capsules.warm_pages,
             fork_by=c.env.capsules.fork_by,
-        )
-        _require(c.env.train_seed_max >= 1, "env.train_seed_max", f"must be >= 1, got {c.env.train_seed_max}")
-        _require(
-            c.env.eval_seed_start >= c.env.train_seed_max,
-            "env.eval_seed_start",
-            f"{c.env.eval_seed_start} overlaps the training seeds [0, {c.env.train_seed_max}): not held out",
-        )
-        outside = [seed for seed in c.env.train_seeds if not 0 <= int(seed) < c.env.train_seed_max]
-        _require(
-            not outside, "env.train_seeds", f"{outside} lie outside the training seeds [0, {c.env.train_seed_max})"
         )
         # The dense form scores a code fix by the share of its tests that pass; the other kinds'
         # judges give their own rewards.
@@ -555,7 +580,7 @@ class TrainSettings:
 
             # Code tasks are demonstrated by their oracle fix (cua_jax.train.code_demonstrations).
             _require(
-                c.env.include_dom_text or c.env.kind == "code",
+                env.include_dom_text or c.env.kind == "code",
                 "warm_start.steps",
                 "the warm start's oracle reads the page as DOM text: set env.include_dom_text = True",
             )
@@ -576,10 +601,10 @@ class TrainSettings:
                 f"must be >= 1, got {c.warm_start.demos_per_task}",
             )
             _require(
-                c.warm_start.demos_per_task <= c.env.train_seed_max,
+                c.warm_start.demos_per_task <= env.train_seed_max,
                 "warm_start.demos_per_task",
                 f"{c.warm_start.demos_per_task} demonstration seeds do not fit in the training seeds "
-                f"[0, {c.env.train_seed_max})",
+                f"[0, {env.train_seed_max})",
             )
             _require(
                 c.warm_start.concurrency >= 1, "warm_start.concurrency", f"must be >= 1, got {c.warm_start.concurrency}"
@@ -672,7 +697,7 @@ class TrainSettings:
             max_response_tokens=rollout.max_response_tokens or None,
             max_observation_tokens=rollout.max_observation_tokens or None,
             prompt_style=rollout.prompt_style,
-            action_space=c.env.action_space,
+            action_space=env.action_space,
             group_start=rollout.group_start,
         )
         agent = build(
@@ -754,6 +779,7 @@ class TrainSettings:
             config,
             int(c.seed),
             rollout,
+            env,
             learner,
             batching,
             int(c.learner.num_minibatches),
@@ -792,7 +818,7 @@ def _code_env_config(**values):
     return CodeEnvConfig(**values)
 
 
-def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
+def _task_catalog(c, env: EnvSettings) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
     """(every task the run names, the training pool's ids, the domain weights), with any bad
     source named by its field: env.kind, env.tasks ((task, tier) records: MiniWoB), env.task_dirs
     (folders of OSWorld-format task JSON), env.code.suite_dir / tasks (code tasks),
@@ -856,7 +882,7 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
             not missing, "env.code.tasks", f"{missing} are not tasks of env.code.suite_dir {c.env.code.suite_dir!r}"
         )
         tasks += [suite[task] for task in dict.fromkeys(c.env.code.tasks)] if c.env.code.tasks else list(suite.values())
-    training = without_hardest_tier(tasks) if c.env.drop_hardest_tier else tasks
+    training = without_hardest_tier(tasks) if env.drop_hardest_tier else tasks
     try:
         catalog = TaskCatalog(
             tasks
@@ -867,7 +893,7 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float]]:
     except ValueError as error:  # an id twice
         raise ConfigError(f"config.env.task_dirs: {error}") from None
     try:
-        weights = parse_domain_weights(c.env.domain_weights)
+        weights = parse_domain_weights(env.domain_weights)
         TaskCatalog(training).pool(weights)  # a domain no task has fails here
     except ValueError as error:
         raise ConfigError(f"config.env.domain_weights: {error}") from None

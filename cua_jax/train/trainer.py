@@ -415,7 +415,7 @@ class Trainer:
             self.workers,
             self.eval_tasks,
             self.settings.eval,
-            self.config.env.eval_seed_start,
+            self.settings.env.eval_seed_start,
             self.settings.catalog,
             os.path.join(self.workdir, "evals", folder),
             os.path.join(self.workdir, "traces", label),

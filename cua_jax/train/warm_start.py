@@ -115,7 +115,7 @@ def run_warm_start(
             if miniwob:
                 runtime = stack.enter_context(
                     CapsuleOptions.from_config(c.env.capsules).runtime(
-                        include_dom_text=True, action_space=c.env.action_space, seed=c.seed
+                        include_dom_text=True, action_space=settings.env.action_space, seed=settings.seed
                     )
                 )
                 parts.append(
@@ -125,7 +125,7 @@ def run_warm_start(
                         runtime=runtime,
                         segmenter=segmenter,
                         agent_config=agent,
-                        time_limit_s=c.env.time_limit_s,
+                        time_limit_s=settings.env.time_limit_s,
                         concurrency=c.warm_start.concurrency,
                     )
                 )
@@ -137,14 +137,14 @@ def run_warm_start(
             run = fine_tune(policy, demonstrations, tasks, segmenter, settings.warm_start, on_step)
             if miniwob and c.warm_start.held_out_seeds:
                 # Past the evaluation seeds: outside training's range and unseen by "before".
-                first = c.env.eval_seed_start + settings.eval.num_seeds
+                first = settings.env.eval_seed_start + settings.eval.num_seeds
                 unseen = collect_demonstrations(
                     miniwob,
                     range(first, first + c.warm_start.held_out_seeds),
                     runtime=runtime,
                     segmenter=segmenter,
                     agent_config=agent,
-                    time_limit_s=c.env.time_limit_s,
+                    time_limit_s=settings.env.time_limit_s,
                     concurrency=c.warm_start.concurrency,
                 )
                 if unseen.rollouts:

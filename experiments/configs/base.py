@@ -20,7 +20,11 @@ fields of the dataclass each fills, by the same names (`TrainLoopConfig`, `Rollo
 `cua_jax.eval.held_out.EvalConfig`, the sampler configs of `cua_jax.tasks.samplers`,
 `cua_jax.tasks.calibration.CalibrationConfig`, `cua_jax.eval.pilot.PilotConfig`); each value is
 checked once, by its dataclass, and the library reads those dataclasses from `TrainSettings`.
-`env.tasks` holds (MiniWoB task, tier) records.
+So are the fields of `env` every environment kind
+shares (`EnvSettings`: observation, include_dom_text, action_space, time_limit_s, the seeds,
+drop_hardest_tier, domain_weights); the task sources (env.kind, env.tasks, env.task_dirs) and
+each kind's own section are read with the task catalog. `env.tasks` holds (MiniWoB task, tier)
+records.
 
 Renames: a field renamed since a run was saved is read under its new name through
 `renames.RENAMED` (`config_from_dict`: a run's workdir for --resume and
