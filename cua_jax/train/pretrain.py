@@ -106,7 +106,7 @@ class Pretrainer:
                 raise ConfigError(f"config.pretrain.{name}: must be >= 1, got {c.pretrain[name]}")
         if c.pretrain.eval_every < 0:
             raise ConfigError(f"config.pretrain.eval_every: must be >= 0, got {c.pretrain.eval_every}")
-        if c.warm_start.held_out_seeds < 1:
+        if self.settings.warm_start.held_out_seeds < 1:
             raise ConfigError("config.warm_start.held_out_seeds: pretraining scores held-out pages; set it >= 1")
         self.workdir = c.workdir
         os.makedirs(self.workdir, exist_ok=True)
@@ -115,10 +115,10 @@ class Pretrainer:
         self.segmenter = make_segmenter(c.context.segmenter, self.renderer, **self.settings.segmenter_options)
         self.policy = build_policy(self.settings, self.settings.seed)
         self.tasks = [task for task, _ in c.env.tasks]
-        self.train_seeds = range(c.warm_start.demos_per_task)
+        self.train_seeds = range(self.settings.warm_start.demos_per_task)
         # Past the main run's evaluation seeds: held out from training and from its evaluations.
         first = self.settings.env.eval_seed_start + self.settings.eval.num_seeds
-        self.held_out_seeds = range(first, first + c.warm_start.held_out_seeds)
+        self.held_out_seeds = range(first, first + self.settings.warm_start.held_out_seeds)
         self.eval_seeds = range(self.held_out_seeds.stop, self.held_out_seeds.stop + c.pretrain.eval_seeds)
         # The demonstrations' budgets: training's and evaluation's, whichever is larger.
         self.agent = dataclasses.replace(
@@ -161,7 +161,7 @@ class Pretrainer:
                 segmenter=self.segmenter,
                 agent_config=self.agent,
                 time_limit_s=self.settings.env.time_limit_s,
-                concurrency=self.config.warm_start.concurrency,
+                concurrency=self.settings.warm_start.concurrency,
             )
             sets = {
                 "train": collect_demonstrations(self.tasks, self.train_seeds, **common),

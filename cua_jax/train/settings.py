@@ -574,8 +574,20 @@ class TrainSettings:
                 "learner.old_logprobs",
                 "'current' equals the sampling policy only strictly on-policy; use 'recompute' or 'rollout'",
             )
-        _require(c.warm_start.steps >= 0, "warm_start.steps", f"must be >= 0, got {c.warm_start.steps}")
-        if c.warm_start.steps > 0:
+        from cua_jax.train.sft import WarmStartConfig
+
+        warm_start = section_to_dataclass(
+            WarmStartConfig,
+            {**c.warm_start.to_dict(), "max_grad_norm": c.warm_start.max_grad_norm or None},
+            "warm_start",
+            length_multiple=(c.learner.length_multiple, "learner.length_multiple"),
+            seed=(c.seed, "seed"),
+            seq_chunk=(c.learner.seq_chunk, "learner.seq_chunk"),
+            vocab_chunk=(c.learner.vocab_chunk, "learner.vocab_chunk"),
+        )
+        if warm_start.steps == 0:  # no supervised steps: no warm start
+            warm_start = None
+        if warm_start is not None:
             from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
 
             # Code tasks are demonstrated by their oracle fix (cua_jax.train.code_demonstrations).
@@ -596,23 +608,10 @@ class TrainSettings:
                 "the warm start demonstrates MiniWoB tasks (env.tasks) and code tasks, and the run has none",
             )
             _require(
-                c.warm_start.demos_per_task >= 1,
+                warm_start.demos_per_task <= env.train_seed_max,
                 "warm_start.demos_per_task",
-                f"must be >= 1, got {c.warm_start.demos_per_task}",
-            )
-            _require(
-                c.warm_start.demos_per_task <= env.train_seed_max,
-                "warm_start.demos_per_task",
-                f"{c.warm_start.demos_per_task} demonstration seeds do not fit in the training seeds "
+                f"{warm_start.demos_per_task} demonstration seeds do not fit in the training seeds "
                 f"[0, {env.train_seed_max})",
-            )
-            _require(
-                c.warm_start.concurrency >= 1, "warm_start.concurrency", f"must be >= 1, got {c.warm_start.concurrency}"
-            )
-            _require(
-                c.warm_start.held_out_seeds >= 0,
-                "warm_start.held_out_seeds",
-                f"must be >= 0, got {c.warm_start.held_out_seeds}",
             )
         _require(c.model.num_layers >= 0, "model.num_layers", f"must be >= 0, got {c.model.num_layers}")
         _require(c.model.name in POLICIES, "model.name", f"{c.model.name!r} is not a known policy {POLICIES}")
@@ -751,24 +750,6 @@ class TrainSettings:
         if train.dapo:
             dynamic = build(
                 "train", DynamicSamplingConfig, max_rounds=train.dapo_max_rounds, oversample=train.dapo_oversample
-            )
-        warm_start = None
-        if c.warm_start.steps > 0:
-            from cua_jax.train.sft import WarmStartConfig
-
-            warm_start = build(
-                "warm_start",
-                WarmStartConfig,
-                steps=c.warm_start.steps,
-                rows=c.warm_start.rows,
-                learning_rate=c.warm_start.learning_rate,
-                warmup_steps=c.warm_start.warmup_steps,
-                schedule=c.warm_start.schedule,
-                min_lr_ratio=c.warm_start.min_lr_ratio,
-                length_multiple=c.learner.length_multiple,
-                seed=c.seed,
-                seq_chunk=c.learner.seq_chunk,
-                vocab_chunk=c.learner.vocab_chunk,
             )
         options = {name: c.context[name] for name in SEGMENTER_OPTIONS[c.context.segmenter]}
         try:

@@ -201,6 +201,7 @@ def test_a_section_holds_exactly_its_dataclass_fields():
         ("rollout.group_size", 0, "config.rollout.group_size"),
         ("rollout.worker_node_resource", "rollout_node", "config.rollout.worker_placement"),  # local workers
         ("rollout.vllm.threads", 0, "config.rollout.vllm.threads"),
+        ("warm_start.concurrency", 0, "config.warm_start.concurrency"),  # checked with or without steps
         ("sampler.frontier.gamma", 2.0, "config.sampler.frontier.gamma"),
         ("sampler.dtac.p_low", 0.9, "config.sampler.dtac.p_low"),  # above p_high
         ("sampler.ema_alpha", 0.0, "config.sampler.ema_alpha"),  # shared by every kind's dataclass
