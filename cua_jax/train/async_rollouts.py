@@ -115,7 +115,7 @@ class RolloutFeeder:
                 with self._lock:
                     waiting = sum(len(groups) for groups in self._waiting.values())
                     room = (
-                        in_flight[0] + n * collector.config.rollout.batch_tasks <= self.max_episodes_in_flight
+                        in_flight[0] + n * collector.settings.rollout.batch_tasks <= self.max_episodes_in_flight
                         or not in_flight[0]
                     ) and waiting < self.buffer.capacity
                     if self._redo_requests:

@@ -94,7 +94,7 @@ class GroupCollector:
         self.sampler_metrics: dict[str, float] = {}
 
     def _group_seeds(self, key: jax.Array, count: int) -> list[int]:
-        return draw_group_seeds(key, count, self.config.env.train_seeds, self.config.env.train_seed_max)
+        return draw_group_seeds(key, count, self.settings.env.train_seeds, self.settings.env.train_seed_max)
 
     def run_groups(self, worker: Any, task_ids: Sequence[str], key: jax.Array) -> list[CollectedGroup]:
         """One training group per task id on `worker` (or a list of workers: the groups dealt
@@ -107,7 +107,7 @@ class GroupCollector:
             for k, (task_id, seed) in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))
         ]
         results = run_on_workers(
-            worker if isinstance(worker, list) else [worker], requests, self.config.rollout.group_size
+            worker if isinstance(worker, list) else [worker], requests, self.settings.rollout.group_size
         )
         return [group_from_rollouts(gid, task_id, rollouts) for (task_id, _, gid), rollouts in zip(requests, results)]
 
@@ -116,7 +116,7 @@ class GroupCollector:
         `collect` would run them (asynchronous streaming submits them one group at a time)."""
         draw_key, seed_key = jax.random.split(jax.random.fold_in(self.base_key, step))
         with self.lock:
-            task_ids = self.sampler.sample(draw_key, self.config.rollout.batch_tasks)
+            task_ids = self.sampler.sample(draw_key, self.settings.rollout.batch_tasks)
             first = self.next_group_id
             self.next_group_id += len(task_ids)
         return [
@@ -156,7 +156,7 @@ class GroupCollector:
         worker = worker or self.default_worker
         draw_key, seed_key = jax.random.split(jax.random.fold_in(self.base_key, step))
         keep_success = self.settings.sampler_kind == "dtac"
-        batch_tasks, n = self.config.rollout.batch_tasks, self.config.rollout.group_size
+        batch_tasks, n = self.settings.rollout.batch_tasks, self.settings.rollout.group_size
         if self.settings.dynamic is not None:
             ran: dict[str, CollectedGroup] = {}
             rounds = [0]

@@ -106,23 +106,23 @@ class Pretrainer:
                 raise ConfigError(f"config.pretrain.{name}: must be >= 1, got {c.pretrain[name]}")
         if c.pretrain.eval_every < 0:
             raise ConfigError(f"config.pretrain.eval_every: must be >= 0, got {c.pretrain.eval_every}")
-        if c.warm_start.held_out_seeds < 1:
+        if self.settings.warm_start.held_out_seeds < 1:
             raise ConfigError("config.warm_start.held_out_seeds: pretraining scores held-out pages; set it >= 1")
         self.workdir = c.workdir
         os.makedirs(self.workdir, exist_ok=True)
         self.tokenizer, self.image_processor = load_run_processor(c)
         self.renderer = ChatRenderer(self.tokenizer, self.image_processor)
         self.segmenter = make_segmenter(c.context.segmenter, self.renderer, **self.settings.segmenter_options)
-        self.policy = build_policy(self.settings, c.seed)
+        self.policy = build_policy(self.settings, self.settings.seed)
         self.tasks = [task for task, _ in c.env.tasks]
-        self.train_seeds = range(c.warm_start.demos_per_task)
+        self.train_seeds = range(self.settings.warm_start.demos_per_task)
         # Past the main run's evaluation seeds: held out from training and from its evaluations.
-        first = c.env.eval_seed_start + self.settings.eval.num_seeds
-        self.held_out_seeds = range(first, first + c.warm_start.held_out_seeds)
+        first = self.settings.env.eval_seed_start + self.settings.eval.num_seeds
+        self.held_out_seeds = range(first, first + self.settings.warm_start.held_out_seeds)
         self.eval_seeds = range(self.held_out_seeds.stop, self.held_out_seeds.stop + c.pretrain.eval_seeds)
         # The demonstrations' budgets: training's and evaluation's, whichever is larger.
         self.agent = dataclasses.replace(
-            self.settings.agent, max_turns=max(c.rollout.max_turns, self.settings.eval.max_turns)
+            self.settings.agent, max_turns=max(self.settings.rollout.max_turns, self.settings.eval.max_turns)
         )
         self._writer = None
 
@@ -132,7 +132,7 @@ class Pretrainer:
         from cua_jax.envs.capsules import CapsuleOptions
 
         return CapsuleOptions.from_config(self.config.env.capsules).runtime(
-            include_dom_text=True, action_space=self.config.env.action_space, seed=self.config.seed
+            include_dom_text=True, action_space=self.settings.env.action_space, seed=self.settings.seed
         )
 
     def demonstrations(self) -> dict[str, Demonstrations]:
@@ -141,8 +141,8 @@ class Pretrainer:
             "tasks": self.tasks,
             "train_seeds": [self.train_seeds.start, self.train_seeds.stop],
             "held_out_seeds": [self.held_out_seeds.start, self.held_out_seeds.stop],
-            "action_space": self.config.env.action_space,
-            "prompt_style": self.config.rollout.prompt_style,
+            "action_space": self.settings.env.action_space,
+            "prompt_style": self.settings.rollout.prompt_style,
             "segmenter": self.config.context.segmenter,
         }
         if os.path.exists(path):
@@ -160,8 +160,8 @@ class Pretrainer:
                 runtime=runtime,
                 segmenter=self.segmenter,
                 agent_config=self.agent,
-                time_limit_s=self.config.env.time_limit_s,
-                concurrency=self.config.warm_start.concurrency,
+                time_limit_s=self.settings.env.time_limit_s,
+                concurrency=self.settings.warm_start.concurrency,
             )
             sets = {
                 "train": collect_demonstrations(self.tasks, self.train_seeds, **common),
@@ -262,7 +262,7 @@ class Pretrainer:
             "recipe": c.to_dict(),
             "commit": commit,
             "tasks": self.tasks,
-            "action_space": c.env.action_space,
+            "action_space": self.settings.env.action_space,
             "demonstration_seeds": {
                 "train": [self.train_seeds.start, self.train_seeds.stop],
                 "held_out_scoring": [self.held_out_seeds.start, self.held_out_seeds.stop],
@@ -297,7 +297,7 @@ class Pretrainer:
                 runtime=runtime,
                 segmenter=self.segmenter,
                 agent_config=agent,
-                time_limit_s=self.config.env.time_limit_s,
+                time_limit_s=self.settings.env.time_limit_s,
                 concurrency=self.settings.eval.concurrent_groups,
             )
         per_task: dict[str, list[bool]] = {}

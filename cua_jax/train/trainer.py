@@ -170,7 +170,7 @@ def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> 
             )
         setup.warm_start_metrics = {}
     c, settings, policy = setup.config, setup.settings, setup.policy
-    base_key = jax.random.key(c.seed)
+    base_key = jax.random.key(settings.seed)
     m = settings.mesh
     mesh = make_mesh(m, devices=jax.devices()[: max(1, m.data) * max(1, m.fsdp) * max(1, m.tensor)])
     learner = Learner(policy, settings.learner, mesh=mesh)
@@ -179,7 +179,7 @@ def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> 
     try:
         engine_model_dir = (
             export_engine_model(policy, c.workdir, setup.tokenizer, setup.image_processor)
-            if c.rollout.engine == "vllm"
+            if settings.rollout.engine == "vllm"
             else None
         )
         workers: RolloutWorkers = build_rollout_workers(
@@ -273,9 +273,7 @@ class Trainer:
         """Quarantine, advantages, updates on `groups`, then weight sync. Returns the metrics."""
         t0 = time.perf_counter()
         with timeline.span("learner_host"):
-            batch = prepare_batch(
-                groups, self.settings, self.config.learner.num_minibatches, self.version, self.domains
-            )
+            batch = prepare_batch(groups, self.settings, self.settings.num_minibatches, self.version, self.domains)
             self.episode_log.append(self.step, [e for g in groups for e in g.episodes], self.domains)
         self.last_batch = batch
         metrics = dict(batch.metrics)
@@ -376,17 +374,17 @@ class Trainer:
 
     def start_rollouts(self) -> None:
         """Starts one rollout thread per worker feeding the buffer (async mode: `RolloutFeeder`)."""
-        c, train = self.config, self.settings.train
+        rollout, train = self.settings.rollout, self.settings.train
         if self.feeder is None:
             self.feeder = RolloutFeeder(
                 train.staleness_window,
-                train.buffer_groups or 2 * c.rollout.batch_tasks,
-                c.rollout.max_episodes_in_flight,
+                train.buffer_groups or 2 * rollout.batch_tasks,
+                rollout.max_episodes_in_flight,
             )
             if self._restored_rollouts:  # a resumed run: its saved groups first, its unfinished draws again
                 self.feeder.load_state_dict(self._restored_rollouts)
                 self._restored_rollouts = {}
-        self.feeder.start(self.workers, self.collect, self.collector, c.rollout.group_size)
+        self.feeder.start(self.workers, self.collect, self.collector, rollout.group_size)
 
     def stop_rollouts(self) -> None:
         if self.feeder is not None:
@@ -401,7 +399,7 @@ class Trainer:
         """One learner step of async mode: take fresh whole groups from the buffer, update, sync."""
         if self.feeder is None:
             raise RuntimeError("async_step needs start_rollouts() first")
-        groups, wait_s = self.feeder.take(self.config.rollout.batch_tasks, self.version, timeout_s)
+        groups, wait_s = self.feeder.take(self.settings.rollout.batch_tasks, self.version, timeout_s)
         metrics = self.learn(groups)
         metrics[TIMING_PREFIX + "rollout_wait_s"] = wait_s
         return self._finish_step(metrics)
@@ -418,7 +416,7 @@ class Trainer:
             self.workers,
             self.eval_tasks,
             self.settings.eval,
-            self.config.env.eval_seed_start,
+            self.settings.env.eval_seed_start,
             self.settings.catalog,
             os.path.join(self.workdir, "evals", folder),
             os.path.join(self.workdir, "traces", label),
@@ -520,7 +518,7 @@ class Trainer:
             self.start_rollouts()
         try:
             with StepProgress(
-                train.progress_bar, train.num_steps, self.step, c.name, show_gap=c.rollout.engine == "vllm"
+                train.progress_bar, train.num_steps, self.step, c.name, show_gap=self.settings.rollout.engine == "vllm"
             ) as progress:
                 while self.step < train.num_steps:
                     metrics = self.async_step() if asynchronous else self.train_step()

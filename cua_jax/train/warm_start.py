@@ -69,9 +69,9 @@ def run_warm_start(
     policy, tasks: Sequence[str], config, settings, segmenter, renderer, workdir: str
 ) -> dict[str, float]:
     """A training run's warm start: supervised fine-tuning of `policy` (in place) on the
-    oracle's demonstrations of `tasks` (config.warm_start.demos_per_task training seeds),
+    oracle's demonstrations of `tasks` (warm_start.demos_per_task training seeds),
     collected through the run's agent loop and segmenter on a capsule runtime of its own, and
-    scored on held-out pages when config.warm_start.held_out_seeds. Returns the warm start's
+    scored on held-out pages when warm_start.held_out_seeds. Returns the warm start's
     metrics; the loss curve and the record go to <workdir>/warm_start.json."""
     from cua_jax.envs.capsules import CapsuleOptions
     from cua_jax.observe.metrics import TIMING_PREFIX
@@ -79,12 +79,12 @@ def run_warm_start(
     c = config
     # The demonstrations' budgets are the larger of training's and evaluation's, so a
     # multi-step oracle episode is not cut short; the token stream is the same either way.
-    agent = dataclasses.replace(settings.agent, max_turns=max(c.rollout.max_turns, settings.eval.max_turns))
+    agent = dataclasses.replace(settings.agent, max_turns=max(settings.rollout.max_turns, settings.eval.max_turns))
     progress, on_step = None, None
     if settings.train.progress_bar:
         from tqdm import tqdm
 
-        progress = tqdm(total=c.warm_start.steps, desc=f"{c.name} warm start", unit="step")
+        progress = tqdm(total=settings.warm_start.steps, desc=f"{c.name} warm start", unit="step")
 
         def on_step(step: int, loss: float) -> None:
             progress.update(1)
@@ -95,7 +95,7 @@ def run_warm_start(
     catalog = settings.catalog
     code = [catalog[t].spec for t in tasks if catalog[t].kind == "code"]
     miniwob = [t for t in tasks if catalog[t].kind == "miniwob"]
-    seeds = range(c.warm_start.demos_per_task)
+    seeds = range(settings.warm_start.demos_per_task)
     try:
         parts = []
         if code:  # the code oracle's fixes on code containers
@@ -108,14 +108,14 @@ def run_warm_start(
                     code_env=settings.kind_configs["code"],
                     segmenter=segmenter,
                     agent_config=agent,
-                    concurrency=c.warm_start.concurrency,
+                    concurrency=settings.warm_start.concurrency,
                 )
             )
         with contextlib.ExitStack() as stack:
             if miniwob:
                 runtime = stack.enter_context(
                     CapsuleOptions.from_config(c.env.capsules).runtime(
-                        include_dom_text=True, action_space=c.env.action_space, seed=c.seed
+                        include_dom_text=True, action_space=settings.env.action_space, seed=settings.seed
                     )
                 )
                 parts.append(
@@ -125,8 +125,8 @@ def run_warm_start(
                         runtime=runtime,
                         segmenter=segmenter,
                         agent_config=agent,
-                        time_limit_s=c.env.time_limit_s,
-                        concurrency=c.warm_start.concurrency,
+                        time_limit_s=settings.env.time_limit_s,
+                        concurrency=settings.warm_start.concurrency,
                     )
                 )
             demonstrations = Demonstrations(
@@ -135,17 +135,17 @@ def run_warm_start(
                 [e for d in parts for e in d.oracle_errors],
             )
             run = fine_tune(policy, demonstrations, tasks, segmenter, settings.warm_start, on_step)
-            if miniwob and c.warm_start.held_out_seeds:
+            if miniwob and settings.warm_start.held_out_seeds:
                 # Past the evaluation seeds: outside training's range and unseen by "before".
-                first = c.env.eval_seed_start + settings.eval.num_seeds
+                first = settings.env.eval_seed_start + settings.eval.num_seeds
                 unseen = collect_demonstrations(
                     miniwob,
-                    range(first, first + c.warm_start.held_out_seeds),
+                    range(first, first + settings.warm_start.held_out_seeds),
                     runtime=runtime,
                     segmenter=segmenter,
                     agent_config=agent,
-                    time_limit_s=c.env.time_limit_s,
-                    concurrency=c.warm_start.concurrency,
+                    time_limit_s=settings.env.time_limit_s,
+                    concurrency=settings.warm_start.concurrency,
                 )
                 if unseen.rollouts:
                     scorer = HeldOutScorer.build(

@@ -96,7 +96,7 @@ def bench_config(
 
 def _buffered_episodes(trainer: Trainer) -> int:
     buffer = trainer.buffer
-    return 0 if buffer is None else len(buffer) * trainer.config.rollout.group_size
+    return 0 if buffer is None else len(buffer) * trainer.settings.rollout.group_size
 
 
 def measure(label: str, config, latency: LatencyWrapper, warmup_steps: int, steps: int) -> dict:

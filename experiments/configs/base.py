@@ -13,13 +13,18 @@ they need; `env.*` reaches the environment adapters in `cua_jax.environments` th
 workers, `sampler.*` the task samplers in `cua_jax.tasks`, `eval.*` the evaluation in
 `cua_jax.eval`. Library code sits in the layers of `.importlinter` (README.md, "What is where").
 
-Typed sections: `train`, `eval`, `advantage`, `sampler.frontier`, `sampler.dtac`,
-`sampler.curriculum`, `sampler.calibration` and `sampler.pilot` hold exactly the fields of the
-dataclass each fills, by the same names (`TrainLoopConfig` and `AdvantageSettings` of
-`cua_jax.train.settings`, `cua_jax.eval.held_out.EvalConfig`, the sampler configs of
-`cua_jax.tasks.samplers`, `cua_jax.tasks.calibration.CalibrationConfig`,
+Typed sections: `train`, `rollout`, `rollout.vllm`, `eval`, `advantage`, `warm_start`,
+`sampler.frontier`, `sampler.dtac`, `sampler.curriculum`, `sampler.calibration` and
+`sampler.pilot` hold exactly the fields of the dataclass each fills, by the same names
+(`TrainLoopConfig`, `RolloutSettings`, `VllmSettings` and `AdvantageSettings` of
+`cua_jax.train.settings`, `cua_jax.eval.held_out.EvalConfig`, `cua_jax.train.sft.WarmStartConfig`,
+the sampler configs of `cua_jax.tasks.samplers`, `cua_jax.tasks.calibration.CalibrationConfig`,
 `cua_jax.eval.pilot.PilotConfig`); each value is checked once, by its dataclass, and the library
-reads those dataclasses from `TrainSettings`. `env.tasks` holds (MiniWoB task, tier) records.
+reads those dataclasses from `TrainSettings`. So are the fields of `env` every environment kind
+shares (`EnvSettings`: observation, include_dom_text, action_space, time_limit_s, the seeds,
+drop_hardest_tier, domain_weights); the task sources (env.kind, env.tasks, env.task_dirs) and
+each kind's own section are read with the task catalog. `env.tasks` holds (MiniWoB task, tier)
+records.
 
 Renames: a field renamed since a run was saved is read under its new name through
 `renames.RENAMED` (`config_from_dict`: a run's workdir for --resume and
@@ -450,7 +455,9 @@ def base_config() -> ml_collections.ConfigDict:
     # "before" evaluation): cua_jax.train.warm_start. Needs env.include_dom_text (the oracle
     # reads the page back out of the prompt) and tasks the oracle solves. Its demonstrations use
     # training seeds 0 .. demos_per_task - 1 (never held-out ones). The KL reference is the
-    # warm-started policy. A resumed run skips it (the checkpoint holds its result).
+    # warm-started policy. A resumed run skips it (the checkpoint holds its result). The section
+    # holds the fields of cua_jax.train.sft.WarmStartConfig by its names; the learner's
+    # length_multiple, seq_chunk and vocab_chunk and the run's seed fill the rest.
     c.warm_start = ml_collections.ConfigDict()
     c.warm_start.steps = 0  # SFT optimizer steps (0: no warm start)
     c.warm_start.demos_per_task = 8
@@ -459,6 +466,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.warm_start.warmup_steps = 10
     c.warm_start.schedule = "constant"  # after the warmup: "constant" or "cosine" (to min_lr_ratio x lr)
     c.warm_start.min_lr_ratio = 0.0
+    c.warm_start.weight_decay = 0.0  # AdamW's, as optimizer.weight_decay
+    c.warm_start.max_grad_norm = 1.0  # 0: no clipping
     c.warm_start.concurrency = 4  # oracle episodes run at once
     # Oracle demonstrations on this many held-out seeds per task (after the evaluation seeds,
     # never trained on), scored after the warm start: held-out NLL, and NLL per click-point

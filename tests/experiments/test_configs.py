@@ -183,6 +183,11 @@ def test_a_section_holds_exactly_its_dataclass_fields():
         del config.sampler.calibration["sample_size"]
     with pytest.raises(ConfigError, match=r"^config\.sampler\.calibration\.sample_size: missing"):
         TrainSettings.from_config(config)
+    config = evocua.get_config()
+    with config.unlocked():
+        config.rollout.vllm.engine = 2  # rollout.vllm.engines
+    with pytest.raises(ConfigError, match=r"^config\.rollout\.vllm\.engine: not a field of VllmSettings"):
+        TrainSettings.from_config(config)
 
 
 @pytest.mark.parametrize(
@@ -194,6 +199,9 @@ def test_a_section_holds_exactly_its_dataclass_fields():
         ("train.mode", "sync", "config.train.mode"),
         ("learner.num_minibatches", 2, "config.learner.num_minibatches"),
         ("rollout.group_size", 0, "config.rollout.group_size"),
+        ("rollout.worker_node_resource", "rollout_node", "config.rollout.worker_placement"),  # local workers
+        ("rollout.vllm.threads", 0, "config.rollout.vllm.threads"),
+        ("warm_start.concurrency", 0, "config.warm_start.concurrency"),  # checked with or without steps
         ("sampler.frontier.gamma", 2.0, "config.sampler.frontier.gamma"),
         ("sampler.dtac.p_low", 0.9, "config.sampler.dtac.p_low"),  # above p_high
         ("sampler.ema_alpha", 0.0, "config.sampler.ema_alpha"),  # shared by every kind's dataclass
@@ -246,13 +254,18 @@ def test_a_malformed_field_is_named(field, value, named):
 def test_a_bad_vllm_placement_is_named():
     config = text_vllm.get_config()
     config.rollout.vllm.placement = "ANYWHERE"
-    with pytest.raises(ConfigError, match="config.rollout.vllm.placement: 'ANYWHERE' is not one of"):
+    with pytest.raises(
+        ConfigError, match="config.rollout.vllm.placement: VllmSettings.placement 'ANYWHERE' is not one of"
+    ):
         TrainSettings.from_config(config)
     config.rollout.vllm.placement, config.model.name = "", "tiny_qwen3_5"
     with pytest.raises(ConfigError, match="config.rollout.engine: model.name 'tiny_qwen3_5' .Qwen3.5. runs on the JAX"):
         TrainSettings.from_config(config)
     config.model.name, config.rollout.partial_rollout_tokens = text_vllm.get_config().model.name, 8
-    with pytest.raises(ConfigError, match="config.rollout.partial_rollout_tokens: partial rollouts run on the JAX"):
+    with pytest.raises(
+        ConfigError,
+        match="config.rollout.partial_rollout_tokens: RolloutSettings.partial_rollout_tokens: partial rollouts run on",
+    ):
         TrainSettings.from_config(config)
 
 

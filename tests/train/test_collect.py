@@ -89,7 +89,7 @@ def test_collect_draws_runs_and_counts_groups_as_a_function_of_the_step():
     assert n == 4 and [g.group_id for g in groups] == [0, 1] and collector.next_group_id == 2
     # The seeds are the step's draw (fold_in(base key, step), split into task and seed keys).
     _, seed_key = jax.random.split(jax.random.fold_in(jax.random.key(7), 0))
-    assert [seed for _, seed, _ in requests] == draw_group_seeds(seed_key, 2, (), collector.config.env.train_seed_max)
+    assert [seed for _, seed, _ in requests] == draw_group_seeds(seed_key, 2, (), collector.settings.env.train_seed_max)
     assert [g.task_id for g in groups] == [task for task, _, _ in requests] and len(set(g.task_id for g in groups)) == 2
     for group in groups:
         assert len(group.episodes) == 4 and set(group.items) == {e.episode_id for e in group.episodes}
