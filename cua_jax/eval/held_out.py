@@ -17,7 +17,10 @@ from typing import Any
 import numpy as np
 
 from cua_jax.envs import actions as A
+from cua_jax.eval.harness import evaluate
 from cua_jax.eval.intervals import difference_interval, paired_difference_interval
+from cua_jax.eval.suites import Suite
+from cua_jax.tasks.sources import TaskCatalog
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem
 
 
@@ -416,10 +419,6 @@ def evaluate_held_out(
     evaluation.num_traces traces spread over the tasks go to `traces` (`save_traces`: with
     `tokenizer`, the replies' tokens; with `version`, the policy's current version).
     `temperature` replaces evaluation.temperature (the same seeds and per-turn sampling seeds)."""
-    from cua_jax.eval.harness import evaluate
-    from cua_jax.eval.suites import Suite
-    from cua_jax.tasks.sources import TaskCatalog
-
     e = evaluation
     suite = Suite("held_out", TaskCatalog([catalog[t] for t in tasks]), seed_start=seed_start)
     first_episode: dict[str, Episode] = {}  # per task: what the traces show, one episode kept each
