@@ -24,7 +24,10 @@ reads those dataclasses from `TrainSettings`. So are the fields of `env` every e
 shares (`EnvSettings`: observation, include_dom_text, action_space, time_limit_s, the seeds,
 drop_hardest_tier, domain_weights); the task sources (env.kind, env.tasks, env.task_dirs) and
 each kind's own section are read with the task catalog. `env.tasks` holds (MiniWoB task, tier)
-records.
+records. Each environment kind's section holds its config dataclass's fields: `env.capsules`
+(MiniWoB's `CapsuleOptions`), `env.desktop` (`PoolConfig`), `env.code` (`CodeEnvConfig`), and
+`env.<name>` of a kind registered by a module named in `env.kind_modules`
+(`cua_jax.environments.kinds`; docs/environments.md, "Adding an environment kind").
 
 Renames: a field renamed since a run was saved is read under its new name through
 `renames.RENAMED` (`config_from_dict`: a run's workdir for --resume and
