@@ -63,6 +63,7 @@ def main(argv: list[str]) -> None:
     from cua_jax.eval.suites import load_suite
     from cua_jax.observe.logs import quiet_library_logging
     from cua_jax.train.build import local_ray
+    from cua_jax.train.settings import rollout_settings
     from experiments.policies import load_eval_policy, worker_factory
 
     quiet_library_logging()
@@ -75,7 +76,7 @@ def main(argv: list[str]) -> None:
         policy = load_eval_policy(_POLICY.value, _CONFIG.value, _STEP.value)
         turns = _numbers(_TURNS.value, int, "turn_budgets") or [policy.config.eval.max_turns]
         temperatures = _numbers(_TEMPERATURES.value, float, "temperatures") or [policy.config.eval.temperature]
-        with local_ray(policy.config):
+        with local_ray(rollout_settings(policy.config)):
             summaries = sweep(
                 worker_factory(policy, suite, _WORKERS.value, group_size=_K.value),
                 policy,
@@ -134,7 +135,7 @@ def pilot() -> None:
         suite = Suite("pilot", TaskCatalog([settings.catalog[t] for t in tasks]), seed_start=0)
         k = settings.pilot.group_size
         make_workers = worker_factory(policy, suite, _WORKERS.value, group_size=k)
-        with local_ray(c):
+        with local_ray(settings.rollout):
             workers = make_workers(settings.agent.max_turns, settings.agent.temperature)
             try:
                 summary = evaluate(

@@ -5,7 +5,7 @@
 Reads checkpoint N (default: the latest) under <RUN>/checkpoints, as the trainer's
 `TrainCheckpointer` wrote it. Its `config` item is the run's config: it names the policy
 (`build_policy`, built abstractly here for its structure) and where the run's tokenizer and
-image processor come from (`tokenizer_dir`: model.tokenizer_dir, else model.init_from, else the
+image processor come from (`ModelSettings.tokenizer_source`: model.tokenizer_dir, else model.init_from, else the
 shipped pair). The policy's parameters (the `params` and `frozen` parts of the checkpoint's
 train state; not the optimizer state) are restored onto the host CPU and written by
 `cua_jax.models.hf_policy.export_policy` with that tokenizer, chat template and image processor.
@@ -22,8 +22,8 @@ from absl import app, flags
 from cua_jax.context.tokenizer import SHIPPED_TOKENIZER_DIR
 from cua_jax.models.hf_policy import export_policy
 from cua_jax.observe.logs import quiet_library_logging
-from cua_jax.train.build import tokenizer_dir
 from cua_jax.train.checkpoint import read_saved_config, resolve_step, restore_policy
+from cua_jax.train.settings import TrainSettings, model_settings
 from experiments.configs.base import config_from_dict
 
 DTYPES = ("float32", "bfloat16")
@@ -47,13 +47,13 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, step: int | N
         raise ValueError(f"--dtype {dtype!r} is not one of {DTYPES}")
     step = resolve_step(workdir, step)
     config = read_run_config(workdir, step)
-    source = tokenizer_dir(config) or SHIPPED_TOKENIZER_DIR
+    source = model_settings(config).tokenizer_source or SHIPPED_TOKENIZER_DIR
     if not pathlib.Path(source).is_dir():
         raise ValueError(
             f"the run's tokenizer directory {str(source)!r} (config.model.tokenizer_dir, else "
             "config.model.init_from) is not a directory"
         )
-    model = restore_policy(workdir, step, config)
+    model = restore_policy(workdir, step, TrainSettings.from_config(config))
     return step, export_policy(model, out, tokenizer=source, dtype=dtype)
 
 

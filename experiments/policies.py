@@ -196,11 +196,14 @@ def load_eval_policy(spec: str, config: Any, step: int | None = None) -> EvalPol
         )
     if (path / "checkpoints").is_dir():
         from cua_jax.train.checkpoint import resolve_step, restore_policy
+        from cua_jax.train.settings import TrainSettings
         from experiments.export import read_run_config
 
         step = resolve_step(path, step)
         run_config = read_run_config(path, step)
-        return EvalPolicy(f"{path.name}@{step}", run_config, restore_policy(path, step, run_config), step)
+        return EvalPolicy(
+            f"{path.name}@{step}", run_config, restore_policy(path, step, TrainSettings.from_config(run_config)), step
+        )
     if step is not None:
         raise ValueError(f"--step applies to a run's workdir; {spec} holds no checkpoints/")
     from cua_jax.models.checkpoint import read_hf_config
@@ -253,7 +256,6 @@ def build_eval_workers(
         load_run_processor,
         rollout_worker_config,
         start_local_workers,
-        tokenizer_dir,
     )
 
     if num_workers < 1:
@@ -266,7 +268,7 @@ def build_eval_workers(
                 (
                     ScriptedEngineFactory(
                         policy.name,
-                        tokenizer_dir(policy.config),
+                        settings.model.tokenizer_source,
                         seed=policy.config.seed + w,
                         action_space=policy.config.env.action_space,
                     ),
@@ -283,7 +285,7 @@ def build_eval_workers(
     from cua_jax.context.render import ChatRenderer
     from cua_jax.rollout.agent_loop import reserved_token_ids
 
-    tokenizer, image_processor = load_run_processor(policy.config)
+    tokenizer, image_processor = load_run_processor(settings.model)
     banned = reserved_token_ids(ChatRenderer(tokenizer, image_processor))
     return build_rollout_workers(settings, policy.model, int(tokenizer.pad_token_id or 0), env_wrapper, banned)
 

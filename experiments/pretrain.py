@@ -25,13 +25,13 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
     quiet_library_logging()  # the run's own lines; libraries' warnings and errors (before JAX loads)
     from cua_jax.train.pretrain import Pretrainer
-    from cua_jax.train.settings import ConfigError
+    from cua_jax.train.settings import ConfigError, TrainSettings, pretrain_settings
 
     config = _CONFIG.value
     if _WORKDIR.value:
         config.workdir = _WORKDIR.value
     try:
-        pretrainer = Pretrainer(config)
+        pretrainer = Pretrainer(TrainSettings.from_config(config), pretrain_settings(config))
     except ConfigError as error:
         raise app.UsageError(str(error)) from error
     try:

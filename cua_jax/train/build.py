@@ -31,55 +31,47 @@ from cua_jax.rollout.rollout_worker import (
 )
 from cua_jax.rollout.vllm_engine import VllmEngineConfig, VllmEngineFactory
 from cua_jax.rollout.workers import Router, RouterConfig, vllm_host_weights
-from cua_jax.train.settings import LOADED_POLICIES, ConfigError, TrainSettings, _require
+from cua_jax.train.settings import LOADED_POLICIES, ConfigError, ModelSettings, RolloutSettings, TrainSettings, _require
 
 RolloutWorkers = list[RolloutWorker] | list[RemoteRolloutWorker]
-
-
-def tokenizer_dir(config) -> str | None:
-    """Where the run's tokenizer and image processor come from: model.tokenizer_dir, else the
-    checkpoint in model.init_from, else None (the shipped tiny pair)."""
-    return config.model.tokenizer_dir or config.model.init_from or None
 
 
 def build_policy(settings: TrainSettings, seed: int):
     """The policy model a config names: a random init of the tiny Qwen3-VL, Qwen3 or Qwen3.5, or
     the Qwen3-VL / Qwen3 / Qwen3.5 checkpoint in model.init_from (`cua_jax.models.hf_policy.load_policy`)."""
 
-    model = settings.config.model
+    model = settings.model
     precision = dict(dtype=model.compute_dtype, param_dtype=model.param_dtype, remat=model.remat)
     if model.name in LOADED_POLICIES:
         return load_policy(model.init_from, **precision)[0]
     return TINY_MODELS[model.name](model.num_layers, seed, **precision)
 
 
-def check_init_from(config):
+def check_init_from(model: ModelSettings):
     """model.init_from's `PolicyDirectory`; ConfigError naming model.init_from unless it holds a
     checkpoint of the kind model.name says (`cua_jax.models.hf_policy.check_policy_directory`:
     config, shards, architecture, a tokenizer that fits the vocabulary)."""
 
-    where = f"config.model.init_from: {config.model.init_from!r}"
+    where = f"config.model.init_from: {model.init_from!r}"
     try:
-        found = check_policy_directory(config.model.init_from)
+        found = check_policy_directory(model.init_from)
     except (OSError, ValueError) as error:
         raise ConfigError(f"{where}: {error}") from None
-    if found.kind != config.model.name:
-        raise ConfigError(
-            f"{where} holds a {found.architecture} ({found.kind!r}), but model.name is {config.model.name!r}"
-        )
+    if found.kind != model.name:
+        raise ConfigError(f"{where} holds a {found.architecture} ({found.kind!r}), but model.name is {model.name!r}")
     return found
 
 
-def load_run_processor(config):
-    """The run's (tokenizer, image processor) (`tokenizer_dir`), with model.init_from checked
+def load_run_processor(model: ModelSettings):
+    """The run's (tokenizer, image processor) (`ModelSettings.tokenizer_source`), with model.init_from checked
     first when the policy is loaded from it: a checkpoint whose vocabulary holds the tokenizer's."""
 
-    policy = check_init_from(config) if config.model.name in LOADED_POLICIES else None
-    tokenizer, image_processor = load_processor(tokenizer_dir(config))
+    policy = check_init_from(model) if model.name in LOADED_POLICIES else None
+    tokenizer, image_processor = load_processor(model.tokenizer_source)
     # A tokenizer from init_from itself was checked against its vocabulary with the directory.
-    if policy is not None and config.model.tokenizer_dir and token_id_bound(tokenizer) > policy.vocab_size:
+    if policy is not None and model.tokenizer_dir and token_id_bound(tokenizer) > policy.vocab_size:
         raise ConfigError(
-            f"config.model.tokenizer_dir: {config.model.tokenizer_dir!r}: its tokenizer's ids reach "
+            f"config.model.tokenizer_dir: {model.tokenizer_dir!r}: its tokenizer's ids reach "
             f"{token_id_bound(tokenizer)}, past model.init_from's vocabulary ({policy.vocab_size})"
         )
     return tokenizer, image_processor
@@ -90,20 +82,20 @@ def rollout_worker_config(settings: TrainSettings, worker: int) -> RolloutWorker
 
     The engine is served in canonical request order: the JAX sampler draws row r of a batch
     from key split r, so this makes a resumed run sample what the uninterrupted one did."""
-    c = settings.config
+    env = settings.env
     return RolloutWorkerConfig(
         agent=settings.agent,
         eval_agent=settings.eval_agent,
-        segmenter=c.context.segmenter,
+        segmenter=settings.segmenter,
         segmenter_options=tuple(sorted(settings.segmenter_options.items())),
-        tokenizer_dir=tokenizer_dir(c),
-        include_dom_text=c.env.include_dom_text,
-        screenshots=c.env.observation == "screenshot",
-        time_limit_s=c.env.time_limit_s,
-        runtime_seed=c.seed * 1000 + worker,
+        tokenizer_dir=settings.model.tokenizer_source,
+        include_dom_text=env.include_dom_text,
+        screenshots=env.observation == "screenshot",
+        time_limit_s=env.time_limit_s,
+        runtime_seed=settings.seed * 1000 + worker,
         canonical_order=True,
         catalog=settings.catalog,
-        kind_modules=tuple(c.env.kind_modules),
+        kind_modules=settings.kind_modules,
         kind_configs=prepared_kind_configs(settings),
     )
 
@@ -149,16 +141,16 @@ def vllm_router_factories(
     settings: TrainSettings, model_dir: str, multimodal: bool, banned_token_ids: tuple[int, ...] = ()
 ) -> list[VllmRouterFactory]:
     """One `VllmRouterFactory` per rollout worker, as config.rollout.vllm names them (engine
-    seeds c.seed * 1000 + worker); the engines never sample `banned_token_ids`. A context
+    seeds seed * 1000 + worker); the engines never sample `banned_token_ids`. A context
     budget past the policy's positions is a ConfigError naming the field."""
 
-    c = settings.config
-    v = c.rollout.vllm
+    rollout = settings.rollout
+    v = rollout.vllm
     hf = read_hf_config(model_dir)
     positions = (hf.get("text_config") or hf).get("max_position_embeddings")
-    contexts = {"rollout.max_context_tokens": c.rollout.max_context_tokens}
-    if c.eval.enabled:
-        contexts["eval.max_context_tokens"] = c.eval.max_context_tokens
+    contexts = {"rollout.max_context_tokens": rollout.max_context_tokens}
+    if settings.eval.enabled:
+        contexts["eval.max_context_tokens"] = settings.eval.max_context_tokens
     for field, tokens in contexts.items():
         # vLLM refuses a longer context than the model's positions.
         _require(
@@ -175,7 +167,7 @@ def vllm_router_factories(
         max_num_seqs=v.max_num_seqs,
         banned_token_ids=tuple(banned_token_ids),
         # A prompt never holds more screenshots than an episode has turns.
-        limit_images_per_prompt=max(c.rollout.max_turns, c.eval.max_turns) if multimodal else 0,
+        limit_images_per_prompt=max(rollout.max_turns, settings.eval.max_turns) if multimodal else 0,
     )
     threads = str(int(v.threads))
     router = RouterConfig(
@@ -194,28 +186,27 @@ def vllm_router_factories(
         ),
     )
     return [
-        VllmRouterFactory(model_dir, dataclasses.replace(engine, seed=c.seed * 1000 + w), router)
-        for w in range(c.rollout.num_workers)
+        VllmRouterFactory(model_dir, dataclasses.replace(engine, seed=settings.seed * 1000 + w), router)
+        for w in range(rollout.num_workers)
     ]
 
 
-def ray_cpus_needed(config) -> float:
+def ray_cpus_needed(rollout: RolloutSettings) -> float:
     """Logical CPUs the run's Ray actors reserve (0: the run needs no Ray)."""
-    c = config
-    if c.rollout.engine == "vllm":
-        return c.rollout.num_workers * c.rollout.vllm.engines * c.rollout.vllm.cpus_per_engine
-    if c.rollout.worker_backend == "ray":
-        return c.rollout.num_workers * c.rollout.worker_cpus
+    if rollout.engine == "vllm":
+        return rollout.num_workers * rollout.vllm.engines * rollout.vllm.cpus_per_engine
+    if rollout.worker_backend == "ray":
+        return rollout.num_workers * rollout.worker_cpus
     return 0.0
 
 
 @contextlib.contextmanager
-def local_ray(config):
+def local_ray(rollout: RolloutSettings):
     """A local Ray for the run's actors (`ray_cpus_needed`) while the context lasts, when the run
     needs one and none is running; one already running is left as it was."""
 
-    needed = ray_cpus_needed(config)
-    owned = ensure_local_ray(needed, config.rollout.ray_object_store_mb) if needed else False
+    needed = ray_cpus_needed(rollout)
+    owned = ensure_local_ray(needed, rollout.ray_object_store_mb) if needed else False
     try:
         yield
     finally:
@@ -234,22 +225,22 @@ def build_rollout_workers(
     engine_model_dir: str | None = None,
 ) -> RolloutWorkers:
     """config.rollout.num_workers workers. With rollout.engine "jax", each holds a JAX sampler
-    engine with a copy of `policy` (seeded c.seed * 1000 + worker) that never samples
+    engine with a copy of `policy` (seeded seed * 1000 + worker) that never samples
     `banned_token_ids`: in this process ("local"), or each in a Ray actor ("ray") that builds
     its engine from the policy's parameters as host arrays. With "vllm", each (in this process)
     routes its generations to vLLM engines in Ray actors serving `engine_model_dir`
     (`export_engine_model`). Ray must be running for both: `ensure_local_ray`."""
     from flax import nnx
 
-    c = settings.config
-    if c.rollout.engine == "vllm":
+    rollout = settings.rollout
+    if rollout.engine == "vllm":
         if engine_model_dir is None:
             raise ValueError("rollout.engine 'vllm' needs the exported engine model directory")
-        multimodal = hasattr(policy, "encode_images") and c.env.observation == "screenshot"
+        multimodal = hasattr(policy, "encode_images") and settings.env.observation == "screenshot"
         factories = vllm_router_factories(settings, engine_model_dir, multimodal, banned_token_ids)
         specs = [(factory, rollout_worker_config(settings, w)) for w, factory in enumerate(factories)]
         return start_local_workers(specs, env_wrapper)
-    remote = c.rollout.worker_backend == "ray"
+    remote = rollout.worker_backend == "ray"
     state = nnx.state(policy)
     params = jax.tree.map(np.asarray, state) if remote else state  # the local factory copies it
     specs = [
@@ -258,25 +249,25 @@ def build_rollout_workers(
                 type(policy),
                 policy.config,
                 params,
-                seed=c.seed * 1000 + w,
+                seed=settings.seed * 1000 + w,
                 pad_id=pad_id,
-                tokenizer_dir=tokenizer_dir(c),
+                tokenizer_dir=settings.model.tokenizer_source,
                 banned_token_ids=banned_token_ids,
-                interrupt_tokens=c.rollout.partial_rollout_tokens,
-                share_prompts=c.rollout.share_prompts,
-                prefix_cache_tokens=c.rollout.prefix_cache_tokens,
+                interrupt_tokens=rollout.partial_rollout_tokens,
+                share_prompts=rollout.share_prompts,
+                prefix_cache_tokens=rollout.prefix_cache_tokens,
             ),
             rollout_worker_config(settings, w),
         )
-        for w in range(c.rollout.num_workers)
+        for w in range(rollout.num_workers)
     ]
     if remote:
-        resource = c.rollout.worker_node_resource
+        resource = rollout.worker_node_resource
         return start_remote_workers(
             specs,
             env_wrapper,
-            num_cpus=c.rollout.worker_cpus,
-            placement=c.rollout.worker_placement,
+            num_cpus=rollout.worker_cpus,
+            placement=rollout.worker_placement,
             resources=((resource, 1.0),) if resource else (),
         )
     return start_local_workers(specs, env_wrapper)
@@ -296,16 +287,16 @@ def start_local_workers(specs, env_wrapper: EnvWrapper | None) -> list[RolloutWo
     return workers
 
 
-def push_weights(workers: RolloutWorkers, config, state, version: int) -> None:
+def push_weights(workers: RolloutWorkers, rollout: RolloutSettings, state, version: int) -> None:
     """The learner's parameters (an nnx.State) to every worker's engine as policy `version`: a
     device copy per in-process JAX engine (the learner donates its own arrays to the next
     update), one host (numpy) copy shared by Ray actors, the state itself to vLLM routers
     (they turn it into host arrays before returning)."""
-    if config.rollout.engine == "vllm":
+    if rollout.engine == "vllm":
         for worker in workers:
             worker.update_weights(state, version)
         return
-    if config.rollout.worker_backend == "ray":
+    if rollout.worker_backend == "ray":
         broadcast_weights(workers, jax.tree.map(np.asarray, state), version)
         return
     for worker in workers:

@@ -190,14 +190,13 @@ def read_saved_config(workdir: str | os.PathLike, step: int) -> dict[str, Any]:
     return restored["config"]
 
 
-def restore_policy(workdir: str | os.PathLike, step: int, config):
+def restore_policy(workdir: str | os.PathLike, step: int, settings: TrainSettings):
     """The run's policy with the parameters of checkpoint `step`, on the host CPU.
 
     The policy's structure comes from `build_policy` under `nnx.eval_shape` (no parameters are
     initialised); the checkpoint's train state holds the trainable `params` and the `frozen` rest,
     split as the learner splits them (`trainable_filter`, with learner.freeze_vision)."""
-    settings = TrainSettings.from_config(config)
-    abstract = nnx.eval_shape(lambda: build_policy(settings, config.seed))
+    abstract = nnx.eval_shape(lambda: build_policy(settings, settings.seed))
     if settings.learner.freeze_vision:
         abstract.freeze_vision = True
     trainable = abstract.trainable_filter() if hasattr(abstract, "trainable_filter") else nnx.Param

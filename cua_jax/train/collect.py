@@ -73,7 +73,6 @@ class GroupCollector:
 
     def __init__(self, settings, base_key: jax.Array, default_worker: Any, pool: TaskPool):
         self.settings = settings
-        self.config = settings.config
         self.base_key = base_key
         self.default_worker = default_worker
         self.pool = pool

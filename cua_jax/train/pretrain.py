@@ -86,40 +86,34 @@ def git_commit(root: str | None = None) -> str:
 
 
 class Pretrainer:
-    """One pretraining run in `config.workdir` (see the module doc); `run()` does all of it and
-    returns the manifest."""
+    """One pretraining run in `settings.workdir` (see the module doc); `run()` does all of it and
+    returns the manifest. settings: the run's config checked (`TrainSettings.from_config`);
+    pretrain: its pretrain section (`pretrain_settings`)."""
 
-    def __init__(self, config):
+    def __init__(self, settings, pretrain):
         from cua_jax.context.render import ChatRenderer
         from cua_jax.context.segment import make_segmenter
         from cua_jax.train.build import build_policy, load_run_processor
-        from cua_jax.train.settings import ConfigError, TrainSettings
+        from cua_jax.train.settings import ConfigError
 
-        c = config
-        self.config = c
-        self.settings = TrainSettings.from_config(c)
-        use_compilation_cache(c.compilation_cache_dir)
+        self.settings, self.pretrain = settings, pretrain
+        use_compilation_cache(settings.compilation_cache_dir)
         if self.settings.warm_start is None:
             raise ConfigError("config.warm_start.steps: pretraining needs supervised steps (> 0)")
-        for name in ("checkpoint_every", "eval_seeds"):
-            if c.pretrain[name] < 1:
-                raise ConfigError(f"config.pretrain.{name}: must be >= 1, got {c.pretrain[name]}")
-        if c.pretrain.eval_every < 0:
-            raise ConfigError(f"config.pretrain.eval_every: must be >= 0, got {c.pretrain.eval_every}")
         if self.settings.warm_start.held_out_seeds < 1:
             raise ConfigError("config.warm_start.held_out_seeds: pretraining scores held-out pages; set it >= 1")
-        self.workdir = c.workdir
+        self.workdir = settings.workdir
         os.makedirs(self.workdir, exist_ok=True)
-        self.tokenizer, self.image_processor = load_run_processor(c)
+        self.tokenizer, self.image_processor = load_run_processor(settings.model)
         self.renderer = ChatRenderer(self.tokenizer, self.image_processor)
-        self.segmenter = make_segmenter(c.context.segmenter, self.renderer, **self.settings.segmenter_options)
+        self.segmenter = make_segmenter(settings.segmenter, self.renderer, **self.settings.segmenter_options)
         self.policy = build_policy(self.settings, self.settings.seed)
-        self.tasks = [task for task, _ in c.env.tasks]
+        self.tasks = list(settings.miniwob_tasks)
         self.train_seeds = range(self.settings.warm_start.demos_per_task)
         # Past the main run's evaluation seeds: held out from training and from its evaluations.
         first = self.settings.env.eval_seed_start + self.settings.eval.num_seeds
         self.held_out_seeds = range(first, first + self.settings.warm_start.held_out_seeds)
-        self.eval_seeds = range(self.held_out_seeds.stop, self.held_out_seeds.stop + c.pretrain.eval_seeds)
+        self.eval_seeds = range(self.held_out_seeds.stop, self.held_out_seeds.stop + pretrain.eval_seeds)
         # The demonstrations' budgets: training's and evaluation's, whichever is larger.
         self.agent = dataclasses.replace(
             self.settings.agent, max_turns=max(self.settings.rollout.max_turns, self.settings.eval.max_turns)
@@ -129,9 +123,7 @@ class Pretrainer:
     # -- demonstrations ---------------------------------------------------------------------
 
     def _runtime(self):
-        from cua_jax.envs.capsules import CapsuleOptions
-
-        return CapsuleOptions.from_config(self.config.env.capsules).runtime(
+        return self.settings.kind_configs["miniwob"].runtime(
             include_dom_text=True, action_space=self.settings.env.action_space, seed=self.settings.seed
         )
 
@@ -143,7 +135,7 @@ class Pretrainer:
             "held_out_seeds": [self.held_out_seeds.start, self.held_out_seeds.stop],
             "action_space": self.settings.env.action_space,
             "prompt_style": self.settings.rollout.prompt_style,
-            "segmenter": self.config.context.segmenter,
+            "segmenter": self.settings.segmenter,
         }
         if os.path.exists(path):
             sets, saved = load_demonstrations(path)
@@ -191,7 +183,7 @@ class Pretrainer:
     def run(self) -> dict[str, Any]:
         from cua_jax.train.batching import MultimodalPositions
 
-        c, config = self.config, self.settings.warm_start
+        config, every = self.settings.warm_start, self.pretrain
         start = time.perf_counter()
         commit = git_commit()  # the code this run starts with, not what the checkout holds when it ends
         sets = self.demonstrations()
@@ -226,7 +218,7 @@ class Pretrainer:
         if self.settings.train.progress_bar:
             from tqdm import tqdm
 
-            progress = tqdm(total=config.steps, initial=sft.step, desc=f"{c.name} pretrain", unit="step")
+            progress = tqdm(total=config.steps, initial=sft.step, desc=f"{self.settings.name} pretrain", unit="step")
 
             def on_step(step: int, loss: float) -> None:
                 progress.update(1)
@@ -234,14 +226,14 @@ class Pretrainer:
 
         try:
             while sft.step < config.steps:
-                marks = [config.steps, (sft.step // c.pretrain.checkpoint_every + 1) * c.pretrain.checkpoint_every]
-                if c.pretrain.eval_every:
-                    marks.append((sft.step // c.pretrain.eval_every + 1) * c.pretrain.eval_every)
+                marks = [config.steps, (sft.step // every.checkpoint_every + 1) * every.checkpoint_every]
+                if every.eval_every:
+                    marks.append((sft.step // every.eval_every + 1) * every.eval_every)
                 until = min(marks)
                 losses_before = sft.step
                 sft.run(until, on_step)
                 metrics = {"pretrain/loss": float(np.mean(sft.losses[losses_before:])), "pretrain/seconds": sft.seconds}
-                if until == config.steps or (c.pretrain.eval_every and until % c.pretrain.eval_every == 0):
+                if until == config.steps or (every.eval_every and until % every.eval_every == 0):
                     report = scorer(sft.learner)
                     metrics.update({f"pretrain/{k}": v for k, v in report.items()})
                     history.append({"step": sft.step, **report})
@@ -259,7 +251,7 @@ class Pretrainer:
             report = scorer(sft.learner)
         evaluation = self.greedy_success(model)
         manifest = {
-            "recipe": c.to_dict(),
+            "recipe": self.settings.config_dict,
             "commit": commit,
             "tasks": self.tasks,
             "action_space": self.settings.env.action_space,
@@ -311,15 +303,14 @@ class Pretrainer:
         }
 
     def export_dir(self) -> str:
-        return self.config.pretrain.export_dir or os.path.join(self.workdir, "base")
+        return self.pretrain.export_dir or os.path.join(self.workdir, "base")
 
     def _export(self, model, manifest: dict[str, Any]) -> None:
         from cua_jax.models.qwen3_vl import export_qwen3_vl
-        from cua_jax.train.build import tokenizer_dir
 
         directory = self.export_dir()
         # The shipped tokenizer is copied byte for byte; any other is written by its own save.
-        tokenizer = self.tokenizer if tokenizer_dir(self.config) else None
+        tokenizer = self.tokenizer if self.settings.model.tokenizer_source else None
         export_qwen3_vl(model, directory, tokenizer=tokenizer, image_processor=self.image_processor)
         with open(os.path.join(directory, MANIFEST_FILE), "w") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)
@@ -332,7 +323,7 @@ class Pretrainer:
             self.writer.jsonl_path,
             ["pretrain/loss", "pretrain/held_out_nll", "pretrain/held_out_click_nll", "pretrain/click_prior_nll"],
             os.path.join(self.workdir, "pretrain_curve.png"),
-            title=f"{self.config.name}: pretraining",
+            title=f"{self.settings.name}: pretraining",
         )
 
     def close(self) -> None:

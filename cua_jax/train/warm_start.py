@@ -65,18 +65,14 @@ def warm_start(
     return fine_tune(model, demonstrations, tasks, segmenter, config, on_step), demonstrations
 
 
-def run_warm_start(
-    policy, tasks: Sequence[str], config, settings, segmenter, renderer, workdir: str
-) -> dict[str, float]:
+def run_warm_start(policy, tasks: Sequence[str], settings, segmenter, renderer, workdir: str) -> dict[str, float]:
     """A training run's warm start: supervised fine-tuning of `policy` (in place) on the
     oracle's demonstrations of `tasks` (warm_start.demos_per_task training seeds),
     collected through the run's agent loop and segmenter on a capsule runtime of its own, and
     scored on held-out pages when warm_start.held_out_seeds. Returns the warm start's
     metrics; the loss curve and the record go to <workdir>/warm_start.json."""
-    from cua_jax.envs.capsules import CapsuleOptions
     from cua_jax.observe.metrics import TIMING_PREFIX
 
-    c = config
     # The demonstrations' budgets are the larger of training's and evaluation's, so a
     # multi-step oracle episode is not cut short; the token stream is the same either way.
     agent = dataclasses.replace(settings.agent, max_turns=max(settings.rollout.max_turns, settings.eval.max_turns))
@@ -84,7 +80,7 @@ def run_warm_start(
     if settings.train.progress_bar:
         from tqdm import tqdm
 
-        progress = tqdm(total=settings.warm_start.steps, desc=f"{c.name} warm start", unit="step")
+        progress = tqdm(total=settings.warm_start.steps, desc=f"{settings.name} warm start", unit="step")
 
         def on_step(step: int, loss: float) -> None:
             progress.update(1)
@@ -114,7 +110,7 @@ def run_warm_start(
         with contextlib.ExitStack() as stack:
             if miniwob:
                 runtime = stack.enter_context(
-                    CapsuleOptions.from_config(c.env.capsules).runtime(
+                    settings.kind_configs["miniwob"].runtime(
                         include_dom_text=True, action_space=settings.env.action_space, seed=settings.seed
                     )
                 )

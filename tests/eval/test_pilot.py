@@ -147,6 +147,7 @@ def test_pilot_command_writes_the_file_a_run_reads(tmp_path):
     c.sampler.pilot.file = str(tmp_path / "pilot" / "pilot.json")
     c.eval.enabled = False
     with start_trainer(c) as trainer:
-        assert trainer.config.rollout.group_size == report["group_size_floor"]
+        assert trainer.settings.rollout.group_size == report["group_size_floor"]
+        assert trainer.settings.config_dict["rollout"]["group_size"] == report["group_size_floor"]
         rates = dict(zip(trainer.pool.task_ids, trainer.pool.pass_rate))
         assert rates == pytest.approx({t: row["pass_rate"] for t, row in report["tasks"].items()})

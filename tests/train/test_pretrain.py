@@ -15,7 +15,7 @@ from flax import nnx
 
 from cua_jax.models.qwen3_vl import load_qwen3_vl
 from cua_jax.train.pretrain import DEMONSTRATIONS_FILE, MANIFEST_FILE, STATE_FILE, Pretrainer
-from cua_jax.train.settings import ConfigError, TrainSettings
+from cua_jax.train.settings import ConfigError, TrainSettings, pretrain_settings
 from cua_jax.train.sft import SupervisedRun
 from experiments.configs import pretrain
 from tests.support.trainer import start_trainer
@@ -47,7 +47,7 @@ def params(model):
 
 
 def run(config):
-    pretrainer = Pretrainer(config)
+    pretrainer = Pretrainer(TrainSettings.from_config(config), pretrain_settings(config))
     try:
         return pretrainer, pretrainer.run()
     finally:

@@ -13,7 +13,7 @@ import pytest
 from cua_jax.models.qwen3_vl import load_qwen3_vl
 from cua_jax.train.build import load_run_processor
 from cua_jax.train.pretrain import MANIFEST_FILE, Pretrainer
-from cua_jax.train.settings import TrainSettings
+from cua_jax.train.settings import TrainSettings, pretrain_settings
 from experiments.configs import default
 from experiments.configs.base import config_from_dict
 
@@ -38,8 +38,8 @@ def test_the_base_is_complete_small_and_loads_with_the_runs_tokenizer():
     assert m["held_out"]["held_out_click_nll"] < 0.5 * m["held_out"]["click_prior_nll"]
     config = default.get_config()
     settings = TrainSettings.from_config(config)  # checks model.init_from
-    assert settings.config.model.init_from == default.BASE
-    tokenizer, _ = load_run_processor(config)
+    assert settings.model.init_from == default.BASE
+    tokenizer, _ = load_run_processor(settings.model)
     model, _ = load_qwen3_vl(BASE)
     assert model.config.text.vocab_size >= len(tokenizer)
 
@@ -51,7 +51,7 @@ def test_the_base_succeeds_on_its_held_out_pages_as_its_manifest_says(tmp_path):
     config = config_from_dict(m["recipe"])  # the recipe of its commit, on today's base
     config.workdir = str(tmp_path)
     config.env.tasks = default.get_config().env.tasks  # the tasks the default run trains on
-    pretrainer = Pretrainer(config)
+    pretrainer = Pretrainer(TrainSettings.from_config(config), pretrain_settings(config))
     try:
         assert [pretrainer.eval_seeds.start, pretrainer.eval_seeds.stop] == m["demonstration_seeds"]["held_out_success"]
         result = pretrainer.greedy_success(load_qwen3_vl(BASE)[0])

@@ -219,7 +219,7 @@ def _calibrate_during_a_rollout(trainer):
     worker.run_groups = recording
     trainer.start_rollouts()
     _wait_for(lambda: state["active"] > 0, "a rollout on the calibration worker")
-    tasks = [task for task, _ in trainer.config.env.tasks]
+    tasks = list(trainer.settings.miniwob_tasks)
     outcomes = trainer.collector.run_outcome_groups(tasks, 2)
     return outcomes, state["overlapped"], state["spans"], tasks
 

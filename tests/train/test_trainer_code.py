@@ -162,7 +162,7 @@ def code_step(tmp_path_factory):
             assert oracle.status is EpisodeStatus.SUCCESS
             # The random policy's replies are no tool calls: invalid actions fed back, no verdict.
             assert other.status is EpisodeStatus.NO_VERDICT and other.info["budget"] == "turns"
-            assert other.reward == trainer.config.advantage.no_verdict_reward
+            assert other.reward == trainer.settings.advantage.no_verdict_reward
             assert len(other.turns) == 2 and other.turns[1].observation_text.startswith("Invalid action:")
         trainer.last_batch = first_batch
         trainer.evaluate("after")  # the held-out evaluation (the harness) on code containers
@@ -205,7 +205,7 @@ def test_the_canopy_code_recipe_steps_on_code_containers(code_step):
         if task_id in NO_PATCH_TASKS:  # submitted with the sources untouched: the recipe's -0.2
             assert (
                 policy.status is EpisodeStatus.FAILURE
-                and policy.reward == -0.2 == trainer.config.advantage.no_patch_reward
+                and policy.reward == -0.2 == trainer.settings.advantage.no_patch_reward
             )
             assert policy.info["end_reason"].startswith("no patch") and len(policy.turns) == 1
             continue
