@@ -4,7 +4,7 @@ share, determinism under a key, and state round-trips through save and restore."
 import jax
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cua_jax.tasks.calibration import CalibrationConfig
@@ -255,7 +255,8 @@ def adapr_reference(steps, num_tasks, p_low, p_high, cap, capacity, alpha):
     the oldest), which leaves the cache at `cap` replays; then every group with a success of its
     own caches it when its task's rate (before this step) is unknown or <= p_high, keeping the
     newest `capacity`; then the pooled EMA of the step's rates. Returns the replayed names per step."""
-    rate = np.full(num_tasks, np.nan)
+    # float32, as the pool keeps its rates: a rate at a band's edge compares as the sampler's does.
+    rate = np.full(num_tasks, np.nan, np.float32)
     cache = [[] for _ in range(num_tasks)]  # [name, replays] oldest first
     replayed = []
     for outcomes in steps:
@@ -290,6 +291,8 @@ outcome_st = st.tuples(st.integers(0, 2), st.integers(0, 4), st.integers(0, 4)).
 
 
 @settings(max_examples=60, deadline=None)
+# A rate that lands on p_high exactly in float32 (1/3 then 2/9 at alpha 0.3: 0.3).
+@example(steps=[[(1, 1, 3)], [(1, 0, 1), (1, 0, 4), (1, 2, 4)], [(1, 0, 2)]], p_low=0.0, p_high=0.3, cap=1, capacity=1)
 @given(
     steps=st.lists(st.lists(outcome_st, min_size=1, max_size=4), min_size=1, max_size=12),
     p_low=st.sampled_from([0.0, 0.1]),
