@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Awaitable
 from typing import Any, final
 
 import numpy as np
@@ -131,13 +132,7 @@ class AgentEnvironment(abc.ABC):
         """Start an episode of `task` (its type is the environment's: a MiniWoB task name, a
         desktop `Task`). Raises EnvironmentFault when the infrastructure fails to set it up,
         ValueError for a task the environment does not know."""
-        try:
-            return await self._reset(task, seed)
-        except Exception as error:
-            fault = self._setup_fault(error, task)
-            if fault is None:
-                raise
-            raise fault from error
+        return await self._set_up(self._reset(task, seed), task)
 
     @final
     async def step(self, action: A.Action | A.InvalidAction) -> EnvTransition:
@@ -157,20 +152,19 @@ class AgentEnvironment(abc.ABC):
         """A handle on the state the last reset reached, before any step, from which
         `reset_to` starts other environments of the same kind. Raises EnvironmentFault when
         the infrastructure fails to capture it."""
-        try:
-            return await self._shared_state()
-        except Exception as error:
-            fault = self._setup_fault(error, None)
-            if fault is None:
-                raise
-            raise fault from error
+        return await self._set_up(self._shared_state(), None)
 
     @final
     async def reset_to(self, task: Any, seed: int | None, state: Any) -> EnvReset:
         """Start an episode of `task` from `state` (another environment's `shared_state()`);
         the first observation equals that environment's. Raises as `reset` does."""
+        return await self._set_up(self._reset_to(task, seed, state), task)
+
+    async def _set_up(self, work: Awaitable[Any], task: Any) -> Any:
+        """Awaits `work` (a reset's or a shared state's) and raises the EnvironmentFault of an
+        infrastructure error it meets (`_setup_fault`); anything else propagates as it is."""
         try:
-            return await self._reset_to(task, seed, state)
+            return await work
         except Exception as error:
             fault = self._setup_fault(error, task)
             if fault is None:
