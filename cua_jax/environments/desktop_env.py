@@ -217,7 +217,6 @@ class DesktopEnvironment(TaskIsGroupStart, AgentEnvironment):
 
     @staticmethod
     def _observation(observation: Any) -> EnvObservation:
-
         images = () if observation.screenshot_png is None else (decode_png(observation.screenshot_png),)
         return EnvObservation(images, observation_text(feedback=observation.feedback))
 

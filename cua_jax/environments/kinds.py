@@ -166,7 +166,6 @@ def _open_capsules(worker_config: Any) -> Any:
 
 
 def _make_miniwob(runtime: Any, worker_config: Any) -> AgentEnvironment:
-
     return MiniWoBEnvironment(runtime, time_limit_s=worker_config.time_limit_s, screenshots=worker_config.screenshots)
 
 
@@ -220,7 +219,6 @@ def _check_desktop_settings(config: PoolConfig, run_config: Any, catalog: Any) -
 
 
 def _make_desktop(pool: Any, worker_config: Any) -> AgentEnvironment:
-
     return DesktopEnvironment(pool, attribution=worker_config.agent.attribution)
 
 
@@ -231,7 +229,6 @@ def _open_code(worker_config: Any) -> Any:
 
 
 def _make_code(config: Any, worker_config: Any) -> AgentEnvironment:
-
     return CodeEnvironment(config, attribution=worker_config.agent.attribution)
 
 

@@ -143,7 +143,6 @@ def tiny_qwen3_vl(num_layers: int, seed: int, **precision):
 
 @TINY_MODELS.register("tiny_qwen3")
 def tiny_qwen3(num_layers: int, seed: int, **precision):
-
     overrides = {"num_hidden_layers": num_layers} if num_layers else {}
     return Qwen3ForCausalLM(tiny_qwen3_config(vocab_size=VOCAB_SIZE, **overrides, **precision), rngs=nnx.Rngs(seed))
 

@@ -250,7 +250,6 @@ def _encode_images(graphdef, state, pixel_values, grid):
 
 @functools.partial(jax.jit, static_argnames=("image_token_id",))
 def _layout_images(ids, token_rows, tokens, deepstack, *, image_token_id):
-
     return image_features(ids, image_token_id, tokens[token_rows], tuple(d[token_rows] for d in deepstack))
 
 

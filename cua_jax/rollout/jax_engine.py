@@ -386,7 +386,6 @@ class JaxEngineFactory:
     prefix_cache_tokens: int = 0
 
     def __call__(self) -> JaxSamplerEngine:
-
         # The structure alone (no random init): every value comes from params.
         model = nnx.eval_shape(lambda: self.model_class(self.model_config, rngs=nnx.Rngs(0)))
         copies = jax.tree.map(lambda x: jnp.array(x, copy=True), self.params)

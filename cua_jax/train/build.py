@@ -133,7 +133,6 @@ class VllmRouterFactory:
     router: Any  # cua_jax.rollout.workers.RouterConfig
 
     def __call__(self):
-
         return Router(VllmEngineFactory(self.engine), self.router, host_weights=vllm_host_weights(self.model_dir))
 
 

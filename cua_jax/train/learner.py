@@ -463,7 +463,6 @@ class Learner:
         return batch
 
     def _encode(self, ids, pixel_values, grid):
-
         def encode(params, frozen, ids, pixel_values):
             model = nnx.merge(self._graphdef, params, frozen)
             tokens, deepstack = model.encode_images(pixel_values, grid)

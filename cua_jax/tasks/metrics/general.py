@@ -250,7 +250,6 @@ def unpack_archive(path: str, folder: str) -> None:
 
 
 def _archive_comparison(file_type: str):
-
     functions = {
         "text": text.compare_text_file,
         "pdf": pdf.compare_pdfs,

@@ -551,7 +551,6 @@ def check_image_stretch_and_center(result_path: str | None, original_path: str |
 
 
 def _registry(path: Any, item_path: str, prop: str) -> str | None:
-
     return load_result(lambda p: registry_value(p, item_path, prop), path, "xml")
 
 
