@@ -5,6 +5,7 @@ registered kind, the contract's one fault rule, and a kind that lives in one mod
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 
 import ml_collections
@@ -18,6 +19,7 @@ from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvReset, 
 from cua_jax.envs.faults import FaultKind
 from cua_jax.rollout.rollout_worker import RolloutWorkerConfig
 from cua_jax.types import EpisodeStatus
+from tests.support.entrypoint import run_main
 from tests.support.trainer import tiny_config
 
 
@@ -162,3 +164,18 @@ def test_a_plugin_kind_trains_from_its_module_alone(tmp_path):
         assert trainer.workers[0].environment_stats()[f"{http_page.KIND}/requests"] >= 4
     finally:
         trainer.close()
+    # The same run from the command line: the module and the kind named by flags alone.
+    workdir = tmp_path / "main"
+    result = run_main(
+        "--config=experiments/configs/tiny.py",
+        "--config.env.kind_modules=('tests.support.http_page_kind',)",
+        f"--config.env.kind={http_page.KIND}",
+        "--config.env.tasks=()",
+        "--config.train.num_steps=1",
+        "--config.train.progress_bar=False",
+        workdir=workdir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((workdir / "summary.json").read_text())["steps"] == 1
+    episodes = [json.loads(line) for line in (workdir / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 4 and {e["domain"] for e in episodes} == {http_page.KIND}
