@@ -14,7 +14,7 @@ Back ends (--backend):
 
 Every run has its own workdir, <sweep dir>/<run name>; --config.x=y overrides apply to every
 run. Launching a sweep again skips its finished runs and resumes its checkpointed ones
-(cua_jax/sweeps.py). After the local and ray back ends, <sweep dir>/results.csv, results.md and
+(experiments/sweep_runs.py). After the local and ray back ends, <sweep dir>/results.csv, results.md and
 comparison.png hold the table and the plots.
 """
 
@@ -30,7 +30,7 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from cua_jax.sweeps import (
+from experiments.sweep_runs import (
     RUN_LOG,
     Sweep,
     SweepError,

@@ -1,3 +1,4 @@
+# Single job: the policy's action space (its types, text syntax, parser, renderer and coordinate map).
 """The action space the policy acts in, its text syntax, parser, renderer and coordinate map.
 
 Actions (ScaleCUA App. A, plus ScienceBoard's done / answer / write_file and OSWorld's

@@ -1,3 +1,4 @@
+# Single job: the online RL training step and loop (draws, rollouts, advantages, updates, sync).
 """The online RL trainer: task draws -> rollout groups -> quarantine -> advantages -> updates -> weight sync.
 
 One training step (`Trainer.train_step`):

@@ -1,4 +1,4 @@
-"""The sweep launcher (launch/sweep.py, cua_jax/sweeps.py) on real training runs of the tiny config:
+"""The sweep launcher (launch/sweep.py, experiments/sweep_runs.py) on real training runs of the tiny config:
 the local back end stopped part way, resumed as Ray jobs on the Ray cluster of conftest.py,
 then skipped as finished; and the SLURM array script (written and read back by bash, not
 submitted)."""
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from cua_jax.sweeps import SweepError, load_sweep, run_command, run_state
+from experiments.sweep_runs import SweepError, load_sweep, run_command, run_state
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "experiments/configs/tiny.py")

@@ -1,3 +1,4 @@
+# Single job: the capsule runtime's transactions (routes, generations, snapshot, fork, warm pool).
 """The capsule runtime: routes and generations, the freeze/drain/build/publish transactions,
 snapshot and fork, the warm pool, fault attribution, and the blocking twin of every
 coroutine. The design is the package docstring's (`cua_jax.envs.capsules`)."""

@@ -1,3 +1,4 @@
+# Single job: the environment server's HTTP endpoints (OSWorld's protocol plus /action).
 """The HTTP endpoints (OSWorld's protocol plus /action), served on a Unix socket or TCP.
 
 Endpoints (JSON bodies unless noted; errors are JSON {"status": "error", "message", "error"}):

@@ -39,6 +39,10 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from cua_jax.observe.episode_log import EPISODE_LOG
+from cua_jax.observe.metrics import read_metrics
+from cua_jax.rl.coverage import group_outcome_stats, signal_coverage
+
 # The fields a compute-matched sweep may adjust, and the three factors of the rollout budget.
 BUDGET_FIELDS = ("train.num_steps", "rollout.batch_tasks", "rollout.group_size")
 ADJUSTABLE = ("rollout.batch_tasks", "train.num_steps")
@@ -321,7 +325,6 @@ def read_manifest(directory: str) -> tuple[str, list[SweepRun]]:
 def tier_coverage(episodes: Sequence[Mapping[str, Any]], task_tiers: Mapping[str, int]) -> dict[int, tuple[float, int]]:
     """Per tier: (fraction of groups with both a success and a failure, number of groups), over
     every group of a run's episode log. Quarantined episodes leave their group first."""
-    from cua_jax.rl.coverage import group_outcome_stats
 
     keys = sorted({(e["step"], e["group_id"], e["task_id"]) for e in episodes})
     if not keys:
@@ -349,7 +352,6 @@ def predicted_tier_coverage(episodes: Sequence[Mapping[str, Any]], task_tiers: M
     """Per tier: the mean over its groups of P_sig(p, n) (CANOPY eq. 4), with p the group's task
     success rate over the whole run and n the group's size: the coverage independent
     rollouts at those rates would give, to set beside the measured one."""
-    from cua_jax.rl.coverage import signal_coverage
 
     valid = [e for e in episodes if e["status"] != "quarantined"]
     outcomes: dict[str, list[bool]] = {}
@@ -372,8 +374,6 @@ def _mean(values: Sequence[float]) -> float:
 
 def run_results(run: SweepRun) -> dict[str, Any]:
     """One table row from the run's own records (metrics.jsonl, episodes.jsonl, summary.json)."""
-    from cua_jax.observe.episode_log import EPISODE_LOG
-    from cua_jax.observe.metrics import read_metrics
 
     row: dict[str, Any] = {
         "run": run.name,
@@ -440,13 +440,10 @@ COMPARISON_KEYS = ("success/rate", "groups/informative_fraction", "reward/mean")
 
 def plot_comparison(name: str, runs: Sequence[SweepRun], out_path: str) -> str:
     """Each run's curves against cumulative episodes (the compute axis), plus coverage per tier."""
-    import matplotlib
+    import matplotlib  # heavy optional dependency: imported only when a sweep is plotted
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from cua_jax.observe.episode_log import EPISODE_LOG
-    from cua_jax.observe.metrics import read_metrics
 
     fig, axes = plt.subplots(1, len(COMPARISON_KEYS) + 1, figsize=(4.2 * (len(COMPARISON_KEYS) + 1), 3.4))
     tier_rows = []
