@@ -37,8 +37,16 @@ from typing import Any
 import numpy as np
 
 from cua_jax.compilation import use_compilation_cache
+from cua_jax.context.render import ChatRenderer
+from cua_jax.context.segment import make_segmenter
 from cua_jax.eval.in_process import evaluate_model_in_process
+from cua_jax.models.qwen3_vl import export_qwen3_vl
+from cua_jax.observe.metrics import MetricWriter
+from cua_jax.observe.plots import plot_curves
+from cua_jax.train.batching import MultimodalPositions
+from cua_jax.train.build import build_policy, load_run_processor
 from cua_jax.train.demonstrations import Demonstrations, collect_demonstrations
+from cua_jax.train.settings import ConfigError
 from cua_jax.train.sft import DemonstrationData, SupervisedRun
 from cua_jax.train.warm_start_diagnostics import HeldOutScorer
 from cua_jax.types import EpisodeStatus
@@ -91,10 +99,6 @@ class Pretrainer:
     pretrain: its pretrain section (`pretrain_settings`)."""
 
     def __init__(self, settings, pretrain):
-        from cua_jax.context.render import ChatRenderer
-        from cua_jax.context.segment import make_segmenter
-        from cua_jax.train.build import build_policy, load_run_processor
-        from cua_jax.train.settings import ConfigError
 
         self.settings, self.pretrain = settings, pretrain
         use_compilation_cache(settings.compilation_cache_dir)
@@ -171,8 +175,6 @@ class Pretrainer:
     @property
     def writer(self):
         if self._writer is None:
-            from cua_jax.observe.metrics import MetricWriter
-
             self._writer = MetricWriter(self.workdir)
         return self._writer
 
@@ -181,7 +183,6 @@ class Pretrainer:
         _atomic_write(os.path.join(self.workdir, STATE_FILE), pickle.dumps(state, pickle.HIGHEST_PROTOCOL))
 
     def run(self) -> dict[str, Any]:
-        from cua_jax.train.batching import MultimodalPositions
 
         config, every = self.settings.warm_start, self.pretrain
         start = time.perf_counter()
@@ -306,7 +307,6 @@ class Pretrainer:
         return self.pretrain.export_dir or os.path.join(self.workdir, "base")
 
     def _export(self, model, manifest: dict[str, Any]) -> None:
-        from cua_jax.models.qwen3_vl import export_qwen3_vl
 
         directory = self.export_dir()
         # The shipped tokenizer is copied byte for byte; any other is written by its own save.
@@ -317,7 +317,6 @@ class Pretrainer:
             f.write("\n")
 
     def _plot(self) -> None:
-        from cua_jax.observe.plots import plot_curves
 
         plot_curves(
             self.writer.jsonl_path,

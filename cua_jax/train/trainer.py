@@ -80,6 +80,7 @@ from cua_jax.train.collect import EnvironmentCounters, GroupCollector
 from cua_jax.train.groups import CollectedGroup, PreparedBatch, mean_metrics, prepare_batch
 from cua_jax.train.learner import Learner
 from cua_jax.train.settings import TrainSettings, apply_pilot_file, seed_pool
+from cua_jax.train.warm_start import run_warm_start
 
 # The evaluations at eval.low_temperature (beside the headline ones at eval.temperature) and
 # their gain, as keys of Trainer.evaluations and of the run's summary.
@@ -147,8 +148,6 @@ def warm_start(setup: RunSetup) -> dict[str, float]:
         raise RuntimeError("the run's warm start already ran")
     settings, metrics = setup.settings, {}
     if settings.warm_start is not None and setup.checkpointer.latest_step() is None:
-        from cua_jax.train.warm_start import run_warm_start  # SFT on the oracle's demonstrations
-
         demonstrated = [t for t in settings.training_tasks if environment_kind(settings.catalog[t].kind).demonstrated]
         metrics = run_warm_start(
             setup.policy, demonstrated, settings, setup.segmenter, setup.renderer, settings.workdir
