@@ -736,7 +736,9 @@ class TrainSettings:
             dynamic = build(
                 "train", DynamicSamplingConfig, max_rounds=train.dapo_max_rounds, oversample=train.dapo_oversample
             )
-        options = {name: c.context[name] for name in SEGMENTER_OPTIONS[c.context.segmenter]}
+        options = {
+            field.name: c.context[field.name] for field in dataclasses.fields(SEGMENTER_OPTIONS[c.context.segmenter])
+        }
         try:
             check_placeholder(c.context.placeholder_text)
         except ValueError as error:
