@@ -23,7 +23,9 @@ Strategies:
   history and the last w turns stay in full (EvoCUA-1.5 eq. 4).
 
 Each strategy is registered in SEGMENTERS under its config name; `make_segmenter(name, renderer,
-**options)` builds one, and SEGMENTER_OPTIONS lists the config options each takes.
+**options)` builds one. Each takes its options as one frozen dataclass that checks them
+(`SlidingWindowOptions`, ...); SEGMENTER_OPTIONS maps each name to it, and a run's config holds
+its fields in the section `context.<name>` (the shared `placeholder_text` in `context`).
 
 Every item's response tokens are the engine's ids and logprobs, untouched (token-in, token-out).
 """
@@ -31,6 +33,7 @@ Every item's response tokens are the engine's ids and logprobs, untouched (token
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -236,14 +239,16 @@ class _StepContext(EpisodeContext):
 class Segmenter(abc.ABC):
     """episode -> list[TrainingItem]; `start` gives the same context to a live rollout.
 
-    options: the constructor's keyword arguments that a run's config sets (by the same names);
-    the others (e.g. a callable) keep their defaults there.
+    options_type: the frozen dataclass of the options a run's config sets (its fields are the
+    constructor's keyword arguments of the same names, checked in its __post_init__); the other
+    arguments (e.g. a callable) keep their defaults there. `self.options` holds them.
     """
 
-    options: tuple[str, ...] = ()
+    options_type: type
 
-    def __init__(self, renderer: ChatRenderer):
+    def __init__(self, renderer: ChatRenderer, **options):
         self.renderer = renderer
+        self.options = self.options_type(**options)
 
     @abc.abstractmethod
     def start(self, episode_id: str, group_id: int, system_prompt: str, instruction: str) -> EpisodeContext:
@@ -270,24 +275,35 @@ def check_placeholder(text: str) -> str:
     return text
 
 
+@dataclasses.dataclass(frozen=True)
+class SlidingWindowOptions:
+    """SlidingWindow's options: keep K screenshots; when over K + min_removal (Delta), drop at
+    least Delta, each leaving placeholder_text (config.context.sliding_window and the shared
+    config.context.placeholder_text)."""
+
+    keep: int
+    min_removal: int
+    placeholder_text: str
+
+    def __post_init__(self):
+        if self.keep < 0:
+            raise ValueError(f"sliding window needs keep >= 0, got {self.keep}")
+        if self.min_removal < 1:
+            raise ValueError(f"sliding window needs min_removal >= 1, got {self.min_removal}")
+        check_placeholder(self.placeholder_text)
+
+
 @SEGMENTERS.register("sliding_window")
 class SlidingWindow(Segmenter):
     """ScaleCUA Visual Context Segmentation: keep K screenshots, drop at least Delta when over K + Delta."""
 
-    options = ("keep", "min_removal", "placeholder_text")
+    options_type = SlidingWindowOptions
 
     def __init__(
         self, renderer: ChatRenderer, keep: int = 5, min_removal: int | None = None, placeholder_text: str = ""
     ):
-        super().__init__(renderer)
         min_removal = keep if min_removal is None else min_removal
-        if keep < 0 or min_removal < 1:
-            raise ValueError(
-                f"sliding window needs keep >= 0 and min_removal >= 1, got keep={keep}, min_removal={min_removal}"
-            )
-        self.keep = keep
-        self.min_removal = min_removal
-        self.placeholder_text = check_placeholder(placeholder_text)
+        super().__init__(renderer, keep=keep, min_removal=min_removal, placeholder_text=placeholder_text)
 
     def start(self, episode_id, group_id, system_prompt, instruction):
         return _StreamContext(
@@ -296,32 +312,50 @@ class SlidingWindow(Segmenter):
             group_id,
             system_prompt,
             instruction,
-            self.keep,
-            self.min_removal,
-            self.placeholder_text,
+            self.options.keep,
+            self.options.min_removal,
+            self.options.placeholder_text,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class WholeTrajectoryOptions:
+    """WholeTrajectory takes no options (config.context has no section for it)."""
 
 
 @SEGMENTERS.register("whole_trajectory")
 class WholeTrajectory(Segmenter):
     """One item per episode: the whole conversation as one diff-grown token stream."""
 
+    options_type = WholeTrajectoryOptions
+
     def start(self, episode_id, group_id, system_prompt, instruction):
         return _StreamContext(self.renderer, episode_id, group_id, system_prompt, instruction, None, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepWiseOptions:
+    """StepWise's options: keep_images, the screenshots each item keeps (None: all), each
+    dropped one leaving placeholder_text (config.context.step_wise and the shared
+    config.context.placeholder_text)."""
+
+    keep_images: int | None
+    placeholder_text: str
+
+    def __post_init__(self):
+        if self.keep_images is not None and self.keep_images < 0:
+            raise ValueError(f"keep_images must be >= 0, got {self.keep_images}")
+        check_placeholder(self.placeholder_text)
 
 
 @SEGMENTERS.register("step_wise")
 class StepWise(Segmenter):
     """One item per turn; context = full history, or its last `keep_images` screenshots when set."""
 
-    options = ("keep_images", "placeholder_text")
+    options_type = StepWiseOptions
 
     def __init__(self, renderer: ChatRenderer, keep_images: int | None = None, placeholder_text: str = ""):
-        super().__init__(renderer)
-        if keep_images is not None and keep_images < 0:
-            raise ValueError(f"keep_images must be >= 0, got {keep_images}")
-        self.keep_images = keep_images
-        self.placeholder_text = check_placeholder(placeholder_text)
+        super().__init__(renderer, keep_images=keep_images, placeholder_text=placeholder_text)
 
     def start(self, episode_id, group_id, system_prompt, instruction):
         return _StepContext(
@@ -330,37 +364,53 @@ class StepWise(Segmenter):
             group_id,
             system_prompt,
             instruction,
-            self.keep_images,
+            self.options.keep_images,
             None,
             action_text,
-            self.placeholder_text,
+            self.options.placeholder_text,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class CompactContextOptions:
+    """CompactContext's options: window, the recent turns kept in full (config.context.compact_context)."""
+
+    window: int
+
+    def __post_init__(self):
+        if self.window < 0:
+            raise ValueError(f"compact context window must be >= 0, got {self.window}")
 
 
 @SEGMENTERS.register("compact_context")
 class CompactContext(Segmenter):
     """One item per turn (EvoCUA-1.5 eq. 4): turns older than `window` as a text action history, the rest in full."""
 
-    options = ("window",)
+    options_type = CompactContextOptions
 
     def __init__(self, renderer: ChatRenderer, window: int = 3, action_summary: Callable[[str], str] = action_text):
-        super().__init__(renderer)
-        if window < 0:
-            raise ValueError(f"compact context window must be >= 0, got {window}")
-        self.window = window
+        super().__init__(renderer, window=window)
         self.action_summary = action_summary
 
     def start(self, episode_id, group_id, system_prompt, instruction):
         return _StepContext(
-            self.renderer, episode_id, group_id, system_prompt, instruction, None, self.window, self.action_summary
+            self.renderer,
+            episode_id,
+            group_id,
+            system_prompt,
+            instruction,
+            None,
+            self.options.window,
+            self.action_summary,
         )
 
 
-# Each registered segmenter's config options, by name (the segmenters above are all registered).
-SEGMENTER_OPTIONS: dict[str, tuple[str, ...]] = {name: cls.options for name, cls in SEGMENTERS.items()}
+# Each registered segmenter's options dataclass, by name (the segmenters above are all registered):
+# the one place that says which config fields each takes.
+SEGMENTER_OPTIONS: dict[str, type] = {name: cls.options_type for name, cls in SEGMENTERS.items()}
 
 
 def make_segmenter(name: str, renderer: ChatRenderer, **options) -> Segmenter:
-    """The segmenter registered as `name`, built with `options` (its keyword arguments, e.g. its
-    SEGMENTER_OPTIONS). Raises ValueError for an unknown name."""
+    """The segmenter registered as `name`, built with `options` (its keyword arguments, e.g. the
+    fields of its SEGMENTER_OPTIONS dataclass). Raises ValueError for an unknown name."""
     return SEGMENTERS[name](renderer, **options)

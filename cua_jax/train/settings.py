@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from cua_jax.context.segment import SEGMENTER_OPTIONS, check_placeholder
+from cua_jax.context.segment import SEGMENTER_OPTIONS
 from cua_jax.envs.actions import ACTION_SPACES
 from cua_jax.envs.faults import FAULT_KINDS
 from cua_jax.eval.held_out import EvalConfig
@@ -462,7 +462,7 @@ class TrainSettings:
     eval: EvalConfig
     dynamic: DynamicSamplingConfig | None
     segmenter: str  # config.context.segmenter: a name in cua_jax.context.segment.SEGMENTER_OPTIONS
-    segmenter_options: dict
+    segmenter_options: dict  # its SEGMENTER_OPTIONS dataclass's fields (config.context.<segmenter>)
     catalog: TaskCatalog  # every task the run names (training and evaluation)
     training_tasks: tuple[str, ...]  # the sampler's pool (env.drop_hardest_tier applied)
     domain_weights: dict  # domain -> sampling weight (env.domain_weights)
@@ -744,11 +744,19 @@ class TrainSettings:
             dynamic = build(
                 "train", DynamicSamplingConfig, max_rounds=train.dapo_max_rounds, oversample=train.dapo_oversample
             )
-        options = {name: c.context[name] for name in SEGMENTER_OPTIONS[c.context.segmenter]}
-        try:
-            check_placeholder(c.context.placeholder_text)
-        except ValueError as error:
-            raise ConfigError(f"config.context.placeholder_text: {error}") from None
+        # Every segmenter's section is checked (by its options dataclass), the chosen one's kept;
+        # the segmenters that drop screenshots share context.placeholder_text.
+        shared = {"placeholder_text": (c.context.placeholder_text, "context.placeholder_text")}
+        segmenter_options = {}
+        for name, options_type in SEGMENTER_OPTIONS.items():
+            takes = {field.name for field in dataclasses.fields(options_type)}
+            segmenter_options[name] = section_to_dataclass(
+                options_type,
+                c.context.get(name, {}),  # a segmenter without options has no section
+                f"context.{name}",
+                **{field: value for field, value in shared.items() if field in takes},
+            )
+        options = dataclasses.asdict(segmenter_options[c.context.segmenter])
         return cls(
             config.to_dict(),
             str(c.name),

@@ -92,8 +92,8 @@ def reference_config(workdir: str, optimizations: bool):
     c.learner.freeze_vision = True
     c.optimizer.learning_rate = 1e-4
     c.context.segmenter = "sliding_window"
-    c.context.keep = 2
-    c.context.min_removal = 1
+    c.context.sliding_window.keep = 2
+    c.context.sliding_window.min_removal = 1
     c.eval.enabled = False
     c.train.progress_bar = False
     c.train.checkpoint_every = 10_000

@@ -20,14 +20,19 @@ Typed sections: `train`, `rollout`, `rollout.vllm`, `eval`, `advantage`, `warm_s
 `cua_jax.train.settings`, `cua_jax.eval.held_out.EvalConfig`, `cua_jax.train.sft.WarmStartConfig`,
 the sampler configs of `cua_jax.tasks.samplers`, `cua_jax.tasks.calibration.CalibrationConfig`,
 `cua_jax.eval.pilot.PilotConfig`); each value is checked once, by its dataclass, and the library
-reads those dataclasses from `TrainSettings`. So are the fields of `env` every environment kind
-shares (`EnvSettings`: observation, include_dom_text, action_space, time_limit_s, the seeds,
-drop_hardest_tier, domain_weights); the task sources (env.kind, env.tasks, env.task_dirs) and
-each kind's own section are read with the task catalog. `env.tasks` holds (MiniWoB task, tier)
-records. Each environment kind's section holds its config dataclass's fields: `env.capsules`
-(MiniWoB's `CapsuleOptions`), `env.desktop` (`PoolConfig`), `env.code` (`CodeEnvConfig`), and
-`env.<name>` of a kind registered by a module named in `env.kind_modules`
-(`cua_jax.environments.kinds`; docs/environments.md, "Adding an environment kind").
+reads those dataclasses from `TrainSettings`. So are the segmenters' sections
+`context.sliding_window`, `context.step_wise` and `context.compact_context`, each its
+segmenter's options dataclass of `cua_jax.context.segment.SEGMENTER_OPTIONS`
+(`SlidingWindowOptions`, ...) with the `context.placeholder_text` the segmenters that drop
+screenshots share (whole_trajectory takes no options); `context.segmenter` picks one. So are
+the fields of `env` every environment kind shares (`EnvSettings`: observation,
+include_dom_text, action_space, time_limit_s, the seeds, drop_hardest_tier, domain_weights);
+the task sources (env.kind, env.tasks, env.task_dirs) and each kind's own section are read with
+the task catalog. `env.tasks` holds (MiniWoB task, tier) records. Each environment kind's
+section holds its config dataclass's fields: `env.capsules` (MiniWoB's `CapsuleOptions`),
+`env.desktop` (`PoolConfig`), `env.code` (`CodeEnvConfig`), and `env.<name>` of a kind
+registered by a module named in `env.kind_modules` (`cua_jax.environments.kinds`;
+docs/environments.md, "Adding an environment kind").
 
 Renames: a field renamed since a run was saved is read under its new name through
 `renames.RENAMED` (`config_from_dict`: a run's workdir for --resume and
@@ -275,16 +280,21 @@ def base_config() -> ml_collections.ConfigDict:
     # and a CPU-backend thread warning repeated per call would bury the run's own output.
     c.rollout.vllm.log_level = "ERROR"
 
-    # Context management (cua_jax.context.segment.make_segmenter).
+    # Context management (cua_jax.context.segment.make_segmenter): the segmenter, the text the
+    # segmenters that drop screenshots share, and a section per segmenter with its own options
+    # (whole_trajectory takes none).
     c.context = ml_collections.ConfigDict()
     c.context.segmenter = "sliding_window"  # sliding_window | step_wise | compact_context | whole_trajectory
-    c.context.keep = 5  # sliding_window K: images kept
-    c.context.min_removal = 5  # sliding_window Delta: images dropped at once
-    c.context.keep_images = 1  # step_wise: screenshots kept per step item
     # sliding_window / step_wise: the text a dropped screenshot leaves behind (ScaleCUA Fig. 4), a
     # format string over {step} and {action} (that turn's action); "": the screenshot just goes.
     c.context.placeholder_text = ""
-    c.context.window = 3  # compact_context: recent turns kept in full
+    c.context.sliding_window = ml_collections.ConfigDict()
+    c.context.sliding_window.keep = 5  # K: images kept
+    c.context.sliding_window.min_removal = 5  # Delta: images dropped at once
+    c.context.step_wise = ml_collections.ConfigDict()
+    c.context.step_wise.keep_images = 1  # screenshots kept per step item
+    c.context.compact_context = ml_collections.ConfigDict()
+    c.context.compact_context.window = 3  # recent turns kept in full
 
     # Rewards and advantages.
     c.advantage = ml_collections.ConfigDict()

@@ -117,8 +117,8 @@ def get_config():
     c.learner.freeze_vision = True
     c.optimizer.learning_rate = 1e-4
     c.context.segmenter = "sliding_window"
-    c.context.keep = 2
-    c.context.min_removal = 1
+    c.context.sliding_window.keep = 2
+    c.context.sliding_window.min_removal = 1
     c.train.num_steps = 16
     c.train.checkpoint_every = 4
     c.eval.num_seeds = 32

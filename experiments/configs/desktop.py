@@ -43,8 +43,8 @@ def get_config():
     c.rollout.prompt_style = "compact"
     c.rollout.group_start = "shared"
     c.context.segmenter = "sliding_window"
-    c.context.keep = 3
-    c.context.min_removal = 2
+    c.context.sliding_window.keep = 3
+    c.context.sliding_window.min_removal = 2
     c.sampler.kind = "dtac"
     c.sampler.dtac.rho_inf = 0.5  # one of the batch's two tasks is the infeasible one
     c.sampler.dtac.p_low = 0.0

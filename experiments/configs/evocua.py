@@ -21,7 +21,7 @@ def get_config():
     c.advantage.estimator = "grpo"  # trajectory-level advantage ...
     c.advantage.item_advantages = "stepo"  # ... spread as A_i / |T_i| over the step items
     c.context.segmenter = "compact_context"  # one item per step, compact action history
-    c.context.window = 3
+    c.context.compact_context.window = 3
     c.sampler.kind = "dtac"
     c.sampler.dtac.p_low = 0.05
     c.sampler.dtac.p_high = 0.5

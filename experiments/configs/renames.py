@@ -45,6 +45,11 @@ RENAMED = {
     "env.desktop.health_interval_s": "env.desktop.health_interval",
     "env.code.bash_timeout_s": "env.code.default_timeout",
     "env.code.max_bash_timeout_s": "env.code.max_timeout",
+    # The segmenters' options, a section per segmenter (was one flat section).
+    "context.keep": "context.sliding_window.keep",
+    "context.min_removal": "context.sliding_window.min_removal",
+    "context.keep_images": "context.step_wise.keep_images",
+    "context.window": "context.compact_context.window",
 }
 
 

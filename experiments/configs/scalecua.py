@@ -87,8 +87,8 @@ def get_config():
     c.sampler.calibration.p_min = 0.0  # initial pass-rate range [p_min, p_max]: [0, 1] keeps every task,
     c.sampler.calibration.p_max = 1.0  # so no pilot filter runs (sampler.calibration.enabled stays False)
     c.context.segmenter = "sliding_window"
-    c.context.keep = 5  # images to keep K (OSWorld; ScienceBoard: 8)
-    c.context.min_removal = 5  # min removal threshold Delta
+    c.context.sliding_window.keep = 5  # images to keep K (OSWorld; ScienceBoard: 8)
+    c.context.sliding_window.min_removal = 5  # min removal threshold Delta
     # Fig. 4: a dropped screenshot leaves a short text behind (its step and the action taken there).
     c.context.placeholder_text = "[Screenshot of step {step} removed; action: {action}]"
     c.eval.max_turns = 50

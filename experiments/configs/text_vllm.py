@@ -40,8 +40,8 @@ def get_config():
     c.loss.tis_cap = 2.0  # truncated importance sampling against the engine's logprobs
     c.optimizer.learning_rate = 1e-4
     c.learner.rows = 8
-    c.context.keep = 2
-    c.context.min_removal = 1
+    c.context.sliding_window.keep = 2
+    c.context.sliding_window.min_removal = 1
     c.train.num_steps = 4
     c.eval.num_seeds = 4
     c.eval.max_turns = 2

@@ -1,5 +1,6 @@
 """Segmenters: every response trained exactly once, with the engine's own ids and logprobs."""
 
+import dataclasses
 import inspect
 
 import hypothesis.strategies as st
@@ -119,7 +120,7 @@ def test_every_segmenter_trains_each_response_once_with_the_engines_tokens(rende
         np.testing.assert_array_equal(items[n].ids[:start], prompt.ids)
         assert list(prompt.images) == [s for s in items[n].images if s.end <= start]
     if isinstance(segmenter, SlidingWindow):
-        assert all(len(item.images) <= segmenter.keep + segmenter.min_removal for item in items)
+        assert all(len(item.images) <= segmenter.options.keep + segmenter.options.min_removal for item in items)
     if isinstance(segmenter, WholeTrajectory):
         assert len(items) == 1
     if isinstance(segmenter, (StepWise, CompactContext)):
@@ -196,7 +197,7 @@ def test_step_wise_keeps_the_last_screenshots(renderer):
 def test_make_segmenter_by_name(renderer):
     assert set(SEGMENTERS) == {"sliding_window", "whole_trajectory", "step_wise", "compact_context"}
     segmenter = make_segmenter("sliding_window", renderer, keep=3, min_removal=2)
-    assert (segmenter.keep, segmenter.min_removal) == (3, 2)
+    assert (segmenter.options.keep, segmenter.options.min_removal) == (3, 2)
     with pytest.raises(ValueError, match="unknown segmenter 'window'"):
         make_segmenter("window", renderer)
     with pytest.raises(ValueError, match="min_removal >= 1"):
@@ -243,12 +244,13 @@ def test_contexts_reject_turns_out_of_order(renderer, name):
 
 
 def test_segmenter_options_are_the_constructors_keywords():
-    assert SEGMENTER_OPTIONS == {
+    fields = {name: tuple(field.name for field in dataclasses.fields(cls)) for name, cls in SEGMENTER_OPTIONS.items()}
+    assert fields == {
         "sliding_window": ("keep", "min_removal", "placeholder_text"),
         "step_wise": ("keep_images", "placeholder_text"),
         "compact_context": ("window",),
         "whole_trajectory": (),
     }
-    for name, options in SEGMENTER_OPTIONS.items():
+    for name, options in fields.items():
         parameters = inspect.signature(SEGMENTERS[name]).parameters
         assert all(parameters[option].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for option in options), name

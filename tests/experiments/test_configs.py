@@ -229,6 +229,8 @@ def test_a_section_holds_exactly_its_dataclass_fields():
         ("sampler.pilot.target", 1.0, "config.sampler.pilot.target"),
         ("advantage.agent_faults", ("OOM-killed", "out of memory"), "config.advantage.agent_faults"),
         ("context.placeholder_text", "{page_title}", "config.context.placeholder_text"),
+        ("context.sliding_window.min_removal", 0, "config.context.sliding_window.min_removal"),
+        ("context.compact_context.window", -1, "config.context.compact_context.window"),  # unused sections too
         ("sampler.curriculum.difficulty", "length", "config.sampler.curriculum.difficulty"),
         ("sampler.curriculum.start", 0.0, "config.sampler.curriculum.start"),
         ("sampler.curriculum.schedule", "exp", "config.sampler.curriculum.schedule"),
@@ -357,17 +359,19 @@ def test_a_run_config_saved_before_the_layer_moves_loads():
 
 
 def test_a_renamed_field_keeps_its_saved_value(caplog):
-    """A saved config's old names (the flat sampler section) load under the new ones with the
-    values saved there, not today's defaults, each rename logged; a switch that is now a
-    section's (sampler.calibration) becomes that section's `enabled`; env.task_tiers becomes the
-    tier of each (task, tier) record of env.tasks."""
+    """A saved config's old names (the flat sampler and context sections) load under the new
+    ones with the values saved there, not today's defaults, each rename logged; a switch that is
+    now a section's (sampler.calibration) becomes that section's `enabled`; env.task_tiers
+    becomes the tier of each (task, tier) record of env.tasks."""
     saved = json.loads((pathlib.Path(__file__).parent / "data" / "default_run_config_dc1d63e.json").read_text())
     saved["sampler"].update(mu=0.6, calibration=True, calibrate_every=7, pilot_target=0.8)
+    saved["context"]["keep"] = 4
     saved["env"]["task_tiers"] = [0, 1, 2]
     with caplog.at_level(logging.INFO):
         config = base.config_from_dict(saved)
     assert config.sampler.frontier.mu == 0.6 and config.sampler.pilot.target == 0.8
     assert config.sampler.calibration.enabled and config.sampler.calibration.every_k_steps == 7
+    assert config.context.sliding_window.keep == 4 and "config.context.keep is now" in caplog.text
     assert config.env.tasks == (("click-button", 0), ("click-widget", 1), ("click-tab", 2))
     assert "config.sampler.calibrate_every is now config.sampler.calibration.every_k_steps" in caplog.text
     assert saved["sampler"]["mu"] == 0.6  # the saved dict itself is left as it was

@@ -98,8 +98,8 @@ def test_the_scalecua_recipe_through_the_entrypoint(tmp_path):
         "--config.rollout.group_size=4",
         "--config.rollout.max_turns=3",
         # The recipe's window (K = Delta = 5) never drops in 3 turns; the smallest one does.
-        "--config.context.keep=1",
-        "--config.context.min_removal=1",
+        "--config.context.sliding_window.keep=1",
+        "--config.context.sliding_window.min_removal=1",
         "--config.eval.enabled=False",
         "--config.train.num_steps=2",
         "--config.train.checkpoint_every=2",
