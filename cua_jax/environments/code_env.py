@@ -70,7 +70,15 @@ from cua_jax.envs.contract import (
     EnvTransition,
     TaskIsGroupStart,
 )
-from cua_jax.envs.faults import Attribution, Fault, FaultError, FaultKind, Outcome, container_fault, episode_outcome
+from cua_jax.envs.faults import (
+    AttributedFaultError,
+    Attribution,
+    Fault,
+    FaultKind,
+    Outcome,
+    container_fault,
+    episode_outcome,
+)
 from cua_jax.envs.images import ensure_image
 from cua_jax.tasks.code_tasks import CodeTask, judge_request, verdict
 
@@ -166,17 +174,9 @@ class CodeEnvConfig:
             raise ValueError(f"max_timeout {self.max_timeout} is below default_timeout ({self.default_timeout})")
 
 
-class ContainerFault(FaultError):
+class ContainerFault(AttributedFaultError):
     """A fault of the container (its state, a limit it hit, a runner that failed): the
     contract's fault rule takes `fault` as is."""
-
-    def __init__(self, fault: Fault):
-        super().__init__(fault.reason)
-        self._fault = fault
-
-    @property
-    def fault(self) -> Fault:
-        return self._fault
 
 
 _DOCKER_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, ConnectionError)

@@ -67,6 +67,19 @@ class FaultError(Exception):
         return Fault(self.fault_kind, str(self))
 
 
+class AttributedFaultError(FaultError):
+    """A FaultError raised with its fault already attributed (a quarantined capsule, a container's
+    limit): `fault` is that fault as is, the message its reason."""
+
+    def __init__(self, fault: Fault):
+        super().__init__(fault.reason)
+        self._fault = fault
+
+    @property
+    def fault(self) -> Fault:
+        return self._fault
+
+
 # OSErrors about a path on this host: the library named a wrong path, not an environment fault.
 LOCAL_PATH_ERRORS = (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError, FileExistsError)
 

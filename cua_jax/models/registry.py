@@ -115,20 +115,21 @@ _register(
 
 def model_kind_of(model) -> ModelKind:
     """The kind of one of our models; TypeError naming the model classes for anything else."""
-    for kind in MODEL_KINDS.values():
-        if isinstance(model, kind.model_class):
-            return kind
-    classes = ", ".join(kind.model_class.__name__ for kind in MODEL_KINDS.values())
-    raise TypeError(f"{type(model).__name__} is not one of the model classes ({classes})")
+    return _kind_whose_class_holds(model, "model")
 
 
 def model_kind_of_config(config) -> ModelKind:
     """The kind whose models `config` builds; TypeError naming the config classes for anything else."""
+    return _kind_whose_class_holds(config, "config")
+
+
+def _kind_whose_class_holds(value, role: str) -> ModelKind:
+    """The kind whose `<role>_class` `value` is an instance of; TypeError naming those classes otherwise."""
     for kind in MODEL_KINDS.values():
-        if isinstance(config, kind.config_class):
+        if isinstance(value, getattr(kind, f"{role}_class")):
             return kind
-    classes = ", ".join(kind.config_class.__name__ for kind in MODEL_KINDS.values())
-    raise TypeError(f"{type(config).__name__} is not one of the config classes ({classes})")
+    classes = ", ".join(getattr(kind, f"{role}_class").__name__ for kind in MODEL_KINDS.values())
+    raise TypeError(f"{type(value).__name__} is not one of the {role} classes ({classes})")
 
 
 # Small random-init policies: (num_layers (0: the config's own), seed, **precision) -> model.

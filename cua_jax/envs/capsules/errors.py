@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from cua_jax.envs.faults import Fault, FaultError, FaultKind
+from cua_jax.envs.faults import AttributedFaultError, FaultError, FaultKind
 
 
 class CapsuleError(RuntimeError):
@@ -35,17 +35,10 @@ class RuntimeShutDownError(CapsuleError, FaultError):
     fault_kind = FaultKind.SERVER_UNRESPONSIVE
 
 
-class CapsuleFaultError(CapsuleError, FaultError):
+# AttributedFaultError first: its __init__ (which keeps the fault) must come before RuntimeError's.
+class CapsuleFaultError(AttributedFaultError, CapsuleError):
     """A request failed on a fault the runtime attributes: its capsule is quarantined, or the
     runtime serving it died or is shutting down."""
-
-    def __init__(self, fault: Fault):
-        super().__init__(fault.reason)
-        self._fault = fault
-
-    @property
-    def fault(self) -> Fault:
-        return self._fault
 
 
 class BuildTimeoutError(CapsuleError, TimeoutError):
