@@ -24,9 +24,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from flax import nnx
+from tqdm import tqdm
 
 from cua_jax.context.segment import Segmenter
+from cua_jax.observe.metrics import TIMING_PREFIX
 from cua_jax.rollout.agent_loop import AgentConfig
+from cua_jax.train.code_demonstrations import collect_code_demonstrations
 from cua_jax.train.demonstrations import Demonstrations, collect_demonstrations
 from cua_jax.train.sft import SupervisedRun, WarmStartConfig, fine_tune
 from cua_jax.train.warm_start_diagnostics import HeldOutScorer
@@ -71,15 +74,11 @@ def run_warm_start(policy, tasks: Sequence[str], settings, segmenter, renderer, 
     collected through the run's agent loop and segmenter on a capsule runtime of its own, and
     scored on held-out pages when warm_start.held_out_seeds. Returns the warm start's
     metrics; the loss curve and the record go to <workdir>/warm_start.json."""
-    from cua_jax.observe.metrics import TIMING_PREFIX
-
     # The demonstrations' budgets are the larger of training's and evaluation's, so a
     # multi-step oracle episode is not cut short; the token stream is the same either way.
     agent = dataclasses.replace(settings.agent, max_turns=max(settings.rollout.max_turns, settings.eval.max_turns))
     progress, on_step = None, None
     if settings.train.progress_bar:
-        from tqdm import tqdm
-
         progress = tqdm(total=settings.warm_start.steps, desc=f"{settings.name} warm start", unit="step")
 
         def on_step(step: int, loss: float) -> None:
@@ -95,8 +94,6 @@ def run_warm_start(policy, tasks: Sequence[str], settings, segmenter, renderer, 
     try:
         parts = []
         if code:  # the code oracle's fixes on code containers
-            from cua_jax.train.code_demonstrations import collect_code_demonstrations
-
             parts.append(
                 collect_code_demonstrations(
                     code,
