@@ -97,8 +97,9 @@ class EnvironmentKind:
     prepare(config) -> config: run once before the workers start, for every kind the run's
         tasks hold (the desktop pool's image resolved to its exact tag).
     tasks(config) -> list[SourceTask]: the run's tasks of a plugin kind (`env.kind`).
-    demonstrated: the warm start's oracle demonstrates the kind's tasks
-        (`cua_jax.train.warm_start`); the trainer leaves the other kinds' tasks out of it.
+
+    A kind whose tasks the warm start's oracle demonstrates has a `Demonstrator` too
+    (`cua_jax.train.warm_start.register_demonstrator`, a layer above this one).
     """
 
     name: str
@@ -114,7 +115,6 @@ class EnvironmentKind:
     check_settings: Callable[[Any, Any, Any], None] = _nothing_to_check
     prepare: Callable[[Any], Any] = _as_is
     tasks: Callable[[Any], Sequence[Any]] | None = None
-    demonstrated: bool = False
 
     @property
     def config_section(self) -> str:
@@ -246,7 +246,6 @@ register_kind(
         stats=_capsule_stats,
         config=CapsuleOptions,
         section="capsules",
-        demonstrated=True,
     )
 )
 register_kind(
@@ -269,6 +268,5 @@ register_kind(
         config=CodeEnvConfig,
         task_fields=("suite_dir", "tasks"),
         derived_fields=_code_derived_fields,
-        demonstrated=True,
     )
 )
