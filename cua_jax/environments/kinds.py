@@ -110,6 +110,11 @@ class EnvironmentKind:
     prepare(config) -> config: run once before the workers start, for every kind the run's
         tasks hold (the desktop pool's image resolved to its exact tag).
     tasks(config) -> list[SourceTask]: the run's tasks of a plugin kind (`env.kind`).
+    suite_fields(config, folder, group_size) -> {run config field: value}: how an evaluation
+        suite holding the kind's tasks (read from `folder`, None for a suite that is a list)
+        sets up a policy's run config for groups of `group_size` episodes, so that its settings
+        are built and checked as a training run's would be (`config`: the kind's config of the
+        policy's run config). None: the suite's tasks need nothing of the run config.
 
     A kind whose tasks the warm start's oracle demonstrates has a `Demonstrator` too
     (`cua_jax.train.warm_start.register_demonstrator`, a layer above this one).
@@ -128,6 +133,7 @@ class EnvironmentKind:
     check_settings: Callable[[Any, RunView, Any], None] = _nothing_to_check
     prepare: Callable[[Any], Any] = _as_is
     tasks: Callable[[Any], Sequence[Any]] | None = None
+    suite_fields: Callable[[Any, str | None, int], Mapping[str, Any]] | None = None
 
     @property
     def config_section(self) -> str:
@@ -230,6 +236,18 @@ def _check_desktop_settings(config: PoolConfig, run: RunView, catalog: Any) -> N
     )
 
 
+def _desktop_suite_fields(config: PoolConfig, folder: str | None, group_size: int) -> dict[str, Any]:
+    # The suite's folder is the run's task source, beside the policy's own MiniWoB tasks, and
+    # the pool runs a group's episodes at once (the desktop checks above then hold).
+    return {
+        "env.kind": "mixed",
+        "env.task_dirs": (folder,),
+        "rollout.group_size": group_size,
+        "eval.group_size": group_size,
+        "env.desktop.size": max(config.size, group_size),
+    }
+
+
 def _make_desktop(pool: Any, worker_config: Any) -> AgentEnvironment:
     return DesktopEnvironment(pool, attribution=worker_config.agent.attribution)
 
@@ -270,6 +288,7 @@ register_kind(
         config=PoolConfig,
         check_settings=_check_desktop_settings,
         prepare=_resolve_desktop_image,
+        suite_fields=_desktop_suite_fields,
     )
 )
 register_kind(
