@@ -225,17 +225,23 @@ def load_eval_policy(spec: str, config: Any, step: int | None = None) -> EvalPol
 
 def eval_settings(policy: EvalPolicy, suite: Any, agent: AgentConfig, num_workers: int, group_size: int = 1):
     """The run settings of `policy.config` with the suite's catalog, the evaluation agent
-    `agent` and `num_workers` rollout workers. A suite of desktop tasks adds its folder to
-    env.task_dirs, so the desktop pool is configured and checked as a run's would be, with
-    room for a group of `group_size` episodes."""
+    `agent` and `num_workers` rollout workers. Each kind of the suite's tasks sets the config's
+    fields its tasks need (`EnvironmentKind.suite_fields`: a suite of desktop tasks adds its
+    folder to env.task_dirs, so the desktop pool is configured and checked as a run's would be,
+    with room for a group of `group_size` episodes)."""
+    from cua_jax.environments.kinds import environment_kind
     from cua_jax.train.settings import TrainSettings
+    from experiments.sweep_runs import apply_overrides
 
     config = policy.config.copy_and_resolve_references()
     config.rollout.num_workers = int(num_workers)
-    if "desktop" in suite.catalog.kinds:
-        config.env.kind, config.env.task_dirs = "mixed", (suite.folder,)
-        config.rollout.group_size = config.eval.group_size = int(group_size)
-        config.env.desktop.size = max(config.env.desktop.size, int(group_size))
+    kinds = [environment_kind(name) for name in sorted(suite.catalog.kinds)]
+    kinds = [kind for kind in kinds if kind.suite_fields is not None]
+    if kinds:
+        own = TrainSettings.from_config(config).kind_configs  # the policy's, before the suite's fields
+        for kind in kinds:
+            fields = kind.suite_fields(own.get(kind.name), suite.folder, int(group_size))
+            apply_overrides(config, fields, f"suite {suite.name!r} ({kind.name} tasks)")
     settings = TrainSettings.from_config(config)
     return dataclasses.replace(settings, catalog=suite.catalog, eval_agent=agent)
 

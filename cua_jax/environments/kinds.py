@@ -54,11 +54,24 @@ def _as_is(config: Any) -> Any:
     return config
 
 
-def _no_derived_fields(run_config: Any) -> dict[str, tuple[Any, str]]:
+@dataclasses.dataclass(frozen=True)
+class RunView:
+    """What a kind's `derived_fields` and `check_settings` see of the rest of the run: the checked
+    settings (`cua_jax.train.settings` fills it from its sections), each field the value of the
+    run config field its comment names."""
+
+    observation: str  # env.observation
+    action_space: str  # env.action_space
+    group_size: int  # rollout.group_size
+    eval_group_size: int | None  # eval.group_size; None without held-out evaluation (eval.enabled)
+    reward: str  # advantage.reward
+
+
+def _no_derived_fields(run: RunView) -> dict[str, tuple[Any, str]]:
     return {}
 
 
-def _nothing_to_check(config: Any, run_config: Any, catalog: Any) -> None:
+def _nothing_to_check(config: Any, run: RunView, catalog: Any) -> None:
     return None
 
 
@@ -89,16 +102,22 @@ class EnvironmentKind:
         (ValueError in `__post_init__`). The worker config carries it (`kind_config(name)`).
     section: the run config's section of the config, `env.<section>` ("": the kind's name).
     task_fields: fields of that section that choose the run's tasks, not the config's.
-    derived_fields(run_config) -> {field: (value, the run config field it comes from)}: config
-        fields set by other sections of the run config.
-    check_settings(config, run_config, catalog): the kind's checks against the rest of the run
-        (its observation, group sizes, the tasks), called for every kind the run's tasks hold;
-        raises ValueError("config.<field>: ...", see `require`).
+    derived_fields(run) -> {field: (value, the run config field it comes from)}: config
+        fields set by other sections of the run config (`run` a `RunView`).
+    check_settings(config, run, catalog): the kind's checks against the rest of the run (its
+        observation, group sizes: the `RunView`; the tasks: the run's TaskCatalog), called for
+        every kind the run's tasks hold; raises ValueError("config.<field>: ...", see `require`).
     prepare(config) -> config: run once before the workers start, for every kind the run's
         tasks hold (the desktop pool's image resolved to its exact tag).
     tasks(config) -> list[SourceTask]: the run's tasks of a plugin kind (`env.kind`).
-    demonstrated: the warm start's oracle demonstrates the kind's tasks
-        (`cua_jax.train.warm_start`); the trainer leaves the other kinds' tasks out of it.
+    suite_fields(config, folder, group_size) -> {run config field: value}: how an evaluation
+        suite holding the kind's tasks (read from `folder`, None for a suite that is a list)
+        sets up a policy's run config for groups of `group_size` episodes, so that its settings
+        are built and checked as a training run's would be (`config`: the kind's config of the
+        policy's run config). None: the suite's tasks need nothing of the run config.
+
+    A kind whose tasks the warm start's oracle demonstrates has a `Demonstrator` too
+    (`cua_jax.train.warm_start.register_demonstrator`, a layer above this one).
     """
 
     name: str
@@ -110,11 +129,11 @@ class EnvironmentKind:
     config: type | None = None
     section: str = ""
     task_fields: tuple[str, ...] = ()
-    derived_fields: Callable[[Any], Mapping[str, tuple[Any, str]]] = _no_derived_fields
-    check_settings: Callable[[Any, Any, Any], None] = _nothing_to_check
+    derived_fields: Callable[[RunView], Mapping[str, tuple[Any, str]]] = _no_derived_fields
+    check_settings: Callable[[Any, RunView, Any], None] = _nothing_to_check
     prepare: Callable[[Any], Any] = _as_is
     tasks: Callable[[Any], Sequence[Any]] | None = None
-    demonstrated: bool = False
+    suite_fields: Callable[[Any, str | None, int], Mapping[str, Any]] | None = None
 
     @property
     def config_section(self) -> str:
@@ -188,20 +207,19 @@ def _resolve_desktop_image(config: PoolConfig) -> PoolConfig:
     return dataclasses.replace(config, image=ensure_image(config.image))
 
 
-def _check_desktop_settings(config: PoolConfig, run_config: Any, catalog: Any) -> None:
-    c = run_config
+def _check_desktop_settings(config: PoolConfig, run: RunView, catalog: Any) -> None:
     require(
-        c.env.observation == "screenshot", "env.observation", "desktop tasks are seen as screenshots; set 'screenshot'"
+        run.observation == "screenshot", "env.observation", "desktop tasks are seen as screenshots; set 'screenshot'"
     )
     require(
-        c.env.action_space == "coordinates",
+        run.action_space == "coordinates",
         "env.action_space",
         "a desktop shows no element ids: desktop tasks point by coordinates; set 'coordinates'",
     )
     # A group's episodes run at once, each on a container of its own.
-    groups = {"rollout.group_size": c.rollout.group_size}
-    if c.eval.enabled:
-        groups["eval.group_size"] = c.eval.group_size
+    groups = {"rollout.group_size": run.group_size}
+    if run.eval_group_size is not None:
+        groups["eval.group_size"] = run.eval_group_size
     for field, size in groups.items():
         require(
             config.size >= size,
@@ -218,6 +236,18 @@ def _check_desktop_settings(config: PoolConfig, run_config: Any, catalog: Any) -
     )
 
 
+def _desktop_suite_fields(config: PoolConfig, folder: str | None, group_size: int) -> dict[str, Any]:
+    # The suite's folder is the run's task source, beside the policy's own MiniWoB tasks, and
+    # the pool runs a group's episodes at once (the desktop checks above then hold).
+    return {
+        "env.kind": "mixed",
+        "env.task_dirs": (folder,),
+        "rollout.group_size": group_size,
+        "eval.group_size": group_size,
+        "env.desktop.size": max(config.size, group_size),
+    }
+
+
 def _make_desktop(pool: Any, worker_config: Any) -> AgentEnvironment:
     return DesktopEnvironment(pool, attribution=worker_config.agent.attribution)
 
@@ -232,9 +262,9 @@ def _make_code(config: Any, worker_config: Any) -> AgentEnvironment:
     return CodeEnvironment(config, attribution=worker_config.agent.attribution)
 
 
-def _code_derived_fields(run_config: Any) -> dict[str, tuple[Any, str]]:
+def _code_derived_fields(run: RunView) -> dict[str, tuple[Any, str]]:
     # The dense reward scores a code fix by the share of its tests that pass.
-    return {"partial_credit": (run_config.advantage.reward == "pass_fraction", "advantage.reward")}
+    return {"partial_credit": (run.reward == "pass_fraction", "advantage.reward")}
 
 
 register_kind(
@@ -246,7 +276,6 @@ register_kind(
         stats=_capsule_stats,
         config=CapsuleOptions,
         section="capsules",
-        demonstrated=True,
     )
 )
 register_kind(
@@ -259,6 +288,7 @@ register_kind(
         config=PoolConfig,
         check_settings=_check_desktop_settings,
         prepare=_resolve_desktop_image,
+        suite_fields=_desktop_suite_fields,
     )
 )
 register_kind(
@@ -269,6 +299,5 @@ register_kind(
         config=CodeEnvConfig,
         task_fields=("suite_dir", "tasks"),
         derived_fields=_code_derived_fields,
-        demonstrated=True,
     )
 )

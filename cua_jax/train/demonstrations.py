@@ -38,6 +38,15 @@ class Demonstrations:
     rejected: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     oracle_errors: list[str] = dataclasses.field(default_factory=list)
 
+    @classmethod
+    def joined(cls, parts: Sequence[Demonstrations]) -> Demonstrations:
+        """The demonstrations of every part, in order."""
+        return cls(
+            [r for d in parts for r in d.rollouts],
+            [x for d in parts for x in d.rejected],
+            [e for d in parts for e in d.oracle_errors],
+        )
+
     @property
     def items(self) -> list[TrainingItem]:
         return [item for rollout in self.rollouts for item in rollout.items]

@@ -509,7 +509,17 @@ class TrainSettings:
                 "env.observation",
                 f"model.name {c.model.name!r} is a text-only policy: set env.observation = 'text'",
             )
-        catalog, training, domain_weights, kind_configs = _task_catalog(c, env)
+        from cua_jax.environments.kinds import RunView, environment_kind
+
+        # What the kinds' hooks (derived_fields, check_settings) see of the run.
+        run_view = RunView(
+            observation=env.observation,
+            action_space=env.action_space,
+            group_size=rollout.group_size,
+            eval_group_size=evaluation.group_size if evaluation.enabled else None,
+            reward=advantage.reward,
+        )
+        catalog, training, domain_weights, kind_configs = _task_catalog(c, env, run_view)
         # A batch draws distinct tasks: caught here, not after the warm start and evaluation.
         _require(
             rollout.batch_tasks <= len(training),
@@ -529,11 +539,9 @@ class TrainSettings:
                 f"{c.sampler.dtac.rho_inf} of a batch of {rollout.batch_tasks} draws {needed} infeasible tasks, but "
                 f"the pool holds {len(infeasible)} (tasks whose evaluator is 'infeasible', e.g. the desktop suite's)",
             )
-        from cua_jax.environments.kinds import environment_kind
-
         for name in sorted(catalog.kinds):
             try:
-                environment_kind(name).check_settings(kind_configs[name], c, catalog)
+                environment_kind(name).check_settings(kind_configs[name], run_view, catalog)
             except ValueError as error:  # its message names the field: "config.<field>: ..."
                 raise ConfigError(str(error)) from None
         # The dense form scores a code fix by the share of its tests that pass; the other kinds'
@@ -784,11 +792,11 @@ class TrainSettings:
         )
 
 
-def _kind_configs(c) -> dict[str, Any]:
+def _kind_configs(c, run_view: Any) -> dict[str, Any]:
     """Every registered kind's config dataclass, built from its section of the run config
     (`EnvironmentKind.config_section`; the dataclass's defaults for fields, or a section, the
     run config lacks) less the fields that choose its tasks, with the fields it derives from
-    other sections."""
+    other sections (seen through `run_view`, a `cua_jax.environments.kinds.RunView`)."""
     from cua_jax.environments.kinds import environment_kind, kind_names
 
     configs = {}
@@ -800,7 +808,7 @@ def _kind_configs(c) -> dict[str, Any]:
         section = c.env.get(path) or {}
         own = {field: section[field] for field in section.keys() if field not in kind.task_fields}
         configs[name] = section_to_dataclass(
-            kind.config, own, kind.config_section, defaults=True, **kind.derived_fields(c)
+            kind.config, own, kind.config_section, defaults=True, **kind.derived_fields(run_view)
         )
     return configs
 
@@ -831,7 +839,9 @@ def _plugin_kind(c) -> Any:
     return kind
 
 
-def _task_catalog(c, env: EnvSettings) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float], dict[str, Any]]:
+def _task_catalog(
+    c, env: EnvSettings, run_view: Any
+) -> tuple[TaskCatalog, tuple[str, ...], dict[str, float], dict[str, Any]]:
     """(every task the run names, the training pool's ids, the domain weights, every kind's
     config), with any bad source named by its field: env.kind / kind_modules,
     env.tasks ((task, tier) records: MiniWoB), env.task_dirs (folders of OSWorld-format task JSON),
@@ -893,7 +903,7 @@ def _task_catalog(c, env: EnvSettings) -> tuple[TaskCatalog, tuple[str, ...], di
             not missing, "env.code.tasks", f"{missing} are not tasks of env.code.suite_dir {c.env.code.suite_dir!r}"
         )
         tasks += [suite[task] for task in dict.fromkeys(c.env.code.tasks)] if c.env.code.tasks else list(suite.values())
-    kind_configs = _kind_configs(c)
+    kind_configs = _kind_configs(c, run_view)
     if plugin is not None:
         section = plugin.config_section
         try:

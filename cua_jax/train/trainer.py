@@ -52,7 +52,6 @@ import numpy as np
 from cua_jax.compilation import use_compilation_cache
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import make_segmenter
-from cua_jax.environments.kinds import environment_kind
 from cua_jax.eval.held_out import evaluate_held_out, per_task_gains, save_training_traces, success_gain
 from cua_jax.eval.intervals import slope_interval
 from cua_jax.models.sharding import make_mesh
@@ -80,7 +79,7 @@ from cua_jax.train.collect import EnvironmentCounters, GroupCollector
 from cua_jax.train.groups import CollectedGroup, PreparedBatch, mean_metrics, prepare_batch
 from cua_jax.train.learner import Learner
 from cua_jax.train.settings import TrainSettings, apply_pilot_file, seed_pool
-from cua_jax.train.warm_start import run_warm_start
+from cua_jax.train.warm_start import demonstrated_tasks, run_warm_start
 
 # The evaluations at eval.low_temperature (beside the headline ones at eval.temperature) and
 # their gain, as keys of Trainer.evaluations and of the run's summary.
@@ -148,7 +147,7 @@ def warm_start(setup: RunSetup) -> dict[str, float]:
         raise RuntimeError("the run's warm start already ran")
     settings, metrics = setup.settings, {}
     if settings.warm_start is not None and setup.checkpointer.latest_step() is None:
-        demonstrated = [t for t in settings.training_tasks if environment_kind(settings.catalog[t].kind).demonstrated]
+        demonstrated = demonstrated_tasks(settings.training_tasks, settings.catalog)
         metrics = run_warm_start(
             setup.policy, demonstrated, settings, setup.segmenter, setup.renderer, settings.workdir
         )

@@ -3,9 +3,10 @@
 A random policy never writes a parseable tool call, so online RL would start with no signal.
 The warm start teaches the reply format (and what the oracle does) before RL:
 
-    demonstrations  the oracle's successful episodes through the run's own agent loop
-                    (`demonstrations.collect_demonstrations` on MiniWoB capsules,
-                    `code_demonstrations.collect_code_demonstrations` on code containers)
+    demonstrations  the oracle's successful episodes through the run's own agent loop, by
+                    each demonstrated kind's `Demonstrator` (DEMONSTRATORS:
+                    `code_demonstrations.collect_code_demonstrations` on code containers,
+                    `demonstrations.collect_demonstrations` on MiniWoB capsules)
     fine-tuning     `sft.fine_tune`: a `sft.SupervisedRun` on their items
     diagnostics     the held-out pages' scores (`warm_start_diagnostics.HeldOutScorer`)
 
@@ -17,19 +18,98 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from flax import nnx
+from tqdm import tqdm
 
 from cua_jax.context.segment import Segmenter
+from cua_jax.observe.metrics import TIMING_PREFIX
 from cua_jax.rollout.agent_loop import AgentConfig
+from cua_jax.train.code_demonstrations import collect_code_demonstrations
 from cua_jax.train.demonstrations import Demonstrations, collect_demonstrations
 from cua_jax.train.sft import SupervisedRun, WarmStartConfig, fine_tune
 from cua_jax.train.warm_start_diagnostics import HeldOutScorer
+
+# A kind's demonstrations: collect(tasks, seeds) -> the oracle's successful episodes of those
+# tasks (the kind's task ids) on those seeds.
+Collect = Callable[[Sequence[str], Sequence[int]], Demonstrations]
+
+
+@dataclasses.dataclass(frozen=True)
+class Demonstrator:
+    """How the warm start demonstrates one environment kind's tasks.
+
+    open(settings, segmenter, agent_config, stack) -> collect: what the kind's demonstrations
+        run on (entered into `stack`, closed after the warm start), and how they are collected
+        through the run's segmenter and agent loop (`settings` a `TrainSettings`).
+    held_out: after the fine-tuning, the kind's tasks are also demonstrated on held-out seeds
+        (warm_start.held_out_seeds) and the fine-tuned policy scored on them.
+    """
+
+    open: Callable[[Any, Segmenter, AgentConfig, contextlib.ExitStack], Collect]
+    held_out: bool = False
+
+
+# kind name -> its Demonstrator. The warm start demonstrates the kinds of this registry only (the
+# trainer leaves the other kinds' tasks out of it), in its order.
+DEMONSTRATORS: dict[str, Demonstrator] = {}
+
+
+def register_demonstrator(kind: str, demonstrator: Demonstrator) -> Demonstrator:
+    """Makes the warm start demonstrate the tasks of the environment kind `kind`."""
+    DEMONSTRATORS[kind] = demonstrator
+    return demonstrator
+
+
+def demonstrated_tasks(tasks: Sequence[str], catalog: Any) -> list[str]:
+    """The tasks (of the TaskCatalog `catalog`) of a kind the warm start demonstrates, in order."""
+    return [task for task in tasks if catalog[task].kind in DEMONSTRATORS]
+
+
+def _open_code(settings, segmenter: Segmenter, agent: AgentConfig, stack: contextlib.ExitStack) -> Collect:
+    """The code oracle's fixes, each on a code container of its own."""
+
+    def collect(tasks: Sequence[str], seeds: Sequence[int]) -> Demonstrations:
+        return collect_code_demonstrations(
+            [settings.catalog[task].spec for task in tasks],
+            seeds,
+            code_env=settings.kind_configs["code"],
+            segmenter=segmenter,
+            agent_config=agent,
+            concurrency=settings.warm_start.concurrency,
+        )
+
+    return collect
+
+
+def _open_miniwob(settings, segmenter: Segmenter, agent: AgentConfig, stack: contextlib.ExitStack) -> Collect:
+    """The MiniWoB oracle's episodes on a capsule runtime of the warm start's own, which shows
+    the DOM text the oracle reads."""
+    runtime = stack.enter_context(
+        settings.kind_configs["miniwob"].runtime(
+            include_dom_text=True, action_space=settings.env.action_space, seed=settings.seed
+        )
+    )
+    return functools.partial(
+        collect_demonstrations,
+        runtime=runtime,
+        segmenter=segmenter,
+        agent_config=agent,
+        time_limit_s=settings.env.time_limit_s,
+        concurrency=settings.warm_start.concurrency,
+    )
+
+
+# Code first: its demonstrations come first in the fine-tuning data.
+register_demonstrator("code", Demonstrator(_open_code))
+register_demonstrator("miniwob", Demonstrator(_open_miniwob, held_out=True))
 
 
 def warm_start(
@@ -67,19 +147,15 @@ def warm_start(
 
 def run_warm_start(policy, tasks: Sequence[str], settings, segmenter, renderer, workdir: str) -> dict[str, float]:
     """A training run's warm start: supervised fine-tuning of `policy` (in place) on the
-    oracle's demonstrations of `tasks` (warm_start.demos_per_task training seeds),
-    collected through the run's agent loop and segmenter on a capsule runtime of its own, and
-    scored on held-out pages when warm_start.held_out_seeds. Returns the warm start's
+    oracle's demonstrations of `tasks` (warm_start.demos_per_task training seeds), collected
+    through the run's agent loop and segmenter by each kind's `Demonstrator` (DEMONSTRATORS),
+    and scored on held-out seeds of the kinds that ask for it when warm_start.held_out_seeds. Returns the warm start's
     metrics; the loss curve and the record go to <workdir>/warm_start.json."""
-    from cua_jax.observe.metrics import TIMING_PREFIX
-
     # The demonstrations' budgets are the larger of training's and evaluation's, so a
     # multi-step oracle episode is not cut short; the token stream is the same either way.
     agent = dataclasses.replace(settings.agent, max_turns=max(settings.rollout.max_turns, settings.eval.max_turns))
     progress, on_step = None, None
     if settings.train.progress_bar:
-        from tqdm import tqdm
-
         progress = tqdm(total=settings.warm_start.steps, desc=f"{settings.name} warm start", unit="step")
 
         def on_step(step: int, loss: float) -> None:
@@ -88,61 +164,25 @@ def run_warm_start(policy, tasks: Sequence[str], settings, segmenter, renderer, 
 
     start = time.perf_counter()
     held_out = {}
-    catalog = settings.catalog
-    code = [catalog[t].spec for t in tasks if catalog[t].kind == "code"]
-    miniwob = [t for t in tasks if catalog[t].kind == "miniwob"]
+    by_kind = {}  # kind -> its tasks
+    for task in tasks:
+        by_kind.setdefault(settings.catalog[task].kind, []).append(task)
+    kinds = [kind for kind in DEMONSTRATORS if kind in by_kind]  # in the registry's order
     seeds = range(settings.warm_start.demos_per_task)
     try:
-        parts = []
-        if code:  # the code oracle's fixes on code containers
-            from cua_jax.train.code_demonstrations import collect_code_demonstrations
-
-            parts.append(
-                collect_code_demonstrations(
-                    code,
-                    seeds,
-                    code_env=settings.kind_configs["code"],
-                    segmenter=segmenter,
-                    agent_config=agent,
-                    concurrency=settings.warm_start.concurrency,
-                )
-            )
         with contextlib.ExitStack() as stack:
-            if miniwob:
-                runtime = stack.enter_context(
-                    settings.kind_configs["miniwob"].runtime(
-                        include_dom_text=True, action_space=settings.env.action_space, seed=settings.seed
-                    )
-                )
-                parts.append(
-                    collect_demonstrations(
-                        miniwob,
-                        seeds,
-                        runtime=runtime,
-                        segmenter=segmenter,
-                        agent_config=agent,
-                        time_limit_s=settings.env.time_limit_s,
-                        concurrency=settings.warm_start.concurrency,
-                    )
-                )
-            demonstrations = Demonstrations(
-                [r for d in parts for r in d.rollouts],
-                [x for d in parts for x in d.rejected],
-                [e for d in parts for e in d.oracle_errors],
-            )
+            parts, collectors = [], {}
+            for kind in kinds:
+                collectors[kind] = DEMONSTRATORS[kind].open(settings, segmenter, agent, stack)
+                parts.append(collectors[kind](by_kind[kind], seeds))
+            demonstrations = Demonstrations.joined(parts)
             run = fine_tune(policy, demonstrations, tasks, segmenter, settings.warm_start, on_step)
-            if miniwob and settings.warm_start.held_out_seeds:
+            scored = [kind for kind in kinds if DEMONSTRATORS[kind].held_out]
+            if scored and settings.warm_start.held_out_seeds:
                 # Past the evaluation seeds: outside training's range and unseen by "before".
                 first = settings.env.eval_seed_start + settings.eval.num_seeds
-                unseen = collect_demonstrations(
-                    miniwob,
-                    range(first, first + settings.warm_start.held_out_seeds),
-                    runtime=runtime,
-                    segmenter=segmenter,
-                    agent_config=agent,
-                    time_limit_s=settings.env.time_limit_s,
-                    concurrency=settings.warm_start.concurrency,
-                )
+                unseen_seeds = range(first, first + settings.warm_start.held_out_seeds)
+                unseen = Demonstrations.joined([collectors[kind](by_kind[kind], unseen_seeds) for kind in scored])
                 if unseen.rollouts:
                     scorer = HeldOutScorer.build(
                         demonstrations, unseen, renderer, run.data.multimodal, settings.warm_start

@@ -403,6 +403,15 @@ def test_a_bad_desktop_setting_is_named(field, value, named, says):
     assert str(error.value).startswith(named) and says in str(error.value), str(error.value)
 
 
+def test_the_desktop_pool_fits_the_evaluation_group_only_when_the_run_evaluates():
+    config = desktop.get_config()
+    config.eval.group_size = 8  # the recipe's pool holds 4; its run does not evaluate
+    assert TrainSettings.from_config(config).kind_configs["desktop"].size == 4
+    config.eval.enabled = True
+    with pytest.raises(ConfigError, match=r"^config\.env\.desktop\.size: 4 containers .* of 8 .*\(eval\.group_size\)"):
+        TrainSettings.from_config(config)
+
+
 def test_mixed_sources_make_one_catalog_with_domains():
     config = desktop.get_config()
     config.env.kind = "mixed"

@@ -255,6 +255,13 @@ def test_the_recipe_passes_the_checks_and_adds_no_field():
     assert set(flatten(config.to_dict())) == set(flatten(base.base_config().to_dict()))
 
 
+def test_the_dense_reward_gives_code_verdicts_partial_credit():
+    config = canopy_code.get_config()
+    for reward, partial_credit in (("sparse", False), ("pass_fraction", True)):
+        config.advantage.reward = reward
+        assert TrainSettings.from_config(config).kind_configs["code"].partial_credit is partial_credit
+
+
 @pytest.mark.parametrize(
     "field, value, named, says",
     [
