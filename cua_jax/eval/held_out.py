@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from cua_jax.checks import require_at_least
 from cua_jax.envs import actions as A
 from cua_jax.eval.harness import evaluate
 from cua_jax.eval.intervals import difference_interval, paired_difference_interval
@@ -382,12 +383,8 @@ class EvalConfig:
     num_traces: int
 
     def __post_init__(self):
-        for name in ("num_seeds", "group_size", "concurrent_groups"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"EvalConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("every_steps", "max_reruns", "num_traces"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"EvalConfig.{name} must be >= 0, got {getattr(self, name)}")
+        require_at_least(self, ("num_seeds", "group_size", "concurrent_groups"), 1)
+        require_at_least(self, ("every_steps", "max_reruns", "num_traces"), 0)
         if not (self.low_temperature < 0 or self.low_temperature < self.temperature):
             raise ValueError(
                 f"EvalConfig.low_temperature must be below temperature ({self.temperature}) to run, or < 0 "

@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from cua_jax.checks import require_at_least
 from cua_jax.tasks.pool import GroupOutcome, TaskPool
 from cua_jax.tasks.sampler_interface import (
     Replay,
@@ -52,9 +53,7 @@ class CalibrationConfig:
         check_fraction("CalibrationConfig", "p_max", self.p_max)
         if self.p_min > self.p_max:
             raise ValueError(f"CalibrationConfig.p_min {self.p_min} exceeds p_max {self.p_max}")
-        for name in ("pilot_group_size", "group_size", "sample_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"CalibrationConfig.{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least(self, ("pilot_group_size", "group_size", "sample_size"), 1)
         if self.every_k_steps < 0 or self.min_active < 0:
             raise ValueError("CalibrationConfig.every_k_steps and min_active must be >= 0")
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from cua_jax.checks import require_at_least
 from cua_jax.tasks.pool import GroupOutcome, PoolTask
 
 SIMULATED_TASK_KIND = "simulated"
@@ -57,9 +58,7 @@ class SimulatorConfig:
     replay_gain: float = 0.5
 
     def __post_init__(self):
-        for name in ("num_domains", "train_tasks_per_domain"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"SimulatorConfig.{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least(self, ("num_domains", "train_tasks_per_domain"), 1)
         if self.held_out_tasks_per_domain < 0:
             raise ValueError("SimulatorConfig.held_out_tasks_per_domain must be >= 0")
         if not self.tier_difficulty:

@@ -17,11 +17,16 @@ from typing import Any
 
 import numpy as np
 
+from cua_jax.checks import require_at_least
 from cua_jax.context.segment import SEGMENTER_OPTIONS
+from cua_jax.environments.kinds import RunView, environment_kind, import_kind_modules, kind_names
 from cua_jax.envs.actions import ACTION_SPACES
 from cua_jax.envs.faults import FAULT_KINDS
+from cua_jax.envs.miniwob import task_names
+from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
 from cua_jax.eval.held_out import EvalConfig
 from cua_jax.eval.pilot import PilotConfig, read_pilot_file
+from cua_jax.models.configs import MODEL_DTYPES
 from cua_jax.models.sharding import MeshConfig
 from cua_jax.rl.advantages import AdvantageConfig
 from cua_jax.rl.losses import PolicyLossConfig
@@ -30,9 +35,18 @@ from cua_jax.rollout.workers import PLACEMENT_STRATEGIES
 from cua_jax.tasks.calibration import CalibrationConfig
 from cua_jax.tasks.dynamic_sampling import DynamicSamplingConfig
 from cua_jax.tasks.samplers import CurriculumConfig, DTACConfig, FrontierConfig, UniformConfig
-from cua_jax.tasks.sources import SourceTask, TaskCatalog
+from cua_jax.tasks.selection import share_count
+from cua_jax.tasks.sources import (
+    SourceTask,
+    TaskCatalog,
+    load_code_tasks,
+    load_task_folder,
+    miniwob_tasks,
+    parse_domain_weights,
+)
 from cua_jax.train.batching import BatchingConfig
 from cua_jax.train.learner import LearnerConfig, OptimizerConfig
+from cua_jax.train.sft import WarmStartConfig
 
 MODES = ("on_policy", "async")
 REWARDS = ("sparse", "pass_fraction")  # advantage.reward
@@ -100,6 +114,17 @@ def optional_section(cls: type, section: Mapping[str, Any], path: str, **given: 
     if not section["enabled"]:
         return None
     return section_to_dataclass(cls, {k: v for k, v in section.items() if k != "enabled"}, path, **given)
+
+
+def _without(section: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The section's fields less `names`."""
+    return {name: value for name, value in section.items() if name not in names}
+
+
+def _zero_as_none(section: Mapping[str, Any], path: str, *names: str) -> dict[str, tuple[Any, str]]:
+    """`section_to_dataclass`'s given values for fields a config disables with 0 and a
+    dataclass with None."""
+    return {name: (section[name] or None, f"{path}.{name}") for name in names}
 
 
 def _require(ok: bool, field: str, message: str) -> None:
@@ -307,9 +332,7 @@ class RolloutSettings:
     vllm: VllmSettings
 
     def __post_init__(self):
-        for name in ("group_size", "batch_tasks", "num_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutSettings.{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least(self, ("group_size", "batch_tasks", "num_workers"), 1)
         if self.engine not in ENGINES:
             raise ValueError(f"RolloutSettings.engine {self.engine!r} is not one of {ENGINES}")
         if self.worker_backend not in WORKER_BACKENDS:
@@ -335,9 +358,9 @@ class RolloutSettings:
                 "RolloutSettings.worker_placement / worker_node_resource place Ray worker actors: "
                 "set worker_backend = 'ray'"
             )
-        for name in ("max_episodes_in_flight", "prefix_cache_tokens", "partial_rollout_tokens"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"RolloutSettings.{name} must be >= 0 (0: off), got {getattr(self, name)}")
+        require_at_least(
+            self, ("max_episodes_in_flight", "prefix_cache_tokens", "partial_rollout_tokens"), 0, " (0: off)"
+        )
         if self.max_episodes_in_flight and not (self.worker_backend == "local" and self.engine == "jax"):
             raise ValueError(
                 "RolloutSettings.max_episodes_in_flight streams groups on in-process workers with the JAX "
@@ -363,7 +386,6 @@ class ModelSettings:
     remat: bool
 
     def __post_init__(self):
-        from cua_jax.models.configs import MODEL_DTYPES
 
         if self.num_layers < 0:
             raise ValueError(f"ModelSettings.num_layers must be >= 0, got {self.num_layers}")
@@ -423,9 +445,7 @@ class PretrainSettings:
     export_dir: str
 
     def __post_init__(self):
-        for name in ("checkpoint_every", "eval_seeds"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"PretrainSettings.{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least(self, ("checkpoint_every", "eval_seeds"), 1)
         if self.eval_every < 0:
             raise ValueError(f"PretrainSettings.eval_every must be >= 0, got {self.eval_every}")
 
@@ -509,7 +529,6 @@ class TrainSettings:
                 "env.observation",
                 f"model.name {c.model.name!r} is a text-only policy: set env.observation = 'text'",
             )
-        from cua_jax.environments.kinds import RunView, environment_kind
 
         # What the kinds' hooks (derived_fields, check_settings) see of the run.
         run_view = RunView(
@@ -529,8 +548,6 @@ class TrainSettings:
             "rollout.batch_tasks",
         )
         if c.sampler.kind == "dtac" and c.sampler.dtac.rho_inf > 0:
-            from cua_jax.tasks.selection import share_count
-
             infeasible = [task for task in training if not catalog[task].feasible]
             needed = share_count(rollout.batch_tasks, c.sampler.dtac.rho_inf)
             _require(
@@ -591,7 +608,6 @@ class TrainSettings:
                 "learner.old_logprobs",
                 "'current' equals the sampling policy only strictly on-policy; use 'recompute' or 'rollout'",
             )
-        from cua_jax.train.sft import WarmStartConfig
 
         warm_start = section_to_dataclass(
             WarmStartConfig,
@@ -605,8 +621,6 @@ class TrainSettings:
         if warm_start.steps == 0:  # no supervised steps: no warm start
             warm_start = None
         if warm_start is not None:
-            from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
-
             # Code tasks are demonstrated by their oracle fix (cua_jax.train.code_demonstrations).
             _require(
                 env.include_dom_text or c.env.kind == "code",
@@ -644,39 +658,49 @@ class TrainSettings:
                 f"model.name {model.name!r} (Qwen3.5) supports only its default rope; set 0",
             )
 
-        loss = build(
-            "loss",
+        # loss, optimizer and learner: their dataclasses' fields by the same names, 0 standing
+        # for a disabled optional number (base.py's convention) where the dataclass takes None.
+        loss = section_to_dataclass(
             PolicyLossConfig,
-            **{
-                **c.loss.to_dict(),
-                "dual_clip_c": c.loss.dual_clip_c or None,
-                "fixed_denominator": c.loss.fixed_denominator or None,
-            },
+            _without(c.loss, "dual_clip_c", "fixed_denominator"),
+            "loss",
+            **_zero_as_none(c.loss, "loss", "dual_clip_c", "fixed_denominator"),
         )
-        optimizer = build(
-            "optimizer",
+        optimizer = section_to_dataclass(
             OptimizerConfig,
-            **{**c.optimizer.to_dict(), "max_grad_norm": c.optimizer.max_grad_norm or None},
+            _without(c.optimizer, "max_grad_norm"),
+            "optimizer",
+            **_zero_as_none(c.optimizer, "optimizer", "max_grad_norm"),
         )
-        learner = build(
-            "learner",
+        # The learner section holds the LearnerConfig's and the BatchingConfig's fields (the
+        # learner's updates and its micro-batch shapes) and num_minibatches.
+        learner_fields = {field.name for field in dataclasses.fields(LearnerConfig)}
+        batching_fields = {field.name for field in dataclasses.fields(BatchingConfig)}
+        for name in c.learner.keys():
+            _require(
+                name in learner_fields | batching_fields | {"num_minibatches"},
+                f"learner.{name}",
+                "not a field of LearnerConfig, BatchingConfig or num_minibatches",
+            )
+        learner = section_to_dataclass(
             LearnerConfig,
-            optimizer=optimizer,
-            loss=loss,
-            old_logprobs=c.learner.old_logprobs,
-            freeze_vision=c.learner.freeze_vision,
-            temperature=rollout.temperature or 1.0,
-            seq_chunk=c.learner.seq_chunk,
-            vocab_chunk=c.learner.vocab_chunk,
-        )
-        batching = build(
+            {name: value for name, value in c.learner.items() if name in learner_fields},
             "learner",
+            defaults=True,  # objective and banned_token_ids are the trainer's, not the config's
+            optimizer=(optimizer, "optimizer"),
+            loss=(loss, "loss"),
+            temperature=(rollout.temperature or 1.0, "rollout.temperature"),
+        )
+        batching = section_to_dataclass(
             BatchingConfig,
-            rows=c.learner.rows,
-            length_multiple=c.learner.length_multiple,
-            max_length=c.learner.max_length or None,
-            share_prefix=c.learner.share_prefix,
-            suffix_length_multiple=c.learner.suffix_length_multiple or None,
+            _without(
+                {name: value for name, value in c.learner.items() if name in batching_fields},
+                "max_length",
+                "suffix_length_multiple",
+            ),
+            "learner",
+            defaults=True,  # length_pow2 and pad_id are the trainer's
+            **_zero_as_none(c.learner, "learner", "max_length", "suffix_length_multiple"),
         )
         # Budgets and sampling both loops share; turns, context and sampling have eval's own fields.
         shared = dict(
@@ -705,14 +729,14 @@ class TrainSettings:
         eval_agent = build(
             "eval",
             AgentConfig,
-            max_turns=c.eval.max_turns,
-            max_context_tokens=c.eval.max_context_tokens,
-            temperature=c.eval.temperature,
-            top_p=c.eval.top_p,
-            top_k=c.eval.top_k,
-            seed_per_turn=c.eval.seed_per_turn,
-            seed=c.seed if c.eval.seed_per_turn else None,
-            rope_scaling=c.eval.rope_scaling,
+            max_turns=evaluation.max_turns,
+            max_context_tokens=evaluation.max_context_tokens,
+            temperature=evaluation.temperature,
+            top_p=evaluation.top_p,
+            top_k=evaluation.top_k,
+            seed_per_turn=evaluation.seed_per_turn,
+            seed=c.seed if evaluation.seed_per_turn else None,
+            rope_scaling=evaluation.rope_scaling,
             **shared,
         )
         mesh = mesh_settings(c)
@@ -797,7 +821,6 @@ def _kind_configs(c, run_view: Any) -> dict[str, Any]:
     (`EnvironmentKind.config_section`; the dataclass's defaults for fields, or a section, the
     run config lacks) less the fields that choose its tasks, with the fields it derives from
     other sections (seen through `run_view`, a `cua_jax.environments.kinds.RunView`)."""
-    from cua_jax.environments.kinds import environment_kind, kind_names
 
     configs = {}
     for name in kind_names():
@@ -816,7 +839,6 @@ def _kind_configs(c, run_view: Any) -> dict[str, Any]:
 def _plugin_kind(c) -> Any:
     """The registered kind env.kind names when it is none of ENV_KINDS (after importing
     env.kind_modules, which register their kinds), else None."""
-    from cua_jax.environments.kinds import environment_kind, import_kind_modules, kind_names
 
     try:
         import_kind_modules(tuple(c.env.kind_modules))
@@ -847,8 +869,6 @@ def _task_catalog(
     env.tasks ((task, tier) records: MiniWoB), env.task_dirs (folders of OSWorld-format task JSON),
     env.code.suite_dir / tasks (code tasks), env.<plugin kind> (its tasks), env.domain_weights,
     eval.tasks."""
-    from cua_jax.envs.miniwob import task_names
-    from cua_jax.tasks.sources import load_code_tasks, load_task_folder, miniwob_tasks, parse_domain_weights
 
     plugin = _plugin_kind(c)
     miniwob = c.env.kind in ("miniwob", "mixed")

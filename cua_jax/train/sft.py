@@ -21,6 +21,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from cua_jax.checks import require_at_least
 from cua_jax.context.segment import Segmenter
 from cua_jax.train.batching import (
     BatchingConfig,
@@ -70,9 +71,8 @@ class WarmStartConfig:
     held_out_seeds: int = 0
 
     def __post_init__(self):
-        for name, low in (("steps", 0), ("rows", 1), ("demos_per_task", 1), ("concurrency", 1), ("held_out_seeds", 0)):
-            if getattr(self, name) < low:
-                raise ValueError(f"WarmStartConfig.{name} must be >= {low}, got {getattr(self, name)}")
+        require_at_least(self, ("rows", "demos_per_task", "concurrency"), 1)
+        require_at_least(self, ("steps", "held_out_seeds"), 0)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"WarmStartConfig.schedule {self.schedule!r} is unknown; choose one of {SCHEDULES}")
 
