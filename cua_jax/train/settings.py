@@ -23,7 +23,6 @@ from cua_jax.environments.kinds import RunView, environment_kind, import_kind_mo
 from cua_jax.envs.actions import ACTION_SPACES
 from cua_jax.envs.faults import FAULT_KINDS
 from cua_jax.envs.miniwob import task_names
-from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
 from cua_jax.eval.held_out import EvalConfig
 from cua_jax.eval.pilot import PilotConfig, read_pilot_file
 from cua_jax.models.configs import MODEL_DTYPES
@@ -47,6 +46,7 @@ from cua_jax.tasks.sources import (
 from cua_jax.train.batching import BatchingConfig
 from cua_jax.train.learner import LearnerConfig, OptimizerConfig
 from cua_jax.train.sft import WarmStartConfig
+from cua_jax.train.warm_start import check_demonstrations
 
 MODES = ("on_policy", "async")
 REWARDS = ("sparse", "pass_fraction")  # advantage.reward
@@ -621,23 +621,10 @@ class TrainSettings:
         if warm_start.steps == 0:  # no supervised steps: no warm start
             warm_start = None
         if warm_start is not None:
-            # Code tasks are demonstrated by their oracle fix (cua_jax.train.code_demonstrations).
-            _require(
-                env.include_dom_text or c.env.kind == "code",
-                "warm_start.steps",
-                "the warm start's oracle reads the page as DOM text: set env.include_dom_text = True",
-            )
-            unsolved = [task for task, _ in c.env.tasks if task not in ORACLE_TASKS]
-            _require(
-                not unsolved,
-                "warm_start.steps",
-                f"the oracle has no demonstrations for {unsolved} (it solves {sorted(ORACLE_TASKS)})",
-            )
-            _require(
-                bool(c.env.tasks) or c.env.kind == "code",
-                "warm_start.steps",
-                "the warm start demonstrates MiniWoB tasks (env.tasks) and code tasks, and the run has none",
-            )
+            try:  # each demonstrated kind's own needs (cua_jax.train.warm_start.DEMONSTRATORS)
+                check_demonstrations(training, catalog, env)
+            except ValueError as error:  # its message names the field
+                raise ConfigError(str(error)) from None
             _require(
                 warm_start.demos_per_task <= env.train_seed_max,
                 "warm_start.demos_per_task",

@@ -30,6 +30,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from cua_jax.context.segment import Segmenter
+from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
 from cua_jax.observe.metrics import TIMING_PREFIX
 from cua_jax.rollout.agent_loop import AgentConfig
 from cua_jax.train.code_demonstrations import collect_code_demonstrations
@@ -51,10 +52,14 @@ class Demonstrator:
         through the run's segmenter and agent loop (`settings` a `TrainSettings`).
     held_out: after the fine-tuning, the kind's tasks are also demonstrated on held-out seeds
         (warm_start.held_out_seeds) and the fine-tuned policy scored on them.
+    check(specs, env) -> None: what the demonstrations need of the run, checked with its
+        settings before anything starts: the specs of the run's training tasks of the kind and
+        the run's `EnvSettings`; a ValueError "config.<field>: ..." names the field to change.
     """
 
     open: Callable[[Any, Segmenter, AgentConfig, contextlib.ExitStack], Collect]
     held_out: bool = False
+    check: Callable[[Sequence[Any], Any], None] = lambda specs, env: None
 
 
 # kind name -> its Demonstrator. The warm start demonstrates the kinds of this registry only (the
@@ -71,6 +76,20 @@ def register_demonstrator(kind: str, demonstrator: Demonstrator) -> Demonstrator
 def demonstrated_tasks(tasks: Sequence[str], catalog: Any) -> list[str]:
     """The tasks (of the TaskCatalog `catalog`) of a kind the warm start demonstrates, in order."""
     return [task for task in tasks if catalog[task].kind in DEMONSTRATORS]
+
+
+def check_demonstrations(tasks: Sequence[str], catalog: Any, env: Any) -> None:
+    """ValueError "config.<field>: ..." when the warm start cannot demonstrate the training
+    `tasks` (of the TaskCatalog `catalog`) with the run's EnvSettings `env`: none of a kind it
+    demonstrates, or a kind's own check (`Demonstrator.check`) fails."""
+    demonstrated = demonstrated_tasks(tasks, catalog)
+    if not demonstrated:
+        raise ValueError(
+            f"config.warm_start.steps: the warm start demonstrates tasks of the kinds {list(DEMONSTRATORS)}, "
+            "and the run trains on none"
+        )
+    for kind in dict.fromkeys(catalog[task].kind for task in demonstrated):
+        DEMONSTRATORS[kind].check([catalog[t].spec for t in demonstrated if catalog[t].kind == kind], env)
 
 
 def _open_code(settings, segmenter: Segmenter, agent: AgentConfig, stack: contextlib.ExitStack) -> Collect:
@@ -107,9 +126,24 @@ def _open_miniwob(settings, segmenter: Segmenter, agent: AgentConfig, stack: con
     )
 
 
+def _check_miniwob(specs: Sequence[str], env: Any) -> None:
+    """The MiniWoB oracle reads the page's DOM text, and solves the tasks of ORACLE_TASKS."""
+    if not env.include_dom_text:
+        raise ValueError(
+            "config.warm_start.steps: the warm start's oracle reads the page as DOM text: set "
+            "env.include_dom_text = True"
+        )
+    unsolved = [task for task in specs if task not in ORACLE_TASKS]
+    if unsolved:
+        raise ValueError(
+            f"config.warm_start.steps: the oracle has no demonstrations for {unsolved} "
+            f"(it solves {sorted(ORACLE_TASKS)})"
+        )
+
+
 # Code first: its demonstrations come first in the fine-tuning data.
 register_demonstrator("code", Demonstrator(_open_code))
-register_demonstrator("miniwob", Demonstrator(_open_miniwob, held_out=True))
+register_demonstrator("miniwob", Demonstrator(_open_miniwob, held_out=True, check=_check_miniwob))
 
 
 def warm_start(
