@@ -68,6 +68,7 @@ from xml.etree import ElementTree
 
 from Xlib import X, display as xdisplay, error as xerror
 
+from cua_jax.envs.server import accessibility
 from cua_jax.envs import actions as A
 from cua_jax.envs.server.display import Display
 from cua_jax.envs.server.executor import Executor
@@ -88,17 +89,22 @@ class NotAvailable(Exception):
     """This environment lacks what the request needs (HTTP 501)."""
 
 
-def run_process(command: str | list[str], shell: bool, timeout: float, cwd: str | None = None,
-                merge_stderr: bool = False) -> dict[str, Any]:
+def run_process(
+    command: str | list[str], shell: bool, timeout: float, cwd: str | None = None, merge_stderr: bool = False
+) -> dict[str, Any]:
     """Run a command to completion in its own session; kill the whole group on timeout.
     With `merge_stderr`, stderr goes into "output" in order and "error" is empty."""
     if isinstance(command, str) and not shell:
         command = shlex.split(command)
     timeout = min(float(timeout), MAX_COMMAND_TIMEOUT)
     process = subprocess.Popen(
-        command, shell=shell, cwd=cwd, stdout=subprocess.PIPE,
+        command,
+        shell=shell,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-        stdin=subprocess.DEVNULL, start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         out, err = process.communicate(timeout=timeout)
@@ -106,11 +112,19 @@ def run_process(command: str | list[str], shell: bool, timeout: float, cwd: str 
         os.killpg(process.pid, signal.SIGKILL)
         out, err = process.communicate()
         message = f"timed out after {timeout}s"
-        return {"status": "error", "output": out.decode(errors="replace"), "error": message,
-                "message": message, "returncode": -1}
-    return {"status": "success" if process.returncode == 0 else "error",
-            "output": out.decode(errors="replace"), "error": (err or b"").decode(errors="replace"),
-            "returncode": process.returncode}
+        return {
+            "status": "error",
+            "output": out.decode(errors="replace"),
+            "error": message,
+            "message": message,
+            "returncode": -1,
+        }
+    return {
+        "status": "success" if process.returncode == 0 else "error",
+        "output": out.decode(errors="replace"),
+        "error": (err or b"").decode(errors="replace"),
+        "returncode": process.returncode,
+    }
 
 
 def expand_home(command: str | list[str], shell: bool) -> str | list[str]:
@@ -118,8 +132,7 @@ def expand_home(command: str | list[str], shell: bool) -> str | list[str]:
     if isinstance(command, str) and not shell:
         command = shlex.split(command)
     if isinstance(command, list):
-        command = [os.path.expanduser(arg) if isinstance(arg, str) and arg.startswith("~/") else arg
-                   for arg in command]
+        command = [os.path.expanduser(arg) if isinstance(arg, str) and arg.startswith("~/") else arg for arg in command]
     return command
 
 
@@ -155,16 +168,23 @@ class Environment:
     def launch(self, command: str | list[str], shell: bool) -> int:
         command = expand_home(command, shell)
         env = {**os.environ, "DISPLAY": self.display.name}
-        process = subprocess.Popen(command, shell=shell, env=env, cwd=self.home, stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            shell=shell,
+            env=env,
+            cwd=self.home,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         return process.pid
 
     def wait_for_window(self, name: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         env = {**os.environ, "DISPLAY": self.display.name}
         while True:
-            found = subprocess.run(["xdotool", "search", "--onlyvisible", "--name", name],
-                                   env=env, capture_output=True)
+            found = subprocess.run(["xdotool", "search", "--onlyvisible", "--name", name], env=env, capture_output=True)
             if found.returncode == 0 and found.stdout.strip():
                 return
             if time.monotonic() > deadline:
@@ -184,8 +204,11 @@ class Environment:
         try:
             root = connection.screen().root
             managed = root.get_full_property(connection.intern_atom("_NET_CLIENT_LIST"), X.AnyPropertyType)
-            windows = ([connection.create_resource_object("window", wid) for wid in managed.value]
-                       if managed is not None and len(managed.value) else [])
+            windows = (
+                [connection.create_resource_object("window", wid) for wid in managed.value]
+                if managed is not None and len(managed.value)
+                else []
+            )
             for window in windows + _window_tree(root):
                 try:
                     wm_class = window.get_wm_class()
@@ -203,8 +226,12 @@ class Environment:
         """The desktop background picture where the desktop names one (GNOME's setting)."""
         if shutil.which("gsettings") is None:
             return None
-        found = subprocess.run(["gsettings", "get", "org.gnome.desktop.background", "picture-uri"],
-                               capture_output=True, text=True, timeout=10)
+        found = subprocess.run(
+            ["gsettings", "get", "org.gnome.desktop.background", "picture-uri"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         path = found.stdout.strip().strip("'").replace("file://", "")
         return path if found.returncode == 0 and path and os.path.isfile(path) else None
 
@@ -212,8 +239,6 @@ class Environment:
         """The text of the focused terminal of the active GNOME Terminal window, read from the
         accessibility tree as OSWorld's server reads it; None where there is no such terminal
         or no accessibility bus (the plain desktop image), as OSWorld's server answers."""
-        from cua_jax.envs.server import accessibility
-
         if not accessibility.atspi_available():
             return None
         try:
@@ -221,10 +246,15 @@ class Environment:
         except accessibility.AtspiUnavailable:
             return None
         state = "{%s}" % accessibility.NAMESPACES["st"]
-        terminals = [terminal for application in tree.iter("application")
-                     if application.get("name") == "gnome-terminal-server"
-                     for frame in application.findall("frame") if frame.get(state + "active") == "true"
-                     for terminal in frame.iter("terminal") if terminal.get(state + "focused") == "true"]
+        terminals = [
+            terminal
+            for application in tree.iter("application")
+            if application.get("name") == "gnome-terminal-server"
+            for frame in application.findall("frame")
+            if frame.get(state + "active") == "true"
+            for terminal in frame.iter("terminal")
+            if terminal.get(state + "focused") == "true"
+        ]
         return (terminals[0].text or "").rstrip() if len(terminals) == 1 else None
 
     def start_recording(self) -> None:
@@ -239,10 +269,34 @@ class Environment:
             width, height = self.display.size()
             log = tempfile.TemporaryFile()  # a file, not a pipe: a full pipe would stall ffmpeg
             process = subprocess.Popen(
-                ["ffmpeg", "-nostdin", "-nostats", "-loglevel", "error", "-y", "-f", "x11grab",
-                 "-draw_mouse", "1", "-s", f"{width}x{height}", "-i", self.display.name,
-                 "-c:v", "libx264", "-pix_fmt", "yuv420p", "-r", "30", RECORDING_PATH],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+                [
+                    "ffmpeg",
+                    "-nostdin",
+                    "-nostats",
+                    "-loglevel",
+                    "error",
+                    "-y",
+                    "-f",
+                    "x11grab",
+                    "-draw_mouse",
+                    "1",
+                    "-s",
+                    f"{width}x{height}",
+                    "-i",
+                    self.display.name,
+                    "-c:v",
+                    "libx264",
+                    "-pix_fmt",
+                    "yuv420p",
+                    "-r",
+                    "30",
+                    RECORDING_PATH,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )
             try:
                 process.wait(timeout=2)  # it should still run by now
             except subprocess.TimeoutExpired:
@@ -357,7 +411,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         content_type = self.headers.get("Content-Type", "")
         if content_type.startswith("multipart/form-data"):
             message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-                f"Content-Type: {content_type}\r\n\r\n".encode() + raw)
+                f"Content-Type: {content_type}\r\n\r\n".encode() + raw
+            )
             fields: dict[str, Any] = {}
             for part in message.iter_parts():
                 name = part.get_param("name", header="content-disposition")
@@ -404,24 +459,40 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self._json(code, {"status": "error", "message": message, "error": message})
 
     def do_GET(self) -> None:
-        self._dispatch({
-            "/screenshot": self.screenshot, "/cursor_position": self.cursor_position,
-            "/platform": self.platform, "/accessibility": self.accessibility, "/health": self.health,
-            "/screen_size": self.screen_size,
-            "/terminal": self.terminal,
-        })
+        self._dispatch(
+            {
+                "/screenshot": self.screenshot,
+                "/cursor_position": self.cursor_position,
+                "/platform": self.platform,
+                "/accessibility": self.accessibility,
+                "/health": self.health,
+                "/screen_size": self.screen_size,
+                "/terminal": self.terminal,
+            }
+        )
 
     def do_POST(self) -> None:
-        self._dispatch({
-            "/execute": self.execute, "/setup/execute": self.execute, "/run_python": self.run_python,
-            "/run_bash_script": self.run_bash_script, "/file": self.file, "/setup/upload": self.upload,
-            "/setup/launch": self.launch, "/setup/open_file": self.open_file,
-            "/screen_size": self.screen_size, "/list_directory": self.list_directory,
-            "/action": self.action, "/cursor_position": self.cursor_position,
-            "/desktop_path": self.desktop_path, "/window_size": self.window_size,
-            "/wallpaper": self.wallpaper, "/start_recording": self.start_recording,
-            "/end_recording": self.end_recording,
-        })
+        self._dispatch(
+            {
+                "/execute": self.execute,
+                "/setup/execute": self.execute,
+                "/run_python": self.run_python,
+                "/run_bash_script": self.run_bash_script,
+                "/file": self.file,
+                "/setup/upload": self.upload,
+                "/setup/launch": self.launch,
+                "/setup/open_file": self.open_file,
+                "/screen_size": self.screen_size,
+                "/list_directory": self.list_directory,
+                "/action": self.action,
+                "/cursor_position": self.cursor_position,
+                "/desktop_path": self.desktop_path,
+                "/window_size": self.window_size,
+                "/wallpaper": self.wallpaper,
+                "/start_recording": self.start_recording,
+                "/end_recording": self.end_recording,
+            }
+        )
 
     # ---- endpoints --------------------------------------------------------------------
     def screenshot(self) -> None:
@@ -442,9 +513,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self._json(200 if alive else 500, {"status": "ok" if alive else "error", "display": alive})
 
     def accessibility(self) -> None:
-        from cua_jax.envs.server.accessibility import accessibility_tree
-
-        self._json(200, {"AT": accessibility_tree(self.environment.display)})
+        self._json(200, {"AT": accessibility.accessibility_tree(self.environment.display)})
 
     def execute(self) -> None:
         body = self._body()
@@ -482,8 +551,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
         timeout = _number_field(body, "timeout", RUN_BASH_TIMEOUT)
         cwd = os.path.expanduser(body.get("working_dir") or self.environment.home)
         if not os.path.isdir(cwd):
-            self._json(400, {"status": "error", "output": f"Working directory does not exist: {cwd}",
-                             "error": "", "message": f"no such working directory: {cwd}", "returncode": -1})
+            self._json(
+                400,
+                {
+                    "status": "error",
+                    "output": f"Working directory does not exist: {cwd}",
+                    "error": "",
+                    "message": f"no such working directory: {cwd}",
+                    "returncode": -1,
+                },
+            )
             return
         reply = run_process(["bash", "-c", script], False, timeout, cwd, merge_stderr=True)
         if "message" in reply:  # timed out: OSWorld says so in "output"
@@ -610,8 +687,13 @@ class TCPHTTPServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
 
-def make_server(environment: Environment, socket_path: str | None = None,
-                host: str = "127.0.0.1", port: int = 0, token: str | None = None):
+def make_server(
+    environment: Environment,
+    socket_path: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+):
     """A threading HTTP server on `socket_path` (Unix) or host:port (TCP, token required)."""
     handler = type("BoundHandler", (Handler,), {"environment": environment, "token": token})
     if socket_path is not None:
