@@ -17,7 +17,7 @@ from cua_jax.environments.kinds import kind_names
 from cua_jax.envs import actions as A
 from cua_jax.envs.contract import AgentEnvironment, EnvironmentFault, EnvReset, EnvTransition
 from cua_jax.envs.faults import FaultKind
-from cua_jax.rollout.rollout_worker import RolloutWorkerConfig
+from cua_jax.rollout.rollout_worker import RemoteRolloutWorker, RolloutWorkerConfig
 from cua_jax.types import EpisodeStatus
 from tests.support.entrypoint import run_main
 from tests.support.trainer import tiny_config
@@ -155,8 +155,12 @@ def test_a_plugin_kind_trains_from_its_module_alone(tmp_path):
     sectioned.env.http_page.timeout_s = -1.0
     with pytest.raises(ConfigError, match=r"config.env.http_page.timeout_s: timeout_s must be > 0"):
         TrainSettings.from_config(sectioned)
+    # The worker in a Ray actor (it imports env.kind_modules itself); the command-line run below
+    # keeps it in the trainer's process, so both backends carry the kind.
+    config.rollout.worker_backend = "ray"
     trainer = start_trainer(config)
     try:
+        assert isinstance(trainer.workers[0], RemoteRolloutWorker)
         assert trainer.settings.catalog.kinds == {http_page.KIND}
         metrics = trainer.train_step()
         assert math.isfinite(metrics["learner/loss"]) and metrics["episodes/trained"] == 4
