@@ -55,6 +55,7 @@ import numpy as np
 from cua_jax.models import checkpoint
 from cua_jax.models.checkpoint import read_hf_config
 from cua_jax.models.qwen3 import Qwen3Config, qwen3_key_table
+from cua_jax.models.qwen3_5 import Qwen3_5Config, Qwen3_5TextConfig, qwen3_5_key_table
 from cua_jax.models.qwen3_vl import Qwen3VLConfig, qwen3_vl_key_table
 from cua_jax.rollout.engine import (
     EngineHealth,
@@ -227,6 +228,10 @@ def key_table_for_directory(model_dir: str):
         return qwen3_key_table(Qwen3Config.from_hf_dict(hf))
     if "Qwen3VLForConditionalGeneration" in architectures:
         return qwen3_vl_key_table(Qwen3VLConfig.from_hf_dict(hf))
+    if "Qwen3_5ForCausalLM" in architectures:
+        return qwen3_5_key_table(Qwen3_5TextConfig.from_hf_dict(hf))
+    if "Qwen3_5ForConditionalGeneration" in architectures:
+        return qwen3_5_key_table(Qwen3_5Config.from_hf_dict(hf))
     raise ValueError(f"{model_dir}: no key table for architectures {architectures}")
 
 
@@ -302,6 +307,16 @@ class VllmEngine(RolloutEngine):
 
         self.config = config
         hf_config = read_hf_config(config.model_dir)
+        hybrid = {"Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"} & set(hf_config.get("architectures") or ())
+        if hybrid and config.dtype != "bfloat16":
+            from vllm.platforms import current_platform
+
+            if current_platform.is_cpu():
+                raise ValueError(
+                    f"{config.model_dir}: {sorted(hybrid)[0]}'s Gated DeltaNet layers run on vLLM's CPU kernel, "
+                    f"which computes in bfloat16 only; serve it with dtype 'bfloat16' (rollout.vllm.dtype), "
+                    f"not {config.dtype!r}"
+                )
         self._key_table = key_table_for_directory(config.model_dir)
         self._image_token_id = hf_config.get("image_token_id")
         self._version = initial_version

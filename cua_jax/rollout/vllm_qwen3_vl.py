@@ -1,7 +1,8 @@
-"""vLLM's own Qwen3-VL model served without torchvision (CPU builds).
+"""vLLM's own Qwen3-VL and Qwen3.5 models served without torchvision (CPU builds).
 
-vLLM's Qwen3-VL module imports transformers' torchvision-backed `Qwen2VLImageProcessor`
-at import time, and its processor always builds the (torchvision-only) video processor.
+vLLM's Qwen3-VL module (which its Qwen3.5 module imports) imports transformers'
+torchvision-backed `Qwen2VLImageProcessor` at import time, and its processor always builds
+the (torchvision-only) video processor.
 On CPU, torchvision is left out: PyPI's build does not match torch 2.13+cpu. The model
 itself needs neither. `register_image_only_qwen3_vl()` makes vLLM serve it with images:
 
@@ -11,7 +12,8 @@ itself needs neither. `register_image_only_qwen3_vl()` makes vLLM serve it with 
 * `Qwen3VLForConditionalGeneration` is registered as a subclass of vLLM's own class (same
   layers, same weight loading) whose processing info declares the image modality only and
   builds the HF processor from the PIL image processor and the tokenizer, without a video
-  processor.
+  processor; so is `Qwen3_5ForConditionalGeneration`, and vLLM's `Qwen3_5ForCausalLM` (text
+  only) by its own class.
 
 The hook lives in the calling process, so the engine must run in-process (no engine-core
 subprocess, the "uni" executor): `VllmEngine` does that when `needs_image_only_qwen3_vl`
@@ -37,9 +39,19 @@ def torchvision_available() -> bool:
     return importlib.util.find_spec("torchvision") is not None
 
 
+# The architectures whose vLLM modules import vLLM's Qwen3-VL module (Qwen3.5 builds on it), and
+# the vision-language ones among them, served with the image-only processing below.
+SERVED_WITHOUT_TORCHVISION = (
+    "Qwen3VLForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5ForCausalLM",
+)
+VISION_LANGUAGE = ("Qwen3VLForConditionalGeneration", "Qwen3_5ForConditionalGeneration")
+
+
 def needs_image_only_qwen3_vl(architectures) -> bool:
     """Whether serving these architectures needs `register_image_only_qwen3_vl` here."""
-    return "Qwen3VLForConditionalGeneration" in (architectures or ()) and not torchvision_available()
+    return any(a in SERVED_WITHOUT_TORCHVISION for a in (architectures or ())) and not torchvision_available()
 
 
 class _PilImageProcessorModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -60,7 +72,8 @@ class _PilImageProcessorModule(importlib.abc.MetaPathFinder, importlib.abc.Loade
 
 
 def register_image_only_qwen3_vl() -> None:
-    """Install the import hook and register the image-only Qwen3-VL with vLLM (idempotent)."""
+    """Install the import hook and register, with vLLM, the image-only Qwen3-VL and Qwen3.5 and
+    vLLM's own Qwen3.5 text model by their class objects (idempotent)."""
     global _registered
     with _lock:
         if _registered:
@@ -70,7 +83,7 @@ def register_image_only_qwen3_vl() -> None:
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
         from transformers.models.qwen3_vl import Qwen3VLProcessor
         from vllm import ModelRegistry
-        from vllm.model_executor.models import qwen3_vl
+        from vllm.model_executor.models import qwen3_5, qwen3_vl
         from vllm.multimodal import MULTIMODAL_REGISTRY
         from vllm.multimodal.processing.context import BaseProcessingInfo
 
@@ -82,32 +95,50 @@ def register_image_only_qwen3_vl() -> None:
                     return None
                 return super().check_argument_for_proper_class(argument_name, argument)
 
-        class ImageOnlyProcessingInfo(qwen3_vl.Qwen3VLProcessingInfo):
-            def get_supported_mm_limits(self):
-                return {"image": None}
+        def image_only(info_base):
+            """`info_base` (a Qwen3-VL processing info) with the image modality only, and its HF
+            processor built from the PIL image processor and the tokenizer."""
 
-            def get_supported_mm_processor_kwargs(self):
-                # The base's: the Qwen3-VL override adds video kwargs to a scope that is absent here.
-                return BaseProcessingInfo.get_supported_mm_processor_kwargs(self)
+            class ImageOnlyProcessingInfo(info_base):
+                def get_supported_mm_limits(self):
+                    return {"image": None}
 
-            def get_mm_max_tokens_per_item(self, seq_len, mm_counts):
-                return {"image": self.get_max_image_tokens()}
+                def get_supported_mm_processor_kwargs(self):
+                    # The base's: the Qwen3-VL override adds video kwargs to a scope that is absent here.
+                    return BaseProcessingInfo.get_supported_mm_processor_kwargs(self)
 
-            def get_hf_processor(self, **kwargs):
-                if self.__dict__.get("_image_only_processor") is None:
-                    image_processor = Qwen2VLImageProcessorPil.from_pretrained(self.ctx.model_config.model)
-                    self.__dict__["_image_only_processor"] = ImageOnlyQwen3VLProcessor(
-                        image_processor=image_processor, tokenizer=self.get_tokenizer(), video_processor=None
-                    )
-                return self.__dict__["_image_only_processor"]
+                def get_mm_max_tokens_per_item(self, seq_len, mm_counts):
+                    return {"image": self.get_max_image_tokens()}
+
+                def get_hf_processor(self, **kwargs):
+                    if self.__dict__.get("_image_only_processor") is None:
+                        image_processor = Qwen2VLImageProcessorPil.from_pretrained(self.ctx.model_config.model)
+                        self.__dict__["_image_only_processor"] = ImageOnlyQwen3VLProcessor(
+                            image_processor=image_processor, tokenizer=self.get_tokenizer(), video_processor=None
+                        )
+                    return self.__dict__["_image_only_processor"]
+
+            return ImageOnlyProcessingInfo
 
         @MULTIMODAL_REGISTRY.register_processor(
             qwen3_vl.Qwen3VLMultiModalProcessor,
-            info=ImageOnlyProcessingInfo,
+            info=image_only(qwen3_vl.Qwen3VLProcessingInfo),
             dummy_inputs=qwen3_vl.Qwen3VLDummyInputsBuilder,
         )
         class ImageOnlyQwen3VLForConditionalGeneration(qwen3_vl.Qwen3VLForConditionalGeneration):
             """vLLM's Qwen3-VL, registered with the image-only processing above."""
 
+        @MULTIMODAL_REGISTRY.register_processor(
+            qwen3_vl.Qwen3VLMultiModalProcessor,
+            info=image_only(qwen3_5.Qwen3_5ProcessingInfo),
+            dummy_inputs=qwen3_vl.Qwen3VLDummyInputsBuilder,
+        )
+        class ImageOnlyQwen3_5ForConditionalGeneration(qwen3_5.Qwen3_5ForConditionalGeneration):
+            """vLLM's Qwen3.5, registered with the image-only processing above."""
+
         ModelRegistry.register_model("Qwen3VLForConditionalGeneration", ImageOnlyQwen3VLForConditionalGeneration)
+        ModelRegistry.register_model("Qwen3_5ForConditionalGeneration", ImageOnlyQwen3_5ForConditionalGeneration)
+        # The text model needs no processor; registered by its class so that vLLM does not
+        # import its module (which imports Qwen3-VL's) in a fresh interpreter without the hook.
+        ModelRegistry.register_model("Qwen3_5ForCausalLM", qwen3_5.Qwen3_5ForCausalLM)
         _registered = True

