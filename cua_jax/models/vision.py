@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -124,6 +125,83 @@ class VisionConfig:
     def merged_hidden_size(self) -> int:
         """Width of a spatial_merge_size^2 block of concatenated patches."""
         return self.hidden_size * self.spatial_merge_size**2
+
+    @classmethod
+    def from_hf_dict(cls, v: Mapping[str, Any], *, deepstack: bool) -> VisionConfig:
+        """From a config.json's vision_config; `deepstack` False for a tower without DeepStack
+        mergers (Qwen3.5), whose indexes are then empty whatever the file says."""
+        rope = dict(v.get("rope_parameters") or {})
+        return cls(
+            depth=v["depth"],
+            hidden_size=v["hidden_size"],
+            intermediate_size=v["intermediate_size"],
+            num_heads=v["num_heads"],
+            in_channels=v.get("in_channels", 3),
+            patch_size=v.get("patch_size", 16),
+            temporal_patch_size=v.get("temporal_patch_size", 2),
+            spatial_merge_size=v.get("spatial_merge_size", 2),
+            out_hidden_size=v["out_hidden_size"],
+            num_position_embeddings=v["num_position_embeddings"],
+            deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes", ())) if deepstack else (),
+            rope_theta=float(rope.get("rope_theta", v.get("rope_theta", 10000.0))),
+            hidden_act=v.get("hidden_act", "gelu_pytorch_tanh"),
+        )
+
+    def to_hf_dict(self, model_type: str, *, deepstack: bool) -> dict[str, Any]:
+        """The config.json's vision_config; `deepstack` writes deepstack_visual_indexes."""
+        out = {
+            "model_type": model_type,
+            "depth": self.depth,
+            "hidden_size": self.hidden_size,
+            "hidden_act": self.hidden_act,
+            "intermediate_size": self.intermediate_size,
+            "num_heads": self.num_heads,
+            "in_channels": self.in_channels,
+            "patch_size": self.patch_size,
+            "spatial_merge_size": self.spatial_merge_size,
+            "temporal_patch_size": self.temporal_patch_size,
+            "out_hidden_size": self.out_hidden_size,
+            "num_position_embeddings": self.num_position_embeddings,
+        }
+        if deepstack:
+            out["deepstack_visual_indexes"] = list(self.deepstack_visual_indexes)
+        out["rope_parameters"] = {"rope_type": "axial", "rope_theta": self.rope_theta}
+        return out
+
+
+def vision_language_hf_parts(hf: Mapping[str, Any], model_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(text_config, vision_config) of a vision-language config.json, the text config carrying
+    the top-level tie_word_embeddings (these models keep it there; a text config's copy, in
+    older files, is the fallback). A ValueError naming `model_name` when either is missing."""
+    if "text_config" not in hf or "vision_config" not in hf:
+        raise ValueError(f"a {model_name} config.json needs 'text_config' and 'vision_config'")
+    text_hf = dict(hf["text_config"])
+    text_hf["tie_word_embeddings"] = hf.get("tie_word_embeddings", text_hf.get("tie_word_embeddings", False))
+    return text_hf, dict(hf["vision_config"])
+
+
+def vision_language_hf_dict(
+    config: Any,
+    architecture: str,
+    model_type: str,
+    text: dict[str, Any],
+    vision: dict[str, Any],
+    torch_dtype: str,
+) -> dict[str, Any]:
+    """The config.json of a vision-language `config` (its special token ids, `text` and
+    `vision` as written by their configs), for transformers' `architecture`."""
+    return {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "image_token_id": config.image_token_id,
+        "video_token_id": config.video_token_id,
+        "vision_start_token_id": config.vision_start_token_id,
+        "vision_end_token_id": config.vision_end_token_id,
+        "tie_word_embeddings": config.text.tie_word_embeddings,
+        "dtype": torch_dtype,
+        "text_config": text,
+        "vision_config": vision,
+    }
 
 
 _ACTIVATIONS = {

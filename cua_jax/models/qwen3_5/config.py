@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
 from cua_jax.models.configs import model_dtype
-from cua_jax.models.vision import VisionConfig
+from cua_jax.models.vision import VisionConfig, vision_language_hf_dict, vision_language_hf_parts
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 
@@ -286,28 +286,9 @@ class Qwen3_5Config:
 
     @classmethod
     def from_hf_dict(cls, hf: Mapping[str, Any], **text_overrides: Any) -> Qwen3_5Config:
-        if "text_config" not in hf or "vision_config" not in hf:
-            raise ValueError("a Qwen3.5 vision-language config.json needs 'text_config' and 'vision_config'")
-        text_hf = dict(hf["text_config"])
-        text_hf["tie_word_embeddings"] = hf.get("tie_word_embeddings", text_hf.get("tie_word_embeddings", False))
+        text_hf, vision_hf = vision_language_hf_parts(hf, "Qwen3.5 vision-language")
         text = Qwen3_5TextConfig.from_hf_dict(text_hf, **text_overrides)
-        v = dict(hf["vision_config"])
-        vision_rope = dict(v.get("rope_parameters") or {})
-        vision = VisionConfig(
-            depth=v["depth"],
-            hidden_size=v["hidden_size"],
-            intermediate_size=v["intermediate_size"],
-            num_heads=v["num_heads"],
-            in_channels=v.get("in_channels", 3),
-            patch_size=v.get("patch_size", 16),
-            temporal_patch_size=v.get("temporal_patch_size", 2),
-            spatial_merge_size=v.get("spatial_merge_size", 2),
-            out_hidden_size=v["out_hidden_size"],
-            num_position_embeddings=v["num_position_embeddings"],
-            deepstack_visual_indexes=(),
-            rope_theta=float(vision_rope.get("rope_theta", 10000.0)),
-            hidden_act=v.get("hidden_act", "gelu_pytorch_tanh"),
-        )
+        vision = VisionConfig.from_hf_dict(vision_hf, deepstack=False)
         return cls(
             text=text,
             vision=vision,
@@ -322,33 +303,14 @@ class Qwen3_5Config:
         text = self.text.to_hf_dict(torch_dtype)
         for key in ("architectures", "tie_word_embeddings", "dtype"):
             text.pop(key, None)
-        v = self.vision
-        return {
-            "architectures": ["Qwen3_5ForConditionalGeneration"],
-            "model_type": "qwen3_5",
-            "image_token_id": self.image_token_id,
-            "video_token_id": self.video_token_id,
-            "vision_start_token_id": self.vision_start_token_id,
-            "vision_end_token_id": self.vision_end_token_id,
-            "tie_word_embeddings": self.text.tie_word_embeddings,
-            "dtype": torch_dtype,
-            "text_config": text,
-            "vision_config": {
-                "model_type": "qwen3_5_vision",
-                "depth": v.depth,
-                "hidden_size": v.hidden_size,
-                "hidden_act": v.hidden_act,
-                "intermediate_size": v.intermediate_size,
-                "num_heads": v.num_heads,
-                "in_channels": v.in_channels,
-                "patch_size": v.patch_size,
-                "spatial_merge_size": v.spatial_merge_size,
-                "temporal_patch_size": v.temporal_patch_size,
-                "out_hidden_size": v.out_hidden_size,
-                "num_position_embeddings": v.num_position_embeddings,
-                "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
-            },
-        }
+        return vision_language_hf_dict(
+            self,
+            "Qwen3_5ForConditionalGeneration",
+            "qwen3_5",
+            text,
+            self.vision.to_hf_dict("qwen3_5_vision", deepstack=False),
+            torch_dtype,
+        )
 
 
 def tiny_qwen3_5_text_config(**overrides: Any) -> Qwen3_5TextConfig:

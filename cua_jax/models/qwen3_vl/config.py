@@ -11,7 +11,7 @@ from typing import Any
 from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
 from cua_jax.models.configs import RopeConfig
 from cua_jax.models.qwen3 import Qwen3Config, tiny_qwen3_config
-from cua_jax.models.vision import VisionConfig
+from cua_jax.models.vision import VisionConfig, vision_language_hf_dict, vision_language_hf_parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,33 +54,13 @@ class Qwen3VLConfig:
     @classmethod
     def from_hf_dict(cls, hf: Mapping[str, Any], **text_overrides: Any) -> Qwen3VLConfig:
         """From a Qwen3-VL config.json dict; `text_overrides` set dtype, param_dtype, ...."""
-        if "text_config" not in hf or "vision_config" not in hf:
-            raise ValueError("a Qwen3-VL config.json needs 'text_config' and 'vision_config'")
-        text_hf = dict(hf["text_config"])
+        text_hf, vision_hf = vision_language_hf_parts(hf, "Qwen3-VL")
         rope_params = dict(text_hf.get("rope_parameters") or text_hf.get("rope_scaling") or {})
         mrope = rope_params.get("mrope_section", [24, 20, 20])
         if rope_params.get("mrope_interleaved") is False:
             raise ValueError("only interleaved M-RoPE (Qwen3-VL) is supported, config has mrope_interleaved=false")
-        # Qwen3-VL keeps tie_word_embeddings at the top level; the text config's copy (older files) is ignored.
-        text_hf["tie_word_embeddings"] = hf.get("tie_word_embeddings", text_hf.get("tie_word_embeddings", False))
         text = Qwen3Config.from_hf_dict(text_hf, **text_overrides)
-        v = dict(hf["vision_config"])
-        vision_rope = dict(v.get("rope_parameters") or {})
-        vision = VisionConfig(
-            depth=v["depth"],
-            hidden_size=v["hidden_size"],
-            intermediate_size=v["intermediate_size"],
-            num_heads=v["num_heads"],
-            in_channels=v.get("in_channels", 3),
-            patch_size=v.get("patch_size", 16),
-            temporal_patch_size=v.get("temporal_patch_size", 2),
-            spatial_merge_size=v.get("spatial_merge_size", 2),
-            out_hidden_size=v["out_hidden_size"],
-            num_position_embeddings=v["num_position_embeddings"],
-            deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes", ())),
-            rope_theta=float(vision_rope.get("rope_theta", v.get("rope_theta", 10000.0))),
-            hidden_act=v.get("hidden_act", "gelu_pytorch_tanh"),
-        )
+        vision = VisionConfig.from_hf_dict(vision_hf, deepstack=True)
         return cls(
             text=text,
             vision=vision,
@@ -102,34 +82,14 @@ class Qwen3VLConfig:
             "mrope_section": list(self.mrope_section),
             "mrope_interleaved": True,
         }
-        v = self.vision
-        return {
-            "architectures": ["Qwen3VLForConditionalGeneration"],
-            "model_type": "qwen3_vl",
-            "image_token_id": self.image_token_id,
-            "video_token_id": self.video_token_id,
-            "vision_start_token_id": self.vision_start_token_id,
-            "vision_end_token_id": self.vision_end_token_id,
-            "tie_word_embeddings": self.text.tie_word_embeddings,
-            "dtype": torch_dtype,
-            "text_config": text,
-            "vision_config": {
-                "model_type": "qwen3_vl_vision",
-                "depth": v.depth,
-                "hidden_size": v.hidden_size,
-                "hidden_act": v.hidden_act,
-                "intermediate_size": v.intermediate_size,
-                "num_heads": v.num_heads,
-                "in_channels": v.in_channels,
-                "patch_size": v.patch_size,
-                "spatial_merge_size": v.spatial_merge_size,
-                "temporal_patch_size": v.temporal_patch_size,
-                "out_hidden_size": v.out_hidden_size,
-                "num_position_embeddings": v.num_position_embeddings,
-                "deepstack_visual_indexes": list(v.deepstack_visual_indexes),
-                "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
-            },
-        }
+        return vision_language_hf_dict(
+            self,
+            "Qwen3VLForConditionalGeneration",
+            "qwen3_vl",
+            text,
+            self.vision.to_hf_dict("qwen3_vl_vision", deepstack=True),
+            torch_dtype,
+        )
 
 
 def tiny_qwen3_vl_config(**text_overrides: Any) -> Qwen3VLConfig:
