@@ -566,3 +566,44 @@ class VisionTower(nnx.Module):
                 merger = self.deepstack_merger_list[cfg.deepstack_visual_indexes.index(layer)]
                 deepstack.append(merger(x))
         return self.merger(x), tuple(deepstack)
+
+
+class VisionLanguageModel(nnx.Module):
+    """What a vision-language model shares: `visual` (a VisionTower in its text model's dtypes
+    and remat), the `language_model` a subclass sets after calling this `__init__` (a causal LM
+    with the sampler/scorer interface, to which the output head and cache delegate), and
+    `freeze_vision`: `trainable_filter()` then leaves the tower's parameters out of the optimizer
+    (the subclass's `encode_images` stops their gradient)."""
+
+    def __init__(self, config: Any, *, rngs: nnx.Rngs, freeze_vision: bool = False):
+        self.config = config
+        self.freeze_vision = freeze_vision
+        self.visual = VisionTower(
+            config.vision,
+            rngs=rngs,
+            dtype=config.text.dtype,
+            param_dtype=config.text.param_dtype,
+            remat=config.text.remat,
+        )
+
+    def trainable_filter(self) -> nnx.filterlib.Filter:
+        """The parameters the optimizer updates: all, or all but the vision tower when frozen."""
+        if self.freeze_vision:
+            return nnx.All(nnx.Param, nnx.Not(nnx.PathContains("visual")))
+        return nnx.Param
+
+    def output_projection(self) -> jax.Array:
+        """The [E, V] matrix mapping final hidden states to logits."""
+        return self.language_model.output_projection()
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """hidden [..., E] -> logits float32 [..., V]."""
+        return self.language_model.logits(hidden)
+
+    def init_cache(self, batch: int, capacity: int, dtype=None):
+        return self.language_model.init_cache(batch, capacity, dtype)
+
+    def __call__(self, input_ids: jax.Array, **kwargs):
+        """(logits float32 [B, T, V], updated cache); arguments as the subclass's `hidden_states`."""
+        hidden, cache = self.hidden_states(input_ids, **kwargs)
+        return self.logits(hidden), cache
