@@ -12,7 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
-from cua_jax.models.configs import model_dtype
+from cua_jax.models.configs import decoder_fields_from_hf, decoder_fields_to_hf, model_dtype
 from cua_jax.models.vision import VisionConfig, vision_language_hf_dict, vision_language_hf_parts
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -169,10 +169,7 @@ class Qwen3_5TextConfig:
     def from_hf_dict(cls, hf: Mapping[str, Any], **overrides: Any) -> Qwen3_5TextConfig:
         """From a Qwen3.5 text config.json dict (or a VL config's text_config); `overrides` set
         dtype, param_dtype, mtp_tensors, ...."""
-        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-        missing = [k for k in required if k not in hf]
-        if missing:
-            raise ValueError(f"config.json lacks required Qwen3.5 text fields {missing}")
+        kwargs = decoder_fields_from_hf(hf, "Qwen3.5 text")
         rope = {**dict(hf.get("rope_scaling") or {}), **dict(hf.get("rope_parameters") or {})}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
@@ -182,32 +179,16 @@ class Qwen3_5TextConfig:
         if not layer_types:
             interval = hf.get("full_attention_interval", 4)
             layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
-        eos = hf.get("eos_token_id")
-        kwargs = dict(
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_hidden_layers=layers,
-            num_attention_heads=hf["num_attention_heads"],
-            num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+        kwargs.update(
             linear_conv_kernel_dim=hf.get("linear_conv_kernel_dim", 4),
             linear_key_head_dim=hf.get("linear_key_head_dim", 128),
             linear_value_head_dim=hf.get("linear_value_head_dim", 128),
             linear_num_key_heads=hf.get("linear_num_key_heads", 16),
             linear_num_value_heads=hf.get("linear_num_value_heads", 32),
             layer_types=tuple(layer_types),
-            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
             partial_rotary_factor=float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))),
             mrope_section=tuple(rope.get("mrope_section", (11, 11, 10))),
-            tie_word_embeddings=hf.get("tie_word_embeddings", False),
-            max_position_embeddings=hf.get("max_position_embeddings", 32768),
-            attention_bias=hf.get("attention_bias", False),
-            hidden_act=hf.get("hidden_act", "silu"),
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
-            pad_token_id=hf.get("pad_token_id"),
             hf_extra=tuple(sorted((k, json.dumps(v)) for k, v in hf.items() if k not in cls._KNOWN)),
         )
         kwargs.update(overrides)
@@ -215,28 +196,18 @@ class Qwen3_5TextConfig:
 
     def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
         """The config.json dict transformers' `Qwen3_5ForCausalLM` loads."""
-        eos = list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id
         out = {k: json.loads(v) for k, v in self.hf_extra}
         out.update(
             {
                 "architectures": ["Qwen3_5ForCausalLM"],
                 "model_type": "qwen3_5_text",
-                "vocab_size": self.vocab_size,
-                "hidden_size": self.hidden_size,
-                "intermediate_size": self.intermediate_size,
-                "num_hidden_layers": self.num_hidden_layers,
-                "num_attention_heads": self.num_attention_heads,
-                "num_key_value_heads": self.num_key_value_heads,
-                "head_dim": self.head_dim,
+                **decoder_fields_to_hf(self, torch_dtype),
                 "linear_conv_kernel_dim": self.linear_conv_kernel_dim,
                 "linear_key_head_dim": self.linear_key_head_dim,
                 "linear_value_head_dim": self.linear_value_head_dim,
                 "linear_num_key_heads": self.linear_num_key_heads,
                 "linear_num_value_heads": self.linear_num_value_heads,
                 "layer_types": list(self.layer_types),
-                "hidden_act": self.hidden_act,
-                "max_position_embeddings": self.max_position_embeddings,
-                "rms_norm_eps": self.rms_norm_eps,
                 "rope_parameters": {
                     "rope_type": "default",
                     "rope_theta": self.rope_theta,
@@ -244,14 +215,6 @@ class Qwen3_5TextConfig:
                     "mrope_section": list(self.mrope_section),
                     "mrope_interleaved": True,
                 },
-                "tie_word_embeddings": self.tie_word_embeddings,
-                "attention_bias": self.attention_bias,
-                "attention_dropout": 0.0,
-                "use_cache": True,
-                "bos_token_id": self.bos_token_id,
-                "eos_token_id": eos,
-                "pad_token_id": self.pad_token_id,
-                "dtype": torch_dtype,
             }
         )
         return out
