@@ -77,6 +77,9 @@ AGGREGATION_MODE = st.sampled_from(AGGREGATION_MODES.names())
 LOSS_INPUTS = dict(
     logp=LOGP, delta=DELTA, ref_delta=DELTA, entropy=ENTROPY, adv=ITEM_ADV, mask=MASK, mode=AGGREGATION_MODE
 )
+TIS_CAP = st.sampled_from(TIS_CAPS)
+# What a truncated-importance-sampling check takes: rollout = old - rollout_delta, and a cap.
+TIS_INPUTS = dict(logp=LOGP, rollout_delta=DELTA, adv=ITEM_ADV, mask=MASK, mode=AGGREGATION_MODE, cap=TIS_CAP)
 
 
 def loss_and_metrics(logp, old_logp, advantages, mask, ref_logp, rollout_logp, entropy, config):
@@ -379,7 +382,7 @@ def test_truncated_importance_weight_is_a_constant_and_caps_overflow():
 
 
 @PROPERTY
-@given(**LOSS_INPUTS, rollout_delta=DELTA, cap=st.sampled_from(TIS_CAPS))
+@given(**LOSS_INPUTS, rollout_delta=DELTA, cap=TIS_CAP)
 def test_tis_weighted_loss_matches_reference(logp, delta, rollout_delta, ref_delta, entropy, adv, mask, mode, cap):
     config = TIS[mode, cap]
     old_logp, ref_logp = logp - delta, logp + ref_delta
@@ -424,15 +427,7 @@ def test_tis_off_or_at_agreeing_logprobs_leaves_loss_and_gradient_unchanged(
 
 
 @PROPERTY
-@given(
-    logp=LOGP,
-    delta=DELTA,
-    rollout_delta=DELTA,
-    adv=ITEM_ADV,
-    mask=MASK,
-    mode=AGGREGATION_MODE,
-    cap=st.sampled_from(TIS_CAPS),
-)
+@given(**TIS_INPUTS, delta=DELTA)
 def test_tis_scales_each_token_gradient_by_its_weight(logp, delta, rollout_delta, adv, mask, mode, cap):
     old_logp = logp - delta
     rollout_logp = old_logp - rollout_delta
@@ -455,14 +450,7 @@ def jitted_on_policy_loss_grad(config):
 
 
 @PROPERTY
-@given(
-    logp=LOGP,
-    rollout_delta=DELTA,
-    adv=ITEM_ADV,
-    mask=MASK,
-    mode=AGGREGATION_MODE,
-    cap=st.sampled_from(TIS_CAPS),
-)
+@given(**TIS_INPUTS)
 def test_on_policy_tis_weights_the_plain_policy_gradient(logp, rollout_delta, adv, mask, mode, cap):
     config = TIS_PG_ONLY[mode, cap]
     rollout_logp = logp - rollout_delta
