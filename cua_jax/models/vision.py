@@ -169,6 +169,16 @@ class VisionConfig:
         return out
 
 
+def check_image_token_width(vision: VisionConfig, text_hidden_size: int) -> None:
+    """A ValueError unless the tower's image tokens are as wide as the text model's embeddings,
+    which they replace."""
+    if vision.out_hidden_size != text_hidden_size:
+        raise ValueError(
+            f"vision out_hidden_size {vision.out_hidden_size} must equal text hidden_size "
+            f"{text_hidden_size} (image tokens replace text embeddings)"
+        )
+
+
 def vision_language_hf_parts(hf: Mapping[str, Any], model_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(text_config, vision_config) of a vision-language config.json, the text config carrying
     the top-level tie_word_embeddings (these models keep it there; a text config's copy, in

@@ -13,7 +13,12 @@ import jax.numpy as jnp
 
 from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
 from cua_jax.models.configs import decoder_fields_from_hf, decoder_fields_to_hf, model_dtype
-from cua_jax.models.vision import VisionConfig, vision_language_hf_dict, vision_language_hf_parts
+from cua_jax.models.vision import (
+    VisionConfig,
+    check_image_token_width,
+    vision_language_hf_dict,
+    vision_language_hf_parts,
+)
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 
@@ -237,11 +242,7 @@ class Qwen3_5Config:
             raise ValueError(
                 "the Qwen3.5 vision tower has no DeepStack mergers (deepstack_visual_indexes must be empty)"
             )
-        if self.vision.out_hidden_size != self.text.hidden_size:
-            raise ValueError(
-                f"vision out_hidden_size {self.vision.out_hidden_size} must equal text hidden_size "
-                f"{self.text.hidden_size} (image tokens replace text embeddings)"
-            )
+        check_image_token_width(self.vision, self.text.hidden_size)
 
     @property
     def tie_word_embeddings(self) -> bool:

@@ -11,7 +11,12 @@ from typing import Any
 from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
 from cua_jax.models.configs import RopeConfig
 from cua_jax.models.qwen3 import Qwen3Config, tiny_qwen3_config
-from cua_jax.models.vision import VisionConfig, vision_language_hf_dict, vision_language_hf_parts
+from cua_jax.models.vision import (
+    VisionConfig,
+    check_image_token_width,
+    vision_language_hf_dict,
+    vision_language_hf_parts,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,11 +39,7 @@ class Qwen3VLConfig:
                 f"mrope_section {self.mrope_section} must have 3 entries summing to head_dim // 2 = "
                 f"{self.text.head_dim // 2}"
             )
-        if self.vision.out_hidden_size != self.text.hidden_size:
-            raise ValueError(
-                f"vision out_hidden_size {self.vision.out_hidden_size} must equal text hidden_size "
-                f"{self.text.hidden_size} (image tokens replace text embeddings)"
-            )
+        check_image_token_width(self.vision, self.text.hidden_size)
         if self.text.rope.rope_type == "dynamic":
             raise ValueError("dynamic-NTK rope is not supported with multimodal RoPE")
         if len(self.vision.deepstack_visual_indexes) > self.text.num_hidden_layers:
