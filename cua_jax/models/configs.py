@@ -35,6 +35,20 @@ def model_dtype(value: Any, field: str) -> Any:
     return MODEL_DTYPES[name]
 
 
+def check_decoder_fields(config: Any, name: str) -> None:
+    """What every decoder config's `__post_init__` does first: dtype and param_dtype stored as jnp
+    dtypes, remat a bool, query heads a multiple of key/value heads; errors name `name`'s fields."""
+    object.__setattr__(config, "dtype", model_dtype(config.dtype, f"{name}.dtype"))
+    object.__setattr__(config, "param_dtype", model_dtype(config.param_dtype, f"{name}.param_dtype"))
+    if not isinstance(config.remat, bool):
+        raise ValueError(f"{name}.remat must be a bool, got {config.remat!r}")
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ValueError(
+            f"num_attention_heads ({config.num_attention_heads}) must be a multiple of "
+            f"num_key_value_heads ({config.num_key_value_heads})"
+        )
+
+
 def decoder_fields_from_hf(hf: Mapping[str, Any], model_name: str) -> dict[str, Any]:
     """The config fields a decoder's config.json gives as every Qwen decoder does (sizes, heads,
     norm, embeddings, special ids), with HF's defaults; a ValueError naming `model_name` when a

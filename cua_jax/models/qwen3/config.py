@@ -13,7 +13,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from cua_jax.models.configs import RopeConfig, decoder_fields_from_hf, decoder_fields_to_hf, model_dtype
+from cua_jax.models.configs import RopeConfig, check_decoder_fields, decoder_fields_from_hf, decoder_fields_to_hf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,15 +54,7 @@ class Qwen3Config:
     remat: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "dtype", model_dtype(self.dtype, "Qwen3Config.dtype"))
-        object.__setattr__(self, "param_dtype", model_dtype(self.param_dtype, "Qwen3Config.param_dtype"))
-        if not isinstance(self.remat, bool):
-            raise ValueError(f"Qwen3Config.remat must be a bool, got {self.remat!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
+        check_decoder_fields(self, "Qwen3Config")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
         if self.hidden_act != "silu":

@@ -12,7 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
-from cua_jax.models.configs import decoder_fields_from_hf, decoder_fields_to_hf, model_dtype
+from cua_jax.models.configs import check_decoder_fields, decoder_fields_from_hf, decoder_fields_to_hf
 from cua_jax.models.vision import (
     VisionConfig,
     check_image_token_width,
@@ -75,8 +75,7 @@ class Qwen3_5TextConfig:
     hf_extra: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
-        object.__setattr__(self, "dtype", model_dtype(self.dtype, "Qwen3_5TextConfig.dtype"))
-        object.__setattr__(self, "param_dtype", model_dtype(self.param_dtype, "Qwen3_5TextConfig.param_dtype"))
+        check_decoder_fields(self, "Qwen3_5TextConfig")
         if not self.layer_types:
             object.__setattr__(
                 self,
@@ -92,11 +91,6 @@ class Qwen3_5TextConfig:
         bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
         if bad:
             raise ValueError(f"layer_types holds unknown types {bad}; known: {LAYER_TYPES}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
         if self.linear_num_value_heads % self.linear_num_key_heads:
             raise ValueError(
                 f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
@@ -114,8 +108,6 @@ class Qwen3_5TextConfig:
             )
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (Qwen3.5 uses 'silu')")
-        if not isinstance(self.remat, bool):
-            raise ValueError(f"Qwen3_5TextConfig.remat must be a bool, got {self.remat!r}")
 
     @property
     def rotary_dim(self) -> int:
