@@ -126,6 +126,15 @@ class VisionConfig:
         """Width of a spatial_merge_size^2 block of concatenated patches."""
         return self.hidden_size * self.spatial_merge_size**2
 
+    def check_image_token_width(self, text_hidden_size: int) -> None:
+        """A ValueError unless the image tokens are as wide as the text model's embeddings, which
+        they replace."""
+        if self.out_hidden_size != text_hidden_size:
+            raise ValueError(
+                f"vision out_hidden_size {self.out_hidden_size} must equal text hidden_size "
+                f"{text_hidden_size} (image tokens replace text embeddings)"
+            )
+
     @classmethod
     def from_hf_dict(cls, v: Mapping[str, Any], *, deepstack: bool) -> VisionConfig:
         """From a config.json's vision_config; `deepstack` False for a tower without DeepStack
@@ -169,16 +178,6 @@ class VisionConfig:
         return out
 
 
-def check_image_token_width(vision: VisionConfig, text_hidden_size: int) -> None:
-    """A ValueError unless the tower's image tokens are as wide as the text model's embeddings,
-    which they replace."""
-    if vision.out_hidden_size != text_hidden_size:
-        raise ValueError(
-            f"vision out_hidden_size {vision.out_hidden_size} must equal text hidden_size "
-            f"{text_hidden_size} (image tokens replace text embeddings)"
-        )
-
-
 def vision_language_hf_parts(hf: Mapping[str, Any], model_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(text_config, vision_config) of a vision-language config.json, the text config carrying
     the top-level tie_word_embeddings (these models keep it there; a text config's copy, in
@@ -199,7 +198,9 @@ def vision_language_hf_dict(
     torch_dtype: str,
 ) -> dict[str, Any]:
     """The config.json of a vision-language `config` (its special token ids, `text` and
-    `vision` as written by their configs), for transformers' `architecture`."""
+    `vision` as written by their configs, the text's architecture, tie_word_embeddings and dtype
+    held at the top level), for transformers' `architecture`."""
+    text = {k: v for k, v in text.items() if k not in ("architectures", "tie_word_embeddings", "dtype")}
     return {
         "architectures": [architecture],
         "model_type": model_type,

@@ -13,12 +13,7 @@ import jax.numpy as jnp
 
 from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
 from cua_jax.models.configs import check_decoder_fields, decoder_fields_from_hf, decoder_fields_to_hf
-from cua_jax.models.vision import (
-    VisionConfig,
-    check_image_token_width,
-    vision_language_hf_dict,
-    vision_language_hf_parts,
-)
+from cua_jax.models.vision import VisionConfig, vision_language_hf_dict, vision_language_hf_parts
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 
@@ -234,7 +229,7 @@ class Qwen3_5Config:
             raise ValueError(
                 "the Qwen3.5 vision tower has no DeepStack mergers (deepstack_visual_indexes must be empty)"
             )
-        check_image_token_width(self.vision, self.text.hidden_size)
+        self.vision.check_image_token_width(self.text.hidden_size)
 
     @property
     def tie_word_embeddings(self) -> bool:
@@ -257,16 +252,8 @@ class Qwen3_5Config:
     def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
         """The config.json dict transformers' `Qwen3_5ForConditionalGeneration` loads."""
         text = self.text.to_hf_dict(torch_dtype)
-        for key in ("architectures", "tie_word_embeddings", "dtype"):
-            text.pop(key, None)
-        return vision_language_hf_dict(
-            self,
-            "Qwen3_5ForConditionalGeneration",
-            "qwen3_5",
-            text,
-            self.vision.to_hf_dict("qwen3_5_vision", deepstack=False),
-            torch_dtype,
-        )
+        vision = self.vision.to_hf_dict("qwen3_5_vision", deepstack=False)
+        return vision_language_hf_dict(self, "Qwen3_5ForConditionalGeneration", "qwen3_5", text, vision, torch_dtype)
 
 
 def tiny_qwen3_5_text_config(**overrides: Any) -> Qwen3_5TextConfig:

@@ -11,12 +11,7 @@ from typing import Any
 from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
 from cua_jax.models.configs import RopeConfig
 from cua_jax.models.qwen3 import Qwen3Config, tiny_qwen3_config
-from cua_jax.models.vision import (
-    VisionConfig,
-    check_image_token_width,
-    vision_language_hf_dict,
-    vision_language_hf_parts,
-)
+from cua_jax.models.vision import VisionConfig, vision_language_hf_dict, vision_language_hf_parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +34,7 @@ class Qwen3VLConfig:
                 f"mrope_section {self.mrope_section} must have 3 entries summing to head_dim // 2 = "
                 f"{self.text.head_dim // 2}"
             )
-        check_image_token_width(self.vision, self.text.hidden_size)
+        self.vision.check_image_token_width(self.text.hidden_size)
         if self.text.rope.rope_type == "dynamic":
             raise ValueError("dynamic-NTK rope is not supported with multimodal RoPE")
         if len(self.vision.deepstack_visual_indexes) > self.text.num_hidden_layers:
@@ -75,22 +70,15 @@ class Qwen3VLConfig:
     def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
         """The config.json dict transformers' `Qwen3VLForConditionalGeneration` loads."""
         text = self.text.to_hf_dict(torch_dtype)
-        for key in ("architectures", "use_sliding_window", "tie_word_embeddings", "dtype"):
-            text.pop(key, None)
+        del text["use_sliding_window"]  # not a Qwen3-VL text field
         text["model_type"] = "qwen3_vl_text"
         text["rope_parameters"] = {
             **self.text.rope.to_hf_dict(),
             "mrope_section": list(self.mrope_section),
             "mrope_interleaved": True,
         }
-        return vision_language_hf_dict(
-            self,
-            "Qwen3VLForConditionalGeneration",
-            "qwen3_vl",
-            text,
-            self.vision.to_hf_dict("qwen3_vl_vision", deepstack=True),
-            torch_dtype,
-        )
+        vision = self.vision.to_hf_dict("qwen3_vl_vision", deepstack=True)
+        return vision_language_hf_dict(self, "Qwen3VLForConditionalGeneration", "qwen3_vl", text, vision, torch_dtype)
 
 
 def tiny_qwen3_vl_config(**text_overrides: Any) -> Qwen3VLConfig:
