@@ -59,11 +59,7 @@ def decoder_fields_from_hf(hf: Mapping[str, Any], model_name: str) -> dict[str, 
         raise ValueError(f"config.json lacks required fields {missing} (a {model_name} config)")
     eos = hf.get("eos_token_id")
     return dict(
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"],
-        num_hidden_layers=hf["num_hidden_layers"],
-        num_attention_heads=hf["num_attention_heads"],
+        {name: hf[name] for name in required},
         num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
         head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
