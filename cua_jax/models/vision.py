@@ -178,15 +178,24 @@ class VisionConfig:
         return out
 
 
-def vision_language_hf_parts(hf: Mapping[str, Any], model_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(text_config, vision_config) of a vision-language config.json, the text config carrying
-    the top-level tie_word_embeddings (these models keep it there; a text config's copy, in
-    older files, is the fallback). A ValueError naming `model_name` when either is missing."""
+# The special token ids a vision-language config carries, as config.json names them.
+IMAGE_TOKEN_FIELDS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def vision_language_hf_parts(
+    hf: Mapping[str, Any], config_cls: type, model_name: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
+    """(text_config, vision_config, IMAGE_TOKEN_FIELDS) of a vision-language config.json: the
+    text config carrying the top-level tie_word_embeddings (these models keep it there; a text
+    config's copy, in older files, is the fallback), each token id absent from the file at
+    `config_cls`'s default. A ValueError naming `model_name` when a config is missing."""
     if "text_config" not in hf or "vision_config" not in hf:
         raise ValueError(f"a {model_name} config.json needs 'text_config' and 'vision_config'")
     text_hf = dict(hf["text_config"])
     text_hf["tie_word_embeddings"] = hf.get("tie_word_embeddings", text_hf.get("tie_word_embeddings", False))
-    return text_hf, dict(hf["vision_config"])
+    defaults = {field.name: field.default for field in dataclasses.fields(config_cls)}
+    token_ids = {name: hf.get(name, defaults[name]) for name in IMAGE_TOKEN_FIELDS}
+    return text_hf, dict(hf["vision_config"]), token_ids
 
 
 def vision_language_hf_dict(
@@ -204,10 +213,7 @@ def vision_language_hf_dict(
     return {
         "architectures": [architecture],
         "model_type": model_type,
-        "image_token_id": config.image_token_id,
-        "video_token_id": config.video_token_id,
-        "vision_start_token_id": config.vision_start_token_id,
-        "vision_end_token_id": config.vision_end_token_id,
+        **{name: getattr(config, name) for name in IMAGE_TOKEN_FIELDS},
         "tie_word_embeddings": config.text.tie_word_embeddings,
         "dtype": torch_dtype,
         "text_config": text,

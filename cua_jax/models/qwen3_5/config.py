@@ -237,16 +237,13 @@ class Qwen3_5Config:
 
     @classmethod
     def from_hf_dict(cls, hf: Mapping[str, Any], **text_overrides: Any) -> Qwen3_5Config:
-        text_hf, vision_hf = vision_language_hf_parts(hf, "Qwen3.5 vision-language")
+        text_hf, vision_hf, token_ids = vision_language_hf_parts(hf, cls, "Qwen3.5 vision-language")
         text = Qwen3_5TextConfig.from_hf_dict(text_hf, **text_overrides)
         vision = VisionConfig.from_hf_dict(vision_hf, deepstack=False)
         return cls(
             text=text,
             vision=vision,
-            image_token_id=hf.get("image_token_id", 248056),
-            video_token_id=hf.get("video_token_id", 248057),
-            vision_start_token_id=hf.get("vision_start_token_id", 248053),
-            vision_end_token_id=hf.get("vision_end_token_id", 248054),
+            **token_ids,
         )
 
     def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:

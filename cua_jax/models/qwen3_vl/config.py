@@ -50,7 +50,7 @@ class Qwen3VLConfig:
     @classmethod
     def from_hf_dict(cls, hf: Mapping[str, Any], **text_overrides: Any) -> Qwen3VLConfig:
         """From a Qwen3-VL config.json dict; `text_overrides` set dtype, param_dtype, ...."""
-        text_hf, vision_hf = vision_language_hf_parts(hf, "Qwen3-VL")
+        text_hf, vision_hf, token_ids = vision_language_hf_parts(hf, cls, "Qwen3-VL")
         rope_params = dict(text_hf.get("rope_parameters") or text_hf.get("rope_scaling") or {})
         mrope = rope_params.get("mrope_section", [24, 20, 20])
         if rope_params.get("mrope_interleaved") is False:
@@ -61,10 +61,7 @@ class Qwen3VLConfig:
             text=text,
             vision=vision,
             mrope_section=tuple(int(x) for x in mrope),
-            image_token_id=hf.get("image_token_id", 151655),
-            video_token_id=hf.get("video_token_id", 151656),
-            vision_start_token_id=hf.get("vision_start_token_id", 151652),
-            vision_end_token_id=hf.get("vision_end_token_id", 151653),
+            **token_ids,
         )
 
     def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
