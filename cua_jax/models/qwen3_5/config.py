@@ -11,7 +11,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
+from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_image_token_ids, shipped_special_token_ids
 from cua_jax.models.configs import check_decoder_fields, decoder_fields_from_hf, decoder_fields_to_hf
 from cua_jax.models.vision import VisionConfig, vision_language_hf_dict, vision_language_hf_parts
 
@@ -303,8 +303,5 @@ def tiny_qwen3_5_config(**text_overrides: Any) -> Qwen3_5Config:
             num_position_embeddings=256,
             deepstack_visual_indexes=(),
         ),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **shipped_image_token_ids(),
     )

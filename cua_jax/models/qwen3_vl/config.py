@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
+from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_image_token_ids, shipped_special_token_ids
 from cua_jax.models.configs import RopeConfig
 from cua_jax.models.qwen3 import Qwen3Config, tiny_qwen3_config
 from cua_jax.models.vision import VisionConfig, vision_language_hf_dict, vision_language_hf_parts
@@ -110,8 +110,5 @@ def tiny_qwen3_vl_config(**text_overrides: Any) -> Qwen3VLConfig:
             deepstack_visual_indexes=(0, 1),
         ),
         mrope_section=(12, 10, 10),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **shipped_image_token_ids(),
     )
