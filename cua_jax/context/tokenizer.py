@@ -344,6 +344,18 @@ def shipped_special_token_ids() -> dict[str, int]:
     return {content: first + i for i, (content, _) in enumerate(QWEN_ADDED_TOKENS)}
 
 
+def shipped_image_token_ids() -> dict[str, int]:
+    """A vision-language config's special token ids (image_token_id, video_token_id,
+    vision_start_token_id, vision_end_token_id) in the shipped tiny tokenizer."""
+    ids = shipped_special_token_ids()
+    return {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+    }
+
+
 def special_token_ids(tokenizer) -> dict[str, int]:
     """The ids of Qwen's added tokens that `tokenizer` knows, by token text (read from the tokenizer)."""
     vocab = tokenizer.get_vocab()

@@ -1,6 +1,7 @@
 """Layers and helpers the decoders share (Qwen3, Qwen3-VL's language model, Qwen3.5, the vision tower).
 
-`RMSNorm`, `MLP` (SwiGLU), `linear` (a projection whose parameters carry logical axis names),
+`RMSNorm`, `MLP` (SwiGLU), `token_embedding`, `decoder_inputs` (a forward pass's embedded
+inputs, segments and attention mask), `linear` (a projection whose parameters carry logical axis names),
 attention pieces (`attention_mask`, `dot_product_attention`, `write_kv_cache`), `project`
 (a linear layer as one 2-D matmul), `checkpointed` (rematerialised module calls),
 `OutputHead` (a causal LM's logits) and `scatter_rows` (image tokens placed at their
@@ -47,6 +48,46 @@ def linear(cfg: Qwen3Config, n_in: int, n_out: int, names: tuple[str, str], bias
         bias_metadata=axis_metadata(names[1]),
         rngs=rngs,
     )
+
+
+def token_embedding(cfg: Qwen3Config, rngs: nnx.Rngs) -> nnx.Embed:
+    """A decoder's [vocab, embed] token embedding table."""
+    return nnx.Embed(
+        cfg.vocab_size,
+        cfg.hidden_size,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        embedding_init=nnx.with_partitioning(INIT, ("vocab", "embed"), eager_sharding=False),
+        rngs=rngs,
+    )
+
+
+def decoder_inputs(
+    embed_tokens: nnx.Embed,
+    dtype,
+    input_ids: jax.Array | None,
+    inputs_embeds: jax.Array | None,
+    segment_ids: jax.Array | None,
+    kv_cache,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array | None]:
+    """What a decoder's forward pass starts from: (x [B, T, E] embedded from input_ids or
+    inputs_embeds cast to `dtype` (exactly one given), segment_ids (default all ones), start (the
+    cache's end, or 0), the attention mask, and the cache's segment ids with these T written at
+    start (None without a cache)). kv_cache: any cache with `end`, `segment_ids` and `capacity`."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("pass exactly one of input_ids and inputs_embeds")
+    x = embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds.astype(dtype)
+    x = constrain(x, (BATCH, LENGTH, EMBED))
+    b, t = x.shape[:2]
+    start = kv_cache.end if kv_cache is not None else jnp.zeros((), jnp.int32)
+    if segment_ids is None:
+        segment_ids = jnp.ones((b, t), jnp.int32)
+    q_slots = start + jnp.arange(t, dtype=jnp.int32)
+    if kv_cache is None:
+        return x, segment_ids, start, attention_mask(segment_ids, q_slots, segment_ids, q_slots), None
+    cache_segments = jax.lax.dynamic_update_slice(kv_cache.segment_ids, segment_ids.astype(jnp.int32), (0, start))
+    mask = attention_mask(segment_ids, q_slots, cache_segments, jnp.arange(kv_cache.capacity, dtype=jnp.int32))
+    return x, segment_ids, start, mask, cache_segments
 
 
 def attention_mask(

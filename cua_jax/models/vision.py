@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -124,6 +125,100 @@ class VisionConfig:
     def merged_hidden_size(self) -> int:
         """Width of a spatial_merge_size^2 block of concatenated patches."""
         return self.hidden_size * self.spatial_merge_size**2
+
+    def check_image_token_width(self, text_hidden_size: int) -> None:
+        """A ValueError unless the image tokens are as wide as the text model's embeddings, which
+        they replace."""
+        if self.out_hidden_size != text_hidden_size:
+            raise ValueError(
+                f"vision out_hidden_size {self.out_hidden_size} must equal text hidden_size "
+                f"{text_hidden_size} (image tokens replace text embeddings)"
+            )
+
+    @classmethod
+    def from_hf_dict(cls, v: Mapping[str, Any], *, deepstack: bool) -> VisionConfig:
+        """From a config.json's vision_config; `deepstack` False for a tower without DeepStack
+        mergers (Qwen3.5), whose indexes are then empty whatever the file says."""
+        rope = dict(v.get("rope_parameters") or {})
+        return cls(
+            depth=v["depth"],
+            hidden_size=v["hidden_size"],
+            intermediate_size=v["intermediate_size"],
+            num_heads=v["num_heads"],
+            in_channels=v.get("in_channels", 3),
+            patch_size=v.get("patch_size", 16),
+            temporal_patch_size=v.get("temporal_patch_size", 2),
+            spatial_merge_size=v.get("spatial_merge_size", 2),
+            out_hidden_size=v["out_hidden_size"],
+            num_position_embeddings=v["num_position_embeddings"],
+            deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes", ())) if deepstack else (),
+            rope_theta=float(rope.get("rope_theta", v.get("rope_theta", 10000.0))),
+            hidden_act=v.get("hidden_act", "gelu_pytorch_tanh"),
+        )
+
+    def to_hf_dict(self, model_type: str, *, deepstack: bool) -> dict[str, Any]:
+        """The config.json's vision_config; `deepstack` writes deepstack_visual_indexes."""
+        out = {
+            "model_type": model_type,
+            "depth": self.depth,
+            "hidden_size": self.hidden_size,
+            "hidden_act": self.hidden_act,
+            "intermediate_size": self.intermediate_size,
+            "num_heads": self.num_heads,
+            "in_channels": self.in_channels,
+            "patch_size": self.patch_size,
+            "spatial_merge_size": self.spatial_merge_size,
+            "temporal_patch_size": self.temporal_patch_size,
+            "out_hidden_size": self.out_hidden_size,
+            "num_position_embeddings": self.num_position_embeddings,
+        }
+        if deepstack:
+            out["deepstack_visual_indexes"] = list(self.deepstack_visual_indexes)
+        out["rope_parameters"] = {"rope_type": "axial", "rope_theta": self.rope_theta}
+        return out
+
+
+# The special token ids a vision-language config carries, as config.json names them.
+IMAGE_TOKEN_FIELDS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def vision_language_hf_parts(
+    hf: Mapping[str, Any], config_cls: type, model_name: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
+    """(text_config, vision_config, IMAGE_TOKEN_FIELDS) of a vision-language config.json: the
+    text config carrying the top-level tie_word_embeddings (these models keep it there; a text
+    config's copy, in older files, is the fallback), each token id absent from the file at
+    `config_cls`'s default. A ValueError naming `model_name` when a config is missing."""
+    if "text_config" not in hf or "vision_config" not in hf:
+        raise ValueError(f"a {model_name} config.json needs 'text_config' and 'vision_config'")
+    text_hf = dict(hf["text_config"])
+    text_hf["tie_word_embeddings"] = hf.get("tie_word_embeddings", text_hf.get("tie_word_embeddings", False))
+    defaults = {field.name: field.default for field in dataclasses.fields(config_cls)}
+    token_ids = {name: hf.get(name, defaults[name]) for name in IMAGE_TOKEN_FIELDS}
+    return text_hf, dict(hf["vision_config"]), token_ids
+
+
+def vision_language_hf_dict(
+    config: Any,
+    architecture: str,
+    model_type: str,
+    text: dict[str, Any],
+    vision: dict[str, Any],
+    torch_dtype: str,
+) -> dict[str, Any]:
+    """The config.json of a vision-language `config` (its special token ids, `text` and
+    `vision` as written by their configs, the text's architecture, tie_word_embeddings and dtype
+    held at the top level), for transformers' `architecture`."""
+    text = {k: v for k, v in text.items() if k not in ("architectures", "tie_word_embeddings", "dtype")}
+    return {
+        "architectures": [architecture],
+        "model_type": model_type,
+        **{name: getattr(config, name) for name in IMAGE_TOKEN_FIELDS},
+        "tie_word_embeddings": config.text.tie_word_embeddings,
+        "dtype": torch_dtype,
+        "text_config": text,
+        "vision_config": vision,
+    }
 
 
 _ACTIVATIONS = {
@@ -488,3 +583,44 @@ class VisionTower(nnx.Module):
                 merger = self.deepstack_merger_list[cfg.deepstack_visual_indexes.index(layer)]
                 deepstack.append(merger(x))
         return self.merger(x), tuple(deepstack)
+
+
+class VisionLanguageModel(nnx.Module):
+    """What a vision-language model shares: `visual` (a VisionTower in its text model's dtypes
+    and remat), the `language_model` a subclass sets after calling this `__init__` (a causal LM
+    with the sampler/scorer interface, to which the output head and cache delegate), and
+    `freeze_vision`: `trainable_filter()` then leaves the tower's parameters out of the optimizer
+    (the subclass's `encode_images` stops their gradient)."""
+
+    def __init__(self, config: Any, *, rngs: nnx.Rngs, freeze_vision: bool = False):
+        self.config = config
+        self.freeze_vision = freeze_vision
+        self.visual = VisionTower(
+            config.vision,
+            rngs=rngs,
+            dtype=config.text.dtype,
+            param_dtype=config.text.param_dtype,
+            remat=config.text.remat,
+        )
+
+    def trainable_filter(self) -> nnx.filterlib.Filter:
+        """The parameters the optimizer updates: all, or all but the vision tower when frozen."""
+        if self.freeze_vision:
+            return nnx.All(nnx.Param, nnx.Not(nnx.PathContains("visual")))
+        return nnx.Param
+
+    def output_projection(self) -> jax.Array:
+        """The [E, V] matrix mapping final hidden states to logits."""
+        return self.language_model.output_projection()
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """hidden [..., E] -> logits float32 [..., V]."""
+        return self.language_model.logits(hidden)
+
+    def init_cache(self, batch: int, capacity: int, dtype=None):
+        return self.language_model.init_cache(batch, capacity, dtype)
+
+    def __call__(self, input_ids: jax.Array, **kwargs):
+        """(logits float32 [B, T, V], updated cache); arguments as the subclass's `hidden_states`."""
+        hidden, cache = self.hidden_states(input_ids, **kwargs)
+        return self.logits(hidden), cache

@@ -690,7 +690,7 @@ class TrainSettings:
             defaults=True,  # length_pow2 and pad_id are the trainer's
             **_zero_as_none(c.learner, "learner", "max_length", "suffix_length_multiple"),
         )
-        # Budgets and sampling both loops share; turns, context and sampling have eval's own fields.
+        # Budgets and sampling both loops share; turns, context and sampling (own_fields) are each loop's.
         shared = dict(
             max_new_tokens=rollout.max_new_tokens,
             no_verdict_reward=advantage.no_verdict_reward,
@@ -704,24 +704,12 @@ class TrainSettings:
             action_space=env.action_space,
             group_start=rollout.group_start,
         )
-        agent = build(
-            "rollout",
-            AgentConfig,
-            max_turns=rollout.max_turns,
-            max_context_tokens=rollout.max_context_tokens,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
-            **shared,
-        )
+        own_fields = ("max_turns", "max_context_tokens", "temperature", "top_p", "top_k")
+        agent = build("rollout", AgentConfig, **{name: getattr(rollout, name) for name in own_fields}, **shared)
         eval_agent = build(
             "eval",
             AgentConfig,
-            max_turns=evaluation.max_turns,
-            max_context_tokens=evaluation.max_context_tokens,
-            temperature=evaluation.temperature,
-            top_p=evaluation.top_p,
-            top_k=evaluation.top_k,
+            **{name: getattr(evaluation, name) for name in own_fields},
             seed_per_turn=evaluation.seed_per_turn,
             seed=c.seed if evaluation.seed_per_turn else None,
             rope_scaling=evaluation.rope_scaling,

@@ -20,6 +20,7 @@ from cua_jax.envs.miniwob import (
 )
 from cua_jax.envs.miniwob_oracle import ORACLE_TASKS, OracleUnsupportedError, oracle_action
 from cua_jax.types import EpisodeStatus
+from tests.support.miniwob import BASIC_TASKS
 
 pytestmark = [pytest.mark.browser]
 
@@ -27,18 +28,6 @@ SEEDS_PER_TASK = 5  # 95% of 5 seeds means every seed
 RANDOM_EPISODES_PER_TASK = 3
 RANDOM_STEPS = 5
 MAX_ORACLE_STEPS = 12
-# The oracle's first tasks, here with more seeds and random baselines; test_miniwob_oracle_live
-# runs every other task it scripts.
-BASIC_TASKS = (
-    "click-button",
-    "click-link",
-    "click-checkboxes",
-    "click-option",
-    "enter-text",
-    "focus-text",
-    "click-tab",
-    "click-dialog",
-)
 
 
 @pytest.fixture(scope="module")

@@ -13,21 +13,12 @@ import pytest
 from cua_jax.envs.capsules import CapsuleRuntime
 from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
 from experiments.benchmarks.oracle_coverage import run_episodes
+from tests.support.miniwob import BASIC_TASKS
 
 pytestmark = [pytest.mark.browser]
 
 SEEDS = (0, 1)
 ACTION_SPACES = ("coordinates", "elements")
-BASIC_TASKS = (
-    "click-button",
-    "click-link",
-    "click-checkboxes",
-    "click-option",
-    "enter-text",
-    "focus-text",
-    "click-tab",
-    "click-dialog",
-)  # also covered, with more seeds, by test_miniwob.py
 NEW_TASKS = tuple(task for task in ORACLE_TASKS if task not in BASIC_TASKS)
 CONCURRENCY = 8
 TIME_LIMIT_S = 60.0

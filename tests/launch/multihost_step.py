@@ -20,18 +20,10 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from tests.support.models import SMALL_QWEN3
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (its mesh block is used).")
 _OUT = flags.DEFINE_string("out", None, "Output directory.")
-
-SMALL = dict(
-    num_hidden_layers=1,
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    head_dim=16,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-)
 
 
 def _items(seed: int = 1, num_groups: int = 4, group_size: int = 2):
@@ -44,7 +36,7 @@ def _items(seed: int = 1, num_groups: int = 4, group_size: int = 2):
         group -= group.mean()
         for k in range(group_size):
             n = int(rng.integers(12, 33))
-            ids = rng.integers(3, SMALL["vocab_size"], n).astype(np.int32)
+            ids = rng.integers(3, SMALL_QWEN3["vocab_size"], n).astype(np.int32)
             mask = np.zeros(n, np.int32)
             mask[n // 2 :] = 1
             logp = np.where(mask > 0, rng.uniform(-5.5, -4.0, n), 0.0).astype(np.float32)
@@ -82,7 +74,7 @@ def main(argv):
         optimizer=OptimizerConfig(learning_rate=1e-2, eps=1e-3, max_grad_norm=1.0),
         loss=PolicyLossConfig(aggregation="token_mean", kl_coef=1e-2),
     )
-    learner = Learner(Qwen3ForCausalLM(tiny_qwen3_config(**SMALL), rngs=nnx.Rngs(0)), config, mesh=mesh)
+    learner = Learner(Qwen3ForCausalLM(tiny_qwen3_config(**SMALL_QWEN3), rngs=nnx.Rngs(0)), config, mesh=mesh)
     items, advantages = _items()
     [micro] = make_minibatches(items, advantages, BatchingConfig(rows=8, length_multiple=32), 1)
     metrics = [learner.update(micro) for _ in range(2)]
@@ -101,7 +93,7 @@ def main(argv):
         evaluations={},
     )
     checkpointer.save(learner.train_state(), host_state, {"test": "multihost"})
-    other = Learner(Qwen3ForCausalLM(tiny_qwen3_config(**SMALL), rngs=nnx.Rngs(7)), config, mesh=mesh)
+    other = Learner(Qwen3ForCausalLM(tiny_qwen3_config(**SMALL_QWEN3), rngs=nnx.Rngs(7)), config, mesh=mesh)
     restored, restored_host = checkpointer.restore_latest(other.train_state())
     other.load_train_state(restored)
     checkpointer.close()

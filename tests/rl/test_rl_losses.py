@@ -72,6 +72,14 @@ DELTA = floats(-1.5, 1.5, (B, T))
 ENTROPY = floats(0, 3, (B, T))
 ITEM_ADV = floats(-3, 3, (B,))
 MASK = hnp.arrays(np.int32, (B, T), elements=st.integers(0, 1))
+AGGREGATION_MODE = st.sampled_from(AGGREGATION_MODES.names())
+# What a policy-loss call takes: current log-probs, old = logp - delta, ref = logp + ref_delta.
+LOSS_INPUTS = dict(
+    logp=LOGP, delta=DELTA, ref_delta=DELTA, entropy=ENTROPY, adv=ITEM_ADV, mask=MASK, mode=AGGREGATION_MODE
+)
+TIS_CAP = st.sampled_from(TIS_CAPS)
+# What a truncated-importance-sampling check takes: rollout = old - rollout_delta, and a cap.
+TIS_INPUTS = dict(logp=LOGP, rollout_delta=DELTA, adv=ITEM_ADV, mask=MASK, mode=AGGREGATION_MODE, cap=TIS_CAP)
 
 
 def loss_and_metrics(logp, old_logp, advantages, mask, ref_logp, rollout_logp, entropy, config):
@@ -154,15 +162,7 @@ def reference_aggregate(per_token, mask, config):
 
 
 @PROPERTY
-@given(
-    logp=LOGP,
-    delta=DELTA,
-    ref_delta=DELTA,
-    entropy=ENTROPY,
-    adv=ITEM_ADV,
-    mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES.names()),
-)
+@given(**LOSS_INPUTS)
 def test_policy_loss_matches_reference(logp, delta, ref_delta, entropy, adv, mask, mode):
     config = CONFIGS[mode]
     old_logp, ref_logp, rollout_logp = logp - delta, logp + ref_delta, logp - 0.5 * delta
@@ -211,7 +211,7 @@ def test_policy_loss_matches_reference(logp, delta, ref_delta, entropy, adv, mas
 
 
 @PROPERTY
-@given(logp=LOGP, adv=ITEM_ADV, mask=MASK, mode=st.sampled_from(AGGREGATION_MODES.names()))
+@given(logp=LOGP, adv=ITEM_ADV, mask=MASK, mode=AGGREGATION_MODE)
 def test_on_policy_ratio_is_one_nothing_clips_and_gradient_is_plain_policy_gradient(logp, adv, mask, mode):
     config = PG_ONLY[mode]
     old_logp = logp.copy()  # the policy that sampled is the policy being trained
@@ -243,16 +243,7 @@ def reference_token_weights(mask, mode):
 
 
 @PROPERTY
-@given(
-    logp=LOGP,
-    delta=DELTA,
-    ref_delta=DELTA,
-    entropy=ENTROPY,
-    adv=ITEM_ADV,
-    mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES.names()),
-    num_micro=st.sampled_from([2, 4]),
-)
+@given(**LOSS_INPUTS, num_micro=st.sampled_from([2, 4]))
 def test_micro_batch_accumulation_equals_full_batch(logp, delta, ref_delta, entropy, adv, mask, mode, num_micro):
     config = CONFIGS[mode]
     args = (logp - delta, adv, mask, logp + ref_delta, logp - 0.5 * delta, entropy)
@@ -292,7 +283,7 @@ normalize_jit = jax.jit(normalize)
 
 
 @PROPERTY
-@given(mask=MASK, mode=st.sampled_from(AGGREGATION_MODES.names()))
+@given(mask=MASK, mode=AGGREGATION_MODE)
 def test_loss_denominator_matches_reference(mask, mode):
     rows = (mask.sum(axis=1) > 0).sum()
     want = {
@@ -391,17 +382,7 @@ def test_truncated_importance_weight_is_a_constant_and_caps_overflow():
 
 
 @PROPERTY
-@given(
-    logp=LOGP,
-    delta=DELTA,
-    rollout_delta=DELTA,
-    ref_delta=DELTA,
-    entropy=ENTROPY,
-    adv=ITEM_ADV,
-    mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES.names()),
-    cap=st.sampled_from(TIS_CAPS),
-)
+@given(**LOSS_INPUTS, rollout_delta=DELTA, cap=TIS_CAP)
 def test_tis_weighted_loss_matches_reference(logp, delta, rollout_delta, ref_delta, entropy, adv, mask, mode, cap):
     config = TIS[mode, cap]
     old_logp, ref_logp = logp - delta, logp + ref_delta
@@ -429,16 +410,7 @@ def test_tis_weighted_loss_matches_reference(logp, delta, rollout_delta, ref_del
 
 
 @PROPERTY
-@given(
-    logp=LOGP,
-    delta=DELTA,
-    rollout_delta=DELTA,
-    ref_delta=DELTA,
-    entropy=ENTROPY,
-    adv=ITEM_ADV,
-    mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES.names()),
-)
+@given(**LOSS_INPUTS, rollout_delta=DELTA)
 def test_tis_off_or_at_agreeing_logprobs_leaves_loss_and_gradient_unchanged(
     logp, delta, rollout_delta, ref_delta, entropy, adv, mask, mode
 ):
@@ -455,15 +427,7 @@ def test_tis_off_or_at_agreeing_logprobs_leaves_loss_and_gradient_unchanged(
 
 
 @PROPERTY
-@given(
-    logp=LOGP,
-    delta=DELTA,
-    rollout_delta=DELTA,
-    adv=ITEM_ADV,
-    mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES.names()),
-    cap=st.sampled_from(TIS_CAPS),
-)
+@given(**TIS_INPUTS, delta=DELTA)
 def test_tis_scales_each_token_gradient_by_its_weight(logp, delta, rollout_delta, adv, mask, mode, cap):
     old_logp = logp - delta
     rollout_logp = old_logp - rollout_delta
@@ -486,14 +450,7 @@ def jitted_on_policy_loss_grad(config):
 
 
 @PROPERTY
-@given(
-    logp=LOGP,
-    rollout_delta=DELTA,
-    adv=ITEM_ADV,
-    mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES.names()),
-    cap=st.sampled_from(TIS_CAPS),
-)
+@given(**TIS_INPUTS)
 def test_on_policy_tis_weights_the_plain_policy_gradient(logp, rollout_delta, adv, mask, mode, cap):
     config = TIS_PG_ONLY[mode, cap]
     rollout_logp = logp - rollout_delta
@@ -611,17 +568,7 @@ def reference_behaviour_weight(proximal_logp, behaviour_logp, cap):
 
 
 @PROPERTY
-@given(
-    logp=LOGP,
-    delta=DELTA,
-    behaviour_delta=DELTA,
-    ref_delta=DELTA,
-    entropy=ENTROPY,
-    adv=ITEM_ADV,
-    mask=MASK,
-    mode=st.sampled_from(AGGREGATION_MODES.names()),
-    cap=st.sampled_from((0.0, 2.0)),
-)
+@given(**LOSS_INPUTS, behaviour_delta=DELTA, cap=st.sampled_from((0.0, 2.0)))
 def test_decoupled_loss_matches_reference(logp, delta, behaviour_delta, ref_delta, entropy, adv, mask, mode, cap):
     """Clipped against the proximal policy, weighted by proximal / behaviour, tokens past the cap
     left out of the policy-gradient term but kept in the denominator."""

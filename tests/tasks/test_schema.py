@@ -281,84 +281,53 @@ def test_osworld_evaluator_shapes():
     assert task.evaluator.checks[0].result is None and task.evaluator.checks[1].options == {"a": 1}
 
 
+def exact_match_of(result):
+    """An evaluator comparing `result` by exact_match with an empty rule."""
+    return {"func": "exact_match", "result": result, "expected": {"type": "rule", "rules": {}}}
+
+
 @pytest.mark.parametrize(
     "evaluator, fragment",
     [
         ({"func": ""}, "evaluator.func: must name at least one metric"),
         (
-            {
-                "func": "exact_match",
-                "result": [{"type": "vm_terminal_output"}],
-                "expected": {"type": "rule", "rules": {}},
-            },
+            exact_match_of([{"type": "vm_terminal_output"}]),
             "evaluator.result: must be one object when 'func' names one metric",
         ),
         (
-            {
-                "func": "exact_match",
-                "result": {"type": "vm_file", "path": ["/a", "/b"]},
-                "expected": {"type": "rule", "rules": {}},
-            },
+            exact_match_of({"type": "vm_file", "path": ["/a", "/b"]}),
             "evaluator.result.path: must be a non-empty string (a list needs 'multi': true)",
         ),
         (
-            {
-                "func": "exact_match",
-                "result": {"type": "vm_file", "path": ["/a", "/b"], "multi": True, "dest": ["a"]},
-                "expected": {"type": "rule", "rules": {}},
-            },
+            exact_match_of({"type": "vm_file", "path": ["/a", "/b"], "multi": True, "dest": ["a"]}),
             "evaluator.result.dest: must list one file name per path (2)",
         ),
         (
-            {
-                "func": "exact_match",
-                "result": {"type": "vm_file", "path": ["/a"], "multi": True, "gives": [1]},
-                "expected": {"type": "rule", "rules": {}},
-            },
+            exact_match_of({"type": "vm_file", "path": ["/a"], "multi": True, "gives": [1]}),
             "evaluator.result.gives: must be a non-empty list of file indices in [0, 1)",
         ),
         (
-            {
-                "func": "exact_match",
-                "result": {"type": "vm_file", "path": "/a", "dest": "../a"},
-                "expected": {"type": "rule", "rules": {}},
-            },
+            exact_match_of({"type": "vm_file", "path": "/a", "dest": "../a"}),
             "evaluator.result.dest: must be a file name (no folders)",
         ),
         (
-            {
-                "func": "exact_match",
-                "result": {"type": "cache_file", "path": "sub/x"},
-                "expected": {"type": "rule", "rules": {}},
-            },
+            exact_match_of({"type": "cache_file", "path": "sub/x"}),
             "evaluator.result.path: must be a file name",
         ),
         (
-            {"func": "exact_match", "result": {"type": "vm_window_size"}, "expected": {"type": "rule", "rules": {}}},
+            exact_match_of({"type": "vm_window_size"}),
             "evaluator.result.app_class_name: getter 'vm_window_size' needs parameter 'app_class_name'",
         ),
         (
-            {
-                "func": "exact_match",
-                "result": {"type": "vm_file", "path": "/a", "multi": "maybe"},
-                "expected": {"type": "rule", "rules": {}},
-            },
+            exact_match_of({"type": "vm_file", "path": "/a", "multi": "maybe"}),
             "evaluator.result.multi: must be true or false",
         ),
         (
-            {
-                "func": "exact_match",
-                "result": {"type": "calc_insensitive_md5"},
-                "expected": {"type": "rule", "rules": {}},
-            },
+            exact_match_of({"type": "calc_insensitive_md5"}),
             "evaluator.result.type: unknown getter 'calc_insensitive_md5'",
         ),
         (
-            {
-                "func": "exact_match",
-                "result": {"type": "audio_in_slide", "ppt_file_path": "/a", "slide_index": -1, "dest": "a"},
-                "expected": {"type": "rule", "rules": {}},
-            },
+            exact_match_of({"type": "audio_in_slide", "ppt_file_path": "/a", "slide_index": -1, "dest": "a"}),
             "evaluator.result.slide_index: must be an integer >= 0",
         ),
     ],

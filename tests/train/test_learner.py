@@ -31,23 +31,14 @@ from cua_jax.train.learner import (
     supervised_loss,
 )
 from cua_jax.types import ImageSpan, TrainingItem
+from tests.support.models import SMALL_QWEN3
 
-# One decoder layer, every sharded dimension divisible by fsdp 4 x tensor 2.
-SMALL = dict(
-    num_hidden_layers=1,
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    head_dim=16,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-)
 ROWS = 4
 LENGTH = 32
 
 
 def small_model(seed: int = 0) -> Qwen3ForCausalLM:
-    return Qwen3ForCausalLM(tiny_qwen3_config(**SMALL), rngs=nnx.Rngs(seed))
+    return Qwen3ForCausalLM(tiny_qwen3_config(**SMALL_QWEN3), rngs=nnx.Rngs(seed))
 
 
 def make_items(seed: int, num_groups: int = 4, group_size: int = 2) -> tuple[list[TrainingItem], np.ndarray]:
@@ -59,7 +50,7 @@ def make_items(seed: int, num_groups: int = 4, group_size: int = 2) -> tuple[lis
         group_adv -= group_adv.mean()
         for k in range(group_size):
             n = int(rng.integers(12, LENGTH + 1))
-            ids = rng.integers(3, SMALL["vocab_size"], n).astype(np.int32)
+            ids = rng.integers(3, SMALL_QWEN3["vocab_size"], n).astype(np.int32)
             mask = np.zeros(n, np.int32)
             mask[n // 2 + int(rng.integers(0, 3)) :] = 1
             logp = np.where(mask > 0, rng.uniform(-5.5, -4.0, n), 0.0).astype(np.float32)
@@ -512,7 +503,7 @@ def test_bfloat16_step_keeps_float32_master_weights_and_follows_the_float32_upda
 
     fp32 = small_model()
     bf16 = Qwen3ForCausalLM(
-        tiny_qwen3_config(**SMALL, dtype="bfloat16", param_dtype="bfloat16", remat=True), rngs=nnx.Rngs(0)
+        tiny_qwen3_config(**SMALL_QWEN3, dtype="bfloat16", param_dtype="bfloat16", remat=True), rngs=nnx.Rngs(0)
     )
     rounded = jax.tree.map(lambda a: a.astype(jnp.bfloat16), nnx.state(fp32, nnx.Param))
     nnx.update(bf16, rounded)

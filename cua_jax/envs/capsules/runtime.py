@@ -419,25 +419,33 @@ class CapsuleRuntime:
 
     # ---- lifecycle (coroutines on the loop) -----------------------------------------
 
-    async def acreate(self, task: str, seed: int | None = None) -> str:
-        check_task(task)
-        seed = self._rng.randrange(2**31) if seed is None else int(seed)
+    async def _publish_new(
+        self, operation: str, source: str, task: str, seed: int, snapshot: CapsuleSnapshot | None = None
+    ) -> str:
+        """The id of a new environment, built from (task, seed[, snapshot]) and published as
+        `operation`; when the build fails nothing is published and a LifecycleError names
+        `operation` of `source`."""
         env_id = f"env-{next(self._env_ids)}"
         route = _Route(env_id)
-        route.frozen = "create"  # unreachable until published
+        route.frozen = operation  # unreachable until published
         self._routes[env_id] = route
         try:
-            route.generation = await self._build(task, seed)
-            self.publications.append(PublicationRecord(env_id, "create", None, route.generation.number, 0))
+            route.generation = await self._build(task, seed, snapshot)
+            self.publications.append(PublicationRecord(env_id, operation, None, route.generation.number, 0))
             self._replenish(task)
         except BaseException as error:
             del self._routes[env_id]
             if isinstance(error, Exception):
-                raise LifecycleError(f"create of a {task} capsule failed ({error}); nothing was published") from error
+                raise LifecycleError(f"{operation} of {source} failed ({error}); nothing was published") from error
             raise
         finally:
             route.frozen = None
         return env_id
+
+    async def acreate(self, task: str, seed: int | None = None) -> str:
+        check_task(task)
+        seed = self._rng.randrange(2**31) if seed is None else int(seed)
+        return await self._publish_new("create", f"a {task} capsule", task, seed)
 
     async def areset(self, env_id: str, seed: int | None = None, task: str | None = None) -> MiniWoBObservation:
         route = self._route(env_id)
@@ -477,22 +485,7 @@ class CapsuleRuntime:
 
     async def afork(self, source: str | CapsuleSnapshot) -> str:
         snap = source if isinstance(source, CapsuleSnapshot) else await self.asnapshot(source)
-        env_id = f"env-{next(self._env_ids)}"
-        route = _Route(env_id)
-        route.frozen = "fork"
-        self._routes[env_id] = route
-        try:
-            route.generation = await self._build(snap.task, snap.seed, snap)
-            self.publications.append(PublicationRecord(env_id, "fork", None, route.generation.number, 0))
-            self._replenish(snap.task)
-        except BaseException as error:
-            del self._routes[env_id]
-            if isinstance(error, Exception):
-                raise LifecycleError(f"fork of {snap.source_env!r} failed ({error}); nothing was published") from error
-            raise
-        finally:
-            route.frozen = None
-        return env_id
+        return await self._publish_new("fork", repr(snap.source_env), snap.task, snap.seed, snap)
 
     async def arestore(self, env_id: str, snapshot: CapsuleSnapshot) -> MiniWoBObservation:
         route = self._route(env_id)

@@ -13,7 +13,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from cua_jax.models.configs import RopeConfig, model_dtype
+from cua_jax.models.configs import RopeConfig, check_decoder_fields, decoder_fields_from_hf, decoder_fields_to_hf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,15 +54,7 @@ class Qwen3Config:
     remat: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "dtype", model_dtype(self.dtype, "Qwen3Config.dtype"))
-        object.__setattr__(self, "param_dtype", model_dtype(self.param_dtype, "Qwen3Config.param_dtype"))
-        if not isinstance(self.remat, bool):
-            raise ValueError(f"Qwen3Config.remat must be a bool, got {self.remat!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
+        check_decoder_fields(self, "Qwen3Config")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
         if self.hidden_act != "silu":
@@ -73,58 +65,19 @@ class Qwen3Config:
         """Builds the config from a config.json dict; `overrides` set dtype, param_dtype, ...."""
         if hf.get("use_sliding_window"):
             raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
-        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-        missing = [k for k in required if k not in hf]
-        if missing:
-            raise ValueError(f"config.json lacks required fields {missing}")
-        eos = hf.get("eos_token_id")
-        kwargs = dict(
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_hidden_layers=hf["num_hidden_layers"],
-            num_attention_heads=hf["num_attention_heads"],
-            num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
-            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope=RopeConfig.from_hf_dict(hf),
-            tie_word_embeddings=hf.get("tie_word_embeddings", False),
-            max_position_embeddings=hf.get("max_position_embeddings", 32768),
-            attention_bias=hf.get("attention_bias", False),
-            hidden_act=hf.get("hidden_act", "silu"),
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
-            pad_token_id=hf.get("pad_token_id"),
-        )
+        kwargs = decoder_fields_from_hf(hf, "Qwen3")
+        kwargs["rope"] = RopeConfig.from_hf_dict(hf)
         kwargs.update(overrides)
         return cls(**kwargs)
 
     def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
         """The config.json dict transformers' `Qwen3ForCausalLM` loads."""
-        eos = list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id
         return {
             "architectures": ["Qwen3ForCausalLM"],
             "model_type": "qwen3",
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": self.hidden_act,
-            "max_position_embeddings": self.max_position_embeddings,
-            "rms_norm_eps": self.rms_norm_eps,
+            **decoder_fields_to_hf(self, torch_dtype),
             "rope_parameters": self.rope.to_hf_dict(),
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_bias": self.attention_bias,
-            "attention_dropout": 0.0,
             "use_sliding_window": False,
-            "use_cache": True,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": eos,
-            "pad_token_id": self.pad_token_id,
-            "dtype": torch_dtype,
         }
 
 

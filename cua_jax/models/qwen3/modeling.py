@@ -28,16 +28,16 @@ from flax import nnx, struct
 from cua_jax.models.layers import (
     BATCH,
     EMBED,
-    INIT,
     LENGTH,
     MLP,
     OutputHead,
     RMSNorm,
-    attention_mask,
     checkpointed,
+    decoder_inputs,
     dot_product_attention,
     linear,
     project,
+    token_embedding,
     write_kv_cache,
 )
 from cua_jax.models.qwen3.config import Qwen3Config
@@ -149,14 +149,7 @@ class Qwen3Model(nnx.Module):
 
     def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
         self.config = cfg
-        self.embed_tokens = nnx.Embed(
-            cfg.vocab_size,
-            cfg.hidden_size,
-            dtype=cfg.dtype,
-            param_dtype=cfg.param_dtype,
-            embedding_init=nnx.with_partitioning(INIT, ("vocab", "embed"), eager_sharding=False),
-            rngs=rngs,
-        )
+        self.embed_tokens = token_embedding(cfg, rngs)
         self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
 
@@ -189,27 +182,15 @@ class Qwen3Model(nnx.Module):
         kv_cache: attend to and append to this cache (T new tokens written at cache.end).
         after_layer: hook applied to the hidden states after each decoder layer.
         """
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds.astype(self.config.dtype)
-        x = constrain(x, (BATCH, LENGTH, EMBED))
+        x, segment_ids, start, mask, cache_segments = decoder_inputs(
+            self.embed_tokens, self.config.dtype, input_ids, inputs_embeds, segment_ids, kv_cache
+        )
         b, t = x.shape[:2]
-        start = kv_cache.end if kv_cache is not None else jnp.zeros((), jnp.int32)
-        if segment_ids is None:
-            segment_ids = jnp.ones((b, t), jnp.int32)
         if position_embeddings is None:
             if positions is None:
                 positions = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
             position_embeddings = self.rotary_cos_sin(positions)
         cos, sin = position_embeddings
-        q_slots = start + jnp.arange(t, dtype=jnp.int32)
-        if kv_cache is None:
-            mask = attention_mask(segment_ids, q_slots, segment_ids, q_slots)
-        else:
-            cache_segments = jax.lax.dynamic_update_slice(
-                kv_cache.segment_ids, segment_ids.astype(jnp.int32), (0, start)
-            )
-            mask = attention_mask(segment_ids, q_slots, cache_segments, jnp.arange(kv_cache.capacity, dtype=jnp.int32))
         new_keys, new_values = [], []
         for i, layer in enumerate(self.layers):
             layer_cache = None if kv_cache is None else (kv_cache.keys[i], kv_cache.values[i], start)

@@ -11,9 +11,9 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
-from cua_jax.models.configs import model_dtype
-from cua_jax.models.vision import VisionConfig
+from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_image_token_ids, shipped_special_token_ids
+from cua_jax.models.configs import check_decoder_fields, decoder_fields_from_hf, decoder_fields_to_hf
+from cua_jax.models.vision import VisionConfig, vision_language_hf_dict, vision_language_hf_parts
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 
@@ -70,8 +70,7 @@ class Qwen3_5TextConfig:
     hf_extra: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
-        object.__setattr__(self, "dtype", model_dtype(self.dtype, "Qwen3_5TextConfig.dtype"))
-        object.__setattr__(self, "param_dtype", model_dtype(self.param_dtype, "Qwen3_5TextConfig.param_dtype"))
+        check_decoder_fields(self, "Qwen3_5TextConfig")
         if not self.layer_types:
             object.__setattr__(
                 self,
@@ -87,11 +86,6 @@ class Qwen3_5TextConfig:
         bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
         if bad:
             raise ValueError(f"layer_types holds unknown types {bad}; known: {LAYER_TYPES}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
         if self.linear_num_value_heads % self.linear_num_key_heads:
             raise ValueError(
                 f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
@@ -109,8 +103,6 @@ class Qwen3_5TextConfig:
             )
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (Qwen3.5 uses 'silu')")
-        if not isinstance(self.remat, bool):
-            raise ValueError(f"Qwen3_5TextConfig.remat must be a bool, got {self.remat!r}")
 
     @property
     def rotary_dim(self) -> int:
@@ -169,10 +161,7 @@ class Qwen3_5TextConfig:
     def from_hf_dict(cls, hf: Mapping[str, Any], **overrides: Any) -> Qwen3_5TextConfig:
         """From a Qwen3.5 text config.json dict (or a VL config's text_config); `overrides` set
         dtype, param_dtype, mtp_tensors, ...."""
-        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-        missing = [k for k in required if k not in hf]
-        if missing:
-            raise ValueError(f"config.json lacks required Qwen3.5 text fields {missing}")
+        kwargs = decoder_fields_from_hf(hf, "Qwen3.5 text")
         rope = {**dict(hf.get("rope_scaling") or {}), **dict(hf.get("rope_parameters") or {})}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
@@ -182,32 +171,16 @@ class Qwen3_5TextConfig:
         if not layer_types:
             interval = hf.get("full_attention_interval", 4)
             layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
-        eos = hf.get("eos_token_id")
-        kwargs = dict(
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_hidden_layers=layers,
-            num_attention_heads=hf["num_attention_heads"],
-            num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+        kwargs.update(
             linear_conv_kernel_dim=hf.get("linear_conv_kernel_dim", 4),
             linear_key_head_dim=hf.get("linear_key_head_dim", 128),
             linear_value_head_dim=hf.get("linear_value_head_dim", 128),
             linear_num_key_heads=hf.get("linear_num_key_heads", 16),
             linear_num_value_heads=hf.get("linear_num_value_heads", 32),
             layer_types=tuple(layer_types),
-            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
             partial_rotary_factor=float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))),
             mrope_section=tuple(rope.get("mrope_section", (11, 11, 10))),
-            tie_word_embeddings=hf.get("tie_word_embeddings", False),
-            max_position_embeddings=hf.get("max_position_embeddings", 32768),
-            attention_bias=hf.get("attention_bias", False),
-            hidden_act=hf.get("hidden_act", "silu"),
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
-            pad_token_id=hf.get("pad_token_id"),
             hf_extra=tuple(sorted((k, json.dumps(v)) for k, v in hf.items() if k not in cls._KNOWN)),
         )
         kwargs.update(overrides)
@@ -215,28 +188,18 @@ class Qwen3_5TextConfig:
 
     def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
         """The config.json dict transformers' `Qwen3_5ForCausalLM` loads."""
-        eos = list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id
         out = {k: json.loads(v) for k, v in self.hf_extra}
         out.update(
             {
                 "architectures": ["Qwen3_5ForCausalLM"],
                 "model_type": "qwen3_5_text",
-                "vocab_size": self.vocab_size,
-                "hidden_size": self.hidden_size,
-                "intermediate_size": self.intermediate_size,
-                "num_hidden_layers": self.num_hidden_layers,
-                "num_attention_heads": self.num_attention_heads,
-                "num_key_value_heads": self.num_key_value_heads,
-                "head_dim": self.head_dim,
+                **decoder_fields_to_hf(self, torch_dtype),
                 "linear_conv_kernel_dim": self.linear_conv_kernel_dim,
                 "linear_key_head_dim": self.linear_key_head_dim,
                 "linear_value_head_dim": self.linear_value_head_dim,
                 "linear_num_key_heads": self.linear_num_key_heads,
                 "linear_num_value_heads": self.linear_num_value_heads,
                 "layer_types": list(self.layer_types),
-                "hidden_act": self.hidden_act,
-                "max_position_embeddings": self.max_position_embeddings,
-                "rms_norm_eps": self.rms_norm_eps,
                 "rope_parameters": {
                     "rope_type": "default",
                     "rope_theta": self.rope_theta,
@@ -244,14 +207,6 @@ class Qwen3_5TextConfig:
                     "mrope_section": list(self.mrope_section),
                     "mrope_interleaved": True,
                 },
-                "tie_word_embeddings": self.tie_word_embeddings,
-                "attention_bias": self.attention_bias,
-                "attention_dropout": 0.0,
-                "use_cache": True,
-                "bos_token_id": self.bos_token_id,
-                "eos_token_id": eos,
-                "pad_token_id": self.pad_token_id,
-                "dtype": torch_dtype,
             }
         )
         return out
@@ -274,11 +229,7 @@ class Qwen3_5Config:
             raise ValueError(
                 "the Qwen3.5 vision tower has no DeepStack mergers (deepstack_visual_indexes must be empty)"
             )
-        if self.vision.out_hidden_size != self.text.hidden_size:
-            raise ValueError(
-                f"vision out_hidden_size {self.vision.out_hidden_size} must equal text hidden_size "
-                f"{self.text.hidden_size} (image tokens replace text embeddings)"
-            )
+        self.vision.check_image_token_width(self.text.hidden_size)
 
     @property
     def tie_word_embeddings(self) -> bool:
@@ -286,69 +237,20 @@ class Qwen3_5Config:
 
     @classmethod
     def from_hf_dict(cls, hf: Mapping[str, Any], **text_overrides: Any) -> Qwen3_5Config:
-        if "text_config" not in hf or "vision_config" not in hf:
-            raise ValueError("a Qwen3.5 vision-language config.json needs 'text_config' and 'vision_config'")
-        text_hf = dict(hf["text_config"])
-        text_hf["tie_word_embeddings"] = hf.get("tie_word_embeddings", text_hf.get("tie_word_embeddings", False))
+        text_hf, vision_hf, token_ids = vision_language_hf_parts(hf, cls, "Qwen3.5 vision-language")
         text = Qwen3_5TextConfig.from_hf_dict(text_hf, **text_overrides)
-        v = dict(hf["vision_config"])
-        vision_rope = dict(v.get("rope_parameters") or {})
-        vision = VisionConfig(
-            depth=v["depth"],
-            hidden_size=v["hidden_size"],
-            intermediate_size=v["intermediate_size"],
-            num_heads=v["num_heads"],
-            in_channels=v.get("in_channels", 3),
-            patch_size=v.get("patch_size", 16),
-            temporal_patch_size=v.get("temporal_patch_size", 2),
-            spatial_merge_size=v.get("spatial_merge_size", 2),
-            out_hidden_size=v["out_hidden_size"],
-            num_position_embeddings=v["num_position_embeddings"],
-            deepstack_visual_indexes=(),
-            rope_theta=float(vision_rope.get("rope_theta", 10000.0)),
-            hidden_act=v.get("hidden_act", "gelu_pytorch_tanh"),
-        )
+        vision = VisionConfig.from_hf_dict(vision_hf, deepstack=False)
         return cls(
             text=text,
             vision=vision,
-            image_token_id=hf.get("image_token_id", 248056),
-            video_token_id=hf.get("video_token_id", 248057),
-            vision_start_token_id=hf.get("vision_start_token_id", 248053),
-            vision_end_token_id=hf.get("vision_end_token_id", 248054),
+            **token_ids,
         )
 
     def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
         """The config.json dict transformers' `Qwen3_5ForConditionalGeneration` loads."""
         text = self.text.to_hf_dict(torch_dtype)
-        for key in ("architectures", "tie_word_embeddings", "dtype"):
-            text.pop(key, None)
-        v = self.vision
-        return {
-            "architectures": ["Qwen3_5ForConditionalGeneration"],
-            "model_type": "qwen3_5",
-            "image_token_id": self.image_token_id,
-            "video_token_id": self.video_token_id,
-            "vision_start_token_id": self.vision_start_token_id,
-            "vision_end_token_id": self.vision_end_token_id,
-            "tie_word_embeddings": self.text.tie_word_embeddings,
-            "dtype": torch_dtype,
-            "text_config": text,
-            "vision_config": {
-                "model_type": "qwen3_5_vision",
-                "depth": v.depth,
-                "hidden_size": v.hidden_size,
-                "hidden_act": v.hidden_act,
-                "intermediate_size": v.intermediate_size,
-                "num_heads": v.num_heads,
-                "in_channels": v.in_channels,
-                "patch_size": v.patch_size,
-                "spatial_merge_size": v.spatial_merge_size,
-                "temporal_patch_size": v.temporal_patch_size,
-                "out_hidden_size": v.out_hidden_size,
-                "num_position_embeddings": v.num_position_embeddings,
-                "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
-            },
-        }
+        vision = self.vision.to_hf_dict("qwen3_5_vision", deepstack=False)
+        return vision_language_hf_dict(self, "Qwen3_5ForConditionalGeneration", "qwen3_5", text, vision, torch_dtype)
 
 
 def tiny_qwen3_5_text_config(**overrides: Any) -> Qwen3_5TextConfig:
@@ -401,8 +303,5 @@ def tiny_qwen3_5_config(**text_overrides: Any) -> Qwen3_5Config:
             num_position_embeddings=256,
             deepstack_visual_indexes=(),
         ),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **shipped_image_token_ids(),
     )

@@ -51,13 +51,14 @@ from cua_jax.models.layers import (  # a Qwen3_5TextConfig has the fields these 
     LENGTH,
     MLP,
     OutputHead,
-    attention_mask,
     axis_metadata,
     checkpointed,
+    decoder_inputs,
     dot_product_attention,
     linear,
     project,
     scatter_rows,
+    token_embedding,
     write_kv_cache,
 )
 from cua_jax.models.qwen3_5.config import CheckpointTensorSpec, Qwen3_5Config, Qwen3_5TextConfig
@@ -67,7 +68,7 @@ from cua_jax.models.sharding import constrain
 from cua_jax.models.vision import (
     GridTHW,
     ImageGrid,
-    VisionTower,
+    VisionLanguageModel,
     merged_token_counts,
     normalize_grid,
 )
@@ -295,14 +296,7 @@ class Qwen3_5TextModel(nnx.Module):
 
     def __init__(self, cfg: Qwen3_5TextConfig, *, rngs: nnx.Rngs):
         self.config = cfg
-        self.embed_tokens = nnx.Embed(
-            cfg.vocab_size,
-            cfg.hidden_size,
-            dtype=cfg.dtype,
-            param_dtype=cfg.param_dtype,
-            embedding_init=nnx.with_partitioning(INIT, ("vocab", "embed"), eager_sharding=False),
-            rngs=rngs,
-        )
+        self.embed_tokens = token_embedding(cfg, rngs)
         self.layers = nnx.List([DecoderLayer(cfg, kind, rngs=rngs) for kind in cfg.layer_types])
         self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.param_dtype)
 
@@ -333,25 +327,13 @@ class Qwen3_5TextModel(nnx.Module):
         default all ones; one sequence per row); kv_cache: continue from and update this state.
         """
         cfg = self.config
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds.astype(cfg.dtype)
-        x = constrain(x, (BATCH, LENGTH, EMBED))
+        x, segment_ids, start, mask, cache_segments = decoder_inputs(
+            self.embed_tokens, cfg.dtype, input_ids, inputs_embeds, segment_ids, kv_cache
+        )
         b, t = x.shape[:2]
-        start = kv_cache.end if kv_cache is not None else jnp.zeros((), jnp.int32)
-        if segment_ids is None:
-            segment_ids = jnp.ones((b, t), jnp.int32)
         if positions is None:
             positions = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
         cos, sin = self.rotary_cos_sin(positions)
-        q_slots = start + jnp.arange(t, dtype=jnp.int32)
-        if kv_cache is None:
-            mask = attention_mask(segment_ids, q_slots, segment_ids, q_slots)
-        else:
-            cache_segments = jax.lax.dynamic_update_slice(
-                kv_cache.segment_ids, segment_ids.astype(jnp.int32), (0, start)
-            )
-            mask = attention_mask(segment_ids, q_slots, cache_segments, jnp.arange(kv_cache.capacity, dtype=jnp.int32))
         keep = (segment_ids != 0)[..., None]
         keys, values, convs, recurrents = [], [], [], []
         full_i = linear_i = 0
@@ -429,7 +411,7 @@ class Qwen3_5ForCausalLM(OutputHead, nnx.Module):
         return init_hybrid_cache(self.config, batch, capacity, dtype)
 
 
-class Qwen3_5ForConditionalGeneration(nnx.Module):
+class Qwen3_5ForConditionalGeneration(VisionLanguageModel):
     """Qwen3.5 with images: `visual` (VisionTower without DeepStack) + `language_model`
     (Qwen3_5ForCausalLM). Each `image_token_id` placeholder is replaced, in order, by one merged
     image token; positions are Qwen3-VL's multimodal ones (`cua_jax.models.qwen3_vl.rope_index`).
@@ -438,35 +420,13 @@ class Qwen3_5ForConditionalGeneration(nnx.Module):
     """
 
     def __init__(self, config: Qwen3_5Config, *, rngs: nnx.Rngs, freeze_vision: bool = False):
-        self.config = config
-        self.freeze_vision = freeze_vision
-        self.visual = VisionTower(
-            config.vision,
-            rngs=rngs,
-            dtype=config.text.dtype,
-            param_dtype=config.text.param_dtype,
-            remat=config.text.remat,
-        )
+        super().__init__(config, rngs=rngs, freeze_vision=freeze_vision)
         self.language_model = Qwen3_5ForCausalLM(config.text, rngs=rngs)
-
-    def trainable_filter(self) -> nnx.filterlib.Filter:
-        if self.freeze_vision:
-            return nnx.All(nnx.Param, nnx.Not(nnx.PathContains("visual")))
-        return nnx.Param
 
     def encode_images(self, pixel_values: jax.Array, image_grid_thw) -> tuple[jax.Array, tuple[()]]:
         """(image tokens [M, E], no DeepStack features) for the images' patches."""
         embeds, _ = self.visual(pixel_values, ImageGrid.of(image_grid_thw))
         return (jax.lax.stop_gradient(embeds) if self.freeze_vision else embeds), ()
-
-    def output_projection(self) -> jax.Array:
-        return self.language_model.output_projection()
-
-    def logits(self, hidden: jax.Array) -> jax.Array:
-        return self.language_model.logits(hidden)
-
-    def init_cache(self, batch: int, capacity: int, dtype=None) -> HybridCache:
-        return self.language_model.init_cache(batch, capacity, dtype)
 
     def hidden_states(
         self,
@@ -509,10 +469,6 @@ class Qwen3_5ForConditionalGeneration(nnx.Module):
         return self.language_model.model(
             inputs_embeds=embeds, positions=positions, segment_ids=segment_ids, kv_cache=kv_cache
         )
-
-    def __call__(self, input_ids, **kwargs) -> tuple[jax.Array, HybridCache | None]:
-        hidden, cache = self.hidden_states(input_ids, **kwargs)
-        return self.logits(hidden), cache
 
 
 def image_prefill_extras(config: Qwen3_5Config, pixel_values, image_grid_thw):

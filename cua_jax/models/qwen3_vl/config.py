@@ -8,10 +8,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_special_token_ids
+from cua_jax.context.tokenizer import VOCAB_SIZE, shipped_image_token_ids, shipped_special_token_ids
 from cua_jax.models.configs import RopeConfig
 from cua_jax.models.qwen3 import Qwen3Config, tiny_qwen3_config
-from cua_jax.models.vision import VisionConfig
+from cua_jax.models.vision import VisionConfig, vision_language_hf_dict, vision_language_hf_parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,11 +34,7 @@ class Qwen3VLConfig:
                 f"mrope_section {self.mrope_section} must have 3 entries summing to head_dim // 2 = "
                 f"{self.text.head_dim // 2}"
             )
-        if self.vision.out_hidden_size != self.text.hidden_size:
-            raise ValueError(
-                f"vision out_hidden_size {self.vision.out_hidden_size} must equal text hidden_size "
-                f"{self.text.hidden_size} (image tokens replace text embeddings)"
-            )
+        self.vision.check_image_token_width(self.text.hidden_size)
         if self.text.rope.rope_type == "dynamic":
             raise ValueError("dynamic-NTK rope is not supported with multimodal RoPE")
         if len(self.vision.deepstack_visual_indexes) > self.text.num_hidden_layers:
@@ -54,82 +50,32 @@ class Qwen3VLConfig:
     @classmethod
     def from_hf_dict(cls, hf: Mapping[str, Any], **text_overrides: Any) -> Qwen3VLConfig:
         """From a Qwen3-VL config.json dict; `text_overrides` set dtype, param_dtype, ...."""
-        if "text_config" not in hf or "vision_config" not in hf:
-            raise ValueError("a Qwen3-VL config.json needs 'text_config' and 'vision_config'")
-        text_hf = dict(hf["text_config"])
+        text_hf, vision_hf, token_ids = vision_language_hf_parts(hf, cls, "Qwen3-VL")
         rope_params = dict(text_hf.get("rope_parameters") or text_hf.get("rope_scaling") or {})
         mrope = rope_params.get("mrope_section", [24, 20, 20])
         if rope_params.get("mrope_interleaved") is False:
             raise ValueError("only interleaved M-RoPE (Qwen3-VL) is supported, config has mrope_interleaved=false")
-        # Qwen3-VL keeps tie_word_embeddings at the top level; the text config's copy (older files) is ignored.
-        text_hf["tie_word_embeddings"] = hf.get("tie_word_embeddings", text_hf.get("tie_word_embeddings", False))
         text = Qwen3Config.from_hf_dict(text_hf, **text_overrides)
-        v = dict(hf["vision_config"])
-        vision_rope = dict(v.get("rope_parameters") or {})
-        vision = VisionConfig(
-            depth=v["depth"],
-            hidden_size=v["hidden_size"],
-            intermediate_size=v["intermediate_size"],
-            num_heads=v["num_heads"],
-            in_channels=v.get("in_channels", 3),
-            patch_size=v.get("patch_size", 16),
-            temporal_patch_size=v.get("temporal_patch_size", 2),
-            spatial_merge_size=v.get("spatial_merge_size", 2),
-            out_hidden_size=v["out_hidden_size"],
-            num_position_embeddings=v["num_position_embeddings"],
-            deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes", ())),
-            rope_theta=float(vision_rope.get("rope_theta", v.get("rope_theta", 10000.0))),
-            hidden_act=v.get("hidden_act", "gelu_pytorch_tanh"),
-        )
+        vision = VisionConfig.from_hf_dict(vision_hf, deepstack=True)
         return cls(
             text=text,
             vision=vision,
             mrope_section=tuple(int(x) for x in mrope),
-            image_token_id=hf.get("image_token_id", 151655),
-            video_token_id=hf.get("video_token_id", 151656),
-            vision_start_token_id=hf.get("vision_start_token_id", 151652),
-            vision_end_token_id=hf.get("vision_end_token_id", 151653),
+            **token_ids,
         )
 
     def to_hf_dict(self, torch_dtype: str = "float32") -> dict[str, Any]:
         """The config.json dict transformers' `Qwen3VLForConditionalGeneration` loads."""
         text = self.text.to_hf_dict(torch_dtype)
-        for key in ("architectures", "use_sliding_window", "tie_word_embeddings", "dtype"):
-            text.pop(key, None)
+        del text["use_sliding_window"]  # not a Qwen3-VL text field
         text["model_type"] = "qwen3_vl_text"
         text["rope_parameters"] = {
             **self.text.rope.to_hf_dict(),
             "mrope_section": list(self.mrope_section),
             "mrope_interleaved": True,
         }
-        v = self.vision
-        return {
-            "architectures": ["Qwen3VLForConditionalGeneration"],
-            "model_type": "qwen3_vl",
-            "image_token_id": self.image_token_id,
-            "video_token_id": self.video_token_id,
-            "vision_start_token_id": self.vision_start_token_id,
-            "vision_end_token_id": self.vision_end_token_id,
-            "tie_word_embeddings": self.text.tie_word_embeddings,
-            "dtype": torch_dtype,
-            "text_config": text,
-            "vision_config": {
-                "model_type": "qwen3_vl_vision",
-                "depth": v.depth,
-                "hidden_size": v.hidden_size,
-                "hidden_act": v.hidden_act,
-                "intermediate_size": v.intermediate_size,
-                "num_heads": v.num_heads,
-                "in_channels": v.in_channels,
-                "patch_size": v.patch_size,
-                "spatial_merge_size": v.spatial_merge_size,
-                "temporal_patch_size": v.temporal_patch_size,
-                "out_hidden_size": v.out_hidden_size,
-                "num_position_embeddings": v.num_position_embeddings,
-                "deepstack_visual_indexes": list(v.deepstack_visual_indexes),
-                "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
-            },
-        }
+        vision = self.vision.to_hf_dict("qwen3_vl_vision", deepstack=True)
+        return vision_language_hf_dict(self, "Qwen3VLForConditionalGeneration", "qwen3_vl", text, vision, torch_dtype)
 
 
 def tiny_qwen3_vl_config(**text_overrides: Any) -> Qwen3VLConfig:
@@ -164,8 +110,5 @@ def tiny_qwen3_vl_config(**text_overrides: Any) -> Qwen3VLConfig:
             deepstack_visual_indexes=(0, 1),
         ),
         mrope_section=(12, 10, 10),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **shipped_image_token_ids(),
     )

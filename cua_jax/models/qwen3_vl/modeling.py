@@ -37,7 +37,7 @@ from cua_jax.models.rope import mrope_cos_sin, rope_inv_freq
 from cua_jax.models.vision import (
     GridTHW,
     ImageGrid,
-    VisionTower,
+    VisionLanguageModel,
     merged_token_counts,
     normalize_grid,
 )
@@ -158,7 +158,7 @@ def image_features(
     return scatter_rows(mask, tokens)[0], tuple(scatter_rows(mask, d)[0] for d in deepstack)
 
 
-class Qwen3VLForConditionalGeneration(nnx.Module):
+class Qwen3VLForConditionalGeneration(VisionLanguageModel):
     """Qwen3-VL: `visual` (VisionTower) + `language_model` (Qwen3ForCausalLM, its decoder and LM head).
 
     freeze_vision: the vision tower's outputs are wrapped in stop_gradient (no gradient and no
@@ -171,24 +171,8 @@ class Qwen3VLForConditionalGeneration(nnx.Module):
     """
 
     def __init__(self, config: Qwen3VLConfig, *, rngs: nnx.Rngs, freeze_vision: bool = False):
-        self.config = config
-        self.freeze_vision = freeze_vision
-        self.visual = VisionTower(
-            config.vision,
-            rngs=rngs,
-            dtype=config.text.dtype,
-            param_dtype=config.text.param_dtype,
-            remat=config.text.remat,
-        )
+        super().__init__(config, rngs=rngs, freeze_vision=freeze_vision)
         self.language_model = Qwen3ForCausalLM(config.text, rngs=rngs)
-
-    # -- parameter groups ------------------------------------------------------------------
-
-    def trainable_filter(self) -> nnx.filterlib.Filter:
-        """The parameters the optimizer updates: all, or all but the vision tower when frozen."""
-        if self.freeze_vision:
-            return nnx.All(nnx.Param, nnx.Not(nnx.PathContains("visual")))
-        return nnx.Param
 
     # -- pieces ----------------------------------------------------------------------------
 
@@ -208,17 +192,6 @@ class Qwen3VLForConditionalGeneration(nnx.Module):
             raise ValueError(f"positions must be [3, B, T] or [B, T], got shape {positions.shape}")
         inv_freq, scaling = text_rope_tables(self.config)
         return mrope_cos_sin(positions, inv_freq, self.config.mrope_section, scaling)
-
-    def output_projection(self) -> jax.Array:
-        """The [E, V] matrix mapping final hidden states to logits."""
-        return self.language_model.output_projection()
-
-    def logits(self, hidden: jax.Array) -> jax.Array:
-        """hidden [..., E] -> logits float32 [..., V]."""
-        return self.language_model.logits(hidden)
-
-    def init_cache(self, batch: int, capacity: int, dtype=None) -> KVCache:
-        return self.language_model.init_cache(batch, capacity, dtype)
 
     def _inject_images(self, input_ids, embeds, pixel_values, image_grid_thw):
         """Image tokens in place of the placeholders of embeds [B, T, E], and the DeepStack hook
@@ -304,11 +277,6 @@ class Qwen3VLForConditionalGeneration(nnx.Module):
             kv_cache=kv_cache,
             after_layer=after_layer,
         )
-
-    def __call__(self, input_ids: jax.Array, **kwargs) -> tuple[jax.Array, KVCache | None]:
-        """(logits float32 [B, T, V], updated cache); arguments as `hidden_states`."""
-        hidden, cache = self.hidden_states(input_ids, **kwargs)
-        return self.logits(hidden), cache
 
 
 # ---------------------------------------------------------------------------
