@@ -1,4 +1,6 @@
-"""The Qwen3-VL vision tower in Flax NNX.
+# Single job: the vision side the image models share (the tower, its config section, the vision-language base).
+"""The Qwen3-VL vision tower in Flax NNX, its config.json section, and `VisionLanguageModel`,
+what Qwen3-VL and Qwen3.5's image models share (the tower, its freeze filter, head and cache).
 
 Matches transformers' `Qwen3VLVisionModel`: a patch embedding over
 temporal_patch_size x patch_size x patch_size pixel cubes, a learned square table
