@@ -25,8 +25,14 @@ from typing import Any
 
 import numpy as np
 
+from cua_jax.context.render import ChatRenderer
+from cua_jax.context.tokenizer import load_processor
+from cua_jax.environments.kinds import environment_kind
 from cua_jax.envs import actions as A
-from cua_jax.rollout.agent_loop import AgentConfig
+from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
+from cua_jax.models.checkpoint import read_hf_config
+from cua_jax.models.hf_policy import check_policy_directory
+from cua_jax.rollout.agent_loop import AgentConfig, reserved_token_ids
 from cua_jax.rollout.engine import (
     FinishReason,
     Generation,
@@ -35,7 +41,19 @@ from cua_jax.rollout.engine import (
     SamplingConfig,
     ScriptedEngine,
 )
+from cua_jax.rollout.oracle_engine import OracleDemonstrator
 from cua_jax.rollout.rollout_worker import EnvWrapper
+from cua_jax.train.build import (
+    build_policy,
+    build_rollout_workers,
+    load_run_processor,
+    rollout_worker_config,
+    start_local_workers,
+)
+from cua_jax.train.checkpoint import resolve_step, restore_policy
+from cua_jax.train.settings import TrainSettings
+from experiments.export import read_run_config
+from experiments.sweep_runs import apply_overrides
 
 SCRIPTED_POLICIES = ("random", "oracle")
 RANDOM_KEYS = ("enter", "tab", "backspace", "esc", "up", "down", "left", "right", "space")
@@ -100,8 +118,6 @@ class TaskOracleEngine(ScriptedEngine):
         return [e for d in self.demonstrators.values() for e in d.errors]
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
-        from cua_jax.rollout.oracle_engine import OracleDemonstrator
-
         if self.task is None:
             raise RuntimeError("the oracle engine was not told its task (TaskOracleEngine.task) before the group")
         if self.task not in self.demonstrators:
@@ -122,9 +138,6 @@ class ScriptedEngineFactory:
     action_space: str = "coordinates"
 
     def __call__(self) -> RolloutEngine:
-        from cua_jax.context.render import ChatRenderer
-        from cua_jax.context.tokenizer import load_processor
-
         renderer = ChatRenderer(*load_processor(self.tokenizer_dir))
         if self.kind == "random":
             return RandomActionEngine(renderer.tokenizer, renderer.end_of_turn_id, self.seed)
@@ -154,8 +167,6 @@ class EvalPolicy:
     def unsupported(self, task: Any) -> str | None:
         """Why this policy cannot run `task` (a `SourceTask`), or None."""
         if self.name == "oracle":
-            from cua_jax.envs.miniwob_oracle import ORACLE_TASKS
-
             if task.kind != "miniwob" or task.spec not in ORACLE_TASKS:
                 return "the MiniWoB oracle has no script for it"
         return None
@@ -195,10 +206,6 @@ def load_eval_policy(spec: str, config: Any, step: int | None = None) -> EvalPol
             "policy or a training run's workdir)"
         )
     if (path / "checkpoints").is_dir():
-        from cua_jax.train.checkpoint import resolve_step, restore_policy
-        from cua_jax.train.settings import TrainSettings
-        from experiments.export import read_run_config
-
         step = resolve_step(path, step)
         run_config = read_run_config(path, step)
         return EvalPolicy(
@@ -206,10 +213,6 @@ def load_eval_policy(spec: str, config: Any, step: int | None = None) -> EvalPol
         )
     if step is not None:
         raise ValueError(f"--step applies to a run's workdir; {spec} holds no checkpoints/")
-    from cua_jax.models.checkpoint import read_hf_config
-    from cua_jax.models.hf_policy import check_policy_directory
-    from cua_jax.train.build import build_policy
-    from cua_jax.train.settings import TrainSettings
 
     found = check_policy_directory(path)
     config = config.copy_and_resolve_references()
@@ -229,10 +232,6 @@ def eval_settings(policy: EvalPolicy, suite: Any, agent: AgentConfig, num_worker
     fields its tasks need (`EnvironmentKind.suite_fields`: a suite of desktop tasks adds its
     folder to env.task_dirs, so the desktop pool is configured and checked as a run's would be,
     with room for a group of `group_size` episodes)."""
-    from cua_jax.environments.kinds import environment_kind
-    from cua_jax.train.settings import TrainSettings
-    from experiments.sweep_runs import apply_overrides
-
     config = policy.config.copy_and_resolve_references()
     config.rollout.num_workers = int(num_workers)
     kinds = [environment_kind(name) for name in sorted(suite.catalog.kinds)]
@@ -257,13 +256,6 @@ def build_eval_workers(
     """`num_workers` rollout workers running `policy` on the tasks of `suite` (a
     `suites.Suite`), with `agent` as their evaluation agent loop and groups of up to
     `group_size` episodes."""
-    from cua_jax.train.build import (
-        build_rollout_workers,
-        load_run_processor,
-        rollout_worker_config,
-        start_local_workers,
-    )
-
     if num_workers < 1:
         raise ValueError(f"an evaluation needs at least one rollout worker, got {num_workers}")
     settings = eval_settings(policy, suite, agent, num_workers, group_size)
@@ -288,8 +280,6 @@ def build_eval_workers(
         raise ValueError(
             f"evaluation runs a policy on the JAX sampler; config.rollout.engine is {policy.config.rollout.engine!r}"
         )
-    from cua_jax.context.render import ChatRenderer
-    from cua_jax.rollout.agent_loop import reserved_token_ids
 
     tokenizer, image_processor = load_run_processor(settings.model)
     banned = reserved_token_ids(ChatRenderer(tokenizer, image_processor))
@@ -301,8 +291,6 @@ def worker_factory(
 ) -> Callable[[int, float], list]:
     """(turn budget, temperature) -> `build_eval_workers` with the policy config's evaluation
     agent at that budget and temperature (what `harness.sweep` takes)."""
-    from cua_jax.train.settings import TrainSettings
-
     base = TrainSettings.from_config(policy.config).eval_agent
 
     def make(turns: int, temperature: float) -> list:
