@@ -99,7 +99,6 @@ class Pretrainer:
     pretrain: its pretrain section (`pretrain_settings`)."""
 
     def __init__(self, settings, pretrain):
-
         self.settings, self.pretrain = settings, pretrain
         use_compilation_cache(settings.compilation_cache_dir)
         if self.settings.warm_start is None:
@@ -183,7 +182,6 @@ class Pretrainer:
         _atomic_write(os.path.join(self.workdir, STATE_FILE), pickle.dumps(state, pickle.HIGHEST_PROTOCOL))
 
     def run(self) -> dict[str, Any]:
-
         config, every = self.settings.warm_start, self.pretrain
         start = time.perf_counter()
         commit = git_commit()  # the code this run starts with, not what the checkout holds when it ends
@@ -307,7 +305,6 @@ class Pretrainer:
         return self.pretrain.export_dir or os.path.join(self.workdir, "base")
 
     def _export(self, model, manifest: dict[str, Any]) -> None:
-
         directory = self.export_dir()
         # The shipped tokenizer is copied byte for byte; any other is written by its own save.
         tokenizer = self.tokenizer if self.settings.model.tokenizer_source else None
@@ -317,7 +314,6 @@ class Pretrainer:
             f.write("\n")
 
     def _plot(self) -> None:
-
         plot_curves(
             self.writer.jsonl_path,
             ["pretrain/loss", "pretrain/held_out_nll", "pretrain/held_out_click_nll", "pretrain/click_prior_nll"],

@@ -172,9 +172,8 @@ class TrainLoopConfig:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"TrainLoopConfig.mode {self.mode!r} is not one of {MODES}")
-        for name, low in (("num_steps", 0), ("checkpoint_every", 1), ("trace_every", 0), ("buffer_groups", 0)):
-            if getattr(self, name) < low:
-                raise ValueError(f"TrainLoopConfig.{name} must be >= {low}, got {getattr(self, name)}")
+        require_at_least(self, ("checkpoint_every",), 1)
+        require_at_least(self, ("num_steps", "trace_every", "buffer_groups"), 0)
         if self.mode == "on_policy" and self.staleness_window != 0:
             raise ValueError(
                 f"TrainLoopConfig.staleness_window must be 0 in on_policy mode, got {self.staleness_window}"
@@ -292,9 +291,8 @@ class VllmSettings:
     log_level: str
 
     def __post_init__(self):
-        for name, low in (("engines", 1), ("max_num_seqs", 1), ("threads", 1), ("max_retries", 0), ("kv_cache_mb", 0)):
-            if getattr(self, name) < low:
-                raise ValueError(f"VllmSettings.{name} must be >= {low}, got {getattr(self, name)}")
+        require_at_least(self, ("engines", "max_num_seqs", "threads"), 1)
+        require_at_least(self, ("max_retries", "kv_cache_mb"), 0)
         for name, choices in (("placement", PLACEMENT_STRATEGIES), ("log_level", LOG_LEVELS), ("dtype", VLLM_DTYPES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"VllmSettings.{name} {getattr(self, name)!r} is not one of {choices}")
@@ -387,7 +385,6 @@ class ModelSettings:
     remat: bool
 
     def __post_init__(self):
-
         if self.num_layers < 0:
             raise ValueError(f"ModelSettings.num_layers must be >= 0, got {self.num_layers}")
         if self.name not in POLICIES:
@@ -609,7 +606,6 @@ class TrainSettings:
                 "learner.old_logprobs",
                 "'current' equals the sampling policy only strictly on-policy; use 'recompute' or 'rollout'",
             )
-
         warm_start = section_to_dataclass(
             WarmStartConfig,
             {**c.warm_start.to_dict(), "max_grad_norm": c.warm_start.max_grad_norm or None},
@@ -746,7 +742,7 @@ class TrainSettings:
             )
         # Every segmenter's section is checked (by its options dataclass), the chosen one's kept;
         # the segmenters that drop screenshots share context.placeholder_text.
-        shared = {"placeholder_text": (c.context.placeholder_text, "context.placeholder_text")}
+        placeholder = {"placeholder_text": (c.context.placeholder_text, "context.placeholder_text")}
         segmenter_options = {}
         for name, options_type in SEGMENTER_OPTIONS.items():
             takes = {field.name for field in dataclasses.fields(options_type)}
@@ -754,7 +750,7 @@ class TrainSettings:
                 options_type,
                 c.context.get(name, {}),  # a segmenter without options has no section
                 f"context.{name}",
-                **{field: value for field, value in shared.items() if field in takes},
+                **{field: value for field, value in placeholder.items() if field in takes},
             )
         options = dataclasses.asdict(segmenter_options[c.context.segmenter])
         return cls(
@@ -797,7 +793,6 @@ def _kind_configs(c, run_view: Any) -> dict[str, Any]:
     (`EnvironmentKind.config_section`; the dataclass's defaults for fields, or a section, the
     run config lacks) less the fields that choose its tasks, with the fields it derives from
     other sections (seen through `run_view`, a `cua_jax.environments.kinds.RunView`)."""
-
     configs = {}
     for name in kind_names():
         kind = environment_kind(name)
@@ -815,7 +810,6 @@ def _kind_configs(c, run_view: Any) -> dict[str, Any]:
 def _plugin_kind(c) -> Any:
     """The registered kind env.kind names when it is none of ENV_KINDS (after importing
     env.kind_modules, which register their kinds), else None."""
-
     try:
         import_kind_modules(tuple(c.env.kind_modules))
     except ImportError as error:
@@ -845,7 +839,6 @@ def _task_catalog(
     env.tasks ((task, tier) records: MiniWoB), env.task_dirs (folders of OSWorld-format task JSON),
     env.code.suite_dir / tasks (code tasks), env.<plugin kind> (its tasks), env.domain_weights,
     eval.tasks."""
-
     plugin = _plugin_kind(c)
     miniwob = c.env.kind in ("miniwob", "mixed")
     desktop = c.env.kind in ("desktop", "mixed")
