@@ -3,7 +3,8 @@ entry per small random-init policy.
 
 A `ModelKind` gives what code choosing between models needs: the transformers architecture a
 config.json names, our config and model classes, where config.json keeps the vocabulary size,
-and the checkpoint loader and exporter. Looking up an unknown kind raises
+the checkpoint loader and exporter, and the key table between our parameters and the
+checkpoint's tensors. Looking up an unknown kind raises
 `cua_jax.registry.UnknownNameError`, naming the registered kinds.
 """
 
@@ -16,7 +17,14 @@ from typing import Any
 from flax import nnx
 
 from cua_jax.context.tokenizer import VOCAB_SIZE
-from cua_jax.models.qwen3 import Qwen3Config, Qwen3ForCausalLM, export_qwen3, load_qwen3, tiny_qwen3_config
+from cua_jax.models.qwen3 import (
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    export_qwen3,
+    load_qwen3,
+    qwen3_key_table,
+    tiny_qwen3_config,
+)
 from cua_jax.models.qwen3_5 import (
     Qwen3_5Config,
     Qwen3_5ForCausalLM,
@@ -24,6 +32,7 @@ from cua_jax.models.qwen3_5 import (
     Qwen3_5TextConfig,
     export_qwen3_5,
     load_qwen3_5,
+    qwen3_5_key_table,
     tiny_qwen3_5_config,
 )
 from cua_jax.models.qwen3_vl import (
@@ -31,6 +40,7 @@ from cua_jax.models.qwen3_vl import (
     Qwen3VLForConditionalGeneration,
     export_qwen3_vl,
     load_qwen3_vl,
+    qwen3_vl_key_table,
     tiny_qwen3_vl_config,
 )
 from cua_jax.registry import Registry
@@ -47,6 +57,8 @@ class ModelKind:
       its text config's).
     load: (directory, **overrides) -> (model, config); overrides as `hf_policy.load_policy`'s.
     export: (model, directory, **kwargs) writes the model as a Hugging Face directory.
+    key_table: config -> the HF name <-> parameter path mappings (`checkpoint.KeyMapping`) of
+      the model `config` builds (what weight sync to a serving engine maps through).
     """
 
     name: str
@@ -56,6 +68,7 @@ class ModelKind:
     vocab_field: tuple[str, ...]
     load: Callable[..., tuple[Any, Any]]
     export: Callable[..., Any]
+    key_table: Callable[[Any], list]
 
     @property
     def text_only(self) -> bool:
@@ -76,7 +89,16 @@ def _load_qwen3_5_text(directory, *, freeze_vision: bool = False, **overrides):
 
 
 _register(
-    ModelKind("qwen3", "Qwen3ForCausalLM", Qwen3Config, Qwen3ForCausalLM, ("vocab_size",), load_qwen3, export_qwen3)
+    ModelKind(
+        "qwen3",
+        "Qwen3ForCausalLM",
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        ("vocab_size",),
+        load_qwen3,
+        export_qwen3,
+        qwen3_key_table,
+    )
 )
 _register(
     ModelKind(
@@ -87,6 +109,7 @@ _register(
         ("text_config", "vocab_size"),
         load_qwen3_vl,
         export_qwen3_vl,
+        qwen3_vl_key_table,
     )
 )
 _register(
@@ -98,6 +121,7 @@ _register(
         ("text_config", "vocab_size"),
         load_qwen3_5,
         export_qwen3_5,
+        qwen3_5_key_table,
     )
 )
 _register(
@@ -109,8 +133,14 @@ _register(
         ("vocab_size",),
         _load_qwen3_5_text,
         export_qwen3_5,
+        qwen3_5_key_table,
     )
 )
+
+
+def model_kind_of_architectures(architectures) -> ModelKind | None:
+    """The kind whose architecture a config.json's `architectures` list names, or None."""
+    return next((kind for kind in MODEL_KINDS.values() if kind.architecture in (architectures or ())), None)
 
 
 def model_kind_of(model) -> ModelKind:

@@ -54,9 +54,7 @@ import numpy as np
 
 from cua_jax.models import checkpoint
 from cua_jax.models.checkpoint import read_hf_config
-from cua_jax.models.qwen3 import Qwen3Config, qwen3_key_table
-from cua_jax.models.qwen3_5 import Qwen3_5Config, Qwen3_5TextConfig, qwen3_5_key_table
-from cua_jax.models.qwen3_vl import Qwen3VLConfig, qwen3_vl_key_table
+from cua_jax.models.registry import model_kind_of_architectures
 from cua_jax.rollout.engine import (
     EngineHealth,
     FinishReason,
@@ -223,16 +221,10 @@ def pack_shared_buffer(
 def key_table_for_directory(model_dir: str):
     """Our key table for the model an exported directory holds (by config.json's architecture)."""
     hf = checkpoint.read_hf_config(model_dir)
-    architectures = hf.get("architectures") or []
-    if "Qwen3ForCausalLM" in architectures:
-        return qwen3_key_table(Qwen3Config.from_hf_dict(hf))
-    if "Qwen3VLForConditionalGeneration" in architectures:
-        return qwen3_vl_key_table(Qwen3VLConfig.from_hf_dict(hf))
-    if "Qwen3_5ForCausalLM" in architectures:
-        return qwen3_5_key_table(Qwen3_5TextConfig.from_hf_dict(hf))
-    if "Qwen3_5ForConditionalGeneration" in architectures:
-        return qwen3_5_key_table(Qwen3_5Config.from_hf_dict(hf))
-    raise ValueError(f"{model_dir}: no key table for architectures {architectures}")
+    kind = model_kind_of_architectures(hf.get("architectures"))
+    if kind is None:
+        raise ValueError(f"{model_dir}: no key table for architectures {hf.get('architectures') or []}")
+    return kind.key_table(kind.config_class.from_hf_dict(hf))
 
 
 def hf_weight_entries(params: Any, key_table: Sequence[Any]) -> list[tuple[str, Any, bool]]:
