@@ -38,7 +38,7 @@ then the ratios, one per line:
 
 and a JSON under --out.
 
-  python -m experiments.benchmarks.rl_step [--steps 3] [--warmup_steps 4] [--modes off on]
+  python -m experiments.benchmarks.rl_step [--steps 3] [--warmup_steps 4] [--modes off on] [--warm_pages N]
 """
 
 from __future__ import annotations
@@ -63,9 +63,12 @@ MODES = ("off", "on")
 BASE = "experiments/bases/miniwob-elements"
 
 
-def reference_config(workdir: str, optimizations: bool):
-    """The main job's config before the throughput work, with the throughput fields set."""
+def reference_config(workdir: str, optimizations: bool, warm_pages: int | None = None):
+    """The main job's config before the throughput work, with the throughput fields set
+    (`warm_pages`: env.capsules.warm_pages for both modes; None keeps the base config's)."""
     c = base_config()
+    if warm_pages is not None:
+        c.env.capsules.warm_pages = warm_pages
     c.name = "rl_step_" + ("on" if optimizations else "off")
     c.workdir = workdir
     c.model.name = "qwen3_vl"
@@ -119,7 +122,7 @@ def ideal_tokens(items) -> int:
 
 def measure(mode: str, args) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
-        setup = prepare_run(reference_config(workdir, mode == "on"))
+        setup = prepare_run(reference_config(workdir, mode == "on", args.warm_pages))
         warm_start(setup)
         with build_trainer(setup) as trainer:
             for _ in range(args.warmup_steps):
@@ -206,6 +209,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup_steps", type=int, default=4)  # until most shapes are compiled
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument(
+        "--warm_pages", type=int, default=None, help="env.capsules.warm_pages in both modes (default: the base's)"
+    )
     parser.add_argument("--out", default="runs/benchmarks")
     args = parser.parse_args()
     record_compilation()
