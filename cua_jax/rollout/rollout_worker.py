@@ -422,11 +422,30 @@ def rollout_worker_actor(
     )
 
 
-class RemoteRolloutWorker:
-    """A RolloutWorker in a Ray actor, driven through the in-process worker's blocking methods."""
+class SharedPlacementGroup:
+    """A placement group the actors of one start_remote_workers call share: removed when the
+    last of them has shut down, so its bundles go back to the cluster."""
 
-    def __init__(self, actor: Any):
+    def __init__(self, group: Any, holders: int):
+        self.group = group
+        self.holders = holders
+
+    def release(self) -> None:
+        self.holders -= 1
+        if self.holders == 0 and self.group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            group, self.group = self.group, None
+            remove_placement_group(group)
+
+
+class RemoteRolloutWorker:
+    """A RolloutWorker in a Ray actor, driven through the in-process worker's blocking methods.
+    placement: the placement group its actor runs in, shared with its siblings (None: none)."""
+
+    def __init__(self, actor: Any, placement: SharedPlacementGroup | None = None):
         self.actor = actor
+        self.placement = placement
 
     @classmethod
     def start(
@@ -495,6 +514,8 @@ class RemoteRolloutWorker:
             ray.get(actor.shutdown.remote())
         finally:
             ray.kill(actor, no_restart=True)
+            if self.placement is not None:
+                self.placement.release()
 
 
 def broadcast_weights(workers: Sequence[RemoteRolloutWorker], params: Any, version: int) -> None:
@@ -526,20 +547,23 @@ def start_remote_workers(
     from cua_jax.rollout.workers import bundle_strategy, reserve_bundles
 
     group = reserve_bundles(len(specs), num_cpus, 0.0, resources, placement, placement_timeout_s)
+    shared = SharedPlacementGroup(group, len(specs)) if group is not None else None
     extra = {"resources": dict(resources)} if resources else {}
-    actors = [
-        rollout_worker_actor(num_cpus, env_vars, **extra, **bundle_strategy(group, i)).remote(
-            factory, config, env_wrapper
-        )
-        for i, (factory, config) in enumerate(specs)
-    ]
+    actors = []
     try:
+        for i, (factory, config) in enumerate(specs):
+            placed = rollout_worker_actor(num_cpus, env_vars, **extra, **bundle_strategy(group, i))
+            actors.append(placed.remote(factory, config, env_wrapper))
         ray.get([actor.health.remote() for actor in actors])
     except BaseException:
         for actor in actors:
             ray.kill(actor, no_restart=True)
+        if group is not None:  # its bundles would stay reserved for actors that no longer exist
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(group)
         raise
-    return [RemoteRolloutWorker(actor) for actor in actors]
+    return [RemoteRolloutWorker(actor, shared) for actor in actors]
 
 
 def ensure_local_ray(num_cpus: float, object_store_mb: int) -> bool:

@@ -223,12 +223,16 @@ class Router(RolloutEngine):
             config.placement,
             config.placement_timeout_s,
         )
-        self.actors = [
-            actor_cls.options(**options, **bundle_strategy(self.placement_group, i)).remote(engine_factory)
-            for i in range(config.num_engines)
-        ]
-        # Start-up failures surface here, not in the first generate.
-        ray.get([actor.health.remote() for actor in self.actors])
+        self.actors = []
+        try:
+            for i in range(config.num_engines):
+                placed = actor_cls.options(**options, **bundle_strategy(self.placement_group, i))
+                self.actors.append(placed.remote(engine_factory))
+            # Start-up failures surface here, not in the first generate.
+            ray.get([actor.health.remote() for actor in self.actors])
+        except BaseException:
+            self.close()  # the actors and the placement group's bundles go back to the cluster
+            raise
 
     # -- generation ------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ dashboard) and a second node (2 CPUs) that alone advertises the custom resource
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -37,6 +38,31 @@ def _stop_ray_processes(temp_dir: str) -> None:
             os.killpg(group, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@contextlib.contextmanager
+def driver_auth_mode(mode: str):
+    """This process as a Ray driver in the cluster's authentication mode. A local ray.init()
+    earlier in the process (another test's) switches the process to token mode, and a driver
+    in token mode rejects the calls of a cluster without tokens: its actors are then reported
+    dead before they start."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    def reread() -> None:  # Ray caches the mode and the token it read; both are re-read
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+    before = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = mode
+    reread()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RAY_AUTH_MODE")
+        else:
+            os.environ["RAY_AUTH_MODE"] = before
+        reread()
 
 
 @pytest.fixture(scope="session")

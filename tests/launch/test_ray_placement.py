@@ -5,6 +5,7 @@ this process serves."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 
@@ -13,7 +14,7 @@ import pytest
 
 from cua_jax.rollout.engine import GenerationRequest, SamplingConfig
 from cua_jax.rollout.workers import Router, RouterConfig
-from tests.launch.conftest import ROLLOUT_RESOURCE
+from tests.launch.conftest import ROLLOUT_RESOURCE, driver_auth_mode
 
 SMALL = dict(
     num_hidden_layers=1,
@@ -44,9 +45,10 @@ def ray_client(ray_cluster):
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import the tests
-    ray.init(address=ray_cluster["address"], log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    with driver_auth_mode(ray_cluster["env"]["RAY_AUTH_MODE"]):
+        ray.init(address=ray_cluster["address"], log_to_driver=False)
+        yield ray
+        ray.shutdown()
 
 
 def test_engines_are_placed_on_the_node_with_the_rollout_resource(ray_client):
@@ -94,6 +96,23 @@ def test_a_placement_no_node_can_grant_is_an_error_naming_the_bundle(ray_client)
         RouterConfig(placement="spread-ish")
 
 
+def failing_engine():
+    raise RuntimeError("no weights in this directory")
+
+
+def test_an_engine_that_fails_to_start_gives_its_bundles_back(ray_client):
+    """A start-up failure ends the actors and removes their placement group: a later run can
+    reserve the same resources."""
+    ray = ray_client
+    config = RouterConfig(
+        num_engines=2, cpus_per_engine=0.5, placement="STRICT_PACK", resources=((ROLLOUT_RESOURCE, 1.0),)
+    )
+    with pytest.raises(ray.exceptions.RayActorError, match="no weights in this directory"):
+        Router(failing_engine, config)
+    router = Router(functools.partial(tiny_engine, 0), dataclasses.replace(config, placement_timeout_s=60))
+    router.close()
+
+
 @pytest.mark.browser
 def test_rollout_worker_actors_are_placed_on_the_node_with_the_rollout_resource(ray_client):
     """Rollout workers in Ray actors (rollout.worker_backend = "ray", rollout.worker_placement
@@ -111,6 +130,7 @@ def test_rollout_worker_actors_are_placed_on_the_node_with_the_rollout_resource(
         resources=((ROLLOUT_RESOURCE, 1.0),),
         placement_timeout_s=120,
     )
+    group = workers[0].placement.group
     try:
         nodes = {
             a["node_id"] for a in list_actors(filters=[("state", "=", "ALIVE")]) if a["class_name"] == "RolloutWorker"
@@ -119,3 +139,4 @@ def test_rollout_worker_actors_are_placed_on_the_node_with_the_rollout_resource(
     finally:
         for worker in workers:
             worker.shutdown()
+    assert ray.util.placement_group_table(group)["state"] == "REMOVED"  # the last shutdown gave the bundles back
