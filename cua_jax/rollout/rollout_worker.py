@@ -27,7 +27,8 @@ import dataclasses
 import hashlib
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -197,6 +198,8 @@ class RolloutWorker:
         self._stream_thread: threading.Thread | None = None
         self._stream_envs: dict[str, list[AgentEnvironment]] = {}
         self._stream_groups: dict[str, asyncio.Semaphore] = {}
+        # environment -> the task id of its last group (entries go with their environments)
+        self._last_tasks: weakref.WeakKeyDictionary[AgentEnvironment, str] = weakref.WeakKeyDictionary()
 
     @property
     def runtime(self) -> Any:
@@ -250,8 +253,14 @@ class RolloutWorker:
             self._check_capacity(kind, n)
         with self._run_lock:
             needed = {kind: n * sum(k == kind for k, _ in resolved) for kind in self.envs}
-            pools = {kind: iter(self._envs(kind, count)) for kind, count in needed.items()}
-            assigned = [[next(pools[kind]) for _ in range(n)] for kind, _ in resolved]
+            assigned: list[list[AgentEnvironment]] = [[] for _ in groups]
+            for kind, count in needed.items():
+                indices = [i for i, (k, _) in enumerate(resolved) if k == kind]
+                shares = assign_by_last_task(
+                    self._envs(kind, count), [groups[i][0] for i in indices], n, self._last_tasks
+                )
+                for i, share in zip(indices, shares):
+                    assigned[i] = share
 
             async def run_all():
                 gates = {kind: self._group_gate(kind, n) for kind in self.kinds}
@@ -388,6 +397,28 @@ async def _gated(gate: asyncio.Semaphore | None, coroutine):
         return await coroutine
 
 
+def assign_by_last_task(
+    envs: Sequence[AgentEnvironment], task_ids: Sequence[str], n: int, last_tasks: MutableMapping[Any, str]
+) -> list[list[AgentEnvironment]]:
+    """n of `envs` for each of `task_ids` (len(envs) >= n * len(task_ids)), each group given
+    first the environments whose last group ran its task, in order, then the rest in order;
+    `last_tasks` (environment -> task id) is updated. An environment that ran the task last may
+    begin the next episode in the page it holds (env.capsules.episodes_per_page)."""
+    remaining = list(envs)
+    shares: list[list[AgentEnvironment]] = []
+    for task_id in task_ids:
+        same = [env for env in remaining if last_tasks.get(env) == task_id][:n]
+        shares.append(same)
+        remaining = [env for env in remaining if all(env is not taken for taken in same)]
+    for share in shares:
+        while len(share) < n:
+            share.append(remaining.pop(0))
+    for task_id, share in zip(task_ids, shares):
+        for env in share:
+            last_tasks[env] = task_id
+    return shares
+
+
 async def _stream_group(worker: RolloutWorker, request: GroupRequest, n: int) -> list[Rollout]:
     """One streamed group on `worker`'s streaming loop (module level: a class with a coroutine
     method would make Ray run RolloutWorker as an asyncio actor, where asyncio.run fails)."""
@@ -395,7 +426,11 @@ async def _stream_group(worker: RolloutWorker, request: GroupRequest, n: int) ->
     kind, spec = worker.resolve(task_id)
     worker._check_capacity(kind, n)
     free = worker._stream_envs.setdefault(kind, [])
-    envs = [free.pop() if free else worker._wrapped(worker._new_env(kind)) for _ in range(n)]
+    while len(free) < n:
+        free.append(worker._wrapped(worker._new_env(kind)))
+    [envs] = assign_by_last_task(free, [task_id], n, worker._last_tasks)
+    for env in envs:
+        free.remove(env)
     try:
         if kind not in worker._stream_groups:  # the gate of the first group's size, as before
             worker._stream_groups[kind] = worker._group_gate(kind, n)

@@ -202,11 +202,16 @@ def base_config() -> ml_collections.ConfigDict:
     # sites in `renderers` cells that share a renderer process each (0: a browser context per
     # capsule), `warm_pages` loaded pages per task kept ready for resets and forks, and forks
     # from captured page state where that is exact ("capture") or always by replay ("replay").
+    # `episodes_per_page`: how many episodes of a task one page serves, each begun in the page
+    # the last one ended in (seeded, as MiniWoB++'s own environment restarts), before a new
+    # page replaces it; 1 loads a new page on a new site for every reset, which costs a page
+    # load (most of a reset's time, experiments/benchmarks/rl_step.py).
     # The fields are cua_jax.envs.capsules.CapsuleOptions'.
     c.env.capsules = ml_collections.ConfigDict()
     c.env.capsules.renderers = 2
     c.env.capsules.warm_pages = 2
     c.env.capsules.fork_by = "capture"
+    c.env.capsules.episodes_per_page = 8
     c.env.train_seed_max = 1_000_000  # training problem seeds are drawn from [0, train_seed_max)
     # Or from these fixed seeds (() : the range above): RL on a few fixed pages is the check
     # that the loop learns what it is rewarded for, before asking it to transfer.

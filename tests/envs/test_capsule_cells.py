@@ -14,7 +14,7 @@ from cua_jax.envs.capsules import CapsuleRuntime, SharedBrowserBackend
 from cua_jax.envs.faults import FaultKind
 from cua_jax.envs.miniwob_oracle import oracle_action
 from cua_jax.types import EpisodeStatus
-from tests.support.capsules import INDEXED_DB_WRITE
+from tests.support.capsules import NOTHING, READ_EVERYTHING, WRITE_EVERYTHING
 
 pytestmark = [pytest.mark.browser]
 
@@ -26,25 +26,6 @@ def runtime():
     rt = CapsuleRuntime(SharedBrowserBackend(renderers=CELLS), warm_pages=2, call_timeout_s=600)
     yield rt
     rt.shutdown()
-
-
-WRITE_EVERYTHING = (
-    """async (owner) => {
-    localStorage.setItem('owner', owner);
-    sessionStorage.setItem('owner', owner);
-    document.cookie = 'owner=' + owner + '; path=/';
-    // Cookies for a parent domain would reach every capsule's site: the browser must refuse them.
-    document.cookie = 'parent=' + owner + '; domain=test; path=/';
-    document.cookie = 'dotted=' + owner + '; domain=.test; path=/';
-    await ("""
-    + INDEXED_DB_WRITE
-    + """)(owner);
-}"""
-)
-READ_EVERYTHING = """async () => [
-    localStorage.length, sessionStorage.length, document.cookie,
-    (await indexedDB.databases()).map((d) => d.name)]"""
-NOTHING = [0, 0, "", []]
 
 
 def test_capsules_sharing_a_renderer_share_no_storage(runtime):

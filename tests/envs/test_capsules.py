@@ -5,6 +5,7 @@ publication, freezes, and recovery from a killed browser."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import signal
@@ -21,10 +22,11 @@ from cua_jax.envs.capsules import (
     LifecycleError,
     UnknownEnvironmentError,
 )
+from cua_jax.envs.capsules.restarts import restart_differences, restart_exact_tasks
 from cua_jax.envs.miniwob import EpisodeEndedError
 from cua_jax.envs.miniwob_oracle import oracle_action
 from cua_jax.types import EpisodeStatus
-from tests.support.capsules import INDEXED_DB_WRITE
+from tests.support.capsules import INDEXED_DB_WRITE, NOTHING, READ_EVERYTHING, WRITE_EVERYTHING
 
 pytestmark = [pytest.mark.browser]
 
@@ -188,12 +190,43 @@ def test_failed_transaction_keeps_the_previous_generation(runtime):
     env = runtime.create("click-button", seed=4)
     before, generation = runtime.observe(env), runtime.generation_of(env)
     # A snapshot whose replay cannot run (write_file has no meaning in a page): the successor
-    # fails while being built.
-    unreplayable = CapsuleSnapshot("click-button", 4, (A.WriteFile("/x", "y"),), None, env, generation)
+    # fails while being built, on a page of its own (another task's).
+    unreplayable = CapsuleSnapshot("click-link", 4, (A.WriteFile("/x", "y"),), None, env, generation)
     with pytest.raises(LifecycleError, match="stays published"):
         runtime.restore(env, unreplayable)
     assert runtime.generation_of(env) == generation
     assert runtime.observe(env).same_as(before)
+    # The same failure while restarting in the capsule's own page: that page is gone, so the
+    # capsule is quarantined, and its next reset builds a new one.
+    in_page = dataclasses.replace(unreplayable, task="click-button")
+    with pytest.raises(LifecycleError, match="lost its page and is quarantined"):
+        runtime.restore(env, in_page)
+    assert runtime.step(env, A.Screenshot()).status is EpisodeStatus.QUARANTINED
+    assert runtime.reset(env, seed=4).same_as(before)
+    runtime.close(env)
+
+
+def test_a_reset_begins_in_the_used_page_as_a_new_page_would(runtime):
+    """episodes_per_page: a reset of the same task begins in the capsule's page (seeded, as
+    MiniWoB++ restarts), with what a new page shows, the site's storage empty and no focus;
+    after episodes_per_page episodes, or for another task, a new page."""
+    fresh = runtime.create("enter-text", seed=21)
+    want = runtime.observe(fresh)
+    env = runtime.create("enter-text", seed=20)
+    runtime.evaluate(env, WRITE_EVERYTHING, env)
+    _oracle_steps(runtime, env, 2)  # the field focused and typed into
+    restarts, new_pages = runtime.page_restarts, runtime.cold_builds + runtime.warm_builds
+    assert runtime.reset(env, seed=21).same_as(want)
+    assert runtime.page_restarts == restarts + 1 and runtime.cold_builds + runtime.warm_builds == new_pages
+    assert runtime.evaluate(env, READ_EVERYTHING) == NOTHING
+    for _ in range(runtime.episodes_per_page - 2):
+        runtime.reset(env, seed=21)
+    assert runtime.page_restarts == restarts + runtime.episodes_per_page - 1
+    assert runtime.reset(env, seed=21).same_as(want)  # the page served its episodes: a new one
+    assert runtime.page_restarts == restarts + runtime.episodes_per_page - 1
+    runtime.reset(env, seed=3, task="click-button")  # another task: a new page
+    assert runtime.page_restarts == restarts + runtime.episodes_per_page - 1
+    runtime.close(fresh)
     runtime.close(env)
 
 
@@ -289,3 +322,18 @@ def test_killing_the_shared_browser_quarantines_its_capsules_and_the_runtime_rec
     finally:
         rt.shutdown()
     assert rt.backend.browser_pid() is None
+
+
+def test_the_restart_check_passes_a_task_that_restarts_exactly_and_fails_one_that_keeps_state():
+    """restarts.restart_differences, which measured restart_exact_tasks.txt: click-button
+    begins in a used page as on a new one; use-slider's jQuery slider, initialised once per
+    page, shows other classes in a used page. The file lists the one and not the other."""
+    rt = CapsuleOptions(warm_pages=0, episodes_per_page=3).runtime(
+        include_dom_text=True, action_space="both", restart_tasks=frozenset({"click-button", "use-slider"})
+    )
+    try:
+        assert restart_differences(rt, "click-button", seed_pairs=((3, 7),)) == []
+        assert "dom (3 -> 7)" in restart_differences(rt, "use-slider", seed_pairs=((3, 7),))
+    finally:
+        rt.shutdown()
+    assert "click-button" in restart_exact_tasks() and "use-slider" not in restart_exact_tasks()

@@ -25,6 +25,7 @@ from cua_jax.rollout.rollout_worker import (
     RemoteRolloutWorker,
     RolloutWorker,
     RolloutWorkerConfig,
+    assign_by_last_task,
 )
 from cua_jax.types import EpisodeStatus
 
@@ -132,6 +133,20 @@ def test_groups_share_batched_engine_calls_and_sampling_state_replays_them(jax_w
         jax_worker.load_sampling_state({"counter": 1})
     with pytest.raises(ValueError, match=r"\(task, seed, group_id\)"):
         jax_worker.run_groups([("click-button", 3)], 2)
+    # Drawn in the other order, each group still gets the environments that ran its task, and
+    # their episodes begin in the pages they hold (env.capsules.episodes_per_page).
+    restarts = jax_worker.runtime.page_restarts
+    jax_worker.run_groups(list(reversed(requests)), 2)
+    assert jax_worker.runtime.page_restarts == restarts + 4
+
+
+def test_groups_get_the_environments_that_last_ran_their_task():
+    a, b, c, d, e = (object() for _ in range(5))
+    last = {a: "x", b: "y", c: "x", d: "y"}
+    assert assign_by_last_task([a, b, c, d, e], ["y", "x"], 2, last) == [[b, d], [a, c]]
+    assert assign_by_last_task([a, b, c, d, e], ["x", "z"], 2, last) == [[a, c], [b, d]]  # z: the rest, in order
+    assert last == {a: "x", b: "z", c: "x", d: "z"}
+    assert assign_by_last_task([e, a], ["x"], 1, {}) == [[e]]
 
 
 # ------------------------------------------------------------------------------------

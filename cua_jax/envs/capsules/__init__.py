@@ -6,7 +6,12 @@ each environment is a *capsule*: a page on a site of its own (so its own cookies
 IndexedDB and cache), in one of a few *cells* that share a renderer process each
 (SharedBrowserBackend; or a browser context per capsule), the task and its seed, reached
 through a *route* keyed by the environment id. A route publishes one *generation* of the
-capsule at a time; every generation gets a new page on a new site.
+capsule at a time; every generation gets a new page on a new site, except that with
+`episodes_per_page` above 1 a reset or restore of the same task may begin the next episode
+in the page its predecessor held (storage emptied, focus and pointer home, painted anew;
+only for the tasks `restarts.restart_exact_tasks` lists, where that is measured to show
+exactly what a new page shows). Such a restart takes the old page, so when it fails the
+capsule is quarantined rather than left on its previous generation.
 
 Lifecycle operations are transactions (CUA-Sandbox §3.4):
 

@@ -31,6 +31,7 @@ from cua_jax.envs.capsules.errors import (
 )
 from cua_jax.envs.capsules.procfs import command_line, process_tree
 from cua_jax.envs.capsules.records import CapsuleSnapshot, PublicationRecord, StepResult
+from cua_jax.envs.capsules.restarts import restart_exact_tasks
 from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error
 from cua_jax.envs.miniwob import (
     EpisodeEndedError,
@@ -61,6 +62,8 @@ class _Generation:
     actions: list[A.Action]
     ended: bool = False  # the caller has been told the episode is done
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    page_episodes: int = 1  # episodes begun on this page, this one included
+    restarted: bool = False  # its page was taken by a successor (restarted in page)
 
     @property
     def task(self) -> str:
@@ -120,6 +123,14 @@ class CapsuleRuntime:
     the first time. fork_by: "capture" rebuilds snapshots from captured page state where that
     is exact (`miniwob_state`) and by replay elsewhere, "replay" always replays;
     `fork_methods` counts which way each rebuild went (with the reason for each replay).
+
+    episodes_per_page: how many episodes a page may serve (1: a new page every generation).
+    Above 1, a reset or restore of a capsule whose page holds the same task begins the next
+    episode in that page, as MiniWoB++'s own environment does (seed, `core.startEpisodeReal`),
+    until the page has served that many; the page then is replaced by a new one. This saves
+    the page load of each reset. Only tasks measured to begin in a used page exactly as on a
+    new one (`restart_tasks`, by default `restarts.restart_exact_tasks()`) restart in page; the
+    others always get a new page.
     """
 
     def __init__(
@@ -135,11 +146,18 @@ class CapsuleRuntime:
         time_limit_s: float | None = None,
         warm_pages: int = 0,
         fork_by: str = "capture",
+        episodes_per_page: int = 1,
+        restart_tasks: frozenset[str] | None = None,
     ):
         if time_limit_s is not None and time_limit_s <= 0:
             raise ValueError(f"time_limit_s must be positive (or None for MiniWoB's own limits), got {time_limit_s}")
         if warm_pages < 0:
             raise ValueError(f"warm_pages must be 0 or more, got {warm_pages}")
+        if episodes_per_page < 1:
+            raise ValueError(f"episodes_per_page must be 1 or more, got {episodes_per_page}")
+        self.episodes_per_page = int(episodes_per_page)
+        self.restart_tasks = restart_exact_tasks() if restart_tasks is None else frozenset(restart_tasks)
+        self.page_restarts = 0  # generations begun in their predecessor's page
         if fork_by not in FORK_METHODS:
             raise ValueError(f"fork_by must be one of {FORK_METHODS}, got {fork_by!r}")
         self.warm_pages = int(warm_pages)
@@ -251,15 +269,47 @@ class CapsuleRuntime:
 
     # ---- generations ----------------------------------------------------------------
 
-    async def _build(self, task: str, seed: int, snapshot: CapsuleSnapshot | None = None) -> _Generation:
+    async def _build(
+        self, task: str, seed: int, snapshot: CapsuleSnapshot | None = None, predecessor: _Generation | None = None
+    ) -> _Generation:
         """A new generation off any route: a (warm or fresh) page with the task loaded and seeded,
-        then the snapshot's state restored from its capture or by replaying its prefix."""
+        then the snapshot's state restored from its capture or by replaying its prefix.
+        predecessor: the route's published generation, whose page the successor restarts in
+        when `_restartable` allows (it is then marked `restarted`: its page is no longer its)."""
         try:
-            return await asyncio.wait_for(self._build_unbounded(task, seed, snapshot), self.build_timeout_s)
+            return await asyncio.wait_for(
+                self._build_unbounded(task, seed, snapshot, predecessor), self.build_timeout_s
+            )
         except TimeoutError:
             raise BuildTimeoutError(f"building a {task} capsule took longer than {self.build_timeout_s:.0f}s") from None
 
-    async def _build_unbounded(self, task: str, seed: int, snapshot: CapsuleSnapshot | None) -> _Generation:
+    def _restartable(self, generation: _Generation | None, task: str) -> bool:
+        """Whether the next episode of `task` may begin in `generation`'s page."""
+        return (
+            generation is not None
+            and generation.page_episodes < self.episodes_per_page
+            and generation.task == task
+            and task in self.restart_tasks
+            and generation.slot.fault is None
+            and not generation.slot.page.is_closed()
+            and self._runtime_down(generation.slot.runtime_id) is None
+        )
+
+    async def _build_unbounded(
+        self, task: str, seed: int, snapshot: CapsuleSnapshot | None, predecessor: _Generation | None = None
+    ) -> _Generation:
+        page_episodes = 1
+        if self._restartable(predecessor, task):
+            predecessor.restarted = True
+            page_episodes = predecessor.page_episodes + 1
+            self.page_restarts += 1
+            slot, driver = predecessor.slot, predecessor.driver
+            try:
+                await driver.prepare_next_episode()
+            except BaseException:
+                await release_quietly(slot)
+                raise
+            return await self._begin(task, seed, snapshot, slot, driver, page_episodes)
         warm = self._take_warm(task)
         if warm:
             self.warm_builds += 1
@@ -268,10 +318,31 @@ class CapsuleRuntime:
         slot = warm[0] if warm else await self.backend.open_slot()
         try:
             driver = warm[1] if warm else await self._load(slot, task)
+        except BaseException as error:
+            await release_quietly(slot)
+            if isinstance(error, Exception):
+                self._raise_if_runtime_down(slot.runtime_id, error)
+            raise
+        return await self._begin(task, seed, snapshot, slot, driver, page_episodes)
+
+    async def _begin(
+        self,
+        task: str,
+        seed: int,
+        snapshot: CapsuleSnapshot | None,
+        slot: Slot,
+        driver: MiniWoBPage,
+        page_episodes: int,
+    ) -> _Generation:
+        """The generation whose episode `driver`'s loaded page begins now (seeded, then the
+        snapshot's state restored); the page is released when this fails."""
+        try:
             limit_ms = None if self.time_limit_s is None else self.time_limit_s * 1000
             if snapshot is not None and snapshot.page_state is not None:
                 limit_ms = snapshot.page_state.max_time_ms  # the parent's limit, whoever set it
             await driver.begin_episode(seed, limit_ms)
+            if page_episodes > 1:
+                await driver.repaint()
             actions: tuple[A.Action, ...] = ()
             if snapshot is not None:
                 actions = snapshot.actions
@@ -298,7 +369,9 @@ class CapsuleRuntime:
                 if snapshot.elapsed_ms is not None:
                     await driver.set_elapsed_ms(snapshot.elapsed_ms)
             ended = (await driver.state()).done
-            return _Generation(next(self._generation_ids), slot, driver, seed, list(actions), ended=ended)
+            return _Generation(
+                next(self._generation_ids), slot, driver, seed, list(actions), ended=ended, page_episodes=page_episodes
+            )
         except BaseException as error:
             if slot is not None:
                 await release_quietly(slot)
@@ -402,7 +475,13 @@ class CapsuleRuntime:
             try:
                 successor = await build()
             except Exception as error:
-                kept = f"generation {old.number} stays published" if old else "nothing was published"
+                if old is not None and old.restarted:  # its page was handed on, and is closed now
+                    route.fault = Fault(
+                        FaultKind.SERVER_ERROR, f"{operation} of {route.env_id!r} in its page failed: {error}"
+                    )
+                    kept = f"generation {old.number} lost its page and is quarantined"
+                else:
+                    kept = f"generation {old.number} stays published" if old else "nothing was published"
                 raise LifecycleError(f"{operation} of environment {route.env_id!r} failed ({error}); {kept}") from error
             self.publications.append(
                 PublicationRecord(
@@ -413,7 +492,7 @@ class CapsuleRuntime:
             route.fault = None
         finally:
             route.frozen = None
-        if old is not None:  # unpublished: nothing reaches it; freed once the caller has its observation
+        if old is not None and not old.restarted:  # unpublished: freed once the caller has its observation
             self._retired.append(old.slot)
         return successor
 
@@ -455,7 +534,7 @@ class CapsuleRuntime:
             task = route.generation.task
         check_task(task)
         seed = self._rng.randrange(2**31) if seed is None else int(seed)
-        generation = await self._transaction(route, "reset", lambda: self._build(task, seed))
+        generation = await self._transaction(route, "reset", lambda: self._build(task, seed, None, route.generation))
         observation = await generation.driver.observe(self.include_dom_text, self.action_space)
         self._replenish(task)
         return observation
@@ -490,7 +569,7 @@ class CapsuleRuntime:
     async def arestore(self, env_id: str, snapshot: CapsuleSnapshot) -> MiniWoBObservation:
         route = self._route(env_id)
         generation = await self._transaction(
-            route, "restore", lambda: self._build(snapshot.task, snapshot.seed, snapshot)
+            route, "restore", lambda: self._build(snapshot.task, snapshot.seed, snapshot, route.generation)
         )
         observation = await generation.driver.observe(self.include_dom_text, self.action_space)
         self._replenish(snapshot.task)
@@ -676,14 +755,15 @@ class CapsuleRuntime:
 
     def counters(self) -> dict[str, int]:
         """The runtime's counts since it started, as plain data (a Ray actor returns them):
-        pages that failed to warm, builds on warm and on cold pages, browser (runtime) and
-        renderer crashes, and forks rebuilt from captured state and by replay."""
+        pages that failed to warm, builds on warm and on cold pages and in a used page, browser
+        (runtime) and renderer crashes, and forks rebuilt from captured state and by replay."""
         fork_methods = dict(self.fork_methods)  # one copy: the runtime's loop may add to it meanwhile
         captured = fork_methods.get("capture", 0)
         return {
             "warm_failures": self.warm_pool_failures,
             "warm_builds": self.warm_builds,
             "cold_builds": self.cold_builds,
+            "page_restarts": self.page_restarts,
             "browser_crashes": len(self.crashes),
             "renderer_crashes": len(self.renderer_crashes),
             "forks_captured": captured,

@@ -102,6 +102,33 @@ _STATE_JS = (
 # every call. Text refs restart at -1 on each observation so that they are a function of the
 # page alone. A replay (fork, restore) numbers the page where the original episode observed
 # it, before each action, so that it hands out the same element ids.
+# Focus back to the body (some tasks keep their fields across episodes) and the site's storage emptied.
+_CLEAR_PAGE_STATE_JS = """async () => {
+  if (document.activeElement) document.activeElement.blur();
+  localStorage.clear();
+  sessionStorage.clear();
+  for (const cookie of document.cookie.split(';')) {
+    const name = cookie.split('=')[0].trim();
+    if (name) document.cookie = name + '=; expires=Thu, 01 Jan 1970 00:00:00 GMT; path=/';
+  }
+  for (const db of await indexedDB.databases()) {
+    await new Promise((done, failed) => {
+      const request = indexedDB.deleteDatabase(db.name);
+      request.onsuccess = done;
+      request.onerror = () => failed(request.error);
+      request.onblocked = done;
+    });
+  }
+}"""
+# Takes the body out of the layout and back, then waits two frames: the next paint is of the whole page.
+_REPAINT_JS = """async () => {
+  const body = document.body;
+  body.style.display = 'none';
+  void body.offsetHeight;
+  body.style.display = '';
+  void body.offsetHeight;
+  await new Promise((painted) => requestAnimationFrame(() => requestAnimationFrame(painted)));
+}"""
 _NUMBER_JS = "core.nextTextRefCode = -1; var dom = core.getDOMInfo();"
 _OBSERVE_JS = (
     "() => { " + _NUMBER_JS + " var state = (" + _STATE_JS + ")();"
@@ -189,6 +216,7 @@ class MiniWoBPage:
         self.max_time_ms: float | None = None
         self.url: str | None = None  # the task's document, once loaded
         self._cdp: Any = None  # the page's DevTools session, for screenshots
+        self._mouse_down = False  # a LeftMouseDown not yet followed by its LeftMouseUp
 
     async def load(self, url: str) -> None:
         """Open the task and wait until MiniWoB shows its start cover (the task is loaded)."""
@@ -226,6 +254,22 @@ class MiniWoBPage:
         self.max_time_ms = float(ready[1])
         if not ready[0]:
             await self.page.wait_for_function("() => WOB_TASK_READY === true")
+
+    async def prepare_next_episode(self) -> None:
+        """Before the page's next episode: release a button the last one left pressed, put the
+        pointer and focus back where a new page has them (nothing hovered, dragged or focused),
+        and empty the site's storage (local and session storage, cookies, IndexedDB), which a
+        new page on a new site starts without."""
+        if self._mouse_down:
+            await self.page.mouse.up()
+            self._mouse_down = False
+        await self.page.mouse.move(0, 0)
+        await self.page.evaluate(_CLEAR_PAGE_STATE_JS)
+
+    async def repaint(self) -> None:
+        """Paint the whole page anew. An episode begun in a used page is painted over the last
+        one's tiles, and rounded edges can come out a shade apart from a new page's paint."""
+        await self.page.evaluate(_REPAINT_JS)
 
     async def elapsed_ms(self) -> float:
         """Milliseconds since the running episode began (MiniWoB's own clock)."""
@@ -355,6 +399,7 @@ class MiniWoBPage:
             if action.x is not None:
                 await mouse.move(*px(action.x, action.y))
             await (mouse.down() if isinstance(action, A.LeftMouseDown) else mouse.up())
+            self._mouse_down = isinstance(action, A.LeftMouseDown)
         elif isinstance(action, A.Key):
             await page.keyboard.press("+".join(playwright_key(k) for k in action.keys))
         elif isinstance(action, A.HoldKey):
