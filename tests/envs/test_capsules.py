@@ -226,6 +226,12 @@ def test_a_reset_begins_in_the_used_page_as_a_new_page_would(runtime):
     assert runtime.page_restarts == restarts + runtime.episodes_per_page - 1
     runtime.reset(env, seed=3, task="click-button")  # another task: a new page
     assert runtime.page_restarts == restarts + runtime.episodes_per_page - 1
+    # A page that left its task document (here reloaded: same URL, a new document) is replaced.
+    want = runtime.observe(env)
+    runtime.evaluate(env, "() => { location.reload(); }")
+    restarts, new_pages = runtime.page_restarts, runtime.cold_builds + runtime.warm_builds
+    assert runtime.reset(env, seed=3).same_as(want)
+    assert runtime.page_restarts == restarts and runtime.cold_builds + runtime.warm_builds == new_pages + 1
     runtime.close(fresh)
     runtime.close(env)
 

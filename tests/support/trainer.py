@@ -16,8 +16,14 @@ def tiny_config(workdir, **train):
     return c
 
 
-def without_timing(metrics):
-    return {k: v for k, v in metrics.items() if not k.startswith(TIMING_PREFIX)}
+# What a restored run need not repeat: timings, and the capsule runtime's counters (pages
+# loaded or restarted, crashes), which count the worker's live pages, not the checkpoint.
+NOT_REPLAYED = (TIMING_PREFIX, "capsules/")
+
+
+def replayed_metrics(metrics):
+    """The metrics a resumed run reproduces exactly (all but NOT_REPLAYED's)."""
+    return {k: v for k, v in metrics.items() if not k.startswith(NOT_REPLAYED)}
 
 
 def start_trainer(config, *, env_wrapper=None):

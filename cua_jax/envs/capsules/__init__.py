@@ -10,8 +10,9 @@ capsule at a time; every generation gets a new page on a new site, except that w
 `episodes_per_page` above 1 a reset or restore of the same task may begin the next episode
 in the page its predecessor held (storage emptied, focus and pointer home, painted anew;
 only for the tasks `restarts.restart_exact_tasks` lists, where that is measured to show
-exactly what a new page shows). Such a restart takes the old page, so when it fails the
-capsule is quarantined rather than left on its previous generation.
+exactly what a new page shows, and whose page has not asked to navigate since it loaded).
+A restart that fails in the page falls back to a new page; as the old page is then gone, a
+build that fails after that quarantines the capsule rather than leave its previous generation.
 
 Lifecycle operations are transactions (CUA-Sandbox §3.4):
 

@@ -63,7 +63,7 @@ class _Generation:
     ended: bool = False  # the caller has been told the episode is done
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     page_episodes: int = 1  # episodes begun on this page, this one included
-    restarted: bool = False  # its page was taken by a successor (restarted in page)
+    restarted: bool = False  # a successor's build took its page (to restart in, or to release)
 
     @property
     def task(self) -> str:
@@ -298,18 +298,19 @@ class CapsuleRuntime:
     async def _build_unbounded(
         self, task: str, seed: int, snapshot: CapsuleSnapshot | None, predecessor: _Generation | None = None
     ) -> _Generation:
-        page_episodes = 1
         if self._restartable(predecessor, task):
-            predecessor.restarted = True
-            page_episodes = predecessor.page_episodes + 1
-            self.page_restarts += 1
-            slot, driver = predecessor.slot, predecessor.driver
+            predecessor.restarted = True  # its page is the successor's now, or released here
             try:
-                await driver.prepare_next_episode()
-            except BaseException:
-                await release_quietly(slot)
-                raise
-            return await self._begin(task, seed, snapshot, slot, driver, page_episodes)
+                generation = await self._restart_in_page(task, seed, snapshot, predecessor)
+            except Exception as error:
+                if classify_environment_error(error) is None:
+                    raise  # a bug, or a snapshot no page can rebuild
+                # The page failed under the restart (and is released): a new page, as without restarts.
+                log.info("restarting a %s episode in its page failed (%s); loading a new page", task, error)
+                generation = None
+            if generation is not None:
+                self.page_restarts += 1
+                return generation
         warm = self._take_warm(task)
         if warm:
             self.warm_builds += 1
@@ -323,7 +324,25 @@ class CapsuleRuntime:
             if isinstance(error, Exception):
                 self._raise_if_runtime_down(slot.runtime_id, error)
             raise
-        return await self._begin(task, seed, snapshot, slot, driver, page_episodes)
+        return await self._begin(task, seed, snapshot, slot, driver, 1)
+
+    async def _restart_in_page(
+        self, task: str, seed: int, snapshot: CapsuleSnapshot | None, predecessor: _Generation
+    ) -> _Generation | None:
+        """The successor begun in `predecessor`'s page, or None when that page left the task
+        document (it is released then, as it is when this raises)."""
+        slot, driver = predecessor.slot, predecessor.driver
+        try:
+            usable = await driver.holds_task_document()
+            if usable:
+                await driver.prepare_next_episode()
+        except BaseException:
+            await release_quietly(slot)
+            raise
+        if not usable:  # navigated away or reloaded
+            await release_quietly(slot)
+            return None
+        return await self._begin(task, seed, snapshot, slot, driver, predecessor.page_episodes + 1)
 
     async def _begin(
         self,

@@ -197,6 +197,9 @@ def unsupported_reason(action: A.Action, action_space: str = "both") -> str | No
 # Screenshots must not depend on when they are taken: a blinking caret and running CSS
 # animations or transitions would make two captures of one state differ. Stilled once per page
 # (a style element in <head>, outside the task region and its DOM), not around every capture.
+_TASK_DOCUMENT_JS = (
+    "() => typeof core !== 'undefined' && core.cover_div !== null && document.getElementById('cua-still') !== null"
+)
 _STILL_PAGE_JS = """() => {
   const style = document.createElement('style');
   style.id = 'cua-still';
@@ -217,6 +220,7 @@ class MiniWoBPage:
         self.url: str | None = None  # the task's document, once loaded
         self._cdp: Any = None  # the page's DevTools session, for screenshots
         self._mouse_down = False  # a LeftMouseDown not yet followed by its LeftMouseUp
+        self._navigating = False  # the page asked to leave the task document after its load
 
     async def load(self, url: str) -> None:
         """Open the task and wait until MiniWoB shows its start cover (the task is loaded)."""
@@ -225,6 +229,7 @@ class MiniWoBPage:
             await self.page.set_viewport_size(VIEWPORT)
         await self.page.goto(url, wait_until="load")
         self.url = self.page.url
+        self.page.on("request", self._on_request)
         loaded = "() => typeof core !== 'undefined' && core.cover_div !== null"
         if not await self.page.evaluate(loaded):
             await self.page.wait_for_function(loaded)
@@ -254,6 +259,24 @@ class MiniWoBPage:
         self.max_time_ms = float(ready[1])
         if not ready[0]:
             await self.page.wait_for_function("() => WOB_TASK_READY === true")
+
+    def _on_request(self, request: Any) -> None:
+        if request.is_navigation_request() and request.frame == self.page.main_frame:
+            self._navigating = True
+
+    async def holds_task_document(self) -> bool:
+        """Whether the page still shows the task document `load` opened, and will: no
+        navigation of its own was requested since (an action may navigate the page away or
+        reload it, a moment after the action), the same URL, MiniWoB's core loaded, and the
+        still style `load` added, which a new document would not have."""
+        if self._navigating or self.page.is_closed() or self.page.url != self.url:
+            return False
+        from playwright.async_api import Error as PlaywrightError
+
+        try:
+            return bool(await self.page.evaluate(_TASK_DOCUMENT_JS))
+        except PlaywrightError:  # e.g. a navigation under way destroyed the evaluation's context
+            return False
 
     async def prepare_next_episode(self) -> None:
         """Before the page's next episode: release a button the last one left pressed, put the
