@@ -55,9 +55,10 @@ def restart_differences(runtime: Any, task: str, seed_pairs=SEED_PAIRS) -> list[
                 runtime.step(used, A.Type("abc"))
             for again in range(2):  # seed b after seed a, then after itself
                 got = runtime.reset(used, seed=seed)
-                if runtime.page_restarts != restarts + again + 1:
-                    raise RuntimeError(f"the {task} reset did not begin in its page")
                 pair = f"({seed if again else used_seed} -> {seed})"
+                if runtime.page_restarts != restarts + again + 1:  # e.g. the click navigated the page away
+                    differences.append(f"not restarted in page {pair}")
+                    break
                 found = []
                 if got.utterance != want.utterance:
                     found.append(f"utterance {pair}")
