@@ -409,7 +409,8 @@ def assign_by_last_task(
     for task_id in task_ids:
         same = [env for env in remaining if last_tasks.get(env) == task_id][:n]
         shares.append(same)
-        remaining = [env for env in remaining if all(env is not taken for taken in same)]
+        taken = {id(env) for env in same}
+        remaining = [env for env in remaining if id(env) not in taken]
     for share in shares:
         while len(share) < n:
             share.append(remaining.pop(0))
@@ -466,12 +467,12 @@ class SharedPlacementGroup:
         self.holders = holders
 
     def release(self) -> None:
-        self.holders -= 1
-        if self.holders == 0 and self.group is not None:
-            from ray.util.placement_group import remove_placement_group
+        from cua_jax.rollout.workers import release_bundles
 
+        self.holders -= 1
+        if self.holders == 0:
             group, self.group = self.group, None
-            remove_placement_group(group)
+            release_bundles(group)
 
 
 class RemoteRolloutWorker:
@@ -579,7 +580,7 @@ def start_remote_workers(
     import ray
 
     # Deferred, as Ray is: rollout.workers imports JAX, which a worker without Ray actors never needs.
-    from cua_jax.rollout.workers import bundle_strategy, reserve_bundles
+    from cua_jax.rollout.workers import bundle_strategy, release_bundles, reserve_bundles
 
     group = reserve_bundles(len(specs), num_cpus, 0.0, resources, placement, placement_timeout_s)
     shared = SharedPlacementGroup(group, len(specs)) if group is not None else None
@@ -593,10 +594,7 @@ def start_remote_workers(
     except BaseException:
         for actor in actors:
             ray.kill(actor, no_restart=True)
-        if group is not None:  # its bundles would stay reserved for actors that no longer exist
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(group)
+        release_bundles(group)  # its bundles would stay reserved for actors that no longer exist
         raise
     return [RemoteRolloutWorker(actor, shared) for actor in actors]
 

@@ -139,6 +139,14 @@ def reserve_bundles(
     return group
 
 
+def release_bundles(group: Any) -> None:
+    """Removes a placement group from `reserve_bundles`, giving its bundles back (None: nothing)."""
+    if group is not None:
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(group)
+
+
 def bundle_strategy(group: Any, index: int) -> dict[str, Any]:
     """Actor options placing an actor in bundle `index` of `group` ({} without a group)."""
     if group is None:
@@ -396,11 +404,8 @@ class Router(RolloutEngine):
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         self.actors = []
-        if self.placement_group is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self.placement_group)
-            self.placement_group = None
+        release_bundles(self.placement_group)
+        self.placement_group = None
 
 
 def vllm_host_weights(model_dir: str) -> Callable[[Any], dict[str, np.ndarray]]:

@@ -37,11 +37,10 @@ def restart_exact_tasks() -> frozenset[str]:
 
 
 def restart_differences(runtime: Any, task: str, seed_pairs=SEED_PAIRS) -> list[str]:
-    """What differs between seed b begun in a page used by seed a and seed b on a new page,
-    and seed b begun again after itself, for each (a, b): e.g. ["dom (3 -> 7)", "pixels (7 -> 7)"];
-    [] when nothing does. `runtime` is a
-    CapsuleRuntime with episodes_per_page of 3 or more, `task` among its restart_tasks, and
-    include_dom_text=True."""
+    """What differs from seed b on a new page, for each (a, b), when seed b begins in a page
+    used by seed a and then again after itself: e.g. ["dom (3 -> 7)", "pixels (7 -> 7)"]; []
+    when nothing does. `runtime` is a CapsuleRuntime with episodes_per_page of 3 or more,
+    `task` among its restart_tasks, and include_dom_text=True."""
     if runtime.episodes_per_page < 3:
         raise ValueError("restart_differences needs a runtime with episodes_per_page of 3 or more")
     differences = []
@@ -102,7 +101,10 @@ def main(argv: list[str]) -> int:
     try:
         for i, task in enumerate(tasks, 1):
             found = restart_differences(runtime, task)
-            (differing.__setitem__(task, found) if found else exact.append(task))
+            if found:
+                differing[task] = found
+            else:
+                exact.append(task)
             print(f"[{i}/{len(tasks)}] {task}: {', '.join(found) or 'exact'}", flush=True)
         versions = _versions(runtime)
     finally:

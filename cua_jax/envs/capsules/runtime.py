@@ -290,10 +290,12 @@ class CapsuleRuntime:
             and generation.page_episodes < self.episodes_per_page
             and generation.task == task
             and task in self.restart_tasks
-            and generation.slot.fault is None
-            and not generation.slot.page.is_closed()
-            and self._runtime_down(generation.slot.runtime_id) is None
+            and self._slot_alive(generation.slot)
         )
+
+    def _slot_alive(self, slot: Slot) -> bool:
+        """Whether `slot`'s page can still serve: no fault, not closed, its runtime up."""
+        return slot.fault is None and not slot.page.is_closed() and self._runtime_down(slot.runtime_id) is None
 
     async def _build_unbounded(
         self, task: str, seed: int, snapshot: CapsuleSnapshot | None, predecessor: _Generation | None = None
@@ -430,7 +432,7 @@ class CapsuleRuntime:
         pool = self._warm.get(task, [])
         while pool:
             slot, driver = pool.pop(0)
-            if slot.fault is None and not slot.page.is_closed() and self._runtime_down(slot.runtime_id) is None:
+            if self._slot_alive(slot):
                 return slot, driver
             self._in_background(release_quietly(slot))
         return None

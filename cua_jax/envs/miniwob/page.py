@@ -102,33 +102,6 @@ _STATE_JS = (
 # every call. Text refs restart at -1 on each observation so that they are a function of the
 # page alone. A replay (fork, restore) numbers the page where the original episode observed
 # it, before each action, so that it hands out the same element ids.
-# Focus back to the body (some tasks keep their fields across episodes) and the site's storage emptied.
-_CLEAR_PAGE_STATE_JS = """async () => {
-  if (document.activeElement) document.activeElement.blur();
-  localStorage.clear();
-  sessionStorage.clear();
-  for (const cookie of document.cookie.split(';')) {
-    const name = cookie.split('=')[0].trim();
-    if (name) document.cookie = name + '=; expires=Thu, 01 Jan 1970 00:00:00 GMT; path=/';
-  }
-  for (const db of await indexedDB.databases()) {
-    await new Promise((done, failed) => {
-      const request = indexedDB.deleteDatabase(db.name);
-      request.onsuccess = done;
-      request.onerror = () => failed(request.error);
-      request.onblocked = done;
-    });
-  }
-}"""
-# Takes the body out of the layout and back, then waits two frames: the next paint is of the whole page.
-_REPAINT_JS = """async () => {
-  const body = document.body;
-  body.style.display = 'none';
-  void body.offsetHeight;
-  body.style.display = '';
-  void body.offsetHeight;
-  await new Promise((painted) => requestAnimationFrame(() => requestAnimationFrame(painted)));
-}"""
 _NUMBER_JS = "core.nextTextRefCode = -1; var dom = core.getDOMInfo();"
 _OBSERVE_JS = (
     "() => { " + _NUMBER_JS + " var state = (" + _STATE_JS + ")();"
@@ -197,9 +170,6 @@ def unsupported_reason(action: A.Action, action_space: str = "both") -> str | No
 # Screenshots must not depend on when they are taken: a blinking caret and running CSS
 # animations or transitions would make two captures of one state differ. Stilled once per page
 # (a style element in <head>, outside the task region and its DOM), not around every capture.
-_TASK_DOCUMENT_JS = (
-    "() => typeof core !== 'undefined' && core.cover_div !== null && document.getElementById('cua-still') !== null"
-)
 _STILL_PAGE_JS = """() => {
   const style = document.createElement('style');
   style.id = 'cua-still';
@@ -207,6 +177,40 @@ _STILL_PAGE_JS = """() => {
     'animation-duration: 0s !important; animation-delay: 0s !important; ' +
     'animation-iteration-count: 1 !important; transition: none !important; }';
   document.head.appendChild(style);
+}"""
+# The task is loaded: MiniWoB's core is up and shows its start cover.
+_CORE_LOADED = "typeof core !== 'undefined' && core.cover_div !== null"
+_LOADED_JS = "() => " + _CORE_LOADED
+# Still the document `load` opened: a reload or another document would lack the still style.
+_TASK_DOCUMENT_JS = "() => " + _CORE_LOADED + " && document.getElementById('cua-still') !== null"
+
+# Between two episodes in one page (`MiniWoBPage.prepare_next_episode`, `repaint`).
+# Focus back to the body (some tasks keep their fields across episodes) and the site's storage emptied.
+_CLEAR_PAGE_STATE_JS = """async () => {
+  if (document.activeElement) document.activeElement.blur();
+  localStorage.clear();
+  sessionStorage.clear();
+  for (const cookie of document.cookie.split(';')) {
+    const name = cookie.split('=')[0].trim();
+    if (name) document.cookie = name + '=; expires=Thu, 01 Jan 1970 00:00:00 GMT; path=/';
+  }
+  for (const db of await indexedDB.databases()) {
+    await new Promise((done, failed) => {
+      const request = indexedDB.deleteDatabase(db.name);
+      request.onsuccess = done;
+      request.onerror = () => failed(request.error);
+      request.onblocked = done;
+    });
+  }
+}"""
+# Takes the body out of the layout and back, then waits two frames: the next paint is of the whole page.
+_REPAINT_JS = """async () => {
+  const body = document.body;
+  body.style.display = 'none';
+  void body.offsetHeight;
+  body.style.display = '';
+  void body.offsetHeight;
+  await new Promise((painted) => requestAnimationFrame(() => requestAnimationFrame(painted)));
 }"""
 
 
@@ -230,9 +234,8 @@ class MiniWoBPage:
         await self.page.goto(url, wait_until="load")
         self.url = self.page.url
         self.page.on("request", self._on_request)
-        loaded = "() => typeof core !== 'undefined' && core.cover_div !== null"
-        if not await self.page.evaluate(loaded):
-            await self.page.wait_for_function(loaded)
+        if not await self.page.evaluate(_LOADED_JS):
+            await self.page.wait_for_function(_LOADED_JS)
         await self.page.evaluate(_STILL_PAGE_JS)
 
     async def begin_episode(self, seed: int, time_limit_ms: float | None = None) -> None:
