@@ -121,6 +121,9 @@ def test_resumed_run_reproduces_the_metrics_exactly(on_policy):
     assert trainer.restore() and trainer.step == saved_step
     second = trainer.train_step()
     assert replayed_metrics(second) == replayed_metrics(first)
+    # The config's env.capsules.episodes_per_page reaches the workers' capsules: the step's
+    # resets began in the pages their environments held.
+    assert first["capsules/page_restarts"] > 0 and second["capsules/page_restarts"] > 0
     for a, b in zip(jax.tree.leaves(params_first), jax.tree.leaves(trainer.learner.train_state()["params"])):
         np.testing.assert_array_equal(a, np.asarray(b))
 
