@@ -2,7 +2,8 @@
 
 `RMSNorm`, `MLP` (SwiGLU), `token_embedding`, `decoder_inputs` (a forward pass's embedded
 inputs, segments and attention mask), `linear` (a projection whose parameters carry logical axis names),
-attention pieces (`attention_mask`, `dot_product_attention`, `write_kv_cache`), `project`
+attention pieces (`attention_mask`, `dot_product_attention`, `write_kv_cache`, `cached_attention`,
+`SharedPrefix` and `prefix_attention`: a prefix several cached rows continue, attended once), `project`
 (a linear layer as one 2-D matmul), `checkpointed` (rematerialised module calls),
 `OutputHead` (a causal LM's logits) and `scatter_rows` (image tokens placed at their
 placeholders). Layers that take a config read only the fields `Qwen3Config` and
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax import nnx, struct
 
 if TYPE_CHECKING:  # annotations only: the Qwen3 package imports these layers
     from cua_jax.models.qwen3.config import Qwen3Config
@@ -126,6 +127,85 @@ def dot_product_attention(
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale, implementation=None)
 
 
+# Masked attention scores: finite, so a fully masked row stays a (uniform) number, not NaN.
+_MASKED = -1e30
+
+
+@struct.dataclass
+class SharedPrefix:
+    """Keys and values of prefixes that several rows of a decoding batch continue, held once
+    (cascade attention): G prefixes of up to P slots, each continued by up to R rows.
+
+    keys, values: one [G, P, K, D] per attention layer, a prefix's slots first. lengths int32
+    [G]: the occupied slots of each. members int32 [G, R]: the rows continuing each prefix (-1
+    pads). slot int32 [B]: row b's place in members flattened (g * R + r), -1 for a row that
+    continues none. A member row's own cache holds only what follows its prefix; its
+    positions are given by the caller (they continue the prefix's)."""
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    lengths: jax.Array
+    members: jax.Array
+    slot: jax.Array
+
+    def layer(self, i: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+        """(keys, values, lengths, members, slot) of attention layer i (`prefix_attention`'s)."""
+        return self.keys[i], self.values[i], self.lengths, self.members, self.slot
+
+
+def prefix_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, prefix: tuple, scale: float
+) -> jax.Array:
+    """Grouped-query attention of q [B, T, H, D] over each row's shared prefix (`SharedPrefix.layer`)
+    followed by its own slots k/v [B, S, K, D] under mask bool [B, T, S]: the result of attending
+    the concatenation [prefix[:length]; own slots], computed with each prefix's keys and values
+    read once for all its rows (the members' queries gathered per prefix, the two parts' softmaxes
+    merged by their log-sum-exp). Scores and softmax in float32; a row outside every prefix
+    attends its own slots alone (a fully masked one: uniform, as `dot_product_attention`)."""
+    pk, pv, lengths, members, slot = prefix
+    b, t, h, d = q.shape
+    kh = k.shape[2]
+    g, r = members.shape
+    f32 = jnp.float32
+    qg = q.reshape(b, t, kh, h // kh, d).astype(f32)
+    own = jnp.einsum("btkqd,bskd->bkqts", qg, k.astype(f32)) * scale
+    own = jnp.where(mask[:, None, None], own, _MASKED)
+    own_max = jnp.max(own, axis=-1)
+    own_exp = jnp.exp(own - own_max[..., None])
+    own_sum, own_out = jnp.sum(own_exp, axis=-1), jnp.einsum("bkqts,bskd->bkqtd", own_exp, v.astype(f32))
+    pre = jnp.einsum("grtkqd,gskd->grkqts", qg[jnp.maximum(members, 0)], pk.astype(f32)) * scale
+    valid = jnp.arange(pk.shape[1])[None, :] < lengths[:, None]  # [G, P]
+    pre = jnp.where(valid[:, None, None, None, None, :], pre, _MASKED)
+    pre_max = jnp.max(pre, axis=-1)
+    pre_exp = jnp.exp(pre - pre_max[..., None])
+    pre_sum, pre_out = jnp.sum(pre_exp, axis=-1), jnp.einsum("grkqts,gskd->grkqtd", pre_exp, pv.astype(f32))
+    # Back to rows: row b reads its member entry; a row outside every prefix gets weight 0.
+    rows = lambda x: x.reshape(g * r, *x.shape[2:])[jnp.maximum(slot, 0)]
+    inside = (slot >= 0).reshape(b, 1, 1, 1)
+    pre_max = jnp.where(inside, rows(pre_max), _MASKED)
+    top = jnp.maximum(own_max, pre_max)
+    w_own = jnp.exp(own_max - top)
+    w_pre = jnp.where(inside, jnp.exp(pre_max - top), 0.0)
+    out = (w_own[..., None] * own_out + w_pre[..., None] * rows(pre_out)) / (w_own * own_sum + w_pre * rows(pre_sum))[
+        ..., None
+    ]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(q.dtype)
+
+
+def cached_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, cache: tuple | None, scale: float, query_chunk: int = 0
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """An attention layer's core: the new k/v written to the cache (`write_kv_cache`), then
+    attention over it, after the rows' shared prefix where the cache has one. cache: None,
+    (keys, values, write slot) or (keys, values, write slot, `SharedPrefix.layer(i)` or None).
+    Returns (out [B, T, H, D], (keys, values) updated, or None without a cache)."""
+    k, v, new_cache = write_kv_cache(k, v, cache, q.dtype)
+    prefix = cache[3] if cache is not None and len(cache) > 3 else None
+    if prefix is None:
+        return dot_product_attention(q, k, v, mask, scale, query_chunk), new_cache
+    return prefix_attention(q, k, v, mask, prefix, scale), new_cache
+
+
 def project(linear: nnx.Linear, x: jax.Array) -> jax.Array:
     """`linear` over the last axis of x [..., n_in] as one 2-D matmul [N, n_in] @ [n_in, n_out].
 
@@ -159,7 +239,7 @@ def write_kv_cache(k: jax.Array, v: jax.Array, cache: tuple | None, dtype) -> tu
     slot, and attention runs over all S slots (cast to `dtype`)."""
     if cache is None:
         return k, v, None
-    cache_k, cache_v, slot = cache
+    cache_k, cache_v, slot = cache[:3]
     zero = jnp.zeros((), jnp.int32)
     k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), (zero, slot, zero, zero))
     v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), (zero, slot, zero, zero))

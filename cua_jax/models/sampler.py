@@ -58,6 +58,7 @@ import numpy as np
 from flax import nnx
 
 from cua_jax.models.cache_rows import CachedRows, compact_rows, fill_rows, has_recurrent_state
+from cua_jax.models.layers import SharedPrefix
 from cua_jax.models.qwen3_vl import image_features
 from cua_jax.models.vision import ImageGrid, bucket_count, pad_image_count
 from cua_jax.observe import timeline
@@ -88,9 +89,18 @@ DEFAULT_PROMPT_BUCKETS = (
     49152,
     65536,
 )
-# Batch sizes pad to powers of two and three times powers of two (a batch pays at most 1.33x its rows).
-DEFAULT_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# Batch sizes pad to powers of two. A padding row costs a row's compute, but each size is one more
+# compiled prefill and decode per prompt and cache bucket, and a multi-turn rollout's later turns
+# come in every size (the episodes still running): fewer sizes, fewer compilations mid-run.
+DEFAULT_BATCH_BUCKETS = tuple(2**i for i in range(9))
 DEFAULT_NEW_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# A batch's shared prefixes (shared_prefix_attention) pad coarser: their count to a power of two,
+# the rows continuing each to at least 8 (a GRPO group), their length to a power of two. A
+# prefix costs its keys and values once per step, so padding them is cheap, while every further
+# (count, rows, length) combination is one more compiled prefill and decode per batch shape.
+PREFIX_COUNT_BUCKETS = tuple(2**i for i in range(9))
+PREFIX_ROW_BUCKETS = tuple(2**i for i in range(3, 9))
+PREFIX_LENGTH_BUCKETS = tuple(2**i for i in range(7, 17))
 
 
 class DecoderLM(Protocol):
@@ -254,14 +264,24 @@ def _layout_images(ids, token_rows, tokens, deepstack, *, image_token_id):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "capacity", "cache_dtype"))
-def _prefill(graphdef, state, ids, segment_ids, positions, model_inputs, cached, *, capacity: int, cache_dtype):
+def _prefill(graphdef, state, ids, segment_ids, positions, model_inputs, cached, prefix, *, capacity: int, cache_dtype):
     """ids [B, N] (left-padded) prefilled after `cached` (CachedRows, or None) in a fresh cache of
-    `capacity` slots. Returns (cache, last logits [B, V], next text position [B])."""
+    `capacity` slots, the rows of `prefix` ((kv [G, La, 2, P, K, D], lengths [G], members [G, R],
+    slot [B]) as `SharedPrefix`, or None) continuing their shared prefix. Returns (cache, last
+    logits [B, V], next text position [B])."""
     model = nnx.merge(graphdef, state)
     batch, length = ids.shape
     cache = model.init_cache(batch, capacity, cache_dtype)
     if cached is not None:
         cache = fill_rows(cache, cached)
+    if prefix is not None:
+        kv, lengths, members, slot = prefix
+        layers = range(kv.shape[1])
+        cache = cache.replace(
+            prefix=SharedPrefix(
+                tuple(kv[:, i, 0] for i in layers), tuple(kv[:, i, 1] for i in layers), lengths, members, slot
+            )
+        )
     hidden, cache = model.hidden_states(
         ids, positions=positions, segment_ids=segment_ids, kv_cache=cache, **model_inputs
     )
@@ -353,6 +373,13 @@ def _decode(
 _compact = jax.jit(compact_rows)
 
 
+def _fit_slots(kv: jax.Array, slots: int) -> jax.Array:
+    """A cache entry's kv [La, 2, S, K, D] cut or padded (empty slots) to `slots` slots."""
+    if kv.shape[2] >= slots:
+        return kv[:, :, :slots]
+    return jnp.pad(kv, ((0, 0), (0, 0), (0, slots - kv.shape[2]), (0, 0), (0, 0)))
+
+
 # ---------------------------------------------------------------------------------------------
 # Prompts as the cached path takes them, and the prefix cache
 # ---------------------------------------------------------------------------------------------
@@ -401,7 +428,11 @@ class PromptInput:
 class CacheEntry:
     """The cached slots of one token sequence: tokens int32 [n] (what slots [0, n) hold), the
     image runs inside them ((start, end, key)), and the arrays: kv [La, 2, S, K, D] (S >= n
-    slots, or None), conv / recurrent states after token n (hybrid models, else None)."""
+    slots, or None), conv / recurrent states after token n (hybrid models, else None).
+
+    With a parent (a sequence decoded after a shared prefix, `Sampler(shared_prefix_attention=
+    True)`), the first parent_length tokens' keys and values are the parent's, held once for all
+    the rows that continued it, and kv holds the slots of tokens [parent_length, n) only."""
 
     tokens: np.ndarray
     images: tuple[tuple[int, int, bytes], ...]
@@ -409,10 +440,13 @@ class CacheEntry:
     conv: jax.Array | None = None
     recurrent: jax.Array | None = None
     used: bool = False
+    parent: CacheEntry | None = None
+    parent_length: int = 0
 
     @property
     def slots(self) -> int:
-        return len(self.tokens) if self.kv is None else int(self.kv.shape[2])
+        """The slots this entry's own arrays hold (a parent's are counted once, by the cache)."""
+        return len(self.tokens) - self.parent_length if self.kv is None else int(self.kv.shape[2])
 
 
 class PrefixCache:
@@ -426,8 +460,9 @@ class PrefixCache:
     last token (whose logits start the reply). `exact`: a kept sequence serves only prompts
     that extend all of it (models with a recurrent state, which cannot be cut back).
 
-    max_slots bounds the slots kept over all entries; past it, entries already matched go first
-    (the episode moved on from them), oldest first, then the oldest. `clear()` drops everything:
+    max_slots bounds the slots kept over all entries and the parents they hold on to (each once);
+    past it, entries already matched go first (the episode moved on from them), oldest first, then
+    the oldest. `clear()` drops everything:
     a cache holds one policy version's keys and values (the engine clears it on every weight
     update). Not thread-safe: the engine calls it under its lock.
     """
@@ -441,7 +476,8 @@ class PrefixCache:
 
     @property
     def slots(self) -> int:
-        return sum(entry.slots for entry in self.entries)
+        held = {id(e): e for entry in self.entries for e in (entry, entry.parent) if e is not None}
+        return sum(entry.slots for entry in held.values())
 
     def clear(self) -> None:
         self.entries = []
@@ -505,8 +541,11 @@ class Sampler:
     `PrefixCache`, a prompt continues a kept sequence's keys and values (incremental prefill
     across turns), and with share_prompts the part of a prompt that several prompts of the
     batch share is prefilled once and copied to each (a GRPO group's common first prompt,
-    its screenshot encoded once). Results equal the uncached ones up to float rounding.
-    `stats` counts the work done.
+    its screenshot encoded once). With shared_prefix_attention, rows of a batch that continue the
+    same cached prefix (a group's members after its shared prompt) attend it as one shared
+    prefix (`cua_jax.models.layers.prefix_attention`) instead of each holding a copy in its own
+    cache rows: decoding reads a prefix's keys and values once per step, not once per member.
+    Results equal the uncached ones up to float rounding. `stats` counts the work done.
     """
 
     def __init__(
@@ -518,8 +557,10 @@ class Sampler:
         new_token_buckets: Sequence[int] = DEFAULT_NEW_TOKEN_BUCKETS,
         cache_dtype=None,
         pad_id: int = 0,
+        shared_prefix_attention: bool = False,
     ):
         self.model = model
+        self.shared_prefix_attention = bool(shared_prefix_attention)
         self.prompt_buckets = tuple(sorted(prompt_buckets))
         self.batch_buckets = tuple(sorted(batch_buckets))
         self.new_token_buckets = tuple(sorted(new_token_buckets))
@@ -578,6 +619,7 @@ class Sampler:
                 jnp.asarray(segments),
                 jnp.asarray(positions, jnp.int32),
                 extras,
+                None,
                 None,
                 capacity=ids.shape[1] + n_bucket,
                 cache_dtype=self.cache_dtype,
@@ -708,7 +750,7 @@ class Sampler:
         self._count(
             prompts=len(rows), prompt_tokens=sum(len(p.ids) for p in prompts), cached_tokens=sum(r.cached for r in rows)
         )
-        batch, prefilled = self._prefill_rows(
+        batch, prefilled, parents = self._prefill_rows(
             rows, graphdef, state, decode_tokens=params.max_new_tokens, share_images=share_prompts
         )
         keep = cache is not None and self.recurrent
@@ -723,7 +765,7 @@ class Sampler:
         )
         if cache is not None:
             sequences = [np.concatenate([p.ids, t]).astype(np.int32) for p, t in zip(prompts, out.tokens)]
-            self._keep(cache, kv, sequences, prompts)
+            self._keep(cache, kv, sequences, prompts, parents)
         return out
 
     @functools.cached_property
@@ -751,17 +793,25 @@ class Sampler:
         if not rows:
             return
         self._count(shared_prompts=len(rows))
-        _, (cache, _, _, _) = self._prefill_rows(rows, graphdef, state, decode_tokens=0, share_images=True)
-        self._keep(work, cache, [r.prompt.ids[: r.target] for r in rows], [r.prompt for r in rows])
+        _, (cache, _, _, _), parents = self._prefill_rows(rows, graphdef, state, decode_tokens=0, share_images=True)
+        self._keep(work, cache, [r.prompt.ids[: r.target] for r in rows], [r.prompt for r in rows], parents)
 
     def _prefill_rows(self, rows: Sequence[_Row], graphdef, state, decode_tokens: int, share_images: bool):
         """Prefills each row's target[cached:] after its cached slots, in a cache with room for
-        decode_tokens more. Returns (batch size, (cache, last logits, next positions, done))."""
+        decode_tokens more. Returns (batch size, (cache, last logits, next positions, done), each
+        row's shared prefix: (entry, length) or None)."""
         n = len(rows)
         batch = _bucket(n, self.batch_buckets, "batch size")
         new = [r.target - r.cached for r in rows]
         length = _bucket(max(new), self.prompt_buckets, "prompt length")
-        cached = max(r.cached for r in rows)
+        groups = self._prefix_groups(rows) if self.shared_prefix_attention else []
+        parents: list[tuple[CacheEntry, int] | None] = [None] * n
+        for entry, prefix_length, members in groups:
+            for b in members:
+                parents[b] = (entry, prefix_length)
+        # A row continuing a shared prefix holds only its cached slots after the prefix.
+        own = [r.cached - (p[1] if p else 0) for r, p in zip(rows, parents)]
+        cached = max(own)
         decode = _bucket(decode_tokens, self.new_token_buckets, "max_new_tokens") if decode_tokens else 0
         # The cache's size is a bucket of what it must hold; the cached rows get the slots before
         # the new tokens (empty where a row holds less). So the compiled prefill and decode depend
@@ -782,7 +832,12 @@ class Sampler:
                 pos = np.broadcast_to(pos, (3, len(pos)))
             positions[..., b, length - k :] = pos[..., row.cached : row.target]
         model_inputs = self._image_inputs(rows, ids, graphdef, state, share_images)
-        cached_rows = self._cached_rows(rows, batch, slots) if cached else None
+        # A hybrid model's rows start from their entry's recurrent state, shared prefix or not.
+        continuing = cached or (groups and self.recurrent)
+        cached_rows = self._cached_rows(rows, batch, slots, own) if continuing else None
+        prefix = self._shared_prefix(groups, batch) if groups else None
+        if groups:
+            self._count(shared_prefixes=len(groups), shared_prefix_rows=sum(p is not None for p in parents))
         self._count(prefill_tokens=sum(new), prefill_calls=1)
         with timeline.span("prefill"):
             cache, last_logits, next_pos = _prefill(
@@ -793,12 +848,13 @@ class Sampler:
                 jnp.asarray(positions),
                 model_inputs,
                 cached_rows,
+                prefix,
                 capacity=capacity,
                 cache_dtype=self.cache_dtype,
             )
             timeline.settle(last_logits)
         done = jnp.asarray(np.arange(batch) >= n)  # batch-padding rows are finished from the start
-        return batch, (cache, last_logits, next_pos, done)
+        return batch, (cache, last_logits, next_pos, done), parents
 
     def _image_inputs(
         self, rows: Sequence[_Row], ids: np.ndarray, graphdef, state, share_images: bool
@@ -852,22 +908,50 @@ class Sampler:
             timeline.settle(features)
         return {"image_features": features}
 
-    def _cached_rows(self, rows: Sequence[_Row], batch: int, slots: int) -> CachedRows:
-        """The rows' matched entries as CachedRows of `slots` slots (empty rows: nothing cached)."""
+    def _prefix_groups(self, rows: Sequence[_Row]) -> list[tuple[CacheEntry, int, list[int]]]:
+        """(entry, length, rows) for each shared prefix the rows continue: an entry's parent (up to
+        its parent_length), and an entry without one that several rows continue (up to what they use)."""
+        by_prefix: dict[tuple[int, int], tuple[CacheEntry, list[int]]] = {}
+        for b, row in enumerate(rows):
+            entry = row.entry
+            if entry is None or not row.cached or entry.kv is None:
+                continue
+            prefix, length = (
+                (entry.parent, min(entry.parent_length, row.cached)) if entry.parent else (entry, row.cached)
+            )
+            by_prefix.setdefault((id(prefix), length), (prefix, []))[1].append(b)
+        return [
+            (prefix, length, members)
+            for (_, length), (prefix, members) in by_prefix.items()
+            if len(members) > 1 or rows[members[0]].entry.parent is not None
+        ]
+
+    def _shared_prefix(self, groups: Sequence[tuple[CacheEntry, int, list[int]]], batch: int):
+        """`_prefill`'s prefix: (kv [G, La, 2, P, K, D], lengths [G], members [G, R], slot [batch])."""
+        g = _bucket(len(groups), PREFIX_COUNT_BUCKETS, "shared prefixes")
+        r = _bucket(max(len(members) for _, _, members in groups), PREFIX_ROW_BUCKETS, "rows per prefix")
+        p = _bucket(max(length for _, length, _ in groups), PREFIX_LENGTH_BUCKETS, "shared prefix length")
+        kv = [_fit_slots(entry.kv, p) for entry, _, _ in groups]
+        kv = jnp.stack(kv + [jnp.zeros_like(kv[0])] * (g - len(groups)))
+        lengths = np.zeros(g, np.int32)
+        members = np.full((g, r), -1, np.int32)
+        slot = np.full(batch, -1, np.int32)
+        for i, (_, length, rows) in enumerate(groups):
+            lengths[i] = length
+            members[i, : len(rows)] = rows
+            slot[rows] = i * r + np.arange(len(rows))
+        return kv, jnp.asarray(lengths), jnp.asarray(members), jnp.asarray(slot)
+
+    def _cached_rows(self, rows: Sequence[_Row], batch: int, slots: int, own: Sequence[int]) -> CachedRows:
+        """The rows' matched entries as CachedRows of `slots` slots, each row's first own[b] of them
+        (the slots an entry holds itself: after its parent's; 0: none; empty rows: nothing
+        cached); None for kv when slots is 0."""
         template = next(r.entry for r in rows if r.entry is not None)
-
-        def fit(x: jax.Array | None) -> jax.Array | None:  # an entry's kv [La, 2, S, K, D] to `slots` slots
-            if x is None:
-                return None
-            if x.shape[2] >= slots:
-                return x[:, :, :slots]
-            return jnp.pad(x, ((0, 0), (0, 0), (0, slots - x.shape[2]), (0, 0), (0, 0)))
-
         kv = None
-        if template.kv is not None:
-            empty = jnp.zeros(fit(template.kv).shape, template.kv.dtype)
+        if template.kv is not None and slots:
+            empty = jnp.zeros(_fit_slots(template.kv, slots).shape, template.kv.dtype)
             kv = jnp.stack(
-                [fit(rows[b].entry.kv) if b < len(rows) and rows[b].entry is not None else empty for b in range(batch)]
+                [_fit_slots(rows[b].entry.kv, slots) if b < len(rows) and own[b] else empty for b in range(batch)]
             )
         conv = recurrent = None
         if template.conv is not None:
@@ -876,15 +960,25 @@ class Sampler:
             conv = jnp.stack([e.conv if e is not None else zero_conv for e in entries])
             recurrent = jnp.stack([e.recurrent if e is not None else zero_rec for e in entries])
         lengths = np.zeros(batch, np.int32)
-        lengths[: len(rows)] = [r.cached for r in rows]
+        lengths[: len(rows)] = own
         return CachedRows(kv, jnp.asarray(lengths), conv, recurrent)
 
-    def _keep(self, cache: PrefixCache, kv, sequences: Sequence[np.ndarray], prompts: Sequence[PromptInput]) -> None:
-        """Adds each row's sequence (its first len(sequence) occupied slots of `kv`) to `cache`."""
+    def _keep(
+        self,
+        cache: PrefixCache,
+        kv,
+        sequences: Sequence[np.ndarray],
+        prompts: Sequence[PromptInput],
+        parents: Sequence[tuple[CacheEntry, int] | None],
+    ) -> None:
+        """Adds each row's sequence to `cache`: its occupied slots of `kv`, which follow its shared
+        prefix (parents[b]: (entry, length), the new entry's parent) where it continued one."""
         compact = _compact(kv)
         capacity = kv.segment_ids.shape[1]
-        for b, (tokens, prompt) in enumerate(zip(sequences, prompts)):
-            slots = min(_bucket(len(tokens), self.prompt_buckets, "cached sequence length"), capacity)
+        for b, (tokens, prompt, parent) in enumerate(zip(sequences, prompts, parents)):
+            parent_entry, parent_length = parent or (None, 0)
+            own = len(tokens) - parent_length
+            slots = min(_bucket(own, self.prompt_buckets, "cached sequence length"), capacity)
             cache.add(
                 CacheEntry(
                     tokens=np.asarray(tokens, np.int32),
@@ -892,5 +986,7 @@ class Sampler:
                     kv=None if compact.kv is None else compact.kv[b, :, :, :slots],
                     conv=None if compact.conv is None else compact.conv[b],
                     recurrent=None if compact.recurrent is None else compact.recurrent[b],
+                    parent=parent_entry,
+                    parent_length=parent_length,
                 )
             )

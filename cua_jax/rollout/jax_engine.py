@@ -71,6 +71,8 @@ class JaxSamplerEngine(RolloutEngine):
     prefix_cache_tokens: > 0 keeps each reply's prompt + reply keys and values (at most this
     many cache slots over all), so an episode's next turn prefills only its new tokens; the
     cache is dropped whenever the weights change. 0: every prompt is prefilled whole.
+    sampler_kwargs go to the `Sampler` (buckets, cache dtype, pad id, shared_prefix_attention:
+    rows continuing one cached prefix attend it held once).
 
     A call whose `SamplingConfig.rope_scaling` is set samples from a view of the model under
     YaRN at that factor (`qwen3.rope_scaled_model`, built on first use): the same parameter
@@ -369,8 +371,9 @@ class JaxEngineFactory:
     model_class / model_config: the policy's NNX class and its config (`model_class(config,
     rngs=...)`). params: the policy's `nnx.State`, host numpy leaves (what crosses a process
     boundary) or device arrays (copied, so the caller may donate its own). seed / pad_id /
-    initial_version / banned_token_ids / interrupt_tokens / share_prompts / prefix_cache_tokens: as
-    `JaxSamplerEngine`'s. tokenizer_dir: where the image processor comes from (None: the shipped tiny one).
+    initial_version / banned_token_ids / interrupt_tokens / share_prompts / prefix_cache_tokens /
+    shared_prefix_attention: as `JaxSamplerEngine`'s (the last as its `Sampler`'s). tokenizer_dir:
+    where the image processor comes from (None: the shipped tiny one).
     """
 
     model_class: type
@@ -384,6 +387,7 @@ class JaxEngineFactory:
     interrupt_tokens: int = 0
     share_prompts: bool = False
     prefix_cache_tokens: int = 0
+    shared_prefix_attention: bool = False
 
     def __call__(self) -> JaxSamplerEngine:
         # The structure alone (no random init): every value comes from params.
@@ -404,4 +408,5 @@ class JaxEngineFactory:
             interrupt_tokens=self.interrupt_tokens,
             share_prompts=self.share_prompts,
             prefix_cache_tokens=self.prefix_cache_tokens,
+            shared_prefix_attention=self.shared_prefix_attention,
         )

@@ -255,6 +255,7 @@ def build_rollout_workers(
                 interrupt_tokens=rollout.partial_rollout_tokens,
                 share_prompts=rollout.share_prompts,
                 prefix_cache_tokens=rollout.prefix_cache_tokens,
+                shared_prefix_attention=rollout.shared_prefix_attention,
             ),
             rollout_worker_config(settings, w),
         )

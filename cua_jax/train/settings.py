@@ -326,6 +326,7 @@ class RolloutSettings:
     max_episodes_in_flight: int
     share_prompts: bool
     prefix_cache_tokens: int
+    shared_prefix_attention: bool
     batch_wait_s: float
     group_start: str
     vllm: VllmSettings

@@ -6,10 +6,13 @@ shipped Qwen3-VL base, 3x128 text layers; click-button / click-widget / click-ta
 two turns; strictly on-policy GRPO with k3 KL to the frozen base, one update per step). The
 two runs differ only in the throughput fields:
 
-  off  rollout.share_prompts = False, rollout.prefix_cache_tokens = 0, learner.share_prefix = False,
+  off  rollout.share_prompts = False, rollout.prefix_cache_tokens = 0,
+       rollout.shared_prefix_attention = False, learner.share_prefix = False,
        env.capsules.episodes_per_page = 1
   on   rollout.share_prompts = True (a group's first prompt prefilled once, its screenshot encoded
        once), rollout.prefix_cache_tokens (each episode's keys and values kept between turns),
+       rollout.shared_prefix_attention (a group's rows decode over its prompt's keys and values
+       held once),
        learner.share_prefix = True (a group's prompt run once by the learner and the reference),
        env.capsules.episodes_per_page as the base config has it (a reset of the same task
        begins in the capsule's page instead of loading a new one)
@@ -105,6 +108,7 @@ def reference_config(workdir: str, optimizations: bool, warm_pages: int | None =
     c.train.checkpoint_every = 10_000
     c.rollout.share_prompts = optimizations
     c.rollout.prefix_cache_tokens = 65536 if optimizations else 0
+    c.rollout.shared_prefix_attention = optimizations
     c.learner.share_prefix = optimizations
     if not optimizations:
         c.env.capsules.episodes_per_page = 1

@@ -258,6 +258,11 @@ def base_config() -> ml_collections.ConfigDict:
     # float rounding); the cache is dropped at every weight update. 0 / False: recompute.
     c.rollout.share_prompts = True
     c.rollout.prefix_cache_tokens = 65536
+    # shared_prefix_attention: the rows of a generation batch that continue the same cached prefix
+    # (a group's members after their shared first prompt) attend it held once (cascade attention)
+    # instead of a copy in each row's cache, so a decoding step reads its keys and values once per
+    # group; the same tokens and logprobs to float rounding. False: each row holds a copy.
+    c.rollout.shared_prefix_attention = True
     c.rollout.batch_wait_s = 0.0  # 0: a generation batch waits for every running episode
     # "fresh": each episode of a group resets on its own; "shared": the group starts from one
     # prepared state (one reset, the others fork it: a capsule fork for MiniWoB, the task's

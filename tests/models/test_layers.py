@@ -1,5 +1,6 @@
 """The pure pieces of the decoder against numpy references: RoPE tables and rotation,
-RMSNorm, the segment/causal attention mask, grouped-query attention; config parsing."""
+RMSNorm, the segment/causal attention mask, grouped-query attention, attention after a shared
+prefix; config parsing."""
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cua_jax.models.configs import RopeConfig
-from cua_jax.models.layers import RMSNorm, attention_mask, dot_product_attention, project
+from cua_jax.models.layers import RMSNorm, attention_mask, dot_product_attention, prefix_attention, project
 from cua_jax.models.qwen3 import Qwen3Config, tiny_qwen3_config
 from cua_jax.models.rope import apply_rotary, rope_cos_sin, rope_inv_freq
 
@@ -120,6 +121,44 @@ def test_grouped_attention_and_mask_match_numpy(seed, groups):
     for query_chunk in (0, 4):  # 4 does not divide 6: the padded last block is dropped
         ours = jax.jit(dot_product_attention, static_argnums=(4, 5))(q, k, v, jnp.asarray(mask), 0.35, query_chunk)
         np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-5)
+
+
+@small
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    groups=st.sampled_from([1, 2]),
+    prefix_lengths=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+    members=st.lists(st.integers(-1, 2), min_size=4, max_size=4),
+)
+def test_attention_after_a_shared_prefix_is_attention_over_prefix_then_own_slots(seed, groups, prefix_lengths, members):
+    # Rows b continue prefix members[b] (-1: none); each row attends [prefix[:length]; own slots].
+    rng = np.random.default_rng(seed)
+    b, t, s, p, kh, d = 4, 2, 5, 9, 2, 8
+    g = len(prefix_lengths)
+    members = [m if m < g else -1 for m in members]
+    rows_of = [[row for row in range(b) if members[row] == i] for i in range(g)]
+    r = max(1, *(len(x) for x in rows_of))
+    table = np.full((g, r), -1, np.int32)
+    slot = np.full(b, -1, np.int32)
+    for i, rows in enumerate(rows_of):
+        table[i, : len(rows)] = rows
+        slot[rows] = i * r + np.arange(len(rows))
+    q = rng.standard_normal((b, t, kh * groups, d)).astype(np.float32)
+    k, v = (rng.standard_normal((b, s, kh, d)).astype(np.float32) for _ in range(2))
+    pk, pv = (rng.standard_normal((g, p, kh, d)).astype(np.float32) for _ in range(2))
+    mask = rng.random((b, t, s)) < 0.6
+    mask[0, 0] = False  # a query that sees none of its own slots
+    prefix = (pk, pv, np.asarray(prefix_lengths, np.int32), table, slot)
+    ours = np.asarray(jax.jit(prefix_attention, static_argnums=(5,))(q, k, v, mask, prefix, 0.35))
+    for row in range(b):
+        n = prefix_lengths[members[row]] if members[row] >= 0 else 0
+        keys = np.concatenate([pk[members[row], :n], k[row]]) if n else k[row]
+        values = np.concatenate([pv[members[row], :n], v[row]]) if n else v[row]
+        seen = np.concatenate([np.ones((t, n), bool), mask[row]], axis=1)
+        blind = ~seen.any(axis=1)  # fully masked: the values' mean (dot_product_attention's rule)
+        ref = numpy_attention(q[row : row + 1], keys[None], values[None], seen[None] | blind[None, :, None], 0.35)[0]
+        ref[blind] = np.repeat(values.mean(0), groups, axis=0)
+        np.testing.assert_allclose(ours[row], ref, atol=1e-5)
 
 
 def test_fully_masked_query_attends_uniformly_and_grad_is_finite():

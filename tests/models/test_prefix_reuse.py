@@ -133,11 +133,21 @@ class Prompts:
 
 
 def _engines(model, processor):
+    """Recomputing everything; sharing prompts and caching turns; and the same with a shared
+    prefix attended once by the rows continuing it (shared_prefix_attention)."""
     plain = JaxSamplerEngine(nnx.clone(model), image_processor=processor, **BUCKETS)
-    fast = JaxSamplerEngine(
-        nnx.clone(model), image_processor=processor, share_prompts=True, prefix_cache_tokens=4096, **BUCKETS
+    fast, cascade = (
+        JaxSamplerEngine(
+            nnx.clone(model),
+            image_processor=processor,
+            share_prompts=True,
+            prefix_cache_tokens=4096,
+            shared_prefix_attention=shared,
+            **BUCKETS,
+        )
+        for shared in (False, True)
     )
-    return plain, fast
+    return plain, fast, cascade
 
 
 def _same(a, b):
@@ -148,7 +158,7 @@ def _same(a, b):
 
 def test_shared_prompts_and_cached_turns_sample_what_recomputation_samples(policy, processor):
     kind, model = policy
-    plain, fast = _engines(model, processor)
+    plain, fast, cascade = _engines(model, processor)
     make = Prompts(kind, processor)
     sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
     # Two groups (a shared first prompt each) and a lone prompt; every row its own seed.
@@ -162,8 +172,11 @@ def test_shared_prompts_and_cached_turns_sample_what_recomputation_samples(polic
     ]
     turn1 = plain.generate(requests, sampling)
     _same(turn1, fast.generate(requests, sampling))
+    _same(turn1, cascade.generate(requests, sampling))
     stats = fast.stats()
     assert stats["shared_prompts"] == 2 and stats["cached_tokens"] > 0
+    # The cascade engine's two groups decode over their prompt held once, not copied per row.
+    assert cascade.stats()["shared_prefixes"] == 2 and cascade.stats()["shared_prefix_rows"] == 5
     if make.images:
         assert stats["images_encoded"] < stats["images"] + 6  # each group's screenshot once
 
@@ -176,7 +189,10 @@ def test_shared_prompts_and_cached_turns_sample_what_recomputation_samples(polic
     before = fast.stats()
     turn2 = plain.generate(second, sampling)
     _same(turn2, fast.generate(second, sampling))
+    _same(turn2, cascade.generate(second, sampling))
     after = fast.stats()
+    # Each row's turn was kept whole (its prefix's slots first), so turn 2 prefilled as little.
+    assert cascade.stats()["prefill_tokens"] == after["prefill_tokens"]
     new = after["prefill_tokens"] - before["prefill_tokens"]
     assert new < sum(len(r.prompt_ids) for r in second) / 2
 
@@ -188,7 +204,9 @@ def test_shared_prompts_and_cached_turns_sample_what_recomputation_samples(polic
             [request.prompt_ids[:4], request.prompt_ids[len(firsts[0][0]) :], reply.token_ids, [9]]
         ).astype(np.int32)
         third.append(GenerationRequest(ids, request.images[1:], seed=request.seed + 1))
-    _same(plain.generate(third, sampling), fast.generate(third, sampling))
+    turn3 = plain.generate(third, sampling)
+    _same(turn3, fast.generate(third, sampling))
+    _same(turn3, cascade.generate(third, sampling))
 
 
 def test_a_weight_update_empties_the_cache_and_the_next_samples_follow_the_new_weights(processor):
@@ -253,6 +271,22 @@ def test_the_cache_evicts_entries_already_matched_first_then_the_oldest():
     assert cache.entries == [a, c]
     cache.add(_entry([13, 14, 15]))
     assert cache.entries[0] is c
+
+
+def test_a_parent_counts_once_and_while_an_entry_holds_on_to_it():
+    cache = PrefixCache(max_slots=10)
+    prompt = _entry([1, 2, 3, 4])
+    children = [
+        CacheEntry(np.asarray([1, 2, 3, 4] + tail, np.int32), (), kv=None, parent=prompt, parent_length=4)
+        for tail in ([5, 6], [7, 8], [9, 10, 11])
+    ]
+    cache.add(prompt)
+    cache.add(children[0])
+    cache.add(children[1])
+    assert cache.slots == 4 + 2 + 2
+    prompt.used = True
+    cache.add(children[2])  # 11 slots: the matched prompt goes first, yet its children still hold it
+    assert cache.entries == children[1:] and cache.slots == 4 + 2 + 3
 
 
 def _images(runs):

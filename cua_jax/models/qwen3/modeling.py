@@ -32,13 +32,13 @@ from cua_jax.models.layers import (
     MLP,
     OutputHead,
     RMSNorm,
+    SharedPrefix,
+    cached_attention,
     checkpointed,
     decoder_inputs,
-    dot_product_attention,
     linear,
     project,
     token_embedding,
-    write_kv_cache,
 )
 from cua_jax.models.qwen3.config import Qwen3Config
 from cua_jax.models.rope import apply_rotary, dynamic_ntk_inv_freq, rope_cos_sin, rope_inv_freq
@@ -56,13 +56,15 @@ class KVCache:
     keys, values: one [B, S, K, D] array per layer. segment_ids int32 [B, S]: the
     segment of the token held in each slot, 0 for an empty slot. end int32 []: the next
     slot to write; all rows write the same slot, so prompts of different lengths are
-    left-padded (padding slots keep segment 0 and are never attended).
+    left-padded (padding slots keep segment 0 and are never attended). prefix: keys and
+    values several rows continue, held once (`cua_jax.models.layers.SharedPrefix`), or None.
     """
 
     keys: tuple[jax.Array, ...]
     values: tuple[jax.Array, ...]
     segment_ids: jax.Array
     end: jax.Array
+    prefix: SharedPrefix | None = None
 
     @property
     def capacity(self) -> int:
@@ -110,8 +112,9 @@ class Attention(nnx.Module):
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x [B, T, E]; cos/sin [B, T, D]; mask bool [B, T, S].
 
-        cache: (keys [B, S, K, D], values [B, S, K, D], write slot int32 []) or None; the
-        new keys/values are written at the slot and attention runs over all S slots.
+        cache: (keys [B, S, K, D], values [B, S, K, D], write slot int32 [], the rows' shared
+        prefix (`SharedPrefix.layer`) or None) or None; the new keys/values are written at the
+        slot and attention runs over the prefix, then all S slots (`cached_attention`).
         Returns (out [B, T, E], (keys, values) updated, or None without a cache).
         """
         b, t, _ = x.shape
@@ -120,8 +123,7 @@ class Attention(nnx.Module):
         v = project(self.v_proj, x).reshape(b, t, self.num_kv_heads, self.head_dim)
         q = constrain(apply_rotary(q, cos, sin), (BATCH, LENGTH, "activation_heads", None))
         k = constrain(apply_rotary(k, cos, sin), (BATCH, LENGTH, "activation_kv_heads", None))
-        k, v, new_cache = write_kv_cache(k, v, cache, q.dtype)
-        out = dot_product_attention(q, k, v, mask, self.head_dim**-0.5, self.query_chunk)
+        out, new_cache = cached_attention(q, k, v, mask, cache, self.head_dim**-0.5, self.query_chunk)
         out = constrain(out, (BATCH, LENGTH, "activation_heads", None))
         return project(self.o_proj, out.reshape(b, t, self.num_heads * self.head_dim)), new_cache
 
@@ -193,7 +195,10 @@ class Qwen3Model(nnx.Module):
         cos, sin = position_embeddings
         new_keys, new_values = [], []
         for i, layer in enumerate(self.layers):
-            layer_cache = None if kv_cache is None else (kv_cache.keys[i], kv_cache.values[i], start)
+            layer_cache = None
+            if kv_cache is not None:
+                prefix = None if kv_cache.prefix is None else kv_cache.prefix.layer(i)
+                layer_cache = (kv_cache.keys[i], kv_cache.values[i], start, prefix)
             if self.config.remat:
                 x, update = checkpointed(layer, x, cos, sin, mask, layer_cache)
             else:
@@ -206,7 +211,7 @@ class Qwen3Model(nnx.Module):
         x = self.norm(x)
         new_cache = None
         if kv_cache is not None:
-            new_cache = KVCache(tuple(new_keys), tuple(new_values), cache_segments, start + t)
+            new_cache = KVCache(tuple(new_keys), tuple(new_values), cache_segments, start + t, kv_cache.prefix)
         return x, new_cache
 
 

@@ -51,15 +51,15 @@ from cua_jax.models.layers import (  # a Qwen3_5TextConfig has the fields these 
     LENGTH,
     MLP,
     OutputHead,
+    SharedPrefix,
     axis_metadata,
+    cached_attention,
     checkpointed,
     decoder_inputs,
-    dot_product_attention,
     linear,
     project,
     scatter_rows,
     token_embedding,
-    write_kv_cache,
 )
 from cua_jax.models.qwen3_5.config import CheckpointTensorSpec, Qwen3_5Config, Qwen3_5TextConfig
 from cua_jax.models.qwen3_vl import image_prefill_extras as vl_extras
@@ -85,7 +85,8 @@ class HybridCache:
     keys, values: one [B, S, K, D] array per full-attention layer (in layer order);
     conv_states: one [B, K_conv - 1, C] window per linear-attention layer; recurrent_states:
     one float32 [B, Hv, Dk, Dv] delta-rule state per linear-attention layer. segment_ids int32
-    [B, S] and end int32 [] as `cua_jax.models.qwen3.KVCache`.
+    [B, S], end int32 [] and prefix (the full-attention layers' shared prefix) as
+    `cua_jax.models.qwen3.KVCache`.
     """
 
     keys: tuple[jax.Array, ...]
@@ -94,6 +95,7 @@ class HybridCache:
     recurrent_states: tuple[jax.Array, ...]
     segment_ids: jax.Array
     end: jax.Array
+    prefix: SharedPrefix | None = None
 
     @property
     def capacity(self) -> int:
@@ -191,8 +193,7 @@ class GatedAttention(nnx.Module):
         v = project(self.v_proj, x).reshape(b, t, kh, d)
         q = constrain(q, (BATCH, LENGTH, "activation_heads", None))
         k = constrain(k, (BATCH, LENGTH, "activation_kv_heads", None))
-        k, v, new_cache = write_kv_cache(k, v, cache, q.dtype)
-        out = dot_product_attention(q, k, v, mask, d**-0.5, self.query_chunk)
+        out, new_cache = cached_attention(q, k, v, mask, cache, d**-0.5, self.query_chunk)
         out = out.reshape(b, t, h * d) * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
         return project(self.o_proj, out), new_cache
 
@@ -340,7 +341,8 @@ class Qwen3_5TextModel(nnx.Module):
         for layer in self.layers:
             state = None
             if kv_cache is not None and layer.layer_type == "full_attention":
-                state = (kv_cache.keys[full_i], kv_cache.values[full_i], start)
+                prefix = None if kv_cache.prefix is None else kv_cache.prefix.layer(full_i)
+                state = (kv_cache.keys[full_i], kv_cache.values[full_i], start, prefix)
             elif kv_cache is not None:
                 state = (kv_cache.conv_states[linear_i], kv_cache.recurrent_states[linear_i])
             if cfg.remat:
@@ -361,7 +363,7 @@ class Qwen3_5TextModel(nnx.Module):
         new_cache = None
         if kv_cache is not None:
             new_cache = HybridCache(
-                tuple(keys), tuple(values), tuple(convs), tuple(recurrents), cache_segments, start + t
+                tuple(keys), tuple(values), tuple(convs), tuple(recurrents), cache_segments, start + t, kv_cache.prefix
             )
         return x, new_cache
 
