@@ -153,6 +153,15 @@ class SharedPrefix:
         return self.keys[i], self.values[i], self.lengths, self.members, self.slot
 
 
+def _softmax_parts(scores: jax.Array, keep: jax.Array, values: jax.Array, spec: str):
+    """(max, sum of exp, exp-weighted values) of float32 scores [..., S] where `keep`: the pieces
+    of a softmax over S that another part's merge by log-sum-exp (`prefix_attention`)."""
+    scores = jnp.where(keep, scores, _MASKED)
+    top = jnp.max(scores, axis=-1)
+    weights = jnp.exp(scores - top[..., None])
+    return top, jnp.sum(weights, axis=-1), jnp.einsum(spec, weights, values.astype(jnp.float32))
+
+
 def prefix_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, prefix: tuple, scale: float
 ) -> jax.Array:
@@ -169,16 +178,10 @@ def prefix_attention(
     f32 = jnp.float32
     qg = q.reshape(b, t, kh, h // kh, d).astype(f32)
     own = jnp.einsum("btkqd,bskd->bkqts", qg, k.astype(f32)) * scale
-    own = jnp.where(mask[:, None, None], own, _MASKED)
-    own_max = jnp.max(own, axis=-1)
-    own_exp = jnp.exp(own - own_max[..., None])
-    own_sum, own_out = jnp.sum(own_exp, axis=-1), jnp.einsum("bkqts,bskd->bkqtd", own_exp, v.astype(f32))
+    own_max, own_sum, own_out = _softmax_parts(own, mask[:, None, None], v, "bkqts,bskd->bkqtd")
     pre = jnp.einsum("grtkqd,gskd->grkqts", qg[jnp.maximum(members, 0)], pk.astype(f32)) * scale
     valid = jnp.arange(pk.shape[1])[None, :] < lengths[:, None]  # [G, P]
-    pre = jnp.where(valid[:, None, None, None, None, :], pre, _MASKED)
-    pre_max = jnp.max(pre, axis=-1)
-    pre_exp = jnp.exp(pre - pre_max[..., None])
-    pre_sum, pre_out = jnp.sum(pre_exp, axis=-1), jnp.einsum("grkqts,gskd->grkqtd", pre_exp, pv.astype(f32))
+    pre_max, pre_sum, pre_out = _softmax_parts(pre, valid[:, None, None, None, None, :], pv, "grkqts,gskd->grkqtd")
     # Back to rows: row b reads its member entry; a row outside every prefix gets weight 0.
     rows = lambda x: x.reshape(g * r, *x.shape[2:])[jnp.maximum(slot, 0)]
     inside = (slot >= 0).reshape(b, 1, 1, 1)
