@@ -1,3 +1,4 @@
+# Single job: a rollout worker (its environments, engine and agent loops), in-process or as a Ray actor.
 """A rollout worker: its environments (for each kind of task its catalog holds, the resources
 its registry entry opens, `cua_jax.environments.kinds`: a capsule runtime over a shared
 Chromium for MiniWoB++, a Docker desktop pool for desktop tasks, a code image whose
@@ -467,7 +468,7 @@ class SharedPlacementGroup:
         self.holders = holders
 
     def release(self) -> None:
-        from cua_jax.rollout.workers import release_bundles
+        from cua_jax.rollout.workers import release_bundles  # deferred, as below: it imports Ray and JAX
 
         self.holders -= 1
         if self.holders == 0:

@@ -22,7 +22,8 @@ from cua_jax.envs.capsules import (
     LifecycleError,
     UnknownEnvironmentError,
 )
-from cua_jax.envs.capsules.restarts import restart_differences, restart_exact_tasks
+from cua_jax.envs.capsules.restarts import restart_differences
+from cua_jax.envs.capsules.runtime import restart_exact_tasks
 from cua_jax.envs.miniwob import EpisodeEndedError
 from cua_jax.envs.miniwob_oracle import oracle_action
 from cua_jax.types import EpisodeStatus

@@ -5,7 +5,8 @@ page the last one ran in (seeded, `core.startEpisodeReal`, as MiniWoB++'s own en
 does). Most tasks rebuild everything they show from the seed; some keep state across
 episodes in their own script (jQuery widgets initialised once, a text area's edited value,
 an animation's phase), so a used page shows them differently from a new one. The runtime
-restarts in page only the tasks listed in `restart_exact_tasks.txt`, which
+restarts in page only the tasks listed in `restart_exact_tasks.txt` (read by
+`runtime.restart_exact_tasks`), which
 `python -m cua_jax.envs.capsules.restarts --write` measures: for every task, each seed pair
 (a, b) below, an episode of seed a with a click and typing in it, then seed b begun in the
 same page, then seed b again, against seed b on a new page: the utterance, the DOM text and
@@ -16,24 +17,17 @@ records the Chromium and miniwob versions it was measured with.
 from __future__ import annotations
 
 import argparse
-import functools
-import pathlib
 import sys
 from typing import Any
 
 import numpy as np
 
 from cua_jax.envs import actions as A
+from cua_jax.envs.capsules.options import CapsuleOptions
+from cua_jax.envs.capsules.runtime import EXACT_TASKS_FILE
+from cua_jax.envs.miniwob import task_names
 
-EXACT_TASKS_FILE = pathlib.Path(__file__).with_name("restart_exact_tasks.txt")
 SEED_PAIRS = ((3, 7), (11, 5))
-
-
-@functools.lru_cache(maxsize=1)
-def restart_exact_tasks() -> frozenset[str]:
-    """The tasks the file lists (lines that are not comments)."""
-    lines = EXACT_TASKS_FILE.read_text().splitlines()
-    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
 
 
 def restart_differences(runtime: Any, task: str, seed_pairs=SEED_PAIRS) -> list[str]:
@@ -86,9 +80,6 @@ def _versions(runtime: Any) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from cua_jax.envs.capsules.options import CapsuleOptions
-    from cua_jax.envs.miniwob import task_names
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help=f"rewrite {EXACT_TASKS_FILE.name}")
     parser.add_argument("tasks", nargs="*", help="tasks to check (default: all)")

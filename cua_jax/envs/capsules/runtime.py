@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import itertools
 import logging
 import os
+import pathlib
 import random
 import threading
 from collections.abc import Callable, Coroutine
@@ -31,7 +33,6 @@ from cua_jax.envs.capsules.errors import (
 )
 from cua_jax.envs.capsules.procfs import command_line, process_tree
 from cua_jax.envs.capsules.records import CapsuleSnapshot, PublicationRecord, StepResult
-from cua_jax.envs.capsules.restarts import restart_exact_tasks
 from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error
 from cua_jax.envs.miniwob import (
     EpisodeEndedError,
@@ -51,6 +52,17 @@ from cua_jax.envs.miniwob_state import (
 from cua_jax.types import EpisodeStatus
 
 log = logging.getLogger(__name__)
+
+# MiniWoB tasks that begin an episode in a used page exactly as on a new page, as
+# `python -m cua_jax.envs.capsules.restarts --write` measured them.
+EXACT_TASKS_FILE = pathlib.Path(__file__).with_name("restart_exact_tasks.txt")
+
+
+@functools.lru_cache(maxsize=1)
+def restart_exact_tasks() -> frozenset[str]:
+    """The tasks the file lists (lines that are not comments)."""
+    lines = EXACT_TASKS_FILE.read_text().splitlines()
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
 
 
 @dataclasses.dataclass
@@ -129,7 +141,7 @@ class CapsuleRuntime:
     episode in that page, as MiniWoB++'s own environment does (seed, `core.startEpisodeReal`),
     until the page has served that many; the page then is replaced by a new one. This saves
     the page load of each reset. Only tasks measured to begin in a used page exactly as on a
-    new one (`restart_tasks`, by default `restarts.restart_exact_tasks()`) restart in page; the
+    new one (`restart_tasks`, by default `restart_exact_tasks()`) restart in page; the
     others always get a new page.
     """
 
