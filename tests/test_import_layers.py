@@ -24,9 +24,9 @@ def test_no_module_imports_from_a_layer_above_it():
 def test_every_long_module_says_its_single_job():
     """A module of cua_jax over 600 lines opens with a `# Single job: ...` comment, so a long
     file is long because its one job is, not because several share it."""
-    unexplained = [
-        f"{path.relative_to(ROOT)} ({length} lines)"
-        for path in sorted((ROOT / "cua_jax").rglob("*.py"))
-        if (length := len(text := path.read_text().splitlines())) > 600 and not text[0].startswith("# Single job: ")
-    ]
+    unexplained = []
+    for path in sorted((ROOT / "cua_jax").rglob("*.py")):
+        lines = path.read_text().splitlines()
+        if len(lines) > 600 and not lines[0].startswith("# Single job: "):
+            unexplained.append(f"{path.relative_to(ROOT)} ({len(lines)} lines)")
     assert not unexplained, "long modules without a '# Single job:' first line: " + ", ".join(unexplained)

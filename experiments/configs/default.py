@@ -30,8 +30,8 @@ This config, 200 updates (seed 0; measured 2026-12-04 while other jobs shared th
 its 1 h 48 min of wall time is not this config's own): held-out success at the training
 temperature 30/96 -> 43/96 (paired by seed +0.135, 95% [+0.015, +0.250]; 24 seeds gained, 11
 lost), greedily 34/96 -> 45/96 (+0.115, [+0.009, +0.216]); click-button 6 -> 7, click-widget
-7 -> 13, click-tab 17 -> 23 of 32; k3 KL to the base 0.028 at the end. The same settings for
-16 updates (below) moved nothing: what changed is the number of updates, which the shared
+7 -> 13, click-tab 17 -> 23 of 32; k3 KL to the base 0.028 at the end. The same RL settings
+for 16 updates (below) moved nothing: what changed is the number of updates, which the shared
 prefix work (experiments/benchmarks/rl_step.py: 5.5 s per update here, 19 s before) made
 affordable.
 
