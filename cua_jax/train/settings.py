@@ -322,6 +322,7 @@ class RolloutSettings:
     temperature: float
     top_p: float
     top_k: int
+    seed_per_turn: bool
     partial_rollout_tokens: int
     max_episodes_in_flight: int
     share_prompts: bool
@@ -702,7 +703,14 @@ class TrainSettings:
             group_start=rollout.group_start,
         )
         own_fields = ("max_turns", "max_context_tokens", "temperature", "top_p", "top_k")
-        agent = build("rollout", AgentConfig, **{name: getattr(rollout, name) for name in own_fields}, **shared)
+        agent = build(
+            "rollout",
+            AgentConfig,
+            **{name: getattr(rollout, name) for name in own_fields},
+            seed_per_turn=rollout.seed_per_turn,
+            seed=c.seed if rollout.seed_per_turn else None,
+            **shared,
+        )
         eval_agent = build(
             "eval",
             AgentConfig,

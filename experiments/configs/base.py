@@ -242,6 +242,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0
     c.rollout.top_p = 1.0
     c.rollout.top_k = 0
+    # True: every training request samples from a stream of its own, turn_sampling_seed(seed,
+    # episode id, environment seed, turn), as evaluation's do (eval.seed_per_turn), so an episode
+    # samples the same tokens whichever worker or host runs it and whatever batch it shares.
+    # False: each generation batch draws from the engine's own running key.
+    c.rollout.seed_per_turn = False
     # Partial rollouts (JAX sampler): 0, a weight update waits for the replies being generated;
     # N, replies grow N tokens at a time and an update lands between chunks, the rest of each
     # reply sampled under the new weights (every token tagged with its policy version).

@@ -53,10 +53,12 @@ def on_policy(tmp_path_factory):
         return wrappers[-1]
 
     # Its evaluations run at YaRN 2 (eval.rope_scaling): training, and so the on-policy tests,
-    # keep the model's own rope; a one-turn budget keeps the evaluation test short.
-    trainer = start_trainer(
-        tiny_config(tmp_path_factory.mktemp("on_policy"), eval__rope_scaling=2.0, eval__max_turns=1), env_wrapper=wrap
+    # keep the model's own rope; a one-turn budget keeps the evaluation test short. Training
+    # samples with per-turn seeds (rollout.seed_per_turn), the setting multi-host runs rely on.
+    config = tiny_config(
+        tmp_path_factory.mktemp("on_policy"), eval__rope_scaling=2.0, eval__max_turns=1, rollout__seed_per_turn=True
     )
+    trainer = start_trainer(config, env_wrapper=wrap)
     try:
         yield trainer, wrappers
     finally:
@@ -131,6 +133,30 @@ def test_resumed_run_reproduces_the_metrics_exactly(on_policy):
     assert first["capsules/page_restarts"] > 0 and second["capsules/page_restarts"] > 0
     for a, b in zip(jax.tree.leaves(params_first), jax.tree.leaves(trainer.learner.train_state()["params"])):
         np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def test_per_turn_training_seeds_sample_a_group_alone_as_in_its_batch(on_policy):
+    """rollout.seed_per_turn reaches the training agent: each request samples from
+    turn_sampling_seed(config.seed, episode id, page seed, turn), so a group run alone draws the
+    tokens it drew batched with the step's other groups (whichever worker or host runs it)."""
+    trainer, _ = on_policy
+    agent = trainer.workers[0].train_loop.config
+    assert agent.seed_per_turn and agent.seed == trainer.settings.config_dict["seed"]
+    worker, n = trainer.workers[0], trainer.settings.rollout.group_size
+    # Requests of its own (task, page seed, group id), so the collector's draws and ids are untouched.
+    requests = [(task, 500 + k, 10_000 + k) for k, task in enumerate(trainer.collector.pool.task_ids)]
+    assert len(requests) >= 2
+    batched = worker.run_groups(requests, n)
+    alone = worker.run_groups(requests[1:2], n)[0]
+    assert [r.episode.episode_id for r in alone] == [r.episode.episode_id for r in batched[1]]
+    for together, single in zip(batched[1], alone, strict=True):
+        assert len(together.episode.turns) == len(single.episode.turns)
+        for a, b in zip(together.episode.turns, single.episode.turns):
+            np.testing.assert_array_equal(a.response_ids, b.response_ids)
+            np.testing.assert_allclose(a.response_logprobs, b.response_logprobs, atol=1e-5, rtol=0)
+    # The group's episodes still sample differently from each other.
+    first_replies = {tuple(r.episode.turns[0].response_ids) for r in alone}
+    assert len(first_replies) > 1
 
 
 def _wait_for(predicate, what, limit_s=600.0):
