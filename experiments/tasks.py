@@ -1,4 +1,4 @@
-"""Task folders: python -m experiments.tasks check DIR [--image desktop | --apps a,b] [--mirror DIR]
+"""Task folders: python -m experiments.tasks check DIR [--image desktop | --apps a,b] [--mirror DIR] | mirror ...
 
 `check` classifies every task file under DIR (OSWorld's layout examples/<domain>/<id>.json,
 or any folder cua_jax.tasks.sources reads) and prints a table: per task whether it is
@@ -7,6 +7,16 @@ unimplemented step / getter / metric; a file that breaks the schema with its err
 per domain the counts of files, parsed, runnable and not runnable tasks, and the tasks per
 reason. The apps come from probing the environment image (--image: a name under
 launch/images or a full tag; one throwaway container) unless --apps lists them.
+
+`mirror --tasks DIR --out MIRROR [--base_url URL] [--workers 4] [--timeout 60] [--retries 2]`
+downloads every cloud file the task files under DIR download (their download steps' URLs
+and cloud_file getters' paths; not the web pages a browser opens, not commands' network use)
+into the download mirror MIRROR (cua_jax.tasks.mirror: <MIRROR>/<host>/<path>, resumable
+.part transfers, sha256 checks, Google Drive's confirmation page, MIRROR/manifest.json), so
+that `check DIR --mirror MIRROR` counts those tasks runnable. --base_url asks
+{base_url}/HOST/PATH?Q for every https://HOST/PATH?Q (a mirror server of one's own, or a
+test server). Exit status: 0 when every file is mirrored, 1 when some failed (the manifest
+says which and why), 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -17,8 +27,11 @@ import json
 import pathlib
 import subprocess
 import sys
+import time
+import urllib.parse
 from typing import Any
 
+from cua_jax.tasks import mirror as M
 from cua_jax.tasks import runnable as R
 from cua_jax.tasks.sources import scan_task_folder
 
@@ -127,6 +140,71 @@ def check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mirror_argument_problem(args: argparse.Namespace) -> str | None:
+    if args.workers < 1:
+        return f"--workers must be at least 1, got {args.workers}"
+    if args.timeout <= 0:
+        return f"--timeout must be more than 0 seconds, got {args.timeout:g}"
+    if args.retries < 0:
+        return f"--retries must be 0 or more, got {args.retries}"
+    if args.base_url is not None:
+        parsed = urllib.parse.urlsplit(args.base_url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.query:
+            return (
+                f"--base_url must be an http(s) URL without a query, like http://127.0.0.1:8000, got {args.base_url!r}"
+            )
+    if pathlib.Path(args.out).expanduser().exists() and not pathlib.Path(args.out).expanduser().is_dir():
+        return f"--out {args.out!r} is a file, not a folder"
+    return None
+
+
+def mirror(args: argparse.Namespace) -> int:
+    problem = _mirror_argument_problem(args)
+    if problem:
+        print(f"mirror: {problem}", file=sys.stderr)
+        return 2
+    try:
+        files = scan_task_folder(args.tasks)
+    except FileNotFoundError as error:
+        print(f"mirror: {error}", file=sys.stderr)
+        return 2
+    if not files:
+        print(
+            f"mirror: {args.tasks} holds no task files (JSON objects with an 'id', 'instruction' or 'evaluator')",
+            file=sys.stderr,
+        )
+        return 2
+    root = pathlib.Path(args.tasks)
+    sources: dict[str, list[str]] = {}  # URL -> the task files naming it
+    for file in files:
+        for url in R.download_urls(file.task) if file.task is not None else ():
+            sources.setdefault(url, []).append(file.path.relative_to(root).as_posix())
+    broken = sum(file.task is None for file in files)
+    if broken:
+        print(f"mirror: {broken} task files break the schema and are left out (`check {args.tasks}` says why)")
+    if not sources:
+        print(f"mirror: the {len(files) - broken} task files under {args.tasks} download no cloud files")
+        return 0
+    started = time.monotonic()
+    try:
+        outcomes = M.mirror_urls(sources, args.out, args.base_url, args.workers, args.timeout, args.retries)
+    except ValueError as error:  # an unreadable manifest
+        print(f"mirror: {error}", file=sys.stderr)
+        return 2
+    counts = collections.Counter(outcome.status for outcome in outcomes)
+    fetched_bytes = sum(outcome.bytes for outcome in outcomes if outcome.status == "fetched")
+    print(
+        f"\nmirror: {len(outcomes)} URLs of {len(files) - broken} task files into {args.out} in "
+        f"{time.monotonic() - started:.1f} s: {counts['fetched']} fetched ({fetched_bytes:,} bytes), "
+        f"{counts['skipped']} already mirrored, {counts['failed']} failed"
+    )
+    failures = collections.Counter(outcome.reason for outcome in outcomes if outcome.status == "failed")
+    if failures:
+        reasons = ", ".join(f"{reason} {n}" for reason, n in failures.most_common())
+        print(f"failures by reason: {reasons}; {pathlib.Path(args.out) / M.MANIFEST} lists them")
+    return 1 if failures else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.tasks", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -144,8 +222,25 @@ def main(argv: list[str] | None = None) -> int:
     checker.add_argument("--mirror", help="the download mirror folder (default: $CUA_JAX_DOWNLOAD_MIRROR)")
     checker.add_argument("--summary", action="store_true", help="print only the per-domain and per-reason tables")
     checker.add_argument("--json", help="also write the rows as JSON to this file")
+    mirrorer = commands.add_parser(
+        "mirror", help="download the cloud files a folder's tasks download into a download mirror"
+    )
+    mirrorer.add_argument("--tasks", required=True, help="a task folder, e.g. OSWorld's evaluation_examples/examples")
+    mirrorer.add_argument("--out", required=True, help="the download mirror folder (created when missing)")
+    mirrorer.add_argument(
+        "--base_url",
+        help="ask {base_url}/HOST/PATH?Q for every https://HOST/PATH?Q (a mirror server of one's own, a test server)",
+    )
+    mirrorer.add_argument("--workers", type=int, default=4, help="files downloaded at once")
+    mirrorer.add_argument("--timeout", type=float, default=60.0, help="seconds without an answer before giving up")
+    mirrorer.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="further attempts after a timeout, a cut transfer, a connection error, an HTTP 5xx or 429",
+    )
     args = parser.parse_args(argv)
-    return check(args)
+    return check(args) if args.command == "check" else mirror(args)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ download mirror, and which addresses only the network could serve.
 
 Environments have no network, so a setup step's download happens here and is uploaded;
 an http(s) URL of another host is served only from the download mirror (a folder named
-by `mirror` or $CUA_JAX_DOWNLOAD_MIRROR), else it raises NetworkNeeded.
+by `mirror` or $CUA_JAX_DOWNLOAD_MIRROR; `python -m experiments.tasks mirror` fills it,
+cua_jax.tasks.mirror), else it raises NetworkNeeded.
 """
 
 from __future__ import annotations
@@ -44,10 +45,15 @@ def mirror_path(url: str, mirror: str | pathlib.Path) -> pathlib.Path:
     return pathlib.Path(mirror).expanduser() / parsed.netloc.lower() / pathlib.Path(*parts or ["index"])
 
 
+def is_remote(url: str) -> bool:
+    """True for an http(s) URL of another host: only the network or the mirror serves it."""
+    parsed = urllib.parse.urlsplit(url)
+    return parsed.scheme in ("http", "https") and parsed.hostname not in LOOPBACK_HOSTS
+
+
 def needs_network(url: str, mirror: str | pathlib.Path | None = None) -> bool:
     """True for an http(s) URL of another host that the download mirror does not hold."""
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("http", "https") or parsed.hostname in LOOPBACK_HOSTS:
+    if not is_remote(url):
         return False
     folder = download_mirror(mirror)
     return folder is None or not mirror_path(url, folder).is_file()

@@ -14,6 +14,7 @@ step and getter OSWorld defines. It is runnable here when it also meets these:
     (IMPLEMENTED_STEPS / IMPLEMENTED_GETTERS, the metric registry).
 
     needs(task)                        -> [Need]: what the task relies on (no environment)
+    download_urls(task)                -> the cloud files a download mirror must hold for it
     runnable(task, image_apps)         -> (ok, reasons), e.g. (False, ["needs app: thunderbird",
                                           "needs network: https://huggingface.co/..."])
     probe_image("cua-jax/osworld:..", names) / check_environment(task, client)
@@ -33,7 +34,7 @@ import sys
 import threading
 import urllib.parse
 import weakref
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 
 from cua_jax.envs.client import EnvClient
 from cua_jax.tasks import fetch, schema
@@ -383,6 +384,16 @@ def _url_needs(url: str, where: str, base_dir: str, mirror) -> list[Need]:
     return [Need("network", url, where)]
 
 
+def _files_fetched(part: schema.Step | schema.Getter) -> list[str]:
+    """What a download step or a cloud_file getter fetches: URLs or local paths."""
+    if isinstance(part, schema.Step) and part.type == "download":
+        return [entry["url"] for entry in part.parameters["files"]]
+    if isinstance(part, schema.Getter) and part.type == "cloud_file":
+        paths = part.parameters["path"]
+        return list(paths) if isinstance(paths, list) else [paths]
+    return []
+
+
 def _step_needs(step: schema.Step, where: str, base_dir: str, mirror) -> list[Need]:
     p = step.parameters
     needs = [Need("app", app, where) for app in STEP_APPS.get(step.type, ())]
@@ -390,10 +401,9 @@ def _step_needs(step: schema.Step, where: str, base_dir: str, mirror) -> list[Ne
         needs.append(Need("step", step.type, where))
     if step.type in NETWORK_STEPS:
         needs.append(Need("network", NETWORK_STEPS[step.type], where))
-    if step.type == "download":
-        for entry in p["files"]:
-            needs += _url_needs(entry["url"], where, base_dir, mirror)
-    elif step.type in ("upload", "upload_file"):
+    for url in _files_fetched(step):
+        needs += _url_needs(url, where, base_dir, mirror)
+    if step.type in ("upload", "upload_file"):
         for entry in p["files"]:
             needs += _url_needs(entry["local_path"], where, base_dir, None)
     elif step.type in ("launch", "execute", "command", "execute_with_verification"):
@@ -421,10 +431,8 @@ def _getter_needs(getter: schema.Getter, where: str, base_dir: str, mirror) -> l
             getter.parameters.get("url") or getter.parameters.get("path") or "the web"
         )
         needs.append(Need("network", target, where))
-    if getter.type == "cloud_file":
-        paths = getter.parameters["path"]
-        for path in paths if isinstance(paths, list) else [paths]:
-            needs += _url_needs(path, where, base_dir, mirror)
+    for path in _files_fetched(getter):
+        needs += _url_needs(path, where, base_dir, mirror)
     return needs
 
 
@@ -435,6 +443,25 @@ def _metric_needs(name: str, where: str) -> list[Need]:
     return []
 
 
+def _task_parts(task: Task) -> Iterator[tuple[str, schema.Step | schema.Getter | str]]:
+    """(where, part) in task order: the setup and postconfig steps, then per check its
+    metric's name and its getters."""
+    for i, step in enumerate(task.config):
+        yield f"config[{i}]", step
+    evaluator = task.evaluator
+    for i, step in enumerate(evaluator.postconfig):
+        yield f"evaluator.postconfig[{i}]", step
+    listed = len(evaluator.checks) > 1
+    for i, check in enumerate(evaluator.checks):
+        suffix = f"[{i}]" if listed else ""
+        yield f"evaluator.func{suffix}", check.func
+        if evaluator.infeasible:
+            continue  # judged on the last action alone: its getters never run
+        for name, getter in (("result", check.result), ("expected", check.expected)):
+            if getter is not None:
+                yield f"evaluator.{name}{suffix}", getter
+
+
 def needs(task: Task, mirror=None) -> list[Need]:
     """Everything `task` relies on, in task order (without asking any environment).
     mirror: the download mirror (fetch.download_mirror's default when None)."""
@@ -443,21 +470,27 @@ def needs(task: Task, mirror=None) -> list[Need]:
         app = RELATED_APPS[name.lower()] if name.lower() in RELATED_APPS else name
         if app:
             out.append(Need("app", app, "related_apps"))
-    for i, step in enumerate(task.config):
-        out += _step_needs(step, f"config[{i}]", task.base_dir, mirror)
-    evaluator = task.evaluator
-    for i, step in enumerate(evaluator.postconfig):
-        out += _step_needs(step, f"evaluator.postconfig[{i}]", task.base_dir, mirror)
-    listed = len(evaluator.checks) > 1
-    for i, check in enumerate(evaluator.checks):
-        suffix = f"[{i}]" if listed else ""
-        out += _metric_needs(check.func, f"evaluator.func{suffix}")
-        if evaluator.infeasible:
-            continue  # judged on the last action alone: its getters never run
-        for name, getter in (("result", check.result), ("expected", check.expected)):
-            if getter is not None:
-                out += _getter_needs(getter, f"evaluator.{name}{suffix}", task.base_dir, mirror)
+    for where, part in _task_parts(task):
+        if isinstance(part, schema.Step):
+            out += _step_needs(part, where, task.base_dir, mirror)
+        elif isinstance(part, schema.Getter):
+            out += _getter_needs(part, where, task.base_dir, mirror)
+        else:
+            out += _metric_needs(part, where)
     return out
+
+
+def download_urls(task: Task) -> list[str]:
+    """The http(s) URLs of other hosts that `task` downloads, each once, in task order:
+    its download steps' files and its cloud_file getters' paths, what a download mirror
+    must hold for it (`python -m experiments.tasks mirror`). Web pages a browser opens
+    and commands' network use are not downloads; loopback URLs are fetched directly."""
+    urls: list[str] = []
+    for _, part in _task_parts(task):
+        for url in _files_fetched(part) if not isinstance(part, str) else ():
+            if fetch.is_remote(url) and url not in urls:
+                urls.append(url)
+    return urls
 
 
 def probe_names(task_needs: Iterable[Need]) -> list[str]:
