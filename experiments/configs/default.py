@@ -26,14 +26,15 @@ one or two turns. Not chosen: perfect ones (click-test, click-test-2, click-dial
 click-collapsible, click-button-sequence: 1.0), hopeless ones (the typing tasks and
 click-checkboxes: 0.0), click-link (0.1: too few successes per group at this group size).
 
-This config, 200 updates (seed 0; measured 2026-12-04 while other jobs shared the two cores, so
-its 1 h 48 min of wall time is not this config's own): held-out success at the training
-temperature 30/96 -> 43/96 (paired by seed +0.135, 95% [+0.015, +0.250]; 24 seeds gained, 11
-lost), greedily 34/96 -> 45/96 (+0.115, [+0.009, +0.216]); click-button 6 -> 7, click-widget
-7 -> 13, click-tab 17 -> 23 of 32; k3 KL to the base 0.028 at the end. The same RL settings
-for 16 updates (below) moved nothing: what changed is the number of updates, which the shared
-prefix work (experiments/benchmarks/rl_step.py: 5.5 s per update here, 19 s before) made
-affordable.
+This config, 200 updates, measured 2026-12-04 (docs/main_job.md has the whole table): held-out
+success at the training temperature, paired by seed, seed 0 30/96 -> 43/96 (+0.135, 95%
+[+0.015, +0.250]; greedily 34 -> 45), seed 1 28/96 -> 44/96 (+0.167, [+0.065, +0.263]; greedily
+34 -> 39); k3 KL to the base 0.03-0.06 at the end. The control with rewards permuted within each
+batch (advantage.permute_rewards, seed 0's pages and sampling keys) went 30 -> 26 (-0.042,
+[-0.138, +0.056]): the gain is the reward's. The same RL settings for 16 updates (below) moved
+nothing: what changed is the number of updates, which the shared prefix work
+(experiments/benchmarks/rl_step.py) made affordable. A run takes about 49 minutes after setup
+on a 2-core Intel Xeon (13.2 s per update), over the 30 it should; docs/main_job.md says why.
 
 RL settings, measured from this base (one run each, 96 held-out episodes, paired by seed):
   learning rate 3e-4, training temperature 0.5, 12 updates of 2 groups: 33 -> 26 (-0.073,
@@ -75,8 +76,8 @@ were informative and its tool calls stay valid (96-100%).
 CPU-scale choices, each a field to override:
 - 3 tasks; two turns per episode; `train.num_steps` updates of 3 groups (one per task) x 8
   episodes;
-- sampling temperature 1.0 in training (CANOPY's), 0.5 in evaluation (closer to how the base
-  is used; both evaluations use the same);
+- sampling temperature 1.0 in training (CANOPY's) and in the headline evaluation, with greedy
+  decoding evaluated beside it on the same seeds;
 - the compact system prompt (`rollout.prompt_style`), as the base was pretrained with it;
 - sequence-mean loss aggregation instead of CANOPY's token-mean: a failed episode usually runs
   both turns and a successful one ends after one, so under token-mean the tokens every reply
