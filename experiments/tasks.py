@@ -112,6 +112,15 @@ def summary(rows: list[dict[str, Any]]) -> str:
     return "\n\n".join(out)
 
 
+def _no_task_files(command: str, folder: str) -> int:
+    """The error for a folder with no task file in it (exit status 2)."""
+    print(
+        f"{command}: {folder} holds no task files (JSON objects with an 'id', 'instruction' or 'evaluator')",
+        file=sys.stderr,
+    )
+    return 2
+
+
 def check(args: argparse.Namespace) -> int:
     apps = None
     if args.apps is not None:
@@ -122,11 +131,7 @@ def check(args: argparse.Namespace) -> int:
         print(f"check: {error}", file=sys.stderr)
         return 2
     if not rows:
-        print(
-            f"check: {args.folder} holds no task files (JSON objects with an 'id', 'instruction' or 'evaluator')",
-            file=sys.stderr,
-        )
-        return 2
+        return _no_task_files("check", args.folder)
     if not args.summary:
         root = pathlib.Path(args.folder)
         lines = [
@@ -169,11 +174,7 @@ def mirror(args: argparse.Namespace) -> int:
         print(f"mirror: {error}", file=sys.stderr)
         return 2
     if not files:
-        print(
-            f"mirror: {args.tasks} holds no task files (JSON objects with an 'id', 'instruction' or 'evaluator')",
-            file=sys.stderr,
-        )
-        return 2
+        return _no_task_files("mirror", args.tasks)
     root = pathlib.Path(args.tasks)
     sources: dict[str, list[str]] = {}  # URL -> the task files naming it
     for file in files:
