@@ -170,10 +170,14 @@ def unsupported_reason(action: A.Action, action_space: str = "both") -> str | No
 # Screenshots must not depend on when they are taken: a blinking caret and running CSS
 # animations or transitions would make two captures of one state differ. Stilled once per page
 # (a style element in <head>, outside the task region and its DOM), not around every capture.
+# The caret also stops blinking (caret-animation: manual): with the frame-rate limit off
+# (CHROMIUM_ARGS), a blinking caret in a focused field of a page that shares the browser kept
+# the compositor drawing frames without pause, 0.3-0.9 of a core while every page sat idle.
 _STILL_PAGE_JS = """() => {
   const style = document.createElement('style');
   style.id = 'cua-still';
   style.textContent = '*, *::before, *::after { caret-color: transparent !important; ' +
+    'caret-animation: manual !important; ' +
     'animation-duration: 0s !important; animation-delay: 0s !important; ' +
     'animation-iteration-count: 1 !important; transition: none !important; }';
   document.head.appendChild(style);
