@@ -317,8 +317,9 @@ class Downloader:
             )
         return response, expected
 
-    def _transfer(self, url: str, part: pathlib.Path) -> str:
-        """Completes `part` from the server, resuming what it holds; returns a note."""
+    def _transfer(self, url: str, part: pathlib.Path) -> tuple[str, str]:
+        """Completes `part` from the server, resuming what it holds; returns a note and the
+        completed file's sha256 (read once, for the server's checksum and the manifest)."""
         offset = part.stat().st_size if part.is_file() else 0
         try:
             response, expected = self._open_file(url, offset)
@@ -354,12 +355,11 @@ class Downloader:
                     received += len(chunk)
         if total is not None and offset + received < total:
             raise DownloadFailed("incomplete transfer", f"{offset + received} of {total} bytes", retry=True)
-        if expected is not None:
-            got = sha256_of(part)
-            if got != expected:
-                part.unlink()
-                raise DownloadFailed("checksum mismatch", f"sha256 {got}, the server says {expected}")
-        return note
+        got = sha256_of(part)
+        if expected is not None and got != expected:
+            part.unlink()
+            raise DownloadFailed("checksum mismatch", f"sha256 {got}, the server says {expected}")
+        return note, got
 
     def fetch_url(self, url: str, record: dict | None) -> Outcome:
         """Fetches `url` unless the mirror holds it intact (as `record`, its manifest entry, says)."""
@@ -367,7 +367,7 @@ class Downloader:
         target = fetch.mirror_path(url, self.mirror)
         relative = target.relative_to(self.mirror).as_posix()
         part = target.with_name(target.name + PART_SUFFIX)
-        notes = []
+        notes, digest = [], ""
         try:
             if target.is_file():
                 if record and record.get("path") == relative:
@@ -381,7 +381,8 @@ class Downloader:
             target.parent.mkdir(parents=True, exist_ok=True)
             for attempt in range(self.retries + 1):
                 try:
-                    notes.append(self._transfer(url, part))
+                    note, digest = self._transfer(url, part)
+                    notes.append(note)
                     break
                 except DownloadFailed as failure:
                     if not failure.retry or attempt == self.retries:
@@ -405,7 +406,7 @@ class Downloader:
             relative,
             size,
             time.monotonic() - started,
-            sha256_of(target),
+            digest,
             note="; ".join(filter(None, notes)),
         )
 
