@@ -34,8 +34,8 @@ batch (advantage.permute_rewards, seed 0's pages and sampling keys) went 30 -> 2
 [-0.138, +0.056]): the gain is the reward's. The same RL settings for 16 updates (below) moved
 nothing: what changed is the number of updates, which the shared prefix work
 (experiments/benchmarks/rl_step.py) made affordable. Those runs took about 49 minutes after
-setup on a 2-core Intel Xeon (13.2 s per update); with the still style's caret fix about 10 s
-per update, still over the 30 minutes a run should take (docs/main_job.md).
+setup on a 2-core Intel Xeon (13.2 s per update), over the 30 minutes a run should take; the
+still style's caret fix removes one cause, the other is still open (docs/main_job.md).
 
 RL settings, measured from this base (one run each, 96 held-out episodes, paired by seed):
   learning rate 3e-4, training temperature 0.5, 12 updates of 2 groups: 33 -> 26 (-0.073,
