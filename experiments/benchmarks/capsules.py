@@ -33,7 +33,10 @@ on one at a time: a browser context per capsule (each with its own renderers) ->
 renderers -> + warm pages -> + fork by captured state, and then a pool as large as c (what
 forks cost when every fork finds a loaded page, and what the pool costs in memory). The
 screenshot lever is timed on one page (mean of 40): Playwright's screenshot with and without
-the frame-rate limit, and the single DevTools call capsules use.
+the frame-rate limit, and the single DevTools call capsules use. The caret lever: CPU per second
+of --caret-capsules idle capsules on one shared browser, each text field focused by a click
+(the frame-rate limit off, as capsules run), the caret blinking (the still style before its
+fix) against stilled (`caret-animation: manual`).
 
 Reset latency against MiniWoB++'s own environment (its Selenium driver on Debian's
 chromedriver, `miniwob_reference`): one environment each, nothing else running, --resets
@@ -44,13 +47,17 @@ Ratios are printed as `throughput capsules/containers: <x>x`, `memory capsules/c
 browser-per-environment) and `reset+first observation miniwob/capsules`.
 
   python -m experiments.benchmarks.capsules [--concurrency 8 16 32 64] [--episodes 2]
-      [--renderers 2] [--warm-pages 4] [--levers] [--skip-containers]
+      [--renderers 2] [--warm-pages 4] [--levers] [--caret] [--skip-containers]
+
+The caret lever alone: --caret --concurrency --skip-containers --skip-miniwob (the screenshot
+lever still runs; it takes seconds).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
@@ -70,6 +77,7 @@ from cua_jax.envs.capsules import CapsuleRuntime, RuntimeBackend, SharedBrowserB
 from cua_jax.envs.miniwob import CHROMIUM_ARGS, CHROMIUM_EXECUTABLE, TASK_HEIGHT, TASK_WIDTH, MiniWoBObservation
 
 TASK = "click-checkboxes"
+CARET_TASK = "enter-text"  # a text field to focus (the caret lever)
 STEPS_PER_EPISODE = 5
 FORK_PREFIX = 2
 NO_TIME_LIMIT_S = 24 * 3600.0  # MiniWoB's clock never ends a benchmark episode
@@ -336,6 +344,48 @@ def screenshot_ms(switches: tuple[str, ...], playwright_shots: bool, shots: int 
         server.close()
 
 
+@contextlib.contextmanager
+def _caret_blinking(blinking: bool):
+    """The still style pages get at load (`cua_jax.envs.miniwob.page._STILL_PAGE_JS`), without
+    its `caret-animation: manual` while `blinking`: the style before the caret fix."""
+    from cua_jax.envs.miniwob import page as page_module
+
+    still = page_module._STILL_PAGE_JS
+    rule = "'caret-animation: manual !important; ' +"
+    assert rule in still, "the still style no longer stops the caret's blink: update this lever"
+    page_module._STILL_PAGE_JS = still.replace(rule, "") if blinking else still
+    try:
+        yield
+    finally:
+        page_module._STILL_PAGE_JS = still
+
+
+def idle_focused_fields_cpu(blinking: bool, capsules: int, renderers: int, seconds: float = 10.0) -> float:
+    """CPU seconds per second of this process and its browser while `capsules` capsules of
+    CARET_TASK on one shared Chromium (`renderers` renderer processes, the frame-rate limit off
+    as capsules run) sit idle, each with its text field focused by a click, their caret
+    blinking or stilled (`caret-animation: manual`, what capsules run)."""
+    with _caret_blinking(blinking):
+        rt = CapsuleRuntime(SharedBrowserBackend(renderers=renderers), time_limit_s=NO_TIME_LIMIT_S)
+        try:
+            for seed in range(capsules):
+                env = rt.create(CARET_TASK, seed=seed)
+                obs = rt.observe(env)
+                field = next(e for e in obs.dom if e.tag == "INPUT_text")
+                x, y = A.pixels_to_grid(
+                    int(field.left + field.width / 2), int(field.top + field.height / 2), *obs.screen_size
+                )
+                rt.step(env, A.Click("left_click", x, y))
+            time.sleep(1.0)  # past the clicks' own frames
+            with CpuSampler() as cpu:
+                started = time.perf_counter()
+                time.sleep(seconds)
+                elapsed = time.perf_counter() - started
+        finally:
+            rt.shutdown()
+    return cpu.seconds / elapsed
+
+
 def print_row(concurrency: int, name: str, r: Measurement) -> None:
     cpu = "n/a" if name == "container-per-env" else f"{r.cpu:.2f}"
     print(
@@ -372,13 +422,15 @@ def print_ratios(concurrency: int, results: dict[str, Measurement]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[8, 16, 32, 64], help="none: no table")
     parser.add_argument("--episodes", type=int, default=2, help="episodes per environment")
     parser.add_argument("--renderers", type=int, default=2, help="renderer processes the capsules share")
     parser.add_argument("--warm-pages", type=int, default=4, help="loaded pages of the task kept ready")
     parser.add_argument("--resets", type=int, default=20, help="resets per side of the MiniWoB comparison")
     parser.add_argument("--levers", action="store_true", help="also the capsule levers one at a time")
     parser.add_argument("--lever-concurrency", type=int, default=16)
+    parser.add_argument("--caret", action="store_true", help="the caret lever (also part of --levers)")
+    parser.add_argument("--caret-capsules", type=int, default=8, help="idle capsules of the caret lever")
     parser.add_argument("--skip-containers", action="store_true", help="no Docker (then no container ratios)")
     parser.add_argument("--skip-miniwob", action="store_true", help="no comparison with MiniWoB's own environment")
     args = parser.parse_args(argv)
@@ -422,6 +474,19 @@ def main(argv: list[str] | None = None) -> None:
         f"screenshot before/now: {before / ours:.2f}x",
         flush=True,
     )
+
+    if args.levers or args.caret:
+        c = args.caret_capsules
+        settle()
+        blinking = idle_focused_fields_cpu(True, c, args.renderers)
+        settle()
+        stilled = idle_focused_fields_cpu(False, c, args.renderers)
+        print(
+            f"{c} idle {CARET_TASK} capsules ({args.renderers} renderers), each field focused by a click, CPU "
+            f"seconds per second over 10 s: caret blinking {blinking:.3f}, stilled {stilled:.3f}; "
+            f"idle CPU blinking/stilled: {blinking / stilled:.1f}x",
+            flush=True,
+        )
 
     if args.levers:
         c = args.lever_concurrency
