@@ -29,13 +29,16 @@ click-checkboxes: 0.0), click-link (0.1: too few successes per group at this gro
 This config, 200 updates, measured 2026-12-04 (docs/main_job.md has the whole table): held-out
 success at the training temperature, paired by seed, seed 0 30/96 -> 43/96 (+0.135, 95%
 [+0.015, +0.250]; greedily 34 -> 45), seed 1 28/96 -> 44/96 (+0.167, [+0.065, +0.263]; greedily
-34 -> 39); k3 KL to the base 0.03-0.06 at the end. The control with rewards permuted within each
-batch (advantage.permute_rewards, seed 0's pages and sampling keys) went 30 -> 26 (-0.042,
-[-0.138, +0.056]): the gain is the reward's. The same RL settings for 16 updates (below) moved
-nothing: what changed is the number of updates, which the shared prefix work
-(experiments/benchmarks/rl_step.py) made affordable. Those runs took about 49 minutes after
-setup on a 2-core Intel Xeon (13.2 s per update), over the 30 minutes a run should take; the
-still style's caret fix removes one cause, the other is still open (docs/main_job.md).
+34 -> 39), seed 2 34/96 -> 35/96 (+0.010, [-0.088, +0.109]; greedily 34 -> 37): two seeds of
+three gain, so the gain does not yet hold across seeds; k3 KL to the base 0.03-0.06 at the end.
+The control with rewards permuted within each batch (advantage.permute_rewards, seed 0's pages
+and sampling keys) went 30 -> 26 (-0.042, [-0.138, +0.056]): the gain is the reward's. The same
+RL settings for 16 updates (below) moved nothing: what changed is the number of updates, which
+the shared prefix work (experiments/benchmarks/rl_step.py) made affordable. Seed 2's run took
+25.5 minutes after setup on a 2-core Intel Xeon, alone, with a compilation cache filled by
+earlier runs (about 7 s per update); earlier runs took about 49, slowed by other work and by a
+blinking caret that kept Chromium's compositor busy (fixed: 10.9x less idle CPU,
+experiments/benchmarks/capsules.py --caret).
 
 RL settings, measured from this base (one run each, 96 held-out episodes, paired by seed):
   learning rate 3e-4, training temperature 0.5, 12 updates of 2 groups: 33 -> 26 (-0.073,
