@@ -120,6 +120,26 @@ def run_local(sweep: Sweep, parallel: int, poll_s: float) -> dict[str, int]:
     return codes
 
 
+# A cluster just started takes a while to register its nodes' job agents; until one is up, Ray
+# refuses submissions with this message ("please try again later").
+_NO_AGENT_YET = "No available agent to submit job"
+AGENT_WAIT_S = 120.0
+
+
+def _submit_job(client, **job) -> str:
+    """client.submit_job(**job), tried again for up to AGENT_WAIT_S while the cluster has no job
+    agent up yet; any other refusal, or one past that wait, is raised."""
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            return client.submit_job(**job)
+        except RuntimeError as error:
+            if _NO_AGENT_YET not in str(error) or time.monotonic() > deadline:
+                raise
+            logging.info("no Ray job agent is up yet; submitting again in 2 s")
+            time.sleep(2.0)
+
+
 def run_ray(
     sweep: Sweep, address: str, parallel: int, poll_s: float, cpus: float, resources: dict[str, float]
 ) -> dict[str, int]:
@@ -143,7 +163,8 @@ def run_ray(
                     f"cd {shlex.quote(REPO_ROOT)} && echo Ray job on $(hostname) >> {log} && "
                     f"exec {shell_command(run_command(sweep, run))} >> {log} 2>&1"
                 )
-                job_id = client.submit_job(
+                job_id = _submit_job(
+                    client,
                     entrypoint=entrypoint,
                     submission_id=f"{sweep.name}-{run.name}-{time.time_ns()}".replace(",", "-"),
                     entrypoint_num_cpus=cpus,

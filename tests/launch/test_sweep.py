@@ -162,3 +162,29 @@ def test_slurm_backend_writes_an_array_script_of_the_runs(tmp_path):
         check=True,
     ).stdout
     assert ran.split() == run_command(sweep, sweep.runs[1])[1:]
+
+
+def test_a_submission_before_the_clusters_job_agent_is_up_is_tried_again(monkeypatch):
+    """Ray refuses jobs until a node's job agent has registered (a cluster just started, or one
+    under load); the sweep submits again until AGENT_WAIT_S, and raises any other refusal."""
+    from launch import sweep as sweep_launcher
+
+    class RefusingClient:
+        def __init__(self, refusals: int, message: str):
+            self.refusals, self.message, self.calls = refusals, message, 0
+
+        def submit_job(self, **job):
+            self.calls += 1
+            if self.calls <= self.refusals:
+                raise RuntimeError(f"Request failed with status code 500: {self.message}")
+            return f"job-{job['entrypoint']}"
+
+    monkeypatch.setattr(sweep_launcher.time, "sleep", lambda s: None)
+    waiting = RefusingClient(3, "No available agent to submit job, please try again later..")
+    assert sweep_launcher._submit_job(waiting, entrypoint="run") == "job-run" and waiting.calls == 4
+    other = RefusingClient(1, "Job with submission_id x already exists.")
+    with pytest.raises(RuntimeError, match="already exists"):
+        sweep_launcher._submit_job(other, entrypoint="run")
+    monkeypatch.setattr(sweep_launcher, "AGENT_WAIT_S", -1.0)  # past the wait at once
+    with pytest.raises(RuntimeError, match="No available agent"):
+        sweep_launcher._submit_job(RefusingClient(1, "No available agent to submit job"), entrypoint="run")
