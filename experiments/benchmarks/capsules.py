@@ -74,10 +74,18 @@ from cua_jax.envs.browser_baselines import (
     ContainerPerEnvironmentBackend,
 )
 from cua_jax.envs.capsules import CapsuleRuntime, RuntimeBackend, SharedBrowserBackend, process_tree, read_pss
-from cua_jax.envs.miniwob import CHROMIUM_ARGS, CHROMIUM_EXECUTABLE, TASK_HEIGHT, TASK_WIDTH, MiniWoBObservation
+from cua_jax.envs.miniwob import (
+    CHROMIUM_ARGS,
+    CHROMIUM_EXECUTABLE,
+    TASK_HEIGHT,
+    TASK_WIDTH,
+    MiniWoBObservation,
+    click_point,
+)
 
 TASK = "click-checkboxes"
 CARET_TASK = "enter-text"  # a text field to focus (the caret lever)
+CARET_IDLE_S = 10.0  # seconds the caret lever measures idle capsules
 STEPS_PER_EPISODE = 5
 FORK_PREFIX = 2
 NO_TIME_LIMIT_S = 24 * 3600.0  # MiniWoB's clock never ends a benchmark episode
@@ -88,9 +96,7 @@ FRAME_RATE_SWITCHES = ("--disable-gpu-vsync", "--disable-frame-rate-limit")
 def checkbox_click(obs: MiniWoBObservation, k: int) -> A.Action:
     """The k-th step of the workload: toggle a checkbox (never submit, so 5 steps always run)."""
     boxes = [e for e in obs.dom if e.tag == "INPUT_checkbox"]
-    box = boxes[k % len(boxes)]
-    x, y = A.pixels_to_grid(int(box.left + box.width / 2), int(box.top + box.height / 2), *obs.screen_size)
-    return A.Click("left_click", x, y)
+    return A.Click("left_click", *click_point(boxes[k % len(boxes)], *obs.screen_size))
 
 
 class CpuSampler:
@@ -360,7 +366,7 @@ def _caret_blinking(blinking: bool):
         page_module._STILL_PAGE_JS = still
 
 
-def idle_focused_fields_cpu(blinking: bool, capsules: int, renderers: int, seconds: float = 10.0) -> float:
+def idle_focused_fields_cpu(blinking: bool, capsules: int, renderers: int, seconds: float = CARET_IDLE_S) -> float:
     """CPU seconds per second of this process and its browser while `capsules` capsules of
     CARET_TASK on one shared Chromium (`renderers` renderer processes, the frame-rate limit off
     as capsules run) sit idle, each with its text field focused by a click, their caret
@@ -372,10 +378,7 @@ def idle_focused_fields_cpu(blinking: bool, capsules: int, renderers: int, secon
                 env = rt.create(CARET_TASK, seed=seed)
                 obs = rt.observe(env)
                 field = next(e for e in obs.dom if e.tag == "INPUT_text")
-                x, y = A.pixels_to_grid(
-                    int(field.left + field.width / 2), int(field.top + field.height / 2), *obs.screen_size
-                )
-                rt.step(env, A.Click("left_click", x, y))
+                rt.step(env, A.Click("left_click", *click_point(field, *obs.screen_size)))
             time.sleep(1.0)  # past the clicks' own frames
             with CpuSampler() as cpu:
                 started = time.perf_counter()
@@ -483,7 +486,7 @@ def main(argv: list[str] | None = None) -> None:
         stilled = idle_focused_fields_cpu(False, c, args.renderers)
         print(
             f"{c} idle {CARET_TASK} capsules ({args.renderers} renderers), each field focused by a click, CPU "
-            f"seconds per second over 10 s: caret blinking {blinking:.3f}, stilled {stilled:.3f}; "
+            f"seconds per second over {CARET_IDLE_S:.0f} s: caret blinking {blinking:.3f}, stilled {stilled:.3f}; "
             f"idle CPU blinking/stilled: {blinking / stilled:.1f}x",
             flush=True,
         )
