@@ -37,7 +37,7 @@ RL settings for 16 updates (below) moved nothing: what changed is the number of 
 the shared prefix work (experiments/benchmarks/rl_step.py) made affordable. Seed 2's run took
 25.5 minutes after setup on a 2-core Intel Xeon, alone, with a compilation cache filled by
 earlier runs (about 7 s per update); earlier runs took about 49, slowed by other work and by a
-blinking caret that kept Chromium's compositor busy (fixed: 10.9x less idle CPU,
+blinking caret that kept Chromium's compositor busy (fixed: 6.9-10.9x less idle CPU,
 experiments/benchmarks/capsules.py --caret). With an empty compilation cache a run of seed 2
 (at 2e-4) took 25.4 minutes: the compiles fit too.
 
