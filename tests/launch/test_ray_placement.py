@@ -51,7 +51,7 @@ def ray_client(ray_cluster):
         ray.shutdown()
 
 
-def test_engines_are_placed_on_the_node_with_the_rollout_resource(ray_client):
+def test_engines_are_placed_on_the_node_with_the_rollout_resource(ray_client, ray_cluster):
     ray = ray_client
     [rollout_node] = [n["NodeID"] for n in ray.nodes() if n["Alive"] and ROLLOUT_RESOURCE in n["Resources"]]
     assert len([n for n in ray.nodes() if n["Alive"]]) == 2
@@ -68,8 +68,11 @@ def test_engines_are_placed_on_the_node_with_the_rollout_resource(ray_client):
         assert set(table["bundles_to_node_id"].values()) == {rollout_node}
         from ray.util.state import list_actors
 
+        # The address is named: with no address the state API refuses when another Ray runs here.
         actor_nodes = {
-            a["node_id"] for a in list_actors(filters=[("state", "=", "ALIVE")]) if a["class_name"] == "EngineActor"
+            a["node_id"]
+            for a in list_actors(address=ray_cluster["dashboard"], filters=[("state", "=", "ALIVE")])
+            if a["class_name"] == "EngineActor"
         }
         assert actor_nodes == {rollout_node}
         served = router.generate(REQUESTS, GREEDY)
@@ -114,7 +117,7 @@ def test_an_engine_that_fails_to_start_gives_its_bundles_back(ray_client):
 
 
 @pytest.mark.browser
-def test_rollout_worker_actors_are_placed_on_the_node_with_the_rollout_resource(ray_client):
+def test_rollout_worker_actors_are_placed_on_the_node_with_the_rollout_resource(ray_client, ray_cluster):
     """Rollout workers in Ray actors (rollout.worker_backend = "ray", rollout.worker_placement
     and worker_node_resource): each actor, its browser and engine, runs on the rollout node."""
     from ray.util.state import list_actors
@@ -133,7 +136,9 @@ def test_rollout_worker_actors_are_placed_on_the_node_with_the_rollout_resource(
     group = workers[0].placement.group
     try:
         nodes = {
-            a["node_id"] for a in list_actors(filters=[("state", "=", "ALIVE")]) if a["class_name"] == "RolloutWorker"
+            a["node_id"]
+            for a in list_actors(address=ray_cluster["dashboard"], filters=[("state", "=", "ALIVE")])
+            if a["class_name"] == "RolloutWorker"
         }
         assert nodes == {rollout_node} and workers[0].health().healthy
     finally:
