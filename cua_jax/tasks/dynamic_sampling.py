@@ -73,10 +73,15 @@ class DynamicSamplingConfig:
     max_rounds: sampling rounds per step, the first included (DAPO's cap on generation
       batches); a batch still short after them is returned short, with the count.
     oversample: each extra round draws ceil(oversample * missing) tasks.
+    repeat_tasks: once every eligible task has been drawn this step, a round draws from all of
+      them again, each a new group on new pages. For pools not much larger than a batch (a few
+      MiniWoB tasks, where a new page of the same task is DAPO's new prompt); without it such
+      a step ends short when the pool runs out.
     """
 
     max_rounds: int = 3
     oversample: float = 1.0
+    repeat_tasks: bool = False
 
     def __post_init__(self):
         if self.max_rounds < 1:
@@ -114,10 +119,12 @@ def collect_informative_groups(
 ) -> DynamicBatch:
     """One training step's groups under DAPO dynamic sampling, ending the sampler's step.
 
-    Each round draws tasks not yet drawn this step, runs their groups, applies the sampler's
-    replays, and keeps the informative groups; every group run (kept or dropped) updates the
-    sampler's statistics once the step's groups are collected. A replay given to a group that
-    is dropped because the batch is already full still counts against its trajectory's cap.
+    Each round draws tasks not yet drawn this step (with `config.repeat_tasks`, all of them
+    again once none is left), runs their groups, applies the sampler's replays, and keeps the
+    informative groups; every group run (kept or dropped) updates the sampler's statistics
+    once the step's groups are collected. A replay given to a group that is dropped because the
+    batch is already full still counts against its trajectory's cap. With repeated tasks the
+    step's groups are told apart by position, not by task id.
     """
     drawn: list[str] = []
     every_outcome: list[GroupOutcome] = []
@@ -127,14 +134,17 @@ def collect_informative_groups(
     rounds = 0
     for _ in range(config.max_rounds):
         missing = batch_size - len(kept)
+        exclude = drawn
+        if config.repeat_tasks and sampler.num_eligible(drawn) == 0:
+            exclude = []
         count = min(
             math.ceil(config.oversample * missing) if rounds else missing,
-            sampler.num_eligible(drawn),
+            sampler.num_eligible(exclude),
         )
         if missing == 0 or count == 0:
             break
         key, round_key = jax.random.split(key)
-        task_ids = sampler.sample(round_key, count, exclude=drawn)
+        task_ids = sampler.sample(round_key, count, exclude=exclude)
         outcomes = list(run_groups(task_ids, group_size))
         check_outcomes_match(task_ids, outcomes, "collect_informative_groups")
         rounds += 1

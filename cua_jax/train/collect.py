@@ -157,21 +157,25 @@ class GroupCollector:
         keep_success = self.settings.sampler_kind == "dtac"
         batch_tasks, n = self.settings.rollout.batch_tasks, self.settings.rollout.group_size
         if self.settings.dynamic is not None:
-            ran: dict[str, CollectedGroup] = {}
+            # Keyed by the outcome object: with dapo_repeat_tasks a task runs more than one group.
+            ran: dict[int, CollectedGroup] = {}
+            outcomes_run: list[GroupOutcome] = []  # keeps every keyed outcome alive
             rounds = [0]
 
             def run_round(task_ids, group_size):
                 rounds[0] += 1
                 groups = self.run_groups(worker, task_ids, jax.random.fold_in(seed_key, rounds[0]))
-                ran.update({g.task_id: g for g in groups})
-                return [group_outcome(g, keep_success) for g in groups]
+                outcomes = [group_outcome(g, keep_success) for g in groups]
+                ran.update({id(o): g for o, g in zip(outcomes, groups)})
+                outcomes_run.extend(outcomes)
+                return outcomes
 
             with self.lock:
                 dynamic = collect_informative_groups(
                     draw_key, self.sampler, run_round, batch_tasks, n, self.settings.dynamic
                 )
                 self.sampler_metrics = self.sampler.metrics()
-            groups = [ran[o.task_id] for o in dynamic.groups]
+            groups = [ran[id(o)] for o in dynamic.groups]
             for replay in dynamic.replays:
                 swap_in_replay(groups[replay.group_index], replay.trajectory)
             extra = {

@@ -164,6 +164,7 @@ class TrainLoopConfig:
     dapo: bool
     dapo_max_rounds: int  # checked with dapo_oversample by DynamicSamplingConfig when dapo is on
     dapo_oversample: float
+    dapo_repeat_tasks: bool
     checkpoint_every: int
     keep_checkpoints: int
     progress_bar: bool
@@ -747,7 +748,11 @@ class TrainSettings:
         dynamic = None
         if train.dapo:
             dynamic = build(
-                "train", DynamicSamplingConfig, max_rounds=train.dapo_max_rounds, oversample=train.dapo_oversample
+                "train",
+                DynamicSamplingConfig,
+                max_rounds=train.dapo_max_rounds,
+                oversample=train.dapo_oversample,
+                repeat_tasks=train.dapo_repeat_tasks,
             )
         # Every segmenter's section is checked (by its options dataclass), the chosen one's kept;
         # the segmenters that drop screenshots share context.placeholder_text.

@@ -393,6 +393,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.dapo = False  # DAPO dynamic sampling: keep informative groups only, draw more
     c.train.dapo_max_rounds = 3
     c.train.dapo_oversample = 1.0
+    # DAPO: once every task was drawn this step, refill rounds draw the tasks again on new pages
+    # (a small pool, such as the main job's three tasks, would end the step short otherwise).
+    c.train.dapo_repeat_tasks = False
     c.train.checkpoint_every = 5  # steps between checkpoints (the last step is always saved)
     c.train.keep_checkpoints = 2
     c.train.progress_bar = True

@@ -506,3 +506,41 @@ def test_each_sampler_reports_what_its_draws_rest_on():
             )
         if kind == "curriculum":
             assert metrics["sampler/open_share"] == pytest.approx(0.25)
+
+
+def test_dapo_rounds_draw_a_small_pool_again_only_with_repeat_tasks():
+    """Three tasks, a batch of three: the first round draws all of them, so without
+    repeat_tasks a short batch ends the step; with it, later rounds draw the tasks again (new
+    groups) until the batch is full or the rounds run out, and every group run is recorded."""
+    from cua_jax.tasks.dynamic_sampling import DynamicSamplingConfig
+
+    tasks = [PoolTask(f"t{i}", "d", 0, True, {"kind": "test"}) for i in range(3)]
+    calls: list[list[str]] = []
+
+    def run_groups(task_ids, group_size):
+        # t0 always informative; t1 informative on its second group; t2 never.
+        calls.append(list(task_ids))
+        seen = [t for call in calls for t in call]
+        outcomes = []
+        for task in task_ids:
+            informative = task == "t0" or (task == "t1" and seen.count("t1") >= 2)
+            outcomes.append(GroupOutcome(task, 1 if informative else 0, group_size))
+        return outcomes
+
+    short = collect_informative_groups(
+        jax.random.key(0), build_sampler("uniform", TaskPool(tasks)), run_groups, 3, 4, DynamicSamplingConfig()
+    )
+    assert short.rounds == 1 and short.missing == 2 and [o.task_id for o in short.groups] == ["t0"]
+
+    calls.clear()
+    sampler = build_sampler("uniform", TaskPool(tasks))
+    config = DynamicSamplingConfig(max_rounds=4, repeat_tasks=True)
+    batch = collect_informative_groups(jax.random.key(0), sampler, run_groups, 3, 4, config)
+    assert sorted(calls[0]) == ["t0", "t1", "t2"] and len(calls[1]) == 2
+    assert all(len(set(call)) == len(call) for call in calls)  # a round's tasks are distinct
+    assert len(batch.groups) + batch.missing == 3 and batch.rounds == len(calls)
+    assert all(0 < o.successes < o.attempts for o in batch.groups)
+    assert batch.rollouts == 4 * sum(map(len, calls)) == 4 * (len(batch.groups) + len(batch.dropped))
+    drawn = [t for call in calls for t in call]
+    assert list(sampler.pool.attempts) == [4 * drawn.count(t) for t in ("t0", "t1", "t2")]
+    assert sampler.step == 1

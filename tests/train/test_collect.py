@@ -119,6 +119,25 @@ def test_dapo_rounds_keep_informative_groups_and_report_their_rounds():
     assert extra["dapo/dropped_groups"] == sum(task != "click-button" for task in drawn)
 
 
+def test_dapo_repeat_tasks_keeps_several_groups_of_one_task_apart():
+    # Only click-button carries signal, and the batch wants two groups: once every task has
+    # run, the second group has to be click-button again, on new pages.
+    worker = FakeWorker({"click-button": 2, "click-tab": 4, "click-widget": 0})
+    collector = collector_for(
+        worker, train__dapo=True, train__dapo_max_rounds=6, train__dapo_repeat_tasks=True, rollout__batch_tasks=2
+    )
+    groups, extra = collector.collect(0)
+    drawn = [task for call, _ in worker.calls for task, _, _ in call]
+    assert sorted(drawn[:3]) == sorted(TASKS)  # the pool is drawn out before a task repeats
+    assert [g.task_id for g in groups] == ["click-button", "click-button"] and extra["dapo/missing_groups"] == 0
+    requests = {gid: (task, seed) for call, _ in worker.calls for task, seed, gid in call}
+    assert len(requests) == extra["dapo/rollouts"] / 4  # every group its own id
+    assert groups[0].group_id != groups[1].group_id
+    assert requests[groups[0].group_id][1] != requests[groups[1].group_id][1]  # new pages
+    for group in groups:  # each kept group is the one its outcome came from
+        assert all(e.group_id == group.group_id for e in group.episodes)
+
+
 def test_run_on_workers_deals_requests_round_robin_and_keeps_their_order():
     workers = [FakeWorker({}) for _ in range(3)]
     requests = [(TASKS[k % 3], 100 + k, k) for k in range(7)]

@@ -299,18 +299,21 @@ def test_async_mode_drops_stale_groups_and_keeps_groups_whole(tmp_path):
 def test_dapo_step_draws_again_and_skips_an_uninformative_batch(tmp_path):
     """DAPO dynamic sampling through the trainer: the random policy's groups are all
     uninformative, so each round's group is dropped (counted), the second round draws the
-    other task, and the step trains on nothing. (collect() holds the sampler lock across
-    rounds that take it again: this once deadlocked.)"""
+    other task, the third (train.dapo_repeat_tasks) one of the two again, and the step trains
+    on nothing. (collect() holds the sampler lock across rounds that take it again: this once
+    deadlocked.)"""
     import threading
 
-    config = tiny_config(tmp_path, train__dapo=True, train__dapo_max_rounds=2, rollout__batch_tasks=1)
+    config = tiny_config(
+        tmp_path, train__dapo=True, train__dapo_max_rounds=3, train__dapo_repeat_tasks=True, rollout__batch_tasks=1
+    )
     with start_trainer(config) as trainer:
         result: dict = {}
         thread = threading.Thread(target=lambda: result.update(trainer.train_step()), daemon=True)
         thread.start()
         thread.join(timeout=600)
         assert not thread.is_alive(), "a DAPO training step did not finish"
-    assert result["dapo/rounds"] == 2 and result["dapo/dropped_groups"] == 2
+    assert result["dapo/rounds"] == 3 and result["dapo/dropped_groups"] == 3
     assert result["dapo/missing_groups"] == 1 and result["learner/skipped"] == 1.0
 
 
