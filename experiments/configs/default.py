@@ -43,7 +43,11 @@ experiments/benchmarks/capsules.py --caret). With an empty compilation cache a r
 
 RL settings, measured from this base (one run each, 96 held-out episodes, paired by seed):
   2e-4 for 200 updates, seed 2 (where 1e-4 gained +0.010): 34 -> 39 (+0.052, [-0.051,
-  +0.153]; greedily 34 -> 40), k3 KL to the base up to 0.79, 0.22 at the end;
+  +0.153]; greedily 34 -> 40), k3 KL to the base up to 0.79, 0.22 at the end; on seed 2 too,
+  1.5e-4: 34 -> 41 (+0.073, [-0.026, +0.169]); groups of 16 for 140 updates: 34 -> 38
+  (+0.042, [-0.051, +0.133]); DAPO refill (train.dapo with train.dapo_repeat_tasks: 2.83
+  informative groups of 3 per update instead of 1.6, 10.6 s per update), 160 updates: 34 -> 32
+  (-0.021, [-0.117, +0.076]);
   learning rate 3e-4, training temperature 0.5, 12 updates of 2 groups: 33 -> 26 (-0.073,
   [-0.162, +0.017]); 1e-4, temperature 1.0, 16 updates of 3 groups (this config before it ran 200): 33 -> 33
   (+0.000, [-0.073, +0.073]; k3 KL to the base 0.005 after 16 updates); 3e-4, temperature 1.0,
