@@ -71,6 +71,9 @@ def ray_cluster():
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     temp_dir = tempfile.mkdtemp(prefix="rl", dir="/tmp")  # Ray's socket paths must stay short
     gcs_port, dashboard_port = free_port(), free_port()
+    # Each node's job agent gets a port of its own: at Ray's default (52365) the agent of a second
+    # Ray on the machine (another test worker's) cannot listen, and jobs find no agent.
+    agent_ports = free_port(), free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     commands = [
         [
@@ -79,6 +82,7 @@ def ray_cluster():
             "--head",
             f"--port={gcs_port}",
             f"--dashboard-port={dashboard_port}",
+            f"--dashboard-agent-listen-port={agent_ports[0]}",
             "--num-cpus=1",
             "--include-dashboard=true",
             "--dashboard-host=127.0.0.1",
@@ -89,6 +93,7 @@ def ray_cluster():
             ray_bin,
             "start",
             f"--address=127.0.0.1:{gcs_port}",
+            f"--dashboard-agent-listen-port={agent_ports[1]}",
             "--num-cpus=2",
             f'--resources={{"{ROLLOUT_RESOURCE}": 2}}',
             "--disable-usage-stats",
