@@ -157,17 +157,16 @@ class GroupCollector:
         keep_success = self.settings.sampler_kind == "dtac"
         batch_tasks, n = self.settings.rollout.batch_tasks, self.settings.rollout.group_size
         if self.settings.dynamic is not None:
-            # Keyed by the outcome object: with dapo_repeat_tasks a task runs more than one group.
-            ran: dict[int, CollectedGroup] = {}
-            outcomes_run: list[GroupOutcome] = []  # keeps every keyed outcome alive
+            # Each outcome with its group, matched by identity: with dapo_repeat_tasks a task runs
+            # more than one group, so its id does not name one.
+            ran: list[tuple[GroupOutcome, CollectedGroup]] = []
             rounds = [0]
 
             def run_round(task_ids, group_size):
                 rounds[0] += 1
                 groups = self.run_groups(worker, task_ids, jax.random.fold_in(seed_key, rounds[0]))
                 outcomes = [group_outcome(g, keep_success) for g in groups]
-                ran.update({id(o): g for o, g in zip(outcomes, groups)})
-                outcomes_run.extend(outcomes)
+                ran.extend(zip(outcomes, groups))
                 return outcomes
 
             with self.lock:
@@ -175,7 +174,7 @@ class GroupCollector:
                     draw_key, self.sampler, run_round, batch_tasks, n, self.settings.dynamic
                 )
                 self.sampler_metrics = self.sampler.metrics()
-            groups = [ran[id(o)] for o in dynamic.groups]
+            groups = [next(g for outcome, g in ran if outcome is o) for o in dynamic.groups]
             for replay in dynamic.replays:
                 swap_in_replay(groups[replay.group_index], replay.trajectory)
             extra = {

@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cua_jax.tasks.calibration import CalibrationConfig
-from cua_jax.tasks.dynamic_sampling import collect_informative_groups
+from cua_jax.tasks.dynamic_sampling import DynamicSamplingConfig, collect_informative_groups
 from cua_jax.tasks.pool import GroupOutcome, PoolTask, TaskPool, load_state, save_state
 from cua_jax.tasks.samplers import (
     CurriculumConfig,
@@ -512,8 +512,6 @@ def test_dapo_rounds_draw_a_small_pool_again_only_with_repeat_tasks():
     """Three tasks, a batch of three: the first round draws all of them, so without
     repeat_tasks a short batch ends the step; with it, later rounds draw the tasks again (new
     groups) until the batch is full or the rounds run out, and every group run is recorded."""
-    from cua_jax.tasks.dynamic_sampling import DynamicSamplingConfig
-
     tasks = [PoolTask(f"t{i}", "d", 0, True, {"kind": "test"}) for i in range(3)]
     calls: list[list[str]] = []
 
