@@ -222,13 +222,16 @@ def build_rollout_workers(
     env_wrapper: EnvWrapper | None,
     banned_token_ids: tuple[int, ...] = (),
     engine_model_dir: str | None = None,
+    params: Any = None,
 ) -> RolloutWorkers:
     """config.rollout.num_workers workers. With rollout.engine "jax", each holds a JAX sampler
     engine with a copy of `policy` (seeded seed * 1000 + worker) that never samples
     `banned_token_ids`: in this process ("local"), or each in a Ray actor ("ray") that builds
     its engine from the policy's parameters as host arrays. With "vllm", each (in this process)
     routes its generations to vLLM engines in Ray actors serving `engine_model_dir`
-    (`export_engine_model`). Ray must be running for both: `ensure_local_ray`."""
+    (`export_engine_model`). Ray must be running for both: `ensure_local_ray`. params: the
+    policy's state the JAX engines start from (default `nnx.state(policy)`; a coordinated run
+    passes a host copy, so each process's engines hold the whole policy locally)."""
     from flax import nnx
 
     rollout = settings.rollout
@@ -240,7 +243,7 @@ def build_rollout_workers(
         specs = [(factory, rollout_worker_config(settings, w)) for w, factory in enumerate(factories)]
         return start_local_workers(specs, env_wrapper)
     remote = rollout.worker_backend == "ray"
-    state = nnx.state(policy)
+    state = nnx.state(policy) if params is None else params
     params = jax.tree.map(np.asarray, state) if remote else state  # the local factory copies it
     specs = [
         (

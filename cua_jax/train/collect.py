@@ -22,6 +22,7 @@ from cua_jax.tasks.dynamic_sampling import collect_informative_groups
 from cua_jax.tasks.pool import GroupOutcome, TaskPool
 from cua_jax.tasks.sampler_interface import TaskSampler
 from cua_jax.tasks.samplers import build_sampler
+from cua_jax.train.coordinated import ProcessGroup, group_summary, partition_groups
 from cua_jax.train.groups import CollectedGroup, draw_group_seeds, group_from_rollouts, group_outcome, swap_in_replay
 
 # Calibration's rollouts draw their seeds from a stream of their own, apart from the steps'.
@@ -194,3 +195,47 @@ class GroupCollector:
             self.sampler.update(outcomes)
             self.sampler_metrics = self.sampler.metrics()
         return groups, {}
+
+    def group_cost(self, task_id: str) -> float:
+        """A group's expected cost, for dealing a draw's groups to processes: its episodes times
+        their turn budget (rollout.group_size x rollout.max_turns, the same for every task today)."""
+        del task_id
+        return float(self.settings.rollout.group_size * self.settings.rollout.max_turns)
+
+    def collect_share(
+        self, step: int, worker: Any, processes: ProcessGroup
+    ) -> tuple[list[CollectedGroup], list[CollectedGroup]]:
+        """Coordinated collection (config.train.coordinated): step `step`'s draw, as `collect`
+        draws it on every process, dealt to the processes by `partition_groups`; this process
+        runs its own groups on `worker` (or a list of workers). The processes then exchange
+        their groups' summaries (`group_summary`), and every process updates its sampler with
+        every group's outcome, in draw order, so the next draw is the same everywhere.
+
+        Returns (this process's groups, every group's summary in draw order). Collective: every
+        process calls it for the same steps."""
+        if self.settings.dynamic is not None or self.settings.sampler_kind == "dtac":
+            raise ValueError("coordinated collection runs neither DAPO rounds nor DTAC replays")
+        worker = worker or self.default_worker
+        draw_key, seed_key = jax.random.split(jax.random.fold_in(self.base_key, step))
+        with self.lock:
+            task_ids = self.sampler.sample(draw_key, self.settings.rollout.batch_tasks)
+            first = self.next_group_id
+            self.next_group_id += len(task_ids)
+        requests = [
+            (task_id, seed, first + k)
+            for k, (task_id, seed) in enumerate(zip(task_ids, self._group_seeds(seed_key, len(task_ids))))
+        ]
+        owners = partition_groups([self.group_cost(task_id) for task_id in task_ids], processes.count)
+        mine = [request for request, owner in zip(requests, owners) if owner == processes.index]
+        results = (
+            run_on_workers(worker if isinstance(worker, list) else [worker], mine, self.settings.rollout.group_size)
+            if mine
+            else []
+        )
+        local = [group_from_rollouts(gid, task_id, rollouts) for (task_id, _, gid), rollouts in zip(mine, results)]
+        shares = [iter(share) for share in processes.exchange([group_summary(g) for g in local])]
+        groups = [next(shares[owner]) for owner in owners]  # draw order
+        with self.lock:
+            self.sampler.update([group_outcome(g, keep_success=False) for g in groups])
+            self.sampler_metrics = self.sampler.metrics()
+        return local, groups

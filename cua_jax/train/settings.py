@@ -169,6 +169,7 @@ class TrainLoopConfig:
     keep_checkpoints: int
     progress_bar: bool
     trace_every: int
+    coordinated: bool = False  # each process collects its share of a step's groups (cua_jax.train.coordinated)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -531,6 +532,9 @@ class TrainSettings:
                 f"model.name {c.model.name!r} is a text-only policy: set env.observation = 'text'",
             )
 
+        if train.coordinated:
+            _check_coordinated(c, train, rollout, env)
+
         # What the kinds' hooks (derived_fields, check_settings) see of the run.
         run_view = RunView(
             observation=env.observation,
@@ -800,6 +804,67 @@ class TrainSettings:
             warm_start,
             kind_configs,
         )
+
+
+def _check_coordinated(c, train: TrainLoopConfig, rollout: RolloutSettings, env: EnvSettings) -> None:
+    """What coordinated collection (config.train.coordinated) does not support yet, each a
+    ConfigError naming the field to change."""
+    why = "train.coordinated splits a step's groups across processes"
+    _require(train.mode == "on_policy", "train.mode", f"{why} in on_policy mode only, not {train.mode!r}")
+    _require(not train.dapo, "train.dapo", f"{why}; DAPO's refill rounds are not split yet: set it False")
+    _require(
+        c.sampler.kind != "dtac",
+        "sampler.kind",
+        f"{why}; DTAC's replays carry whole trajectories between groups: use another sampler",
+    )
+    _require(
+        not c.sampler.calibration.enabled,
+        "sampler.calibration.enabled",
+        f"{why}; calibration's rollouts are not split yet: set it False",
+    )
+    _require(
+        c.learner.num_minibatches == 1,
+        "learner.num_minibatches",
+        f"{why} into one update per step; {c.learner.num_minibatches} mini-batches are not split yet",
+    )
+    _require(
+        not c.advantage.permute_rewards,
+        "advantage.permute_rewards",
+        f"{why}; the control's permutation spans the whole batch: set it False",
+    )
+    _require(
+        not c.learner.share_prefix,
+        "learner.share_prefix",
+        f"{why}; shared prefix rows are not split across processes yet: set it False",
+    )
+    _require(
+        env.observation == "text",
+        "env.observation",
+        f"{why}; screenshots are not split across processes yet (a batch's images are replicated over the "
+        "mesh): use 'text' with a text policy",
+    )
+    _require(
+        rollout.engine == "jax" and rollout.worker_backend == "local",
+        "rollout.engine",
+        f"{why}; each process serves its groups with the JAX sampler in its own process (rollout.engine "
+        f"'jax', rollout.worker_backend 'local'), not {rollout.engine!r} / {rollout.worker_backend!r}",
+    )
+    _require(
+        rollout.seed_per_turn,
+        "rollout.seed_per_turn",
+        f"{why}; a group must sample the same tokens whichever process runs it: set it True",
+    )
+    _require(
+        not c.eval.enabled,
+        "eval.enabled",
+        f"{why}; evaluations are not split yet: set it False (and evaluate the exported policy)",
+    )
+    _require(c.warm_start.steps == 0, "warm_start.steps", f"{why}; the warm start is not split yet: set it 0")
+    _require(
+        train.trace_every == 0,
+        "train.trace_every",
+        f"{why}; training traces score one process's episodes: set it 0",
+    )
 
 
 def _kind_configs(c, run_view: Any) -> dict[str, Any]:

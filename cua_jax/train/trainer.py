@@ -76,6 +76,7 @@ from cua_jax.train.build import (
 )
 from cua_jax.train.checkpoint import TrainCheckpointer, TrainerState
 from cua_jax.train.collect import EnvironmentCounters, GroupCollector
+from cua_jax.train.coordinated import ProcessGroup, agree_batch_shape, host_state, process_microbatches
 from cua_jax.train.groups import CollectedGroup, PreparedBatch, mean_metrics, prepare_batch
 from cua_jax.train.learner import Learner
 from cua_jax.train.settings import TrainSettings, apply_pilot_file, seed_pool
@@ -169,11 +170,15 @@ def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> 
                 "build_trainer"
             )
         setup.warm_start_metrics = {}
+    from flax import nnx
+
     settings, policy = setup.settings, setup.policy
     base_key = jax.random.key(settings.seed)
     m = settings.mesh
     mesh = make_mesh(m, devices=jax.devices()[: max(1, m.data) * max(1, m.fsdp) * max(1, m.tensor)])
     learner = Learner(policy, settings.learner, mesh=mesh)
+    # Coordinated: every process's engines start from a host copy of the (sharded) policy.
+    engine_params = host_state(nnx.state(learner.model)) if settings.train.coordinated else None
     ray = contextlib.ExitStack()  # the local Ray the worker actors run on, if this run started it
     ray.enter_context(local_ray(settings.rollout))
     try:
@@ -189,6 +194,7 @@ def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> 
             env_wrapper,
             setup.banned_token_ids,
             engine_model_dir,
+            params=engine_params,
         )
     except BaseException:
         ray.close()
@@ -235,6 +241,10 @@ class Trainer:
         self.eval_tasks = tuple(self.settings.eval.tasks) or self.settings.training_tasks
         self.domains = self.settings.catalog.domains()
         self.episode_log = EpisodeLog(os.path.join(self.workdir, "episodes.jsonl"))
+        # Coordinated collection (train.coordinated): this process's place among the run's
+        # processes; process 0 alone writes the run's records (metrics, episodes, summary).
+        self.processes: ProcessGroup | None = ProcessGroup.current() if self.settings.train.coordinated else None
+        self.writes_records = self.processes is None or self.processes.index == 0
 
         self.step = 0  # completed training steps
         self.version = 0  # policy version the engines hold
@@ -257,6 +267,8 @@ class Trainer:
         return self._writer
 
     def _log(self, step: int, metrics: Mapping[str, float]) -> None:
+        if not self.writes_records:
+            return
         self.writer.write(step, metrics)
         self.writer.flush()
 
@@ -270,6 +282,8 @@ class Trainer:
 
     def learn(self, groups: Sequence[CollectedGroup]) -> dict[str, float]:
         """Quarantine, advantages, updates on `groups`, then weight sync. Returns the metrics."""
+        if self.processes is not None:
+            raise RuntimeError("a coordinated run learns through learn_share (train_step)")
         t0 = time.perf_counter()
         with timeline.span("learner_host"):
             batch = prepare_batch(groups, self.settings, self.settings.num_minibatches, self.version, self.domains)
@@ -309,6 +323,46 @@ class Trainer:
         metrics[TIMING_PREFIX + "sync_s"] = time.perf_counter() - t1
         return metrics
 
+    def learn_share(self, local: Sequence[CollectedGroup], groups: Sequence[CollectedGroup]) -> dict[str, float]:
+        """`learn` in a coordinated run (a collective: every process calls it each step), from
+        `GroupCollector.collect_share`'s two lists: this process's groups (`local`) and every
+        group's summary (`groups`, draw order). Quarantine and advantages run per group on the
+        process that collected it; this process's items become its rows of the global
+        micro-batches (`Learner.global_batch`), whose loss totals the learner reduces over the
+        whole mesh; the step's metrics are computed from every group's summary, as one process
+        collecting everything computes them. Weight sync: every process's engines."""
+        t0 = time.perf_counter()
+        settings, processes = self.settings, self.processes
+        with timeline.span("learner_host"):
+            batch = prepare_batch(local, settings, 1, self.version, self.domains)
+            whole = prepare_batch(groups, settings, 1, self.version, self.domains)
+            if self.writes_records:
+                self.episode_log.append(self.step, [e for g in groups for e in g.episodes], self.domains)
+        self.last_batch = batch
+        metrics = dict(whole.metrics)
+        if not whole.items:  # the same on every process: none trains
+            metrics["learner/skipped"] = 1.0
+            metrics[TIMING_PREFIX + "learn_s"] = time.perf_counter() - t0
+            return metrics
+        with timeline.span("learner_host"):
+            rows = self.learner.process_rows(settings.batching.rows)
+            shape = agree_batch_shape(batch.items, settings.batching, rows, processes)
+            local_rows = process_microbatches(
+                batch.items, batch.item_advantages, settings.batching, rows, shape, self.multimodal
+            )
+            micro = [self.learner.global_batch(mb) for mb in local_rows]
+        self.last_minibatch_item_counts = [shape.items]
+        updates = self.learner.train_on_batch([micro])
+        metrics.update({f"learner/{k}": v for k, v in mean_metrics(updates).items()})
+        metrics["learner/updates"] = float(len(updates))
+        metrics["learner/forward_tokens"] = float(shape.tokens)
+        t1 = time.perf_counter()
+        with timeline.span("sync"):
+            self.sync_weights()
+        metrics[TIMING_PREFIX + "learn_s"] = t1 - t0
+        metrics[TIMING_PREFIX + "sync_s"] = time.perf_counter() - t1
+        return metrics
+
     def _trace(self, batch: PreparedBatch) -> None:
         """eval.num_traces episodes of the batch for the viewer, with the learner's logprobs before the update."""
 
@@ -337,10 +391,17 @@ class Trainer:
         self._push_weights()
 
     def _push_weights(self) -> None:
-        """The learner's parameters to every engine as policy `self.version` (`push_weights`)."""
+        """The learner's parameters to every engine as policy `self.version` (`push_weights`).
+        Coordinated: each process gathers the sharded parameters into a host copy (a collective)
+        and hands it to its own engines, which hold the whole policy on their local device."""
         from flax import nnx
 
-        push_weights(self.workers, self.settings.rollout, nnx.state(self.learner.model), self.version)
+        state = nnx.state(self.learner.model)
+        if self.processes is not None:
+            for worker in self.workers:
+                worker.update_weights(host_state(state), self.version)
+            return
+        push_weights(self.workers, self.settings.rollout, state, self.version)
 
     # -- on-policy ------------------------------------------------------------------------
 
@@ -348,10 +409,14 @@ class Trainer:
         """One strictly on-policy step: collect with the current policy, one update, sync."""
         t0 = time.perf_counter()
         with timeline.window("rollout"):
-            groups, extra = self.collect(self.step)
+            if self.processes is not None:
+                local, groups = self.collector.collect_share(self.step, list(self.workers), self.processes)
+                extra = {}
+            else:
+                groups, extra = self.collect(self.step)
         rollout_s = time.perf_counter() - t0
         with timeline.window("learn"):
-            metrics = self.learn(groups)
+            metrics = self.learn(groups) if self.processes is None else self.learn_share(local, groups)
         metrics.update(extra)
         metrics[TIMING_PREFIX + "rollout_s"] = rollout_s
         return self._finish_step(metrics)
@@ -359,8 +424,10 @@ class Trainer:
     def _finish_step(self, metrics: dict[str, float]) -> dict[str, float]:
         metrics["policy/version"] = float(self.version)
         metrics.update(self.collector.sampler_metrics)
-        # capsules/...: what the workers' environments counted since the previous step
-        metrics.update(self.environment_counters.read(self.workers))
+        # capsules/...: what the workers' environments counted since the previous step (every
+        # process's, in a coordinated run)
+        counts = self.environment_counters.read(self.workers)
+        metrics.update(counts if self.processes is None else self.processes.all_reduce_sum(counts))
         if self.buffer is not None:
             metrics["buffer/dropped_stale_groups"] = float(self.buffer.dropped_stale_groups)
             metrics["buffer/dropped_stale_episodes"] = float(self.buffer.dropped_stale_episodes)
@@ -544,6 +611,9 @@ class Trainer:
             if low is not None:
                 self.evaluate(LOW_TEMPERATURE_AFTER, temperature=low)
                 self.compare_evaluations(LOW_TEMPERATURE_BEFORE, LOW_TEMPERATURE_AFTER, LOW_TEMPERATURE_GAIN)
+        summary = {"steps": self.step, "evaluations": self.evaluations}
+        if not self.writes_records:  # a coordinated run's other processes: process 0 writes the records
+            return summary
         trend = self.training_trend()
         if trend is not None:
             self._log(self.step, {f"train_trend/{k}": v for k, v in trend.items()})

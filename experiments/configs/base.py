@@ -402,6 +402,14 @@ def base_config() -> ml_collections.ConfigDict:
     # Every this many steps, eval.num_traces episodes of the batch are saved for the viewer
     # (traces/train_<step>: screenshots, replies, rollout and learner logprobs, advantages). 0: never.
     c.train.trace_every = 0
+    # Multi-host (launch/multihost.sh): each process collects only its share of every step's
+    # groups (whole groups, dealt by expected cost) with its own engines, and its items are its
+    # shard of the global batch; samplers, metrics and the loss cover every process's groups
+    # exactly as one process collecting everything would (cua_jax/train/coordinated.py). Needs
+    # on_policy mode, text observations, the local JAX sampler, rollout.seed_per_turn, and no
+    # DAPO, DTAC, calibration, evaluation, warm start, shared prefix rows or traces yet (each
+    # refused at start, naming the field). False: every process collects the whole batch itself.
+    c.train.coordinated = False
 
     # Task sampling (cua_jax.tasks.samplers.build_sampler). Each subsection holds the fields of
     # the dataclass it fills, by the same names: sampler.frontier FrontierConfig, sampler.dtac

@@ -1,0 +1,179 @@
+"""Coordinated collection across processes (config.train.coordinated): each process of a
+multi-host run collects its share of a step's groups and trains on them as its shard of the
+global batch.
+
+A step's draw is the same on every process (a function of the run's base key and the step, and
+of the sampler's state, which every process updates with every group's outcome). The draw's
+groups are dealt to the processes by `partition_groups` (whole groups, balanced by expected
+cost); process p runs only its own. After the groups ran, the processes exchange their groups'
+summaries (`group_summary`: the episodes without their screenshots, and training items without
+their arrays; a few kilobytes per group) with `ProcessGroup.exchange`, so every process updates
+its sampler with every outcome and computes the step's metrics over the whole batch, exactly as
+one process collecting everything would. Training data stays where it was collected: each
+process's items, with the advantages of its own groups, become its rows of the global
+micro-batches (`process_microbatches` + `Learner.global_batch`), and the learner's jitted passes
+reduce the loss totals (numerator, token-mean denominator, metric sums) over the whole mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from cua_jax.train.batching import BatchingConfig, MultimodalPositions, TrainBatch, bucket_length, collate
+from cua_jax.train.groups import CollectedGroup
+from cua_jax.types import TrainingItem
+
+
+def partition_groups(costs: Sequence[float], num_processes: int) -> list[int]:
+    """The process that runs each group of a step's draw: the owner of group g is
+    `partition_groups(costs, P)[g]`.
+
+    Greedy longest-processing-time: the groups, most expensive first (draw order among equal
+    costs), go one at a time to the process with the least cost so far (the lowest index among
+    equal loads), so equal costs are dealt round robin (g -> g mod P). A pure function of the
+    costs and the process count: every process computes the same partition.
+    """
+    if num_processes < 1:
+        raise ValueError(f"partition_groups: num_processes must be >= 1, got {num_processes}")
+    if any(c < 0 for c in costs):
+        raise ValueError(f"partition_groups: costs must be >= 0, got {list(costs)}")
+    load = [0.0] * num_processes
+    owners = [0] * len(costs)
+    for g in sorted(range(len(costs)), key=lambda g: (-costs[g], g)):
+        p = min(range(num_processes), key=lambda p: (load[p], p))
+        owners[g] = p
+        load[p] += costs[g]
+    return owners
+
+
+def allgather_objects(value: Any) -> list[Any]:
+    """Every process's `value` (picklable), by process index, through JAX's collectives (every
+    process must call it, in the same order). One process: [value]."""
+    import jax
+
+    if jax.process_count() == 1:
+        return [value]
+    from jax.experimental import multihost_utils
+
+    blob = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([blob.size], np.int32))).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[: blob.size] = blob
+    gathered = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
+    return [pickle.loads(gathered[p, : int(sizes[p])].tobytes()) for p in range(len(sizes))]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessGroup:
+    """This process's place in a coordinated run: its index, the process count, and `exchange`
+    (value -> every process's value, by process index; a collective every process calls in the
+    same order). `current()` is JAX's processes; tests build one over threads."""
+
+    index: int
+    count: int
+    exchange: Callable[[Any], list[Any]]
+
+    @classmethod
+    def current(cls) -> ProcessGroup:
+        import jax
+
+        return cls(jax.process_index(), jax.process_count(), allgather_objects)
+
+    def all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
+        """The sum over the processes of each key's value (a key some process lacks counts 0
+        there), in process order: the same floats on every process."""
+        totals: dict[str, float] = {}
+        for part in self.exchange(dict(values)):
+            for key, value in part.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        return totals
+
+
+def _item_summary(item: TrainingItem) -> TrainingItem:
+    empty = np.zeros(0, np.int32)
+    return dataclasses.replace(item, ids=empty, loss_mask=empty, rollout_logprobs=np.zeros(0, np.float32), images=[])
+
+
+def group_summary(group: CollectedGroup) -> CollectedGroup:
+    """What the other processes need of a group: its episodes with their turns' screenshots
+    dropped, and its training items (one per item, so counts stay exact) without their arrays.
+    Enough for the sampler's outcome, the step's metrics and the episode log."""
+    episodes = []
+    for episode in group.episodes:
+        episode = dataclasses.replace(episode, turns=[dataclasses.replace(t, images=[]) for t in episode.turns])
+        episodes.append(episode)
+    return dataclasses.replace(
+        group,
+        episodes=episodes,
+        items={episode_id: [_item_summary(i) for i in items] for episode_id, items in group.items.items()},
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchShape:
+    """What every process's part of a step's global batch must agree on: the padded length of
+    the micro-batches and how many there are; plus the whole batch's item and token counts."""
+
+    length: int
+    num_microbatches: int
+    items: int
+    tokens: int
+
+
+def agree_batch_shape(
+    items: Sequence[TrainingItem], config: BatchingConfig, local_rows: int, processes: ProcessGroup
+) -> BatchShape:
+    """The global batch's shape from this process's `items` (an exchange): the micro-batches'
+    length buckets the longest item of any process, and their number is what the process with
+    the most items needs at `local_rows` rows each (the others pad with empty rows)."""
+    mine = (max((len(i) for i in items), default=1), len(items), int(sum(len(i) for i in items)))
+    every = processes.exchange(mine)
+    longest = max(e[0] for e in every)
+    count = max(-(-e[1] // local_rows) for e in every)
+    return BatchShape(
+        bucket_length(longest, config.length_multiple, config.length_pow2),
+        max(count, 1),
+        sum(e[1] for e in every),
+        sum(e[2] for e in every),
+    )
+
+
+def process_microbatches(
+    items: Sequence[TrainingItem],
+    item_advantages: np.ndarray,
+    config: BatchingConfig,
+    local_rows: int,
+    shape: BatchShape,
+    multimodal: MultimodalPositions | None = None,
+) -> list[TrainBatch]:
+    """This process's rows of each global micro-batch: its items in order (whole groups, as
+    `prepare_batch` lists them), `local_rows` per micro-batch at the agreed length, padded with
+    empty micro-batches up to the agreed count (numpy; `Learner.global_batch` places them)."""
+    if config.share_prefix:
+        raise ValueError("process_microbatches: shared prefix rows are not split across processes")
+    if any(item.images for item in items):
+        raise ValueError("process_microbatches: items with images are not split across processes")
+    local = dataclasses.replace(config, rows=local_rows)
+    adv = np.asarray(item_advantages, np.float32)
+    out = []
+    for m in range(shape.num_microbatches):
+        chunk = list(range(m * local_rows, min((m + 1) * local_rows, len(items))))
+        out.append(collate([items[i] for i in chunk], adv[chunk], local, multimodal=multimodal, length=shape.length))
+    return out
+
+
+def host_state(state: Any) -> Any:
+    """A host (numpy) copy of `state`'s arrays, each whole on every process (a collective when
+    they are sharded over several processes): what a process's own engines load."""
+    import jax
+
+    if jax.process_count() == 1:
+        return jax.tree.map(np.asarray, state)
+    from jax.experimental import multihost_utils
+
+    return jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)), state)

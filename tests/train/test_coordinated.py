@@ -1,0 +1,229 @@
+"""Coordinated collection's pieces in one process (cua_jax/train/coordinated.py): the partition
+of a draw's groups, the exchange's sums, group summaries, the agreed batch shape, and the loss
+of a global batch assembled from processes' rows, which must equal one process's loss on the
+same items (the two-process run itself: tests/launch/test_multihost_coordinated.py)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import numpy as np
+import pytest
+
+from cua_jax.train.batching import BatchingConfig, make_minibatches
+from cua_jax.train.coordinated import (
+    BatchShape,
+    ProcessGroup,
+    agree_batch_shape,
+    group_summary,
+    partition_groups,
+    process_microbatches,
+)
+from cua_jax.train.settings import ConfigError, TrainSettings
+from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
+from tests.support.models import SMALL_QWEN3
+from tests.support.trainer import tiny_config
+
+
+def thread_processes(count: int) -> list[ProcessGroup]:
+    """`count` ProcessGroups whose exchange meets across threads (one thread per process)."""
+    barrier, slots = threading.Barrier(count), [None] * count
+
+    def member(p: int) -> ProcessGroup:
+        def exchange(value):
+            slots[p] = value
+            barrier.wait()
+            out = list(slots)
+            barrier.wait()
+            return out
+
+        return ProcessGroup(p, count, exchange)
+
+    return [member(p) for p in range(count)]
+
+
+def on_threads(processes: list[ProcessGroup], fn) -> list:
+    """fn(process) on a thread per process; the results by process index."""
+    with concurrent.futures.ThreadPoolExecutor(len(processes)) as pool:
+        return list(pool.map(fn, processes, timeout=60))
+
+
+def test_partition_deals_equal_groups_round_robin():
+    assert partition_groups([16.0] * 5, 2) == [0, 1, 0, 1, 0]
+    assert partition_groups([16.0] * 4, 4) == [0, 1, 2, 3]
+    assert partition_groups([1.0, 1.0], 3) == [0, 1]  # a process may get none
+    assert partition_groups([], 2) == []
+    assert partition_groups([3.0, 1.0], 1) == [0, 0]
+
+
+def test_partition_balances_expected_cost_with_whole_groups():
+    costs = [8.0, 1.0, 1.0, 1.0, 1.0, 4.0, 4.0]
+    owners = partition_groups(costs, 2)
+    assert owners == partition_groups(list(costs), 2)  # a pure function: every process agrees
+    loads = [sum(c for c, o in zip(costs, owners) if o == p) for p in range(2)]
+    assert loads == [10.0, 10.0]  # the most expensive first, each to the least loaded process
+    assert owners[0] != owners[5] == owners[6] or owners[0] != owners[6]
+    with pytest.raises(ValueError, match="num_processes must be >= 1"):
+        partition_groups([1.0], 0)
+    with pytest.raises(ValueError, match="costs must be >= 0"):
+        partition_groups([-1.0], 2)
+
+
+def test_all_reduce_sum_adds_every_process_values_in_process_order():
+    processes = thread_processes(3)
+    values = [{"a": 1.0, "b": 0.5}, {"a": 2.0}, {"c": 4.0, "a": 0.25}]
+    sums = on_threads(processes, lambda p: p.all_reduce_sum(values[p.index]))
+    assert sums == [{"a": 3.25, "b": 0.5, "c": 4.0}] * 3
+
+
+def _item(rng, episode_id: str, group_id: int, n: int | None = None) -> TrainingItem:
+    n = int(rng.integers(12, 40)) if n is None else n
+    ids = rng.integers(3, SMALL_QWEN3["vocab_size"], n).astype(np.int32)
+    mask = np.zeros(n, np.int32)
+    mask[n // 2 :] = 1
+    logp = np.where(mask > 0, rng.uniform(-5.5, -4.0, n), 0.0).astype(np.float32)
+    return TrainingItem(ids, mask, logp, [], episode_id, group_id, (0,))
+
+
+def _items(num_groups: int = 4, group_size: int = 2, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    items, advantages = [], []
+    for g in range(num_groups):
+        group = rng.normal(size=group_size)
+        group -= group.mean()
+        for k in range(group_size):
+            items.append(_item(rng, f"ep{g}-{k}", g))
+            advantages.append(group[k])
+    return items, np.asarray(advantages, np.float32)
+
+
+def test_group_summary_drops_arrays_but_keeps_counts_and_metrics():
+    from cua_jax.train.groups import CollectedGroup, prepare_batch
+
+    rng = np.random.default_rng(0)
+    groups = []
+    for g in range(2):
+        episodes, items = [], {}
+        for k in range(2):
+            turn = Turn("page", [np.ones((8, 8, 3), np.uint8)], np.arange(3, dtype=np.int32), np.zeros(3, np.float32))
+            status = EpisodeStatus.SUCCESS if (g + k) % 2 else EpisodeStatus.FAILURE
+            episode = Episode(
+                f"t/g{g}/e{k}", "click-button", g, "do it", [turn], float(status is EpisodeStatus.SUCCESS)
+            )
+            episode.status = status
+            episodes.append(episode)
+            items[episode.episode_id] = [_item(rng, episode.episode_id, g), _item(rng, episode.episode_id, g)]
+        groups.append(CollectedGroup(g, "click-button", episodes, items=items))
+    summaries = [group_summary(g) for g in groups]
+    assert all(not t.images for s in summaries for e in s.episodes for t in e.turns)
+    assert all(len(i.ids) == 0 for s in summaries for items in s.items.values() for i in items)
+    assert groups[0].episodes[0].turns[0].images  # the group itself is untouched
+    settings = TrainSettings.from_config(tiny_config("/tmp/unused"))
+    whole, summary = prepare_batch(groups, settings, 1, 0), prepare_batch(summaries, settings, 1, 0)
+    assert summary.metrics == whole.metrics and summary.metrics["batch/items"] == 8.0
+    np.testing.assert_array_equal(summary.item_advantages, whole.item_advantages)
+
+
+def test_processes_agree_on_the_batch_shape():
+    items, _ = _items(num_groups=3)
+    config = BatchingConfig(rows=4, length_multiple=32)
+    shares = [items[:4], items[4:]]  # 4 items and 2
+    shapes = on_threads(thread_processes(2), lambda p: agree_batch_shape(shares[p.index], config, 1, p))
+    longest = max(len(i) for i in items)
+    expected = BatchShape(-(-longest // 32) * 32, 4, 6, sum(len(i) for i in items))
+    assert shapes == [expected, expected]
+
+
+def test_the_global_batch_of_two_processes_has_the_loss_of_one_process():
+    """Two processes' rows (3 groups on one, 1 on the other: the second pads with empty rows and
+    a whole empty micro-batch) stacked as the global micro-batches: the loss, gradient norm and
+    update equal one process's on all items in one micro-batch, because the token-mean
+    denominator and the loss metrics are summed over the whole global batch."""
+    import jax
+    from flax import nnx
+
+    from cua_jax.models.qwen3 import Qwen3ForCausalLM, tiny_qwen3_config
+    from cua_jax.models.sharding import MeshConfig, make_mesh
+    from cua_jax.rl.losses import PolicyLossConfig
+    from cua_jax.train.learner import Learner, LearnerConfig, OptimizerConfig
+
+    items, advantages = _items(num_groups=4)
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2), devices=jax.devices()[:8])
+    config = LearnerConfig(
+        optimizer=OptimizerConfig(learning_rate=1e-2, eps=1e-3, max_grad_norm=1.0),
+        loss=PolicyLossConfig(aggregation="token_mean", kl_coef=1e-2, entropy_coef=1e-2),
+    )
+
+    def learner():
+        model = Qwen3ForCausalLM(tiny_qwen3_config(**SMALL_QWEN3), rngs=nnx.Rngs(0))
+        return Learner(model, config, mesh=mesh)
+
+    batching = BatchingConfig(rows=8, length_multiple=32)
+    reference = learner()
+    [micro] = make_minibatches(items, advantages, batching, 1)
+    assert len(micro) == 1
+    expected = reference.update(micro)
+
+    shares = [(items[:6], advantages[:6]), (items[6:], advantages[6:])]  # groups 0-2 | group 3
+    rows = reference.process_rows(batching.rows) // 2  # as if each of two processes held half the rows
+    assert rows == 4
+    shapes = on_threads(thread_processes(2), lambda p: agree_batch_shape(shares[p.index][0], batching, rows, p))
+    parts = [process_microbatches(*share, batching, rows, shapes[0]) for share in shares]
+    assert [len(part) for part in parts] == [2, 2]  # the second process's second micro-batch is empty
+    assert not parts[1][1].item_valid.any()
+    stacked = [
+        jax.tree.map(lambda a, b: np.concatenate([a, b], axis=a.ndim - 2 if a.ndim == 3 else 0), first, second)
+        for first, second in zip(*parts)
+    ]
+    coordinated = learner()
+    got = coordinated.update([coordinated.global_batch(mb) for mb in stacked])
+    for key in ("loss", "grad_norm", "entropy", "num_tokens", "loss_denominator", "ref_kl"):
+        np.testing.assert_allclose(got[key], expected[key], rtol=2e-6, err_msg=key)
+    for a, b in zip(jax.tree.leaves(nnx.state(coordinated.model)), jax.tree.leaves(nnx.state(reference.model))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    # What the exact reduction rules out: each process's own token mean, averaged.
+    per_process = [learner().update([learner().global_batch(mb) for mb in part])["loss"] for part in parts]
+    assert abs(np.mean(per_process) - expected["loss"]) > 1e-4
+
+
+CHECKED = [
+    ({"train__mode": "async"}, "config.train.mode"),
+    ({"train__dapo": True}, "config.train.dapo"),
+    ({"sampler__kind": "dtac"}, "config.sampler.kind"),
+    ({"learner__num_minibatches": 2, "learner__old_logprobs": "recompute"}, "config.learner.num_minibatches"),
+    ({"advantage__permute_rewards": True}, "config.advantage.permute_rewards"),
+    ({"learner__share_prefix": True}, "config.learner.share_prefix"),
+    ({"rollout__seed_per_turn": False}, "config.rollout.seed_per_turn"),
+    ({"eval__enabled": True}, "config.eval.enabled"),
+    ({"train__trace_every": 2}, "config.train.trace_every"),
+]
+
+
+def _coordinated_config(**overrides):
+    fields = dict(
+        model__name="tiny_qwen3",
+        env__observation="text",
+        env__include_dom_text=True,
+        rollout__seed_per_turn=True,
+        learner__share_prefix=False,
+        train__coordinated=True,
+    )
+    return tiny_config("/tmp/unused", **{**fields, **overrides})
+
+
+def test_coordinated_settings_accept_the_supported_run():
+    settings = TrainSettings.from_config(_coordinated_config())
+    assert settings.train.coordinated
+
+
+@pytest.mark.parametrize(("overrides", "field"), CHECKED, ids=[field for _, field in CHECKED])
+def test_coordinated_mode_refuses_what_it_does_not_split(overrides, field):
+    with pytest.raises(ConfigError, match=f"^{field}: train.coordinated"):
+        TrainSettings.from_config(_coordinated_config(**overrides))
+
+
+def test_coordinated_mode_refuses_screenshots():
+    config = _coordinated_config(model__name="tiny_qwen3_vl", env__observation="screenshot")
+    with pytest.raises(ConfigError, match="^config.env.observation: train.coordinated"):
+        TrainSettings.from_config(config)
