@@ -6,8 +6,12 @@ JAX computation, which a process must do before it builds a model, then runs exp
 with the same flags: every process builds the global mesh over all hosts' devices.
 
 What is tested across processes (tests/launch/test_multihost.py): the sharded train step,
-Orbax save / restore and the HF export gather. The trainer's rollout collection is not
-coordinated across processes: each process collects its own episodes from the same seeds, and
+Orbax save / restore and the HF export gather. Rollout collection is coordinated across the
+processes with config.train.coordinated = True (cua_jax/train/coordinated.py; tested by
+tests/launch/test_multihost_coordinated.py against one process): each process runs only its
+share of every step's groups on its own engines, trains on them as its shard of the global
+batch, and every process's sampler, metrics and loss cover all of them; process 0 writes the
+run's records. Without it each process collects the whole batch itself from the same seeds and
 the learner assumes every process passes the same batch, which holds only where rollouts
 reproduce exactly on every host.
 """
