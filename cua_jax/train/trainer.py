@@ -529,8 +529,9 @@ class Trainer:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        drop_records_from(os.path.join(self.workdir, "metrics.jsonl"), self.step)
-        self.episode_log.drop_steps_from(self.step)
+        if self.writes_records:
+            drop_records_from(os.path.join(self.workdir, "metrics.jsonl"), self.step)
+            self.episode_log.drop_steps_from(self.step)
         return True
 
     def save(self) -> None:
@@ -611,14 +612,13 @@ class Trainer:
             if low is not None:
                 self.evaluate(LOW_TEMPERATURE_AFTER, temperature=low)
                 self.compare_evaluations(LOW_TEMPERATURE_BEFORE, LOW_TEMPERATURE_AFTER, LOW_TEMPERATURE_GAIN)
-        summary = {"steps": self.step, "evaluations": self.evaluations}
-        if not self.writes_records:  # a coordinated run's other processes: process 0 writes the records
-            return summary
-        trend = self.training_trend()
-        if trend is not None:
-            self._log(self.step, {f"train_trend/{k}": v for k, v in trend.items()})
-        self.writer.flush()
-        curve = plot_learning_curve(self.workdir, self.settings.name)
+        trend = curve = None
+        if self.writes_records:  # in a coordinated run, process 0 alone writes the run's records
+            trend = self.training_trend()
+            if trend is not None:
+                self._log(self.step, {f"train_trend/{k}": v for k, v in trend.items()})
+            self.writer.flush()
+            curve = plot_learning_curve(self.workdir, self.settings.name)
         summary = {
             "steps": self.step,
             "evaluations": self.evaluations,
@@ -626,8 +626,9 @@ class Trainer:
             "warm_start": self.warm_start_metrics,
             "training_trend": trend,
         }
-        with open(os.path.join(self.workdir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+        if self.writes_records:
+            with open(os.path.join(self.workdir, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=2)
         return summary
 
     def training_trend(self) -> dict[str, float] | None:
