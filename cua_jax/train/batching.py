@@ -241,6 +241,8 @@ def collate(
     pixel_patches: Mapping[ImageKey, np.ndarray] | None = None,
     multimodal: MultimodalPositions | None = None,
     length: int | None = None,
+    prefix_shape: tuple[int, int] | None = None,
+    prefix_offset: int = 0,
 ) -> TrainBatch:
     """Pads `items` (at most config.rows) into one micro-batch of numpy arrays.
 
@@ -253,6 +255,10 @@ def collate(
         with grid (t, h, w), keyed by (episode_id, turn, index). Required when items have images.
       multimodal: build Qwen3-VL [3, B, L] positions (None: text positions [B, L]).
       length: force this padded length (>= the longest row) instead of the bucket.
+      prefix_shape: with config.share_prefix, force the prefix rows' (count, padded length)
+        instead of their buckets (a prefix block even without items); prefix_offset is added to
+        every row's prefix index. Both for a process's part of a global micro-batch
+        (`cua_jax.train.coordinated`), whose prefix rows follow other processes'.
 
     With config.share_prefix, the items of each group (group_id) split at
     `shared_prefix_length`: the shared tokens form one prefix row of `TrainBatch.prefix` and each
@@ -327,9 +333,19 @@ def collate(
         pixel_values, patch_offsets, image_grid = _image_arrays(images, pixel_patches, b)
 
     prefix = None
-    if prefix_rows:
+    if prefix_rows or (config.share_prefix and prefix_shape is not None):
         g = bucket_count(len(prefix_rows))
-        lp = bucket_length(max(split for _, split in prefix_rows), config.length_multiple, config.length_pow2)
+        lp = bucket_length(
+            max((split for _, split in prefix_rows), default=1), config.length_multiple, config.length_pow2
+        )
+        if prefix_shape is not None:
+            if prefix_shape[0] < len(prefix_rows) or prefix_shape[1] < max((s for _, s in prefix_rows), default=0):
+                raise ValueError(
+                    f"collate: prefix_shape {prefix_shape} does not hold {len(prefix_rows)} prefix rows of up to "
+                    f"{max((s for _, s in prefix_rows), default=0)} tokens"
+                )
+            g, lp = prefix_shape
+        row_prefix += prefix_offset
         p_ids = np.full((g, lp), config.pad_id, np.int32)
         p_segments = np.zeros((g, lp), np.int32)
         p_positions = np.zeros((3, g, lp) if multimodal is not None else (g, lp), np.int32)

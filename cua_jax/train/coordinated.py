@@ -11,8 +11,10 @@ their arrays; a few kilobytes per group) with `ProcessGroup.exchange`, so every 
 its sampler with every outcome and computes the step's metrics over the whole batch, exactly as
 one process collecting everything would. Training data stays where it was collected: each
 process's items, with the advantages of its own groups, become its rows of the global
-micro-batches (`process_microbatches` + `Learner.global_batch`), and the learner's jitted passes
-reduce the loss totals (numerator, token-mean denominator, metric sums) over the whole mesh.
+micro-batches (`process_microbatches` + `Learner.global_batch`), at the shapes the processes
+agree on first (`agree_batch_shape`: the micro-batches' count and lengths, and with shared
+prefix rows each process's block of them), and the learner's jitted passes reduce the loss
+totals (numerator, token-mean denominator, metric sums) over the whole mesh.
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from cua_jax.train.batching import BatchingConfig, MultimodalPositions, TrainBatch, bucket_length, collate
+from cua_jax.models.vision import bucket_count
+from cua_jax.train.batching import (
+    BatchingConfig,
+    MultimodalPositions,
+    TrainBatch,
+    bucket_length,
+    collate,
+    group_order,
+    shared_prefix_length,
+)
 from cua_jax.train.groups import CollectedGroup
 from cua_jax.types import TrainingItem
 
@@ -115,32 +126,74 @@ def group_summary(group: CollectedGroup) -> CollectedGroup:
 
 
 @dataclasses.dataclass(frozen=True)
-class BatchShape:
-    """What every process's part of a step's global batch must agree on: the padded length of
-    the micro-batches and how many there are; plus the whole batch's item and token counts."""
+class MicrobatchShape:
+    """What every process's part of one global micro-batch must agree on: the rows' padded
+    length and, with shared prefix rows, each process's prefix block (rows, padded length)."""
 
     length: int
-    num_microbatches: int
+    prefix: tuple[int, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchShape:
+    """A step's global micro-batches (`MicrobatchShape` each), and the whole batch's item count
+    and forward tokens (prefix tokens once per group and micro-batch, as `batch_tokens` counts)."""
+
+    microbatches: tuple[MicrobatchShape, ...]
     items: int
     tokens: int
 
 
+def _chunks(count: int, rows: int, microbatches: int | None = None) -> list[list[int]]:
+    """Item indices of each micro-batch of `rows` rows (the items in order), `microbatches` of them."""
+    n = -(-count // rows) if microbatches is None else microbatches
+    return [list(range(m * rows, min((m + 1) * rows, count))) for m in range(n)]
+
+
+def _chunk_stats(items: Sequence[TrainingItem], config: BatchingConfig) -> tuple[int, int, int, int]:
+    """(longest row, prefix rows, longest prefix, forward tokens) of one micro-batch's items, as
+    `collate` lays them out."""
+    if not config.share_prefix:
+        return max((len(i) for i in items), default=1), 0, 0, int(sum(len(i) for i in items))
+    longest, splits, tokens = 1, [], 0
+    for members in group_order(items):
+        group = [items[i] for i in members]
+        split = shared_prefix_length(group)
+        splits.append(split)
+        longest = max([longest] + [len(i) - split for i in group])
+        tokens += split + sum(len(i) - split for i in group)
+    return longest, len(splits), max(splits, default=0), tokens
+
+
 def agree_batch_shape(
-    items: Sequence[TrainingItem], config: BatchingConfig, local_rows: int, processes: ProcessGroup
+    items: Sequence[TrainingItem],
+    config: BatchingConfig,
+    local_rows: int,
+    processes: ProcessGroup,
+    shards: int = 1,
 ) -> BatchShape:
-    """The global batch's shape from this process's `items` (an exchange): the micro-batches'
-    length buckets the longest item of any process, and their number is what the process with
-    the most items needs at `local_rows` rows each (the others pad with empty rows)."""
-    mine = (max((len(i) for i in items), default=1), len(items), int(sum(len(i) for i in items)))
-    every = processes.exchange(mine)
-    longest = max(e[0] for e in every)
-    count = max(-(-e[1] // local_rows) for e in every)
-    return BatchShape(
-        bucket_length(longest, config.length_multiple, config.length_pow2),
-        max(count, 1),
-        sum(e[1] for e in every),
-        sum(e[2] for e in every),
-    )
+    """The step's global micro-batches from this process's `items` (an exchange): as many as
+    the process with the most items needs at `local_rows` rows each (the others pad with empty
+    micro-batches), each padded to the bucket of its longest row on any process; with shared
+    prefix rows, every process's prefix block holds as many rows as the process with the most
+    groups there needs (bucketed, then a multiple of `shards`, the row shards a process's
+    devices cut its block into) at the bucket of the longest prefix."""
+    mine = [_chunk_stats([items[i] for i in chunk], config) for chunk in _chunks(len(items), local_rows)]
+    counts, every = zip(*processes.exchange((len(items), mine)))
+    multiple = config.length_multiple
+    if config.share_prefix and config.suffix_length_multiple is not None:
+        multiple = config.suffix_length_multiple
+    shapes = []
+    for m in range(max(max(len(e) for e in every), 1)):
+        stats = [e[m] for e in every if m < len(e)] or [(1, 0, 0, 0)]
+        length = bucket_length(max(s[0] for s in stats), multiple, config.length_pow2)
+        prefix = None
+        if config.share_prefix:
+            rows = max(bucket_count(max(s[1] for s in stats)), 1)
+            rows = -(-rows // shards) * shards
+            prefix = (rows, bucket_length(max(s[2] for s in stats), config.length_multiple, config.length_pow2))
+        shapes.append(MicrobatchShape(length, prefix))
+    return BatchShape(tuple(shapes), sum(counts), sum(stat[3] for e in every for stat in e))
 
 
 def process_microbatches(
@@ -150,20 +203,31 @@ def process_microbatches(
     local_rows: int,
     shape: BatchShape,
     multimodal: MultimodalPositions | None = None,
+    block: int = 0,
 ) -> list[TrainBatch]:
     """This process's rows of each global micro-batch: its items in order (whole groups, as
-    `prepare_batch` lists them), `local_rows` per micro-batch at the agreed length, padded with
-    empty micro-batches up to the agreed count (numpy; `Learner.global_batch` places them)."""
-    if config.share_prefix:
-        raise ValueError("process_microbatches: shared prefix rows are not split across processes")
+    `prepare_batch` lists them), `local_rows` per micro-batch at the agreed shapes, padded with
+    empty micro-batches up to the agreed count (numpy; `Learner.global_batch` places them).
+    block: this process's block among the processes' (`Learner.process_rows`), which places its
+    prefix rows after those of the blocks before it."""
     if any(item.images for item in items):
         raise ValueError("process_microbatches: items with images are not split across processes")
     local = dataclasses.replace(config, rows=local_rows)
     adv = np.asarray(item_advantages, np.float32)
     out = []
-    for m in range(shape.num_microbatches):
-        chunk = list(range(m * local_rows, min((m + 1) * local_rows, len(items))))
-        out.append(collate([items[i] for i in chunk], adv[chunk], local, multimodal=multimodal, length=shape.length))
+    for chunk, micro in zip(_chunks(len(items), local_rows, len(shape.microbatches)), shape.microbatches):
+        offset = block * micro.prefix[0] if micro.prefix is not None else 0
+        out.append(
+            collate(
+                [items[i] for i in chunk],
+                adv[chunk],
+                local,
+                multimodal=multimodal,
+                length=micro.length,
+                prefix_shape=micro.prefix,
+                prefix_offset=offset,
+            )
+        )
     return out
 
 

@@ -308,6 +308,16 @@ def _normalized_gradient(grad_sum, denominator: jax.Array):
     return jax.tree.map(lambda g: g * scale, grad_sum)
 
 
+class ProcessRows(NamedTuple):
+    """This process's block of a micro-batch's rows (`Learner.process_rows`): how many rows, the
+    block's position among the processes' blocks (its first row / rows), and how many row
+    shards its devices cut it into."""
+
+    rows: int
+    block: int
+    shards: int
+
+
 def _replicated_if_unnamed(mesh: Mesh):
     def fix(sharding):
         return sharding if isinstance(sharding, NamedSharding) else NamedSharding(mesh, PartitionSpec())
@@ -437,51 +447,50 @@ class Learner:
             )
         return batch.replace(**fields)
 
-    def process_rows(self, rows: int) -> int:
-        """The rows of a `rows`-row micro-batch this process holds (coordinated collection:
-        `global_batch`): rows / process count, one contiguous block of the rows. Raises when the
-        mesh does not split the rows that way (the batch axes, data x fsdp, must divide `rows`
-        and span the processes)."""
+    def process_rows(self, rows: int) -> ProcessRows:
+        """Where this process's rows of a `rows`-row micro-batch sit (coordinated collection:
+        `global_batch`): rows / process count of them, one contiguous block, cut into `shards`
+        row shards by its devices. Raises when the mesh does not split the rows that way (the
+        batch axes, data x fsdp, must divide `rows` and span the processes)."""
         names = ("activation_batch", None)
         sharding = NamedSharding(self.mesh, logical_to_spec(names, self.rules, (rows, 1), self.mesh))
-        held = sorted(
-            {r for index in sharding.addressable_devices_indices_map((rows, 1)).values() for r in range(rows)[index[0]]}
-        )
+        blocks = {index[0].indices(rows)[:2] for index in sharding.addressable_devices_indices_map((rows, 1)).values()}
+        held = sorted({r for start, stop in blocks for r in range(start, stop)})
         count = jax.process_count()
         if len(held) * count != rows or held != list(range(held[0], held[0] + len(held))):
             raise ValueError(
                 f"the mesh {dict(self.mesh.shape)} does not split micro-batches of {rows} rows (learner.rows) into "
-                f"one block of {rows // count if rows % count == 0 else rows / count} rows per process "
-                f"({count} processes): this process holds rows {held[:8]}{'...' if len(held) > 8 else ''}; the "
-                "mesh's data x fsdp must divide learner.rows and be a multiple of the process count"
+                f"one block of {rows / count:g} rows per process ({count} processes): this process holds rows "
+                f"{held[:8]}{'...' if len(held) > 8 else ''}; the mesh's data x fsdp must divide learner.rows and "
+                "be a multiple of the process count"
             )
-        return len(held)
+        return ProcessRows(len(held), held[0] // len(held), len(blocks))
 
     def global_batch(self, local: TrainBatch) -> TrainBatch:
         """The global micro-batch whose rows on this process are `local`'s (numpy, as `collate`
-        makes it at `process_rows` rows): every process passes its own rows and no process holds
-        the others' (`jax.make_array_from_process_local_data`). Text rows only: images and
-        shared prefix rows are not split across processes."""
-        if local.pixel_values is not None or local.prefix is not None or local.image_features is not None:
-            raise ValueError("Learner.global_batch: images and shared prefix rows are not split across processes")
+        makes them at `process_rows(...).rows` rows; with shared prefix rows, its prefix block
+        too, the rows' prefix indices already global): every process passes its own rows and no
+        process holds the others' (`jax.make_array_from_process_local_data`). Text rows only:
+        images are not split across processes."""
+        prefix = local.prefix
+        if local.pixel_values is not None or local.image_features is not None:
+            raise ValueError("Learner.global_batch: images are not split across processes")
+        if prefix is not None and (prefix.pixel_values is not None or prefix.image_features is not None):
+            raise ValueError("Learner.global_batch: images are not split across processes")
         count = jax.process_count()
 
-        def global_shape(name, x):
+        def global_shape(x):
             shape = list(np.shape(x))
-            shape[1 if name == "positions" and len(shape) == 3 else 0] *= count
+            shape[1 if len(shape) == 3 else 0] *= count  # rows: [3, B, L] positions, else the first axis
             return jax.ShapeDtypeStruct(tuple(shape), np.asarray(x).dtype)
 
-        fields = {f.name: getattr(local, f.name) for f in dataclasses.fields(local) if f.name != "image_grid"}
-        arrays = {name: x for name, x in fields.items() if x is not None}
-        abstract = local.replace(**{name: global_shape(name, x) for name, x in arrays.items()})
-        shardings = self.batch_shardings(abstract)
-        placed = {
-            name: jax.make_array_from_process_local_data(
-                getattr(shardings, name), np.asarray(x), getattr(abstract, name).shape
-            )
-            for name, x in arrays.items()
-        }
-        return local.replace(**placed)
+        abstract = jax.tree.map(global_shape, local)
+        return jax.tree.map(
+            lambda sharding, x, shape: jax.make_array_from_process_local_data(sharding, np.asarray(x), shape.shape),
+            self.batch_shardings(abstract),
+            local,
+            abstract,
+        )
 
     def _with_image_features(self, batch: TrainBatch) -> TrainBatch:
         """With a frozen vision tower, `batch` with its images (and its prefix's) encoded once

@@ -833,11 +833,6 @@ def _check_coordinated(c, train: TrainLoopConfig, rollout: RolloutSettings, env:
         f"{why}; the control's permutation spans the whole batch: set it False",
     )
     _require(
-        not c.learner.share_prefix,
-        "learner.share_prefix",
-        f"{why}; shared prefix rows are not split across processes yet: set it False",
-    )
-    _require(
         env.observation == "text",
         "env.observation",
         f"{why}; screenshots are not split across processes yet (a batch's images are replicated over the "

@@ -346,11 +346,11 @@ class Trainer:
             return metrics
         with timeline.span("learner_host"):
             rows = self.learner.process_rows(settings.batching.rows)
-            shape = agree_batch_shape(batch.items, settings.batching, rows, processes)
-            local_rows = process_microbatches(
-                batch.items, batch.item_advantages, settings.batching, rows, shape, self.multimodal
+            shape = agree_batch_shape(batch.items, settings.batching, rows.rows, processes, rows.shards)
+            mine = process_microbatches(
+                batch.items, batch.item_advantages, settings.batching, rows.rows, shape, self.multimodal, rows.block
             )
-            micro = [self.learner.global_batch(mb) for mb in local_rows]
+            micro = [self.learner.global_batch(mb) for mb in mine]
         self.last_minibatch_item_counts = [shape.items]
         updates = self.learner.train_on_batch([micro])
         metrics.update({f"learner/{k}": v for k, v in mean_metrics(updates).items()})

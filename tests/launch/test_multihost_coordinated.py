@@ -34,7 +34,6 @@ FLAGS = [
     "--config.rollout.seed_per_turn=true",
     "--config.rollout.max_context_tokens=2048",
     "--config.rollout.prompt_style=compact",
-    "--config.learner.share_prefix=false",
     "--config.train.coordinated=true",
     "--config.mesh.data=2",
     "--config.mesh.fsdp=2",
@@ -153,6 +152,9 @@ def test_coordinated_updates_equal_the_one_process_updates(runs):
             for key in ("learner/num_tokens", "learner/forward_tokens", "episodes/trained", "batch/items"):
                 assert metrics[key] == expected[key], key
             assert result["steps"][step]["engine_version"] == step + 1  # each process's engine synced
+        # A group's items share one prefix row (learner.share_prefix, the default): fewer tokens run.
+        item_tokens = sum(len(ids) for e in reference["steps"][step]["episodes"] for ids in e["items"])
+        assert expected["learner/forward_tokens"] < item_tokens
         got, want = np.load(double / f"params_{step}.npz"), np.load(single / f"params_{step}.npz")
         assert sorted(got.files) == sorted(want.files) and len(want.files) > 5
         for name in want.files:

@@ -14,6 +14,7 @@ import pytest
 from cua_jax.train.batching import BatchingConfig, make_minibatches
 from cua_jax.train.coordinated import (
     BatchShape,
+    MicrobatchShape,
     ProcessGroup,
     agree_batch_shape,
     group_summary,
@@ -130,16 +131,39 @@ def test_processes_agree_on_the_batch_shape():
     config = BatchingConfig(rows=4, length_multiple=32)
     shares = [items[:4], items[4:]]  # 4 items and 2
     shapes = on_threads(thread_processes(2), lambda p: agree_batch_shape(shares[p.index], config, 1, p))
-    longest = max(len(i) for i in items)
-    expected = BatchShape(-(-longest // 32) * 32, 4, 6, sum(len(i) for i in items))
+    lengths = [max(len(items[m]), len(items[4 + m])) for m in range(2)] + [len(items[2]), len(items[3])]
+    expected = BatchShape(tuple(MicrobatchShape(-(-n // 32) * 32) for n in lengths), 6, sum(len(i) for i in items))
     assert shapes == [expected, expected]
 
 
-def test_the_global_batch_of_two_processes_has_the_loss_of_one_process():
+def test_processes_agree_on_their_prefix_blocks():
+    """With shared prefix rows: each process's block holds as many prefix rows as the process
+    with the most groups needs (a multiple of its row shards), at the longest prefix's bucket."""
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(3, 100, 40).astype(np.int32)
+
+    def item(episode_id, group_id, extra):
+        ids = np.concatenate([prompt[: 20 + 10 * group_id], rng.integers(3, 100, extra).astype(np.int32)])
+        mask = np.zeros(len(ids), np.int32)
+        mask[-extra:] = 1
+        return TrainingItem(ids, mask, np.where(mask > 0, -4.0, 0.0).astype(np.float32), [], episode_id, group_id, (0,))
+
+    shares = [[item("a", 0, 5), item("b", 0, 9), item("c", 1, 3), item("d", 1, 4)], [item("e", 2, 6), item("f", 2, 2)]]
+    config = BatchingConfig(rows=8, length_multiple=32, share_prefix=True, suffix_length_multiple=8)
+    shapes = on_threads(thread_processes(2), lambda p: agree_batch_shape(shares[p.index], config, 4, p, shards=2))
+    # Rows hold what follows each group's prefix (the token before the first trained one on).
+    # Splits 19, 29, 39 (the token before each group's first trained one); rows of 6, 10 | 4, 5 | 7, 3.
+    tokens = (19 + 6 + 10) + (29 + 4 + 5) + (39 + 7 + 3)
+    assert shapes[0] == shapes[1] == BatchShape((MicrobatchShape(16, (2, 64)),), 6, tokens)
+
+
+@pytest.mark.parametrize("share_prefix", [False, True], ids=["rows", "shared_prefix"])
+def test_the_global_batch_of_two_processes_has_the_loss_of_one_process(share_prefix):
     """Two processes' rows (3 groups on one, 1 on the other: the second pads with empty rows and
     a whole empty micro-batch) stacked as the global micro-batches: the loss, gradient norm and
     update equal one process's on all items in one micro-batch, because the token-mean
-    denominator and the loss metrics are summed over the whole global batch."""
+    denominator and the loss metrics are summed over the whole global batch. With shared
+    prefix rows each process's prefix block follows the other's and its rows point into it."""
     import jax
     from flax import nnx
 
@@ -149,6 +173,11 @@ def test_the_global_batch_of_two_processes_has_the_loss_of_one_process():
     from cua_jax.train.learner import Learner, LearnerConfig, OptimizerConfig
 
     items, advantages = _items(num_groups=4)
+    if share_prefix:  # a group's items share a prompt
+        for k in range(0, len(items), 2):
+            first, second = items[k], items[k + 1]
+            n = min(len(first), len(second)) // 2
+            second.ids[:n] = first.ids[:n]
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2), devices=jax.devices()[:8])
     config = LearnerConfig(
         optimizer=OptimizerConfig(learning_rate=1e-2, eps=1e-3, max_grad_norm=1.0),
@@ -159,17 +188,17 @@ def test_the_global_batch_of_two_processes_has_the_loss_of_one_process():
         model = Qwen3ForCausalLM(tiny_qwen3_config(**SMALL_QWEN3), rngs=nnx.Rngs(0))
         return Learner(model, config, mesh=mesh)
 
-    batching = BatchingConfig(rows=8, length_multiple=32)
+    batching = BatchingConfig(rows=8, length_multiple=32, share_prefix=share_prefix, suffix_length_multiple=16)
     reference = learner()
     [micro] = make_minibatches(items, advantages, batching, 1)
     assert len(micro) == 1
     expected = reference.update(micro)
 
     shares = [(items[:6], advantages[:6]), (items[6:], advantages[6:])]  # groups 0-2 | group 3
-    rows = reference.process_rows(batching.rows) // 2  # as if each of two processes held half the rows
-    assert rows == 4
-    shapes = on_threads(thread_processes(2), lambda p: agree_batch_shape(shares[p.index][0], batching, rows, p))
-    parts = [process_microbatches(*share, batching, rows, shapes[0]) for share in shares]
+    assert reference.process_rows(batching.rows) == (8, 0, 4)  # one process: every row, in 4 shards
+    rows = 4  # as if each of two processes held half the rows, in 2 shards
+    shapes = on_threads(thread_processes(2), lambda p: agree_batch_shape(shares[p.index][0], batching, rows, p, 2))
+    parts = [process_microbatches(*share, batching, rows, shapes[0], block=p) for p, share in enumerate(shares)]
     assert [len(part) for part in parts] == [2, 2]  # the second process's second micro-batch is empty
     assert not parts[1][1].item_valid.any()
     stacked = [
@@ -179,12 +208,13 @@ def test_the_global_batch_of_two_processes_has_the_loss_of_one_process():
     coordinated = learner()
     got = coordinated.update([coordinated.global_batch(mb) for mb in stacked])
     for key in ("loss", "grad_norm", "entropy", "num_tokens", "loss_denominator", "ref_kl"):
-        np.testing.assert_allclose(got[key], expected[key], rtol=2e-6, err_msg=key)
+        np.testing.assert_allclose(got[key], expected[key], rtol=2e-6, atol=1e-9, err_msg=key)  # ref_kl: ~0
     for a, b in zip(jax.tree.leaves(nnx.state(coordinated.model)), jax.tree.leaves(nnx.state(reference.model))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     # What the exact reduction rules out: each process's own token mean, averaged.
-    per_process = [learner().update([learner().global_batch(mb) for mb in part])["loss"] for part in parts]
-    assert abs(np.mean(per_process) - expected["loss"]) > 1e-4
+    if not share_prefix:  # (alone, the second process's prefix indices would point past its block)
+        per_process = [learner().update([learner().global_batch(mb) for mb in part])["loss"] for part in parts]
+        assert abs(np.mean(per_process) - expected["loss"]) > 1e-4
 
 
 CHECKED = [
@@ -193,7 +223,6 @@ CHECKED = [
     ({"sampler__kind": "dtac"}, "config.sampler.kind"),
     ({"learner__num_minibatches": 2, "learner__old_logprobs": "recompute"}, "config.learner.num_minibatches"),
     ({"advantage__permute_rewards": True}, "config.advantage.permute_rewards"),
-    ({"learner__share_prefix": True}, "config.learner.share_prefix"),
     ({"rollout__seed_per_turn": False}, "config.rollout.seed_per_turn"),
     ({"eval__enabled": True}, "config.eval.enabled"),
     ({"train__trace_every": 2}, "config.train.trace_every"),
@@ -206,7 +235,6 @@ def _coordinated_config(**overrides):
         env__observation="text",
         env__include_dom_text=True,
         rollout__seed_per_turn=True,
-        learner__share_prefix=False,
         train__coordinated=True,
     )
     return tiny_config("/tmp/unused", **{**fields, **overrides})
