@@ -196,6 +196,21 @@ def agree_batch_shape(
     return BatchShape(tuple(shapes), sum(counts), sum(stat[3] for e in every for stat in e))
 
 
+def minibatch_shares(
+    items: Sequence[TrainingItem], item_advantages: np.ndarray, minibatch_groups: Sequence[Sequence[int]]
+) -> list[tuple[list[TrainingItem], np.ndarray]]:
+    """This process's (items, advantages) of each mini-batch of the whole batch's plan
+    (`PreparedBatch.minibatch_groups` of every group's summary: the group ids of each mini-batch,
+    as one process collecting everything cuts them); empty where it holds none of its groups."""
+    advantages = np.asarray(item_advantages, np.float32)
+    out = []
+    for group_ids in minibatch_groups:
+        members = set(group_ids)
+        take = [i for i, item in enumerate(items) if item.group_id in members]
+        out.append(([items[i] for i in take], advantages[take]))
+    return out
+
+
 def process_microbatches(
     items: Sequence[TrainingItem],
     item_advantages: np.ndarray,

@@ -823,11 +823,6 @@ def _check_coordinated(c, train: TrainLoopConfig, rollout: RolloutSettings, env:
         f"{why}; calibration's rollouts are not split yet: set it False",
     )
     _require(
-        c.learner.num_minibatches == 1,
-        "learner.num_minibatches",
-        f"{why} into one update per step; {c.learner.num_minibatches} mini-batches are not split yet",
-    )
-    _require(
         not c.advantage.permute_rewards,
         "advantage.permute_rewards",
         f"{why}; the control's permutation spans the whole batch: set it False",

@@ -76,10 +76,16 @@ from cua_jax.train.build import (
 )
 from cua_jax.train.checkpoint import TrainCheckpointer, TrainerState
 from cua_jax.train.collect import EnvironmentCounters, GroupCollector
-from cua_jax.train.coordinated import ProcessGroup, agree_batch_shape, host_state, process_microbatches
+from cua_jax.train.coordinated import (
+    ProcessGroup,
+    agree_batch_shape,
+    host_state,
+    minibatch_shares,
+    process_microbatches,
+)
 from cua_jax.train.groups import CollectedGroup, PreparedBatch, mean_metrics, prepare_batch
 from cua_jax.train.learner import Learner
-from cua_jax.train.settings import TrainSettings, apply_pilot_file, seed_pool
+from cua_jax.train.settings import ConfigError, TrainSettings, apply_pilot_file, seed_pool
 from cua_jax.train.warm_start import demonstrated_tasks, run_warm_start
 
 # The evaluations at eval.low_temperature (beside the headline ones at eval.temperature) and
@@ -177,8 +183,14 @@ def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> 
     m = settings.mesh
     mesh = make_mesh(m, devices=jax.devices()[: max(1, m.data) * max(1, m.fsdp) * max(1, m.tensor)])
     learner = Learner(policy, settings.learner, mesh=mesh)
-    # Coordinated: every process's engines start from a host copy of the (sharded) policy.
-    engine_params = host_state(nnx.state(learner.model)) if settings.train.coordinated else None
+    engine_params = None
+    if settings.train.coordinated:
+        try:  # each process's rows of a micro-batch: one block of learner.rows / process count
+            learner.process_rows(settings.batching.rows)
+        except ValueError as error:
+            raise ConfigError(f"config.learner.rows: {error}") from None
+        # Every process's engines start from a host copy of the (sharded) policy.
+        engine_params = host_state(nnx.state(learner.model))
     ray = contextlib.ExitStack()  # the local Ray the worker actors run on, if this run started it
     ray.enter_context(local_ray(settings.rollout))
     try:
@@ -335,7 +347,8 @@ class Trainer:
         settings, processes = self.settings, self.processes
         with timeline.span("learner_host"):
             batch = prepare_batch(local, settings, 1, self.version, self.domains)
-            whole = prepare_batch(groups, settings, 1, self.version, self.domains)
+            # The mini-batch plan is the whole batch's, as one process would cut it.
+            whole = prepare_batch(groups, settings, settings.num_minibatches, self.version, self.domains)
             if self.writes_records:
                 self.episode_log.append(self.step, [e for g in groups for e in g.episodes], self.domains)
         self.last_batch = batch
@@ -344,18 +357,21 @@ class Trainer:
             metrics["learner/skipped"] = 1.0
             metrics[TIMING_PREFIX + "learn_s"] = time.perf_counter() - t0
             return metrics
+        minibatches, shapes = [], []
         with timeline.span("learner_host"):
             rows = self.learner.process_rows(settings.batching.rows)
-            shape = agree_batch_shape(batch.items, settings.batching, rows.rows, processes, rows.shards)
-            mine = process_microbatches(
-                batch.items, batch.item_advantages, settings.batching, rows.rows, shape, self.multimodal, rows.block
-            )
-            micro = [self.learner.global_batch(mb) for mb in mine]
-        self.last_minibatch_item_counts = [shape.items]
-        updates = self.learner.train_on_batch([micro])
+            for items, advantages in minibatch_shares(batch.items, batch.item_advantages, whole.minibatch_groups):
+                shape = agree_batch_shape(items, settings.batching, rows.rows, processes, rows.shards)
+                mine = process_microbatches(
+                    items, advantages, settings.batching, rows.rows, shape, self.multimodal, rows.block
+                )
+                minibatches.append([self.learner.global_batch(mb) for mb in mine])
+                shapes.append(shape)
+        self.last_minibatch_item_counts = [shape.items for shape in shapes]
+        updates = self.learner.train_on_batch(minibatches)
         metrics.update({f"learner/{k}": v for k, v in mean_metrics(updates).items()})
         metrics["learner/updates"] = float(len(updates))
-        metrics["learner/forward_tokens"] = float(shape.tokens)
+        metrics["learner/forward_tokens"] = float(sum(shape.tokens for shape in shapes))
         t1 = time.perf_counter()
         with timeline.span("sync"):
             self.sync_weights()

@@ -11,13 +11,14 @@ import threading
 import numpy as np
 import pytest
 
-from cua_jax.train.batching import BatchingConfig, make_minibatches
+from cua_jax.train.batching import BatchingConfig, group_order, make_minibatches
 from cua_jax.train.coordinated import (
     BatchShape,
     MicrobatchShape,
     ProcessGroup,
     agree_batch_shape,
     group_summary,
+    minibatch_shares,
     partition_groups,
     process_microbatches,
 )
@@ -126,6 +127,31 @@ def test_group_summary_drops_arrays_but_keeps_counts_and_metrics():
     np.testing.assert_array_equal(summary.item_advantages, whole.item_advantages)
 
 
+def test_processes_take_their_items_of_the_whole_batch_mini_batches():
+    """The mini-batch plan of every group's summary, each process taking its own groups' items
+    of each: together the mini-batches one process cuts from all the items."""
+    from cua_jax.train.buffer import whole_group_minibatches
+
+    items, advantages = _items(num_groups=5)
+    items += [_item(np.random.default_rng(9), "ep4-2", 4)]  # a larger last group
+    advantages = np.append(advantages, 0.5).astype(np.float32)
+    order = group_order(items)
+    plan = whole_group_minibatches([len(g) for g in order], 2)
+    minibatch_groups = [[items[order[g][0]].group_id for g in mb] for mb in plan]
+    reference = [[items[i].episode_id for g in mb for i in order[g]] for mb in plan]
+    owners = partition_groups([1.0] * 5, 2)  # groups 0, 2, 4 | 1, 3
+    shares = []
+    for p in range(2):
+        mine = [k for k, item in enumerate(items) if owners[item.group_id] == p]
+        shares.append(minibatch_shares([items[k] for k in mine], advantages[mine], minibatch_groups))
+    for m, expected in enumerate(reference):
+        got = [item.episode_id for p in range(2) for item in shares[p][m][0]]
+        assert sorted(got) == sorted(expected)
+        for p in range(2):
+            for item, advantage in zip(*shares[p][m]):
+                assert advantage == advantages[next(k for k, other in enumerate(items) if other is item)]
+
+
 def test_processes_agree_on_the_batch_shape():
     items, _ = _items(num_groups=3)
     config = BatchingConfig(rows=4, length_multiple=32)
@@ -221,7 +247,6 @@ CHECKED = [
     ({"train__mode": "async"}, "config.train.mode"),
     ({"train__dapo": True}, "config.train.dapo"),
     ({"sampler__kind": "dtac"}, "config.sampler.kind"),
-    ({"learner__num_minibatches": 2, "learner__old_logprobs": "recompute"}, "config.learner.num_minibatches"),
     ({"advantage__permute_rewards": True}, "config.advantage.permute_rewards"),
     ({"rollout__seed_per_turn": False}, "config.rollout.seed_per_turn"),
     ({"eval__enabled": True}, "config.eval.enabled"),
