@@ -19,6 +19,7 @@ totals (numerator, token-mean denominator, metric sums) over the whole mesh.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import pickle
 from collections.abc import Callable, Sequence
@@ -194,6 +195,25 @@ def agree_batch_shape(
             prefix = (rows, bucket_length(max(s[2] for s in stats), config.length_multiple, config.length_pow2))
         shapes.append(MicrobatchShape(length, prefix))
     return BatchShape(tuple(shapes), sum(counts), sum(stat[3] for e in every for stat in e))
+
+
+def items_of_whole_batch(
+    items: Sequence[TrainingItem], whole_items: Sequence[TrainingItem], whole_advantages: np.ndarray
+) -> np.ndarray:
+    """The advantages the whole batch's items (`prepare_batch` of every group's summary, whose
+    items keep each episode's order) give this process's `items`: for advantages that span
+    groups (advantage.permute_rewards' permutation over the batch), as one process computes them."""
+    by_item: dict[tuple[str, int], float] = {}
+    seen: collections.Counter[str] = collections.Counter()
+    for item, advantage in zip(whole_items, np.asarray(whole_advantages, np.float32)):
+        by_item[(item.episode_id, seen[item.episode_id])] = advantage
+        seen[item.episode_id] += 1
+    seen.clear()
+    out = []
+    for item in items:
+        out.append(by_item[(item.episode_id, seen[item.episode_id])])
+        seen[item.episode_id] += 1
+    return np.asarray(out, np.float32)
 
 
 def minibatch_shares(

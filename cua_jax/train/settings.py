@@ -823,11 +823,6 @@ def _check_coordinated(c, train: TrainLoopConfig, rollout: RolloutSettings, env:
         f"{why}; calibration's rollouts are not split yet: set it False",
     )
     _require(
-        not c.advantage.permute_rewards,
-        "advantage.permute_rewards",
-        f"{why}; the control's permutation spans the whole batch: set it False",
-    )
-    _require(
         env.observation == "text",
         "env.observation",
         f"{why}; screenshots are not split across processes yet (a batch's images are replicated over the "

@@ -80,6 +80,7 @@ from cua_jax.train.coordinated import (
     ProcessGroup,
     agree_batch_shape,
     host_state,
+    items_of_whole_batch,
     minibatch_shares,
     process_microbatches,
 )
@@ -357,10 +358,13 @@ class Trainer:
             metrics["learner/skipped"] = 1.0
             metrics[TIMING_PREFIX + "learn_s"] = time.perf_counter() - t0
             return metrics
+        item_advantages = batch.item_advantages
+        if settings.advantage.permute_rewards:  # a permutation over the whole batch: its advantages
+            item_advantages = items_of_whole_batch(batch.items, whole.items, whole.item_advantages)
         minibatches, shapes = [], []
         with timeline.span("learner_host"):
             rows = self.learner.process_rows(settings.batching.rows)
-            for items, advantages in minibatch_shares(batch.items, batch.item_advantages, whole.minibatch_groups):
+            for items, advantages in minibatch_shares(batch.items, item_advantages, whole.minibatch_groups):
                 shape = agree_batch_shape(items, settings.batching, rows.rows, processes, rows.shards)
                 mine = process_microbatches(
                     items, advantages, settings.batching, rows.rows, shape, self.multimodal, rows.block

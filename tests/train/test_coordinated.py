@@ -18,6 +18,7 @@ from cua_jax.train.coordinated import (
     ProcessGroup,
     agree_batch_shape,
     group_summary,
+    items_of_whole_batch,
     minibatch_shares,
     partition_groups,
     process_microbatches,
@@ -152,6 +153,41 @@ def test_processes_take_their_items_of_the_whole_batch_mini_batches():
                 assert advantage == advantages[next(k for k, other in enumerate(items) if other is item)]
 
 
+def test_permuted_rewards_take_the_whole_batch_advantages():
+    """advantage.permute_rewards credits each episode with another's outcome across the whole
+    batch: a process's items take the advantages of `prepare_batch` over every group's summary,
+    which equal one process's over every group."""
+    from cua_jax.train.groups import CollectedGroup, prepare_batch
+
+    rng = np.random.default_rng(0)
+    groups = []
+    for g in range(4):
+        episodes, items = [], {}
+        for k in range(3):
+            turn = Turn("page", [], np.arange(3, dtype=np.int32), np.zeros(3, np.float32))
+            status = [EpisodeStatus.SUCCESS, EpisodeStatus.FAILURE, EpisodeStatus.NO_VERDICT][(g + k) % 3]
+            episode = Episode(
+                f"t/g{g}/e{k}", "click-button", g, "do it", [turn, turn], float(status is EpisodeStatus.SUCCESS)
+            )
+            episode.status = status
+            episodes.append(episode)
+            items[episode.episode_id] = [_item(rng, episode.episode_id, g) for _ in range(1 + (k == 1))]
+        groups.append(CollectedGroup(g, "click-button", episodes, items=items))
+    config = tiny_config("/tmp/unused", advantage__permute_rewards=True, advantage__item_advantages="stepo")
+    settings = TrainSettings.from_config(config)
+    one = prepare_batch(groups, settings, 1, 3)
+    whole = prepare_batch([group_summary(g) for g in groups], settings, 1, 3)
+    np.testing.assert_array_equal(whole.item_advantages, one.item_advantages)
+    owners = partition_groups([1.0] * 4, 2)
+    got = {}
+    for p in range(2):
+        local = prepare_batch([g for g in groups if owners[g.group_id] == p], settings, 1, 3)
+        advantages = items_of_whole_batch(local.items, whole.items, whole.item_advantages)
+        got.update({id(item): a for item, a in zip(local.items, advantages)})
+    np.testing.assert_array_equal([got[id(item)] for item in one.items], one.item_advantages)
+    assert np.abs(one.item_advantages).sum() > 0
+
+
 def test_processes_agree_on_the_batch_shape():
     items, _ = _items(num_groups=3)
     config = BatchingConfig(rows=4, length_multiple=32)
@@ -247,7 +283,6 @@ CHECKED = [
     ({"train__mode": "async"}, "config.train.mode"),
     ({"train__dapo": True}, "config.train.dapo"),
     ({"sampler__kind": "dtac"}, "config.sampler.kind"),
-    ({"advantage__permute_rewards": True}, "config.advantage.permute_rewards"),
     ({"rollout__seed_per_turn": False}, "config.rollout.seed_per_turn"),
     ({"eval__enabled": True}, "config.eval.enabled"),
     ({"train__trace_every": 2}, "config.train.trace_every"),
