@@ -74,7 +74,7 @@ def allgather_objects(value: Any) -> list[Any]:
 
     blob = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
     sizes = np.asarray(multihost_utils.process_allgather(np.asarray([blob.size], np.int32))).reshape(-1)
-    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded = np.zeros(1 << int(sizes.max() - 1).bit_length(), np.uint8)  # a power of two: few programs
     padded[: blob.size] = blob
     gathered = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(sizes), -1)
     return [pickle.loads(gathered[p, : int(sizes[p])].tobytes()) for p in range(len(sizes))]
