@@ -258,6 +258,10 @@ def test_the_global_batch_of_two_processes_has_the_loss_of_one_process(share_pre
 
     shares = [(items[:6], advantages[:6]), (items[6:], advantages[6:])]  # groups 0-2 | group 3
     assert reference.process_rows(batching.rows) == (8, 0, 4)  # one process: every row, in 4 shards
+    with pytest.MonkeyPatch.context() as patch:  # as the second of two processes on this mesh
+        patch.setattr(jax, "process_count", lambda: 2)
+        with pytest.raises(ValueError, match=r"does not split micro-batches of 8 rows \(learner.rows\) into one "):
+            reference.process_rows(batching.rows)
     rows = 4  # as if each of two processes held half the rows, in 2 shards
     shapes = on_threads(thread_processes(2), lambda p: agree_batch_shape(shares[p.index][0], batching, rows, p, 2))
     parts = [process_microbatches(*share, batching, rows, shapes[0], block=p) for p, share in enumerate(shares)]
