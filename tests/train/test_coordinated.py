@@ -6,6 +6,7 @@ same items (the two-process run itself: tests/launch/test_multihost_coordinated.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import threading
 
 import numpy as np
@@ -78,6 +79,90 @@ def test_all_reduce_sum_adds_every_process_values_in_process_order():
     values = [{"a": 1.0, "b": 0.5}, {"a": 2.0}, {"c": 4.0, "a": 0.25}]
     sums = on_threads(processes, lambda p: p.all_reduce_sum(values[p.index]))
     assert sums == [{"a": 3.25, "b": 0.5, "c": 4.0}] * 3
+
+
+class FakeWorker:
+    """`run_groups` as a rollout worker answers it (no engine, no browser): n one-turn episodes
+    per (task, seed, group id) request, whose replies encode (seed, k), the first
+    `successes[task]` of them successes."""
+
+    def __init__(self, successes: dict[str, int]):
+        self.successes = successes
+        self.requests: list[tuple] = []
+
+    def run_groups(self, requests, n):
+        from cua_jax.rollout.agent_loop import Rollout
+
+        self.requests += list(requests)
+        out = []
+        for task, seed, group_id in requests:
+            group = []
+            for k in range(n):
+                success = k < self.successes.get(task, 0)
+                turn = Turn("", [], np.asarray([seed % 1000, k], np.int32), np.zeros(2, np.float32))
+                status = EpisodeStatus.SUCCESS if success else EpisodeStatus.FAILURE
+                episode = Episode(f"{task}/g{group_id}/e{k}", task, group_id, "do it", [turn], float(success))
+                episode.status = status
+                item = TrainingItem(
+                    np.arange(4, dtype=np.int32),
+                    np.asarray([0, 0, 1, 1], np.int32),
+                    np.zeros(4, np.float32),
+                    [],
+                    episode.episode_id,
+                    group_id,
+                    (0,),
+                )
+                group.append(Rollout(episode, [item]))
+            out.append(group)
+        return out
+
+
+def test_coordinated_collection_draws_and_runs_the_groups_of_one_process():
+    """Two processes (threads here) collecting their shares of 4 steps with a frontier sampler
+    (each draw depends on every earlier outcome): the draws, seeds, group ids and episodes of
+    one process collecting everything, each group run once, on its owner, and the samplers
+    left in the same state."""
+    import jax
+
+    from cua_jax.train.collect import GroupCollector
+
+    successes = {"click-button": 2, "click-tab": 0, "click-widget": 4, "focus-text": 1}
+
+    def collector(worker):
+        config = tiny_config("/tmp/unused", sampler__kind="frontier", rollout__batch_tasks=3, rollout__group_size=4)
+        config.env.tasks = tuple((task, 0) for task in successes)
+        settings = TrainSettings.from_config(config)
+        pool = settings.catalog.pool(settings.domain_weights, settings.training_tasks)
+        return GroupCollector(settings, jax.random.key(7), worker, pool)
+
+    one = collector(FakeWorker(successes))
+    reference = [one.collect(step)[0] for step in range(4)]
+    workers = [FakeWorker(successes), FakeWorker(successes)]
+    collectors = [collector(worker) for worker in workers]
+    results = on_threads(
+        thread_processes(2), lambda p: [collectors[p.index].collect_share(s, None, p) for s in range(4)]
+    )
+
+    def content(group):
+        return [(e.episode_id, e.status, e.reward, e.turns[0].response_ids.tolist()) for e in group.episodes]
+
+    for step, expected in enumerate(reference):
+        owners = partition_groups([16.0] * len(expected), 2)
+        for p in range(2):
+            local, summaries = results[p][step]
+            assert [content(g) for g in summaries] == [content(g) for g in expected]
+            assert [g.group_id for g in local] == [g.group_id for g, o in zip(expected, owners) if o == p]
+            for group in local:
+                assert content(group) == content(next(g for g in expected if g.group_id == group.group_id))
+    ran = [request for worker in workers for request in worker.requests]
+    assert sorted(ran) == sorted({request for request in ran}) and len(ran) == 4 * 3  # each group once
+
+    def plain(state):
+        return json.loads(json.dumps(state, default=lambda array: np.asarray(array).tolist()))
+
+    for c in collectors:
+        assert plain(c.sampler.state_dict()) == plain(one.sampler.state_dict())
+        assert c.sampler_metrics == one.sampler_metrics and c.next_group_id == one.next_group_id == 12
 
 
 def _item(rng, episode_id: str, group_id: int, n: int | None = None) -> TrainingItem:
