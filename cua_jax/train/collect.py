@@ -212,9 +212,11 @@ class GroupCollector:
         every group's outcome, in draw order, so the next draw is the same everywhere.
 
         Returns (this process's groups, every group's summary in draw order). Collective: every
-        process calls it for the same steps."""
-        if self.settings.dynamic is not None or self.settings.sampler_kind == "dtac":
-            raise ValueError("coordinated collection runs neither DAPO rounds nor DTAC replays")
+        process calls it for the same steps. DTAC: the outcomes exchanged carry each process's
+        successes, so every sampler caches the same ones and assigns the same replays; each
+        process swaps them into its own groups (and every process into the summaries)."""
+        if self.settings.dynamic is not None:
+            raise ValueError("coordinated collection runs no DAPO rounds")
         worker = worker or self.default_worker
         draw_key, seed_key = jax.random.split(jax.random.fold_in(self.base_key, step))
         with self.lock:
@@ -233,9 +235,18 @@ class GroupCollector:
             else []
         )
         local = [group_from_rollouts(gid, task_id, rollouts) for (task_id, _, gid), rollouts in zip(mine, results)]
-        shares = [iter(share) for share in processes.exchange([group_summary(g) for g in local])]
-        groups = [next(shares[owner]) for owner in owners]  # draw order
+        keep_success = self.settings.sampler_kind == "dtac"
+        shared = [(group_summary(g), group_outcome(g, keep_success)) for g in local]
+        shares = [iter(share) for share in processes.exchange(shared)]
+        groups, outcomes = map(list, zip(*(next(shares[owner]) for owner in owners)))  # draw order
+        own = dict(zip((k for k, owner in enumerate(owners) if owner == processes.index), local))
         with self.lock:
-            self.sampler.update([group_outcome(g, keep_success=False) for g in groups])
+            for replay in self.sampler.assign_replays(outcomes):
+                k = replay.group_index
+                if k in own:
+                    swap_in_replay(own[k], replay.trajectory)
+                groups[k] = group_summary(groups[k])  # a copy of its own: the exchange may share objects
+                swap_in_replay(groups[k], replay.trajectory)
+            self.sampler.update(outcomes)
             self.sampler_metrics = self.sampler.metrics()
         return local, groups

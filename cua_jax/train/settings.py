@@ -813,11 +813,6 @@ def _check_coordinated(c, train: TrainLoopConfig, rollout: RolloutSettings, env:
     _require(train.mode == "on_policy", "train.mode", f"{why} in on_policy mode only, not {train.mode!r}")
     _require(not train.dapo, "train.dapo", f"{why}; DAPO's refill rounds are not split yet: set it False")
     _require(
-        c.sampler.kind != "dtac",
-        "sampler.kind",
-        f"{why}; DTAC's replays carry whole trajectories between groups: use another sampler",
-    )
-    _require(
         not c.sampler.calibration.enabled,
         "sampler.calibration.enabled",
         f"{why}; calibration's rollouts are not split yet: set it False",

@@ -6,6 +6,7 @@ same items (the two-process run itself: tests/launch/test_multihost_coordinated.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import threading
 
@@ -84,7 +85,7 @@ def test_all_reduce_sum_adds_every_process_values_in_process_order():
 class FakeWorker:
     """`run_groups` as a rollout worker answers it (no engine, no browser): n one-turn episodes
     per (task, seed, group id) request, whose replies encode (seed, k), the first
-    `successes[task]` of them successes."""
+    `successes[task]` of them successes (of odd seeds only, for a task marked "odd")."""
 
     def __init__(self, successes: dict[str, int]):
         self.successes = successes
@@ -98,7 +99,8 @@ class FakeWorker:
         for task, seed, group_id in requests:
             group = []
             for k in range(n):
-                success = k < self.successes.get(task, 0)
+                count = self.successes.get(task, 0)
+                success = k < (count[0] if seed % 2 else 0) if isinstance(count, tuple) else k < count
                 turn = Turn("", [], np.asarray([seed % 1000, k], np.int32), np.zeros(2, np.float32))
                 status = EpisodeStatus.SUCCESS if success else EpisodeStatus.FAILURE
                 episode = Episode(f"{task}/g{group_id}/e{k}", task, group_id, "do it", [turn], float(success))
@@ -117,34 +119,40 @@ class FakeWorker:
         return out
 
 
-def test_coordinated_collection_draws_and_runs_the_groups_of_one_process():
-    """Two processes (threads here) collecting their shares of 4 steps with a frontier sampler
-    (each draw depends on every earlier outcome): the draws, seeds, group ids and episodes of
-    one process collecting everything, each group run once, on its owner, and the samplers
-    left in the same state."""
+@pytest.mark.parametrize("sampler", ["frontier", "dtac"])
+def test_coordinated_collection_draws_and_runs_the_groups_of_one_process(sampler):
+    """Two processes (threads here) collecting their shares of 6 steps with a sampler whose
+    draws depend on every earlier outcome: the draws, seeds, group ids and episodes of one
+    process collecting everything, each group run once, on its owner, and the samplers left in
+    the same state. DTAC: the same replays, swapped into the owner's groups and the summaries."""
     import jax
 
     from cua_jax.train.collect import GroupCollector
 
-    successes = {"click-button": 2, "click-tab": 0, "click-widget": 4, "focus-text": 1}
+    successes = {"click-button": (2,), "click-tab": 0, "click-widget": 4, "focus-text": (1,)}
 
     def collector(worker):
-        config = tiny_config("/tmp/unused", sampler__kind="frontier", rollout__batch_tasks=3, rollout__group_size=4)
+        config = tiny_config("/tmp/unused", sampler__kind=sampler, rollout__batch_tasks=3, rollout__group_size=4)
+        config.sampler.dtac.p_high = 1.0
         config.env.tasks = tuple((task, 0) for task in successes)
         settings = TrainSettings.from_config(config)
         pool = settings.catalog.pool(settings.domain_weights, settings.training_tasks)
         return GroupCollector(settings, jax.random.key(7), worker, pool)
 
     one = collector(FakeWorker(successes))
-    reference = [one.collect(step)[0] for step in range(4)]
+    steps = 6
+    reference = [one.collect(step)[0] for step in range(steps)]
+    if sampler == "dtac":
+        assert sum(g.replayed for groups in reference for g in groups) >= 2
     workers = [FakeWorker(successes), FakeWorker(successes)]
     collectors = [collector(worker) for worker in workers]
     results = on_threads(
-        thread_processes(2), lambda p: [collectors[p.index].collect_share(s, None, p) for s in range(4)]
+        thread_processes(2), lambda p: [collectors[p.index].collect_share(s, None, p) for s in range(steps)]
     )
 
     def content(group):
-        return [(e.episode_id, e.status, e.reward, e.turns[0].response_ids.tolist()) for e in group.episodes]
+        episodes = [(e.episode_id, e.status, e.reward, e.turns[0].response_ids.tolist()) for e in group.episodes]
+        return episodes, sorted(group.items), group.replayed
 
     for step, expected in enumerate(reference):
         owners = partition_groups([16.0] * len(expected), 2)
@@ -155,14 +163,19 @@ def test_coordinated_collection_draws_and_runs_the_groups_of_one_process():
             for group in local:
                 assert content(group) == content(next(g for g in expected if g.group_id == group.group_id))
     ran = [request for worker in workers for request in worker.requests]
-    assert sorted(ran) == sorted({request for request in ran}) and len(ran) == 4 * 3  # each group once
+    assert sorted(ran) == sorted({request for request in ran}) and len(ran) == steps * 3  # each group once
 
-    def plain(state):
-        return json.loads(json.dumps(state, default=lambda array: np.asarray(array).tolist()))
+    def plain(state):  # arrays as lists; DTAC's cached successes (Rollouts) field by field
+        def default(value):
+            if dataclasses.is_dataclass(value):
+                return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            return np.asarray(value).tolist()
+
+        return json.loads(json.dumps(state, default=default))
 
     for c in collectors:
         assert plain(c.sampler.state_dict()) == plain(one.sampler.state_dict())
-        assert c.sampler_metrics == one.sampler_metrics and c.next_group_id == one.next_group_id == 12
+        assert c.sampler_metrics == one.sampler_metrics and c.next_group_id == one.next_group_id == steps * 3
 
 
 def _item(rng, episode_id: str, group_id: int, n: int | None = None) -> TrainingItem:
@@ -371,7 +384,6 @@ def test_the_global_batch_of_two_processes_has_the_loss_of_one_process(share_pre
 CHECKED = [
     ({"train__mode": "async"}, "config.train.mode"),
     ({"train__dapo": True}, "config.train.dapo"),
-    ({"sampler__kind": "dtac"}, "config.sampler.kind"),
     ({"rollout__seed_per_turn": False}, "config.rollout.seed_per_turn"),
     ({"eval__enabled": True}, "config.eval.enabled"),
     ({"train__trace_every": 2}, "config.train.trace_every"),
