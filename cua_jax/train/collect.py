@@ -86,6 +86,8 @@ class GroupCollector:
             run_groups=self.run_outcome_groups if settings.calibration else None,
         )
         self.next_group_id = 0
+        # A coordinated run's processes (set by collect_share): calibration passes are split too.
+        self._processes: ProcessGroup | None = None
         # Reentrant: under DAPO, collect() holds it across its rounds, whose group runs take it
         # again for group ids.
         self.lock = threading.RLock()
@@ -144,11 +146,19 @@ class GroupCollector:
             (task_id, seed, -1 - k)
             for k, (task_id, seed) in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))
         ]
-        results = self.default_worker.run_groups(requests, group_size)
-        return [
+        processes = self._processes
+        owners = partition_groups([float(group_size)] * len(requests), 1 if processes is None else processes.count)
+        mine = [r for r, owner in zip(requests, owners) if processes is None or owner == processes.index]
+        results = self.default_worker.run_groups(mine, group_size) if mine else []
+        outcomes = [
             group_outcome(group_from_rollouts(gid, task_id, rollouts), keep_success=False)
-            for (task_id, _, gid), rollouts in zip(requests, results)
+            for (task_id, _, gid), rollouts in zip(mine, results)
         ]
+        if processes is None:
+            return outcomes
+        # A coordinated run's pass is split like a step's groups; every process gets every outcome.
+        shares = [iter(share) for share in processes.exchange(outcomes)]
+        return [next(shares[owner]) for owner in owners]
 
     def collect(self, step: int, worker: Any = None) -> tuple[list[CollectedGroup], dict[str, float]]:
         """Step `step`'s rollout groups: draw, run, replay; the sampler's statistics are updated.
@@ -218,9 +228,10 @@ class GroupCollector:
         if self.settings.dynamic is not None:
             raise ValueError("coordinated collection runs no DAPO rounds")
         worker = worker or self.default_worker
+        self._processes = processes
         draw_key, seed_key = jax.random.split(jax.random.fold_in(self.base_key, step))
         with self.lock:
-            task_ids = self.sampler.sample(draw_key, self.settings.rollout.batch_tasks)
+            task_ids = self.sampler.sample(draw_key, self.settings.rollout.batch_tasks)  # calibration: collective
             first = self.next_group_id
             self.next_group_id += len(task_ids)
         requests = [

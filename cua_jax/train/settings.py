@@ -813,11 +813,6 @@ def _check_coordinated(c, train: TrainLoopConfig, rollout: RolloutSettings, env:
     _require(train.mode == "on_policy", "train.mode", f"{why} in on_policy mode only, not {train.mode!r}")
     _require(not train.dapo, "train.dapo", f"{why}; DAPO's refill rounds are not split yet: set it False")
     _require(
-        not c.sampler.calibration.enabled,
-        "sampler.calibration.enabled",
-        f"{why}; calibration's rollouts are not split yet: set it False",
-    )
-    _require(
         env.observation == "text",
         "env.observation",
         f"{why}; screenshots are not split across processes yet (a batch's images are replicated over the "

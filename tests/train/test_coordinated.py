@@ -119,12 +119,13 @@ class FakeWorker:
         return out
 
 
-@pytest.mark.parametrize("sampler", ["frontier", "dtac"])
-def test_coordinated_collection_draws_and_runs_the_groups_of_one_process(sampler):
+@pytest.mark.parametrize(("sampler", "calibrated"), [("frontier", False), ("dtac", False), ("uniform", True)])
+def test_coordinated_collection_draws_and_runs_the_groups_of_one_process(sampler, calibrated):
     """Two processes (threads here) collecting their shares of 6 steps with a sampler whose
     draws depend on every earlier outcome: the draws, seeds, group ids and episodes of one
     process collecting everything, each group run once, on its owner, and the samplers left in
-    the same state. DTAC: the same replays, swapped into the owner's groups and the summaries."""
+    the same state. DTAC: the same replays, swapped into the owner's groups and the summaries.
+    Calibration (a pilot pass, then every 2 steps): its passes split between the processes too."""
     import jax
 
     from cua_jax.train.collect import GroupCollector
@@ -134,6 +135,10 @@ def test_coordinated_collection_draws_and_runs_the_groups_of_one_process(sampler
     def collector(worker):
         config = tiny_config("/tmp/unused", sampler__kind=sampler, rollout__batch_tasks=3, rollout__group_size=4)
         config.sampler.dtac.p_high = 1.0
+        if calibrated:
+            c = config.sampler.calibration
+            c.enabled, c.every_k_steps, c.sample_size, c.group_size, c.p_min, c.p_max = True, 2, 3, 2, 0.1, 1.0
+            config.sampler.pilot.group_size = 2
         config.env.tasks = tuple((task, 0) for task in successes)
         settings = TrainSettings.from_config(config)
         pool = settings.catalog.pool(settings.domain_weights, settings.training_tasks)
@@ -163,7 +168,9 @@ def test_coordinated_collection_draws_and_runs_the_groups_of_one_process(sampler
             for group in local:
                 assert content(group) == content(next(g for g in expected if g.group_id == group.group_id))
     ran = [request for worker in workers for request in worker.requests]
-    assert sorted(ran) == sorted({request for request in ran}) and len(ran) == steps * 3  # each group once
+    assert sorted(ran) == sorted(one.default_worker.requests)  # each group once, calibration's too
+    assert all(worker.requests for worker in workers)
+    assert sum(r[2] >= 0 for r in ran) == steps * 3 and (sum(r[2] < 0 for r in ran) > 0) == calibrated
 
     def plain(state):  # arrays as lists; DTAC's cached successes (Rollouts) field by field
         def default(value):
