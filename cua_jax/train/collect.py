@@ -212,45 +212,92 @@ class GroupCollector:
         del task_id
         return float(self.settings.rollout.group_size * self.settings.rollout.max_turns)
 
-    def collect_share(
-        self, step: int, worker: Any, processes: ProcessGroup
-    ) -> tuple[list[CollectedGroup], list[CollectedGroup]]:
-        """Coordinated collection (config.train.coordinated): step `step`'s draw, as `collect`
-        draws it on every process, dealt to the processes by `partition_groups`; this process
-        runs its own groups on `worker` (or a list of workers). The processes then exchange
-        their groups' summaries (`group_summary`), and every process updates its sampler with
-        every group's outcome, in draw order, so the next draw is the same everywhere.
-
-        Returns (this process's groups, every group's summary in draw order). Collective: every
-        process calls it for the same steps. DTAC: the outcomes exchanged carry each process's
-        successes, so every sampler caches the same ones and assigns the same replays; each
-        process swaps them into its own groups (and every process into the summaries)."""
-        if self.settings.dynamic is not None:
-            raise ValueError("coordinated collection runs no DAPO rounds")
-        worker = worker or self.default_worker
-        self._processes = processes
-        draw_key, seed_key = jax.random.split(jax.random.fold_in(self.base_key, step))
+    def _run_share(
+        self, worker: Any, task_ids: Sequence[str], key: jax.Array, processes: ProcessGroup
+    ) -> tuple[dict[int, CollectedGroup], list[CollectedGroup], list[GroupOutcome]]:
+        """`run_groups` split across processes: the groups numbered and seeded as `run_groups`
+        does, dealt by `partition_groups`, this process's run on `worker`, then every group's
+        summary and outcome exchanged. Returns (this process's groups by position, every group's
+        summary, every group's outcome), the last two in order."""
         with self.lock:
-            task_ids = self.sampler.sample(draw_key, self.settings.rollout.batch_tasks)  # calibration: collective
             first = self.next_group_id
             self.next_group_id += len(task_ids)
         requests = [
             (task_id, seed, first + k)
-            for k, (task_id, seed) in enumerate(zip(task_ids, self._group_seeds(seed_key, len(task_ids))))
+            for k, (task_id, seed) in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))
         ]
         owners = partition_groups([self.group_cost(task_id) for task_id in task_ids], processes.count)
-        mine = [request for request, owner in zip(requests, owners) if owner == processes.index]
-        results = (
-            run_on_workers(worker if isinstance(worker, list) else [worker], mine, self.settings.rollout.group_size)
-            if mine
-            else []
-        )
+        positions = [k for k, owner in enumerate(owners) if owner == processes.index]
+        mine = [requests[k] for k in positions]
+        workers = worker if isinstance(worker, list) else [worker]
+        results = run_on_workers(workers, mine, self.settings.rollout.group_size) if mine else []
         local = [group_from_rollouts(gid, task_id, rollouts) for (task_id, _, gid), rollouts in zip(mine, results)]
         keep_success = self.settings.sampler_kind == "dtac"
-        shared = [(group_summary(g), group_outcome(g, keep_success)) for g in local]
-        shares = [iter(share) for share in processes.exchange(shared)]
-        groups, outcomes = map(list, zip(*(next(shares[owner]) for owner in owners)))  # draw order
-        own = dict(zip((k for k, owner in enumerate(owners) if owner == processes.index), local))
+        shares = [
+            iter(share)
+            for share in processes.exchange([(group_summary(g), group_outcome(g, keep_success)) for g in local])
+        ]
+        pairs = [next(shares[owner]) for owner in owners]
+        return dict(zip(positions, local)), [summary for summary, _ in pairs], [outcome for _, outcome in pairs]
+
+    def collect_share(
+        self, step: int, worker: Any, processes: ProcessGroup
+    ) -> tuple[list[CollectedGroup], list[CollectedGroup], dict[str, float]]:
+        """Coordinated collection (config.train.coordinated): step `step`'s draw, as `collect`
+        draws it on every process, dealt to the processes by `partition_groups`; this process
+        runs its own groups on `worker` (or a list of workers). The processes then exchange
+        their groups' summaries (`group_summary`) and outcomes, and every process updates its
+        sampler with every group's outcome, in draw order, so the next draw is the same
+        everywhere. DTAC: the outcomes carry each process's successes, so every sampler caches
+        the same ones and assigns the same replays, swapped into each group by its owner (and by
+        every process into the summaries). DAPO: every round is split so, and every process
+        keeps the same groups.
+
+        Returns (this process's groups, every group's summary, the step's DAPO metrics), the
+        groups in the step's order. Collective: every process calls it for the same steps."""
+        worker = worker or self.default_worker
+        self._processes = processes
+        draw_key, seed_key = jax.random.split(jax.random.fold_in(self.base_key, step))
+        if self.settings.dynamic is not None:
+            ran: list[tuple[GroupOutcome, CollectedGroup, CollectedGroup | None]] = []
+            rounds = [0]
+
+            def run_round(task_ids, group_size):
+                rounds[0] += 1
+                own, summaries, outcomes = self._run_share(
+                    worker, task_ids, jax.random.fold_in(seed_key, rounds[0]), processes
+                )
+                ran.extend((o, summary, own.get(k)) for k, (o, summary) in enumerate(zip(outcomes, summaries)))
+                return outcomes
+
+            with self.lock:
+                dynamic = collect_informative_groups(
+                    draw_key,
+                    self.sampler,
+                    run_round,
+                    self.settings.rollout.batch_tasks,
+                    self.settings.rollout.group_size,
+                    self.settings.dynamic,
+                )
+                self.sampler_metrics = self.sampler.metrics()
+            kept = [next((summary, own) for outcome, summary, own in ran if outcome is o) for o in dynamic.groups]
+            groups = [summary for summary, _ in kept]
+            for replay in dynamic.replays:
+                k = replay.group_index
+                if kept[k][1] is not None:
+                    swap_in_replay(kept[k][1], replay.trajectory)
+                groups[k] = group_summary(groups[k])  # a copy of its own: the exchange may share objects
+                swap_in_replay(groups[k], replay.trajectory)
+            extra = {
+                "dapo/dropped_groups": float(len(dynamic.dropped)),
+                "dapo/rounds": float(dynamic.rounds),
+                "dapo/missing_groups": float(dynamic.missing),
+                "dapo/rollouts": float(dynamic.rollouts),
+            }
+            return [own for _, own in kept if own is not None], groups, extra
+        with self.lock:
+            task_ids = self.sampler.sample(draw_key, self.settings.rollout.batch_tasks)  # calibration: collective
+        own, groups, outcomes = self._run_share(worker, task_ids, seed_key, processes)
         with self.lock:
             for replay in self.sampler.assign_replays(outcomes):
                 k = replay.group_index
@@ -260,4 +307,4 @@ class GroupCollector:
                 swap_in_replay(groups[k], replay.trajectory)
             self.sampler.update(outcomes)
             self.sampler_metrics = self.sampler.metrics()
-        return local, groups
+        return [own[k] for k in sorted(own)], groups, {}

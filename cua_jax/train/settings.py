@@ -811,7 +811,6 @@ def _check_coordinated(c, train: TrainLoopConfig, rollout: RolloutSettings, env:
     ConfigError naming the field to change."""
     why = "train.coordinated splits a step's groups across processes"
     _require(train.mode == "on_policy", "train.mode", f"{why} in on_policy mode only, not {train.mode!r}")
-    _require(not train.dapo, "train.dapo", f"{why}; DAPO's refill rounds are not split yet: set it False")
     _require(
         env.observation == "text",
         "env.observation",

@@ -430,8 +430,7 @@ class Trainer:
         t0 = time.perf_counter()
         with timeline.window("rollout"):
             if self.processes is not None:
-                local, groups = self.collector.collect_share(self.step, list(self.workers), self.processes)
-                extra = {}
+                local, groups, extra = self.collector.collect_share(self.step, list(self.workers), self.processes)
             else:
                 groups, extra = self.collect(self.step)
         rollout_s = time.perf_counter() - t0

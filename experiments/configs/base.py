@@ -407,8 +407,8 @@ def base_config() -> ml_collections.ConfigDict:
     # shard of the global batch; samplers, metrics and the loss cover every process's groups
     # exactly as one process collecting everything would (cua_jax/train/coordinated.py). Needs
     # on_policy mode, text observations, the local JAX sampler, rollout.seed_per_turn, and no
-    # DAPO, evaluation, warm start or traces yet (each refused at start, naming the field).
-    # False: every process collects the whole batch itself.
+    # evaluation, warm start or traces yet (each refused at start, naming the field). False:
+    # every process collects the whole batch itself.
     c.train.coordinated = False
 
     # Task sampling (cua_jax.tasks.samplers.build_sampler). Each subsection holds the fields of

@@ -48,9 +48,9 @@ def main(argv):
         collected: list = []
 
         def recording(*args, **kwargs):
-            local, groups = collect_share(*args, **kwargs)
+            local, groups, extra = collect_share(*args, **kwargs)
             collected.append((local, groups))
-            return local, groups
+            return local, groups, extra
 
         trainer.collector.collect_share = recording
         built_s = time.perf_counter() - start

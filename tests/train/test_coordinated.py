@@ -119,13 +119,18 @@ class FakeWorker:
         return out
 
 
-@pytest.mark.parametrize(("sampler", "calibrated"), [("frontier", False), ("dtac", False), ("uniform", True)])
-def test_coordinated_collection_draws_and_runs_the_groups_of_one_process(sampler, calibrated):
+@pytest.mark.parametrize(
+    ("sampler", "calibrated", "dapo"),
+    [("frontier", False, False), ("dtac", False, False), ("uniform", True, False), ("dtac", False, True)],
+    ids=["frontier", "dtac", "calibration", "dtac_dapo"],
+)
+def test_coordinated_collection_draws_and_runs_the_groups_of_one_process(sampler, calibrated, dapo):
     """Two processes (threads here) collecting their shares of 6 steps with a sampler whose
     draws depend on every earlier outcome: the draws, seeds, group ids and episodes of one
     process collecting everything, each group run once, on its owner, and the samplers left in
     the same state. DTAC: the same replays, swapped into the owner's groups and the summaries.
-    Calibration (a pilot pass, then every 2 steps): its passes split between the processes too."""
+    Calibration (a pilot pass, then every 2 steps): its passes split between the processes too.
+    DAPO: every round split, the same groups kept, the same DAPO metrics."""
     import jax
 
     from cua_jax.train.collect import GroupCollector
@@ -135,6 +140,7 @@ def test_coordinated_collection_draws_and_runs_the_groups_of_one_process(sampler
     def collector(worker):
         config = tiny_config("/tmp/unused", sampler__kind=sampler, rollout__batch_tasks=3, rollout__group_size=4)
         config.sampler.dtac.p_high = 1.0
+        config.train.dapo, config.train.dapo_max_rounds, config.train.dapo_repeat_tasks = dapo, 3, True
         if calibrated:
             c = config.sampler.calibration
             c.enabled, c.every_k_steps, c.sample_size, c.group_size, c.p_min, c.p_max = True, 2, 3, 2, 0.1, 1.0
@@ -146,7 +152,7 @@ def test_coordinated_collection_draws_and_runs_the_groups_of_one_process(sampler
 
     one = collector(FakeWorker(successes))
     steps = 6
-    reference = [one.collect(step)[0] for step in range(steps)]
+    reference, reference_extra = zip(*(one.collect(step) for step in range(steps)))
     if sampler == "dtac":
         assert sum(g.replayed for groups in reference for g in groups) >= 2
     workers = [FakeWorker(successes), FakeWorker(successes)]
@@ -162,15 +168,21 @@ def test_coordinated_collection_draws_and_runs_the_groups_of_one_process(sampler
     for step, expected in enumerate(reference):
         owners = partition_groups([16.0] * len(expected), 2)
         for p in range(2):
-            local, summaries = results[p][step]
+            local, summaries, extra = results[p][step]
+            assert extra == reference_extra[step]
             assert [content(g) for g in summaries] == [content(g) for g in expected]
-            assert [g.group_id for g in local] == [g.group_id for g, o in zip(expected, owners) if o == p]
+            if not dapo:  # DAPO keeps the informative groups of its rounds, each dealt in its round
+                assert [g.group_id for g in local] == [g.group_id for g, o in zip(expected, owners) if o == p]
             for group in local:
                 assert content(group) == content(next(g for g in expected if g.group_id == group.group_id))
     ran = [request for worker in workers for request in worker.requests]
     assert sorted(ran) == sorted(one.default_worker.requests)  # each group once, calibration's too
     assert all(worker.requests for worker in workers)
-    assert sum(r[2] >= 0 for r in ran) == steps * 3 and (sum(r[2] < 0 for r in ran) > 0) == calibrated
+    assert (sum(r[2] < 0 for r in ran) > 0) == calibrated
+    assert sum(r[2] >= 0 for r in ran) == one.next_group_id and (one.next_group_id > steps * 3) == dapo
+    for step in range(steps):  # every kept group on exactly one process
+        owned = sorted(g.group_id for p in range(2) for g in results[p][step][0])
+        assert owned == sorted(g.group_id for g in reference[step])
 
     def plain(state):  # arrays as lists; DTAC's cached successes (Rollouts) field by field
         def default(value):
@@ -182,7 +194,7 @@ def test_coordinated_collection_draws_and_runs_the_groups_of_one_process(sampler
 
     for c in collectors:
         assert plain(c.sampler.state_dict()) == plain(one.sampler.state_dict())
-        assert c.sampler_metrics == one.sampler_metrics and c.next_group_id == one.next_group_id == steps * 3
+        assert c.sampler_metrics == one.sampler_metrics and c.next_group_id == one.next_group_id
 
 
 def _item(rng, episode_id: str, group_id: int, n: int | None = None) -> TrainingItem:
@@ -390,7 +402,6 @@ def test_the_global_batch_of_two_processes_has_the_loss_of_one_process(share_pre
 
 CHECKED = [
     ({"train__mode": "async"}, "config.train.mode"),
-    ({"train__dapo": True}, "config.train.dapo"),
     ({"rollout__seed_per_turn": False}, "config.rollout.seed_per_turn"),
     ({"eval__enabled": True}, "config.eval.enabled"),
     ({"train__trace_every": 2}, "config.train.trace_every"),
