@@ -818,10 +818,14 @@ def _check_coordinated(c, train: TrainLoopConfig, rollout: RolloutSettings, env:
         "mesh): use 'text' with a text policy",
     )
     _require(
-        rollout.engine == "jax" and rollout.worker_backend == "local",
+        rollout.engine == "jax",
         "rollout.engine",
-        f"{why}; each process serves its groups with the JAX sampler in its own process (rollout.engine "
-        f"'jax', rollout.worker_backend 'local'), not {rollout.engine!r} / {rollout.worker_backend!r}",
+        f"{why}; each process serves its groups with the JAX sampler in its own process: set 'jax'",
+    )
+    _require(
+        rollout.worker_backend == "local",
+        "rollout.worker_backend",
+        f"{why}; each process serves its groups with the JAX sampler in its own process: set 'local'",
     )
     _require(
         rollout.seed_per_turn,

@@ -403,6 +403,9 @@ def test_the_global_batch_of_two_processes_has_the_loss_of_one_process(share_pre
 CHECKED = [
     ({"train__mode": "async"}, "config.train.mode"),
     ({"rollout__seed_per_turn": False}, "config.rollout.seed_per_turn"),
+    ({"rollout__engine": "vllm"}, "config.rollout.engine"),
+    ({"rollout__worker_backend": "ray"}, "config.rollout.worker_backend"),
+    ({"warm_start__steps": 2}, "config.warm_start.steps"),
     ({"eval__enabled": True}, "config.eval.enabled"),
     ({"train__trace_every": 2}, "config.train.trace_every"),
 ]
