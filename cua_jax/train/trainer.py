@@ -28,6 +28,11 @@ Modes (config.train.mode):
              staleness window, mini-batches hold whole groups; checkpoints hold the buffer and
              the draw accounting, so a resumed run loses no episode and trains none twice.
 
+Multi-host (config.train.coordinated, on_policy): each process collects only its share of a
+step's groups (`GroupCollector.collect_share`) and trains on its items as its rows of the global
+batch (`Trainer.learn_share`; cua_jax/train/coordinated.py); every process's sampler and metrics
+cover all the groups, and process 0 writes the run's records.
+
 Evaluation runs held-out seeds of the evaluation tasks through the evaluation harness
 (`cua_jax.eval`) before the first step, every eval.every_steps steps and after the last.
 Traces (PNG + JSON, for `python -m experiments.view`) come from evaluations and, every
