@@ -70,6 +70,7 @@ from cua_jax.envs.contract import (
     EnvTransition,
     TaskIsGroupStart,
 )
+from cua_jax.envs.docker_exec import exec_run
 from cua_jax.envs.faults import (
     AttributedFaultError,
     Attribution,
@@ -228,22 +229,22 @@ class CodeContainer:
         try:
             # -I: the agent's tree is on the image's PYTHONPATH and under HOME; none of it may load
             # into the runner (a sitecustomize.py, a .pth file)
-            exec_id = self.client.api.exec_create(self.id, ["python3", "-I", RUNNER, payload])["Id"]
-            stdout, stderr = self.client.api.exec_start(exec_id, demux=True)
-            code = self.client.api.exec_inspect(exec_id)["ExitCode"]
+            result = exec_run(self.client.api, self.id, ["python3", "-I", RUNNER, payload])
         except _DOCKER_ERRORS as error:
             raise ContainerFault(
                 self.state_fault() or Fault(FaultKind.SERVER_UNRESPONSIVE, f"{request['op']}: {error}")
             ) from None
-        if code == 0 and stdout:
+        if result.returncode == 0 and result.stdout:
             try:
-                return json.loads(stdout.decode())
+                return json.loads(result.stdout.decode())
             except ValueError:
                 pass
-        detail = ((stderr or b"") + (stdout or b"")).decode(errors="replace").strip()[-500:] or "no output"
+        detail = (result.stderr + result.stdout).decode(errors="replace").strip()[-500:] or "no output"
         raise ContainerFault(
             self.state_fault()
-            or Fault(FaultKind.SERVER_ERROR, f"the runner's {request['op']} failed (exit {code}): {detail}")
+            or Fault(
+                FaultKind.SERVER_ERROR, f"the runner's {request['op']} failed (exit {result.returncode}): {detail}"
+            )
         )
 
     def remove(self) -> None:

@@ -5,10 +5,11 @@ image runs as root; the osworld image's user has sudo). What the environment's s
 therefore under the agent's control: it can plant a `sitecustomize.py` on the image's
 PYTHONPATH (/opt/cua), a `.pth` file in a site directory, a `python3` earlier on PATH, or
 replace the server itself. So a judge's Python does not go through the server:
-`ContainerJudge.run_python` is one `docker exec` from the host of `judge_mount/run_judge.py`,
-bind-mounted read-only at `JUDGE_MOUNT` when the pool creates the container (the container
-cannot remount it), under `/usr/bin/python3 -I -S` with a fixed PATH. The reply has the
-fields of the server's /run_python (status, output, error, returncode).
+`ContainerJudge.run_python` is one `docker exec` from the host (`docker_exec.exec_run`, which
+reads all of a short judge's output) of `judge_mount/run_judge.py`, bind-mounted read-only at
+`JUDGE_MOUNT` when the pool creates the container (the container cannot remount it), under
+`/usr/bin/python3 -I -S` with a fixed PATH. The reply has the fields of the server's
+/run_python (status, output, error, returncode).
 
 What root in the container can still alter, and this does not close (docs/reliability.md, "Reward
 integrity"): the interpreter binary and the standard library in the image's writable layer,
@@ -30,6 +31,8 @@ from typing import Any
 import docker.errors
 import requests
 
+from cua_jax.envs.docker_exec import exec_run
+
 JUDGE_MOUNT = "/opt/cua-judge"  # where the pool mounts judge_mount/, read-only
 HOST_JUDGE_DIR = pathlib.Path(__file__).resolve().parent / "judge_mount"
 RUNNER = f"{JUDGE_MOUNT}/run_judge.py"
@@ -37,6 +40,9 @@ RUNNER = f"{JUDGE_MOUNT}/run_judge.py"
 # pgrep) resolve through these, which only root can change.
 JUDGE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 INTERPRETER = "/usr/bin/python3"
+# How much longer than the judge's own timeout (after which the runner kills it) the host waits
+# for the exec's output.
+READ_MARGIN_S = 30.0
 
 
 class JudgeError(RuntimeError):
@@ -67,21 +73,20 @@ class ContainerJudge:
     def run_python(self, code: str, timeout: float = 60.0) -> dict[str, Any]:
         payload = base64.b64encode(json.dumps({"code": code, "timeout": timeout}).encode()).decode()
         try:
-            api = self.docker().api
-            exec_id = api.exec_create(
+            result = exec_run(
+                self.docker().api,
                 self.container_id,
                 [INTERPRETER, "-I", "-S", RUNNER, payload],
                 environment={"PATH": JUDGE_PATH},
                 user="root",
-            )["Id"]
-            stdout, stderr = api.exec_start(exec_id, demux=True)
-            returncode = api.exec_inspect(exec_id)["ExitCode"]
+                timeout=timeout + READ_MARGIN_S,
+            )
         except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
             # the episode's finish asks the pool why (a container that exited says so)
             raise JudgeError(f"the judge's docker exec failed: {error}") from None
-        output = (stdout or b"").decode(errors="replace")
-        error = (stderr or b"").decode(errors="replace")
-        reply: dict[str, Any] = {"status": "success", "output": output, "error": error, "returncode": returncode}
-        if returncode == 124 and "judge timed out" in error:
+        output = result.stdout.decode(errors="replace")
+        error = result.stderr.decode(errors="replace")
+        reply: dict[str, Any] = {"status": "success", "output": output, "error": error, "returncode": result.returncode}
+        if result.returncode == 124 and "judge timed out" in error:
             reply.update(status="error", message=f"the judge timed out after {timeout:g}s")
         return reply
