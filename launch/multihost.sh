@@ -8,6 +8,12 @@
 # `python -m launch.multihost` (experiments.main after jax.distributed is joined) unless
 # CUA_MULTIHOST_PROGRAM names another (a module as "-m name", or a script path); it gets the
 # arguments plus --config.mesh.distributed/coordinator_address/num_processes/process_id.
+#
+# The run is a coordinated one (config.train.coordinated, which a run of several processes
+# needs): --config.train.coordinated=true goes right after the --config flag (or first, without
+# one), so a later --config.train.coordinated=... of the caller's still wins. A process that dies
+# stops the others within config.mesh.heartbeat_timeout_s (default 100) with an error naming it
+# (exit status 75); relaunch every process with --resume (the same --workdir) to continue.
 set -euo pipefail
 if [[ -n "${SLURM_PROCID:-}" && -z "${CUA_PROCESS_ID:-}" ]]; then
   CUA_PROCESS_ID=$SLURM_PROCID
@@ -25,7 +31,21 @@ if [[ -z "${CUA_JAX_PYTHON:-}" ]]; then
 fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 read -r -a program <<< "${CUA_MULTIHOST_PROGRAM:--m launch.multihost}"
-exec "$CUA_JAX_PYTHON" "${program[@]}" "$@" \
+# ml_collections applies --config.x overrides in order, and only after --config itself.
+coordinated=--config.train.coordinated=true
+args=()
+placed=0
+while [[ $# -gt 0 ]]; do
+  args+=("$1")
+  if [[ $placed == 0 && ( "$1" == --config=* || ( "$1" == --config && $# -gt 1 ) ) ]]; then
+    [[ "$1" == --config ]] && { shift; args+=("$1"); }
+    args+=("$coordinated")
+    placed=1
+  fi
+  shift
+done
+[[ $placed == 1 ]] || args=("$coordinated" ${args[@]+"${args[@]}"})
+exec "$CUA_JAX_PYTHON" "${program[@]}" ${args[@]+"${args[@]}"} \
   --config.mesh.distributed=true \
   "--config.mesh.coordinator_address=$CUA_COORDINATOR_ADDRESS" \
   "--config.mesh.num_processes=$CUA_NUM_PROCESSES" \

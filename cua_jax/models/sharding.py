@@ -22,6 +22,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from cua_jax.models.liveness import jax_heartbeat_timeout_s, start_watchdog
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # Logical axis -> mesh axes. Parameters: "embed" is FSDP-sharded, the wide dimensions
@@ -57,7 +59,9 @@ class MeshConfig:
 
     distributed: call `jax.distributed.initialize` (multi-host) before building the mesh;
     coordinator_address / num_processes / process_id are passed through (None lets JAX
-    detect them from the cluster environment).
+    detect them from the cluster environment). heartbeat_timeout_s: seconds after which a
+    process that stopped sending heartbeats counts as lost, and every other process stops with
+    an error naming it (`cua_jax.models.liveness`; JAX's own heartbeat timeout is twice it).
     """
 
     data: int = 1
@@ -67,8 +71,15 @@ class MeshConfig:
     coordinator_address: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
+    heartbeat_timeout_s: float = 100.0
 
     def __post_init__(self):
+        if (
+            isinstance(self.heartbeat_timeout_s, bool)
+            or not isinstance(self.heartbeat_timeout_s, (int, float))
+            or not self.heartbeat_timeout_s >= 1
+        ):
+            raise ValueError(f"heartbeat_timeout_s must be a number of seconds >= 1, got {self.heartbeat_timeout_s!r}")
         if self.num_processes is not None and self.num_processes < 1:
             raise ValueError(f"num_processes must be >= 1, got {self.num_processes}")
         if self.process_id is not None and (
@@ -92,7 +103,9 @@ class MeshConfig:
 
 
 def initialize_distributed(config: MeshConfig) -> None:
-    """Joins the multi-host JAX runtime when the config asks for it (idempotent)."""
+    """Joins the multi-host JAX runtime when the config asks for it (idempotent), and with more
+    than one process starts this process's watchdog (`cua_jax.models.liveness`): a process
+    silent for config.heartbeat_timeout_s stops every other one with an error naming it."""
     if not config.distributed:
         return
     if jax.distributed.is_initialized():
@@ -101,6 +114,15 @@ def initialize_distributed(config: MeshConfig) -> None:
         coordinator_address=config.coordinator_address,
         num_processes=config.num_processes,
         process_id=config.process_id,
+        heartbeat_timeout_seconds=jax_heartbeat_timeout_s(config.heartbeat_timeout_s),
+    )
+    # The coordination service's client (jax.distributed offers no public handle on it); its
+    # key-value store carries the watchdogs' beats. No JAX computation runs here.
+    from jax._src import distributed as jax_distributed
+
+    state = jax_distributed.global_state
+    start_watchdog(
+        state.client, state.process_id, state.num_processes, config.heartbeat_timeout_s, state.coordinator_address
     )
 
 

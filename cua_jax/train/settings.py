@@ -133,6 +133,16 @@ def _require(ok: bool, field: str, message: str) -> None:
         raise ConfigError(f"config.{field}: {message}")
 
 
+def uncoordinated_processes_message(count: int) -> str:
+    """Why a run of `count` processes must set train.coordinated (the ConfigError's text)."""
+    return (
+        f"a run of {count} processes must set it True (launch/multihost.sh does): without it every process "
+        "would collect the whole batch itself, each generation with the learner's parameters sharded over every "
+        "process, so one computation across the processes that stays in step only while every process issues the "
+        "same requests in the same batches, which its own browsers' timing decides"
+    )
+
+
 def mesh_settings(config) -> MeshConfig:
     """The MeshConfig of config.mesh ("" / 0 / -1 coordinator fields: detected by JAX); a bad
     value raises ConfigError naming its field. A multi-host process needs it before any JAX
@@ -147,9 +157,19 @@ def mesh_settings(config) -> MeshConfig:
             coordinator_address=m.coordinator_address or None,
             num_processes=m.num_processes or None,
             process_id=None if m.process_id < 0 else m.process_id,
+            heartbeat_timeout_s=m.heartbeat_timeout_s,
         )
     except (ValueError, TypeError) as error:
-        fields = ("data", "fsdp", "tensor", "distributed", "coordinator_address", "num_processes", "process_id")
+        fields = (
+            "data",
+            "fsdp",
+            "tensor",
+            "distributed",
+            "coordinator_address",
+            "num_processes",
+            "process_id",
+            "heartbeat_timeout_s",
+        )
         raise _field_error(error, {name: f"mesh.{name}" for name in fields}, "mesh") from error
 
 
@@ -726,6 +746,8 @@ class TrainSettings:
             **shared,
         )
         mesh = mesh_settings(c)
+        if mesh.num_processes is not None and mesh.num_processes > 1:
+            _require(train.coordinated, "train.coordinated", uncoordinated_processes_message(mesh.num_processes))
         s = c.sampler
         # Every kind keeps its pass-rate estimates the same way (sampler.ema_alpha, unknown_pass_rate).
         smoothing = {"ema_alpha": (s.ema_alpha, "sampler.ema_alpha")}

@@ -91,7 +91,13 @@ from cua_jax.train.coordinated import (
 )
 from cua_jax.train.groups import CollectedGroup, PreparedBatch, mean_metrics, prepare_batch
 from cua_jax.train.learner import Learner
-from cua_jax.train.settings import ConfigError, TrainSettings, apply_pilot_file, seed_pool
+from cua_jax.train.settings import (
+    ConfigError,
+    TrainSettings,
+    apply_pilot_file,
+    seed_pool,
+    uncoordinated_processes_message,
+)
 from cua_jax.train.warm_start import demonstrated_tasks, run_warm_start
 
 # The evaluations at eval.low_temperature (beside the headline ones at eval.temperature) and
@@ -185,6 +191,8 @@ def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> 
     from flax import nnx
 
     settings, policy = setup.settings, setup.policy
+    if jax.process_count() > 1 and not settings.train.coordinated:  # the count JAX detected, too
+        raise ConfigError(f"config.train.coordinated: {uncoordinated_processes_message(jax.process_count())}")
     base_key = jax.random.key(settings.seed)
     m = settings.mesh
     mesh = make_mesh(m, devices=jax.devices()[: max(1, m.data) * max(1, m.fsdp) * max(1, m.tensor)])

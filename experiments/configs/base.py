@@ -130,6 +130,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.mesh.coordinator_address = ""  # host:port of process 0's coordination service
     c.mesh.num_processes = 0
     c.mesh.process_id = -1
+    # Seconds after which a process that stopped sending heartbeats (killed, crashed, its host or
+    # network down) counts as lost: every other process stops with an error naming it (process
+    # index and host) and exit status 75, and the run continues from its last checkpoint when
+    # every process is relaunched with --resume (cua_jax/models/liveness.py). JAX's own heartbeat
+    # timeout is set to twice it. Shorter notices a loss sooner; it must stay well above the
+    # longest time a live process can be stalled whole (swapping, a frozen VM), not above a
+    # long compile or step: the beats come from a thread of their own.
+    c.mesh.heartbeat_timeout_s = 100.0
 
     # Tasks. env.kind: "miniwob" (env.tasks, MiniWoB++ in capsules of a shared browser),
     # "desktop" (env.task_dirs, OSWorld-format task JSON on pooled Docker desktops), "mixed"
@@ -407,8 +415,8 @@ def base_config() -> ml_collections.ConfigDict:
     # shard of the global batch; samplers, metrics and the loss cover every process's groups
     # exactly as one process collecting everything would (cua_jax/train/coordinated.py). Needs
     # on_policy mode, text observations, the local JAX sampler, rollout.seed_per_turn, and no
-    # evaluation, warm start or traces yet (each refused at start, naming the field). False:
-    # every process collects the whole batch itself.
+    # evaluation, warm start or traces yet (each refused at start, naming the field). Required
+    # with more than one process (a ConfigError otherwise); launch/multihost.sh sets it True.
     c.train.coordinated = False
 
     # Task sampling (cua_jax.tasks.samplers.build_sampler). Each subsection holds the fields of

@@ -3,6 +3,9 @@ sizes: every check passes and reports platform cpu; failures and missing package
 per check, with the exit status saying which."""
 
 import json
+import os
+import subprocess
+import sys
 
 from experiments import gpu_check
 
@@ -41,3 +44,23 @@ def test_a_failing_check_and_a_missing_package_are_reported(monkeypatch, capsys)
     assert gpu_check.main(["--checks", "learner_bf16"]) == 2
     assert gpu_check.main(["--checks", "parity_qwen3,learner_bf16"]) == 1
     capsys.readouterr()
+
+
+def test_the_two_process_check_needs_an_even_count_of_gpus():
+    """launch/gpu_check.sh --two-processes splits the GPUs in halves, one per process: with one
+    (or an odd count) it stops at once with exit status 3. (JAX_PLATFORMS=cpu runs it on 4 CPU
+    devices per process: a 2-update training run of minutes, run by hand.)"""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert subprocess.run(["bash", "-n", "launch/gpu_check.sh"], cwd=repo).returncode == 0
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"} | {"CUA_JAX_PYTHON": sys.executable}
+    for visible in ("0", "0,1,2"):
+        run = subprocess.run(
+            ["bash", "launch/gpu_check.sh", "--two-processes"],
+            cwd=repo,
+            env={**env, "CUDA_VISIBLE_DEVICES": visible},
+            capture_output=True,
+            text=True,
+        )
+        assert run.returncode == 3, run.stderr
+        count = len(visible.split(","))
+        assert f"needs an even count of 2 or more GPUs, this machine shows {count}" in run.stderr

@@ -47,20 +47,28 @@ def _items(seed: int = 1, num_groups: int = 4, group_size: int = 2):
 
 def main(argv):
     del argv
+    from cua_jax.models.liveness import guard_process
+    from cua_jax.models.sharding import initialize_distributed
+    from cua_jax.train.settings import mesh_settings
+
+    mesh_config = mesh_settings(_CONFIG.value)
+    initialize_distributed(mesh_config)  # before any JAX computation
+    with guard_process():  # as launch/multihost.py: a normal end marks this process done
+        run(mesh_config)
+
+
+def run(mesh_config):
     import jax
     from flax import nnx
     from jax.experimental import multihost_utils
 
     from cua_jax.models.qwen3 import Qwen3ForCausalLM, export_qwen3, tiny_qwen3_config
-    from cua_jax.models.sharding import initialize_distributed, make_mesh
+    from cua_jax.models.sharding import make_mesh
     from cua_jax.rl.losses import PolicyLossConfig
     from cua_jax.train.batching import BatchingConfig, make_minibatches
     from cua_jax.train.checkpoint import TrainCheckpointer, TrainerState
     from cua_jax.train.learner import Learner, LearnerConfig, OptimizerConfig
-    from cua_jax.train.settings import mesh_settings
 
-    mesh_config = mesh_settings(_CONFIG.value)
-    initialize_distributed(mesh_config)  # before any JAX computation
     mesh = make_mesh(mesh_config)
     out, process = _OUT.value, jax.process_index()
 

@@ -14,7 +14,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from cua_jax.models.sharding import MeshConfig
-from cua_jax.train.settings import ConfigError, mesh_settings
+from cua_jax.train.settings import ConfigError, TrainSettings, mesh_settings
+from experiments.configs import tiny
 from experiments.configs.base import base_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -144,11 +145,17 @@ def test_mesh_fields_reach_the_mesh_config_and_bad_ones_are_named():
     c.mesh.coordinator_address, c.mesh.distributed = "h:1", False
     with pytest.raises(ConfigError, match="config.mesh.distributed: distributed is False"):
         mesh_settings(c)
+    c.mesh.distributed, c.mesh.heartbeat_timeout_s = True, 30
+    assert mesh_settings(c).heartbeat_timeout_s == 30
+    c.mesh.heartbeat_timeout_s = 0.5
+    with pytest.raises(ConfigError, match="config.mesh.heartbeat_timeout_s: heartbeat_timeout_s must be a number of"):
+        mesh_settings(c)
 
 
 def test_multihost_script_takes_process_id_and_count_from_slurm(tmp_path):
     """Under SLURM the script passes SLURM_PROCID / SLURM_NTASKS on as the mesh fields (the
-    program here prints the arguments it gets)."""
+    program here prints the arguments it gets), and makes the run a coordinated one right after
+    --config, where a later flag of the caller's still overrides it."""
     program = tmp_path / "print_args.py"
     program.write_text("import sys\nprint('\\n'.join(sys.argv[1:]))\n")
     env = _env(
@@ -156,19 +163,54 @@ def test_multihost_script_takes_process_id_and_count_from_slurm(tmp_path):
     )
     for name in ("CUA_PROCESS_ID", "CUA_NUM_PROCESSES"):
         env.pop(name, None)
-    out = subprocess.run(
-        ["bash", "launch/multihost.sh", "--config=experiments/configs/tiny.py"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert out == [
-        "--config=experiments/configs/tiny.py",
+
+    def args(*given):
+        return subprocess.run(
+            ["bash", "launch/multihost.sh", *given], cwd=REPO, env=env, capture_output=True, text=True, check=True
+        ).stdout.split()
+
+    mesh = [
         "--config.mesh.distributed=true",
         "--config.mesh.coordinator_address=node-a:8476",
         "--config.mesh.num_processes=4",
         "--config.mesh.process_id=3",
     ]
+    assert args("--config=experiments/configs/tiny.py") == [
+        "--config=experiments/configs/tiny.py",
+        "--config.train.coordinated=true",
+        *mesh,
+    ]
+    given = ["--resume", "--config", "experiments/configs/tiny.py", "--config.train.coordinated=false", "--workdir=w"]
+    assert args(*given) == [*given[:3], "--config.train.coordinated=true", *given[3:], *mesh]
+    assert args("--workdir=w") == ["--config.train.coordinated=true", "--workdir=w", *mesh]  # the default config
     assert subprocess.run(["bash", "-n", "launch/slurm_multihost.sbatch"], cwd=REPO).returncode == 0
+
+
+def test_the_coordinated_flag_placed_by_the_script_is_overridden_by_a_later_one(tmp_path):
+    """What the script relies on: ml_collections applies --config.x overrides in order after
+    --config (an override before --config is an error)."""
+    program = tmp_path / "print_coordinated.py"
+    program.write_text(
+        "from absl import app\nfrom ml_collections import config_flags\n"
+        "CONFIG = config_flags.DEFINE_config_file('config', None, '')\n"
+        "app.run(lambda argv: print(CONFIG.value.train.coordinated))\n"
+    )
+
+    def coordinated(*overrides):
+        command = [sys.executable, str(program), "--config=experiments/configs/tiny.py", *overrides]
+        return subprocess.run(command, cwd=REPO, env=_env(1), capture_output=True, text=True, check=True).stdout.strip()
+
+    assert coordinated("--config.train.coordinated=true") == "True"
+    assert coordinated("--config.train.coordinated=true", "--config.train.coordinated=false") == "False"
+
+
+def test_a_run_of_several_processes_must_be_coordinated():
+    """Without train.coordinated every process would generate with parameters sharded over all of
+    them, in batches its own browsers' timing decides: refused, naming the field."""
+    c = tiny.get_config()
+    c.model.name, c.env.observation, c.env.include_dom_text, c.rollout.seed_per_turn = "tiny_qwen3", "text", True, True
+    c.mesh.distributed, c.mesh.coordinator_address, c.mesh.num_processes, c.mesh.process_id = True, "h:1234", 2, 0
+    with pytest.raises(ConfigError, match=r"config.train.coordinated: a run of 2 processes must set it True"):
+        TrainSettings.from_config(c)
+    c.train.coordinated = True
+    assert TrainSettings.from_config(c).train.coordinated

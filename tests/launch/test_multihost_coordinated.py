@@ -8,12 +8,20 @@ trained and logged).
 Both runs are coordinated runs: the one-process run is the reference (the same trainer with one
 process collecting every group). A random policy never finishes a task, so every episode ends
 NO_VERDICT and the advantages are 0; the entropy bonus (tiny.py) keeps the gradient non-zero.
+
+The two-process run is also the fault test: process 1 kills itself (SIGKILL) right after the
+checkpoint of its 2nd update, process 0 must then stop within the heartbeat timeout set here with
+one error naming process 1 and its host (exit status 75, cua_jax/models/liveness.py), and both
+relaunched with --resume (the same workdir) finish update 3 from that checkpoint. The
+comparisons with the one-process run then cover the resumed run: its 3rd update's groups, loss
+and parameters, every episode trained exactly once over both launches, the records of process 0.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -38,8 +46,14 @@ FLAGS = [
     "--config.mesh.data=2",
     "--config.mesh.fsdp=2",
     "--config.mesh.tensor=2",
+    # A checkpoint after the 2nd update (and the last): the one the killed run resumes from.
+    "--config.train.checkpoint_every=2",
+    "--config.mesh.heartbeat_timeout_s=10",
 ]
 STEPS = 3  # tiny.py's train.num_steps
+HEARTBEAT_TIMEOUT_S = 10
+DIE_AFTER = 2  # process 1 dies right after the checkpoint of this many updates
+PROCESS_LOST_EXIT = 75
 
 
 def _env(devices: int, **extra: str) -> dict[str, str]:
@@ -60,22 +74,40 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """(single-process output dir, two-process output dir), run side by side."""
-    single, double = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("double")
+def _start(command: list[str], env: dict[str, str], log) -> subprocess.Popen:
+    """A process in a session of its own (so that what it leaves behind, its browser, is stopped
+    with it), its output to `log` (closed by `_stop`)."""
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    process.log = log
+    return process
+
+
+def _wait(processes: dict[str, subprocess.Popen], timeout: float) -> dict[str, float]:
+    """Waits for every process to exit; each one's exit time (time.time())."""
+    deadline, ended = time.monotonic() + timeout, {}
+    while len(ended) < len(processes):
+        assert time.monotonic() < deadline, f"still running after {timeout} s: {sorted(set(processes) - set(ended))}"
+        for name, process in processes.items():
+            if name not in ended and process.poll() is not None:
+                ended[name] = time.time()
+        time.sleep(0.2)
+    return ended
+
+
+def _stop(processes) -> None:
+    for process in processes:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # its session: the process and its browser
+        except ProcessLookupError:
+            pass
+        process.log.close()
+
+
+def _two_processes(double, logs, name: str, *extra: str) -> dict[str, subprocess.Popen]:
     coordinator = f"127.0.0.1:{_free_port()}"
-    start = time.perf_counter()
-    processes = [
-        subprocess.Popen(
-            [sys.executable, STEP, *FLAGS, f"--config.workdir={single / 'run'}", f"--out={single}"],
-            cwd=REPO,
-            env=_env(8),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    ]
+    processes = {}
     for process_id in range(2):
         env = _env(
             4,
@@ -84,28 +116,109 @@ def runs(tmp_path_factory):
             CUA_COORDINATOR_ADDRESS=coordinator,
             CUA_MULTIHOST_PROGRAM=STEP,
         )
-        processes.append(
-            subprocess.Popen(
-                ["bash", "launch/multihost.sh", *FLAGS, f"--config.workdir={double / 'run'}", f"--out={double}"],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
+        log = open(logs / f"{name}_{process_id}.log", "w")
+        command = ["bash", "launch/multihost.sh", *FLAGS, f"--config.workdir={double / 'run'}", f"--out={double}"]
+        processes[f"{name}_{process_id}"] = _start([*command, *extra], env, log)
+    return processes
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(single-process output dir, two-process output dir, reference result, the two processes'
+    results, the fault: what the killed launch did). The one-process run goes side by side with
+    the two-process run's first launch (process 1 killed after update 2), then the two processes
+    are relaunched with --resume."""
+    single, double = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("double")
+    logs = tmp_path_factory.mktemp("logs")
+    start = time.perf_counter()
+    processes = {
+        "single": _start(
+            [sys.executable, STEP, *FLAGS, f"--config.workdir={single / 'run'}", f"--out={single}"],
+            _env(8),
+            open(logs / "single.log", "w"),
         )
+    }
+    resumed = {}
     try:
-        for process in processes:
-            out, _ = process.communicate(timeout=600)
-            assert process.returncode == 0, out[-6000:]
+        processes |= _two_processes(double, logs, "first", "--die_process=1", f"--die_after_step={DIE_AFTER}")
+        ended = _wait(processes, 900)
+        first_s = time.perf_counter() - start
+        out = {name: (logs / f"{name}.log").read_text() for name in processes}
+        assert processes["single"].returncode == 0, out["single"][-6000:]
+        assert processes["first_1"].returncode == -signal.SIGKILL, out["first_1"][-6000:]
+        died = json.loads((double / "died_1.json").read_text())
+        fault = {
+            "died": died,
+            "survivor_rc": processes["first_0"].returncode,
+            "survivor_out": out["first_0"],
+            "survivor_after_s": ended["first_0"] - died["time"],
+        }
+        resumed = _two_processes(double, logs, "resumed", "--resume")
+        _wait(resumed, 600)
+        for name, process in resumed.items():
+            assert process.returncode == 0, (logs / f"{name}.log").read_text()[-6000:]
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-    print(f"coordinated runs: {time.perf_counter() - start:.0f} s")
+        _stop([*processes.values(), *resumed.values()])
+    print(
+        f"coordinated runs: {time.perf_counter() - start:.0f} s (first launch and the one-process run "
+        f"{first_s:.0f} s; process 0 stopped {fault['survivor_after_s']:.1f} s after process 1 died)"
+    )
     reference = json.loads((single / "result_0.json").read_text())
     results = [json.loads((double / f"result_{p}.json").read_text()) for p in range(2)]
-    return single, double, reference, results
+    return single, double, reference, results, fault
+
+
+def test_a_dead_process_stops_the_others_with_an_error_naming_it(runs):
+    """Process 1 killed after its 2nd update's checkpoint: process 0 does not hang in the next
+    step's collectives; within the heartbeat timeout (plus a beat interval and this busy
+    machine's scheduling) it stops with exit status 75 and one error naming process 1 and its
+    host, and no traceback (its main thread, whose collective failed, waits for the verdict)."""
+    *_, fault = runs
+    assert fault["died"]["step"] == DIE_AFTER
+    out = fault["survivor_out"]
+    assert fault["survivor_rc"] == PROCESS_LOST_EXIT, out[-6000:]
+    error = f"process 1 of 2 (host {socket.gethostname()}) stopped sending heartbeats"
+    assert error in out, out[-6000:]
+    last = [line for line in out.splitlines() if line.strip()][-1]
+    assert last.startswith(f"ERROR (cua_jax multi-host): {error}"), last
+    assert "relaunch every process with --resume" in last
+    assert "Traceback" not in out, out[-6000:]
+    assert HEARTBEAT_TIMEOUT_S <= fault["survivor_after_s"] + 1 < HEARTBEAT_TIMEOUT_S + 20, fault["survivor_after_s"]
+
+
+def test_the_relaunched_processes_resume_from_the_checkpoint_alike(runs):
+    """Both relaunched processes restored the checkpoint of the 2nd update (Orbax, written by
+    both): the same step, policy version and sampler state, the state both held after update 2
+    in the killed launch, and the one-process run's after its update 2; update 3 ran in the
+    resumed launch."""
+    _, double, reference, results, _ = runs
+    restored = [json.loads((double / f"restored_{p}.json").read_text()) for p in range(2)]
+    for p, state in enumerate(restored):
+        assert (state["step"], state["version"]) == (DIE_AFTER, DIE_AFTER)
+        assert state["sampler"] == results[p]["steps"][DIE_AFTER - 1]["sampler"]
+    assert restored[0]["sampler"] == restored[1]["sampler"]
+    expected = dict(reference["steps"][DIE_AFTER - 1]["sampler"])
+    got = dict(restored[0]["sampler"])
+    np.testing.assert_allclose(_rates(got.pop("pass_rate")), _rates(expected.pop("pass_rate")), rtol=1e-6)
+    got.pop("digest"), expected.pop("digest")  # the reference's replay cache holds full episodes
+    assert got == expected
+    for result in results:
+        assert [s["launch"] for s in result["steps"]] == ["first"] * DIE_AFTER + ["resumed"] * (STEPS - DIE_AFTER)
+
+
+def _rates(rates):
+    return np.asarray(rates, float)  # None (no outcome yet) -> nan, which assert_allclose matches
+
+
+def test_every_process_holds_the_same_sampler_state_after_every_step(runs):
+    _, _, reference, results, _ = runs
+    for step in range(STEPS):
+        states = [r["steps"][step]["sampler"] for r in results]
+        assert states[0] == states[1], step
+        expected = reference["steps"][step]["sampler"]
+        for key in ("step", "next_group_id", "attempts", "successes", "active"):
+            assert states[0][key] == expected[key], (step, key)
+        np.testing.assert_allclose(_rates(states[0]["pass_rate"]), _rates(expected["pass_rate"]), rtol=1e-6)
 
 
 def _episodes(result, step):
@@ -113,7 +226,7 @@ def _episodes(result, step):
 
 
 def test_coordinated_processes_collect_exactly_the_groups_of_one_process(runs):
-    _, _, reference, results = runs
+    _, _, reference, results, _ = runs
     assert reference["devices"] == [8, 8, 1]
     assert [r["devices"] for r in results] == [[8, 4, 2], [8, 4, 2]]
     for step in range(STEPS):
@@ -142,7 +255,7 @@ def test_coordinated_updates_equal_the_one_process_updates(runs):
     order); parameters to 1e-5: Adam divides each coordinate's step by its gradient's scale, so on
     coordinates whose gradient is near 0 a rounding-level difference in the gradient moves the
     step by a small fraction of the learning rate (1e-3), and it adds up over the updates."""
-    single, double, reference, results = runs
+    single, double, reference, results, _ = runs
     for step in range(STEPS):
         expected = reference["steps"][step]["metrics"]
         for result in results:
@@ -164,7 +277,7 @@ def test_coordinated_updates_equal_the_one_process_updates(runs):
 
 
 def test_coordinated_run_trains_every_episode_once(runs):
-    _, double, reference, results = runs
+    _, double, reference, results, _ = runs
     seen: list[str] = []
     for step in range(STEPS):
         trained = [results[p]["steps"][step]["trained"] for p in range(2)]
