@@ -34,7 +34,9 @@ half-width is about 0.09 rather than 0.11.
 This config, 200 updates, measured 2026-12-05 (docs/main_job.md has the whole table): held-out
 success at the training temperature, paired by seed, seed 2 56/144 -> 78/144 (+0.153, 95%
 [+0.060, +0.241]; greedily 71 -> 86, +0.104 [+0.013, +0.192]), seed 0 59/144 -> 76/144
-(+0.118, [+0.014, +0.218]; greedily 71 -> 79, +0.056 [-0.043, +0.152]). With click-button in
+(+0.118, [+0.014, +0.218]; greedily 71 -> 79, +0.056 [-0.043, +0.152]), seed 1 63/144 ->
+72/144 (+0.062, [-0.033, +0.156]: short of +10 points, its interval containing 0; greedily
+71 -> 86, +0.104 [+0.007, +0.198]; click-widget fell 19 -> 14 of 48). With click-button in
 place of click-dialog-2 and 32 seeds per task (the config until then): seed 0 30/96 -> 43/96
 (+0.135, [+0.015, +0.250]), seed 1 28/96 -> 44/96 (+0.167, [+0.065, +0.263]), seed 2 34/96 ->
 35/96 (+0.010, [-0.088, +0.109]); its permuted-reward control (advantage.permute_rewards, seed
