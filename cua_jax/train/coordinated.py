@@ -63,6 +63,13 @@ def partition_groups(costs: Sequence[float], num_processes: int) -> list[int]:
     return owners
 
 
+def step_share(batch_tasks: int, num_processes: int, index: int) -> int:
+    """The groups process `index` adds to each step of a coordinated async run: its share of a
+    draw of `batch_tasks` equal-cost groups (`partition_groups`), so every step trains
+    `batch_tasks` groups in all."""
+    return partition_groups([1.0] * batch_tasks, num_processes).count(index)
+
+
 def allgather_objects(value: Any) -> list[Any]:
     """Every process's `value` (picklable), by process index, through JAX's collectives (every
     process must call it, in the same order). One process: [value]."""
