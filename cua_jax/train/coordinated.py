@@ -15,6 +15,10 @@ micro-batches (`process_microbatches` + `Learner.global_batch`), at the shapes t
 agree on first (`agree_batch_shape`: the micro-batches' count and lengths, and with shared
 prefix rows each process's block of them), and the learner's jitted passes reduce the loss
 totals (numerator, token-mean denominator, metric sums) over the whole mesh.
+
+In async mode each process's rollout threads collect its share of every draw with no exchange
+(`GroupCollector.draw_share`), and a step takes `step_share` groups from each process's buffer,
+all at once (`RolloutFeeder.take_agreed`), before training as above.
 """
 
 from __future__ import annotations
