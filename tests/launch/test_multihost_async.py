@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from tests.launch.test_multihost_coordinated import FLAGS as COORDINATED
-from tests.launch.test_multihost_coordinated import REPO, _env, _free_port
+from tests.launch.conftest import free_port
+from tests.launch.test_multihost_coordinated import REPO, _env
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -32,7 +32,14 @@ WINDOW = 8  # wider than any lag here: no group is dropped, so every group drawn
 # One CPU device per process, the learner's rows split over the two (data 2): the sharded learner
 # is the on-policy test's; what is new here is host-side, and a smaller mesh compiles faster.
 FLAGS = [
-    *(flag for flag in COORDINATED if not flag.startswith("--config.mesh.")),
+    "--config=experiments/configs/tiny.py",
+    "--config.model.name=tiny_qwen3",
+    "--config.env.observation=text",
+    "--config.env.include_dom_text=true",
+    "--config.rollout.seed_per_turn=true",
+    "--config.rollout.max_context_tokens=2048",
+    "--config.rollout.prompt_style=compact",
+    "--config.train.coordinated=true",
     "--config.mesh.data=2",
     "--config.mesh.fsdp=1",
     "--config.mesh.tensor=1",
@@ -45,7 +52,7 @@ FLAGS = [
 
 
 def _launch(workdir, logs, resume: bool) -> list[subprocess.Popen]:
-    coordinator = f"127.0.0.1:{_free_port()}"
+    coordinator = f"127.0.0.1:{free_port()}"
     processes = []
     for process_id in range(2):
         env = _env(1, CUA_PROCESS_ID=str(process_id), CUA_NUM_PROCESSES="2", CUA_COORDINATOR_ADDRESS=coordinator)
@@ -130,6 +137,7 @@ def test_async_coordinated_run_killed_and_resumed_trains_every_episode_once(tmp_
         trained = {r["group_id"] for r in before if r["step"] < saved_step and r["group_id"] % 2 == p}
         kept = [g.group_id for g in state["buffer"]] + [g.group_id for gs in state["waiting"].values() for g in gs]
         running = [draw * 2 + p for draw in state["unfinished_draws"]]
+        running += [group_id for _, (_, _, group_id) in state["unfinished_requests"]]  # streamed groups
         assert sorted([*trained, *kept, *running]) == sorted(drawn), p
         assert all(saved_step <= groups_step[g] for g in kept + running), p
     assert any(state["buffer"] or state["waiting"] or state["unfinished_draws"] for state in saved)
