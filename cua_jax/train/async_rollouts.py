@@ -17,6 +17,11 @@ the learner between its steps) holds the next draw number, the draws being colle
 waiting groups and the buffer's groups; a feeder built from it (`load_state_dict`) puts the
 saved groups back first and collects the unfinished draws again, so a resumed asynchronous
 run loses no episode and trains none twice.
+
+Coordinated (config.train.coordinated): every process runs a feeder of its own over its share
+of every draw (`GroupCollector.draw_share`: no collective in a rollout thread), and the learner
+steps of all processes take their shares together (`take_agreed`). Each process's
+`state_dict` goes into the checkpoint (`Trainer.save`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cua_jax.train.buffer import RolloutBuffer, RolloutGroup
+from cua_jax.train.coordinated import ProcessGroup
 
 
 class RolloutFeeder:
@@ -237,6 +243,31 @@ class RolloutFeeder:
             except TimeoutError:
                 if time.perf_counter() - t0 > timeout_s:
                     raise
+
+    def take_agreed(
+        self, num_groups: int, version: int, processes: ProcessGroup, timeout_s: float, poll_s: float = 0.5
+    ) -> tuple[list[RolloutGroup], float]:
+        """A coordinated run's `take` (a collective: every process calls it at every step):
+        this process's `num_groups` whole groups fresh enough for the global policy `version`,
+        taken once every process holds its own. Until then the processes exchange, every
+        `poll_s` seconds, whether each holds its groups, so none waits inside a collective on
+        another's rollouts: all take together, or all raise together (a rollout thread's error
+        on any process, RuntimeError naming it; TimeoutError once any waited `timeout_s`).
+        Returns the groups and the seconds waited."""
+        t0 = time.perf_counter()
+        while True:
+            ready = self._error is None and self.buffer.wait_fresh(num_groups, version, poll_s)
+            waited = time.perf_counter() - t0
+            error = None if self._error is None else f"{type(self._error).__name__}: {self._error}"
+            states = processes.exchange((ready, error, not ready and waited > timeout_s))
+            failed = [f"process {p}: {e}" for p, (_, e, _) in enumerate(states) if e is not None]
+            if failed:
+                raise RuntimeError(f"a rollout thread failed ({'; '.join(failed)})") from self._error
+            if all(r for r, _, _ in states):
+                return self.buffer.take(num_groups, version, timeout=0), waited
+            if any(late for _, _, late in states):
+                late = [p for p, (_, _, t) in enumerate(states) if t]
+                raise TimeoutError(f"process(es) {late} waited {timeout_s}s for their fresh groups")
 
     def stop(self) -> None:
         self._stop.set()

@@ -105,6 +105,28 @@ class RolloutBuffer:
                     raise TimeoutError(f"waited {timeout}s for {num_groups} fresh groups, have {len(taken)}")
         return taken
 
+    def wait_fresh(self, num_groups: int, current_version: int, timeout: float | None = None) -> bool:
+        """Whether `num_groups` groups fresh enough for `current_version` are held, waiting up
+        to `timeout` seconds for them to arrive; takes nothing (False once closed). A group stale
+        at a version stays stale at every later one: stale groups are dropped here (counted, as
+        `take` counts them), so they cannot fill the buffer against the fresh ones."""
+        with self._cond:
+
+            def ready() -> bool:
+                if self._closed:
+                    return True
+                fresh = [g for g in self._groups if current_version - g.policy_version <= self.staleness_window]
+                if len(fresh) < len(self._groups):
+                    for group in self._groups:
+                        if current_version - group.policy_version > self.staleness_window:
+                            self.dropped_stale_groups += 1
+                            self.dropped_stale_episodes += len(group.episodes)
+                    self._groups = collections.deque(fresh)
+                    self._cond.notify_all()  # room for the producers
+                return len(fresh) >= num_groups
+
+            return self._cond.wait_for(ready, timeout) and not self._closed
+
     def snapshot(self) -> list[RolloutGroup]:
         """The groups held, oldest first (for a checkpoint)."""
         with self._cond:

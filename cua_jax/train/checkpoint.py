@@ -13,6 +13,14 @@ holds three items:
                buffer's groups and draw accounting;
   config       the run's config as JSON (what was trained; `read_saved_config` reads it).
 
+A coordinated async run (config.train.coordinated, train.mode "async") also keeps every
+process's own `TrainerState` (its rollout buffer, unfinished draws, sampler and engines' state,
+which differ between the processes) in <workdir>/process_states/<step>/process_<index>.npz,
+beside the Orbax directory (which is Orbax's alone). Each process writes its file before the
+checkpoint is saved (the trainer puts a barrier between the two), so a committed checkpoint
+always has every process's file; a file of a step that never committed (a kill during the save)
+is never read, and is removed at a later save.
+
 The checkpointer only moves records: the trainer makes its `TrainerState` and applies a
 restored one (`Trainer.trainer_state` / `Trainer.load_trainer_state`), so no field of the
 trainer is written from here.
@@ -25,6 +33,7 @@ sampling state to save: its resumed samples differ from the uninterrupted run's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -141,6 +150,39 @@ class TrainCheckpointer:
         )
         return restored["train_state"], TrainerState.from_arrays(restored["host_state"], f"{self.directory}/{step}")
 
+    # -- each process's own state (coordinated async runs) ------------------------------------
+
+    @property
+    def workdir(self) -> str:
+        return os.path.dirname(self.directory)
+
+    def write_process_state(self, state: TrainerState, index: int) -> None:
+        """Process `index`'s own state for checkpoint `state.step` (atomically: a whole file or
+        none). Call it on every process, then a barrier, then `save`."""
+        path = process_state_path(self.workdir, state.step, index)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        partial = path + ".partial"
+        with open(partial, "wb") as f:
+            np.savez(f, **state.to_arrays())
+        os.replace(partial, path)
+
+    def read_process_state(self, step: int, index: int, count: int) -> TrainerState:
+        """`read_process_state` of this checkpointer's workdir."""
+        return read_process_state(self.workdir, step, index, count)
+
+    def prune_process_states(self, index: int, keep_step: int) -> None:
+        """Removes process `index`'s files of the steps the manager no longer keeps (and of
+        steps that never committed), never `keep_step`'s (the one just saved)."""
+        root = os.path.join(self.workdir, PROCESS_STATES)
+        kept = set(self.manager.all_steps()) | {keep_step}
+        for name in os.listdir(root) if os.path.isdir(root) else []:
+            if name.isdigit() and int(name) not in kept:
+                path = process_state_path(self.workdir, int(name), index)
+                if os.path.exists(path):
+                    os.remove(path)
+                with contextlib.suppress(OSError):  # another process's file may still be there
+                    os.rmdir(os.path.dirname(path))
+
     def close(self) -> None:
         self.manager.close()
 
@@ -148,6 +190,7 @@ class TrainCheckpointer:
 # ---- reading a run's directory ------------------------------------------------------------
 
 CHECKPOINTS = "checkpoints"
+PROCESS_STATES = "process_states"  # each process's own TrainerState, beside CHECKPOINTS
 
 
 def _manager(workdir: str | os.PathLike):
@@ -155,6 +198,27 @@ def _manager(workdir: str | os.PathLike):
     if not directory.is_dir():
         raise ValueError(f"{workdir} is not a training run's workdir: it has no {CHECKPOINTS}/ directory")
     return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False))
+
+
+def process_state_path(workdir: str | os.PathLike, step: int, index: int) -> str:
+    """Where process `index`'s own state of checkpoint `step` lies (coordinated async runs)."""
+    return os.path.join(os.fspath(workdir), PROCESS_STATES, str(step), f"process_{index}.npz")
+
+
+def read_process_state(workdir: str | os.PathLike, step: int, index: int, count: int) -> TrainerState:
+    """Process `index`'s own state saved with checkpoint `step` by a coordinated async run of
+    `count` processes; ValueError when the file is missing or another number of processes
+    wrote the checkpoint."""
+    path = process_state_path(workdir, step, index)
+    folder = os.path.dirname(path)
+    written = sorted(n for n in os.listdir(folder) if n.endswith(".npz")) if os.path.isdir(folder) else []
+    if len(written) != count or not os.path.exists(path):
+        raise ValueError(
+            f"checkpoint {step} holds the own state of {len(written)} processes in {folder} ({written}), "
+            f"this run has {count} (config.mesh.num_processes); process {index} needs process_{index}.npz"
+        )
+    with np.load(path) as arrays:
+        return TrainerState.from_arrays(dict(arrays), path)
 
 
 def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:

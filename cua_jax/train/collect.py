@@ -69,10 +69,22 @@ class GroupCollector:
     the sampler's kind and configs). base_key: the run's base PRNG key; step s draws with
     fold_in(base_key, s). default_worker: where calibration's rollouts and unassigned steps
     run. pool: the training tasks the sampler draws from; a calibrating sampler runs its
-    rollouts through this collector (`run_outcome_groups`).
+    rollouts through this collector (`run_outcome_groups`). draw_share: in a coordinated async
+    run, this process's place among the processes: each draw (`draw_requests`, `collect`)
+    yields only the groups `partition_groups` deals this process, numbered by the draw
+    (group id = draw x rollout.batch_tasks + position), so the processes' ids never meet and a
+    draw collected again after a resume has the same ids; the sampler sees this process's
+    groups only.
     """
 
-    def __init__(self, settings, base_key: jax.Array, default_worker: Any, pool: TaskPool):
+    def __init__(
+        self,
+        settings,
+        base_key: jax.Array,
+        default_worker: Any,
+        pool: TaskPool,
+        draw_share: ProcessGroup | None = None,
+    ):
         self.settings = settings
         self.base_key = base_key
         self.default_worker = default_worker
@@ -86,6 +98,7 @@ class GroupCollector:
             run_groups=self.run_outcome_groups if settings.calibration else None,
         )
         self.next_group_id = 0
+        self.draw_share = draw_share
         # A coordinated run's processes (set by collect_share): calibration passes are split too.
         self._processes: ProcessGroup | None = None
         # Reentrant: under DAPO, collect() holds it across its rounds, whose group runs take it
@@ -115,16 +128,24 @@ class GroupCollector:
 
     def draw_requests(self, step: int) -> list[tuple[str, int, int]]:
         """Step `step`'s draw without running it: (task id, seed, group id) per group, as
-        `collect` would run them (asynchronous streaming submits them one group at a time)."""
+        `collect` runs them (asynchronous streaming submits them one group at a time); with a
+        `draw_share`, this process's groups of the draw only, numbered by the draw."""
         draw_key, seed_key = jax.random.split(jax.random.fold_in(self.base_key, step))
         with self.lock:
             task_ids = self.sampler.sample(draw_key, self.settings.rollout.batch_tasks)
-            first = self.next_group_id
-            self.next_group_id += len(task_ids)
-        return [
+            if self.draw_share is None:
+                first = self.next_group_id
+                self.next_group_id += len(task_ids)
+        if self.draw_share is not None:
+            first = step * self.settings.rollout.batch_tasks
+        requests = [
             (task_id, seed, first + k)
             for k, (task_id, seed) in enumerate(zip(task_ids, self._group_seeds(seed_key, len(task_ids))))
         ]
+        if self.draw_share is None:
+            return requests
+        owners = partition_groups([self.group_cost(task_id) for task_id in task_ids], self.draw_share.count)
+        return [request for request, owner in zip(requests, owners) if owner == self.draw_share.index]
 
     def finish_group(self, request: tuple[str, int, int], rollouts: Sequence[Any]) -> CollectedGroup:
         """A streamed group's rollouts as a CollectedGroup, with its DTAC replay swap and the
@@ -195,9 +216,9 @@ class GroupCollector:
                 "dapo/rollouts": float(dynamic.rollouts),
             }
             return groups, extra
-        with self.lock:
-            task_ids = self.sampler.sample(draw_key, batch_tasks)
-        groups = self.run_groups(worker, task_ids, seed_key)
+        requests = self.draw_requests(step)
+        results = run_on_workers(worker if isinstance(worker, list) else [worker], requests, n) if requests else []
+        groups = [group_from_rollouts(gid, task_id, rollouts) for (task_id, _, gid), rollouts in zip(requests, results)]
         outcomes = [group_outcome(g, keep_success) for g in groups]
         with self.lock:
             for replay in self.sampler.assign_replays(outcomes):

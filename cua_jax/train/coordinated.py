@@ -15,6 +15,10 @@ micro-batches (`process_microbatches` + `Learner.global_batch`), at the shapes t
 agree on first (`agree_batch_shape`: the micro-batches' count and lengths, and with shared
 prefix rows each process's block of them), and the learner's jitted passes reduce the loss
 totals (numerator, token-mean denominator, metric sums) over the whole mesh.
+
+In async mode each process's rollout threads collect its share of every draw with no exchange
+(`GroupCollector.draw_share`), and a step takes `step_share` groups from each process's buffer,
+all at once (`RolloutFeeder.take_agreed`), before training as above.
 """
 
 from __future__ import annotations
@@ -61,6 +65,13 @@ def partition_groups(costs: Sequence[float], num_processes: int) -> list[int]:
         owners[g] = p
         load[p] += costs[g]
     return owners
+
+
+def step_share(batch_tasks: int, num_processes: int, index: int) -> int:
+    """The groups process `index` adds to each step of a coordinated async run: its share of a
+    draw of `batch_tasks` equal-cost groups (`partition_groups`), so every step trains
+    `batch_tasks` groups in all."""
+    return partition_groups([1.0] * batch_tasks, num_processes).count(index)
 
 
 def allgather_objects(value: Any) -> list[Any]:

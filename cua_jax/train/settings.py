@@ -832,7 +832,6 @@ def _check_coordinated(c, train: TrainLoopConfig, rollout: RolloutSettings, env:
     """What coordinated collection (config.train.coordinated) does not support yet, each a
     ConfigError naming the field to change."""
     why = "train.coordinated splits a step's groups across processes"
-    _require(train.mode == "on_policy", "train.mode", f"{why} in on_policy mode only, not {train.mode!r}")
     _require(
         env.observation == "text",
         "env.observation",

@@ -28,10 +28,13 @@ Modes (config.train.mode):
              staleness window, mini-batches hold whole groups; checkpoints hold the buffer and
              the draw accounting, so a resumed run loses no episode and trains none twice.
 
-Multi-host (config.train.coordinated, on_policy): each process collects only its share of a
+Multi-host (config.train.coordinated): on_policy, each process collects only its share of a
 step's groups (`GroupCollector.collect_share`) and trains on its items as its rows of the global
 batch (`Trainer.learn_share`; cua_jax/train/coordinated.py); every process's sampler and metrics
-cover all the groups, and process 0 writes the run's records.
+cover all the groups, and process 0 writes the run's records. async, each process's rollout
+threads collect its share of every draw into its own buffer, and every step takes each process's
+share of the batch once all hold theirs (`RolloutFeeder.take_agreed`), fresh for the global
+policy version; each checkpoint keeps every process's own rollout state.
 
 Evaluation runs held-out seeds of the evaluation tasks through the evaluation harness
 (`cua_jax.eval`) before the first step, every eval.every_steps steps and after the last.
@@ -84,10 +87,12 @@ from cua_jax.train.collect import EnvironmentCounters, GroupCollector
 from cua_jax.train.coordinated import (
     ProcessGroup,
     agree_batch_shape,
+    group_summary,
     host_state,
     items_of_whole_batch,
     minibatch_shares,
     process_microbatches,
+    step_share,
 )
 from cua_jax.train.groups import CollectedGroup, PreparedBatch, mean_metrics, prepare_batch
 from cua_jax.train.learner import Learner
@@ -197,12 +202,20 @@ def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> 
     m = settings.mesh
     mesh = make_mesh(m, devices=jax.devices()[: max(1, m.data) * max(1, m.fsdp) * max(1, m.tensor)])
     learner = Learner(policy, settings.learner, mesh=mesh)
-    engine_params = None
+    engine_params = draw_share = None
     if settings.train.coordinated:
         try:  # each process's rows of a micro-batch: one block of learner.rows / process count
             learner.process_rows(settings.batching.rows)
         except ValueError as error:
             raise ConfigError(f"config.learner.rows: {error}") from None
+        if settings.train.mode == "async":  # each process's rollout threads draw its share of every draw
+            draw_share = ProcessGroup.current()
+            if settings.rollout.batch_tasks < draw_share.count:
+                raise ConfigError(
+                    f"config.rollout.batch_tasks: async coordinated mode gives each of the {draw_share.count} "
+                    f"processes a share of every step's groups, so a step needs at least one group per process; "
+                    f"got {settings.rollout.batch_tasks}"
+                )
         # Every process's engines start from a host copy of the (sharded) policy.
         engine_params = host_state(nnx.state(learner.model))
     ray = contextlib.ExitStack()  # the local Ray the worker actors run on, if this run started it
@@ -228,7 +241,7 @@ def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> 
     pool = settings.catalog.pool(settings.domain_weights, settings.training_tasks)
     if setup.pilot is not None:
         seed_pool(pool, setup.pilot, settings.training_tasks, settings.pilot.file)
-    collector = GroupCollector(settings, base_key, workers[0], pool)
+    collector = GroupCollector(settings, base_key, workers[0], pool, draw_share)
     return Trainer(setup, learner, workers, ray, collector)
 
 
@@ -271,6 +284,9 @@ class Trainer:
         # processes; process 0 alone writes the run's records (metrics, episodes, summary).
         self.processes: ProcessGroup | None = ProcessGroup.current() if self.settings.train.coordinated else None
         self.writes_records = self.processes is None or self.processes.index == 0
+        # A coordinated async run: each process's rollout threads, buffer and sampler are its
+        # own, so each checkpoint keeps every process's own TrainerState too.
+        self.own_rollouts = self.processes is not None and self.settings.train.mode == "async"
 
         self.step = 0  # completed training steps
         self.version = 0  # policy version the engines hold
@@ -351,12 +367,14 @@ class Trainer:
 
     def learn_share(self, local: Sequence[CollectedGroup], groups: Sequence[CollectedGroup]) -> dict[str, float]:
         """`learn` in a coordinated run (a collective: every process calls it each step), from
-        `GroupCollector.collect_share`'s two lists: this process's groups (`local`) and every
-        group's summary (`groups`, draw order). Quarantine and advantages run per group on the
-        process that collected it; this process's items become its rows of the global
-        micro-batches (`Learner.global_batch`), whose loss totals the learner reduces over the
-        whole mesh; the step's metrics are computed from every group's summary, as one process
-        collecting everything computes them. Weight sync: every process's engines."""
+        two lists: this process's groups (`local`) and every group's summary (`groups`, in the
+        same order on every process: `GroupCollector.collect_share`'s draw order, or in async
+        mode each process's groups after those of the processes before it). Quarantine and
+        advantages run per group on the process that collected it; this process's items become
+        its rows of the global micro-batches (`Learner.global_batch`), whose loss totals the
+        learner reduces over the whole mesh; the step's metrics are computed from every group's
+        summary, as one process collecting everything computes them. Weight sync: every
+        process's engines."""
         t0 = time.perf_counter()
         settings, processes = self.settings, self.processes
         with timeline.span("learner_host"):
@@ -456,13 +474,13 @@ class Trainer:
     def _finish_step(self, metrics: dict[str, float]) -> dict[str, float]:
         metrics["policy/version"] = float(self.version)
         metrics.update(self.collector.sampler_metrics)
-        # capsules/...: what the workers' environments counted since the previous step (every
-        # process's, in a coordinated run)
+        # capsules/...: what the workers' environments counted since the previous step; buffer/...:
+        # the stale groups dropped so far (every process's, in a coordinated run)
         counts = self.environment_counters.read(self.workers)
-        metrics.update(counts if self.processes is None else self.processes.all_reduce_sum(counts))
         if self.buffer is not None:
-            metrics["buffer/dropped_stale_groups"] = float(self.buffer.dropped_stale_groups)
-            metrics["buffer/dropped_stale_episodes"] = float(self.buffer.dropped_stale_episodes)
+            counts["buffer/dropped_stale_groups"] = float(self.buffer.dropped_stale_groups)
+            counts["buffer/dropped_stale_episodes"] = float(self.buffer.dropped_stale_episodes)
+        metrics.update(counts if self.processes is None else self.processes.all_reduce_sum(counts))
         self._log(self.step, metrics)
         self.history.append(metrics)
         self.step += 1
@@ -470,13 +488,24 @@ class Trainer:
 
     # -- asynchronous ---------------------------------------------------------------------
 
+    @property
+    def step_groups(self) -> int:
+        """The groups this process trains at each async step: rollout.batch_tasks, or in a
+        coordinated run its share of them (`step_share`)."""
+        batch_tasks = self.settings.rollout.batch_tasks
+        if self.processes is None:
+            return batch_tasks
+        return step_share(batch_tasks, self.processes.count, self.processes.index)
+
     def start_rollouts(self) -> None:
-        """Starts one rollout thread per worker feeding the buffer (async mode: `RolloutFeeder`)."""
+        """Starts one rollout thread per worker feeding the buffer (async mode: `RolloutFeeder`).
+        A coordinated run's processes each buffer their share of train.buffer_groups."""
         rollout, train = self.settings.rollout, self.settings.train
         if self.feeder is None:
+            capacity = train.buffer_groups or 2 * rollout.batch_tasks
             self.feeder = RolloutFeeder(
                 train.staleness_window,
-                train.buffer_groups or 2 * rollout.batch_tasks,
+                -(-capacity * self.step_groups // rollout.batch_tasks),
                 rollout.max_episodes_in_flight,
             )
             if self._restored_rollouts:  # a resumed run: its saved groups first, its unfinished draws again
@@ -494,11 +523,20 @@ class Trainer:
         return None if self.feeder is None else self.feeder.buffer
 
     def async_step(self, timeout_s: float = 3600.0) -> dict[str, float]:
-        """One learner step of async mode: take fresh whole groups from the buffer, update, sync."""
+        """One learner step of async mode: take fresh whole groups from the buffer, update, sync.
+        Coordinated (a collective): every process takes its share from its own buffer, fresh
+        for the global policy version, once every process holds its share
+        (`RolloutFeeder.take_agreed`); the processes exchange the groups' summaries and train
+        as `learn_share` does, the whole batch's groups in process order."""
         if self.feeder is None:
             raise RuntimeError("async_step needs start_rollouts() first")
-        groups, wait_s = self.feeder.take(self.settings.rollout.batch_tasks, self.version, timeout_s)
-        metrics = self.learn(groups)
+        if self.processes is None:
+            groups, wait_s = self.feeder.take(self.step_groups, self.version, timeout_s)
+            metrics = self.learn(groups)
+        else:
+            local, wait_s = self.feeder.take_agreed(self.step_groups, self.version, self.processes, timeout_s)
+            every = self.processes.exchange([group_summary(g) for g in local])
+            metrics = self.learn_share(local, [summary for share in every for summary in share])
         metrics[TIMING_PREFIX + "rollout_wait_s"] = wait_s
         return self._finish_step(metrics)
 
@@ -551,13 +589,23 @@ class Trainer:
 
     def restore(self) -> bool:
         """Loads the latest checkpoint of the workdir, if any. Returns whether one was loaded.
+        A coordinated async run loads each process's own state of it.
 
         Metric and episode records of steps after the checkpoint (written before a kill) are
         removed from metrics.jsonl and episodes.jsonl, since those steps run again."""
         restored = self.checkpointer.restore_latest(self.learner.train_state())
         if restored is None:
             return False
-        self.load_trainer_state(*restored)
+        train_state, state = restored
+        if self.own_rollouts:
+            own = self.checkpointer.read_process_state(state.step, self.processes.index, self.processes.count)
+            if (own.step, own.version) != (state.step, state.version):
+                raise ValueError(
+                    f"checkpoint {state.step} (version {state.version}) holds process {self.processes.index}'s "
+                    f"state of step {own.step} (version {own.version})"
+                )
+            state = own
+        self.load_trainer_state(train_state, state)
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -567,7 +615,16 @@ class Trainer:
         return True
 
     def save(self) -> None:
-        self.checkpointer.save(self.learner.train_state(), self.trainer_state(), self.settings.config_dict)
+        """Checkpoints the run (a collective in a multi-host run). A coordinated async run
+        writes each process's own state first, and every process waits for all of them
+        before the checkpoint commits, so a committed checkpoint has them all."""
+        state = self.trainer_state()
+        if self.own_rollouts:
+            self.checkpointer.write_process_state(state, self.processes.index)
+            self.processes.exchange(None)  # a barrier: every process's state is written
+        self.checkpointer.save(self.learner.train_state(), state, self.settings.config_dict)
+        if self.own_rollouts:
+            self.checkpointer.prune_process_states(self.processes.index, state.step)
 
     def trainer_state(self) -> TrainerState:
         """The run's state besides the learner's arrays (what a checkpoint's host_state holds)."""

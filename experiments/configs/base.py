@@ -413,10 +413,15 @@ def base_config() -> ml_collections.ConfigDict:
     # Multi-host (launch/multihost.sh): each process collects only its share of every step's
     # groups (whole groups, dealt by expected cost) with its own engines, and its items are its
     # shard of the global batch; samplers, metrics and the loss cover every process's groups
-    # exactly as one process collecting everything would (cua_jax/train/coordinated.py). Needs
-    # on_policy mode, text observations, the local JAX sampler, rollout.seed_per_turn, and no
-    # evaluation, warm start or traces yet (each refused at start, naming the field). Required
-    # with more than one process (a ConfigError otherwise); launch/multihost.sh sets it True.
+    # exactly as one process collecting everything would (cua_jax/train/coordinated.py). async
+    # mode: each process's rollout threads fill a buffer of its own (its share of buffer_groups)
+    # with its share of every draw, its sampler sees its own groups, a step trains every
+    # process's share at once within staleness_window of the global policy version (the learner
+    # step), and checkpoints keep every process's rollout state (<workdir>/process_states), so
+    # --resume loses no episode and trains none twice; rollout.batch_tasks >= process count.
+    # Needs text observations, the local JAX sampler, rollout.seed_per_turn, and no evaluation,
+    # warm start or traces yet (each refused at start, naming the field). Required with more
+    # than one process (a ConfigError otherwise); launch/multihost.sh sets it True.
     c.train.coordinated = False
 
     # Task sampling (cua_jax.tasks.samplers.build_sampler). Each subsection holds the fields of

@@ -67,6 +67,22 @@ def test_take_waits_for_producers_and_times_out_without_losing_groups():
     assert [g.group_id for g in taken] == [0, 1]
 
 
+def test_wait_fresh_takes_nothing_and_drops_stale_groups_that_block_fresh_ones():
+    buffer = RolloutBuffer(staleness_window=1, capacity=2)
+    buffer.put(_group(0, 0))
+    buffer.put(_group(1, 2))
+    assert buffer.wait_fresh(1, current_version=2, timeout=0)
+    assert not buffer.wait_fresh(2, current_version=2, timeout=0.05)
+    assert len(buffer) == 1 and buffer.dropped_stale_groups == 1  # version 0 is stale at version 2
+    buffer.put(_group(2, 0))  # a full buffer: the producer of a fresh group waits for room
+    producer = threading.Thread(target=lambda: buffer.put(_group(3, 3), timeout=5))
+    producer.start()
+    assert buffer.wait_fresh(2, current_version=3, timeout=5)  # the stale group made room
+    producer.join()
+    assert [g.group_id for g in buffer.take(2, current_version=3, timeout=0)] == [1, 3]
+    assert buffer.dropped_stale_groups == 2 and buffer.dropped_stale_episodes == 4
+
+
 def test_put_blocks_when_full():
     buffer = RolloutBuffer(staleness_window=0, capacity=1)
     buffer.put(_group(0, 0))

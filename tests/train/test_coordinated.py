@@ -24,6 +24,7 @@ from cua_jax.train.coordinated import (
     minibatch_shares,
     partition_groups,
     process_microbatches,
+    step_share,
 )
 from cua_jax.train.settings import ConfigError, TrainSettings
 from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
@@ -401,7 +402,6 @@ def test_the_global_batch_of_two_processes_has_the_loss_of_one_process(share_pre
 
 
 CHECKED = [
-    ({"train__mode": "async"}, "config.train.mode"),
     ({"rollout__seed_per_turn": False}, "config.rollout.seed_per_turn"),
     ({"rollout__engine": "vllm"}, "config.rollout.engine"),
     ({"rollout__worker_backend": "ray"}, "config.rollout.worker_backend"),
@@ -425,6 +425,9 @@ def _coordinated_config(**overrides):
 def test_coordinated_settings_accept_the_supported_run():
     settings = TrainSettings.from_config(_coordinated_config())
     assert settings.train.coordinated
+    config = _coordinated_config(train__mode="async", train__staleness_window=2, learner__old_logprobs="rollout")
+    settings = TrainSettings.from_config(config)
+    assert settings.train.coordinated and settings.train.mode == "async"
 
 
 @pytest.mark.parametrize(("overrides", "field"), CHECKED, ids=[field for _, field in CHECKED])
@@ -437,3 +440,110 @@ def test_coordinated_mode_refuses_screenshots():
     config = _coordinated_config(model__name="tiny_qwen3_vl", env__observation="screenshot")
     with pytest.raises(ConfigError, match="^config.env.observation: train.coordinated"):
         TrainSettings.from_config(config)
+
+
+# -- async mode (each process's rollout threads and buffer; a global policy version) ------------
+
+
+def _rollout_group(group_id: int, version: int):
+    from cua_jax.train.buffer import RolloutGroup
+
+    episode = Episode(f"t/g{group_id}/e0", "t", group_id, "", [], policy_version=version)
+    return RolloutGroup(group_id, "t", [episode])
+
+
+def test_async_draw_shares_deal_each_draw_with_ids_numbered_by_the_draw():
+    """Each process's rollout threads collect their share of every draw with no exchange: the
+    shares of a draw are the one-process draw's (tasks, seeds), dealt as `partition_groups`
+    deals them, with group ids draw x batch_tasks + position whichever order draws run in."""
+    import jax
+
+    from cua_jax.train.collect import GroupCollector
+
+    def no_exchange(value):
+        raise AssertionError("an async draw made a collective")
+
+    def collector(share):
+        config = tiny_config("/tmp/unused", rollout__batch_tasks=3)
+        config.env.tasks = tuple((task, 0) for task in ("click-button", "click-tab", "click-widget", "focus-text"))
+        settings = TrainSettings.from_config(config)
+        pool = settings.catalog.pool(settings.domain_weights, settings.training_tasks)
+        return GroupCollector(settings, jax.random.key(7), FakeWorker({}), pool, share)
+
+    one = collector(None)
+    shares = [collector(ProcessGroup(p, 2, no_exchange)) for p in range(2)]
+    for draw in (0, 1, 2, 3):
+        expected = one.draw_requests(draw)
+        mine = [c.draw_requests(draw) for c in reversed(shares)][::-1]  # the processes' order does not matter
+        for p, requests in enumerate(mine):
+            assert [(t, s) for t, s, _ in requests] == [(t, s) for k, (t, s, _) in enumerate(expected) if k % 2 == p]
+            assert [g for _, _, g in requests] == [draw * 3 + k for k in range(3) if k % 2 == p]
+    groups, _ = shares[1].collect(5)  # collect runs the share: group 5 x 3 + 1 only
+    assert [g.group_id for g in groups] == [16] and shares[1].default_worker.requests[0][2] == 16
+    assert step_share(3, 2, 0) == 2 and step_share(3, 2, 1) == 1 and step_share(2, 3, 2) == 0
+
+
+def test_processes_take_their_async_groups_together():
+    """`take_agreed`: a process whose groups are in waits (exchanging, not blocked in a
+    collective) for one whose groups come later, then both take theirs at the global version,
+    stale ones dropped and counted; a rollout thread's error on one process, or a timeout,
+    raises on every process and loses no group."""
+    import time
+
+    from cua_jax.train.async_rollouts import RolloutFeeder
+
+    feeders = [RolloutFeeder(staleness_window=1, capacity=4) for _ in range(2)]
+    feeders[0].buffer.put(_rollout_group(0, 0))
+    feeders[0].buffer.put(_rollout_group(2, 2))
+    feeders[1].buffer.put(_rollout_group(1, 0))
+    late = threading.Timer(0.3, lambda: feeders[1].buffer.put(_rollout_group(3, 2)))
+    late.start()
+    start = time.perf_counter()
+    taken = on_threads(thread_processes(2), lambda p: feeders[p.index].take_agreed(1, 2, p, 30.0, poll_s=0.05))
+    assert time.perf_counter() - start >= 0.3
+    assert [[g.group_id for g in groups] for groups, _ in taken] == [[2], [3]]
+    assert [f.buffer.dropped_stale_groups for f in feeders] == [1, 1]  # version 0 at version 2, window 1
+
+    feeders[0].buffer.put(_rollout_group(4, 2))
+    with pytest.raises(TimeoutError, match=r"process\(es\) \[1\] waited 0.2s"):
+        on_threads(thread_processes(2), lambda p: feeders[p.index].take_agreed(1, 2, p, 0.2, poll_s=0.05))
+    assert len(feeders[0].buffer) == 1  # nothing taken
+
+    def fails(draw, worker):
+        raise OSError("the browser went away")
+
+    feeders[1].start([object()], fails)
+    with pytest.raises(RuntimeError, match="process 1: OSError: the browser went away"):
+        on_threads(thread_processes(2), lambda p: feeders[p.index].take_agreed(1, 2, p, 30.0, poll_s=0.05))
+    assert len(feeders[0].buffer) == 1
+    feeders[1].stop()
+
+
+def test_each_process_state_is_kept_per_checkpoint_step(tmp_path):
+    """Each process's own TrainerState beside the Orbax checkpoints: read back as written, by
+    process; a checkpoint written by another number of processes, or lacking this process's
+    file, is named; a later save removes the files of steps no longer kept."""
+    from cua_jax.train.checkpoint import TrainCheckpointer, TrainerState
+
+    def state(step, process):
+        return TrainerState(
+            np.zeros(2, np.uint32), step, step, 0, [{"calls": process}], {"p": process}, {}, {"buffer": [process]}
+        )
+
+    checkpointer = TrainCheckpointer(str(tmp_path / "checkpoints"))
+    try:
+        for process in range(2):
+            checkpointer.write_process_state(state(3, process), process)
+        for process in range(2):
+            read = checkpointer.read_process_state(3, process, 2)
+            assert (read.step, read.sampler, read.rollouts) == (3, {"p": process}, {"buffer": [process]})
+        with pytest.raises(ValueError, match=r"of 2 processes .* this run has 4 \(config.mesh.num_processes\)"):
+            checkpointer.read_process_state(3, 0, 4)
+        with pytest.raises(ValueError, match="own state of 0 processes"):
+            checkpointer.read_process_state(5, 0, 2)
+        checkpointer.write_process_state(state(4, 0), 0)
+        checkpointer.prune_process_states(0, 4)  # Orbax keeps no step here: only step 4's stays
+        assert sorted(p.name for p in (tmp_path / "process_states").glob("*/*")) == ["process_0.npz", "process_1.npz"]
+        assert not (tmp_path / "process_states" / "3" / "process_0.npz").exists()
+    finally:
+        checkpointer.close()
