@@ -18,7 +18,7 @@ import numpy as np
 
 from cua_jax.checks import require_at_least
 from cua_jax.envs import actions as A
-from cua_jax.eval.harness import evaluate
+from cua_jax.eval.harness import evaluate, tables, write_tables
 from cua_jax.eval.intervals import difference_interval, paired_difference_interval
 from cua_jax.eval.suites import Suite
 from cua_jax.tasks.sources import TaskCatalog
@@ -407,6 +407,7 @@ def evaluate_held_out(
     tokenizer: Any = None,
     version: int | None = None,
     temperature: float | None = None,
+    processes: Any = None,
 ) -> dict[str, Any]:
     """One held-out evaluation of a run through the evaluation harness: evaluation.num_seeds
     seeds from `seed_start` (config.env.eval_seed_start) of each task in `tasks` (SourceTasks of
@@ -415,7 +416,15 @@ def evaluate_held_out(
     files and tables go to `out` (a killed evaluation resumes there). Returns `summary_metrics`;
     evaluation.num_traces traces spread over the tasks go to `traces` (`save_traces`: with
     `tokenizer`, the replies' tokens; with `version`, the policy's current version).
-    `temperature` replaces evaluation.temperature (the same seeds and per-turn sampling seeds)."""
+    `temperature` replaces evaluation.temperature (the same seeds and per-turn sampling seeds).
+
+    processes: a coordinated run's place among its processes (index, count, exchange; a
+    `cua_jax.train.coordinated.ProcessGroup`), every process calling this together. Each runs
+    every task on its share of the seeds (seeds[index::count]) on its own workers, its harness
+    files in <out>/process_<index>; the records are then exchanged, so every process returns the
+    same metrics over all the seeds, and process 0 writes the whole tables to `out` and the
+    traces. With per-turn sampling seeds (eval.seed_per_turn) a seed's episode is the same
+    whichever process runs it, so the result is a one-process evaluation's."""
     e = evaluation
     suite = Suite("held_out", TaskCatalog([catalog[t] for t in tasks]), seed_start=seed_start)
     first_episode: dict[str, Episode] = {}  # per task: what the traces show, one episode kept each
@@ -424,22 +433,43 @@ def evaluate_held_out(
         for rollout in rollouts:
             first_episode.setdefault(job.task, rollout.episode)
 
-    summary = evaluate(
-        workers,
-        RunPolicy(),
-        suite,
-        suite.seeds(e.num_seeds),
-        e.group_size,
-        out,
-        max_reruns=e.max_reruns,
-        confidence=e.confidence,
-        progress=False,
-        groups_per_call=e.concurrent_groups,
-        on_group=keep,
-        temperature=temperature,
-        title="held-out evaluation" + ("" if temperature is None else f" at temperature {temperature:g}"),
-    )
-    episodes = [first_episode[t] for t in tasks if t in first_episode]
-    stride = max(1, len(episodes) // max(e.num_traces, 1))
-    save_traces(traces, episodes[::stride][: e.num_traces], tokenizer, version=version)
+    title = "held-out evaluation" + ("" if temperature is None else f" at temperature {temperature:g}")
+    seeds = suite.seeds(e.num_seeds)
+    index, count = (0, 1) if processes is None else (processes.index, processes.count)
+    own_seeds = seeds[index::count]
+    own: dict[str, Any] = {"records": [], "skipped": dict(suite.skipped)}
+    if own_seeds:  # a process past the seed count has none to run
+        own = evaluate(
+            workers,
+            RunPolicy(),
+            suite,
+            own_seeds,
+            e.group_size,
+            out if count == 1 else os.path.join(out, f"process_{index}"),
+            max_reruns=e.max_reruns,
+            confidence=e.confidence,
+            progress=False,
+            groups_per_call=e.concurrent_groups,
+            on_group=keep,
+            temperature=temperature,
+            title=title,
+        )
+    summary = own
+    if count > 1:
+        shares = processes.exchange({"records": own["records"], "skipped": own["skipped"]})
+        records = [record for share in shares for record in share["records"]]
+        summary = {
+            "title": title,
+            "suite": suite.name,
+            "seeds": seeds,
+            **tables(records, e.group_size, e.confidence),
+            "skipped": {task: why for share in shares for task, why in share["skipped"].items()},
+        }
+        if index == 0:
+            write_tables(out, summary)
+        summary["records"] = records
+    if index == 0:
+        episodes = [first_episode[t] for t in tasks if t in first_episode]
+        stride = max(1, len(episodes) // max(e.num_traces, 1))
+        save_traces(traces, episodes[::stride][: e.num_traces], tokenizer, version=version)
     return summary_metrics(summary, tasks)

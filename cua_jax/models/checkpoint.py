@@ -262,8 +262,8 @@ def read_hf_config(directory: str | os.PathLike) -> dict[str, Any]:
 # export
 
 
-def _to_host(array: jax.Array) -> np.ndarray:
-    if array.is_fully_addressable:
+def _to_host(array: jax.Array | np.ndarray) -> np.ndarray:
+    if not isinstance(array, jax.Array) or array.is_fully_addressable:
         return np.asarray(jax.device_get(array))
     from jax.experimental import multihost_utils
 
@@ -282,6 +282,7 @@ def export_hf_checkpoint(
     tokenizer=None,
     image_processor=None,
     chat_template: str | None = None,
+    local: bool = False,
 ) -> pathlib.Path:
     """Writes `model` as a HF directory: config.json, safetensors (sharded with an index
     past `max_shard_bytes`), and tokenizer + processor files.
@@ -293,7 +294,8 @@ def export_hf_checkpoint(
     None; `cua_jax.models.hf_policy.export_policy` always names the policy's own);
     tokenizer_files=False skips them.
     Tensors travel to the host one at a time (gathered across hosts when sharded over
-    several); only process 0 writes files.
+    several); only process 0 writes files, unless `local`: this process writes them from its
+    own copy of the model (every parameter addressable here; no collective).
     """
     directory = pathlib.Path(directory)
     variables = _variables_by_path(nnx.state(model))
@@ -326,7 +328,7 @@ def export_hf_checkpoint(
         shards[-1].append(entry)
         size += nbytes
 
-    writer = jax.process_index() == 0
+    writer = local or jax.process_index() == 0
     if writer:
         directory.mkdir(parents=True, exist_ok=True)
         config = dict(hf_config)

@@ -210,6 +210,7 @@ def export_policy(
     image_processor=None,
     chat_template: str | None = None,
     dtype: str | None = None,
+    local: bool = False,
 ) -> PolicyDirectory | None:
     """Writes `model` (our Qwen3ForCausalLM or Qwen3VLForConditionalGeneration) as a policy
     directory with the policy's own tokenizer files, chat template and image processor.
@@ -221,10 +222,13 @@ def export_policy(
       small-screen processor for a tokenizer object.
     chat_template: replaces the tokenizer's chat template.
     dtype: the weights' on-disk dtype (e.g. "bfloat16"); default each parameter's own.
+    local: this process writes the whole directory from its own copy of the model (every
+      parameter addressable here), whatever its index; by default the parameters are gathered
+      across processes and process 0 writes.
 
     The tokenizer is checked against the model's vocabulary before anything is written.
-    Returns the written directory's `check_policy_directory` on the writing process (process 0),
-    None on the others.
+    Returns the written directory's `check_policy_directory` on the writing process (process 0,
+    or this one when `local`), None on the others.
     """
     kind = policy_kind(model)
     if tokenizer is None:
@@ -248,6 +252,12 @@ def export_policy(
             f"{where} produces ids up to {size - 1}, past the model's vocabulary (its config's {field} is {vocab_size})"
         )
     MODEL_KINDS[kind].export(
-        model, directory, dtype=dtype, tokenizer=tokenizer, image_processor=image_processor, chat_template=chat_template
+        model,
+        directory,
+        dtype=dtype,
+        tokenizer=tokenizer,
+        image_processor=image_processor,
+        chat_template=chat_template,
+        local=local,
     )
-    return check_policy_directory(directory) if jax.process_index() == 0 else None
+    return check_policy_directory(directory) if local or jax.process_index() == 0 else None

@@ -113,13 +113,23 @@ def prepared_kind_configs(settings: TrainSettings) -> dict[str, Any]:
 ENGINE_MODEL_DIR = "engine_model"  # under the workdir: the policy as the vLLM engines load it
 
 
-def export_engine_model(policy, workdir: str, tokenizer, image_processor) -> str:
+def export_engine_model(policy, workdir: str, tokenizer, image_processor, host_params: Any = None) -> str:
     """Writes the policy, with the run's tokenizer, chat template and image processor, as the
     Hugging Face directory the vLLM engines start from (<workdir>/engine_model); later
-    policy versions reach them by weight sync."""
+    policy versions reach them by weight sync.
+
+    host_params: a coordinated run's host copy of the policy's state (`host_state`, whole on
+    every process): each process writes it to <workdir>/engine_model/process_<index> for its
+    own engines, so no host depends on another's disk."""
+    from flax import nnx
 
     directory = os.path.join(workdir, ENGINE_MODEL_DIR)
-    export_policy(policy, directory, tokenizer=tokenizer, image_processor=image_processor)
+    if host_params is None:
+        export_policy(policy, directory, tokenizer=tokenizer, image_processor=image_processor)
+        return directory
+    directory = os.path.join(directory, f"process_{jax.process_index()}")
+    local = nnx.merge(nnx.graphdef(policy), host_params)
+    export_policy(local, directory, tokenizer=tokenizer, image_processor=image_processor, local=True)
     return directory
 
 

@@ -111,16 +111,18 @@ class GroupCollector:
     def _group_seeds(self, key: jax.Array, count: int) -> list[int]:
         return draw_group_seeds(key, count, self.settings.env.train_seeds, self.settings.env.train_seed_max)
 
-    def run_groups(self, worker: Any, task_ids: Sequence[str], key: jax.Array) -> list[CollectedGroup]:
-        """One training group per task id on `worker` (or a list of workers: the groups dealt
-        round-robin, all running at once), with fresh group ids and seeds from `key`."""
+    def _numbered_requests(self, task_ids: Sequence[str], key: jax.Array) -> list[tuple[str, int, int]]:
+        """(task id, page seed, group id) of each group of a draw: fresh group ids, seeds from `key`."""
         with self.lock:
             first = self.next_group_id
             self.next_group_id += len(task_ids)
-        requests = [
-            (task_id, seed, first + k)
-            for k, (task_id, seed) in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))
-        ]
+        seeds = self._group_seeds(key, len(task_ids))
+        return [(task_id, seed, first + k) for k, (task_id, seed) in enumerate(zip(task_ids, seeds))]
+
+    def run_groups(self, worker: Any, task_ids: Sequence[str], key: jax.Array) -> list[CollectedGroup]:
+        """One training group per task id on `worker` (or a list of workers: the groups dealt
+        round-robin, all running at once), with fresh group ids and seeds from `key`."""
+        requests = self._numbered_requests(task_ids, key)
         results = run_on_workers(
             worker if isinstance(worker, list) else [worker], requests, self.settings.rollout.group_size
         )
@@ -240,13 +242,7 @@ class GroupCollector:
         does, dealt by `partition_groups`, this process's run on `worker`, then every group's
         summary and outcome exchanged. Returns (this process's groups by position, every group's
         summary, every group's outcome), the last two in order."""
-        with self.lock:
-            first = self.next_group_id
-            self.next_group_id += len(task_ids)
-        requests = [
-            (task_id, seed, first + k)
-            for k, (task_id, seed) in enumerate(zip(task_ids, self._group_seeds(key, len(task_ids))))
-        ]
+        requests = self._numbered_requests(task_ids, key)
         owners = partition_groups([self.group_cost(task_id) for task_id in task_ids], processes.count)
         positions = [k for k, owner in enumerate(owners) if owner == processes.index]
         mine = [requests[k] for k in positions]

@@ -829,8 +829,8 @@ class TrainSettings:
 
 
 def _check_coordinated(c, train: TrainLoopConfig, rollout: RolloutSettings, env: EnvSettings) -> None:
-    """What coordinated collection (config.train.coordinated) does not support yet, each a
-    ConfigError naming the field to change."""
+    """What coordinated collection (config.train.coordinated) does not support yet, and what it
+    needs, each a ConfigError naming the field to change."""
     why = "train.coordinated splits a step's groups across processes"
     _require(
         env.observation == "text",
@@ -839,26 +839,22 @@ def _check_coordinated(c, train: TrainLoopConfig, rollout: RolloutSettings, env:
         "mesh): use 'text' with a text policy",
     )
     _require(
-        rollout.engine == "jax",
-        "rollout.engine",
-        f"{why}; each process serves its groups with the JAX sampler in its own process: set 'jax'",
-    )
-    _require(
-        rollout.worker_backend == "local",
-        "rollout.worker_backend",
-        f"{why}; each process serves its groups with the JAX sampler in its own process: set 'local'",
-    )
-    _require(
         rollout.seed_per_turn,
         "rollout.seed_per_turn",
         f"{why}; a group must sample the same tokens whichever process runs it: set it True",
     )
     _require(
-        not c.eval.enabled,
-        "eval.enabled",
-        f"{why}; evaluations are not split yet: set it False (and evaluate the exported policy)",
+        not c.eval.enabled or c.eval.seed_per_turn,
+        "eval.seed_per_turn",
+        "train.coordinated splits an evaluation's seeds across processes; a seed's episode must sample the same "
+        "tokens whichever process runs it: set it True",
     )
-    _require(c.warm_start.steps == 0, "warm_start.steps", f"{why}; the warm start is not split yet: set it 0")
+    _require(
+        c.warm_start.steps == 0,
+        "warm_start.steps",
+        f"{why}; the warm start's fine-tuning is not split yet: set it 0 and start from a policy pretrained by "
+        "experiments.pretrain (model.init_from)",
+    )
     _require(
         train.trace_every == 0,
         "train.trace_every",

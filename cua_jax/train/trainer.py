@@ -222,7 +222,9 @@ def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> 
     ray.enter_context(local_ray(settings.rollout))
     try:
         engine_model_dir = (
-            export_engine_model(policy, settings.workdir, setup.tokenizer, setup.image_processor)
+            export_engine_model(
+                policy, settings.workdir, setup.tokenizer, setup.image_processor, host_params=engine_params
+            )
             if settings.rollout.engine == "vllm"
             else None
         )
@@ -353,17 +355,8 @@ class Trainer:
             int(sum(np.asarray(mb.item_valid).sum() for mb in micro)) for micro in minibatches
         ]
         tokens = [batch_tokens(mb) for micro in minibatches for mb in micro]
-        updates = self.learner.train_on_batch(minibatches)
-        metrics.update({f"learner/{k}": v for k, v in mean_metrics(updates).items()})
-        metrics["learner/updates"] = float(len(updates))
         # Tokens one forward pass over the rollout batch runs (shared prefixes counted once each).
-        metrics["learner/forward_tokens"] = float(sum(tokens))
-        t1 = time.perf_counter()
-        with timeline.span("sync"):
-            self.sync_weights()
-        metrics[TIMING_PREFIX + "learn_s"] = t1 - t0
-        metrics[TIMING_PREFIX + "sync_s"] = time.perf_counter() - t1
-        return metrics
+        return self._update_and_sync(minibatches, float(sum(tokens)), metrics, t0)
 
     def learn_share(self, local: Sequence[CollectedGroup], groups: Sequence[CollectedGroup]) -> dict[str, float]:
         """`learn` in a coordinated run (a collective: every process calls it each step), from
@@ -403,10 +396,16 @@ class Trainer:
                 minibatches.append([self.learner.global_batch(mb) for mb in mine])
                 shapes.append(shape)
         self.last_minibatch_item_counts = [shape.items for shape in shapes]
+        return self._update_and_sync(minibatches, float(sum(shape.tokens for shape in shapes)), metrics, t0)
+
+    def _update_and_sync(self, minibatches: Any, forward_tokens: float, metrics: dict, t0: float) -> dict[str, float]:
+        """The step's updates on `minibatches`, then the weights to the engines: `metrics` gains
+        the learner's means, the update count, `forward_tokens` and the learn / sync times
+        (learning timed from `t0`)."""
         updates = self.learner.train_on_batch(minibatches)
         metrics.update({f"learner/{k}": v for k, v in mean_metrics(updates).items()})
         metrics["learner/updates"] = float(len(updates))
-        metrics["learner/forward_tokens"] = float(sum(shape.tokens for shape in shapes))
+        metrics["learner/forward_tokens"] = forward_tokens
         t1 = time.perf_counter()
         with timeline.span("sync"):
             self.sync_weights()
@@ -444,14 +443,13 @@ class Trainer:
     def _push_weights(self) -> None:
         """The learner's parameters to every engine as policy `self.version` (`push_weights`).
         Coordinated: each process gathers the sharded parameters into a host copy (a collective)
-        and hands it to its own engines, which hold the whole policy on their local device."""
+        and hands it to its own engines (in-process, Ray actors or vLLM), which hold the whole
+        policy."""
         from flax import nnx
 
         state = nnx.state(self.learner.model)
         if self.processes is not None:
-            for worker in self.workers:
-                worker.update_weights(host_state(state), self.version)
-            return
+            state = host_state(state)
         push_weights(self.workers, self.settings.rollout, state, self.version)
 
     # -- on-policy ------------------------------------------------------------------------
@@ -545,7 +543,8 @@ class Trainer:
     def evaluate(self, label: str, temperature: float | None = None) -> dict[str, float]:
         """Held-out success of the current policy through the evaluation harness, over every
         worker (`cua_jax.eval.held_out.evaluate_held_out`; its files under evals/<label>_<step>),
-        logged, kept in evaluations[label], with a few traces spread over the tasks.
+        logged, kept in evaluations[label], with a few traces spread over the tasks. A
+        coordinated run's processes evaluate together (a collective), each its share of the seeds.
         `temperature` replaces eval.temperature (the same seeds and sampling seeds)."""
         folder = f"{label}_{self.step:06d}"
         result = evaluate_held_out(
@@ -559,6 +558,7 @@ class Trainer:
             self.tokenizer,
             self.version,
             temperature=temperature,
+            processes=self.processes,
         )
         self._log(self.step, {f"eval_{label}/{k}": v for k, v in result.items() if k != "outcomes"})
         self.evaluations[label] = result

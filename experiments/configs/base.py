@@ -419,9 +419,13 @@ def base_config() -> ml_collections.ConfigDict:
     # process's share at once within staleness_window of the global policy version (the learner
     # step), and checkpoints keep every process's rollout state (<workdir>/process_states), so
     # --resume loses no episode and trains none twice; rollout.batch_tasks >= process count.
-    # Needs text observations, the local JAX sampler, rollout.seed_per_turn, and no evaluation,
-    # warm start or traces yet (each refused at start, naming the field). Required with more
-    # than one process (a ConfigError otherwise); launch/multihost.sh sets it True.
+    # Each process's engines are its own (the JAX sampler in-process or in Ray actors, or vLLM
+    # engines on a local Ray serving <workdir>/engine_model/process_<index>), synced with the
+    # whole policy after every update; evaluations split their seeds across the processes and
+    # exchange the records. Needs text observations, rollout.seed_per_turn (and
+    # eval.seed_per_turn), and no warm start or training traces yet (each refused at start,
+    # naming the field). Required with more than one process (a ConfigError otherwise);
+    # launch/multihost.sh sets it True.
     c.train.coordinated = False
 
     # Task sampling (cua_jax.tasks.samplers.build_sampler). Each subsection holds the fields of

@@ -10,7 +10,6 @@ import os
 
 import pytest
 
-from cua_jax.envs.contract import EnvironmentWrapper
 from cua_jax.eval.harness import Job, _take_jobs, evaluate, pending_jobs, read_results, sweep
 from cua_jax.eval.suites import SEED_START, load_suite
 from cua_jax.train.settings import TrainSettings
@@ -24,27 +23,10 @@ from experiments.policies import (
     random_action,
     worker_factory,
 )
+from tests.support.faults import CapsuleClosingEnvironment, FaultSwitch
 
 TASKS = ["click-button", "enter-text"]
 SEEDS = [SEED_START, SEED_START + 1]
-
-
-class CapsuleClosingEnvironment(EnvironmentWrapper):
-    """Closes its capsule under the running episode `armed` times (an infrastructure fault:
-    the runtime no longer knows the environment), so those episodes are quarantined."""
-
-    def __init__(self, env):
-        super().__init__(env)
-        self.armed = 0
-
-    async def _step(self, action):
-        if not self.armed:
-            return await self.env.step(action)
-        self.armed -= 1
-        await self.env._call(self.env.runtime.aclose(self.env.env_id))
-        transition = await self.env.step(action)
-        self.env.env_id = None  # the next reset builds a fresh capsule
-        return transition
 
 
 def config(max_turns):
@@ -64,16 +46,15 @@ def suite():
 
 @pytest.fixture(scope="module")
 def oracle(suite):
-    wrappers = []
+    switch = FaultSwitch()
 
     def wrap(env):
-        wrappers.append(CapsuleClosingEnvironment(env))
-        return wrappers[-1]
+        return CapsuleClosingEnvironment(env, switch)
 
     policy = load_eval_policy("oracle", config(4))
     workers = build_eval_workers(policy, suite, agent_of(policy), 1, wrap, group_size=2)
     try:
-        yield policy, workers, wrappers
+        yield policy, workers, switch
     finally:
         for worker in workers:
             worker.shutdown()
@@ -108,8 +89,8 @@ def test_oracle_k2_tables_and_resume_after_a_cut(oracle, suite, tmp_path):
 
 @pytest.mark.browser
 def test_quarantined_episode_is_counted_apart_and_run_again(oracle, suite, tmp_path):
-    policy, workers, wrappers = oracle
-    wrappers[0].armed = 1
+    policy, workers, switch = oracle
+    switch.arm()
     summary = evaluate(workers, policy, suite.restricted(["enter-text"]), SEEDS[:1], 2, tmp_path, progress=False)
     records = read_results(tmp_path / "results.jsonl")
     quarantined = [r for r in records if r["status"] == EpisodeStatus.QUARANTINED.value]
@@ -120,7 +101,7 @@ def test_quarantined_episode_is_counted_apart_and_run_again(oracle, suite, tmp_p
     assert summary["overall"]["given_up"] == 0 and summary["overall"]["success_rate"] == 1.0
 
     # With no reruns allowed, the quarantined sample is given up, not scored.
-    wrappers[0].armed = 1
+    switch.arm()
     capped = evaluate(
         workers,
         policy,

@@ -29,13 +29,13 @@ def test_an_unknown_job_is_named(tmp_path):
 @pytest.mark.browser
 @pytest.mark.slow
 def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
-    """The README's main job, shrunk by overrides only: the shipped base loaded, evaluation
-    before (at the training temperature and greedy), three RL steps with an evaluation between
-    them, evaluation after with the gains' intervals (overall, greedy, per task), the training
-    trend's slope, and every artefact in the workdir."""
+    """The README's main job, shrunk by overrides only (one of its tasks): the shipped base
+    loaded, evaluation before (at the training temperature and greedy), three RL steps with an
+    evaluation between them, evaluation after with the gains' intervals (overall, greedy, per
+    task), the training trend's slope, and every artefact in the workdir."""
     workdir = tmp_path / "run"
     overrides = [
-        "--config.env.tasks=(('click-button',0),)",
+        "--config.env.tasks=(('click-tab',0),)",
         "--config.rollout.group_size=2",
         "--config.rollout.batch_tasks=1",
         "--config.rollout.max_turns=1",
@@ -55,14 +55,14 @@ def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
     assert "held-out evaluation at temperature 1 (training samples at 1):" in out
     assert "held-out success before, temperature 0:" in out and "held-out success after, temperature 0:" in out
     assert out.index("paired by seed (2 seeds,") < out.index("paired by seed, temperature 0 (2 seeds,")
-    assert out.index("paired by seed, temperature 0") < out.index("  click-button: ")
+    assert out.index("paired by seed, temperature 0") < out.index("  click-tab: ")
     assert "training success per update (fresh pages each update), least-squares slope over 3 updates:" in out
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["steps"] == 3 and not summary["warm_start"]  # the base needs none
     assert summary["evaluations"]["step_2"]["episodes"] + summary["evaluations"]["step_2"]["given_up"] == 2
     greedy = summary["evaluations"]["gain_low_temperature"]
     assert greedy["paired_episodes"] + summary["evaluations"]["after_low_temperature"]["given_up"] == 2
-    task_gain = summary["evaluations"]["gain"]["per_task"]["click-button"]
+    task_gain = summary["evaluations"]["gain"]["per_task"]["click-tab"]
     assert task_gain["paired_difference"] == pytest.approx(summary["evaluations"]["gain"]["paired_difference"])
     for when in ("before", "after"):  # one task: its counts are the evaluation's
         assert task_gain[f"episodes_{when}"] == summary["evaluations"][when]["episodes"]
@@ -76,7 +76,7 @@ def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
     assert gain["paired_episodes"] == 2 and gain["paired_difference"] == pytest.approx(gain["difference"])
     assert gain["paired_ci_low"] <= gain["paired_difference"] <= gain["paired_ci_high"]
     outcomes = summary["evaluations"]["before"]["outcomes"]
-    assert sorted(outcomes) == ["click-button/1000000/0", "click-button/1000001/0"]
+    assert sorted(outcomes) == ["click-tab/1000000/0", "click-tab/1000001/0"]
     assert set(outcomes.values()) <= {0, 1}
     # The evaluations ran through the evaluation harness: its results file and tables.
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -106,9 +106,14 @@ def test_the_default_run_end_to_end_at_tiny_scale(tmp_path):
 def test_text_policy_on_vllm_through_the_entrypoint_then_exported(tmp_path):
     """experiments/configs/text_vllm.py shrunk by overrides: a text-only Qwen3 whose rollouts
     come from a vLLM engine in a Ray actor, trained one step, evaluated, then exported by
-    `python -m experiments.export` into a directory transformers loads."""
+    `python -m experiments.export` into a directory transformers loads. It runs in coordinated
+    mode (train.coordinated, one process), as each process of a multi-host run does: the engine
+    serves this process's own export of a host copy of the policy, synced from host copies, and
+    the evaluations run with the process group (one process: every seed its own)."""
     workdir = tmp_path / "run"
     overrides = [
+        "--config.train.coordinated=true",
+        "--config.rollout.seed_per_turn=true",
         "--config.env.tasks=(('click-button',0),)",
         "--config.rollout.group_size=2",
         "--config.rollout.batch_tasks=1",
@@ -125,6 +130,8 @@ def test_text_policy_on_vllm_through_the_entrypoint_then_exported(tmp_path):
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     step = next(r for r in records if "learner/rollout_logprob_gap" in r)
     assert step["learner/rollout_logprob_gap"] < 1e-3 and "learner/rollout_logprob_gap_max" in step
+    assert step["policy/version"] == 1.0
+    assert (workdir / "engine_model" / "process_0" / "config.json").is_file()  # this process's own export
     out = tmp_path / "export"
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
     exported = subprocess.run(

@@ -1,6 +1,7 @@
-"""A two-node Ray cluster on this machine for the launch tests: a head (1 CPU, with the job
-dashboard) and a second node (2 CPUs) that alone advertises the custom resource
-`rollout_node`, as a rollout machine of a real cluster would."""
+"""What the launch tests share: a two-node Ray cluster on this machine (a head with 1 CPU and
+the job dashboard, and a second node with 2 CPUs that alone advertises the custom resource
+`rollout_node`, as a rollout machine of a real cluster would), free ports, and the environment
+and flags of the multi-host tests' processes."""
 
 from __future__ import annotations
 
@@ -15,12 +16,39 @@ import tempfile
 import pytest
 
 ROLLOUT_RESOURCE = "rollout_node"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The multi-host trainer tests' policy: the tiny text Qwen3 on DOM text, each request with its
+# own sampling stream (a group samples the same tokens whichever process runs it), coordinated.
+TEXT_POLICY_FLAGS = [
+    "--config=experiments/configs/tiny.py",
+    "--config.model.name=tiny_qwen3",
+    "--config.env.observation=text",
+    "--config.env.include_dom_text=true",
+    "--config.rollout.seed_per_turn=true",
+    "--config.rollout.max_context_tokens=2048",
+    "--config.rollout.prompt_style=compact",
+    "--config.train.coordinated=true",
+]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def process_env(devices: int, **extra: str) -> dict[str, str]:
+    """The environment of a multi-host test's process: `devices` CPU devices, this repository
+    importable, launch/multihost.sh's Python this one, and `extra` (CUA_PROCESS_ID, ...)."""
+    env = {
+        **os.environ,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "JAX_PLATFORMS": "cpu",
+        "CUA_JAX_PYTHON": sys.executable,
+        **extra,
+    }
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 def _stop_ray_processes(temp_dir: str) -> None:

@@ -16,7 +16,9 @@ process, to DIR/params_<step>.npz. At the end DIR/result_<process>.json gathers 
 record, this launch's and earlier launches' of the same DIR.
 
 --resume continues the run checkpointed in config.workdir (Trainer.restore; the sampler's
-state right after it goes to DIR/restored_<process>.json). --die_process / --die_after_step:
+state right after it goes to DIR/restored_<process>.json). With config.eval.enabled, the launch
+that finishes the run evaluates the policy after the last update (Trainer.evaluate, as Trainer.run
+ends) into the result. --die_process / --die_after_step:
 that process kills itself (SIGKILL) right after the checkpoint of that step count, as a host
 that dies would.
 """
@@ -120,7 +122,7 @@ def run():
                 "all_episode_ids": [e.episode_id for g in groups for e in g.episodes],
                 "trained": [item.episode_id for item in trainer.last_batch.items],
                 "metrics": {k: v for k, v in metrics.items() if isinstance(v, float)},
-                "engine_version": trainer.workers[0].engine.health().policy_version,
+                "engine_version": trainer.workers[0].health().policy_version,
                 "sampler": sampler_state(trainer),
                 "launch": "resumed" if _RESUME.value else "first",
             }
@@ -142,12 +144,17 @@ def run():
                 steps.append((int(path.rsplit("_", 1)[1].removesuffix(".json")), json.load(f)))
         steps.sort(key=lambda pair: pair[0])
         assert [step for step, _ in steps] == list(range(train.num_steps)), [step for step, _ in steps]
+        # The held-out evaluation after the last update, as Trainer.run ends (every process
+        # together, each on its share of the seeds).
+        evaluation = trainer.evaluate("after") if trainer.settings.eval.enabled else None
         result = {
             "process": process,
             "devices": [len(jax.devices()), len(jax.local_devices()), jax.process_count()],
             "built_s": built_s,
             "total_s": time.perf_counter() - start,
             "steps": [record for _, record in steps],
+            "evaluation": evaluation,
+            "worker_type": type(trainer.workers[0]).__name__,
         }
         with open(os.path.join(out, f"result_{process}.json"), "w") as f:
             json.dump(result, f)

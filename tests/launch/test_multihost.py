@@ -4,8 +4,6 @@ data 2 x fsdp 2 x tensor 2 mesh (tests/launch/multihost_step.py does the work)."
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 
@@ -17,8 +15,8 @@ from cua_jax.models.sharding import MeshConfig
 from cua_jax.train.settings import ConfigError, TrainSettings, mesh_settings
 from experiments.configs import tiny
 from experiments.configs.base import base_config
+from tests.launch.conftest import REPO, free_port, process_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEP = "tests/launch/multihost_step.py"
 MESH_FLAGS = [
     "--config=experiments/configs/tiny.py",
@@ -28,41 +26,23 @@ MESH_FLAGS = [
 ]
 
 
-def _env(devices: int, **extra: str) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-        "JAX_PLATFORMS": "cpu",
-        "CUA_JAX_PYTHON": sys.executable,
-        **extra,
-    }
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """(single-process output dir, two-process output dir), run side by side."""
     single, double = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("double")
-    coordinator = f"127.0.0.1:{_free_port()}"
+    coordinator = f"127.0.0.1:{free_port()}"
     processes = [
         subprocess.Popen(
             [sys.executable, STEP, *MESH_FLAGS, f"--out={single}"],
             cwd=REPO,
-            env=_env(8),
+            env=process_env(8),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
     ]
     for process_id in range(2):
-        env = _env(
+        env = process_env(
             4,
             CUA_PROCESS_ID=str(process_id),
             CUA_NUM_PROCESSES="2",
@@ -158,7 +138,7 @@ def test_multihost_script_takes_process_id_and_count_from_slurm(tmp_path):
     --config, where a later flag of the caller's still overrides it."""
     program = tmp_path / "print_args.py"
     program.write_text("import sys\nprint('\\n'.join(sys.argv[1:]))\n")
-    env = _env(
+    env = process_env(
         1, SLURM_PROCID="3", SLURM_NTASKS="4", CUA_COORDINATOR_ADDRESS="node-a:8476", CUA_MULTIHOST_PROGRAM=str(program)
     )
     for name in ("CUA_PROCESS_ID", "CUA_NUM_PROCESSES"):
@@ -198,7 +178,8 @@ def test_the_coordinated_flag_placed_by_the_script_is_overridden_by_a_later_one(
 
     def coordinated(*overrides):
         command = [sys.executable, str(program), "--config=experiments/configs/tiny.py", *overrides]
-        return subprocess.run(command, cwd=REPO, env=_env(1), capture_output=True, text=True, check=True).stdout.strip()
+        done = subprocess.run(command, cwd=REPO, env=process_env(1), capture_output=True, text=True, check=True)
+        return done.stdout.strip()
 
     assert coordinated("--config.train.coordinated=true") == "True"
     assert coordinated("--config.train.coordinated=true", "--config.train.coordinated=false") == "False"

@@ -22,8 +22,7 @@ import time
 
 import pytest
 
-from tests.launch.conftest import free_port
-from tests.launch.test_multihost_coordinated import REPO, _env
+from tests.launch.conftest import REPO, TEXT_POLICY_FLAGS, free_port, process_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -32,14 +31,7 @@ WINDOW = 8  # wider than any lag here: no group is dropped, so every group drawn
 # One CPU device per process, the learner's rows split over the two (data 2): the sharded learner
 # is the on-policy test's; what is new here is host-side, and a smaller mesh compiles faster.
 FLAGS = [
-    "--config=experiments/configs/tiny.py",
-    "--config.model.name=tiny_qwen3",
-    "--config.env.observation=text",
-    "--config.env.include_dom_text=true",
-    "--config.rollout.seed_per_turn=true",
-    "--config.rollout.max_context_tokens=2048",
-    "--config.rollout.prompt_style=compact",
-    "--config.train.coordinated=true",
+    *TEXT_POLICY_FLAGS,
     "--config.mesh.data=2",
     "--config.mesh.fsdp=1",
     "--config.mesh.tensor=1",
@@ -55,7 +47,7 @@ def _launch(workdir, logs, resume: bool) -> list[subprocess.Popen]:
     coordinator = f"127.0.0.1:{free_port()}"
     processes = []
     for process_id in range(2):
-        env = _env(1, CUA_PROCESS_ID=str(process_id), CUA_NUM_PROCESSES="2", CUA_COORDINATOR_ADDRESS=coordinator)
+        env = process_env(1, CUA_PROCESS_ID=str(process_id), CUA_NUM_PROCESSES="2", CUA_COORDINATOR_ADDRESS=coordinator)
         with open(logs[process_id], "w") as log:
             processes.append(
                 subprocess.Popen(

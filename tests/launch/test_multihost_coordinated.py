@@ -9,6 +9,10 @@ Both runs are coordinated runs: the one-process run is the reference (the same t
 process collecting every group). A random policy never finishes a task, so every episode ends
 NO_VERDICT and the advantages are 0; the entropy bonus (tiny.py) keeps the gradient non-zero.
 
+The relaunched processes each serve their groups from JAX samplers in Ray actors on a local Ray
+of their own (rollout.worker_backend ray), and evaluate the policy after the last update
+together, each on its share of the held-out seeds.
+
 The two-process run is also the fault test: process 1 kills itself (SIGKILL) right after the
 checkpoint of its 2nd update, process 0 must then stop within the heartbeat timeout set here with
 one error naming process 1 and its host (exit status 75, cua_jax/models/liveness.py), and both
@@ -30,48 +34,32 @@ import time
 import numpy as np
 import pytest
 
+from tests.launch.conftest import REPO, TEXT_POLICY_FLAGS, free_port, process_env
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEP = "tests/launch/coordinated_step.py"
 FLAGS = [
-    "--config=experiments/configs/tiny.py",
-    "--config.model.name=tiny_qwen3",
-    "--config.env.observation=text",
-    "--config.env.include_dom_text=true",
-    "--config.rollout.seed_per_turn=true",
-    "--config.rollout.max_context_tokens=2048",
-    "--config.rollout.prompt_style=compact",
-    "--config.train.coordinated=true",
+    *TEXT_POLICY_FLAGS,
     "--config.mesh.data=2",
     "--config.mesh.fsdp=2",
     "--config.mesh.tensor=2",
     # A checkpoint after the 2nd update (and the last): the one the killed run resumes from.
     "--config.train.checkpoint_every=2",
     "--config.mesh.heartbeat_timeout_s=10",
+    # The held-out evaluation after the last update: 3 seeds of each task, split 2 + 1 over
+    # the two processes.
+    "--config.eval.enabled=true",
+    "--config.eval.num_seeds=3",
+    "--config.eval.max_turns=2",
 ]
+# The relaunched processes serve their groups from JAX samplers in Ray actors, each process on a
+# local Ray of its own (the first launch and the reference: in-process samplers).
+RAY_WORKERS = "--config.rollout.worker_backend=ray"
 STEPS = 3  # tiny.py's train.num_steps
 HEARTBEAT_TIMEOUT_S = 10
 DIE_AFTER = 2  # process 1 dies right after the checkpoint of this many updates
 PROCESS_LOST_EXIT = 75
-
-
-def _env(devices: int, **extra: str) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-        "JAX_PLATFORMS": "cpu",
-        "CUA_JAX_PYTHON": sys.executable,
-        **extra,
-    }
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(command: list[str], env: dict[str, str], log) -> subprocess.Popen:
@@ -106,10 +94,10 @@ def _stop(processes) -> None:
 
 
 def _two_processes(double, logs, name: str, *extra: str) -> dict[str, subprocess.Popen]:
-    coordinator = f"127.0.0.1:{_free_port()}"
+    coordinator = f"127.0.0.1:{free_port()}"
     processes = {}
     for process_id in range(2):
-        env = _env(
+        env = process_env(
             4,
             CUA_PROCESS_ID=str(process_id),
             CUA_NUM_PROCESSES="2",
@@ -134,7 +122,7 @@ def runs(tmp_path_factory):
     processes = {
         "single": _start(
             [sys.executable, STEP, *FLAGS, f"--config.workdir={single / 'run'}", f"--out={single}"],
-            _env(8),
+            process_env(8),
             open(logs / "single.log", "w"),
         )
     }
@@ -153,7 +141,7 @@ def runs(tmp_path_factory):
             "survivor_out": out["first_0"],
             "survivor_after_s": ended["first_0"] - died["time"],
         }
-        resumed = _two_processes(double, logs, "resumed", "--resume")
+        resumed = _two_processes(double, logs, "resumed", "--resume", RAY_WORKERS)
         _wait(resumed, 600)
         for name, process in resumed.items():
             assert process.returncode == 0, (logs / f"{name}.log").read_text()[-6000:]
@@ -290,7 +278,53 @@ def test_coordinated_run_trains_every_episode_once(runs):
     assert len(seen) == len(set(seen)) == 4 * STEPS
     # Process 0 alone wrote the run's records, over both processes' groups.
     records = [json.loads(line) for line in (double / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == list(range(STEPS))
-    assert all(r["episodes/total"] == 4 and r["groups/total"] == 2 for r in records)
+    steps = [r for r in records if "episodes/total" in r]
+    assert [r["step"] for r in steps] == list(range(STEPS))
+    assert all(r["episodes/total"] == 4 and r["groups/total"] == 2 for r in steps)
+    # ... and, once, the evaluation after the last update (both processes' episodes).
+    evaluations = [r for r in records if "eval_after/episodes" in r]
+    assert [(r["step"], r["eval_after/episodes"]) for r in evaluations] == [(STEPS, 6.0)]
+    assert len(records) == STEPS + 1
     logged = [json.loads(line)["episode_id"] for line in (double / "run" / "episodes.jsonl").read_text().splitlines()]
     assert sorted(logged) == sorted(seen)
+
+
+def test_relaunched_processes_sample_from_ray_actors_as_one_process_samples_in_process(runs):
+    """The resumed launch's engines ran in Ray actors (the first launch's and the reference's in
+    the trainer's process); the 3rd update's groups already matched the reference's above, and
+    each process's engine holds the policy of every update (the weight sync reached the actors)."""
+    _, _, reference, results, _ = runs
+    assert reference["worker_type"] == "RolloutWorker"
+    assert [r["worker_type"] for r in results] == ["RemoteRolloutWorker"] * 2
+    assert [r["steps"][STEPS - 1]["engine_version"] for r in results] == [STEPS, STEPS]
+
+
+def test_coordinated_evaluation_splits_the_seeds_and_equals_one_process(runs):
+    """eval.enabled in a coordinated run: process 0 ran seeds 0 and 2 of each task, process 1
+    seed 1, each on its own engines (<out>/process_<i>); both returned the metrics over all 6
+    episodes, equal to the one-process evaluation's (per-turn sampling seeds: a seed samples the
+    same tokens whichever process runs it), and process 0 wrote the whole tables."""
+    single, double, reference, results, _ = runs
+    expected = reference["evaluation"]
+    assert expected["episodes"] == 6.0 and len(expected["outcomes"]) == 6
+    for result in results:
+        assert result["evaluation"] == expected
+    folder = double / "run" / "evals" / f"after_{STEPS:06d}"
+    shares = {p: _records(folder / f"process_{p}") for p in range(2)}
+    seeds = {p: sorted({r["seed"] for r in records}) for p, records in shares.items()}
+    first = min(seeds[0] + seeds[1])
+    assert seeds == {0: [first, first + 2], 1: [first + 1]}
+    assert [len(records) for records in shares.values()] == [4, 2]  # both tasks on each of its seeds
+    # The episodes themselves: status, turns and valid actions of each (task, seed) as in one process.
+    want = {(r["task"], r["seed"]): _episode(r) for r in _records(single / "run" / "evals" / f"after_{STEPS:06d}")}
+    got = {(r["task"], r["seed"]): _episode(r) for records in shares.values() for r in records}
+    assert got == want
+    assert (folder / "results.md").exists() and not (double / "run" / "evals" / "process_1").exists()
+
+
+def _records(folder):
+    return [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
+
+
+def _episode(record):
+    return record["status"], record["turns"], record["valid_actions"]

@@ -403,10 +403,8 @@ def test_the_global_batch_of_two_processes_has_the_loss_of_one_process(share_pre
 
 CHECKED = [
     ({"rollout__seed_per_turn": False}, "config.rollout.seed_per_turn"),
-    ({"rollout__engine": "vllm"}, "config.rollout.engine"),
-    ({"rollout__worker_backend": "ray"}, "config.rollout.worker_backend"),
+    ({"eval__enabled": True, "eval__seed_per_turn": False}, "config.eval.seed_per_turn"),
     ({"warm_start__steps": 2}, "config.warm_start.steps"),
-    ({"eval__enabled": True}, "config.eval.enabled"),
     ({"train__trace_every": 2}, "config.train.trace_every"),
 ]
 
@@ -428,6 +426,10 @@ def test_coordinated_settings_accept_the_supported_run():
     config = _coordinated_config(train__mode="async", train__staleness_window=2, learner__old_logprobs="rollout")
     settings = TrainSettings.from_config(config)
     assert settings.train.coordinated and settings.train.mode == "async"
+    # Each process's engines may be JAX samplers in Ray actors or vLLM engines, and the
+    # evaluations split their seeds across the processes.
+    for overrides in ({"rollout__worker_backend": "ray"}, {"rollout__engine": "vllm"}, {"eval__enabled": True}):
+        assert TrainSettings.from_config(_coordinated_config(**overrides)).train.coordinated, overrides
 
 
 @pytest.mark.parametrize(("overrides", "field"), CHECKED, ids=[field for _, field in CHECKED])

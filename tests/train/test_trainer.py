@@ -19,38 +19,19 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cua_jax.envs.contract import EnvironmentWrapper
 from cua_jax.types import EpisodeStatus
+from tests.support.faults import CapsuleClosingEnvironment, FaultSwitch
 from tests.support.trainer import replayed_metrics, start_trainer, tiny_config
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-class CapsuleClosingEnvironment(EnvironmentWrapper):
-    """A MiniWoB environment whose capsule is closed under the running episode when armed:
-    a real infrastructure fault (the runtime no longer knows the environment)."""
-
-    def __init__(self, env):
-        super().__init__(env)
-        self.armed = False
-
-    async def _step(self, action):
-        if not self.armed:
-            return await self.env.step(action)
-        self.armed = False
-        await self.env._call(self.env.runtime.aclose(self.env.env_id))
-        transition = await self.env.step(action)
-        self.env.env_id = None  # the next reset builds a fresh capsule
-        return transition
-
-
 @pytest.fixture(scope="module")
 def on_policy(tmp_path_factory):
-    wrappers = []
+    switch = FaultSwitch()
 
     def wrap(env):
-        wrappers.append(CapsuleClosingEnvironment(env))
-        return wrappers[-1]
+        return CapsuleClosingEnvironment(env, switch)
 
     # Its evaluations run at YaRN 2 (eval.rope_scaling): training, and so the on-policy tests,
     # keep the model's own rope; a one-turn budget keeps the evaluation test short. Training
@@ -60,7 +41,7 @@ def on_policy(tmp_path_factory):
     )
     trainer = start_trainer(config, env_wrapper=wrap)
     try:
-        yield trainer, wrappers
+        yield trainer, switch
     finally:
         trainer.close()
 
@@ -104,8 +85,8 @@ def test_on_policy_step_has_ratio_one_and_no_clipping(on_policy):
 
 
 def test_injected_fault_quarantines_one_episode_out_of_its_group(on_policy):
-    trainer, wrappers = on_policy
-    wrappers[0].armed = True
+    trainer, switch = on_policy
+    switch.arm()
     metrics = trainer.train_step()
     batch = trainer.last_batch
     assert all(e.status is not EpisodeStatus.QUARANTINED for e in batch.episodes.values())
