@@ -40,7 +40,9 @@ This config, measured 2026-12-05 (docs/main_job.md has the whole table), held-ou
 the training temperature, paired by seed (95%), and greedily: seed 0 54/144 -> 79/144 (+0.174,
 [+0.080, +0.262]; greedily 58 -> 84, +0.181 [+0.100, +0.257]), seed 2 55/144 -> 75/144
 (+0.139, [+0.045, +0.228]; greedily 58 -> 85, +0.188 [+0.106, +0.264]), seed 1 56/144 ->
-79/144 (+0.160, [+0.062, +0.253]; greedily 58 -> 81, +0.160 [+0.077, +0.239]).
+79/144 (+0.160, [+0.062, +0.253]; greedily 58 -> 81, +0.160 [+0.077, +0.239]). The control with
+rewards permuted within each batch (advantage.permute_rewards, seed 0's pages and sampling
+keys) went 54 -> 56 (+0.014, [-0.072, +0.100]; greedily -0.014): the gain is the reward's.
 Seed 0's 150-update figures are its 200-update run's step-150 checkpoint evaluated (the learning
 rate is constant and nothing else depends on train.num_steps, so a 150-update run ends in that
 state); seed 2's run took 27.1 minutes after setup alone on a 2-core Intel Xeon, with a
