@@ -436,15 +436,31 @@ def evaluate(
         temperature,
     )
     records = [r for r in read_results(results_path) if r["task"] in set(runnable) and r["seed"] in set(seeds)]
-    summary = {
-        "title": title or f"{getattr(policy, 'name', 'policy')} on {suite.name}",
-        "suite": suite.name,
-        "seeds": seeds,
-        **tables(records, k, confidence),
-        "skipped": skipped,
-    }
+    title = title or f"{getattr(policy, 'name', 'policy')} on {suite.name}"
+    summary = summarize(records, k, confidence, title=title, suite=suite, seeds=seeds, skipped=skipped)
     write_tables(out, summary)
     return {**summary, "records": records}
+
+
+def summarize(
+    records: Sequence[Mapping[str, Any]],
+    k: int,
+    confidence: float,
+    *,
+    title: str,
+    suite: Any,
+    seeds: Sequence[int],
+    skipped: Mapping[str, str],
+) -> dict[str, Any]:
+    """An evaluation's summary over `records` (without them): its title, suite name, seeds,
+    `tables` and the tasks skipped with why: what `write_tables` writes."""
+    return {
+        "title": title,
+        "suite": suite.name,
+        "seeds": list(seeds),
+        **tables(records, k, confidence),
+        "skipped": dict(skipped),
+    }
 
 
 def _check_resumable(records, tasks, seeds, k, path) -> None:

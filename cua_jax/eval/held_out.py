@@ -18,7 +18,7 @@ import numpy as np
 
 from cua_jax.checks import require_at_least
 from cua_jax.envs import actions as A
-from cua_jax.eval.harness import evaluate, tables, write_tables
+from cua_jax.eval.harness import evaluate, summarize, write_tables
 from cua_jax.eval.intervals import difference_interval, paired_difference_interval
 from cua_jax.eval.suites import Suite
 from cua_jax.tasks.sources import TaskCatalog
@@ -458,13 +458,8 @@ def evaluate_held_out(
     if count > 1:
         shares = processes.exchange({"records": own["records"], "skipped": own["skipped"]})
         records = [record for share in shares for record in share["records"]]
-        summary = {
-            "title": title,
-            "suite": suite.name,
-            "seeds": seeds,
-            **tables(records, e.group_size, e.confidence),
-            "skipped": {task: why for share in shares for task, why in share["skipped"].items()},
-        }
+        skipped = {task: why for share in shares for task, why in share["skipped"].items()}
+        summary = summarize(records, e.group_size, e.confidence, title=title, suite=suite, seeds=seeds, skipped=skipped)
         if index == 0:
             write_tables(out, summary)
         summary["records"] = records
