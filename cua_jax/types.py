@@ -50,6 +50,7 @@ class FaultKind(str, enum.Enum):
     # host removes containers with SIGKILL, between episodes).
     SERVER_STOPPED = "server stopped in the environment"
     PAGE_LEFT_TASK = "page left its task"  # a MiniWoB page navigated away from its task's document
+    APP_SERVER_CRASHED = "application server crashed"  # the shared web application's server died
 
 
 @dataclasses.dataclass(frozen=True)

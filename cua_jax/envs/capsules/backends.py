@@ -133,7 +133,8 @@ class SharedBrowserBackend(RuntimeBackend):
 
     name = "capsules"
 
-    def __init__(self, renderers: int | None = 2) -> None:
+    def __init__(self, renderers: int | None = 2, extra_args: Iterable[str] = ()) -> None:
+        self.extra_args = tuple(extra_args)  # more Chromium switches (a web application's host rules)
         self._playwright: Any = None
         self._on_crash: CrashCallback | None = None
         self._browser: Any = None
@@ -168,7 +169,7 @@ class SharedBrowserBackend(RuntimeBackend):
 
     async def _launch(self) -> None:
         self._marker = launch_marker()
-        extra = [] if self.renderers is None else renderer_sharing_args()
+        extra = ([] if self.renderers is None else renderer_sharing_args()) + list(self.extra_args)
         browser = await launch_browser(self._playwright, self._marker, extra)
         runtime_id = f"shared-browser-{next(self._launches)}"
         browser.on("disconnected", lambda _: self._disconnected(runtime_id))

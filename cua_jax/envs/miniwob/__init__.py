@@ -50,17 +50,16 @@ from cua_jax.envs.miniwob.page import (
     CHROMIUM_ARGS,
     CHROMIUM_EXECUTABLE,
     PAGE_TIMEOUT_MS,
-    SCROLL_PIXELS_PER_CLICK,
     VIEWPORT,
     WINDOW_HEIGHT,
     WINDOW_WIDTH,
     EpisodeEndedError,
     InvalidElementError,
     MiniWoBPage,
-    playwright_key,
     unsupported_reason,
 )
 from cua_jax.envs.miniwob.server import SHARED_ASSETS_HOST, MiniWoBServer
+from cua_jax.envs.page_actions import SCROLL_PIXELS_PER_CLICK, playwright_key
 
 __all__ = [
     "CHROMIUM_ARGS",

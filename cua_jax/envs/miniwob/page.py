@@ -3,7 +3,6 @@ observing and acting."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 from typing import Any
@@ -22,10 +21,10 @@ from cua_jax.envs.miniwob.observation import (
     dom_to_text,
     flatten_dom,
 )
+from cua_jax.envs.page_actions import PageActions
 
 WINDOW_WIDTH, WINDOW_HEIGHT = 500, 320  # MiniWoB's browser window (miniwob.constants)
 VIEWPORT = {"width": WINDOW_WIDTH, "height": WINDOW_HEIGHT}
-SCROLL_PIXELS_PER_CLICK = 50  # miniwob.constants.DEFAULT_SCROLL_AMOUNT
 PAGE_TIMEOUT_MS = 30_000  # bound on Playwright waits (loads): generous, as machines can be oversubscribed
 
 CHROMIUM_EXECUTABLE = "/usr/bin/chromium"
@@ -59,38 +58,6 @@ class InvalidElementError(ValueError):
 # Driving a page
 # ------------------------------------------------------------------------------------
 
-_PLAYWRIGHT_KEYS = {
-    "ctrl": "Control",
-    "alt": "Alt",
-    "shift": "Shift",
-    "super": "Meta",
-    "enter": "Enter",
-    "esc": "Escape",
-    "tab": "Tab",
-    "space": "Space",
-    "backspace": "Backspace",
-    "delete": "Delete",
-    "insert": "Insert",
-    "home": "Home",
-    "end": "End",
-    "pageup": "PageUp",
-    "pagedown": "PageDown",
-    "up": "ArrowUp",
-    "down": "ArrowDown",
-    "left": "ArrowLeft",
-    "right": "ArrowRight",
-    "capslock": "CapsLock",
-    "printscreen": "PrintScreen",
-    "menu": "ContextMenu",
-    **{f"f{i}": f"F{i}" for i in range(1, 13)},
-}
-_CLICKS = {  # kind -> (button, click count)
-    "left_click": ("left", 1),
-    "right_click": ("right", 1),
-    "middle_click": ("middle", 1),
-    "double_click": ("left", 2),
-    "triple_click": ("left", 3),
-}
 _STATE_JS = (
     "() => ({done: WOB_DONE_GLOBAL, raw: WOB_RAW_REWARD_GLOBAL, env: WOB_REWARD_GLOBAL,"
     " reason: WOB_REWARD_REASON == null ? null : String(WOB_REWARD_REASON)})"
@@ -155,11 +122,6 @@ def _episode_state(s: dict[str, Any]) -> EpisodeState:
     return EpisodeState(bool(s["done"]), float(s["raw"]), float(s["env"]), s["reason"])
 
 
-def playwright_key(key: str) -> str:
-    """Playwright's name for a canonical key of the action grammar."""
-    return _PLAYWRIGHT_KEYS.get(key, key)
-
-
 def unsupported_reason(action: A.Action, action_space: str = "both") -> str | None:
     """Why `action` cannot act on a MiniWoB page in `action_space` (None when it can)."""
     if isinstance(action, A.WriteFile):
@@ -218,8 +180,11 @@ _REPAINT_JS = """async () => {
 }"""
 
 
-class MiniWoBPage:
-    """One MiniWoB task page of a Playwright (async) `page`. Not safe for concurrent use."""
+class MiniWoBPage(PageActions):
+    """One MiniWoB task page of a Playwright (async) `page`. Not safe for concurrent use.
+    Actions act on the task region (`region`: TASK_WIDTH x TASK_HEIGHT); `perform` is `PageActions`'s."""
+
+    region = (TASK_WIDTH, TASK_HEIGHT)
 
     def __init__(self, page: Any, task: str):
         self.page = page
@@ -396,61 +361,3 @@ class MiniWoBPage:
         if fill and not found["editable"]:
             raise InvalidElementError(f"{name} cannot be filled: fill_element takes a text field or text area")
         return int(found["x"]), int(found["y"])
-
-    async def perform(self, action: A.Action) -> None:
-        """Carry out one action of the grammar on the page (coordinates: 1000-grid -> 160 x 210;
-        element ids: `element_point`, whose InvalidElementError leaves the page untouched)."""
-        page, mouse = self.page, self.page.mouse
-
-        def px(x: float, y: float) -> tuple[int, int]:
-            return A.grid_to_pixels(x, y, TASK_WIDTH, TASK_HEIGHT)
-
-        if isinstance(action, A.Click):
-            button, count = _CLICKS[action.kind]
-            await mouse.click(*px(action.x, action.y), button=button, click_count=count)
-        elif isinstance(action, A.ClickElement):
-            await mouse.click(*await self.element_point(action.element))
-        elif isinstance(action, A.FillElement):
-            await mouse.click(*await self.element_point(action.element, fill=True))
-            await page.keyboard.press("Control+A")
-            if action.text:
-                await page.keyboard.type(action.text)
-            else:
-                await page.keyboard.press("Backspace")
-        elif isinstance(action, A.MouseMove):
-            await mouse.move(*px(action.x, action.y))
-        elif isinstance(action, A.LeftClickDrag):
-            if action.start_x is not None:
-                await mouse.move(*px(action.start_x, action.start_y))
-            await mouse.down()
-            await mouse.move(*px(action.x, action.y), steps=5)
-            await mouse.up()
-        elif isinstance(action, (A.LeftMouseDown, A.LeftMouseUp)):
-            if action.x is not None:
-                await mouse.move(*px(action.x, action.y))
-            await (mouse.down() if isinstance(action, A.LeftMouseDown) else mouse.up())
-            self._mouse_down = isinstance(action, A.LeftMouseDown)
-        elif isinstance(action, A.Key):
-            await page.keyboard.press("+".join(playwright_key(k) for k in action.keys))
-        elif isinstance(action, A.HoldKey):
-            for k in action.keys:
-                await page.keyboard.down(playwright_key(k))
-            await asyncio.sleep(float(action.duration))
-            for k in reversed(action.keys):
-                await page.keyboard.up(playwright_key(k))
-        elif isinstance(action, A.Type):
-            await page.keyboard.type(action.text)
-        elif isinstance(action, A.Scroll):
-            if action.x is not None:
-                await mouse.move(*px(action.x, action.y))
-            step = SCROLL_PIXELS_PER_CLICK * action.amount
-            dx, dy = {"up": (0, -step), "down": (0, step), "left": (-step, 0), "right": (step, 0)}[action.direction]
-            await mouse.wheel(dx, dy)
-        elif isinstance(action, A.Wait):
-            await asyncio.sleep(float(action.seconds))
-        elif isinstance(action, (A.Screenshot, A.CursorPosition)):
-            pass  # every step returns a fresh observation anyway
-        elif A.is_terminal(action):
-            await self.end_by_agent(action)
-        else:
-            raise TypeError(f"not an action MiniWoB can perform: {action!r}")

@@ -1,0 +1,266 @@
+"""The shared application server: one Trac process serving every capsule's private environment.
+
+Run as a program by the application's own Python (it has Trac; it imports nothing of cua_jax):
+
+    <app-python> cua_jax/envs/webapp/app_server.py --parent DIR --port P --control SOCKET
+
+HTTP (127.0.0.1:P; P=0: a free port, which `ping` reports) serves Trac. Every request names
+its route in the `X-Cua-Route` header, which the capsule's browser context sends with each
+request (the page's own scripts cannot read or change it) and which the runtime draws at
+random per capsule. The route table maps a route to
+the capsule's site (the Host its page loads from) and its published branch: a Trac environment
+directory under DIR. A request whose route is unknown, or whose Host is not its route's site,
+is refused (403): a page cannot reach another capsule's branch by linking to its site. A request
+on a frozen route is refused (503) and counts nothing; an admitted one counts as in flight until
+its response has been sent. Trac's links are root-relative (SCRIPT_NAME is empty), so a page
+never sees the branch's name.
+
+Control (a Unix socket only the runtime's user can open): one JSON object per line in, one per
+line out ({"ok": true, ...} or {"ok": false, "error": ...}). Admission and publication take one
+lock, so a publish never lands between a request's admission and its branch lookup:
+
+    {"op": "publish", "route": R, "site": S, "branch": B}   route R serves branch B now (thawed)
+    {"op": "freeze", "route": R}                           new requests refused
+    {"op": "thaw", "route": R}                             a failed transition: serve again
+    {"op": "drain", "route": R, "timeout": T}              wait until nothing is in flight
+    {"op": "unroute", "route": R}                          forget R (its capsule closed)
+    {"op": "open", "branch": B}                            open B's environment ahead of use
+    {"op": "retire", "branch": B}                          close B's environment (no route may serve it)
+    {"op": "stats"}                                        routes, requests, open environments, pid
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mimetypes
+import os
+import socketserver
+import sys
+import threading
+import time
+
+ROUTE_HEADER = "HTTP_X_CUA_ROUTE"
+STATIC_PREFIX = "/chrome/common/"
+
+
+class RouteTable:
+    """Routes, their branches and in-flight counts, under one lock (see the module doc)."""
+
+    def __init__(self, parent: str):
+        self.parent = os.path.realpath(parent)
+        self.lock = threading.Condition()
+        self.routes: dict[str, dict] = {}  # route -> {"site", "branch", "frozen", "in_flight"}
+        self.requests = 0
+        self.refused = 0
+        self.port = 0  # the HTTP port, once bound
+
+    def admit(self, route: str, host: str) -> tuple[str | None, int, str]:
+        """(branch path, 0, "") for an admitted request; (None, status, why) for a refused one."""
+        with self.lock:
+            entry = self.routes.get(route)
+            if entry is None:
+                self.refused += 1
+                return None, 403, "no such route"
+            if host.split(":", 1)[0].lower() != entry["site"]:
+                self.refused += 1
+                return None, 403, "this route serves another site"
+            if entry["frozen"]:
+                self.refused += 1
+                return None, 503, "the capsule is frozen by a lifecycle operation; retry after it publishes"
+            entry["in_flight"] += 1
+            self.requests += 1
+            return os.path.join(self.parent, entry["branch"]), 0, ""
+
+    def leave(self, route: str) -> None:
+        with self.lock:
+            entry = self.routes.get(route)
+            if entry is not None:
+                entry["in_flight"] -= 1
+                if entry["in_flight"] == 0:
+                    self.lock.notify_all()
+
+    def branch_path(self, branch: str) -> str:
+        if not branch or "/" in branch or branch in (".", ".."):
+            raise ValueError(f"not a branch name: {branch!r}")
+        path = os.path.join(self.parent, branch)
+        if not os.path.isdir(path):
+            raise ValueError(f"no branch {branch!r} under {self.parent}")
+        return path
+
+    def control(self, request: dict) -> dict:
+        op = request.get("op")
+        if op == "publish":
+            self.branch_path(request["branch"])
+            with self.lock:
+                entry = self.routes.setdefault(request["route"], {"in_flight": 0})
+                previous = entry.get("branch")
+                entry.update(site=str(request["site"]).lower(), branch=request["branch"], frozen=False)
+            return {"previous": previous}
+        if op in ("freeze", "thaw"):
+            with self.lock:
+                self._entry(request["route"])["frozen"] = op == "freeze"
+            return {}
+        if op == "drain":
+            deadline = time.monotonic() + float(request.get("timeout", 30.0))
+            with self.lock:
+                entry = self._entry(request["route"])
+                while entry["in_flight"] > 0:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"{entry['in_flight']} request(s) still in flight")
+                    self.lock.wait(left)
+            return {}
+        if op == "unroute":
+            with self.lock:
+                self.routes.pop(request["route"], None)
+            return {}
+        if op == "open":
+            from trac.env import open_environment
+
+            open_environment(self.branch_path(request["branch"]), use_cache=True)
+            return {}
+        if op == "retire":
+            return {"closed": self._retire(request["branch"])}
+        if op == "stats":
+            from trac.env import env_cache
+
+            with self.lock:
+                return {
+                    "pid": os.getpid(),
+                    "routes": len(self.routes),
+                    "in_flight": sum(e["in_flight"] for e in self.routes.values()),
+                    "requests": self.requests,
+                    "refused": self.refused,
+                    "open_environments": len(env_cache),
+                }
+        if op == "ping":
+            return {"pid": os.getpid(), "port": self.port}
+        raise ValueError(f"unknown control op {op!r}")
+
+    def _entry(self, route: str) -> dict:
+        entry = self.routes.get(route)
+        if entry is None:
+            raise ValueError(f"no such route {route!r}")
+        return entry
+
+    def _retire(self, branch: str) -> bool:
+        from trac.env import env_cache, env_cache_lock
+
+        path = os.path.join(self.parent, branch)
+        with self.lock:
+            if any(e.get("branch") == branch for e in self.routes.values()):
+                raise ValueError(f"branch {branch!r} is still published")
+        with env_cache_lock:
+            env = env_cache.pop(path, None)
+        if env is not None:
+            env.shutdown()
+        return env is not None
+
+
+def _static_file(htdocs: str, path_info: str) -> str | None:
+    """The file of Trac's own static assets (`/chrome/common/...`) a path names, if any."""
+    if not path_info.startswith(STATIC_PREFIX):
+        return None
+    file = os.path.realpath(os.path.join(htdocs, path_info[len(STATIC_PREFIX) :]))
+    return file if file.startswith(htdocs + os.sep) and os.path.isfile(file) else None
+
+
+def _send_static(file: str, start_response):
+    kind = mimetypes.guess_type(file)[0] or "application/octet-stream"
+    with open(file, "rb") as data:
+        body = data.read()
+    headers = [("Content-Type", kind), ("Content-Length", str(len(body))), ("Cache-Control", "max-age=86400")]
+    start_response("200 OK", headers)
+    return [body]
+
+
+def make_app(table: RouteTable):
+    import trac
+    from trac.web.main import dispatch_request
+
+    htdocs = os.path.realpath(os.path.join(os.path.dirname(trac.__file__), "htdocs"))
+
+    def app(environ, start_response):
+        route = environ.get(ROUTE_HEADER, "")
+        path, status, why = table.admit(route, environ.get("HTTP_HOST", ""))
+        if path is None:
+            reason = {403: "Forbidden", 503: "Service Unavailable"}[status]
+            start_response(f"{status} {reason}", [("Content-Type", "text/plain; charset=utf-8")])
+            return [why.encode()]
+        environ["trac.env_path"] = path
+        environ["SCRIPT_NAME"] = ""
+        try:
+            static = _static_file(htdocs, environ.get("PATH_INFO", ""))
+            if static is not None:
+                # Trac's shipped stylesheets, scripts and icons: the same for every branch, served
+                # as a deployment's front server serves them (`trac-admin deploy`), not by Trac.
+                return _Counted(_send_static(static, start_response), lambda: table.leave(route))
+            body = dispatch_request(environ, start_response)
+        except BaseException:
+            table.leave(route)
+            raise
+        return _Counted(body, lambda: table.leave(route))
+
+    return app
+
+
+class _Counted:
+    """A response body that calls `done` once the server has sent (or dropped) it."""
+
+    def __init__(self, body, done):
+        self.body, self.done, self.closed = body, done, False
+
+    def __iter__(self):
+        return iter(self.body)
+
+    def close(self):
+        if not self.closed:
+            self.closed = True
+            try:
+                if hasattr(self.body, "close"):
+                    self.body.close()
+            finally:
+                self.done()
+
+
+class _ControlHandler(socketserver.StreamRequestHandler):
+    def handle(self):
+        for line in self.rfile:
+            try:
+                reply = {"ok": True, **self.server.table.control(json.loads(line))}
+            except Exception as error:  # noqa: BLE001 - every failure goes back to the caller
+                reply = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+            self.wfile.write((json.dumps(reply) + "\n").encode())
+            self.wfile.flush()
+
+
+class _ControlServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parent", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--control", required=True)
+    args = parser.parse_args(argv)
+    table = RouteTable(args.parent)
+    if os.path.exists(args.control):
+        os.unlink(args.control)
+    old_umask = os.umask(0o077)  # the control socket is the runtime's alone
+    control = _ControlServer(args.control, _ControlHandler)
+    os.umask(old_umask)
+    control.table = table
+    from trac.web.standalone import TracHTTPServer
+
+    # Trac's own threaded server (tracd's), keeping connections alive (HTTP/1.1).
+    http = TracHTTPServer(("127.0.0.1", args.port), make_app(table), None, [], use_http_11=True)
+    table.port = http.server_port
+    threading.Thread(target=control.serve_forever, name="control", daemon=True).start()
+    print(f"serving {table.parent} on 127.0.0.1:{http.server_port}", file=sys.stderr, flush=True)
+    http.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
