@@ -90,6 +90,25 @@ export CUA_JAX_ROOT CUA_JAX_CACHE CUA_JAX_VENV CUA_JAX_PYTHON
 export PYTHONPATH="$CUA_JAX_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$CUA_JAX_VENV/bin:$PATH"
 
+# ---- 2a. the web application's virtualenv ------------------------------------------------
+# The `webapp` kind's application (Trac) runs in its own process, from its own virtualenv
+# (requirements-webapp.txt), cached by the file's hash like the framework's.
+_webapp_hash="$( { cat "$CUA_JAX_ROOT/requirements-webapp.txt"; "$_python" --version; } | sha256sum | cut -c1-16)"
+CUA_JAX_WEBAPP_VENV="$CUA_JAX_CACHE/webapp-venv-$_webapp_hash"
+if [ ! -f "$CUA_JAX_WEBAPP_VENV/.complete" ]; then
+  setup_step "creating the web application's virtualenv $CUA_JAX_WEBAPP_VENV"
+  setup_run rm -rf "$CUA_JAX_WEBAPP_VENV"
+  setup_run "$_python" -m venv "$CUA_JAX_WEBAPP_VENV"
+  setup_run "$CUA_JAX_WEBAPP_VENV/bin/pip" install --progress-bar off -r "$CUA_JAX_ROOT/requirements-webapp.txt"
+  setup_run "$CUA_JAX_WEBAPP_VENV/bin/python" -c "import trac.web.standalone"
+  touch "$CUA_JAX_WEBAPP_VENV/.complete"
+  setup_done done
+else
+  setup_step "web application virtualenv $CUA_JAX_WEBAPP_VENV"
+  setup_done cached
+fi
+export CUA_JAX_WEBAPP_PYTHON="$CUA_JAX_WEBAPP_VENV/bin/python"
+
 # ---- 2b. matplotlib's font cache ------------------------------------------------------
 # Built here once rather than by a run's first plot (minutes on a machine with many fonts).
 # The stamp names the cache file this venv's matplotlib wrote; checking it costs no import.

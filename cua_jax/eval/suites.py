@@ -10,7 +10,8 @@ Suites:
   browsergym  BrowserGym's MiniWoB list (`browsergym.miniwob.ALL_MINIWOB_TASKS`, 125 tasks)
   webgum      the 56-task subset WebGUM and HTML-T5 report on (`WEBGUM_TASKS`)
   desktop, os the OSWorld-format suites under cua_jax/tasks/suites/
-  any folder  OSWorld-format task files (`cua_jax.tasks.sources.load_task_folder`)
+  any folder  OSWorld-format task files (`cua_jax.tasks.sources.load_task_folder`), or
+              WebArena-format ones, the `webapp` kind's (cua_jax/tasks/suites/webapp/trac)
 
 A listed MiniWoB task the installed package does not ship is skipped with that reason.
 """
@@ -18,6 +19,7 @@ A listed MiniWoB task the installed package does not ship is skipped with that r
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -282,4 +284,21 @@ def load_suite(name_or_folder: str | os.PathLike) -> Suite:
     folder = SUITES_DIR / name if name in FOLDER_SUITES else pathlib.Path(name)
     if not folder.is_dir():
         raise ValueError(f"suite {name!r} is neither one of {SUITE_NAMES} nor a folder of task files")
+    if is_webapp_folder(folder):  # WebArena-format tasks: the `webapp` kind's (importing it registers it)
+        from cua_jax.environments.webapp_env import WebappConfig, webapp_tasks
+
+        return Suite(folder.name, TaskCatalog(webapp_tasks(WebappConfig(suite_dir=str(folder)))), folder=str(folder))
     return Suite(folder.name, TaskCatalog(load_task_folder(folder)), folder=str(folder))
+
+
+def is_webapp_folder(folder: pathlib.Path) -> bool:
+    """Whether `folder`'s task files are WebArena's format (`intent` and `start_url`) rather than
+    OSWorld's: the first file decides."""
+    first = next(iter(sorted(folder.glob("*.json"))), None)
+    if first is None:
+        return False
+    try:
+        data = json.loads(first.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and "intent" in data and "start_url" in data

@@ -919,7 +919,8 @@ def _task_catalog(
     code = c.env.kind == "code"
     if code or plugin is not None:
         where = "env.code.suite_dir (env.code.tasks)" if code else f"its registry entry (env.{c.env.kind})"
-        for field in ("tasks", "task_dirs"):
+        # A plugin kind's tasks may share the pool with MiniWoB's (env.tasks): a mixed pool.
+        for field in ("tasks", "task_dirs") if code else ("task_dirs",):
             _require(not c.env[field], f"env.{field}", f"env.kind {c.env.kind!r} takes its tasks from {where}; set ()")
     elif miniwob:
         _require(len(c.env.tasks) >= 1, "env.tasks", f"env.kind {c.env.kind!r} needs at least one MiniWoB task")

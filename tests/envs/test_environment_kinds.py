@@ -11,6 +11,7 @@ import math
 import ml_collections
 import pytest
 
+import cua_jax.environments.webapp_env  # noqa: F401 - registers the webapp kind, which the checker covers
 import tests.support.http_page_kind as http_page
 from cua_jax.environments.check import EnvironmentCheckError, check_env, check_kind
 from cua_jax.environments.kinds import kind_names
@@ -51,6 +52,13 @@ def _http_page():
     return RolloutWorkerConfig(), "read-word"
 
 
+def _webapp():
+    from cua_jax.environments.webapp_env import WebappConfig, webapp_tasks
+
+    config = WebappConfig(tasks=("trac-001",), viewport=(640, 480))
+    return RolloutWorkerConfig(kind_configs={"webapp": config}), webapp_tasks(config)[0].spec
+
+
 # Each registered kind's check: (what it needs, marks, its worker config and a task). A kind
 # without a case fails test_every_registered_kind_is_checked; one whose infrastructure this
 # machine lacks is deselected by its mark (docker, browser), never skipped unseen.
@@ -59,6 +67,7 @@ CASES = {
     "desktop": ((pytest.mark.docker, pytest.mark.slow), _desktop),
     "code": ((pytest.mark.docker, pytest.mark.slow), _code),
     http_page.KIND: ((), _http_page),
+    "webapp": ((pytest.mark.browser,), _webapp),
 }
 
 

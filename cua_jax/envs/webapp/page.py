@@ -16,6 +16,7 @@ their ids and are scrolled into view before they are acted on.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 from typing import Any
@@ -122,12 +123,15 @@ _CHOOSE_OPTION_JS = r"""(ref) => {
 
 # Carets and animations stilled, so that two screenshots of one state are equal.
 _STILL_JS = """() => {
-  if (document.getElementById('cua-still')) return;
+  if (document.getElementById('cua-still')) return true;
+  const root = document.head || document.documentElement;
+  if (root === null) return false;  // a document not parsed yet (a navigation is committing)
   const style = document.createElement('style');
   style.id = 'cua-still';
   style.textContent = '*, *::before, *::after { caret-color: transparent !important; ' +
     'animation-duration: 0s !important; animation-delay: 0s !important; transition: none !important; }';
-  (document.head || document.documentElement).appendChild(style);
+  root.appendChild(style);
+  return true;
 }"""
 
 
@@ -172,14 +176,16 @@ class WebappPage(PageActions):
         """Wait for a navigation an action started to finish loading, then still the page."""
         from playwright.async_api import Error as PlaywrightError
 
-        for attempt in range(3):
+        for attempt in range(10):
             await self.page.wait_for_load_state("load")
             try:
-                await self.page.evaluate(_STILL_JS)
-                return
+                if await self.page.evaluate(_STILL_JS):
+                    return
             except PlaywrightError as error:  # a navigation began after the load: wait for it
-                if attempt == 2 or "context was destroyed" not in str(error):
+                if "context was destroyed" not in str(error):
                     raise
+            await asyncio.sleep(0.05 * (attempt + 1))
+        raise TimeoutError(f"the page at {self.page.url} did not settle into a document")
 
     async def elements(self) -> tuple[str, tuple[DomElement, ...]]:
         marked = await self.page.evaluate(_MARK_JS)
@@ -207,8 +213,16 @@ class WebappPage(PageActions):
     ) -> tuple[str, tuple[DomElement, ...], np.ndarray, str | None]:
         """(page title, elements, screenshot, DOM text or None). With an action space that acts
         on elements the screenshot shows their ids."""
-        await self.settle()
-        title, dom = await self.elements()
+        from playwright.async_api import Error as PlaywrightError
+
+        for attempt in range(5):
+            await self.settle()
+            try:
+                title, dom = await self.elements()
+                break
+            except PlaywrightError as error:  # an action's navigation replaced the document meanwhile
+                if attempt == 4 or "context was destroyed" not in str(error):
+                    raise
         image = await self.screenshot()
         if A.check_action_space(action_space) != "coordinates":
             image = draw_marks(image, dom)

@@ -210,7 +210,8 @@ class WebappRuntime:
         self.max_snapshots = int(max_snapshots)
         self.publications: list[PublicationRecord] = []
         self.server_crashes: list[str] = []  # the reason of each crash of the application server
-        self.branch_seconds: collections.deque[float] = collections.deque(maxlen=1000)
+        self.branches_made = 0
+        self.branch_seconds_total = 0.0  # time spent making branches (reflink or copy)
         self._snapshots: collections.OrderedDict[pathlib.Path, None] = collections.OrderedDict()
         self._routes: dict[str, _Route] = {}
         self._env_ids = itertools.count(1)
@@ -293,7 +294,8 @@ class WebappRuntime:
         name = f"g{next(self._names)}-{secrets.token_hex(4)}"
         started = time.perf_counter()
         await asyncio.to_thread(branch, source, self.branches_dir / name, self.branch_by)
-        self.branch_seconds.append(time.perf_counter() - started)
+        self.branches_made += 1
+        self.branch_seconds_total += time.perf_counter() - started
         return name
 
     async def _stage(self, route: _Route, task: WebappTask, source: pathlib.Path, url: str) -> _Generation:
@@ -515,6 +517,17 @@ class WebappRuntime:
         finally:
             self._leave(route)
 
+    async def aevaluate(self, env_id: str, expression: str, arg: Any = None) -> Any:
+        """JavaScript in the capsule's page (scripted solutions' element look-ups, tests; no agent action)."""
+        route, generation = self._admit(env_id)
+        try:
+            if route.fault is not None:
+                raise CapsuleFaultError(route.fault)
+            async with generation.lock:
+                return await asyncio.wait_for(generation.page.page.evaluate(expression, arg), self.step_timeout_s)
+        finally:
+            self._leave(route)
+
     def _quarantined(self, route: _Route, generation: _Generation) -> StepResult:
         return StepResult(
             None, 0.0, 0.0, True, False, EpisodeStatus.QUARANTINED, generation.number,
@@ -566,14 +579,14 @@ class WebappRuntime:
         """The task's evaluators over the branch's database once no request of the page is in flight."""
         await generation.page.settle()
         await self.server.control("drain", route=generation.route, timeout=self.step_timeout_s)
+        task = generation.task
         return await asyncio.to_thread(
-            judges.evaluate,
-            generation.task.eval,
-            answer=generation.page.answer,
-            url=generation.page.path(),
-            database=self.branches_dir / generation.branch / DATABASE,
-            base_database=self.base / DATABASE,
-            task_id=generation.task.task_id,
+            judges.judge,
+            {"task_id": task.task_id, "eval": dict(task.eval)},
+            generation.page.answer,
+            generation.page.path(),
+            str(self.branches_dir / generation.branch / DATABASE),
+            str(self.base / DATABASE),
         )
 
     # ---- blocking API ---------------------------------------------------------------
@@ -589,6 +602,9 @@ class WebappRuntime:
 
     def step(self, env_id: str, action: A.Action | A.InvalidAction | str) -> StepResult:
         return self.run_async(self.astep(env_id, action))
+
+    def evaluate(self, env_id: str, expression: str, arg: Any = None) -> Any:
+        return self.run_async(self.aevaluate(env_id, expression, arg))
 
     def snapshot(self, env_id: str) -> WebappSnapshot:
         return self.run_async(self.asnapshot(env_id))
@@ -620,11 +636,12 @@ class WebappRuntime:
         return None if fault is None else fault.reason
 
     def counters(self) -> dict[str, float]:
+        """Counts since the runtime started (a Ray actor returns them as plain data)."""
         return {
             "server_crashes": len(self.server_crashes),
             "server_starts": self.server.starts,
-            "capsules": len(self._routes),
-            "branch_ms_mean": 1000 * float(np.mean(self.branch_seconds)) if self.branch_seconds else 0.0,
+            "branches": self.branches_made,
+            "branch_seconds": self.branch_seconds_total,
         }
 
     def pids(self) -> list[int]:
@@ -645,6 +662,7 @@ class WebappRuntime:
 
     async def _shutdown(self) -> None:
         self._shutting_down = True
+        self._watcher.cancel()
         for route in list(self._routes.values()):
             if route.generation is not None:
                 await release_quietly(route.generation.slot)

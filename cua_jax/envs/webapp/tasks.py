@@ -17,6 +17,8 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
+from cua_jax.envs.webapp.judges import validate_eval
+
 SITE_PLACEHOLDERS = ("__TRAC__",)  # WebArena writes a site's base URL as a placeholder
 RESOURCE_CLASSES = ("authoritative", "derived", "ephemeral")
 
@@ -62,9 +64,10 @@ def parse_task(data: Any, origin: str = "<task>") -> WebappTask:
     if not start_url.startswith("/"):
         raise TaskFileError(f"{origin}: 'start_url' must be a path on the site (\"/...\"), got {start_url!r}")
     spec = _field(data, "eval", dict, origin)
-    types = spec.get("eval_types")
-    if not isinstance(types, list) or not types or not all(isinstance(t, str) for t in types):
-        raise TaskFileError(f"{origin}: 'eval.eval_types' must be a non-empty list of evaluator names")
+    try:
+        validate_eval(spec, origin)
+    except ValueError as error:
+        raise TaskFileError(str(error)) from None
     resources_raw = data.get("resources", {})
     if not isinstance(resources_raw, dict) or set(resources_raw) - set(RESOURCE_CLASSES):
         raise TaskFileError(f"{origin}: 'resources' must map some of {RESOURCE_CLASSES} to lists of resources")

@@ -1,0 +1,747 @@
+"""Web application capsules over one shared server against an application process per environment
+(Trac), side by side in one process on the same seeded state.
+
+  capsules    `WebappRuntime`: one shared application server, a branch of the state per capsule
+              generation (copy-on-write where the filesystem clones, else a full copy), a browser
+              context per generation in one shared Chromium.
+  processes   an application server (`app_server.py`) per environment on its own full copy of the
+              state; reset and fork start a new process on a new copy. The browser side is the same
+              as the capsules' (a context per environment in one shared Chromium), so the rows
+              differ only in how the application's state and server are provided.
+
+For each concurrency c (8 and 16 by default):
+
+  create srv  seconds from request to the start page served with the new state over HTTP (urllib
+              with the site's Host and the route header): capsule = branch + publish + first page;
+              process = copy + process started + first page. c at once; mean and p50.
+  create pg   the same with the browser page loaded (`WebappRuntime.create`). c at once.
+  reset       mean seconds per reset (with its first observation) inside the workload below.
+  fork        a fork of each environment mid-episode (its comment typed, not submitted), c at once.
+  env/s       episodes per second: c threads on the blocking API, --episodes each, every episode:
+              reset onto a ticket's page, fill its comment, submit, done.
+  MiB/env     PSS of every process serving the environments (application server(s), the browser
+              and its children) with c environments live, divided by c.
+  MiB/env st  storage each environment adds after the episodes: on a dedicated filesystem (the
+              XFS image) the growth of its used blocks (statvfs) over the c environments, divided
+              by c; elsewhere the allocated bytes of the environments' directories.
+
+Copy-on-write ablation: the capsules run once with branch_by="reflink" and once with "copy", on a
+loop-mounted XFS image (reflink=1) created for the run when mkfs.xfs is there and mounting works;
+else the capsules run on --workdir's filesystem by whatever it offers, and the reflink row says why
+it was skipped. The filesystem of every row is printed.
+
+Publication ablation (the paper's Fig. 4): --trials trials, each on a fresh branch A of the state
+served under route R, while a writer thread keeps creating wiki pages through R (one row per
+write). The operation publishes B, a branch of A (the capsule continued in a new generation):
+  transaction  freeze R, drain R, branch A -> B, publish B under a new route R', unroute R; the
+               writer retries a refused write and moves to R' once it is published.
+  direct       branch A -> B while writes go on, then publish B on the live route R.
+A trial is mixed when the writes R accepted are not all found alike in A and in B: a write the old
+generation acknowledged after the branch was taken is missing from B, or a write sent on the old
+route landed in B; a branch whose database cannot be read (torn while copied) counts as mixed.
+
+Paths stay short: a control socket's path (the workdir's, plus about 30 characters) must fit
+AF_UNIX's 107 bytes, so --workdir should be a short path (the default is the system's temp dir).
+
+    python -m experiments.benchmarks.webapp_capsules --base DIR [--concurrency 8,16] [--episodes 2]
+        [--trials 100] [--workdir DIR] [--json PATH] [--quick]
+
+Ratios are printed as `<metric> processes/capsules (c=<c>): <x>x (paper: <y>x)`, each the
+baseline's cost over the capsules' (throughput: capsules' over the baseline's), so above 1 means
+the capsules win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import http.client
+import itertools
+import json
+import os
+import pathlib
+import secrets
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from cua_jax.envs import actions as A
+from cua_jax.envs.capsules import CAPSULE_SITE_DOMAIN, SharedBrowserBackend, read_pss
+from cua_jax.envs.capsules.backends import release_quietly
+from cua_jax.envs.capsules.procfs import process_tree
+from cua_jax.envs.webapp import judges
+from cua_jax.envs.webapp.branches import allocated_bytes, branch, branch_method, remove_branch
+from cua_jax.envs.webapp.page import DEFAULT_VIEWPORT, WebappPage
+from cua_jax.envs.webapp.runtime import DATABASE, WebappRuntime
+from cua_jax.envs.webapp.server import AppServer
+from cua_jax.envs.webapp.tasks import WebappTask, parse_task
+from cua_jax.types import EpisodeStatus
+
+ROUTE_HEADER = "X-Cua-Route"
+COMMENT = "Reproduced on the benchmark build"
+PAPER = {"create": "15.17", "fork": "17.84", "throughput": "6.20", "memory": "9.2", "storage": "504"}  # x, as printed
+MAX_PROCESSES = 16  # never more application processes than this at once
+CALL_TIMEOUT_S = 1800.0
+
+
+# ---- the task and its scripted episode ------------------------------------------------------
+
+
+def first_ticket(base: pathlib.Path) -> int:
+    with contextlib.closing(sqlite3.connect(f"file:{base / DATABASE}?mode=ro", uri=True)) as db:
+        row = db.execute("SELECT min(id) FROM ticket").fetchone()
+    if row[0] is None:
+        raise SystemExit(f"{base} has no ticket: the benchmark's episodes comment on one")
+    return int(row[0])
+
+
+def comment_task(ticket: int) -> WebappTask:
+    return parse_task(
+        {
+            "task_id": "benchmark-comment",
+            "intent": f"Add the comment '{COMMENT}' to ticket #{ticket}.",
+            "start_url": f"/ticket/{ticket}",
+            "eval": {
+                "eval_types": ["db_query"],
+                "db_query": {
+                    "sql": f"SELECT count(*) > 0 FROM ticket_change WHERE ticket = {ticket} AND field = 'comment' "
+                    f"AND newvalue = '{COMMENT}'",
+                    "expected": [[1]],
+                },
+            },
+        },
+        "<benchmark>",
+    )
+
+
+def comment_count(database: pathlib.Path, ticket: int) -> int:
+    with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+        sql = "SELECT count(*) FROM ticket_change WHERE ticket = ? AND field = 'comment' AND newvalue = ?"
+        return int(db.execute(sql, (ticket, COMMENT)).fetchone()[0])
+
+
+def comment_field(obs) -> int:
+    return next(e.ref for e in obs.dom if e.tag == "TEXTAREA" and e.id == "comment")
+
+
+def submit_button(obs) -> int:
+    return next(e.ref for e in obs.dom if e.tag == "INPUT_submit" and e.value == "Submit changes")
+
+
+def type_comment(system, env: str, obs):
+    """The first half of an episode (what a fork carries over): the comment typed."""
+    return system.step(env, A.FillElement(comment_field(obs), COMMENT))
+
+
+def run_episode(system, env: str) -> float:
+    """reset, fill the comment, submit, done; returns the reset's seconds."""
+    started = time.perf_counter()
+    obs = system.reset(env)
+    seconds = time.perf_counter() - started
+    obs = type_comment(system, env, obs)
+    obs = system.step(env, A.ClickElement(submit_button(obs)))
+    system.step(env, A.Done())
+    return seconds
+
+
+def serve_first_page(port: int, site: str, token: str, path: str) -> None:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Host": site, ROUTE_HEADER: token})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"{path} on {site} answered {response.status}")
+
+
+# ---- the two systems, behind one blocking API -----------------------------------------------
+
+
+class Capsules:
+    """`WebappRuntime` with the benchmark's blocking calls (observations from steps)."""
+
+    def __init__(self, base: pathlib.Path, workdir: pathlib.Path, task: WebappTask, branch_by: str):
+        self.task = task
+        self.runtime = WebappRuntime(
+            base, workdir, branch_by=branch_by, action_space="both", call_timeout_s=CALL_TIMEOUT_S
+        )
+        self.storage_dir = self.runtime.branches_dir
+        self._served = itertools.count(1)
+
+    def create_served(self) -> Callable[[], None]:
+        """A branch published and its start page served over HTTP; returns its removal."""
+        rt = self.runtime
+        name, token = f"served-{next(self._served)}", secrets.token_urlsafe(18)
+        site = f"{name}.{CAPSULE_SITE_DOMAIN}"
+        branch(rt.base, rt.branches_dir / name, rt.branch_by)
+        rt.server.control_blocking("publish", route=token, site=site, branch=name)
+        rt.server.control_blocking("open", branch=name)
+        serve_first_page(rt.server.port, site, token, self.task.start_url)
+
+        def remove() -> None:
+            rt.server.control_blocking("unroute", route=token)
+            rt.server.control_blocking("retire", branch=name)
+            remove_branch(rt.branches_dir / name)
+
+        return remove
+
+    def create(self) -> str:
+        return self.runtime.create(self.task)
+
+    def reset(self, env: str):
+        return self.runtime.reset(env)
+
+    def step(self, env: str, action):
+        result = self.runtime.step(env, action)
+        if result.status == EpisodeStatus.QUARANTINED:
+            raise RuntimeError(f"{env}: {result.status} ({result.reason or result.quarantine_reason})")
+        if result.invalid_action:
+            raise RuntimeError(f"{env}: invalid action {action}: {result.invalid_action}")
+        return result.observation
+
+    def fork(self, env: str) -> str:
+        return self.runtime.fork(env)
+
+    def close(self, env: str) -> None:
+        self.runtime.close(env)
+
+    def database(self, env: str) -> pathlib.Path:
+        return self.runtime.database(env)
+
+    def pids(self) -> list[int]:
+        return self.runtime.pids()
+
+    def shutdown(self) -> None:
+        self.runtime.shutdown()
+
+
+@dataclasses.dataclass
+class _ProcessEnv:
+    parent: pathlib.Path  # the process's directory: its copy of the state is parent / "env"
+    server: AppServer
+    page: WebappPage
+    slot: Any
+    token: str
+    site: str
+
+
+class Processes:
+    """An application server per environment on its own full copy of the state (the baseline).
+
+    The same `app_server.py`, route header and browser arrangement as the capsules' runtime; what
+    differs is the unit: create, reset and fork each copy the state and start a process on it."""
+
+    def __init__(self, base: pathlib.Path, workdir: pathlib.Path, task: WebappTask):
+        self.base, self.task = base, task
+        self.storage_dir = self.root = workdir / "processes"
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root.mkdir(parents=True)
+        self._names = itertools.count(1)
+        self._envs: dict[str, _ProcessEnv] = {}
+        self._lock = threading.Lock()
+        self.backend = SharedBrowserBackend(
+            renderers=None, extra_args=(f"--host-resolver-rules=MAP *.{CAPSULE_SITE_DOMAIN} 127.0.0.1",)
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="process-baseline", daemon=True)
+        self._thread.start()
+        self._playwright_cm: Any = None
+        self._call(self._start())
+
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(CALL_TIMEOUT_S)
+
+    async def _start(self) -> None:
+        from playwright.async_api import async_playwright
+
+        self._playwright_cm = async_playwright()
+        playwright = await self._playwright_cm.__aenter__()
+        await self.backend.start(playwright, lambda runtime_id, reason: None)
+
+    def _start_server(self, source: pathlib.Path) -> tuple[pathlib.Path, AppServer]:
+        with self._lock:
+            if sum(e.server.alive() for e in self._envs.values()) >= MAX_PROCESSES:
+                raise RuntimeError(f"more than {MAX_PROCESSES} application processes")
+        parent = self.root / f"p{next(self._names)}"
+        parent.mkdir()
+        branch(source, parent / "env", "copy")
+        return parent, AppServer(parent).start()
+
+    def create_served(self) -> Callable[[], None]:
+        parent, server = self._start_server(self.base)
+        token, site = secrets.token_urlsafe(18), f"{parent.name}.{CAPSULE_SITE_DOMAIN}"
+        server.control_blocking("publish", route=token, site=site, branch="env")
+        server.control_blocking("open", branch="env")
+        serve_first_page(server.port, site, token, self.task.start_url)
+
+        def remove() -> None:
+            server.stop()
+            remove_branch(parent)
+
+        return remove
+
+    async def _new_env(self, source: pathlib.Path, url: str) -> _ProcessEnv:
+        started = asyncio.ensure_future(asyncio.to_thread(self._start_server, source))
+        try:
+            slot = await self.backend.open_slot()
+        finally:
+            parent, server = await started
+        token, site = secrets.token_urlsafe(18), f"{parent.name}.{CAPSULE_SITE_DOMAIN}"
+        await server.control("publish", route=token, site=site, branch="env")
+        await server.control("open", branch="env")
+        await slot.context.set_extra_http_headers({ROUTE_HEADER: token})
+        page = WebappPage(slot.page, DEFAULT_VIEWPORT)
+        await page.load(f"http://{site}:{server.port}{url}")
+        return _ProcessEnv(parent, server, page, slot, token, site)
+
+    async def _retire(self, env: _ProcessEnv) -> None:
+        await release_quietly(env.slot)
+        await asyncio.to_thread(env.server.stop)
+        await asyncio.to_thread(remove_branch, env.parent)
+
+    async def _observe(self, env: _ProcessEnv):
+        from cua_jax.envs.webapp.runtime import WebappObservation
+
+        title, dom, image, text = await env.page.observe(False, "both")
+        return WebappObservation(self.task.task_id, self.task.intent, image, dom, env.page.path(), title, text)
+
+    async def _acreate(self, source: pathlib.Path, url: str) -> str:
+        env = await self._new_env(source, url)
+        env_id = env.parent.name
+        self._envs[env_id] = env
+        return env_id
+
+    def create(self) -> str:
+        return self._call(self._acreate(self.base, self.task.start_url))
+
+    async def _areset(self, env_id: str):
+        old = self._envs[env_id]
+        await self._retire(old)  # the process and its copy go, as a container would be replaced
+        env = self._envs[env_id] = await self._new_env(self.base, self.task.start_url)
+        return await self._observe(env)
+
+    def reset(self, env_id: str):
+        return self._call(self._areset(env_id))
+
+    async def _astep(self, env_id: str, action):
+        env = self._envs[env_id]
+        await env.page.perform(action)
+        if A.is_terminal(action):
+            # As the runtime judges: the page settled, its requests drained, the evaluators run.
+            await env.page.settle()
+            await env.server.control("drain", route=env.token, timeout=60)
+            await asyncio.to_thread(
+                judges.judge,
+                {"task_id": self.task.task_id, "eval": dict(self.task.eval)},
+                env.page.answer,
+                env.page.path(),
+                str(env.parent / "env" / DATABASE),
+                str(self.base / DATABASE),
+            )
+            return None
+        return await self._observe(env)
+
+    def step(self, env_id: str, action):
+        return self._call(self._astep(env_id, action))
+
+    async def _afork(self, env_id: str) -> str:
+        env = self._envs[env_id]
+        await env.server.control("freeze", route=env.token)
+        try:
+            await env.server.control("drain", route=env.token, timeout=60)
+            return await self._acreate(env.parent / "env", env.page.path())
+        finally:
+            await env.server.control("thaw", route=env.token)
+
+    def fork(self, env_id: str) -> str:
+        return self._call(self._afork(env_id))
+
+    def close(self, env_id: str) -> None:
+        self._call(self._retire(self._envs.pop(env_id)))
+
+    def database(self, env_id: str) -> pathlib.Path:
+        return self._envs[env_id].parent / "env" / DATABASE
+
+    def pids(self) -> list[int]:
+        roots = self.backend.pids() + [e.server.pid for e in self._envs.values() if e.server.alive()]
+        return process_tree(roots)
+
+    def shutdown(self) -> None:
+        async def stop() -> None:
+            for env in list(self._envs.values()):
+                await self._retire(env)
+            self._envs.clear()
+            try:
+                await self.backend.close()
+            finally:
+                if self._playwright_cm is not None:
+                    await self._playwright_cm.__aexit__(None, None, None)
+
+        try:
+            self._call(stop())
+        finally:
+            for env in self._envs.values():
+                env.server.stop()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+# ---- measurement --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Measurement:
+    system: str
+    filesystem: str
+    branch_by: str
+    create_served: list[float]
+    create_page: list[float]
+    reset: list[float]
+    fork: list[float]
+    throughput: float
+    memory_mib: float
+    unread: int
+    storage_mib: float
+    storage_by: str
+    episodes: int
+
+
+def filesystem_type(path: pathlib.Path) -> str:
+    done = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def used_bytes(path: pathlib.Path) -> int:
+    os.sync()
+    info = os.statvfs(path)
+    return (info.f_blocks - info.f_bfree) * info.f_frsize
+
+
+def timed_concurrently(count: int, call: Callable[[], Any]) -> tuple[list[float], list[Any]]:
+    def one(_):
+        started = time.perf_counter()
+        result = call()
+        return time.perf_counter() - started, result
+
+    with ThreadPoolExecutor(count) as pool:
+        done = list(pool.map(one, range(count)))
+    return [s for s, _ in done], [r for _, r in done]
+
+
+def measure(system, name: str, branch_by: str, workdir: pathlib.Path, dedicated_fs: bool, c: int, episodes: int):
+    ticket = int(system.task.start_url.rsplit("/", 1)[1])
+    used_before = used_bytes(workdir)
+    served, removals = timed_concurrently(c, system.create_served)
+    for remove in removals:
+        remove()
+    created, envs = timed_concurrently(c, system.create)
+    memory = read_pss(system.pids())
+
+    resets: list[float] = []
+    started = time.perf_counter()
+    with ThreadPoolExecutor(c) as pool:
+        for seconds in pool.map(lambda env: [run_episode(system, env) for _ in range(episodes)], envs):
+            resets.extend(seconds)
+    throughput = c * episodes / (time.perf_counter() - started)
+    missing = [env for env in envs if comment_count(system.database(env), ticket) != 1]
+    if missing:
+        raise RuntimeError(f"{name}: the last episode's comment is not in the state of {missing}")
+    if dedicated_fs:
+        storage, storage_by = used_bytes(workdir) - used_before, "statvfs"
+    else:
+        storage, storage_by = allocated_bytes(system.storage_dir), "allocated"
+
+    def mid_episode(env: str) -> None:
+        type_comment(system, env, system.reset(env))
+
+    with ThreadPoolExecutor(c) as pool:
+        list(pool.map(mid_episode, envs))
+    forked_at = iter(envs)
+    forked, forks = timed_concurrently(c, lambda: system.fork(next(forked_at)))
+    for env in forks + envs:
+        system.close(env)
+    return Measurement(
+        name, filesystem_type(workdir), branch_by, served, created, resets, forked, throughput,
+        memory.pss_bytes / c / 2**20, len(memory.unreadable), storage / c / 2**20, storage_by, c * episodes,
+    )  # fmt: skip
+
+
+# ---- the publication ablation -----------------------------------------------------------
+
+
+class WikiWriter(threading.Thread):
+    """Creates wiki pages W<trial>x<n> through the route `self.route[0]` (read at each send)
+    until stopped; records each write's route and HTTP status."""
+
+    def __init__(self, port: int, site: str, route: list[str], trial: int):
+        super().__init__(daemon=True)
+        self.port, self.site, self.route, self.trial = port, site, route, trial
+        self.stop = threading.Event()
+        self.writes: list[tuple[str, str, int]] = []  # (page, route, status)
+        self.token = secrets.token_hex(12)
+
+    def write(self, page: str, route: str) -> int:
+        body = urllib.parse.urlencode(
+            {"__FORM_TOKEN": self.token, "action": "edit", "version": "0", "text": page, "save": "Submit changes"}
+        )
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            connection.request(
+                "POST", f"/wiki/{page}", body,
+                {"Host": self.site, ROUTE_HEADER: route, "Cookie": f"trac_form_token={self.token}",
+                 "Content-Type": "application/x-www-form-urlencoded"},
+            )  # fmt: skip
+            response = connection.getresponse()
+            response.read()
+            return response.status
+        finally:
+            connection.close()
+
+    def run(self) -> None:
+        for n in itertools.count():
+            if self.stop.is_set():
+                return
+            page = f"W{self.trial}x{n}"
+            while not self.stop.is_set():
+                route = self.route[0]
+                status = self.write(page, route)
+                self.writes.append((page, route, status))
+                if status in (303, 200):
+                    break
+                time.sleep(0.005)  # refused while frozen or re-routed: send it again on the current route
+
+
+def wiki_pages(database: pathlib.Path, trial: int) -> set[str] | None:
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+            rows = db.execute("SELECT name FROM wiki WHERE name LIKE ?", (f"W{trial}x%",)).fetchall()
+    except sqlite3.DatabaseError:
+        return None  # torn while it was copied
+    return {name for (name,) in rows}
+
+
+def publication_trials(base: pathlib.Path, workdir: pathlib.Path, trials: int, method: str) -> dict[str, int]:
+    parent = workdir / "publication"
+    shutil.rmtree(parent, ignore_errors=True)
+    server = AppServer(parent).start()
+    mixed = {"transaction": 0, "direct": 0}
+    try:
+        trial_ids = itertools.count()
+        for mode in mixed:
+            for _ in range(trials):
+                trial = next(trial_ids)
+                old, new = f"a{trial}", f"b{trial}"
+                branch(base, parent / old, method)
+                site, token = f"t{trial}.{CAPSULE_SITE_DOMAIN}", secrets.token_urlsafe(18)
+                server.control_blocking("publish", route=token, site=site, branch=old)
+                server.control_blocking("open", branch=old)
+                route = [token]
+                writer = WikiWriter(server.port, site, route, trial)
+                writer.start()
+                while len(writer.writes) < 2:
+                    time.sleep(0.002)
+                if mode == "transaction":
+                    server.control_blocking("freeze", route=token)
+                    server.control_blocking("drain", route=token, timeout=60)
+                    branch(parent / old, parent / new, method)
+                    successor = secrets.token_urlsafe(18)
+                    server.control_blocking("publish", route=successor, site=site, branch=new)
+                    route[0] = successor
+                    server.control_blocking("unroute", route=token)
+                else:
+                    branch(parent / old, parent / new, method)
+                    server.control_blocking("publish", route=token, site=site, branch=new)
+                settle_at = len(writer.writes) + 2
+                while len(writer.writes) < settle_at:
+                    time.sleep(0.002)
+                writer.stop.set()
+                writer.join()
+                server.control_blocking("drain", route=route[0], timeout=60)
+                # Writes the old route accepted (a refused one was sent again, on the route then current).
+                accepted_on_old = {page for page, r, status in writer.writes if r == token and status in (200, 303)}
+                in_old, in_new = wiki_pages(parent / old / DATABASE, trial), wiki_pages(parent / new / DATABASE, trial)
+                if in_old is None or in_new is None or (in_old & accepted_on_old) != (in_new & accepted_on_old):
+                    mixed[mode] += 1
+                server.control_blocking("unroute", route=route[0])
+                for name in (old, new):
+                    server.control_blocking("retire", branch=name)
+                    remove_branch(parent / name)
+    finally:
+        server.stop()
+        shutil.rmtree(parent, ignore_errors=True)
+    return mixed
+
+
+# ---- the XFS image ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def xfs_workdir(parent: pathlib.Path, size_bytes: int):
+    """A loop-mounted XFS filesystem with reflinks under `parent`; yields (its path, None) or
+    (None, why it could not be made). Unmounted and removed on exit."""
+    if shutil.which("mkfs.xfs") is None:
+        yield None, "skipped: mkfs.xfs not found"
+        return
+    image, mount = parent / "xfs.img", parent / "xfs"
+    mount.mkdir(parents=True, exist_ok=True)
+    mounted = False
+    try:
+        with open(image, "wb") as f:
+            f.truncate(size_bytes)
+        made = subprocess.run(["mkfs.xfs", "-q", "-m", "reflink=1", str(image)], capture_output=True, text=True)
+        if made.returncode != 0:
+            yield None, f"skipped: mkfs.xfs failed: {made.stderr.strip()}"
+            return
+        done = subprocess.run(["mount", "-o", "loop", str(image), str(mount)], capture_output=True, text=True)
+        if done.returncode != 0:
+            yield None, f"skipped: mounting the XFS image failed: {done.stderr.strip()}"
+            return
+        mounted = True
+        yield mount, None
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(mount)], check=False)
+        image.unlink(missing_ok=True)
+        shutil.rmtree(mount, ignore_errors=True)
+
+
+# ---- reporting ----------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    done = subprocess.run(["lscpu"], capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+HEADER = (
+    f"{'c':>3} {'system':<22} {'fs':<6} {'create srv mean/p50 s':>22} {'create pg mean/p50 s':>21} "
+    f"{'reset s':>8} {'fork s':>7} {'env/s':>6} {'MiB/env':>8} {'MiB/env st':>11}"
+)
+
+
+def print_row(c: int, r: Measurement) -> None:
+    def pair(values: list[float]) -> str:
+        return f"{statistics.mean(values):.3f}/{statistics.median(values):.3f}"
+
+    print(
+        f"{c:>3} {r.system:<22} {r.filesystem:<6} {pair(r.create_served):>22} {pair(r.create_page):>21} "
+        f"{statistics.mean(r.reset):>8.3f} {statistics.mean(r.fork):>7.3f} {r.throughput:>6.2f} "
+        f"{r.memory_mib:>8.1f} {r.storage_mib:>11.2f}" + (f"  ({r.unread} unread)" if r.unread else ""),
+        flush=True,
+    )
+
+
+def ratios(baseline: Measurement, capsules: Measurement) -> dict[str, float]:
+    return {
+        "create": statistics.mean(baseline.create_page) / statistics.mean(capsules.create_page),
+        "create_served": statistics.mean(baseline.create_served) / statistics.mean(capsules.create_served),
+        "fork": statistics.mean(baseline.fork) / statistics.mean(capsules.fork),
+        "reset": statistics.mean(baseline.reset) / statistics.mean(capsules.reset),
+        "throughput": capsules.throughput / baseline.throughput,
+        "memory": baseline.memory_mib / capsules.memory_mib,
+        "storage": baseline.storage_mib / max(capsules.storage_mib, 1 / 2**20),
+    }
+
+
+def print_ratios(c: int, short: str, values: dict[str, float]) -> None:
+    for metric in ("create", "fork", "reset", "throughput", "memory", "storage"):
+        paper = f" (paper: {PAPER[metric]}x)" if metric in PAPER else ""
+        print(f"{metric} {short}/capsules (c={c}): {values[metric]:.2f}x{paper}")
+    print(f"create (served page only) {short}/capsules (c={c}): {values['create_served']:.2f}x")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base", required=True, type=pathlib.Path, help="the seeded state (a Trac environment)")
+    parser.add_argument("--concurrency", default="8,16", help="comma-separated concurrencies")
+    parser.add_argument("--episodes", type=int, default=2, help="episodes per environment")
+    parser.add_argument("--trials", type=int, default=100, help="trials per mode of the publication ablation")
+    parser.add_argument("--workdir", type=pathlib.Path, default=None, help="where branches go (default: a temp dir)")
+    parser.add_argument("--json", type=pathlib.Path, default=None, help="write every measurement here")
+    parser.add_argument("--quick", action="store_true", help="c=2, one episode, 10 trials: a check that it runs")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.concurrency, args.episodes, args.trials = "2", 1, 5
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    if max(concurrencies) > MAX_PROCESSES:
+        raise SystemExit(f"concurrency above {MAX_PROCESSES}: the load must stay bounded")
+    base = args.base.resolve()
+    ticket = first_ticket(base)
+    task = comment_task(ticket)
+
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} CPUs", flush=True)
+    print(
+        f"Trac state {base} ({allocated_bytes(base) / 2**20:.1f} MiB); episodes: reset onto /ticket/{ticket}, "
+        f"fill the comment, submit, done; {args.episodes} per environment",
+        flush=True,
+    )
+    report: dict[str, Any] = {"cpu": cpu_model(), "base": str(base), "episodes": args.episodes, "rows": []}
+    with contextlib.ExitStack() as stack:
+        scratch = pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(dir=args.workdir, prefix="webapp-")))
+        state_bytes = allocated_bytes(base)
+        image_bytes = state_bytes * (3 * max(concurrencies) + 4) + 2**31
+        xfs, why_not = stack.enter_context(xfs_workdir(scratch, image_bytes))
+        workdir = xfs if xfs is not None else scratch / "work"
+        workdir.mkdir(exist_ok=True)
+        local_base = workdir / "base"  # the state on the same filesystem as its branches (clones need it)
+        branch(base, local_base, "copy")
+        fs = filesystem_type(workdir)
+        print(f"workdir {workdir}: {fs}; branches by {branch_method(workdir)}", flush=True)
+        report["workdir_filesystem"] = fs
+        if why_not:
+            print(f"capsules (reflink): {why_not}", flush=True)
+        systems: list[tuple[str, str, Callable[[], Any]]] = []
+        if branch_method(workdir) == "reflink":
+            systems.append(("capsules (reflink)", "reflink", lambda: Capsules(local_base, workdir, task, "reflink")))
+        if not args.quick or not systems:  # the copy-on-write ablation's other half
+            systems.append(("capsules (copy)", "copy", lambda: Capsules(local_base, workdir, task, "copy")))
+        systems.append(("processes", "copy", lambda: Processes(local_base, workdir, task)))
+
+        for c in concurrencies:
+            print(f"\n{HEADER}", flush=True)
+            rows: dict[str, Measurement] = {}
+            for name, branch_by, make in systems:
+                system = make()
+                try:
+                    rows[name] = measure(system, name, branch_by, workdir, xfs is not None, c, args.episodes)
+                finally:
+                    system.shutdown()
+                print_row(c, rows[name])
+                report["rows"].append({"concurrency": c, **dataclasses.asdict(rows[name])})
+            capsules = rows[systems[0][0]]
+            values = ratios(rows["processes"], capsules)
+            print_ratios(c, "processes", values)
+            if "capsules (reflink)" in rows and "capsules (copy)" in rows:
+                cow = ratios(rows["capsules (copy)"], rows["capsules (reflink)"])
+                print(
+                    f"copy-on-write off/on (c={c}): create {cow['create']:.2f}x, fork {cow['fork']:.2f}x, "
+                    f"reset {cow['reset']:.2f}x, storage {cow['storage']:.1f}x"
+                )
+            report.setdefault("ratios", {})[f"processes/capsules c={c}"] = values
+
+        mixed = publication_trials(local_base, workdir, args.trials, branch_method(workdir))
+        print(
+            f"\npublication during writes, {args.trials} trials each ({fs}): mixed-generation trials "
+            f"with the transaction {mixed['transaction']}, with direct publication {mixed['direct']}",
+            flush=True,
+        )
+        report["publication"] = {"trials": args.trials, **mixed}
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
