@@ -17,7 +17,6 @@ import logging
 import os
 import pathlib
 import random
-import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -28,9 +27,9 @@ from cua_jax.envs.capsules.errors import (
     CapsuleFaultError,
     CapsuleFrozenError,
     LifecycleError,
-    RuntimeShutDownError,
     UnknownEnvironmentError,
 )
+from cua_jax.envs.capsules.loop import LoopOwner
 from cua_jax.envs.capsules.procfs import command_line, process_tree
 from cua_jax.envs.capsules.records import CapsuleSnapshot, PublicationRecord, StepResult
 from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error
@@ -102,7 +101,7 @@ class _Route:
 FORK_METHODS = ("capture", "replay")
 
 
-class CapsuleRuntime:
+class CapsuleRuntime(LoopOwner):
     """MiniWoB environments as capsules on a backend's runtimes (default: one shared browser).
 
     Every public method is thread-safe and blocking; its `a`-prefixed twin is a coroutine
@@ -144,6 +143,8 @@ class CapsuleRuntime:
     new one (`restart_tasks`, by default `restart_exact_tasks()`) restart in page; the
     others always get a new page.
     """
+
+    shut_down_message = "the capsule runtime is shut down"
 
     def __init__(
         self,
@@ -194,15 +195,12 @@ class CapsuleRuntime:
         self.crashes: list[tuple[str, str]] = []  # (runtime id, reason)
         self._crash_faults: dict[str, Fault] = {}  # runtime id -> its crash, for every runtime that died
         self._shutting_down = False
-        self._stopped = False
         self._rng = random.Random(seed)
         self._routes: dict[str, _Route] = {}
         self._generation_ids = itertools.count(1)
         self._env_ids = itertools.count(1)
         self._server = MiniWoBServer()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="capsule-runtime", daemon=True)
-        self._thread.start()
+        self._start_loop("capsule-runtime")
         self._playwright_cm: Any = None
         self._playwright: Any = None
         try:
@@ -212,20 +210,6 @@ class CapsuleRuntime:
             raise
 
     # ---- plumbing -------------------------------------------------------------------
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop the a-methods must run on (Playwright lives there)."""
-        return self._loop
-
-    def run_async(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """Run `coro` on the runtime's loop and wait for its result (bounded by call_timeout_s)."""
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("blocking call from the runtime's own loop; await the a-method instead")
-        if self._stopped:
-            coro.close()
-            raise RuntimeShutDownError("the capsule runtime is shut down")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.call_timeout_s)
 
     async def _start(self) -> None:
         from playwright.async_api import async_playwright
@@ -840,17 +824,6 @@ class CapsuleRuntime:
         finally:
             if self._playwright_cm is not None:
                 await self._playwright_cm.__aexit__(None, None, None)
-
-    def _stop_loop(self) -> None:
-        self._stopped = True
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
-
-    def __enter__(self) -> CapsuleRuntime:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
 
 
 async def _left_task(generation: _Generation) -> Fault | None:

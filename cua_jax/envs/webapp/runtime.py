@@ -1,3 +1,4 @@
+# Single job: the web application capsules' transactions (routes, branches, generations, snapshot, fork, judging).
 """State capsules over one shared web application server (CUA-Sandbox §3 on a stateful
 application): `WebappRuntime`.
 
@@ -52,7 +53,6 @@ import os
 import pathlib
 import secrets
 import shutil
-import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -67,13 +67,13 @@ from cua_jax.envs.capsules import (
     CapsuleFrozenError,
     LifecycleError,
     PublicationRecord,
-    RuntimeShutDownError,
     SharedBrowserBackend,
     Slot,
     StepResult,
     UnknownEnvironmentError,
 )
 from cua_jax.envs.capsules.backends import release_quietly
+from cua_jax.envs.capsules.loop import LoopOwner
 from cua_jax.envs.capsules.procfs import process_tree
 from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error
 from cua_jax.envs.miniwob import DomElement, EpisodeEndedError, InvalidElementError
@@ -152,7 +152,7 @@ class _Route:
         return f"{self.env_id}.{CAPSULE_SITE_DOMAIN}"
 
 
-class WebappRuntime:
+class WebappRuntime(LoopOwner):
     """Web application capsules (see the module doc) over the seeded state `base` (a Trac
     environment directory), with branches under `workdir`.
 
@@ -170,6 +170,8 @@ class WebappRuntime:
     branch_by: "auto" (copy-on-write where `workdir`'s filesystem clones, else a full copy),
     "reflink" or "copy" (the ablation). viewport: (width, height) of every page.
     """
+
+    shut_down_message = "the web application runtime is shut down"
 
     def __init__(
         self,
@@ -218,15 +220,12 @@ class WebappRuntime:
         self._generation_ids = itertools.count(1)
         self._names = itertools.count(1)
         self._shutting_down = False
-        self._stopped = False
         self.server = AppServer(self.branches_dir, python=python).start()
         self._server_fault: Fault | None = None
         self.backend = SharedBrowserBackend(
             renderers=None, extra_args=(f"--host-resolver-rules=MAP *.{CAPSULE_SITE_DOMAIN} 127.0.0.1",)
         )
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="webapp-runtime", daemon=True)
-        self._thread.start()
+        self._start_loop("webapp-runtime")
         self._playwright_cm: Any = None
         try:
             self.run_async(self._start())
@@ -236,18 +235,6 @@ class WebappRuntime:
             raise
 
     # ---- plumbing -------------------------------------------------------------------
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return self._loop
-
-    def run_async(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("blocking call from the runtime's own loop; await the a-method instead")
-        if self._stopped:
-            coro.close()
-            raise RuntimeShutDownError("the web application runtime is shut down")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.call_timeout_s)
 
     async def _start(self) -> None:
         from playwright.async_api import async_playwright
@@ -672,17 +659,6 @@ class WebappRuntime:
         finally:
             if self._playwright_cm is not None:
                 await self._playwright_cm.__aexit__(None, None, None)
-
-    def _stop_loop(self) -> None:
-        self._stopped = True
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
-
-    def __enter__(self) -> WebappRuntime:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
 
 
 def _unsupported(action: A.Action, action_space: str) -> str | None:
