@@ -9,7 +9,8 @@ A task's `eval` object (WebArena's format, extended):
       "reference_answers": {                 # string_match
         "exact_match": "alice",              #   the whole answer, case-insensitive, quotes stripped
         "must_include": ["42", "closed"],    #   every phrase appears in the answer, case-insensitive
-        "fuzzy_match": ["three tickets"]     #   or "N/A": see below
+        "fuzzy_match": ["three tickets"],    #   or "N/A": see below
+        "must_exclude": ["#40"]              #   none of these is named (cua_jax's, not WebArena's)
       },
       "string_note": "...",                  # why the task is unachievable, for "N/A" tasks
       "reference_url": "/report/3 |OR| /query?milestone=1.0",   # url_match
@@ -22,10 +23,12 @@ A task's `eval` object (WebArena's format, extended):
 string_match follows WebArena: answers are stripped of surrounding quotes and lowercased;
 `exact_match` compares whole strings; `must_include` checks each phrase is a substring (a
 one-character phrase, alone in its list, must be a whole token, as WebArena's tokenised check).
-WebArena's `fuzzy_match` asks an LLM; here it is deterministic and stricter: after normalisation
-(Unicode NFKC, lowercase, punctuation dropped except inside numbers, articles dropped, number words
-zero..twenty as digits, whitespace collapsed) the answer must equal a reference. A reference of
-"N/A" (an unachievable task) accepts the answer "N/A", alone or followed by a reason; WebArena's
+`must_exclude` (not WebArena's) names phrases the answer must not name as a whole, so that an
+answer listing every candidate cannot pass a `must_include`. WebArena's `fuzzy_match` asks an
+LLM; here it is deterministic and stricter: after normalisation (Unicode NFKC, lowercase,
+punctuation dropped except inside numbers, articles dropped, number words zero..twenty as
+digits, whitespace collapsed) the answer must equal a reference. A reference of "N/A" (an
+unachievable task) accepts the answer "N/A", alone or followed by a reason; WebArena's
 LLM judge of that reason is not reproduced.
 
 url_match follows WebArena's "GOLD in PRED" rule: some reference's path (trailing "/" dropped) is
@@ -149,6 +152,13 @@ def must_include(reference: str, answer: str, tokenize: bool) -> bool:
     return ref in pred
 
 
+def names_phrase(phrase: str, answer: str) -> bool:
+    """Whether `answer` names `phrase` as a whole (case-insensitive, not inside a longer word or
+    number: "#4" is not named by "#40")."""
+    pattern = r"(?<![\w])" + re.escape(clean_answer(phrase)) + r"(?![\w])"
+    return re.search(pattern, clean_answer(answer)) is not None
+
+
 def normalize_for_fuzzy(text: str) -> str:
     text = unicodedata.normalize("NFKC", clean_answer(text))
     # Drop punctuation except a '.' or ',' between digits (3.5, 1,000) and '-'/'/' inside words.
@@ -185,6 +195,10 @@ def judge_string_match(spec: dict, answer: str | None) -> list[str]:
             for phrase in value:
                 if not must_include(phrase, answer, tokenize=len(value) == 1):
                     failures.append(f"string_match: answer {answer!r} does not include {phrase!r}")
+        elif approach == "must_exclude":
+            for phrase in value:
+                if names_phrase(phrase, answer):
+                    failures.append(f"string_match: answer {answer!r} names {phrase!r}, which is not an answer")
         elif approach == "fuzzy_match":
             if value == "N/A":
                 if not _is_na_answer(answer):
@@ -464,11 +478,11 @@ def validate_eval(spec: Any, where: str) -> None:
         for approach, value in refs.items():
             if approach == "exact_match" and not isinstance(value, str):
                 raise ValueError(f"{where}: field 'eval.reference_answers.exact_match' must be a string")
-            elif approach in ("must_include", "fuzzy_match"):
+            elif approach in ("must_include", "must_exclude", "fuzzy_match"):
                 ok = isinstance(value, list) and value and all(isinstance(v, str) for v in value)
                 if not ok and not (approach == "fuzzy_match" and value == "N/A"):
                     raise ValueError(f"{where}: field 'eval.reference_answers.{approach}' must be a list of strings")
-            elif approach not in ("exact_match", "must_include", "fuzzy_match"):
+            elif approach not in ("exact_match", "must_include", "must_exclude", "fuzzy_match"):
                 raise ValueError(f"{where}: unknown field 'eval.reference_answers.{approach}'")
     if "url_match" in types:
         if not isinstance(spec.get("reference_url"), str) or not spec["reference_url"].strip():

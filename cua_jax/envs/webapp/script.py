@@ -98,6 +98,7 @@ def validate(runtime: Any, tasks: Sequence[Any]) -> dict[str, dict[str, float]]:
                 print(f"{task.task_id} {name}: {error}", file=sys.stderr)
             finally:
                 runtime.close(env_id)
+        print(f"{task.task_id}: {scores[task.task_id]}", file=sys.stderr, flush=True)  # progress
     return scores
 
 
