@@ -9,8 +9,9 @@ random   `RandomActionEngine`: a uniformly random action of the action grammar e
          (clicks anywhere on the grid, a short typed word, a key, a scroll), seeded by the
          request's own sampling seed, so a rerun replays it
 oracle   the scripted MiniWoB oracle through `OracleDemonstrator` (`TaskOracleEngine`: one
-         per task, the harness names the task before each group); tasks without a script
-         are skipped with the reason
+         per task, the harness names the task before each group); a web application task's
+         recorded solution (its suite's validation.json), replayed turn by turn (needs
+         env.action_space "elements" or "both"); tasks without either are skipped with the reason
 a directory holding a Hugging Face policy: loaded as model.init_from
 a training run's workdir (it holds checkpoints/): checkpoint `step` (default the latest), its
          own config, as `experiments.export` reads and restores it
@@ -56,6 +57,7 @@ from experiments.export import read_run_config
 from experiments.sweep_runs import apply_overrides
 
 SCRIPTED_POLICIES = ("random", "oracle")
+ASSISTANT_TURN = "<|im_start|>assistant"  # ChatML's opening of an assistant turn (the shipped tokenizer's)
 RANDOM_KEYS = ("enter", "tab", "backspace", "esc", "up", "down", "left", "right", "space")
 RANDOM_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -106,20 +108,42 @@ class TaskOracleEngine(ScriptedEngine):
 
     name = "the oracle"
 
-    def __init__(self, tokenizer, end_of_turn_id: int, action_space: str):
+    def __init__(
+        self, tokenizer, end_of_turn_id: int, action_space: str, replays: dict[str, tuple[str, ...]] | None = None
+    ):
         self.tokenizer = tokenizer
         self.end_of_turn_id = int(end_of_turn_id)
         self.action_space = action_space
         self.task: str | None = None
         self.demonstrators: dict[str, Any] = {}
+        self.replays = dict(replays or {})  # task -> its recorded solution's replies, turn by turn
+        self.replay_errors: list[str] = []
+
+    def _replay(self, request: GenerationRequest, sampling: SamplingConfig) -> Generation:
+        """The recorded solution's reply for this turn: the turn is the number of assistant turns
+        the prompt already holds. Past the recording (or a reply too long to write), FAIL."""
+        prompt = self.tokenizer.decode(request.prompt_ids.tolist(), skip_special_tokens=False)
+        turn = prompt.count(ASSISTANT_TURN) - 1  # the last one is the turn being generated
+        replies = self.replays[self.task]
+        text = replies[turn] if 0 <= turn < len(replies) else A.render_action(A.Fail())
+        if not 0 <= turn < len(replies):
+            self.replay_errors.append(f"{self.task}: turn {turn} is past its recorded solution's {len(replies)}")
+        ids = np.asarray([*self.tokenizer.encode(text, add_special_tokens=False), self.end_of_turn_id], np.int32)
+        if len(ids) > sampling.max_new_tokens:
+            self.replay_errors.append(f"{self.task}: the recorded reply has {len(ids)} tokens, over max_new_tokens")
+            ids = np.asarray([*self.tokenizer.encode(A.render_action(A.Fail()), add_special_tokens=False)], np.int32)
+            ids = np.asarray([*ids, self.end_of_turn_id], np.int32)
+        return Generation(ids, np.zeros(len(ids), np.float32), FinishReason.STOP, 0)
 
     @property
     def errors(self) -> list[str]:
-        return [e for d in self.demonstrators.values() for e in d.errors]
+        return [e for d in self.demonstrators.values() for e in d.errors] + self.replay_errors
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
         if self.task is None:
             raise RuntimeError("the oracle engine was not told its task (TaskOracleEngine.task) before the group")
+        if self.task in self.replays:
+            return [self._replay(request, sampling) for request in requests]
         if self.task not in self.demonstrators:
             self.demonstrators[self.task] = OracleDemonstrator(
                 self.tokenizer, self.end_of_turn_id, self.task, reasoning=False, action_space=self.action_space
@@ -136,12 +160,13 @@ class ScriptedEngineFactory:
     tokenizer_dir: str | None = None
     seed: int = 0
     action_space: str = "coordinates"
+    replays: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (task, its recorded solution's replies)
 
     def __call__(self) -> RolloutEngine:
         renderer = ChatRenderer(*load_processor(self.tokenizer_dir))
         if self.kind == "random":
             return RandomActionEngine(renderer.tokenizer, renderer.end_of_turn_id, self.seed)
-        return TaskOracleEngine(renderer.tokenizer, renderer.end_of_turn_id, self.action_space)
+        return TaskOracleEngine(renderer.tokenizer, renderer.end_of_turn_id, self.action_space, dict(self.replays))
 
 
 @dataclasses.dataclass
@@ -167,7 +192,10 @@ class EvalPolicy:
     def unsupported(self, task: Any) -> str | None:
         """Why this policy cannot run `task` (a `SourceTask`), or None."""
         if self.name == "oracle":
-            if task.kind != "miniwob" or task.spec not in ORACLE_TASKS:
+            if task.kind == "webapp":
+                if task.task_id not in webapp_replays([task]):
+                    return "its suite's validation.json records no solution for it"
+            elif task.kind != "miniwob" or task.spec not in ORACLE_TASKS:
                 return "the MiniWoB oracle has no script for it"
         return None
 
@@ -175,6 +203,17 @@ class EvalPolicy:
         """Tells the worker's engine which task its next group runs (the oracle needs it)."""
         if self.name == "oracle":
             worker.engine.task = task_id
+
+
+def webapp_replays(tasks: Sequence[Any]) -> dict[str, tuple[str, ...]]:
+    """The recorded solutions (`cua_jax.envs.webapp.script`) of the web application tasks among
+    `tasks` (`SourceTask`s), read from each task's folder's validation.json: the oracle replays
+    them turn by turn (the seeded state and the pages' element ids are deterministic)."""
+    from cua_jax.envs.webapp.script import demonstrations
+
+    folders = {str(pathlib.Path(task.origin).parent) for task in tasks if task.kind == "webapp"}
+    recorded = {task: tuple(replies) for folder in sorted(folders) for task, replies in demonstrations(folder).items()}
+    return {task.task_id: recorded[task.task_id] for task in tasks if task.task_id in recorded}
 
 
 def _check_scripted_config(name: str, config: Any) -> None:
@@ -269,6 +308,7 @@ def build_eval_workers(
                         settings.model.tokenizer_source,
                         seed=policy.config.seed + w,
                         action_space=policy.config.env.action_space,
+                        replays=tuple(webapp_replays(list(suite.catalog)).items()) if policy.name == "oracle" else (),
                     ),
                     dataclasses.replace(rollout_worker_config(settings, w), canonical_order=False),
                 )

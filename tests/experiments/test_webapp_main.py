@@ -34,19 +34,20 @@ def test_a_trainer_update_on_webapp_and_miniwob_tasks_in_one_pool(tmp_path):
     assert metrics[0]["webapp/branches"] >= 2  # one capsule reset, the other forked from it
 
 
-def test_the_harness_evaluates_the_webapp_suite(tmp_path):
-    out = tmp_path / "eval"
-    result = subprocess.run(
+def _evaluate(policy: str, out, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [
             sys.executable,
             "-m",
             "experiments.evaluate",
-            "--policy=random",
+            f"--policy={policy}",
             "--suite=cua_jax/tasks/suites/webapp/trac",
-            "--tasks=trac-002,trac-010",
+            "--tasks=trac-002,trac-033",
             "--seeds=1",
             f"--out={out}",
-            "--config.eval.max_turns=2",
+            "--config.eval.max_turns=8",
+            "--config.env.action_space=both",
+            *flags,
         ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"},
@@ -54,9 +55,23 @@ def test_the_harness_evaluates_the_webapp_suite(tmp_path):
         text=True,
         timeout=600,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1])["evaluations"] == ["turns_2_temperature_1"]
-    results = (out / "turns_2_temperature_1" / "results.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in results]
-    assert sorted(r["task"] for r in records) == ["trac-002", "trac-010"]
-    assert not any(r["quarantine_reason"] for r in records)
+
+
+def _records(out) -> dict[str, dict]:
+    lines = (out / "turns_8_temperature_1" / "results.jsonl").read_text().splitlines()
+    return {record["task"]: record for record in map(json.loads, lines)}
+
+
+def test_the_harness_evaluates_the_webapp_suite_with_the_random_policy_and_the_oracle(tmp_path):
+    random = _evaluate("random", tmp_path / "random")
+    assert random.returncode == 0, random.stderr[-3000:]
+    records = _records(tmp_path / "random")
+    assert sorted(records) == ["trac-002", "trac-033"]
+    assert not any(r["quarantine_reason"] for r in records.values())
+    # The oracle replays each task's recorded solution (validation.json) through the agent loop.
+    oracle = _evaluate("oracle", tmp_path / "oracle", "--config.env.include_dom_text=True")
+    assert oracle.returncode == 0, oracle.stderr[-3000:]
+    assert {task: r["success"] for task, r in _records(tmp_path / "oracle").items()} == {
+        "trac-002": True,
+        "trac-033": True,
+    }

@@ -175,6 +175,29 @@ def _send_static(file: str, start_response):
     return [body]
 
 
+def share_installed_plugins() -> None:
+    """Trac scans every installed plugin's entry points (pkg_resources) for each environment it
+    opens, about 0.14 s of an environment's 0.15 s open, though they are imported once per
+    process. The server is shared and already initialised: after the first environment has
+    loaded them, an environment with no plugins of its own (no files in its plugins folders,
+    as every branch of the seeded state) loads nothing more. One with plugins of its own loads
+    as Trac always does."""
+    import trac.env
+    import trac.loader
+
+    loaded = []
+
+    def load_components(env, extra_path=None, *args, **kwargs):
+        folders = [env.plugins_dir, *(extra_path or ())]
+        own = any(os.path.isdir(folder) and os.listdir(folder) for folder in folders if folder)
+        if loaded and not own:
+            return
+        trac.loader.load_components(env, extra_path, *args, **kwargs)
+        loaded.append(env.path)
+
+    trac.env.load_components = load_components
+
+
 def make_app(table: RouteTable):
     import trac
     from trac.web.main import dispatch_request
@@ -246,6 +269,7 @@ def main(argv=None) -> None:
     parser.add_argument("--control", required=True)
     args = parser.parse_args(argv)
     table = RouteTable(args.parent)
+    share_installed_plugins()
     if os.path.exists(args.control):
         os.unlink(args.control)
     old_umask = os.umask(0o077)  # the control socket is the runtime's alone

@@ -613,6 +613,13 @@ class WebappRuntime(LoopOwner):
         assert generation is not None
         return self.branches_dir / generation.branch / DATABASE
 
+    def route_of(self, env_id: str) -> tuple[str, str]:
+        """(site, route token) of the capsule's published generation: what its page sends, for
+        benchmarks and tests that write through the server as the page would."""
+        route = self._route(env_id)
+        assert route.generation is not None
+        return route.site, route.generation.route
+
     def generation_of(self, env_id: str) -> int:
         generation = self._route(env_id).generation
         assert generation is not None

@@ -14,11 +14,13 @@ page is observed first, so every rendered element has its id); a selector that m
 element raises ScriptError naming the step. Nothing else reaches the page: no URL is opened,
 no script runs but the look-up.
 
-    python -m cua_jax.envs.webapp.script --suite cua_jax/tasks/suites/webapp/trac --out results.json
+    python -m cua_jax.envs.webapp.script --suite cua_jax/tasks/suites/webapp/trac --write
 
-plays every task's solution, near-miss and nothing (an episode ended at once) and writes each
+plays every task's solution, near-miss and nothing (an episode ended at once) and prints each
 score; a task whose solution does not score 1, or whose near-miss or nothing does not score 0,
-is listed as failing (exit status 1).
+is listed as failing (exit status 1). --write records the scores and each solution's actions
+in the suite's validation.json (committed: the oracle policy of `experiments.evaluate` replays
+those actions).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 from cua_jax.envs import actions as A
 
+VALIDATION_FILE = "validation.json"
 _REF_JS = """(selector) => {
   const el = document.querySelector(selector);
   return el === null || el.dataset.cua_ref === undefined ? null : Number(el.dataset.cua_ref);
@@ -66,14 +69,17 @@ def step_action(step: Mapping[str, Any], ref_of) -> A.Action:
     raise ScriptError(f"unknown step {dict(step)}: a step is one of click, fill, key, answer, done")
 
 
-def play(runtime: Any, env_id: str, steps: Sequence[Mapping[str, Any]]) -> Any:
+def play(runtime: Any, env_id: str, steps: Sequence[Mapping[str, Any]], played: list | None = None) -> Any:
     """Play `steps` in capsule `env_id` of a WebappRuntime; the last StepResult (the episode's
-    end when the steps end it). An invalid action raises ScriptError naming the step."""
+    end when the steps end it). The actions are appended to `played` when given. An invalid
+    action raises ScriptError naming the step."""
     result = None
+    runtime.observe(env_id)  # the first observation gives the page's elements their ids, as a reset's does
     for step in steps:
-        runtime.observe(env_id)  # every rendered element gets its id
         action = step_action(step, lambda selector: runtime.evaluate(env_id, _REF_JS, selector))
         result = runtime.step(env_id, action)
+        if played is not None:
+            played.append(action)
         if result.invalid_action:
             raise ScriptError(f"step {dict(step)} was refused: {result.invalid_action}")
         if result.done:
@@ -81,25 +87,40 @@ def play(runtime: Any, env_id: str, steps: Sequence[Mapping[str, Any]]) -> Any:
     return result
 
 
-def validate(runtime: Any, tasks: Sequence[Any]) -> dict[str, dict[str, float]]:
-    """Every task's solution, near-miss and nothing, each in a fresh capsule: {task: {play: score}}."""
+def validate(runtime: Any, tasks: Sequence[Any]) -> tuple[dict[str, dict[str, float]], dict[str, list[str]]]:
+    """Every task's solution, near-miss and nothing, each in a fresh capsule: ({task: {play:
+    score}}, {task: the solution's actions as the policy's replies}). The seeded state is
+    deterministic and a page numbers its elements in document order, so a solution's actions
+    are the same in every capsule: the oracle policy replays them (`demonstrations`)."""
     scores: dict[str, dict[str, float]] = {}
+    demonstrations: dict[str, list[str]] = {}
     for task in tasks:
         scores[task.task_id] = {}
         plays = {name: task.scripts.get(name, ()) for name in ("solution", "near_miss")}
         plays["nothing"] = ({"done": True},)
         for name, steps in plays.items():
             env_id = runtime.create(task)
+            played: list[A.Action] = []
             try:
-                result = play(runtime, env_id, steps)
+                result = play(runtime, env_id, steps, played)
                 scores[task.task_id][name] = float(result.reward) if result is not None and result.done else 0.0
             except ScriptError as error:
                 scores[task.task_id][name] = float("nan")
                 print(f"{task.task_id} {name}: {error}", file=sys.stderr)
             finally:
                 runtime.close(env_id)
+            if name == "solution" and scores[task.task_id][name] == 1.0:
+                demonstrations[task.task_id] = [A.render_action(action) for action in played]
         print(f"{task.task_id}: {scores[task.task_id]}", file=sys.stderr, flush=True)  # progress
-    return scores
+    return scores, demonstrations
+
+
+def demonstrations(folder: str | pathlib.Path) -> dict[str, list[str]]:
+    """The recorded solutions of a task folder's validation file ({} when it has none)."""
+    path = pathlib.Path(folder) / VALIDATION_FILE
+    if not path.is_file():
+        return {}
+    return {task: list(replies) for task, replies in json.loads(path.read_text())["demonstrations"].items()}
 
 
 def failing(scores: Mapping[str, Mapping[str, float]]) -> list[str]:
@@ -117,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--suite", default=str(pathlib.Path(__file__).parents[2] / "tasks/suites/webapp/trac"))
     parser.add_argument("--scale", default="test")
     parser.add_argument("--tasks", default="", help="comma-separated task ids (default: all)")
-    parser.add_argument("--out", default="", help="write the scores as JSON here")
+    parser.add_argument("--out", default="", help="write the scores and solutions as JSON here")
+    parser.add_argument("--write", action="store_true", help=f"write them to the suite's {VALIDATION_FILE}")
     args = parser.parse_args(argv)
     tasks = load_tasks(args.suite)
     if args.tasks:
@@ -125,13 +147,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         tasks = [t for t in tasks if t.task_id in wanted]
     with tempfile.TemporaryDirectory(prefix="cua-webapp-validate-") as workdir:
         with WebappRuntime(ensure_base_state(args.scale), workdir, action_space="elements") as runtime:
-            scores = validate(runtime, tasks)
+            scores, solutions = validate(runtime, tasks)
     bad = failing(scores)
     for task, got in scores.items():
         print(f"{task}: " + ", ".join(f"{p}={s:g}" for p, s in got.items()) + ("  FAILS" if task in bad else ""))
     print(f"{len(scores) - len(bad)} of {len(scores)} tasks: solution 1, near-miss 0, nothing 0")
-    if args.out:
-        pathlib.Path(args.out).write_text(json.dumps({"scale": args.scale, "scores": scores}, indent=1) + "\n")
+    if args.write or args.out:
+        out = pathlib.Path(args.out) if args.out else pathlib.Path(args.suite) / VALIDATION_FILE
+        record = {"scale": args.scale, "scores": scores, "demonstrations": solutions}
+        out.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return 1 if bad else 0
 
 
