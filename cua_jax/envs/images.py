@@ -10,6 +10,9 @@ Layout (launch/images/):
                              path, e.g. the in-environment server's source.
     <name>/pip-wheels.txt    optional: hash-pinned requirements downloaded as wheels
     <name>/pip-sdists.txt    (sdists) into the build context's wheels/ (sdists/) folder.
+    <name>/build-args        optional: `NAME=VALUE` lines passed as `--build-arg`s, so a
+                             folder of links to another image's files builds a variant
+                             of it (trac_bench: the trac image at another scale).
 
 Each image is tagged `cua-jax/<name>:<hash>` and `cua-jax/<name>:latest`, where <hash>
 covers the files of its folder, the files named in its context.list, and the base's hash.
@@ -58,6 +61,20 @@ def _context_paths(name: str) -> list[str]:
             raise FileNotFoundError(f"{listing}: '{line}' does not exist in the repository")
         paths.append(line)
     return paths
+
+
+def _build_args(name: str) -> list[str]:
+    listing = IMAGES_DIR / name / "build-args"
+    if not listing.is_file():
+        return []
+    args = []
+    for line in listing.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            if "=" not in line:
+                raise ValueError(f"{listing}: '{line}' is not NAME=VALUE")
+            args += ["--build-arg", line]
+    return args
 
 
 def _files_under(path: pathlib.Path) -> list[pathlib.Path]:
@@ -158,7 +175,8 @@ def build(name: str, force: bool = False) -> str:
                     shutil.copy2(source, target)
             _download_pinned(folder, pathlib.Path(context))
             subprocess.run(
-                ["docker", "build", "--build-arg", f"BASE_IMAGE={image_tag(BASE)}", "-t", tag, context],
+                ["docker", "build", "--build-arg", f"BASE_IMAGE={image_tag(BASE)}", *_build_args(name)]
+                + ["-t", tag, context],
                 check=True,
                 env={**os.environ, "DOCKER_BUILDKIT": "0"},
             )

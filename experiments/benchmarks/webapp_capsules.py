@@ -8,6 +8,12 @@
               state; reset and fork start a new process on a new copy. The browser side is the same
               as the capsules' (a context per environment in one shared Chromium), so the rows
               differ only in how the application's state and server are provided.
+  containers  a `--network none` container of the trac image per environment (its seeded state in
+              an image layer, its writes in the container's writable layer; --base must hold the
+              same state, which the run checks by digest): create and reset run a new container
+              (the old one `docker rm -f`ed), fork `docker commit`s the running container (its
+              route frozen and drained) and runs the committed image. The browser side is the same
+              again; it reaches each container's http.sock through a loopback TCP relay.
 
 For each concurrency c (8 and 16 by default):
 
@@ -23,7 +29,9 @@ For each concurrency c (8 and 16 by default):
               and its children) with c environments live, divided by c.
   MiB/env st  storage each environment adds after the episodes: on a dedicated filesystem (the
               XFS image) the growth of its used blocks (statvfs) over the c environments, divided
-              by c; elsewhere the allocated bytes of the environments' directories.
+              by c; elsewhere the allocated bytes of the environments' directories; containers:
+              their writable layers (`docker inspect --size`'s SizeRw).
+  (containers' MiB/env counts each container's processes with its shim.)
 
 Copy-on-write ablation: the capsules run once with branch_by="reflink" and once with "copy", on a
 loop-mounted XFS image (reflink=1) created for the run when mkfs.xfs is there and mounting works;
@@ -44,9 +52,10 @@ Paths stay short: a control socket's path (the workdir's, plus about 30 characte
 AF_UNIX's 107 bytes, so --workdir should be a short path (the default is the system's temp dir).
 
     python -m experiments.benchmarks.webapp_capsules --base DIR [--concurrency 8,16] [--episodes 2]
-        [--trials 100] [--workdir DIR] [--json PATH] [--quick]
+        [--trials 100] [--workdir DIR] [--json PATH] [--quick] [--systems capsules,processes,containers]
+        [--container-image trac_bench]
 
-Ratios are printed as `<metric> processes/capsules (c=<c>): <x>x (paper: <y>x)`, each the
+Ratios are printed as `<metric> <baseline>/capsules (c=<c>): <x>x (paper: <y>x)`, each the
 baseline's cost over the capsules' (throughput: capsules' over the baseline's), so above 1 means
 the capsules win.
 """
@@ -77,6 +86,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from cua_jax.envs import actions as A
+from cua_jax.envs.browser_baselines import UnixSocketRelay
 from cua_jax.envs.capsules import CAPSULE_SITE_DOMAIN, SharedBrowserBackend, read_pss
 from cua_jax.envs.capsules.backends import release_quietly
 from cua_jax.envs.capsules.procfs import process_tree
@@ -88,6 +98,7 @@ from cua_jax.envs.webapp.server import AppServer
 from cua_jax.envs.webapp.tasks import WebappTask, parse_task
 from cua_jax.types import EpisodeStatus
 
+SYSTEMS = ("capsules", "processes", "containers")
 ROUTE_HEADER = "X-Cua-Route"
 COMMENT = "Reproduced on the benchmark build"
 PAPER = {"create": "15.17", "fork": "17.84", "throughput": "6.20", "memory": "9.2", "storage": "504"}  # x, as printed
@@ -344,7 +355,7 @@ class Processes:
                 {"task_id": self.task.task_id, "eval": dict(self.task.eval)},
                 env.page.answer,
                 env.page.path(),
-                str(env.parent / "env" / DATABASE),
+                str(self.database(env_id)),
                 str(self.base / DATABASE),
             )
             return None
@@ -394,6 +405,214 @@ class Processes:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+BENCHMARK_LABEL = "cua-jax.webapp-benchmark=1"  # every container and committed image of a run
+FORK_REPOSITORY = "cua-jax-benchmark/trac-fork"  # the images `docker commit` makes for forks
+CONTAINER_STATE = "/srv/trac/base"  # the image's seeded state, the container's one environment
+
+
+def docker(*args: str) -> str:
+    done = subprocess.run(["docker", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"docker {' '.join(args[:2])} failed: {done.stderr.strip()[-500:]}")
+    return done.stdout.strip()
+
+
+def remove_labelled() -> None:
+    """Remove every container and committed image a run of this benchmark made."""
+    containers = docker("ps", "-aq", "--filter", f"label={BENCHMARK_LABEL}").split()
+    if containers:
+        docker("rm", "-f", *containers)
+    images = docker("images", "-q", "--filter", f"label={BENCHMARK_LABEL}", FORK_REPOSITORY).split()
+    if images:
+        docker("rmi", "-f", *sorted(set(images)))
+
+
+def image_state_digest(image: str) -> str:
+    return docker("run", "--rm", "--network", "none", image, "cat", "/opt/cua/state.digest")
+
+
+class ContainerServer(AppServer):
+    """`app_server.py` in a `--network none` container of the trac image, serving the image's
+    state: the control channel is <hostdir>/control.sock and HTTP <hostdir>/http.sock (the
+    folder is bind-mounted at /run/cua). Writes land in the container's writable layer."""
+
+    def __init__(self, hostdir: pathlib.Path, image: str, start_timeout_s: float = 60.0):
+        self.hostdir, self.image, self.start_timeout_s = hostdir, image, start_timeout_s
+        self.control_path, self.http_path = str(hostdir / "control.sock"), str(hostdir / "http.sock")
+        self.container = ""
+        self.init_pid = 0
+        self.root: pathlib.Path | None = None  # the container's root filesystem, once started
+
+    @property
+    def pid(self) -> int | None:
+        return self.init_pid or None
+
+    def alive(self) -> bool:
+        return self.init_pid > 0 and os.path.exists(f"/proc/{self.init_pid}")
+
+    def exit_status(self) -> str:
+        if not self.container:
+            return "not started"
+        return docker("inspect", "-f", "{{.State.Status}} (exit code {{.State.ExitCode}})", self.container)
+
+    def start(self) -> ContainerServer:
+        self.hostdir.mkdir(parents=True)
+        self.container = docker(
+            "run", "-d", "--network", "none", "--label", BENCHMARK_LABEL, "-v", f"{self.hostdir}:/run/cua", self.image
+        )
+        pid, merged = docker("inspect", "-f", "{{.State.Pid}} {{.GraphDriver.Data.MergedDir}}", self.container).split()
+        self.init_pid, self.root = int(pid), pathlib.Path(merged)
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            try:
+                self.control_blocking("ping")  # answered once both sockets are bound
+                return self
+            except OSError as error:
+                if not self.alive() or time.monotonic() > deadline:
+                    logs = subprocess.run(["docker", "logs", "--tail", "20", self.container], capture_output=True)
+                    self.stop()
+                    raise RuntimeError(f"the container did not serve: {logs.stderr.decode()[-500:]}") from error
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.container:
+            subprocess.run(["docker", "rm", "-f", self.container], capture_output=True)
+            self.init_pid = 0
+        shutil.rmtree(self.hostdir, ignore_errors=True)
+
+    def shim_pid(self) -> int | None:
+        """The container's shim (its processes' parent, one per container)."""
+        try:
+            with open(f"/proc/{self.init_pid}/stat") as f:
+                return int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            return None
+
+    def database(self) -> pathlib.Path:
+        """The container's database in its root filesystem as the host mounts it (overlay2's merged
+        folder; SQLite resolves /proc/<pid>/root, a link, to the host's own root)."""
+        return self.root / CONTAINER_STATE.lstrip("/") / DATABASE
+
+
+@dataclasses.dataclass
+class _ContainerEnv:
+    name: str
+    server: ContainerServer
+    relay: UnixSocketRelay
+    port: int
+    page: WebappPage
+    slot: Any
+    token: str
+    site: str
+    committed: str = ""  # the image this environment's container runs, when made by a fork
+
+
+class Containers(Processes):
+    """A container of the trac image per environment (the container deployment's baseline).
+
+    The same `app_server.py`, route header and browser arrangement as the processes' baseline
+    (the browser reaches each container through a loopback TCP relay to its http.sock); create
+    and reset run a new container of the image, fork `docker commit`s the running container (its
+    route frozen and drained) and runs the committed image."""
+
+    def __init__(self, base: pathlib.Path, workdir: pathlib.Path, task: WebappTask, image: str):
+        self.image = image
+        self.hostdirs = workdir / "containers"
+        super().__init__(base, workdir, task)
+        self.storage_dir = self.hostdirs
+
+    async def _start_container(self, image: str) -> tuple[str, ContainerServer, UnixSocketRelay, int]:
+        name = f"c{next(self._names)}"
+        server = await asyncio.to_thread(ContainerServer(self.hostdirs / name, image).start)
+        relay = UnixSocketRelay(server.http_path)
+        return name, server, relay, await relay.start()
+
+    def create_served(self) -> Callable[[], None]:
+        name, server, relay, port = self._call(self._start_container(self.image))
+        token, site = secrets.token_urlsafe(18), f"{name}.{CAPSULE_SITE_DOMAIN}"
+        server.control_blocking("publish", route=token, site=site, branch="base")
+        server.control_blocking("open", branch="base")
+        serve_first_page(port, site, token, self.task.start_url)
+
+        def remove() -> None:
+            self._call(relay.close())
+            server.stop()
+
+        return remove
+
+    async def _new_container_env(self, image: str, url: str) -> _ContainerEnv:
+        started = asyncio.ensure_future(self._start_container(image))
+        try:
+            slot = await self.backend.open_slot()
+        finally:
+            name, server, relay, port = await started
+        token, site = secrets.token_urlsafe(18), f"{name}.{CAPSULE_SITE_DOMAIN}"
+        await server.control("publish", route=token, site=site, branch="base")
+        await server.control("open", branch="base")
+        await slot.context.set_extra_http_headers({ROUTE_HEADER: token})
+        page = WebappPage(slot.page, DEFAULT_VIEWPORT)
+        await page.load(f"http://{site}:{port}{url}")
+        return _ContainerEnv(name, server, relay, port, page, slot, token, site)
+
+    async def _retire(self, env: _ContainerEnv) -> None:
+        await release_quietly(env.slot)
+        await env.relay.close()
+        await asyncio.to_thread(env.server.stop)
+        if env.committed:
+            await asyncio.to_thread(subprocess.run, ["docker", "rmi", "-f", env.committed], capture_output=True)
+
+    async def _acreate(self, source, url: str) -> str:
+        env = await self._new_container_env(source, url)
+        self._envs[env.name] = env
+        return env.name
+
+    def create(self) -> str:
+        return self._call(self._acreate(self.image, self.task.start_url))
+
+    async def _areset(self, env_id: str):
+        old = self._envs[env_id]
+        await self._retire(old)  # the container goes (docker rm -f); a new one of the image serves
+        env = self._envs[env_id] = await self._new_container_env(self.image, self.task.start_url)
+        return await self._observe(env)
+
+    async def _afork(self, env_id: str) -> str:
+        env = self._envs[env_id]
+        await env.server.control("freeze", route=env.token)
+        try:
+            await env.server.control("drain", route=env.token, timeout=60)
+            committed = f"{FORK_REPOSITORY}:{secrets.token_hex(8)}"
+            await asyncio.to_thread(docker, "commit", env.server.container, committed)
+            try:
+                fork = await self._new_container_env(committed, env.page.path())
+            except BaseException:
+                await asyncio.to_thread(subprocess.run, ["docker", "rmi", "-f", committed], capture_output=True)
+                raise
+            fork.committed = committed
+            self._envs[fork.name] = fork
+            return fork.name
+        finally:
+            await env.server.control("thaw", route=env.token)
+
+    def database(self, env_id: str) -> pathlib.Path:
+        return self._envs[env_id].server.database()
+
+    def pids(self) -> list[int]:
+        shims = [e.server.shim_pid() for e in self._envs.values()]
+        return process_tree(self.backend.pids() + [pid for pid in shims if pid is not None])
+
+    def storage_bytes(self) -> int:
+        """The containers' writable layers (what each adds over the image)."""
+        ids = [e.server.container for e in self._envs.values()]
+        return sum(int(size) for size in docker("inspect", "--size", "-f", "{{.SizeRw}}", *ids).split())
+
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()
+        finally:
+            remove_labelled()
+            shutil.rmtree(self.hostdirs, ignore_errors=True)
 
 
 # ---- measurement --------------------------------------------------------------------------
@@ -456,7 +675,9 @@ def measure(system, name: str, branch_by: str, workdir: pathlib.Path, dedicated_
     missing = [env for env in envs if comment_count(system.database(env), ticket) != 1]
     if missing:
         raise RuntimeError(f"{name}: the last episode's comment is not in the state of {missing}")
-    if dedicated_fs:
+    if isinstance(system, Containers):  # its environments' state is in Docker's storage, not workdir
+        storage, storage_by = system.storage_bytes(), "SizeRw"
+    elif dedicated_fs:
         storage, storage_by = used_bytes(workdir) - used_before, "statvfs"
     else:
         storage, storage_by = allocated_bytes(system.storage_dir), "allocated"
@@ -470,8 +691,10 @@ def measure(system, name: str, branch_by: str, workdir: pathlib.Path, dedicated_
     forked, forks = timed_concurrently(c, lambda: system.fork(next(forked_at)))
     for env in forks + envs:
         system.close(env)
+    # The containers' state is in Docker's storage (its driver's name), the others' in workdir.
+    filesystem = docker("info", "-f", "{{.Driver}}") if isinstance(system, Containers) else filesystem_type(workdir)
     return Measurement(
-        name, filesystem_type(workdir), branch_by, served, created, resets, forked, throughput,
+        name, filesystem, branch_by, served, created, resets, forked, throughput,
         memory.pss_bytes / c / 2**20, len(memory.unreadable), storage / c / 2**20, storage_by, c * episodes,
     )  # fmt: skip
 
@@ -627,7 +850,7 @@ def cpu_model() -> str:
 
 
 HEADER = (
-    f"{'c':>3} {'system':<22} {'fs':<6} {'create srv mean/p50 s':>22} {'create pg mean/p50 s':>21} "
+    f"{'c':>3} {'system':<22} {'fs':<8} {'create srv mean/p50 s':>22} {'create pg mean/p50 s':>21} "
     f"{'reset s':>8} {'fork s':>7} {'env/s':>6} {'MiB/env':>8} {'MiB/env st':>11}"
 )
 
@@ -637,7 +860,7 @@ def print_row(c: int, r: Measurement) -> None:
         return f"{statistics.mean(values):.3f}/{statistics.median(values):.3f}"
 
     print(
-        f"{c:>3} {r.system:<22} {r.filesystem:<6} {pair(r.create_served):>22} {pair(r.create_page):>21} "
+        f"{c:>3} {r.system:<22} {r.filesystem:<8} {pair(r.create_served):>22} {pair(r.create_page):>21} "
         f"{statistics.mean(r.reset):>8.3f} {statistics.mean(r.fork):>7.3f} {r.throughput:>6.2f} "
         f"{r.memory_mib:>8.1f} {r.storage_mib:>11.2f}" + (f"  ({r.unread} unread)" if r.unread else ""),
         flush=True,
@@ -656,6 +879,25 @@ def ratios(baseline: Measurement, capsules: Measurement) -> dict[str, float]:
     }
 
 
+def container_image(name: str, base: pathlib.Path) -> str:
+    """The tag of image `name` (built if missing), once its seeded state is the one at `base`:
+    the containers serve the image's state, the other rows `base`."""
+    from cua_jax.envs.images import ensure_image
+    from cua_jax.envs.webapp.server import app_python
+    from cua_jax.envs.webapp.state import BUILDER
+
+    image = ensure_image(name)
+    digest = subprocess.run(
+        [app_python(), str(BUILDER), "digest", str(base)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    if image_state_digest(image) != digest:
+        raise SystemExit(
+            f"{image} holds another seeded state than {base}: build --base with `trac_state.py build --scale` "
+            "at the image's scale, or leave the containers out (--systems capsules,processes)"
+        )
+    return image
+
+
 def print_ratios(c: int, short: str, values: dict[str, float]) -> None:
     for metric in ("create", "fork", "reset", "throughput", "memory", "storage"):
         paper = f" (paper: {PAPER[metric]}x)" if metric in PAPER else ""
@@ -671,16 +913,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trials", type=int, default=100, help="trials per mode of the publication ablation")
     parser.add_argument("--workdir", type=pathlib.Path, default=None, help="where branches go (default: a temp dir)")
     parser.add_argument("--json", type=pathlib.Path, default=None, help="write every measurement here")
-    parser.add_argument("--quick", action="store_true", help="c=2, one episode, 10 trials: a check that it runs")
+    parser.add_argument("--quick", action="store_true", help="c=2, one episode, 5 trials: a check that it runs")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
+    parser.add_argument(
+        "--container-image",
+        default=None,
+        help="the image of the containers row (default: trac_bench; trac with --quick); it holds the seeded "
+        "state, which must be the one --base names (trac_state.py build --scale bench, or test)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.concurrency, args.episodes, args.trials = "2", 1, 5
+    chosen = [name for name in args.systems.split(",") if name]
+    if not chosen or set(chosen) - set(SYSTEMS):
+        raise SystemExit(f"--systems names {args.systems!r}; the systems are {', '.join(SYSTEMS)}")
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     if max(concurrencies) > MAX_PROCESSES:
         raise SystemExit(f"concurrency above {MAX_PROCESSES}: the load must stay bounded")
     base = args.base.resolve()
     ticket = first_ticket(base)
     task = comment_task(ticket)
+    if "containers" in chosen:
+        image = container_image(args.container_image or ("trac" if args.quick else "trac_bench"), base)
 
     print(f"CPU: {cpu_model()}; {os.cpu_count()} CPUs", flush=True)
     print(
@@ -704,11 +958,18 @@ def main(argv: list[str] | None = None) -> None:
         if why_not:
             print(f"capsules (reflink): {why_not}", flush=True)
         systems: list[tuple[str, str, Callable[[], Any]]] = []
-        if branch_method(workdir) == "reflink":
-            systems.append(("capsules (reflink)", "reflink", lambda: Capsules(local_base, workdir, task, "reflink")))
-        if not args.quick or not systems:  # the copy-on-write ablation's other half
-            systems.append(("capsules (copy)", "copy", lambda: Capsules(local_base, workdir, task, "copy")))
-        systems.append(("processes", "copy", lambda: Processes(local_base, workdir, task)))
+        if "capsules" in chosen:
+            if branch_method(workdir) == "reflink":
+                systems.append(
+                    ("capsules (reflink)", "reflink", lambda: Capsules(local_base, workdir, task, "reflink"))
+                )
+            if not args.quick or not systems:  # the copy-on-write ablation's other half
+                systems.append(("capsules (copy)", "copy", lambda: Capsules(local_base, workdir, task, "copy")))
+        if "processes" in chosen:
+            systems.append(("processes", "copy", lambda: Processes(local_base, workdir, task)))
+        if "containers" in chosen:
+            stack.callback(remove_labelled)  # whatever a failed run left behind
+            systems.append(("containers", "docker commit", lambda: Containers(local_base, workdir, task, image)))
 
         for c in concurrencies:
             print(f"\n{HEADER}", flush=True)
@@ -721,24 +982,28 @@ def main(argv: list[str] | None = None) -> None:
                     system.shutdown()
                 print_row(c, rows[name])
                 report["rows"].append({"concurrency": c, **dataclasses.asdict(rows[name])})
-            capsules = rows[systems[0][0]]
-            values = ratios(rows["processes"], capsules)
-            print_ratios(c, "processes", values)
+            if "capsules" in chosen:
+                capsules = rows[systems[0][0]]
+                for baseline in ("processes", "containers"):
+                    if baseline in rows:
+                        values = ratios(rows[baseline], capsules)
+                        print_ratios(c, baseline, values)
+                        report.setdefault("ratios", {})[f"{baseline}/capsules c={c}"] = values
             if "capsules (reflink)" in rows and "capsules (copy)" in rows:
                 cow = ratios(rows["capsules (copy)"], rows["capsules (reflink)"])
                 print(
                     f"copy-on-write off/on (c={c}): create {cow['create']:.2f}x, fork {cow['fork']:.2f}x, "
                     f"reset {cow['reset']:.2f}x, storage {cow['storage']:.1f}x"
                 )
-            report.setdefault("ratios", {})[f"processes/capsules c={c}"] = values
 
-        mixed = publication_trials(local_base, workdir, args.trials, branch_method(workdir))
-        print(
-            f"\npublication during writes, {args.trials} trials each ({fs}): mixed-generation trials "
-            f"with the transaction {mixed['transaction']}, with direct publication {mixed['direct']}",
-            flush=True,
-        )
-        report["publication"] = {"trials": args.trials, **mixed}
+        if "capsules" in chosen:  # the publication ablation is the capsules'
+            mixed = publication_trials(local_base, workdir, args.trials, branch_method(workdir))
+            print(
+                f"\npublication during writes, {args.trials} trials each ({fs}): mixed-generation trials "
+                f"with the transaction {mixed['transaction']}, with direct publication {mixed['direct']}",
+                flush=True,
+            )
+            report["publication"] = {"trials": args.trials, **mixed}
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2))
 

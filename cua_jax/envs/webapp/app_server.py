@@ -2,9 +2,10 @@
 
 Run as a program by the application's own Python (it has Trac; it imports nothing of cua_jax):
 
-    <app-python> cua_jax/envs/webapp/app_server.py --parent DIR --port P --control SOCKET
+    <app-python> cua_jax/envs/webapp/app_server.py --parent DIR --port P --control SOCKET [--http-unix PATH]
 
-HTTP (127.0.0.1:P; P=0: a free port, which `ping` reports) serves Trac. Every request names
+HTTP (127.0.0.1:P; P=0: a free port, which `ping` reports) serves Trac; with --http-unix, the same
+application is served on a Unix socket too (in a `--network none` container, the only way in). Every request names
 its route in the `X-Cua-Route` header, which the capsule's browser context sends with each
 request (the page's own scripts cannot read or change it) and which the runtime draws at
 random per capsule. The route table maps a route to
@@ -262,11 +263,33 @@ class _ControlServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
     daemon_threads = True
 
 
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """Trac's HTTP/1.1 request handler and WSGI gateway (as TracHTTPServer uses them) on a Unix
+    stream socket."""
+
+    daemon_threads = True
+
+    def __init__(self, path: str, application):
+        from trac.web.standalone import TracHTTP11RequestHandler
+        from trac.web.wsgi import WSGIServerGateway
+
+        super().__init__(path, TracHTTP11RequestHandler)
+        self.application, self.gateway = application, WSGIServerGateway
+        self.environ = {"SERVER_NAME": "localhost", "SERVER_PORT": "80", "SCRIPT_NAME": ""}
+
+    def get_request(self):
+        # A Unix socket's peer has no address, and Trac's handler reads client_address[0]; the
+        # connections come from the host's loopback relay.
+        connection, _ = super().get_request()
+        return connection, ("127.0.0.1", 0)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parent", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--control", required=True)
+    parser.add_argument("--http-unix", default=None, help="also serve HTTP on this Unix socket")
     args = parser.parse_args(argv)
     table = RouteTable(args.parent)
     share_installed_plugins()
@@ -281,6 +304,11 @@ def main(argv=None) -> None:
     # Trac's own threaded server (tracd's), keeping connections alive (HTTP/1.1).
     http = TracHTTPServer(("127.0.0.1", args.port), make_app(table), None, [], use_http_11=True)
     table.port = http.server_port
+    if args.http_unix:
+        if os.path.exists(args.http_unix):
+            os.unlink(args.http_unix)
+        http_unix = _UnixHTTPServer(args.http_unix, make_app(table))
+        threading.Thread(target=http_unix.serve_forever, name="http-unix", daemon=True).start()
     threading.Thread(target=control.serve_forever, name="control", daemon=True).start()
     print(f"serving {table.parent} on 127.0.0.1:{http.server_port}", file=sys.stderr, flush=True)
     http.serve_forever()
