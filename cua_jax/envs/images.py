@@ -13,6 +13,9 @@ Layout (launch/images/):
     <name>/build-args        optional: `NAME=VALUE` lines passed as `--build-arg`s, so a
                              folder of links to another image's files builds a variant
                              of it (trac_bench: the trac image at another scale).
+    <name>/on-demand         optional: the image is left out of `build` with no names (what
+                             setup runs) and built when first asked for (`ensure_image`):
+                             for images only a benchmark uses (trac_bench, 1 GB).
 
 Each image is tagged `cua-jax/<name>:<hash>` and `cua-jax/<name>:latest`, where <hash>
 covers the files of its folder, the files named in its context.list, and the base's hash.
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "tag":
         print(image_tag(args.name))
         return
-    for name in args.names or image_names():
+    for name in args.names or [n for n in image_names() if not (IMAGES_DIR / n / "on-demand").exists()]:
         print(build(name, force=args.force))
 
 

@@ -907,7 +907,12 @@ def print_ratios(c: int, short: str, values: dict[str, float]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--base", required=True, type=pathlib.Path, help="the seeded state (a Trac environment)")
+    parser.add_argument(
+        "--base",
+        type=pathlib.Path,
+        default=None,
+        help="the seeded state (a Trac environment; default: the bench scale's, the test scale's with --quick)",
+    )
     parser.add_argument("--concurrency", default="8,16", help="comma-separated concurrencies")
     parser.add_argument("--episodes", type=int, default=2, help="episodes per environment")
     parser.add_argument("--trials", type=int, default=100, help="trials per mode of the publication ablation")
@@ -930,6 +935,10 @@ def main(argv: list[str] | None = None) -> None:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     if max(concurrencies) > MAX_PROCESSES:
         raise SystemExit(f"concurrency above {MAX_PROCESSES}: the load must stay bounded")
+    if args.base is None:
+        from cua_jax.envs.webapp.state import ensure_base_state
+
+        args.base = ensure_base_state("test" if args.quick else "bench")
     base = args.base.resolve()
     ticket = first_ticket(base)
     task = comment_task(ticket)

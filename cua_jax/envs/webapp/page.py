@@ -30,6 +30,11 @@ from cua_jax.envs.page_actions import PageActions
 
 DEFAULT_VIEWPORT = (1024, 768)  # (width, height) of the page the agent sees
 PAGE_TIMEOUT_MS = 30_000
+# A link followed or a form submitted asks for its document within milliseconds of the click
+# or key; an action that asked for none by then stays on its page.
+NAVIGATION_GRACE_S = 0.15
+NAVIGATING_ACTIONS = (A.Click, A.ClickElement, A.Key)
+NAVIGATION_COMMIT_S = 10.0  # a navigation that never commits (a download, an aborted one) is waited for this long
 
 # Ids for the marked elements, in document order, and their boxes. Text fragments are not
 # listed apart: an element's text is its own text nodes', so a leaf cell or label carries it.
@@ -164,6 +169,39 @@ class WebappPage(PageActions):
         self.answer: str | None = None
         self.ended_by: str | None = None
         self._cdp: Any = None
+        self._navigations_requested = 0  # document requests of the main frame
+        self._navigations_committed = 0
+        page.on("request", self._on_request)
+        page.on("framenavigated", self._on_frame_navigated)
+
+    def _on_request(self, request: Any) -> None:
+        if request.is_navigation_request() and request.frame == self.page.main_frame:
+            self._navigations_requested += 1
+
+    def _on_frame_navigated(self, frame: Any) -> None:
+        if frame == self.page.main_frame:
+            self._navigations_committed += 1
+
+    async def perform(self, action: A.Action) -> None:
+        """`PageActions.perform`, then, for a click or a key (a link followed, a form submitted),
+        the navigation it started, loaded: the observation that follows shows the page the action
+        led to, never the one it left."""
+        requested, committed = self._navigations_requested, self._navigations_committed
+        await super().perform(action)
+        if not isinstance(action, NAVIGATING_ACTIONS):
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + NAVIGATION_GRACE_S
+        while self._navigations_requested == requested and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        if self._navigations_requested == requested:
+            return  # the action stayed on the page
+        # A redirect (Trac answers a form with 303) asks for more documents than it commits:
+        # wait for the first commit since the action, then for its load.
+        deadline = loop.time() + NAVIGATION_COMMIT_S
+        while self._navigations_committed == committed and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        await self.page.wait_for_load_state("load")
 
     async def load(self, url: str) -> None:
         self.page.set_default_timeout(PAGE_TIMEOUT_MS)

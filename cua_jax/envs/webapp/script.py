@@ -34,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cua_jax.envs import actions as A
+from cua_jax.envs.webapp.tasks import VALIDATION_FILE
 
-VALIDATION_FILE = "validation.json"
 _REF_JS = """(selector) => {
   const el = document.querySelector(selector);
   return el === null || el.dataset.cua_ref === undefined ? null : Number(el.dataset.cua_ref);

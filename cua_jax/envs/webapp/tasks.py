@@ -21,6 +21,7 @@ from cua_jax.envs.webapp.judges import validate_eval
 
 SITE_PLACEHOLDERS = ("__TRAC__",)  # WebArena writes a site's base URL as a placeholder
 RESOURCE_CLASSES = ("authoritative", "derived", "ephemeral")
+VALIDATION_FILE = "validation.json"  # the validation command's results beside the tasks (`script.py`), no task
 
 
 class TaskFileError(ValueError):
@@ -94,11 +95,12 @@ def load_task(path: str | pathlib.Path) -> WebappTask:
 
 
 def load_tasks(folder: str | pathlib.Path) -> list[WebappTask]:
-    """Every task file (*.json) of `folder`, sorted by file name; duplicate ids raise."""
+    """Every task file (*.json but the validation file) of `folder`, sorted by file name;
+    duplicate ids raise."""
     folder = pathlib.Path(folder)
     if not folder.is_dir():
         raise TaskFileError(f"{folder}: no such task folder")
-    tasks = [load_task(path) for path in sorted(folder.glob("*.json"))]
+    tasks = [load_task(path) for path in sorted(folder.glob("*.json")) if path.name != VALIDATION_FILE]
     if not tasks:
         raise TaskFileError(f"{folder}: no task files (*.json)")
     seen: dict[str, str] = {}
