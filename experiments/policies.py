@@ -197,6 +197,8 @@ class EvalPolicy:
                     return "its suite's validation.json records no solution for it"
             elif task.kind != "miniwob" or task.spec not in ORACLE_TASKS:
                 return "the MiniWoB oracle has no script for it"
+            elif not self.config.env.include_dom_text:
+                return "the MiniWoB oracle reads the page from the prompt: set config.env.include_dom_text=True"
         return None
 
     def bind(self, worker: Any, task_id: str) -> None:
@@ -222,10 +224,9 @@ def _check_scripted_config(name: str, config: Any) -> None:
             "--policy random emits grid actions; config.env.action_space 'elements' refuses them "
             "(use 'coordinates' or 'both')"
         )
-    if name == "oracle" and (not config.env.include_dom_text or config.env.observation != "screenshot"):
+    if name == "oracle" and config.env.observation != "screenshot":
         raise ValueError(
-            "--policy oracle reads the page from the prompt: it needs config.env.include_dom_text=True "
-            "and config.env.observation='screenshot'"
+            "--policy oracle answers screenshot observations: it needs config.env.observation='screenshot'"
         )
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from cua_jax.envs.webapp import judges
 from cua_jax.envs.webapp.server import app_python
+from cua_jax.envs.webapp.tasks import VALIDATION_FILE
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILDER = ROOT / "cua_jax" / "envs" / "webapp" / "trac_state.py"
@@ -51,7 +52,7 @@ def test_the_builder_refuses_a_non_empty_directory(tmp_path):
 
 
 def _task_files():
-    return sorted(TASKS.glob("*.json"))
+    return sorted(path for path in TASKS.glob("*.json") if path.name != VALIDATION_FILE)
 
 
 REQUIRED_FIELDS = (
