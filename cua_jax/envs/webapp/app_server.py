@@ -284,6 +284,14 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
         return connection, ("127.0.0.1", 0)
 
 
+def _exit_with_parent(parent: int) -> None:
+    """The server is its runtime's: when the process that started it is gone (killed, crashed),
+    it ends too rather than serve on with nobody to stop it."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parent", required=True)
@@ -309,6 +317,7 @@ def main(argv=None) -> None:
             os.unlink(args.http_unix)
         http_unix = _UnixHTTPServer(args.http_unix, make_app(table))
         threading.Thread(target=http_unix.serve_forever, name="http-unix", daemon=True).start()
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
     threading.Thread(target=control.serve_forever, name="control", daemon=True).start()
     print(f"serving {table.parent} on 127.0.0.1:{http.server_port}", file=sys.stderr, flush=True)
     http.serve_forever()
