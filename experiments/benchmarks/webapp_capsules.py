@@ -19,7 +19,10 @@ For each concurrency c (8 and 16 by default):
 
   create srv  seconds from request to the start page served with the new state over HTTP (urllib
               with the site's Host and the route header): capsule = branch + publish + first page;
-              process = copy + process started + first page. c at once; mean and p50.
+              process = copy + process started + first page. c at once; mean and p50. The capsules'
+              shared server has served one page before (its one-time initialisation: Trac compiles
+              its templates on the first render of the process); a process or container
+              initialises with every environment, which is the cost capsules remove.
   create pg   the same with the browser page loaded (`WebappRuntime.create`). c at once.
   reset       mean seconds per reset (with its first observation) inside the workload below.
   fork        a fork of each environment mid-episode (its comment typed, not submitted), c at once.
@@ -91,7 +94,7 @@ from cua_jax.envs.capsules import CAPSULE_SITE_DOMAIN, SharedBrowserBackend, rea
 from cua_jax.envs.capsules.backends import release_quietly
 from cua_jax.envs.capsules.procfs import process_tree
 from cua_jax.envs.webapp import judges
-from cua_jax.envs.webapp.branches import allocated_bytes, branch, branch_method, remove_branch
+from cua_jax.envs.webapp.branches import allocated_bytes, branch, branch_method, remove_branch, unshared_bytes
 from cua_jax.envs.webapp.page import DEFAULT_VIEWPORT, WebappPage
 from cua_jax.envs.webapp.runtime import DATABASE, WebappRuntime
 from cua_jax.envs.webapp.server import AppServer
@@ -143,7 +146,11 @@ def comment_count(database: pathlib.Path, ticket: int) -> int:
 
 
 def comment_field(obs) -> int:
-    return next(e.ref for e in obs.dom if e.tag == "TEXTAREA" and e.id == "comment")
+    for e in obs.dom:
+        if e.tag == "TEXTAREA" and e.id == "comment":
+            return e.ref
+    texts = " | ".join(e.text for e in obs.dom if e.text)[:300]
+    raise RuntimeError(f"no comment field on {obs.url} ({obs.title!r}): {texts}")
 
 
 def submit_button(obs) -> int:
@@ -187,6 +194,9 @@ class Capsules:
         )
         self.storage_dir = self.runtime.branches_dir
         self._served = itertools.count(1)
+        # The shared runtime is initialised once, as CUA-Sandbox's is before capsules are made: its
+        # first page compiles Trac's templates, which every later branch's pages reuse.
+        self.create_served()()
 
     def create_served(self) -> Callable[[], None]:
         """A branch published and its start page served over HTTP; returns its removal."""
@@ -640,12 +650,6 @@ def filesystem_type(path: pathlib.Path) -> str:
     return done.stdout.strip()
 
 
-def used_bytes(path: pathlib.Path) -> int:
-    os.sync()
-    info = os.statvfs(path)
-    return (info.f_blocks - info.f_bfree) * info.f_frsize
-
-
 def timed_concurrently(count: int, call: Callable[[], Any]) -> tuple[list[float], list[Any]]:
     def one(_):
         started = time.perf_counter()
@@ -657,9 +661,8 @@ def timed_concurrently(count: int, call: Callable[[], Any]) -> tuple[list[float]
     return [s for s, _ in done], [r for _, r in done]
 
 
-def measure(system, name: str, branch_by: str, workdir: pathlib.Path, dedicated_fs: bool, c: int, episodes: int):
+def measure(system, name: str, branch_by: str, workdir: pathlib.Path, c: int, episodes: int):
     ticket = int(system.task.start_url.rsplit("/", 1)[1])
-    used_before = used_bytes(workdir)
     served, removals = timed_concurrently(c, system.create_served)
     for remove in removals:
         remove()
@@ -677,10 +680,9 @@ def measure(system, name: str, branch_by: str, workdir: pathlib.Path, dedicated_
         raise RuntimeError(f"{name}: the last episode's comment is not in the state of {missing}")
     if isinstance(system, Containers):  # its environments' state is in Docker's storage, not workdir
         storage, storage_by = system.storage_bytes(), "SizeRw"
-    elif dedicated_fs:
-        storage, storage_by = used_bytes(workdir) - used_before, "statvfs"
-    else:
-        storage, storage_by = allocated_bytes(system.storage_dir), "allocated"
+    else:  # the environments' own extents: a clone's writes, a copy's every block (FIEMAP)
+        folders = [folder for folder in system.storage_dir.iterdir() if folder.is_dir()]  # not the server's log
+        storage, storage_by = sum(unshared_bytes(folder) for folder in folders), "own extents"
 
     def mid_episode(env: str) -> None:
         type_comment(system, env, system.reset(env))
@@ -986,7 +988,7 @@ def main(argv: list[str] | None = None) -> None:
             for name, branch_by, make in systems:
                 system = make()
                 try:
-                    rows[name] = measure(system, name, branch_by, workdir, xfs is not None, c, args.episodes)
+                    rows[name] = measure(system, name, branch_by, workdir, c, args.episodes)
                 finally:
                     system.shutdown()
                 print_row(c, rows[name])
