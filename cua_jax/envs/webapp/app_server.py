@@ -43,6 +43,9 @@ import time
 
 ROUTE_HEADER = "HTTP_X_CUA_ROUTE"
 STATIC_PREFIX = "/chrome/common/"
+# Connections waiting to be accepted: every capsule's page opens several at once, and a drain
+# holds its control connection until its route is idle. socketserver's 5 would reset the rest.
+LISTEN_BACKLOG = 256
 
 
 class RouteTable:
@@ -314,6 +317,7 @@ class _ControlHandler(socketserver.StreamRequestHandler):
 
 class _ControlServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
 
 class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -321,6 +325,7 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
     stream socket."""
 
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, path: str, application):
         from trac.web.standalone import TracHTTP11RequestHandler
@@ -335,6 +340,18 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
         # connections come from the host's loopback relay.
         connection, _ = super().get_request()
         return connection, ("127.0.0.1", 0)
+
+
+def _log_server_errors_only() -> None:
+    """Trac's request handler logs every request; the server's log keeps the server's errors
+    (status 500 and above) alone, or it would grow by a line a request."""
+    from trac.web.standalone import TracHTTPRequestHandler
+
+    def log_request(handler, code="-", size="-"):
+        if str(code).isdigit() and int(code) >= 500:
+            handler.log_message('"%s" %s %s', handler.requestline, str(code), str(size))
+
+    TracHTTPRequestHandler.log_request = log_request
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -354,6 +371,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     table = RouteTable(args.parent)
     share_initialised_runtime()
+    _log_server_errors_only()
     if os.path.exists(args.control):
         os.unlink(args.control)
     old_umask = os.umask(0o077)  # the control socket is the runtime's alone
@@ -362,8 +380,11 @@ def main(argv=None) -> None:
     control.table = table
     from trac.web.standalone import TracHTTPServer
 
+    class Server(TracHTTPServer):
+        request_queue_size = LISTEN_BACKLOG
+
     # Trac's own threaded server (tracd's), keeping connections alive (HTTP/1.1).
-    http = TracHTTPServer(("127.0.0.1", args.port), make_app(table), None, [], use_http_11=True)
+    http = Server(("127.0.0.1", args.port), make_app(table), None, [], use_http_11=True)
     table.port = http.server_port
     if args.http_unix:
         if os.path.exists(args.http_unix):
