@@ -784,7 +784,16 @@ def publication_trials(base: pathlib.Path, workdir: pathlib.Path, trials: int, m
                     route[0] = successor
                     server.control_blocking("unroute", route=token)
                 else:
-                    branch(parent / old, parent / new, method)
+                    try:
+                        branch(parent / old, parent / new, method)
+                    except OSError:  # copied while written: a file SQLite removed meanwhile (torn)
+                        writer.stop.set()
+                        writer.join()
+                        mixed[mode] += 1
+                        server.control_blocking("unroute", route=token)
+                        server.control_blocking("retire", branch=old)
+                        remove_branch(parent / old)
+                        continue
                     server.control_blocking("publish", route=token, site=site, branch=new)
                 settle_at = len(writer.writes) + 2
                 while len(writer.writes) < settle_at:
