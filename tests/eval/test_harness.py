@@ -198,10 +198,14 @@ def test_suites_and_policy_errors():
     assert "no script" in oracle.unsupported(miniwob.catalog[unscripted])
     with pytest.raises(ValueError, match="neither one of"):
         load_eval_policy("nonsense", config(4))
-    bad = config(4)
-    bad.env.include_dom_text = False
-    with pytest.raises(ValueError, match="include_dom_text"):
-        load_eval_policy("oracle", bad)
+    # The MiniWoB oracle reads the page from the prompt: without the DOM text its tasks are not
+    # run, each with that reason (a web application task's recorded solution needs none).
+    blind = config(4)
+    blind.env.include_dom_text = False
+    assert "include_dom_text" in load_eval_policy("oracle", blind).unsupported(miniwob.catalog["click-button"])
+    blind.env.observation = "text"
+    with pytest.raises(ValueError, match="observation='screenshot'"):
+        load_eval_policy("oracle", blind)
     rng = np.random.default_rng(0)
     for _ in range(200):  # every random action renders and parses back to itself
         action = random_action(rng)
