@@ -26,7 +26,48 @@ _SET_TIME_LIMIT_JS = """(limit) => {
 }"""
 
 
-class MiniWoBEnvironment(AgentEnvironment):
+class CapsuleEnvironment(AgentEnvironment):
+    """What an environment over a capsule runtime (one that owns its event loop:
+    `capsules.loop.LoopOwner`) shares: `runtime`, `screenshots`, the capsule it holds (`env_id`),
+    awaiting the runtime's coroutines on its loop (`_call`), the observation the agent sees, and
+    closing the capsule."""
+
+    def __init__(self, runtime: Any, *, screenshots: bool = True):
+        self.runtime = runtime
+        self.screenshots = screenshots
+        self.env_id: str | None = None
+
+    async def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Await a coroutine of the runtime on the runtime's own event loop (Playwright lives there)."""
+        runtime_loop = self.runtime.loop
+        if not runtime_loop.is_running():  # shut down: nothing would ever run the coroutine
+            coro.close()
+            raise RuntimeShutDownError(self.runtime.shut_down_message)
+        if asyncio.get_running_loop() is runtime_loop:
+            return await asyncio.wait_for(coro, self.runtime.call_timeout_s)
+        future = asyncio.run_coroutine_threadsafe(coro, runtime_loop)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), self.runtime.call_timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    def _observation(self, observation: Any, feedback: str = "") -> EnvObservation:
+        images = (observation.screenshot,) if self.screenshots else ()
+        return EnvObservation(images, observation_text(feedback=feedback, dom_text=observation.dom_text))
+
+    async def close(self) -> None:
+        if self.env_id is not None:
+            env_id, self.env_id = self.env_id, None
+            try:
+                await self._call(self.runtime.aclose(env_id))
+            except Exception as error:
+                if classify_environment_error(error) is None:
+                    raise  # a bug in this library
+                # the runtime may be gone already (shut down, crashed): nothing left to close
+
+
+class MiniWoBEnvironment(CapsuleEnvironment):
     """A MiniWoB++ task in one capsule of a `CapsuleRuntime` (cua_jax.envs.capsules).
 
     task: a MiniWoB task name; seed: MiniWoB's problem seed (None: the runtime draws one).
@@ -47,29 +88,8 @@ class MiniWoBEnvironment(AgentEnvironment):
             raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
         if not screenshots and not getattr(runtime, "include_dom_text", True):
             raise ValueError("text-only MiniWoB observations need a runtime made with include_dom_text=True")
-        self.runtime = runtime
+        super().__init__(runtime, screenshots=screenshots)
         self.time_limit_s = time_limit_s
-        self.screenshots = screenshots
-        self.env_id: str | None = None
-
-    async def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """Await a coroutine of the runtime on the runtime's own event loop (Playwright lives there)."""
-        runtime_loop = self.runtime.loop
-        if not runtime_loop.is_running():  # shut down: nothing would ever run the coroutine
-            coro.close()
-            raise RuntimeShutDownError("the capsule runtime is shut down")
-        if asyncio.get_running_loop() is runtime_loop:
-            return await asyncio.wait_for(coro, self.runtime.call_timeout_s)
-        future = asyncio.run_coroutine_threadsafe(coro, runtime_loop)
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self.runtime.call_timeout_s)
-        except TimeoutError:
-            future.cancel()
-            raise
-
-    def _observation(self, observation: Any, feedback: str = "") -> EnvObservation:
-        images = (observation.screenshot,) if self.screenshots else ()
-        return EnvObservation(images, observation_text(feedback=feedback, dom_text=observation.dom_text))
 
     async def _start(self, task: str, build, rebuild) -> EnvReset:
         """Publishes a capsule of `task` (`build()`: a new one, when this environment has none;
@@ -127,13 +147,3 @@ class MiniWoBEnvironment(AgentEnvironment):
             return EnvTransition(None, verdict, episode_outcome(verdict=verdict), info)
         feedback = INVALID_ACTION_PREFIX + result.invalid_action if result.invalid_action else ""
         return EnvTransition(self._observation(result.observation, feedback), 0.0, None, info)
-
-    async def close(self) -> None:
-        if self.env_id is not None:
-            env_id, self.env_id = self.env_id, None
-            try:
-                await self._call(self.runtime.aclose(env_id))
-            except Exception as error:
-                if classify_environment_error(error) is None:
-                    raise  # a bug in this library
-                # the runtime may be gone already (shut down, crashed): nothing left to close

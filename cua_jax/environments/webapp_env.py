@@ -12,19 +12,17 @@ join them in one pool (each kind runs on its own runtime in every rollout worker
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import pathlib
 import tempfile
-from collections.abc import Coroutine
 from typing import Any
 
+from cua_jax.environments.capsule_env import CapsuleEnvironment
 from cua_jax.environments.kinds import EnvironmentKind, register_kind
 from cua_jax.envs import actions as A
-from cua_jax.envs.capsules import RuntimeShutDownError
-from cua_jax.envs.contract import AgentEnvironment, EnvObservation, EnvReset, EnvTransition
-from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error, episode_outcome
-from cua_jax.envs.prompts import INVALID_ACTION_PREFIX, observation_text
+from cua_jax.envs.contract import AgentEnvironment, EnvReset, EnvTransition
+from cua_jax.envs.faults import Fault, FaultKind, episode_outcome
+from cua_jax.envs.prompts import INVALID_ACTION_PREFIX
 from cua_jax.envs.webapp.branches import BRANCH_METHODS
 from cua_jax.envs.webapp.runtime import WebappRuntime, WebappSnapshot
 from cua_jax.envs.webapp.state import SCALES, ensure_base_state
@@ -63,7 +61,7 @@ class WebappConfig:
             raise ValueError(f"viewport must be (width, height) of at least 64 pixels each, got {self.viewport}")
 
 
-class WebappEnvironment(AgentEnvironment):
+class WebappEnvironment(CapsuleEnvironment):
     """A web application task in one capsule of a `WebappRuntime`.
 
     The instruction is the task's intent; each observation is the page's viewport and, with a
@@ -77,25 +75,7 @@ class WebappEnvironment(AgentEnvironment):
     def __init__(self, runtime: Any, *, screenshots: bool = True):
         if not screenshots and not runtime.include_dom_text:
             raise ValueError("text-only web application observations need a runtime made with include_dom_text=True")
-        self.runtime = runtime
-        self.screenshots = screenshots
-        self.env_id: str | None = None
-
-    async def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        runtime_loop = self.runtime.loop
-        if not runtime_loop.is_running():
-            coro.close()
-            raise RuntimeShutDownError("the web application runtime is shut down")
-        future = asyncio.run_coroutine_threadsafe(coro, runtime_loop)
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), self.runtime.call_timeout_s)
-        except TimeoutError:
-            future.cancel()
-            raise
-
-    def _observation(self, observation: Any, feedback: str = "") -> EnvObservation:
-        images = (observation.screenshot,) if self.screenshots else ()
-        return EnvObservation(images, observation_text(feedback=feedback, dom_text=observation.dom_text))
+        super().__init__(runtime, screenshots=screenshots)
 
     def _fault_place(self, task: Any) -> str:
         return f"web application task {task.task_id}" if task is not None else f"capsule {self.env_id}"
@@ -140,15 +120,6 @@ class WebappEnvironment(AgentEnvironment):
             return EnvTransition(None, result.reward, episode_outcome(verdict=result.reward), info)
         feedback = INVALID_ACTION_PREFIX + result.invalid_action if result.invalid_action else ""
         return EnvTransition(self._observation(result.observation, feedback), 0.0, None)
-
-    async def close(self) -> None:
-        if self.env_id is not None:
-            env_id, self.env_id = self.env_id, None
-            try:
-                await self._call(self.runtime.aclose(env_id))
-            except Exception as error:
-                if classify_environment_error(error) is None:
-                    raise
 
 
 # ---- the kind ----------------------------------------------------------------------------------
