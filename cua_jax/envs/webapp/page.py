@@ -158,6 +158,25 @@ def _element(raw: dict[str, Any]) -> DomElement:
     )
 
 
+def _point(found: dict[str, Any], ref: int, fill: bool) -> tuple[int, int]:
+    """The pixel `_RESOLVE_JS` found for element `ref`, or InvalidElementError saying why there is none."""
+    status = found["status"]
+    if status == "unknown":
+        raise InvalidElementError(f"element {ref} does not exist: use an id the page lists")
+    if status == "gone":
+        raise InvalidElementError(f"element {ref} is no longer on the page: use an id from the current page")
+    name = f"element {ref} ({found['tag']})"
+    if status == "option":
+        raise InvalidElementError(f"{name} is an option of a list: click it to choose it")
+    if status == "hidden":
+        raise InvalidElementError(f"{name} is hidden: it cannot be acted on until it is shown")
+    if status == "covered":
+        raise InvalidElementError(f"{name} is covered by other elements: no click would reach it")
+    if fill and not found["editable"]:
+        raise InvalidElementError(f"{name} cannot be filled: fill_element takes a text field or text area")
+    return int(found["x"]), int(found["y"])
+
+
 class WebappPage(PageActions):
     """One capsule's page of a web application (a Playwright async `page`), `viewport` pixels.
     Not safe for concurrent use. `answer` holds the text of the agent's terminal action once it
@@ -275,29 +294,14 @@ class WebappPage(PageActions):
         return url[slash:] if slash >= 0 else "/"
 
     async def element_point(self, ref: int, fill: bool = False) -> tuple[int, int]:
-        found = await self.page.evaluate(_RESOLVE_JS, [ref, *self.region])
-        status = found["status"]
-        if status == "unknown":
-            raise InvalidElementError(f"element {ref} does not exist: use an id the page lists")
-        if status == "gone":
-            raise InvalidElementError(f"element {ref} is no longer on the page: use an id from the current page")
-        name = f"element {ref} ({found['tag']})"
-        if status == "option":
-            raise InvalidElementError(f"{name} is an option of a list: click it to choose it")
-        if status == "hidden":
-            raise InvalidElementError(f"{name} is hidden: it cannot be acted on until it is shown")
-        if status == "covered":
-            raise InvalidElementError(f"{name} is covered by other elements: no click would reach it")
-        if fill and not found["editable"]:
-            raise InvalidElementError(f"{name} cannot be filled: fill_element takes a text field or text area")
-        return int(found["x"]), int(found["y"])
+        return _point(await self.page.evaluate(_RESOLVE_JS, [ref, *self.region]), ref, fill)
 
     async def click_element(self, ref: int) -> None:
         found = await self.page.evaluate(_RESOLVE_JS, [ref, *self.region])
         if found["status"] == "option":
             await self.page.evaluate(_CHOOSE_OPTION_JS, ref)
             return
-        await self.page.mouse.click(*await self.element_point(ref))
+        await self.page.mouse.click(*_point(found, ref, fill=False))
 
     async def end_by_agent(self, action: A.Action) -> None:
         """The agent ended the episode: `answer` is its text (an answer), "N/A" for a declared
