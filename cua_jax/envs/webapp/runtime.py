@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -404,19 +405,25 @@ class WebappRuntime(LoopOwner):
         )
         return await self._observe(generation)
 
-    async def asnapshot(self, env_id: str) -> WebappSnapshot:
+    @contextlib.asynccontextmanager
+    async def _held(self, env_id: str, operation: str):
+        """The capsule's published generation, frozen and drained while the block runs (a
+        snapshot or a fork reads its branch then), thawed after; a quarantined one refuses."""
         route = self._route(env_id)
         if route.fault is not None:
-            raise LifecycleError(f"cannot snapshot quarantined environment {env_id!r}: {route.fault.reason}")
-        await self._freeze_and_drain(route, "snapshot")
+            raise LifecycleError(f"cannot {operation} quarantined environment {env_id!r}: {route.fault.reason}")
+        await self._freeze_and_drain(route, operation)
         try:
-            generation = route.generation
-            assert generation is not None
+            assert route.generation is not None
+            yield route.generation
+        finally:
+            await self._thaw(route)
+
+    async def asnapshot(self, env_id: str) -> WebappSnapshot:
+        async with self._held(env_id, "snapshot") as generation:
             path = self.snapshots_dir / f"s{next(self._names)}-{secrets.token_hex(4)}"
             await asyncio.to_thread(branch, self.branches_dir / generation.branch, path, self.branch_by)
             snapshot = WebappSnapshot(generation.task, path, generation.page.path(), env_id, generation.number)
-        finally:
-            await self._thaw(route)
         self._snapshots[path] = None
         while len(self._snapshots) > self.max_snapshots:
             oldest, _ = self._snapshots.popitem(last=False)
@@ -434,18 +441,10 @@ class WebappRuntime(LoopOwner):
     async def afork(self, source: str | WebappSnapshot) -> str:
         if isinstance(source, WebappSnapshot):
             return await self._publish_new("fork", source.task, self._snapshot_source(source), source.url)
-        route = self._route(source)
-        if route.fault is not None:
-            raise LifecycleError(f"cannot fork quarantined environment {source!r}: {route.fault.reason}")
-        await self._freeze_and_drain(route, "fork")
-        try:
-            generation = route.generation
-            assert generation is not None
+        async with self._held(source, "fork") as generation:
             return await self._publish_new(
                 "fork", generation.task, self.branches_dir / generation.branch, generation.page.path()
             )
-        finally:
-            await self._thaw(route)
 
     async def arestore(self, env_id: str, snapshot: WebappSnapshot) -> WebappObservation:
         route = self._route(env_id)
@@ -494,26 +493,24 @@ class WebappRuntime(LoopOwner):
             generation.task.task_id, generation.task.intent, image, dom, generation.page.path(), title, text
         )
 
-    async def aobserve(self, env_id: str) -> WebappObservation:
+    async def _page_request(self, env_id: str, request: Callable[[_Generation], Coroutine[Any, Any, Any]]) -> Any:
+        """A bounded request to the capsule's page that does not change its episode; a
+        quarantined capsule raises CapsuleFaultError."""
         route, generation = self._admit(env_id)
         try:
             if route.fault is not None:
                 raise CapsuleFaultError(route.fault)
             async with generation.lock:
-                return await asyncio.wait_for(self._observe(generation), self.step_timeout_s)
+                return await asyncio.wait_for(request(generation), self.step_timeout_s)
         finally:
             self._leave(route)
 
+    async def aobserve(self, env_id: str) -> WebappObservation:
+        return await self._page_request(env_id, self._observe)
+
     async def aevaluate(self, env_id: str, expression: str, arg: Any = None) -> Any:
         """JavaScript in the capsule's page (scripted solutions' element look-ups, tests; no agent action)."""
-        route, generation = self._admit(env_id)
-        try:
-            if route.fault is not None:
-                raise CapsuleFaultError(route.fault)
-            async with generation.lock:
-                return await asyncio.wait_for(generation.page.page.evaluate(expression, arg), self.step_timeout_s)
-        finally:
-            self._leave(route)
+        return await self._page_request(env_id, lambda g: g.page.page.evaluate(expression, arg))
 
     def _quarantined(self, route: _Route, generation: _Generation) -> StepResult:
         return StepResult(
