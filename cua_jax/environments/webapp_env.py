@@ -40,8 +40,9 @@ class WebappConfig:
 
     suite_dir: the folder of task files (WebArena's JSON); tasks: the ids to run (): all.
     scale: the seeded state's size ("test" or "bench", `state.ensure_base_state`).
-    viewport: (width, height) of every page. branch_by: "auto" (copy-on-write where the
-    filesystem clones, else a full copy), "reflink" or "copy". workdir: where branches live
+    viewport: (width, height) of every page. branch_by: "auto" (the cheapest copy-on-write
+    the workdir allows: an overlay mount, else file clones, else a full copy), "overlay",
+    "reflink" or "copy". workdir: where branches live
     ("": a temporary folder per rollout worker).
     """
 
@@ -56,7 +57,7 @@ class WebappConfig:
         if self.scale not in SCALES:
             raise ValueError(f"scale must be one of {SCALES}, got {self.scale!r}")
         if self.branch_by not in ("auto", *BRANCH_METHODS):
-            raise ValueError(f"branch_by must be 'auto', 'reflink' or 'copy', got {self.branch_by!r}")
+            raise ValueError(f"branch_by must be 'auto' or one of {BRANCH_METHODS}, got {self.branch_by!r}")
         if len(self.viewport) != 2 or min(self.viewport) < 64:
             raise ValueError(f"viewport must be (width, height) of at least 64 pixels each, got {self.viewport}")
 

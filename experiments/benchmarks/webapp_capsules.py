@@ -17,15 +17,26 @@
 
 For each concurrency c (8 and 16 by default):
 
-  create srv  seconds from request to the start page served with the new state over HTTP (urllib
-              with the site's Host and the route header): capsule = branch + publish + first page;
-              process = copy + process started + first page. c at once; mean and p50. The capsules'
-              shared server has served one page before (its one-time initialisation: Trac compiles
-              its templates on the first render of the process); a process or container
-              initialises with every environment, which is the cost capsules remove.
+  create rdy  seconds from request to the new environment ready: its readiness probe (`GET
+              /.well-known/ready` with the site's Host and the route header, which opens the
+              environment and reads its database) answered 200; what a deployment's health check
+              waits for, and the paper's create (preparation plus readiness checks). capsule =
+              branch + publish + probe; process = copy + process started + publish + probe;
+              container = `docker run` + server up + publish + probe. c at once; mean and p50.
+              The capsules' shared server has served one page before (its one-time
+              initialisation: Trac compiles its templates on the first render of the process); a
+              process or container initialises with every environment, which is the cost capsules
+              remove.
+  create srv  the same until the start page is served over HTTP (urllib) too.
   create pg   the same with the browser page loaded (`WebappRuntime.create`). c at once.
+  fork rdy    a fork of each ready environment, c at once, after a wiki page was written to each
+              through its route: the parent's route frozen and drained, its state carried
+              (capsule: a branch of its branch; process: a copy of its copy and a new process;
+              container: `docker commit` and a container of the commit), the fork published and
+              probed ready; the parent thawed. Every fork's database must hold its parent's page.
   reset       mean seconds per reset (with its first observation) inside the workload below.
-  fork        a fork of each environment mid-episode (its comment typed, not submitted), c at once.
+  fork pg     a fork of each environment mid-episode (its comment typed, not submitted) with the
+              fork's browser page loaded at the parent's URL (`WebappRuntime.fork`), c at once.
   env/s       episodes per second: c threads on the blocking API, --episodes each, every episode:
               reset onto a ticket's page, fill its comment, submit, done.
   MiB/env     PSS of every process serving the environments (application server(s), the browser
@@ -36,10 +47,11 @@ For each concurrency c (8 and 16 by default):
               their writable layers (`docker inspect --size`'s SizeRw).
   (containers' MiB/env counts each container's processes with its shim.)
 
-Copy-on-write ablation: the capsules run once with branch_by="reflink" and once with "copy", on a
-loop-mounted XFS image (reflink=1) created for the run when mkfs.xfs is there and mounting works;
-else the capsules run on --workdir's filesystem by whatever it offers, and the reflink row says why
-it was skipped. The filesystem of every row is printed.
+Copy-on-write ablation: the capsules run with branch_by="overlay" (an overlayfs mount per branch,
+copy-up by clone), "reflink" (every file cloned) and "copy" (a full copy), on a loop-mounted XFS
+image (reflink=1) created for the run when mkfs.xfs is there and mounting works; else the
+capsules run on --workdir's filesystem by whatever it offers, and the rows it cannot run say why.
+The first capsules row is the one the ratios compare. The filesystem of every row is printed.
 
 Publication ablation (the paper's Fig. 4): --trials trials, each on a fresh branch A of the state
 served under route R, while a writer thread keeps creating wiki pages through R (one row per
@@ -94,7 +106,16 @@ from cua_jax.envs.capsules import CAPSULE_SITE_DOMAIN, SharedBrowserBackend, rea
 from cua_jax.envs.capsules.backends import release_quietly
 from cua_jax.envs.capsules.procfs import process_tree
 from cua_jax.envs.webapp import judges
-from cua_jax.envs.webapp.branches import allocated_bytes, branch, branch_method, remove_branch, unshared_bytes
+from cua_jax.envs.webapp.branches import (
+    LAYERS_SUFFIX,
+    allocated_bytes,
+    branch,
+    branch_method,
+    files_clone,
+    overlay_mounts,
+    own_bytes,
+    remove_branch,
+)
 from cua_jax.envs.webapp.page import DEFAULT_VIEWPORT, WebappPage
 from cua_jax.envs.webapp.runtime import DATABASE, WebappRuntime
 from cua_jax.envs.webapp.server import AppServer
@@ -103,6 +124,7 @@ from cua_jax.types import EpisodeStatus
 
 SYSTEMS = ("capsules", "processes", "containers")
 ROUTE_HEADER = "X-Cua-Route"
+READY_PATH = "/.well-known/ready"  # app_server.py's readiness probe
 COMMENT = "Reproduced on the benchmark build"
 PAPER = {"create": "15.17", "fork": "17.84", "throughput": "6.20", "memory": "9.2", "storage": "504"}  # x, as printed
 MAX_PROCESSES = 16  # never more application processes than this at once
@@ -181,6 +203,33 @@ def serve_first_page(port: int, site: str, token: str, path: str) -> None:
             raise RuntimeError(f"{path} on {site} answered {response.status}")
 
 
+@dataclasses.dataclass
+class Served:
+    """An environment served over HTTP without a browser page (the create rdy and fork rdy rows)."""
+
+    server: AppServer
+    port: int
+    site: str
+    token: str
+    state: str  # what a fork copies: the capsule's branch name, the process's copy, the container
+    database: pathlib.Path
+    remove: Callable[[], None]
+
+    def probe_ready(self) -> None:
+        serve_first_page(self.port, self.site, self.token, READY_PATH)
+
+
+@contextlib.contextmanager
+def held(served: Served):
+    """The route frozen and drained while a fork reads its state; thawed after."""
+    served.server.control_blocking("freeze", route=served.token)
+    try:
+        served.server.control_blocking("drain", route=served.token, timeout=60)
+        yield
+    finally:
+        served.server.control_blocking("thaw", route=served.token)
+
+
 # ---- the two systems, behind one blocking API -----------------------------------------------
 
 
@@ -196,24 +245,33 @@ class Capsules:
         self._served = itertools.count(1)
         # The shared runtime is initialised once, as CUA-Sandbox's is before capsules are made: its
         # first page compiles Trac's templates, which every later branch's pages reuse.
-        self.create_served()()
+        first = self.serve_new()
+        serve_first_page(first.port, first.site, first.token, task.start_url)
+        first.remove()
 
-    def create_served(self) -> Callable[[], None]:
-        """A branch published and its start page served over HTTP; returns its removal."""
+    def _serve(self, source: pathlib.Path) -> Served:
+        """A branch of `source` published on the shared server and probed ready."""
         rt = self.runtime
         name, token = f"served-{next(self._served)}", secrets.token_urlsafe(18)
         site = f"{name}.{CAPSULE_SITE_DOMAIN}"
-        branch(rt.base, rt.branches_dir / name, rt.branch_by)
+        branch(source, rt.branches_dir / name, rt.branch_by)
         rt.server.control_blocking("publish", route=token, site=site, branch=name)
-        rt.server.control_blocking("open", branch=name)
-        serve_first_page(rt.server.port, site, token, self.task.start_url)
 
         def remove() -> None:
             rt.server.control_blocking("unroute", route=token)
             rt.server.control_blocking("retire", branch=name)
             remove_branch(rt.branches_dir / name)
 
-        return remove
+        served = Served(rt.server, rt.server.port, site, token, name, rt.branches_dir / name / DATABASE, remove)
+        served.probe_ready()
+        return served
+
+    def serve_new(self) -> Served:
+        return self._serve(self.runtime.base)
+
+    def fork_served(self, parent: Served) -> Served:
+        with held(parent):
+            return self._serve(self.runtime.branches_dir / parent.state)
 
     def create(self) -> str:
         return self.runtime.create(self.task)
@@ -297,18 +355,26 @@ class Processes:
         branch(source, parent / "env", "copy")
         return parent, AppServer(parent).start()
 
-    def create_served(self) -> Callable[[], None]:
-        parent, server = self._start_server(self.base)
+    def _serve(self, source: pathlib.Path) -> Served:
+        """A process on a copy of `source`, its route published and probed ready."""
+        parent, server = self._start_server(source)
         token, site = secrets.token_urlsafe(18), f"{parent.name}.{CAPSULE_SITE_DOMAIN}"
         server.control_blocking("publish", route=token, site=site, branch="env")
-        server.control_blocking("open", branch="env")
-        serve_first_page(server.port, site, token, self.task.start_url)
 
         def remove() -> None:
             server.stop()
             remove_branch(parent)
 
-        return remove
+        served = Served(server, server.port, site, token, str(parent / "env"), parent / "env" / DATABASE, remove)
+        served.probe_ready()
+        return served
+
+    def serve_new(self) -> Served:
+        return self._serve(self.base)
+
+    def fork_served(self, parent: Served) -> Served:
+        with held(parent):
+            return self._serve(pathlib.Path(parent.state))
 
     async def _new_env(self, source: pathlib.Path, url: str) -> _ProcessEnv:
         started = asyncio.ensure_future(asyncio.to_thread(self._start_server, source))
@@ -539,18 +605,34 @@ class Containers(Processes):
         relay = UnixSocketRelay(server.http_path)
         return name, server, relay, await relay.start()
 
-    def create_served(self) -> Callable[[], None]:
-        name, server, relay, port = self._call(self._start_container(self.image))
+    def _serve(self, image: str, committed: str = "") -> Served:
+        """A container of `image`, its route published and probed ready."""
+        name, server, relay, port = self._call(self._start_container(image))
         token, site = secrets.token_urlsafe(18), f"{name}.{CAPSULE_SITE_DOMAIN}"
         server.control_blocking("publish", route=token, site=site, branch="base")
-        server.control_blocking("open", branch="base")
-        serve_first_page(port, site, token, self.task.start_url)
 
         def remove() -> None:
             self._call(relay.close())
             server.stop()
+            if committed:
+                subprocess.run(["docker", "rmi", "-f", committed], capture_output=True)
 
-        return remove
+        served = Served(server, port, site, token, server.container, server.database(), remove)
+        served.probe_ready()
+        return served
+
+    def serve_new(self) -> Served:
+        return self._serve(self.image)
+
+    def fork_served(self, parent: Served) -> Served:
+        with held(parent):
+            committed = f"{FORK_REPOSITORY}:{secrets.token_hex(8)}"
+            docker("commit", parent.state, committed)
+            try:
+                return self._serve(committed, committed)
+            except BaseException:
+                subprocess.run(["docker", "rmi", "-f", committed], capture_output=True)
+                raise
 
     async def _new_container_env(self, image: str, url: str) -> _ContainerEnv:
         started = asyncio.ensure_future(self._start_container(image))
@@ -633,8 +715,10 @@ class Measurement:
     system: str
     filesystem: str
     branch_by: str
+    create_ready: list[float]
     create_served: list[float]
     create_page: list[float]
+    fork_ready: list[float]
     reset: list[float]
     fork: list[float]
     throughput: float
@@ -661,11 +745,47 @@ def timed_concurrently(count: int, call: Callable[[], Any]) -> tuple[list[float]
     return [s for s, _ in done], [r for _, r in done]
 
 
+def served_and_forked(system, c: int) -> tuple[list[float], list[float], list[float]]:
+    """The create rdy, create srv and fork rdy rows' seconds (see the module doc)."""
+
+    def create() -> tuple[float, Served]:
+        started = time.perf_counter()
+        served = system.serve_new()
+        ready = time.perf_counter() - started
+        serve_first_page(served.port, served.site, served.token, system.task.start_url)
+        return ready, served
+
+    served_s, created = timed_concurrently(c, create)
+    parents = [served for _, served in created]
+    try:
+        form_token = secrets.token_hex(12)
+        for n, parent in enumerate(parents):  # state the forks must carry
+            status = write_wiki_page(parent.port, parent.site, parent.token, f"Parent{n}", form_token)
+            if status not in (200, 303):
+                raise RuntimeError(f"writing a wiki page to {parent.site} answered {status}")
+        forking = iter(enumerate(parents))
+
+        def fork() -> tuple[int, Served]:
+            n, parent = next(forking)
+            return n, system.fork_served(parent)
+
+        forked_s, forks = timed_concurrently(c, fork)
+        try:
+            for n, child in forks:
+                if wiki_pages(child.database, f"Parent{n}") != {f"Parent{n}"}:
+                    raise RuntimeError(f"the fork of {parents[n].site} lacks the page its parent held")
+        finally:
+            for _, child in forks:
+                child.remove()
+    finally:
+        for parent in parents:
+            parent.remove()
+    return [ready for ready, _ in created], served_s, forked_s
+
+
 def measure(system, name: str, branch_by: str, workdir: pathlib.Path, c: int, episodes: int):
     ticket = int(system.task.start_url.rsplit("/", 1)[1])
-    served, removals = timed_concurrently(c, system.create_served)
-    for remove in removals:
-        remove()
+    ready, served, forked_ready = served_and_forked(system, c)
     created, envs = timed_concurrently(c, system.create)
     memory = read_pss(system.pids())
 
@@ -681,8 +801,9 @@ def measure(system, name: str, branch_by: str, workdir: pathlib.Path, c: int, ep
     if isinstance(system, Containers):  # its environments' state is in Docker's storage, not workdir
         storage, storage_by = system.storage_bytes(), "SizeRw"
     else:  # the environments' own extents: a clone's writes, a copy's every block (FIEMAP)
-        folders = [folder for folder in system.storage_dir.iterdir() if folder.is_dir()]  # not the server's log
-        storage, storage_by = sum(unshared_bytes(folder) for folder in folders), "own extents"
+        # The branches (an overlay's layers count with it), not the server's log.
+        folders = [f for f in system.storage_dir.iterdir() if f.is_dir() and not f.name.endswith(LAYERS_SUFFIX)]
+        storage, storage_by = sum(own_bytes(folder) for folder in folders), "own extents"
 
     def mid_episode(env: str) -> None:
         type_comment(system, env, system.reset(env))
@@ -696,12 +817,31 @@ def measure(system, name: str, branch_by: str, workdir: pathlib.Path, c: int, ep
     # The containers' state is in Docker's storage (its driver's name), the others' in workdir.
     filesystem = docker("info", "-f", "{{.Driver}}") if isinstance(system, Containers) else filesystem_type(workdir)
     return Measurement(
-        name, filesystem, branch_by, served, created, resets, forked, throughput,
+        name, filesystem, branch_by, ready, served, created, forked_ready, resets, forked, throughput,
         memory.pss_bytes / c / 2**20, len(memory.unreadable), storage / c / 2**20, storage_by, c * episodes,
     )  # fmt: skip
 
 
 # ---- the publication ablation -----------------------------------------------------------
+
+
+def write_wiki_page(port: int, site: str, route: str, page: str, form_token: str) -> int:
+    """Create wiki page `page` (its text its name) through `route`; the HTTP status."""
+    body = urllib.parse.urlencode(
+        {"__FORM_TOKEN": form_token, "action": "edit", "version": "0", "text": page, "save": "Submit changes"}
+    )
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.request(
+            "POST", f"/wiki/{page}", body,
+            {"Host": site, ROUTE_HEADER: route, "Cookie": f"trac_form_token={form_token}",
+             "Content-Type": "application/x-www-form-urlencoded"},
+        )  # fmt: skip
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    finally:
+        connection.close()
 
 
 class WikiWriter(threading.Thread):
@@ -715,23 +855,6 @@ class WikiWriter(threading.Thread):
         self.writes: list[tuple[str, str, int]] = []  # (page, route, status)
         self.token = secrets.token_hex(12)
 
-    def write(self, page: str, route: str) -> int:
-        body = urllib.parse.urlencode(
-            {"__FORM_TOKEN": self.token, "action": "edit", "version": "0", "text": page, "save": "Submit changes"}
-        )
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            connection.request(
-                "POST", f"/wiki/{page}", body,
-                {"Host": self.site, ROUTE_HEADER: route, "Cookie": f"trac_form_token={self.token}",
-                 "Content-Type": "application/x-www-form-urlencoded"},
-            )  # fmt: skip
-            response = connection.getresponse()
-            response.read()
-            return response.status
-        finally:
-            connection.close()
-
     def run(self) -> None:
         for n in itertools.count():
             if self.stop.is_set():
@@ -739,17 +862,18 @@ class WikiWriter(threading.Thread):
             page = f"W{self.trial}x{n}"
             while not self.stop.is_set():
                 route = self.route[0]
-                status = self.write(page, route)
+                status = write_wiki_page(self.port, self.site, route, page, self.token)
                 self.writes.append((page, route, status))
                 if status in (303, 200):
                     break
                 time.sleep(0.005)  # refused while frozen or re-routed: send it again on the current route
 
 
-def wiki_pages(database: pathlib.Path, trial: int) -> set[str] | None:
+def wiki_pages(database: pathlib.Path, prefix: str) -> set[str] | None:
+    """The names of the wiki pages starting with `prefix`; None when the database is torn."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
-            rows = db.execute("SELECT name FROM wiki WHERE name LIKE ?", (f"W{trial}x%",)).fetchall()
+            rows = db.execute("SELECT name FROM wiki WHERE name LIKE ?", (f"{prefix}%",)).fetchall()
     except sqlite3.DatabaseError:
         return None  # torn while it was copied
     return {name for (name,) in rows}
@@ -757,7 +881,7 @@ def wiki_pages(database: pathlib.Path, trial: int) -> set[str] | None:
 
 def publication_trials(base: pathlib.Path, workdir: pathlib.Path, trials: int, method: str) -> dict[str, int]:
     parent = workdir / "publication"
-    shutil.rmtree(parent, ignore_errors=True)
+    remove_branch(parent)
     server = AppServer(parent).start()
     mixed = {"transaction": 0, "direct": 0}
     try:
@@ -803,7 +927,7 @@ def publication_trials(base: pathlib.Path, workdir: pathlib.Path, trials: int, m
                 server.control_blocking("drain", route=route[0], timeout=60)
                 # Writes the old route accepted (a refused one was sent again, on the route then current).
                 accepted_on_old = {page for page, r, status in writer.writes if r == token and status in (200, 303)}
-                in_old, in_new = wiki_pages(parent / old / DATABASE, trial), wiki_pages(parent / new / DATABASE, trial)
+                in_old, in_new = (wiki_pages(parent / b / DATABASE, f"W{trial}x") for b in (old, new))
                 if in_old is None or in_new is None or (in_old & accepted_on_old) != (in_new & accepted_on_old):
                     mixed[mode] += 1
                 server.control_blocking("unroute", route=route[0])
@@ -812,7 +936,7 @@ def publication_trials(base: pathlib.Path, workdir: pathlib.Path, trials: int, m
                     remove_branch(parent / name)
     finally:
         server.stop()
-        shutil.rmtree(parent, ignore_errors=True)
+        remove_branch(parent)
     return mixed
 
 
@@ -861,8 +985,8 @@ def cpu_model() -> str:
 
 
 HEADER = (
-    f"{'c':>3} {'system':<22} {'fs':<8} {'create srv mean/p50 s':>22} {'create pg mean/p50 s':>21} "
-    f"{'reset s':>8} {'fork s':>7} {'env/s':>6} {'MiB/env':>8} {'MiB/env st':>11}"
+    f"{'c':>3} {'system':<20} {'fs':<8} {'create rdy mean/p50 s':>22} {'create srv s':>12} {'create pg s':>11} "
+    f"{'fork rdy s':>10} {'fork pg s':>9} {'reset s':>8} {'env/s':>6} {'MiB/env':>8} {'MiB/env st':>11}"
 )
 
 
@@ -871,23 +995,33 @@ def print_row(c: int, r: Measurement) -> None:
         return f"{statistics.mean(values):.3f}/{statistics.median(values):.3f}"
 
     print(
-        f"{c:>3} {r.system:<22} {r.filesystem:<8} {pair(r.create_served):>22} {pair(r.create_page):>21} "
-        f"{statistics.mean(r.reset):>8.3f} {statistics.mean(r.fork):>7.3f} {r.throughput:>6.2f} "
+        f"{c:>3} {r.system:<20} {r.filesystem:<8} {pair(r.create_ready):>22} {statistics.mean(r.create_served):>12.3f} "
+        f"{statistics.mean(r.create_page):>11.3f} {statistics.mean(r.fork_ready):>10.3f} "
+        f"{statistics.mean(r.fork):>9.3f} {statistics.mean(r.reset):>8.3f} {r.throughput:>6.2f} "
         f"{r.memory_mib:>8.1f} {r.storage_mib:>11.2f}" + (f"  ({r.unread} unread)" if r.unread else ""),
         flush=True,
     )
 
 
 def ratios(baseline: Measurement, capsules: Measurement) -> dict[str, float]:
+    def ratio(field: str) -> float:
+        return statistics.mean(getattr(baseline, field)) / statistics.mean(getattr(capsules, field))
+
     return {
-        "create": statistics.mean(baseline.create_page) / statistics.mean(capsules.create_page),
-        "create_served": statistics.mean(baseline.create_served) / statistics.mean(capsules.create_served),
-        "fork": statistics.mean(baseline.fork) / statistics.mean(capsules.fork),
-        "reset": statistics.mean(baseline.reset) / statistics.mean(capsules.reset),
+        "create": ratio("create_ready"),
+        "fork": ratio("fork_ready"),
+        "create_served": ratio("create_served"),
+        "create_page": ratio("create_page"),
+        "fork_page": ratio("fork"),
+        "reset": ratio("reset"),
         "throughput": capsules.throughput / baseline.throughput,
         "memory": baseline.memory_mib / capsules.memory_mib,
         "storage": baseline.storage_mib / max(capsules.storage_mib, 1 / 2**20),
     }
+
+
+def capsules_system(base: pathlib.Path, workdir: pathlib.Path, task: WebappTask, branch_by: str):
+    return f"capsules ({branch_by})", branch_by, lambda: Capsules(base, workdir, task, branch_by)
 
 
 def container_image(name: str, base: pathlib.Path) -> str:
@@ -913,7 +1047,9 @@ def print_ratios(c: int, short: str, values: dict[str, float]) -> None:
     for metric in ("create", "fork", "reset", "throughput", "memory", "storage"):
         paper = f" (paper: {PAPER[metric]}x)" if metric in PAPER else ""
         print(f"{metric} {short}/capsules (c={c}): {values[metric]:.2f}x{paper}")
-    print(f"create (served page only) {short}/capsules (c={c}): {values['create_served']:.2f}x")
+    print(f"create, start page served {short}/capsules (c={c}): {values['create_served']:.2f}x")
+    print(f"create, browser page loaded {short}/capsules (c={c}): {values['create_page']:.2f}x")
+    print(f"fork, browser page loaded {short}/capsules (c={c}): {values['fork_page']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -979,12 +1115,15 @@ def main(argv: list[str] | None = None) -> None:
             print(f"capsules (reflink): {why_not}", flush=True)
         systems: list[tuple[str, str, Callable[[], Any]]] = []
         if "capsules" in chosen:
-            if branch_method(workdir) == "reflink":
-                systems.append(
-                    ("capsules (reflink)", "reflink", lambda: Capsules(local_base, workdir, task, "reflink"))
-                )
+            why_no_overlay = overlay_mounts(workdir)
+            if why_no_overlay is None and files_clone(workdir):
+                systems.append(capsules_system(local_base, workdir, task, "overlay"))
+            elif why_no_overlay is not None:
+                print(f"capsules (overlay): skipped: {why_no_overlay}", flush=True)
+            if files_clone(workdir) and (not args.quick or not systems):
+                systems.append(capsules_system(local_base, workdir, task, "reflink"))
             if not args.quick or not systems:  # the copy-on-write ablation's other half
-                systems.append(("capsules (copy)", "copy", lambda: Capsules(local_base, workdir, task, "copy")))
+                systems.append(capsules_system(local_base, workdir, task, "copy"))
         if "processes" in chosen:
             systems.append(("processes", "copy", lambda: Processes(local_base, workdir, task)))
         if "containers" in chosen:
@@ -1009,12 +1148,13 @@ def main(argv: list[str] | None = None) -> None:
                         values = ratios(rows[baseline], capsules)
                         print_ratios(c, baseline, values)
                         report.setdefault("ratios", {})[f"{baseline}/capsules c={c}"] = values
-            if "capsules (reflink)" in rows and "capsules (copy)" in rows:
-                cow = ratios(rows["capsules (copy)"], rows["capsules (reflink)"])
-                print(
-                    f"copy-on-write off/on (c={c}): create {cow['create']:.2f}x, fork {cow['fork']:.2f}x, "
-                    f"reset {cow['reset']:.2f}x, storage {cow['storage']:.1f}x"
-                )
+            for cow_by in ("overlay", "reflink"):
+                if f"capsules ({cow_by})" in rows and "capsules (copy)" in rows:
+                    cow = ratios(rows["capsules (copy)"], rows[f"capsules ({cow_by})"])
+                    print(
+                        f"copy-on-write off/on ({cow_by}, c={c}): create {cow['create']:.2f}x, fork "
+                        f"{cow['fork']:.2f}x, reset {cow['reset']:.2f}x, storage {cow['storage']:.1f}x"
+                    )
 
         if "capsules" in chosen:  # the publication ablation is the capsules'
             mixed = publication_trials(local_base, workdir, args.trials, branch_method(workdir))

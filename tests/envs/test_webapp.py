@@ -14,6 +14,7 @@ import pytest
 
 from cua_jax.envs import actions as A
 from cua_jax.envs.webapp import judges, script
+from cua_jax.envs.webapp.branches import overlay_mounts
 from cua_jax.envs.webapp.runtime import WebappRuntime
 from cua_jax.envs.webapp.state import ensure_base_state
 from cua_jax.envs.webapp.tasks import TaskFileError, load_tasks, parse_task
@@ -45,6 +46,25 @@ def runtime(tmp_path_factory):
         ensure_base_state("test"), tmp_path_factory.mktemp("webapp"), viewport=(800, 600), action_space="elements"
     ) as runtime:
         yield runtime
+
+
+@pytest.fixture(scope="module")
+def overlay_runtime(tmp_path_factory):
+    """Branches as overlay mounts (on CI's ext4 a copy-up is a full copy; on XFS, a clone)."""
+    workdir = tmp_path_factory.mktemp("webapp-overlay")
+    why = overlay_mounts(workdir)
+    if why is not None:
+        pytest.skip(f"no overlay branches here: {why}")
+    with WebappRuntime(
+        ensure_base_state("test"), workdir, viewport=(800, 600), action_space="elements", branch_by="overlay"
+    ) as runtime:
+        yield runtime
+
+
+@pytest.fixture(params=["auto", "overlay"])
+def any_runtime(request):
+    """The runtime by the method its workdir picks, and by overlay branches."""
+    return request.getfixturevalue("runtime" if request.param == "auto" else "overlay_runtime")
 
 
 def _comments(database, ticket: int) -> list[str]:
@@ -117,15 +137,16 @@ def test_concurrent_writes_stay_in_their_capsule_and_generation(runtime, tasks):
             runtime.close(env)
 
 
-def test_trials_of_concurrent_writes_never_cross_capsules_or_generations(runtime):
+def test_trials_of_concurrent_writes_never_cross_capsules_or_generations(any_runtime):
     from experiments.benchmarks.webapp_isolation import run_trials
 
-    result = run_trials(runtime, capsules=3, trials=6, reset_every=2)
+    result = run_trials(any_runtime, capsules=3, trials=6, reset_every=2)
     assert result["writes"] == 18 and result["refused"] == 0 and result["resets"] == 3
     assert result["crossings"] == 0
 
 
-def test_a_fork_mid_episode_carries_the_database_exactly_and_diverges_after(runtime, tasks):
+def test_a_fork_mid_episode_carries_the_database_exactly_and_diverges_after(any_runtime, tasks):
+    runtime = any_runtime
     parent = runtime.create(tasks["trac-001"])
     try:
         _comment(runtime, parent, "before the fork")

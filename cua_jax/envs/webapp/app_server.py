@@ -16,6 +16,11 @@ on a frozen route is refused (503) and counts nothing; an admitted one counts as
 its response has been sent. Trac's links are root-relative (SCRIPT_NAME is empty), so a page
 never sees the branch's name.
 
+`GET /.well-known/ready` on an admitted route is the readiness probe a deployment's health check
+would use: 200 once the route's environment is open and its database answers (its schema
+version read), 503 with the reason otherwise. It renders no page, so it measures the
+environment being served, not a page of it.
+
 Control (a Unix socket only the runtime's user can open): one JSON object per line in, one per
 line out ({"ok": true, ...} or {"ok": false, "error": ...}). Admission and publication take one
 lock, so a publish never lands between a request's admission and its branch lookup:
@@ -43,6 +48,7 @@ import time
 
 ROUTE_HEADER = "HTTP_X_CUA_ROUTE"
 STATIC_PREFIX = "/chrome/common/"
+READY_PATH = "/.well-known/ready"
 # Connections waiting to be accepted: every capsule's page opens several at once, and a drain
 # holds its control connection until its route is idle. socketserver's 5 would reset the rest.
 LISTEN_BACKLOG = 256
@@ -255,6 +261,21 @@ def _close_idle_connections(database: str) -> int:
     return closed
 
 
+def _send_readiness(env_path: str, start_response):
+    """The readiness probe's answer (see the module doc)."""
+    from trac.env import open_environment
+
+    try:
+        env = open_environment(env_path, use_cache=True)
+        version = env.db_query("SELECT value FROM system WHERE name='database_version'")[0][0]
+        status, body = "200 OK", f"ready: database version {version}"
+    except Exception as error:  # noqa: BLE001 - not ready, and why
+        status, body = "503 Service Unavailable", f"not ready: {type(error).__name__}: {error}"
+    data = body.encode()
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))])
+    return [data]
+
+
 def make_app(table: RouteTable):
     import trac
     from trac.web.main import dispatch_request
@@ -271,6 +292,8 @@ def make_app(table: RouteTable):
         environ["trac.env_path"] = path
         environ["SCRIPT_NAME"] = ""
         try:
+            if environ.get("PATH_INFO") == READY_PATH:
+                return _Counted(_send_readiness(path, start_response), lambda: table.leave(route))
             static = _static_file(htdocs, environ.get("PATH_INFO", ""))
             if static is not None:
                 # Trac's shipped stylesheets, scripts and icons: the same for every branch, served

@@ -53,7 +53,6 @@ import logging
 import os
 import pathlib
 import secrets
-import shutil
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -79,7 +78,7 @@ from cua_jax.envs.capsules.procfs import process_tree
 from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error
 from cua_jax.envs.miniwob import DomElement, EpisodeEndedError, InvalidElementError
 from cua_jax.envs.webapp import judges
-from cua_jax.envs.webapp.branches import branch, branch_method, remove_branch
+from cua_jax.envs.webapp.branches import branch, check_branch_method, remove_branch
 from cua_jax.envs.webapp.page import DEFAULT_VIEWPORT, WebappPage
 from cua_jax.envs.webapp.server import AppServer, AppServerError
 from cua_jax.envs.webapp.tasks import WebappTask
@@ -168,7 +167,7 @@ class WebappRuntime(LoopOwner):
         close(env_id); shutdown()
         database(env_id) -> path of the capsule's database now (tests, benchmarks)
 
-    branch_by: "auto" (copy-on-write where `workdir`'s filesystem clones, else a full copy),
+    branch_by: "auto" (the cheapest method `workdir` allows: see `branches`), "overlay",
     "reflink" or "copy" (the ablation). viewport: (width, height) of every page.
     """
 
@@ -196,14 +195,9 @@ class WebappRuntime(LoopOwner):
         self.branches_dir = self.workdir / "branches"
         self.snapshots_dir = self.workdir / "snapshots"
         for folder in (self.branches_dir, self.snapshots_dir):
-            shutil.rmtree(folder, ignore_errors=True)  # a previous runtime's leftovers
+            remove_branch(folder)  # a previous runtime's leftovers, its mounts included
             folder.mkdir(parents=True)
-        probed = branch_method(self.branches_dir)
-        if branch_by not in ("auto", "reflink", "copy"):
-            raise ValueError(f"branch_by must be 'auto', 'reflink' or 'copy', got {branch_by!r}")
-        if branch_by == "reflink" and probed != "reflink":
-            raise ValueError(f"branch_by='reflink': {self.branches_dir}'s filesystem cannot clone files")
-        self.branch_by = probed if branch_by == "auto" else branch_by
+        self.branch_by = check_branch_method(branch_by, self.branches_dir)
         self.viewport = (int(viewport[0]), int(viewport[1]))
         self.include_dom_text = include_dom_text
         self.action_space = A.check_action_space(action_space)
@@ -648,8 +642,8 @@ class WebappRuntime(LoopOwner):
         finally:
             self._stop_loop()
             self.server.stop()
-            shutil.rmtree(self.branches_dir, ignore_errors=True)
-            shutil.rmtree(self.snapshots_dir, ignore_errors=True)
+            remove_branch(self.branches_dir)  # its mounts too, where branches are overlays
+            remove_branch(self.snapshots_dir)
 
     async def _shutdown(self) -> None:
         self._shutting_down = True
