@@ -214,7 +214,7 @@ def webapp_replays(tasks: Sequence[Any]) -> dict[str, tuple[str, ...]]:
     from cua_jax.envs.webapp.script import demonstrations
 
     folders = {str(pathlib.Path(task.origin).parent) for task in tasks if task.kind == "webapp"}
-    recorded = {task: tuple(replies) for folder in sorted(folders) for task, replies in demonstrations(folder).items()}
+    recorded = {task: replies for folder in sorted(folders) for task, replies in demonstrations(folder).items()}
     return {task.task_id: recorded[task.task_id] for task in tasks if task.task_id in recorded}
 
 

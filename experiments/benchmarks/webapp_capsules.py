@@ -127,7 +127,8 @@ ROUTE_HEADER = "X-Cua-Route"
 READY_PATH = "/.well-known/ready"  # app_server.py's readiness probe
 COMMENT = "Reproduced on the benchmark build"
 PAPER = {"create": "15.17", "fork": "17.84", "throughput": "6.20", "memory": "9.2", "storage": "504"}  # x, as printed
-MAX_PROCESSES = 16  # never more application processes than this at once
+MAX_CONCURRENCY = 16
+MAX_PROCESSES = 2 * MAX_CONCURRENCY  # never more application processes at once (c parents and their forks)
 CALL_TIMEOUT_S = 1800.0
 
 
@@ -215,8 +216,14 @@ class Served:
     database: pathlib.Path
     remove: Callable[[], None]
 
-    def probe_ready(self) -> None:
-        serve_first_page(self.port, self.site, self.token, READY_PATH)
+    @classmethod
+    def publish(cls, server: AppServer, port: int, branch: str, name: str, state: str, database, remove):
+        """`branch` of `server` published under a new route for site `<name>.test`, probed ready."""
+        token, site = secrets.token_urlsafe(18), f"{name}.{CAPSULE_SITE_DOMAIN}"
+        server.control_blocking("publish", route=token, site=site, branch=branch)
+        served = cls(server, port, site, token, state, database, lambda: remove(token))
+        serve_first_page(port, site, token, READY_PATH)
+        return served
 
 
 @contextlib.contextmanager
@@ -252,19 +259,15 @@ class Capsules:
     def _serve(self, source: pathlib.Path) -> Served:
         """A branch of `source` published on the shared server and probed ready."""
         rt = self.runtime
-        name, token = f"served-{next(self._served)}", secrets.token_urlsafe(18)
-        site = f"{name}.{CAPSULE_SITE_DOMAIN}"
+        name = f"served-{next(self._served)}"
         branch(source, rt.branches_dir / name, rt.branch_by)
-        rt.server.control_blocking("publish", route=token, site=site, branch=name)
 
-        def remove() -> None:
+        def remove(token: str) -> None:
             rt.server.control_blocking("unroute", route=token)
             rt.server.control_blocking("retire", branch=name)
             remove_branch(rt.branches_dir / name)
 
-        served = Served(rt.server, rt.server.port, site, token, name, rt.branches_dir / name / DATABASE, remove)
-        served.probe_ready()
-        return served
+        return Served.publish(rt.server, rt.server.port, name, name, name, rt.branches_dir / name / DATABASE, remove)
 
     def serve_new(self) -> Served:
         return self._serve(self.runtime.base)
@@ -358,16 +361,13 @@ class Processes:
     def _serve(self, source: pathlib.Path) -> Served:
         """A process on a copy of `source`, its route published and probed ready."""
         parent, server = self._start_server(source)
-        token, site = secrets.token_urlsafe(18), f"{parent.name}.{CAPSULE_SITE_DOMAIN}"
-        server.control_blocking("publish", route=token, site=site, branch="env")
 
-        def remove() -> None:
+        def remove(token: str) -> None:
             server.stop()
             remove_branch(parent)
 
-        served = Served(server, server.port, site, token, str(parent / "env"), parent / "env" / DATABASE, remove)
-        served.probe_ready()
-        return served
+        env = parent / "env"
+        return Served.publish(server, server.port, "env", parent.name, str(env), env / DATABASE, remove)
 
     def serve_new(self) -> Served:
         return self._serve(self.base)
@@ -608,18 +608,14 @@ class Containers(Processes):
     def _serve(self, image: str, committed: str = "") -> Served:
         """A container of `image`, its route published and probed ready."""
         name, server, relay, port = self._call(self._start_container(image))
-        token, site = secrets.token_urlsafe(18), f"{name}.{CAPSULE_SITE_DOMAIN}"
-        server.control_blocking("publish", route=token, site=site, branch="base")
 
-        def remove() -> None:
+        def remove(token: str) -> None:
             self._call(relay.close())
             server.stop()
             if committed:
                 subprocess.run(["docker", "rmi", "-f", committed], capture_output=True)
 
-        served = Served(server, port, site, token, server.container, server.database(), remove)
-        served.probe_ready()
-        return served
+        return Served.publish(server, port, "base", name, server.container, server.database(), remove)
 
     def serve_new(self) -> Served:
         return self._serve(self.image)
@@ -1080,8 +1076,8 @@ def main(argv: list[str] | None = None) -> None:
     if not chosen or set(chosen) - set(SYSTEMS):
         raise SystemExit(f"--systems names {args.systems!r}; the systems are {', '.join(SYSTEMS)}")
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    if max(concurrencies) > MAX_PROCESSES:
-        raise SystemExit(f"concurrency above {MAX_PROCESSES}: the load must stay bounded")
+    if max(concurrencies) > MAX_CONCURRENCY:
+        raise SystemExit(f"concurrency above {MAX_CONCURRENCY}: the load must stay bounded")
     if args.base is None:
         from cua_jax.envs.webapp.state import ensure_base_state
 
@@ -1139,6 +1135,8 @@ def main(argv: list[str] | None = None) -> None:
                     rows[name] = measure(system, name, branch_by, workdir, c, args.episodes)
                 finally:
                     system.shutdown()
+                    if xfs is not None:  # give the image's freed blocks back to the disk it lives on
+                        subprocess.run(["fstrim", str(xfs)], capture_output=True)
                 print_row(c, rows[name])
                 report["rows"].append({"concurrency": c, **dataclasses.asdict(rows[name])})
             if "capsules" in chosen:

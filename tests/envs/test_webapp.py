@@ -86,7 +86,7 @@ def test_a_solution_scores_1_and_a_near_miss_and_nothing_score_0(runtime, tasks,
     scores, solutions = script.validate(runtime, [tasks[task_id]])
     assert scores[task_id] == {"solution": 1.0, "near_miss": 0.0, "nothing": 0.0}
     # The committed validation file's recorded solution is the one played now (the oracle replays it).
-    assert solutions[task_id] == script.demonstrations(SUITE)[task_id]
+    assert tuple(solutions[task_id]) == script.demonstrations(SUITE)[task_id]
 
 
 def test_pages_show_marked_elements_that_element_actions_reach(runtime, tasks):

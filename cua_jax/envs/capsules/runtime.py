@@ -27,11 +27,10 @@ from cua_jax.envs.capsules.errors import (
     CapsuleFaultError,
     CapsuleFrozenError,
     LifecycleError,
-    UnknownEnvironmentError,
 )
-from cua_jax.envs.capsules.loop import LoopOwner
 from cua_jax.envs.capsules.procfs import command_line, process_tree
 from cua_jax.envs.capsules.records import CapsuleSnapshot, PublicationRecord, StepResult
+from cua_jax.envs.capsules.routes import Route, RoutedRuntime
 from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error
 from cua_jax.envs.miniwob import (
     EpisodeEndedError,
@@ -81,27 +80,10 @@ class _Generation:
         return self.driver.task
 
 
-@dataclasses.dataclass
-class _Route:
-    env_id: str
-    generation: _Generation | None = None
-    frozen: str | None = None  # the operation holding the freeze
-    fault: Fault | None = None  # set: the published generation is quarantined
-    in_flight: int = 0
-    idle: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-
-    def __post_init__(self) -> None:
-        self.idle.set()
-
-    @property
-    def quarantine_reason(self) -> str | None:
-        return None if self.fault is None else self.fault.reason
-
-
 FORK_METHODS = ("capture", "replay")
 
 
-class CapsuleRuntime(LoopOwner):
+class CapsuleRuntime(RoutedRuntime):
     """MiniWoB environments as capsules on a backend's runtimes (default: one shared browser).
 
     Every public method is thread-safe and blocking; its `a`-prefixed twin is a coroutine
@@ -196,7 +178,7 @@ class CapsuleRuntime(LoopOwner):
         self._crash_faults: dict[str, Fault] = {}  # runtime id -> its crash, for every runtime that died
         self._shutting_down = False
         self._rng = random.Random(seed)
-        self._routes: dict[str, _Route] = {}
+        self._routes: dict[str, Route] = {}
         self._generation_ids = itertools.count(1)
         self._env_ids = itertools.count(1)
         self._server = MiniWoBServer()
@@ -249,12 +231,6 @@ class CapsuleRuntime(LoopOwner):
         `runtime_id` has died or is shutting down: that, not the page, is why it failed."""
         if classify_environment_error(error) is not None and (down := self._runtime_down(runtime_id)) is not None:
             raise CapsuleFaultError(down) from error
-
-    def _route(self, env_id: str) -> _Route:
-        route = self._routes.get(env_id)
-        if route is None:
-            raise UnknownEnvironmentError(f"no environment {env_id!r} (never created, or closed)")
-        return route
 
     def playwright_pids(self) -> list[int]:
         """The Playwright driver process(es) this runtime talks through (children of this process)."""
@@ -478,7 +454,7 @@ class CapsuleRuntime(LoopOwner):
             self._warming[task] -= 1
 
     async def _transaction(
-        self, route: _Route, operation: str, build: Callable[[], Coroutine[Any, Any, _Generation]]
+        self, route: Route, operation: str, build: Callable[[], Coroutine[Any, Any, _Generation]]
     ) -> _Generation:
         """Freeze, drain, build, publish (see the package docstring, `cua_jax.envs.capsules`)."""
         if route.frozen is not None:
@@ -522,7 +498,7 @@ class CapsuleRuntime(LoopOwner):
         `operation`; when the build fails nothing is published and a LifecycleError names
         `operation` of `source`."""
         env_id = f"env-{next(self._env_ids)}"
-        route = _Route(env_id)
+        route = Route(env_id)
         route.frozen = operation  # unreachable until published
         self._routes[env_id] = route
         try:
@@ -593,46 +569,11 @@ class CapsuleRuntime(LoopOwner):
         return observation
 
     async def aclose(self, env_id: str) -> None:
-        route = self._route(env_id)
-        if route.frozen is not None:
-            raise CapsuleFrozenError(f"environment {env_id!r} is frozen by {route.frozen}; retry after it publishes")
-        route.frozen = "close"
-        await route.idle.wait()
-        del self._routes[env_id]
+        route = await self._close_route(env_id)
         if route.generation is not None:
             await release_quietly(route.generation.slot)
 
     # ---- requests (coroutines on the loop) ------------------------------------------
-
-    def _admit(self, env_id: str) -> tuple[_Route, _Generation]:
-        route = self._route(env_id)
-        if route.frozen is not None:
-            raise CapsuleFrozenError(
-                f"environment {env_id!r} is frozen by {route.frozen}; the request was refused, retry after it publishes"
-            )
-        assert route.generation is not None
-        route.in_flight += 1
-        route.idle.clear()
-        return route, route.generation
-
-    @staticmethod
-    def _leave(route: _Route) -> None:
-        route.in_flight -= 1
-        if route.in_flight == 0:
-            route.idle.set()
-
-    def _quarantined(self, route: _Route, generation: _Generation) -> StepResult:
-        return StepResult(
-            None,
-            0.0,
-            0.0,
-            True,
-            False,
-            EpisodeStatus.QUARANTINED,
-            generation.number,
-            quarantine_reason=route.quarantine_reason,
-            fault=route.fault,
-        )
 
     async def _page_request(self, env_id: str, request: Callable[[_Generation], Coroutine[Any, Any, Any]]) -> Any:
         """A bounded request to the capsule's page that does not change its episode. A quarantined

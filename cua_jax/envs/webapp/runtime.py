@@ -70,11 +70,10 @@ from cua_jax.envs.capsules import (
     SharedBrowserBackend,
     Slot,
     StepResult,
-    UnknownEnvironmentError,
 )
 from cua_jax.envs.capsules.backends import release_quietly
-from cua_jax.envs.capsules.loop import LoopOwner
 from cua_jax.envs.capsules.procfs import process_tree
+from cua_jax.envs.capsules.routes import Route, RoutedRuntime
 from cua_jax.envs.faults import Fault, FaultKind, classify_environment_error
 from cua_jax.envs.miniwob import DomElement, EpisodeEndedError, InvalidElementError
 from cua_jax.envs.webapp import judges
@@ -135,24 +134,13 @@ class _Generation:
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
 
-@dataclasses.dataclass
-class _Route:
-    env_id: str
-    generation: _Generation | None = None
-    frozen: str | None = None
-    fault: Fault | None = None
-    in_flight: int = 0
-    idle: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-
-    def __post_init__(self) -> None:
-        self.idle.set()
-
+class _Route(Route):
     @property
     def site(self) -> str:
         return f"{self.env_id}.{CAPSULE_SITE_DOMAIN}"
 
 
-class WebappRuntime(LoopOwner):
+class WebappRuntime(RoutedRuntime):
     """Web application capsules (see the module doc) over the seeded state `base` (a Trac
     environment directory), with branches under `workdir`.
 
@@ -263,12 +251,6 @@ class WebappRuntime(LoopOwner):
                 self._server_fault = None
             except Exception:  # logged; the next round tries again
                 log.exception("restarting the application server failed")
-
-    def _route(self, env_id: str) -> _Route:
-        route = self._routes.get(env_id)
-        if route is None:
-            raise UnknownEnvironmentError(f"no environment {env_id!r} (never created, or closed)")
-        return route
 
     # ---- generations ----------------------------------------------------------------
 
@@ -453,33 +435,11 @@ class WebappRuntime(LoopOwner):
             await asyncio.to_thread(remove_branch, snapshot.path)
 
     async def aclose(self, env_id: str) -> None:
-        route = self._route(env_id)
-        if route.frozen is not None:
-            raise CapsuleFrozenError(f"environment {env_id!r} is frozen by {route.frozen}; retry after it publishes")
-        route.frozen = "close"
-        await route.idle.wait()
-        del self._routes[env_id]
+        route = await self._close_route(env_id)
         if route.generation is not None:
             await self._retire(route.generation.branch, route.generation.route, route.generation.slot)
 
     # ---- requests -------------------------------------------------------------------
-
-    def _admit(self, env_id: str) -> tuple[_Route, _Generation]:
-        route = self._route(env_id)
-        if route.frozen is not None:
-            raise CapsuleFrozenError(
-                f"environment {env_id!r} is frozen by {route.frozen}; the request was refused, retry after it publishes"
-            )
-        assert route.generation is not None
-        route.in_flight += 1
-        route.idle.clear()
-        return route, route.generation
-
-    @staticmethod
-    def _leave(route: _Route) -> None:
-        route.in_flight -= 1
-        if route.in_flight == 0:
-            route.idle.set()
 
     async def _observe(self, generation: _Generation) -> WebappObservation:
         title, dom, image, text = await generation.page.observe(self.include_dom_text, self.action_space)
@@ -505,12 +465,6 @@ class WebappRuntime(LoopOwner):
     async def aevaluate(self, env_id: str, expression: str, arg: Any = None) -> Any:
         """JavaScript in the capsule's page (scripted solutions' element look-ups, tests; no agent action)."""
         return await self._page_request(env_id, lambda g: g.page.page.evaluate(expression, arg))
-
-    def _quarantined(self, route: _Route, generation: _Generation) -> StepResult:
-        return StepResult(
-            None, 0.0, 0.0, True, False, EpisodeStatus.QUARANTINED, generation.number,
-            quarantine_reason=route.fault.reason if route.fault else None, fault=route.fault,
-        )  # fmt: skip
 
     async def astep(self, env_id: str, action: A.Action | A.InvalidAction | str) -> StepResult:
         if isinstance(action, str):

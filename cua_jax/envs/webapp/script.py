@@ -26,6 +26,7 @@ those actions).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import sys
@@ -115,12 +116,19 @@ def validate(runtime: Any, tasks: Sequence[Any]) -> tuple[dict[str, dict[str, fl
     return scores, demonstrations
 
 
-def demonstrations(folder: str | pathlib.Path) -> dict[str, list[str]]:
-    """The recorded solutions of a task folder's validation file ({} when it has none)."""
-    path = pathlib.Path(folder) / VALIDATION_FILE
+def demonstrations(folder: str | pathlib.Path) -> dict[str, tuple[str, ...]]:
+    """The recorded solutions of a task folder's validation file ({} when it has none); read
+    once per version of the file (a policy asks for each of a suite's tasks)."""
+    path = pathlib.Path(folder).resolve() / VALIDATION_FILE
     if not path.is_file():
         return {}
-    return {task: list(replies) for task, replies in json.loads(path.read_text())["demonstrations"].items()}
+    stat = path.stat()
+    return _read_demonstrations(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_demonstrations(path: pathlib.Path, mtime_ns: int, size: int) -> dict[str, tuple[str, ...]]:
+    return {task: tuple(replies) for task, replies in json.loads(path.read_text())["demonstrations"].items()}
 
 
 def failing(scores: Mapping[str, Mapping[str, float]]) -> list[str]:
