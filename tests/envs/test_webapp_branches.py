@@ -68,8 +68,9 @@ def test_a_failed_branch_leaves_nothing_and_a_taken_name_is_refused(tmp_path):
 
 
 def _mounted(path) -> bool:
+    escaped = str(path).replace(" ", "\\040").replace("\t", "\\011")
     with open("/proc/self/mountinfo") as table:
-        return any(line.split()[4].startswith(str(path)) for line in table)
+        return any(line.split()[4].startswith(escaped) for line in table)
 
 
 def test_overlay_branches_carry_their_parent_diverge_and_own_their_layers(tmp_path):
@@ -129,3 +130,14 @@ def test_branch_methods_are_checked_against_the_folder(tmp_path):
             check_branch_method("overlay", tmp_path)
     else:  # only where files also clone would "auto" pick it: elsewhere each copy-up is a full copy
         assert (branch_method(tmp_path) == "overlay") == files_clone(tmp_path)
+
+
+def test_a_mount_whose_path_the_mount_table_escapes_is_found_and_detached(tmp_path):
+    if overlay_mounts(tmp_path) is not None:
+        pytest.skip("no overlay mounts here")
+    source = _state(tmp_path / "base")
+    spaced = tmp_path / "a branch\twith blanks café"
+    branch(source, spaced, "overlay")
+    assert _mounted(tmp_path / "a branch")  # the table writes it as "a\\040branch\\011with\\040blanks"
+    remove_branch(spaced)
+    assert not spaced.exists() and not _mounted(tmp_path / "a branch")

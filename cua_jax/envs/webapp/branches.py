@@ -34,6 +34,7 @@ import fcntl
 import functools
 import os
 import pathlib
+import re
 import shutil
 import stat
 import struct
@@ -184,10 +185,10 @@ def _mounts_under(path: pathlib.Path) -> list[pathlib.Path]:
     """Mount points at or under `path` (this process's mount table), deepest first."""
     root = os.path.realpath(path)
     found = []
-    with open("/proc/self/mountinfo") as table:
+    with open("/proc/self/mountinfo", "rb") as table:
         for line in table:
-            point = line.split()[4]
-            point = point.encode().decode("unicode_escape")  # the table escapes spaces as \040
+            # The table escapes space, tab, newline and backslash as \ooo; names are bytes.
+            point = os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), line.split()[4]))
             if point == root or point.startswith(root + os.sep):
                 found.append(pathlib.Path(point))
     return sorted(found, key=lambda p: len(p.parts), reverse=True)
