@@ -111,6 +111,7 @@ from cua_jax.envs.webapp.branches import (
     allocated_bytes,
     branch,
     branch_method,
+    detach_mounts,
     files_clone,
     overlay_mounts,
     own_bytes,
@@ -963,8 +964,8 @@ def xfs_workdir(parent: pathlib.Path, size_bytes: int):
         mounted = True
         yield mount, None
     finally:
-        if mounted:
-            subprocess.run(["umount", str(mount)], check=False)
+        if mounted:  # the branches' overlays a failed run left mounted in it go too
+            detach_mounts(mount)
         image.unlink(missing_ok=True)
         shutil.rmtree(mount, ignore_errors=True)
 

@@ -194,15 +194,21 @@ def _mounts_under(path: pathlib.Path) -> list[pathlib.Path]:
     return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
 
+def detach_mounts(path: str | os.PathLike) -> None:
+    """Detach whatever is mounted at or under `path`, deepest first (lazily: files still open
+    keep their filesystem until closed)."""
+    for point in _mounts_under(pathlib.Path(path)):
+        if _libc.umount2(os.fsencode(point), _MNT_DETACH) != 0:
+            code = ctypes.get_errno()
+            if code not in (errno.EINVAL, errno.ENOENT):  # not mounted (any more)
+                raise OSError(code, f"unmounting {point}: {os.strerror(code)}")
+
+
 def remove_branch(path: str | os.PathLike) -> None:
     """Remove a branch (or any folder of branches): whatever is mounted in it is detached first
     (lazily: files still open keep their layer until closed), then its files and layers."""
     path = pathlib.Path(path)
-    for point in _mounts_under(path):
-        if _libc.umount2(os.fsencode(point), _MNT_DETACH) != 0:
-            code = ctypes.get_errno()
-            if code not in (errno.EINVAL, errno.ENOENT):  # not mounted (any more)
-                raise OSError(code, f"unmounting branch {point}: {os.strerror(code)}")
+    detach_mounts(path)
     shutil.rmtree(path, ignore_errors=True)
     shutil.rmtree(_layers_of(path), ignore_errors=True)
 
