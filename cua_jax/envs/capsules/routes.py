@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from cua_jax.envs.capsules.errors import CapsuleFrozenError, UnknownEnvironmentError
+from cua_jax.envs.capsules.errors import CapsuleFaultError, CapsuleFrozenError, UnknownEnvironmentError
 from cua_jax.envs.capsules.loop import LoopOwner
 from cua_jax.envs.capsules.records import StepResult
 from cua_jax.envs.faults import Fault
@@ -72,6 +73,29 @@ class RoutedRuntime(LoopOwner):
             None, 0.0, 0.0, True, False, EpisodeStatus.QUARANTINED, generation.number,
             quarantine_reason=route.quarantine_reason, fault=route.fault,
         )  # fmt: skip
+
+    step_timeout_s: float
+
+    async def _page_request(self, env_id: str, request: Callable[[Any], Coroutine[Any, Any, Any]]) -> Any:
+        """`request(generation)`, bounded by step_timeout_s, on the capsule's page under its
+        generation's lock: a request that does not change the episode (an observation, a
+        script). A quarantined capsule raises CapsuleFaultError; a failure goes through
+        `_page_request_failed` first."""
+        route, generation = self._admit(env_id)
+        try:
+            if route.fault is not None:
+                raise CapsuleFaultError(route.fault)
+            async with generation.lock:
+                try:
+                    return await asyncio.wait_for(request(generation), self.step_timeout_s)
+                except Exception as error:
+                    self._page_request_failed(generation, error)
+                    raise
+        finally:
+            self._leave(route)
+
+    def _page_request_failed(self, generation: Any, error: Exception) -> None:
+        """A runtime raises the fault behind `error` here, when it knows one (default: none)."""
 
     async def _close_route(self, env_id: str) -> Route:
         """Freeze the route for good, wait for its requests, forget it; the caller retires its

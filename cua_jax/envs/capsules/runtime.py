@@ -575,23 +575,12 @@ class CapsuleRuntime(RoutedRuntime):
 
     # ---- requests (coroutines on the loop) ------------------------------------------
 
-    async def _page_request(self, env_id: str, request: Callable[[_Generation], Coroutine[Any, Any, Any]]) -> Any:
-        """A bounded request to the capsule's page that does not change its episode. A quarantined
-        capsule, or one whose runtime died under the request, raises CapsuleFaultError."""
-        route, generation = self._admit(env_id)
-        try:
-            if route.fault is not None:
-                raise CapsuleFaultError(route.fault)
-            async with generation.lock:
-                try:
-                    return await asyncio.wait_for(request(generation), self.step_timeout_s)
-                except Exception as error:
-                    self._raise_if_runtime_down(generation.slot.runtime_id, error)
-                    if generation.slot.fault is not None and classify_environment_error(error) is not None:
-                        raise CapsuleFaultError(generation.slot.fault) from error
-                    raise
-        finally:
-            self._leave(route)
+    def _page_request_failed(self, generation: _Generation, error: Exception) -> None:
+        """A page request failed with `error`: CapsuleFaultError when the page's runtime died
+        under it, or its renderer crashed (the slot's fault), rather than the request itself."""
+        self._raise_if_runtime_down(generation.slot.runtime_id, error)
+        if generation.slot.fault is not None and classify_environment_error(error) is not None:
+            raise CapsuleFaultError(generation.slot.fault) from error
 
     async def aobserve(self, env_id: str) -> MiniWoBObservation:
         return await self._page_request(env_id, lambda g: g.driver.observe(self.include_dom_text, self.action_space))

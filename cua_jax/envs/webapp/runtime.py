@@ -447,18 +447,6 @@ class WebappRuntime(RoutedRuntime):
             generation.task.task_id, generation.task.intent, image, dom, generation.page.path(), title, text
         )
 
-    async def _page_request(self, env_id: str, request: Callable[[_Generation], Coroutine[Any, Any, Any]]) -> Any:
-        """A bounded request to the capsule's page that does not change its episode; a
-        quarantined capsule raises CapsuleFaultError."""
-        route, generation = self._admit(env_id)
-        try:
-            if route.fault is not None:
-                raise CapsuleFaultError(route.fault)
-            async with generation.lock:
-                return await asyncio.wait_for(request(generation), self.step_timeout_s)
-        finally:
-            self._leave(route)
-
     async def aobserve(self, env_id: str) -> WebappObservation:
         return await self._page_request(env_id, self._observe)
 
