@@ -43,9 +43,9 @@ import tempfile
 
 BRANCH_METHODS = ("overlay", "reflink", "copy")
 LAYERS_SUFFIX = ".layers"  # an overlay branch's layers: <branch>.layers/
-MAX_FROZEN_LAYERS = 16  # a deeper fork chain flattens (a mount's options must fit one page)
+MAX_FROZEN_LAYERS = 16  # a deeper fork chain flattens (each fork clones the layers its source owns)
 _MNT_DETACH = 2
-_MOUNT_OPTIONS_MAX = 4000  # the kernel reads a mount's options from one page
+_MOUNT_OPTIONS_MAX = 4000  # the kernel reads a mount's options from one page: longer ones flatten too
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -150,28 +150,26 @@ def _branch_overlay(source: pathlib.Path, destination: pathlib.Path) -> None:
         source_lowers = _lower_layers(source)
         if source_lowers is None:  # a plain directory: the bottom layer as it is
             lowers = [source.resolve()]
-        else:
+        else:  # the source's upper as it is now, then its frozen layers, cloned; then its plain bottom
             source_layers = _layers_of(source)
-            owned = [layer for layer in source_lowers if layer.parent == source_layers]
-            longest = max(len(str(layer)) for layer in source_lowers) + len(LAYERS_SUFFIX) + 20
-            if len(owned) + 1 > MAX_FROZEN_LAYERS or longest * (len(source_lowers) + 3) > _MOUNT_OPTIONS_MAX:
+            frozen = [source_layers / "upper", *(layer for layer in source_lowers if layer.parent == source_layers)]
+            copies = [layers / f"frozen-{k}" for k in range(len(frozen))]
+            lowers = copies + [layer for layer in source_lowers if layer.parent != source_layers]
+            if len(frozen) > MAX_FROZEN_LAYERS or len(_overlay_options(lowers, layers)) > _MOUNT_OPTIONS_MAX:
                 # Flatten: the source's whole view in one layer. Files read through an overlay do
                 # not clone to outside it, so this copies (once per MAX_FROZEN_LAYERS forks of a chain).
                 lowers = [layers / "frozen-0"]
                 _copy_tree(source, lowers[0], "copy")
-            else:  # the source's upper as it is now, then its frozen layers, cloned; then its plain bottom
-                frozen = [source_layers / "upper", *owned]
-                lowers = [layers / f"frozen-{k}" for k in range(len(frozen))]
-                for layer, copy in zip(frozen, lowers):
+            else:
+                for layer, copy in zip(frozen, copies):
                     _copy_tree(layer, copy, method)
-                lowers += [layer for layer in source_lowers if layer.parent != source_layers]
         for folder in ("upper", "work"):
             (layers / folder).mkdir()
         destination.mkdir()
         for path in [*lowers, layers]:
             if any(c in str(path) for c in ",:\\\n"):
                 raise OSError(f"an overlay cannot name {path}: it holds a ',', ':' or '\\'")
-        options = f"lowerdir={':'.join(map(str, lowers))},upperdir={layers / 'upper'},workdir={layers / 'work'}"
+        options = _overlay_options(lowers, layers)
         if _libc.mount(b"overlay", os.fsencode(destination), b"overlay", 0, options.encode()) != 0:
             code = ctypes.get_errno()
             raise OSError(code, f"mounting an overlay branch of {source} on {destination}: {os.strerror(code)}")
@@ -179,6 +177,11 @@ def _branch_overlay(source: pathlib.Path, destination: pathlib.Path) -> None:
     except BaseException:
         remove_branch(destination)
         raise
+
+
+def _overlay_options(lowers: list[pathlib.Path], layers: pathlib.Path) -> str:
+    """The overlay mount's options: its lower layers (topmost first), upper and work folders."""
+    return f"lowerdir={':'.join(map(str, lowers))},upperdir={layers / 'upper'},workdir={layers / 'work'}"
 
 
 def _mounts_under(path: pathlib.Path) -> list[pathlib.Path]:
