@@ -218,10 +218,11 @@ class Served:
     remove: Callable[[], None]
 
     @classmethod
-    def publish(cls, server: AppServer, port: int, branch: str, name: str, state: str, database, remove):
-        """`branch` of `server` published under a new route for site `<name>.test`, probed ready."""
+    def publish(cls, server: AppServer, port: int, branch_name: str, name: str, state: str, database, remove):
+        """Branch `branch_name` of `server` published under a new route for site `<name>.test`,
+        probed ready."""
         token, site = secrets.token_urlsafe(18), f"{name}.{CAPSULE_SITE_DOMAIN}"
-        server.control_blocking("publish", route=token, site=site, branch=branch)
+        server.control_blocking("publish", route=token, site=site, branch=branch_name)
         served = cls(server, port, site, token, state, database, lambda: remove(token))
         serve_first_page(port, site, token, READY_PATH)
         return served
@@ -1109,7 +1110,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"workdir {workdir}: {fs}; branches by {branch_method(workdir)}", flush=True)
         report["workdir_filesystem"] = fs
         if why_not:
-            print(f"capsules (reflink): {why_not}", flush=True)
+            print(f"capsules (overlay, reflink): {why_not}", flush=True)
         systems: list[tuple[str, str, Callable[[], Any]]] = []
         if "capsules" in chosen:
             why_no_overlay = overlay_mounts(workdir)

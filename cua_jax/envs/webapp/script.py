@@ -123,7 +123,7 @@ def demonstrations(folder: str | pathlib.Path) -> dict[str, tuple[str, ...]]:
     if not path.is_file():
         return {}
     stat = path.stat()
-    return _read_demonstrations(path, stat.st_mtime_ns, stat.st_size)
+    return dict(_read_demonstrations(path, stat.st_mtime_ns, stat.st_size))  # the cached one stays as read
 
 
 @functools.lru_cache(maxsize=16)
