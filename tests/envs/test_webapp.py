@@ -201,3 +201,10 @@ def test_a_killed_server_quarantines_its_capsules_and_comes_back(runtime, tasks)
         assert observation.url == tasks["trac-001"].start_url and runtime.quarantine_reason(env) is None
     finally:
         runtime.close(env)
+
+
+def test_a_workdir_too_long_for_the_servers_socket_is_refused_by_name(tmp_path):
+    from cua_jax.envs.webapp.server import AppServer
+
+    with pytest.raises(ValueError, match="over AF_UNIX's 107: choose a shorter workdir"):
+        AppServer(tmp_path / ("w" * 120))

@@ -37,6 +37,9 @@ def app_python() -> str:
     return python
 
 
+MAX_SOCKET_PATH = 107  # bytes of a Unix socket's path (sun_path, less its terminating NUL)
+
+
 class AppServer:
     """One application server process over the branches under `parent`.
 
@@ -52,6 +55,12 @@ class AppServer:
         self.python = python or app_python()
         self.start_timeout_s = start_timeout_s
         self.control_path = str(self.parent / ".control.sock")
+        if len(os.fsencode(self.control_path)) > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"the application server's control socket {self.control_path} would be "
+                f"{len(os.fsencode(self.control_path))} bytes, over AF_UNIX's {MAX_SOCKET_PATH}: "
+                "choose a shorter workdir"
+            )
         self.log_path = self.parent / ".server.log"
         self.process: subprocess.Popen | None = None
         self.port = 0
