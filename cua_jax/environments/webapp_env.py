@@ -42,7 +42,7 @@ class WebappConfig:
     scale: the seeded state's size ("test" or "bench", `state.ensure_base_state`).
     viewport: (width, height) of every page. branch_by: "auto" (the cheapest copy-on-write
     the workdir allows: an overlay mount, else file clones, else a full copy), "overlay",
-    "reflink" or "copy". workdir: where branches live
+    "reflink" or "copy". workdir: where branches live, a folder per rollout worker in it
     ("": a temporary folder per rollout worker).
     """
 
@@ -138,7 +138,11 @@ def webapp_tasks(config: WebappConfig) -> list[SourceTask]:
 
 def _open(worker_config: Any) -> WebappRuntime:
     config = worker_config.kind_config(KIND) or WebappConfig()
-    workdir = config.workdir or tempfile.mkdtemp(prefix="cua-webapp-")
+    if config.workdir:  # a folder of its own in it: every rollout worker's runtime clears its workdir
+        pathlib.Path(config.workdir).mkdir(parents=True, exist_ok=True)
+        workdir = tempfile.mkdtemp(prefix="worker-", dir=config.workdir)
+    else:
+        workdir = tempfile.mkdtemp(prefix="cua-webapp-")
     return WebappRuntime(
         ensure_base_state(config.scale),
         workdir,

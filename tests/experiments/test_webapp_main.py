@@ -6,26 +6,41 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
+from cua_jax.envs.webapp.branches import overlay_mounts, remove_branch
 from tests.support.entrypoint import ROOT, run_main
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def test_a_trainer_update_on_webapp_and_miniwob_tasks_in_one_pool(tmp_path):
+    # Overlay branches where they mount (the default, "auto", takes a full copy on ext4; the
+    # harness test below runs that): the config field reaches the runtime of every worker.
+    # A short folder: the shared server's control socket lives in it (AF_UNIX paths are short).
+    branches = pathlib.Path(tempfile.mkdtemp(prefix="wa-"))
+    branch_by = "overlay" if overlay_mounts(branches) is None else "auto"
     workdir = tmp_path / "run"
     result = run_main(
         "--config=experiments/configs/webapp.py",
         "--config.env.tasks=(('click-button', 0),)",
         "--config.env.webapp.tasks=('trac-001',)",
+        f"--config.env.webapp.branch_by={branch_by}",
+        f"--config.env.webapp.workdir={branches}",
         "--config.train.num_steps=1",
         workdir=workdir,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    try:
+        assert result.returncode == 0, result.stderr[-3000:]
+        with open("/proc/self/mountinfo") as table:  # the run's overlays are gone with it
+            assert not any(line.split()[4].startswith(str(branches)) for line in table)
+    finally:
+        remove_branch(branches)
     assert json.loads((workdir / "summary.json").read_text())["steps"] == 1
     episodes = [json.loads(line) for line in (workdir / "episodes.jsonl").read_text().splitlines()]
     assert {e["domain"] for e in episodes} == {"webapp", "miniwob"} and len(episodes) == 4
