@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,6 +24,12 @@ def _source(tmp_path, body: str) -> subprocess.CompletedProcess:
         text=True,
         timeout=30,
     )
+
+
+def _step_lines(stderr: str) -> list[str]:
+    """stderr's lines without the elapsed time a step prints once it has taken a second or more:
+    on a loaded machine any step may cross a second boundary."""
+    return [re.sub(r" \(\d+ s\)$", "", line) for line in stderr.splitlines()]
 
 
 def _log_path(stderr: str) -> str:
@@ -46,7 +53,7 @@ setup_done "all present"
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""
     log = _log_path(result.stderr)
-    assert result.stderr.splitlines() == [
+    assert _step_lines(result.stderr) == [
         f"[setup] log: {log}",
         "[setup] first ... done",
         "[setup] second ... all present",
@@ -54,6 +61,19 @@ setup_done "all present"
     ]
     text = pathlib.Path(log).read_text()
     assert "to-stdout\nto-stderr\n" in text and "$ true" in text
+
+
+def test_a_step_of_a_second_or_more_prints_its_elapsed_time(tmp_path):
+    result = _source(
+        tmp_path,
+        """
+setup_step slow
+setup_run sleep 1.2
+setup_done done
+""",
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"\[setup\] slow \.\.\. done \([12] s\)", result.stderr.splitlines()[1])
 
 
 def test_a_failing_step_prints_the_log_tail_and_path_and_exits_with_its_status(tmp_path):
@@ -70,7 +90,7 @@ setup_done done
     )
     assert result.returncode == 3
     log = _log_path(result.stderr)
-    lines = result.stderr.splitlines()
+    lines = _step_lines(result.stderr)
     assert lines[1:3] == ["[setup] first ... done", "[setup] failing ... failed (exit 3)"]
     # The failing step's last 40 lines, then the path.
     assert lines[3:-1] == [f"line-{i}" for i in range(11, 51)]
