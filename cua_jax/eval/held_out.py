@@ -315,6 +315,25 @@ def save_traces(
             json.dump(record, f, indent=2, ensure_ascii=False)
 
 
+def _items_by_episode(batch: Any) -> dict[str, list[int]]:
+    by_episode: dict[str, list[int]] = collections.defaultdict(list)
+    for i, item in enumerate(batch.items):
+        by_episode[item.episode_id].append(i)
+    return by_episode
+
+
+def traced_episodes(batch: Any, num_episodes: int) -> list[str]:
+    """The ids of the `num_episodes` episodes of a learner step's batch (a `PreparedBatch`, or
+    its summary: only items' episode ids and advantages are read) that its training traces
+    show: those with the largest advantages in magnitude, alternating sign (what the step
+    pushed up and down hardest); an episode's advantage is the mean of its items'."""
+    by_episode = _items_by_episode(batch)
+    advantages = {e: float(np.mean([batch.item_advantages[i] for i in rows])) for e, rows in by_episode.items()}
+    ups = sorted((e for e in advantages if advantages[e] >= 0), key=lambda e: -advantages[e])
+    downs = sorted((e for e in advantages if advantages[e] < 0), key=lambda e: advantages[e])
+    return [e for pair in itertools.zip_longest(ups, downs) for e in pair if e is not None][:num_episodes]
+
+
 def save_training_traces(
     directory: str,
     batch: Any,
@@ -322,22 +341,20 @@ def save_training_traces(
     version: int,
     num_episodes: int = 3,
     tokenizer: Any = None,
+    chosen: Sequence[str] | None = None,
 ) -> list[str]:
     """Saves `num_episodes` episodes of a learner step's batch (a `PreparedBatch`) as traces
     (`save_traces`) with the learner's logprobs and the advantages; returns their episode ids.
 
-    The episodes are those with the largest advantages in magnitude, alternating sign (what
-    the step pushed up and down hardest). An episode's advantage is the mean of its items'; a
+    The episodes are `traced_episodes(batch, num_episodes)` unless `chosen` names them (ids of
+    the batch's episodes, in order). An episode's advantage is the mean of its items'; a
     turn's is the advantage of its item. `score_items(indices)`: the learner's per-token
     logprobs ([L] each, aligned with the item's ids) of the batch's items at `indices`; only
     the chosen episodes' items are scored."""
-    by_episode: dict[str, list[int]] = collections.defaultdict(list)
-    for i, item in enumerate(batch.items):
-        by_episode[item.episode_id].append(i)
+    by_episode = _items_by_episode(batch)
     advantages = {e: float(np.mean([batch.item_advantages[i] for i in rows])) for e, rows in by_episode.items()}
-    ups = sorted((e for e in advantages if advantages[e] >= 0), key=lambda e: -advantages[e])
-    downs = sorted((e for e in advantages if advantages[e] < 0), key=lambda e: advantages[e])
-    chosen = [e for pair in itertools.zip_longest(ups, downs) for e in pair if e is not None][:num_episodes]
+    if chosen is None:
+        chosen = traced_episodes(batch, num_episodes)
     indices = [i for e in chosen for i in by_episode[e]]
     rows = list(score_items(indices))
     if len(rows) != len(indices):
@@ -355,7 +372,7 @@ def save_training_traces(
         for e in chosen
     }
     save_traces(directory, episodes, tokenizer, logprobs, advantages, version, turn_advantages)
-    return chosen
+    return list(chosen)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -212,9 +212,24 @@ def shared_prefix_length(items: Sequence[TrainingItem], same_image=None) -> int:
     return max(split, 0)
 
 
-def _image_arrays(images: Sequence[tuple[TrainingItem, ImageSpan]], pixel_patches, rows: int):
+def same_patches(pixel_patches: Mapping[ImageKey, np.ndarray] | None):
+    """The `same_image` test of `shared_prefix_length` by the images' patches (None without
+    patches: by grid)."""
+    if not pixel_patches:
+        return None
+
+    def same_image(a, span_a, c, span_c):
+        pa = pixel_patches[(a.episode_id, span_a.turn, span_a.index)]
+        pc = pixel_patches[(c.episode_id, span_c.turn, span_c.index)]
+        return pa is pc or np.array_equal(pa, pc)
+
+    return same_image
+
+
+def _image_arrays(images: Sequence[tuple[TrainingItem, ImageSpan]], pixel_patches, rows: int, pad: bool = True):
     """(pixel_values [N, D], patch_offsets [rows + 1], ImageGrid) of `images` ((item, span) in
-    row-major placeholder order, with each item's row), the count bucketed with blank copies."""
+    row-major placeholder order, with each item's row), the count bucketed with blank copies
+    (pad; without: the images alone, for a process's part of a global micro-batch)."""
     patches, grids, offsets = [], [], np.zeros((rows + 1,), np.int32)
     for row, item, span in images:
         key = (item.episode_id, span.turn, span.index)
@@ -229,7 +244,8 @@ def _image_arrays(images: Sequence[tuple[TrainingItem, ImageSpan]], pixel_patche
         patches.append(p)
         grids.append(tuple(int(x) for x in span.grid_thw))
         offsets[row + 1 :] += p.shape[0]
-    pad_image_count(patches, grids)
+    if pad:
+        pad_image_count(patches, grids)
     return np.concatenate(patches, axis=0), offsets, ImageGrid(tuple(grids))
 
 
@@ -243,6 +259,7 @@ def collate(
     length: int | None = None,
     prefix_shape: tuple[int, int] | None = None,
     prefix_offset: int = 0,
+    pad_images: bool = True,
 ) -> TrainBatch:
     """Pads `items` (at most config.rows) into one micro-batch of numpy arrays.
 
@@ -259,6 +276,8 @@ def collate(
         instead of their buckets (a prefix block even without items); prefix_offset is added to
         every row's prefix index. Both for a process's part of a global micro-batch
         (`cua_jax.train.coordinated`), whose prefix rows follow other processes'.
+      pad_images: bucket the image count with blank images (False: the rows' images alone, which
+        `cua_jax.train.coordinated.join_process_images` joins with other processes' and pads).
 
     With config.share_prefix, the items of each group (group_id) split at
     `shared_prefix_length`: the shared tokens form one prefix row of `TrainBatch.prefix` and each
@@ -288,14 +307,9 @@ def collate(
     prefix_rows: list[tuple[TrainingItem, int]] = []  # (the group's first item, its split)
     row_prefix = np.zeros(b, np.int32)
     if config.share_prefix:
-
-        def same_image(a, span_a, c, span_c):
-            pa = pixel_patches[(a.episode_id, span_a.turn, span_a.index)]
-            pc = pixel_patches[(c.episode_id, span_c.turn, span_c.index)]
-            return pa is pc or np.array_equal(pa, pc)
-
+        same_image = same_patches(pixel_patches)
         for members in group_order(items):
-            split = shared_prefix_length([items[i] for i in members], same_image if pixel_patches else None)
+            split = shared_prefix_length([items[i] for i in members], same_image)
             for i in members:
                 starts[i] = split
                 row_prefix[i] = len(prefix_rows)
@@ -330,7 +344,7 @@ def collate(
     advantages = np.asarray(token_advantages(padded_adv, loss_mask), np.float32)
     pixel_values = patch_offsets = image_grid = None
     if images:
-        pixel_values, patch_offsets, image_grid = _image_arrays(images, pixel_patches, b)
+        pixel_values, patch_offsets, image_grid = _image_arrays(images, pixel_patches, b, pad_images)
 
     prefix = None
     if prefix_rows or (config.share_prefix and prefix_shape is not None):
@@ -355,7 +369,9 @@ def collate(
             p_segments[r, lp - split :] = 1
             p_positions[..., r, lp - split :] = item_positions(item, multimodal)[..., :split]
             p_images += [(r, item, span) for span in sorted(item.images, key=lambda s: s.start) if span.end <= split]
-        p_pixels, _, p_grid = _image_arrays(p_images, pixel_patches, g) if p_images else (None, None, None)
+        p_pixels, _, p_grid = (None, None, None)
+        if p_images:
+            p_pixels, _, p_grid = _image_arrays(p_images, pixel_patches, g, pad_images)
         prefix = SharedPrefix(p_ids, p_segments, p_positions, row_prefix, p_pixels, p_grid)
     return TrainBatch(
         ids=ids,

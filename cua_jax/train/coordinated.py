@@ -26,19 +26,21 @@ from __future__ import annotations
 import collections
 import dataclasses
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from cua_jax.models.vision import bucket_count
+from cua_jax.models.vision import ImageGrid, bucket_count, pad_image_count
 from cua_jax.train.batching import (
     BatchingConfig,
+    ImageKey,
     MultimodalPositions,
     TrainBatch,
     bucket_length,
     collate,
     group_order,
+    same_patches,
     shared_prefix_length,
 )
 from cua_jax.train.groups import CollectedGroup
@@ -162,15 +164,18 @@ def _chunks(count: int, rows: int, microbatches: int | None = None) -> list[list
     return [list(range(m * rows, min((m + 1) * rows, count))) for m in range(n)]
 
 
-def _chunk_stats(items: Sequence[TrainingItem], config: BatchingConfig) -> tuple[int, int, int, int]:
+def _chunk_stats(
+    items: Sequence[TrainingItem], config: BatchingConfig, pixel_patches: Mapping[ImageKey, np.ndarray] | None = None
+) -> tuple[int, int, int, int]:
     """(longest row, prefix rows, longest prefix, forward tokens) of one micro-batch's items, as
-    `collate` lays them out."""
+    `collate` lays them out (with `pixel_patches`, a prefix shares only images of equal patches)."""
     if not config.share_prefix:
         return max((len(i) for i in items), default=1), 0, 0, int(sum(len(i) for i in items))
     longest, splits, tokens = 1, [], 0
+    same_image = same_patches(pixel_patches)
     for members in group_order(items):
         group = [items[i] for i in members]
-        split = shared_prefix_length(group)
+        split = shared_prefix_length(group, same_image)
         splits.append(split)
         longest = max([longest] + [len(i) - split for i in group])
         tokens += split + sum(len(i) - split for i in group)
@@ -183,14 +188,16 @@ def agree_batch_shape(
     local_rows: int,
     processes: ProcessGroup,
     shards: int = 1,
+    pixel_patches: Mapping[ImageKey, np.ndarray] | None = None,
 ) -> BatchShape:
     """The step's global micro-batches from this process's `items` (an exchange): as many as
     the process with the most items needs at `local_rows` rows each (the others pad with empty
     micro-batches), each padded to the bucket of its longest row on any process; with shared
     prefix rows, every process's prefix block holds as many rows as the process with the most
     groups there needs (bucketed, then a multiple of `shards`, the row shards a process's
-    devices cut its block into) at the bucket of the longest prefix."""
-    mine = [_chunk_stats([items[i] for i in chunk], config) for chunk in _chunks(len(items), local_rows)]
+    devices cut its block into) at the bucket of the longest prefix. pixel_patches: the items'
+    screenshots' patches (`process_images`), as `collate` is given them."""
+    mine = [_chunk_stats([items[i] for i in chunk], config, pixel_patches) for chunk in _chunks(len(items), local_rows)]
     counts, every = zip(*processes.exchange((len(items), mine)))
     multiple = config.length_multiple
     if config.share_prefix and config.suffix_length_multiple is not None:
@@ -250,14 +257,22 @@ def process_microbatches(
     shape: BatchShape,
     multimodal: MultimodalPositions | None = None,
     block: int = 0,
+    pixel_patches: Mapping[ImageKey, np.ndarray] | None = None,
+    processes: ProcessGroup | None = None,
 ) -> list[TrainBatch]:
     """This process's rows of each global micro-batch: its items in order (whole groups, as
     `prepare_batch` lists them), `local_rows` per micro-batch at the agreed shapes, padded with
     empty micro-batches up to the agreed count (numpy; `Learner.global_batch` places them).
     block: this process's block among the processes' (`Learner.process_rows`), which places its
-    prefix rows after those of the blocks before it."""
-    if any(item.images for item in items):
-        raise ValueError("process_microbatches: items with images are not split across processes")
+    prefix rows after those of the blocks before it.
+
+    Screenshots (items with images; pixel_patches from `process_images`, and `processes`, whose
+    every member calls this with the same shape): a micro-batch's images are replicated over the
+    mesh, so each micro-batch carries every process's images (`join_process_images`, one
+    exchange for all the micro-batches), in the row-major placeholder order of the global rows."""
+    with_images = any(item.images for item in items)
+    if with_images and (pixel_patches is None or processes is None):
+        raise ValueError("process_microbatches: items with images need their pixel_patches and the processes")
     local = dataclasses.replace(config, rows=local_rows)
     adv = np.asarray(item_advantages, np.float32)
     out = []
@@ -268,12 +283,69 @@ def process_microbatches(
                 [items[i] for i in chunk],
                 adv[chunk],
                 local,
+                pixel_patches=pixel_patches,
                 multimodal=multimodal,
                 length=micro.length,
                 prefix_shape=micro.prefix,
                 prefix_offset=offset,
+                pad_images=processes is None,
             )
         )
+    if processes is not None:
+        out = join_process_images(out, block, processes)
+    return out
+
+
+def _process_images_of(batch: TrainBatch) -> tuple:
+    """What the other processes need of a micro-batch part's images: (patches of its rows'
+    images [N, D] or None, each row's patch count, their grids; its prefix block's patches or
+    None, their grids)."""
+    counts = np.zeros(batch.rows, np.int64) if batch.patch_offsets is None else np.diff(batch.patch_offsets)
+    grids = () if batch.image_grid is None else tuple(batch.image_grid.thw)
+    prefix = batch.prefix
+    p_pixels = None if prefix is None else prefix.pixel_values
+    p_grids = () if prefix is None or prefix.image_grid is None else tuple(prefix.image_grid.thw)
+    return batch.pixel_values, counts, grids, p_pixels, p_grids
+
+
+def _joined(pixels: Sequence[np.ndarray | None], grids: Sequence[tuple]) -> tuple[np.ndarray | None, ImageGrid | None]:
+    """The parts' images (each part's patches [N, D] of the images of its `grids`), one part
+    after the other, the count bucketed with blank copies as `collate` pads one process's; or
+    (None, None) where no part has any."""
+    images, joined_grids = [], []
+    for patches, part_grids in zip(pixels, grids):
+        if patches is None:
+            continue
+        sizes = [t * h * w for t, h, w in part_grids]
+        images += np.split(patches, np.cumsum(sizes)[:-1])
+        joined_grids += list(part_grids)
+    if not images:
+        return None, None
+    pad_image_count(images, joined_grids)
+    return np.concatenate(images, axis=0), ImageGrid(tuple(joined_grids))
+
+
+def join_process_images(parts: Sequence[TrainBatch], block: int, processes: ProcessGroup) -> list[TrainBatch]:
+    """This process's micro-batch parts (`collate` with pad_images=False), each with the images
+    of every process's part of its global micro-batch: rows' images in block order, then blank
+    images up to the bucketed count; patch_offsets over the global rows; the prefix blocks'
+    images likewise. One exchange (a collective every process calls with as many parts); the
+    images are then the same arrays on every process, which `Learner.global_batch` places
+    replicated. Exact: the global micro-batch holds the images one process collating all the
+    rows would, in the same order."""
+    every = sorted(processes.exchange((block, [_process_images_of(part) for part in parts])), key=lambda e: e[0])
+    out = []
+    for m, part in enumerate(parts):
+        mine = [e[1][m] for e in every]
+        pixels, grid = _joined([x[0] for x in mine], [x[2] for x in mine])
+        offsets = None
+        if pixels is not None:
+            offsets = np.concatenate([[0], np.cumsum(np.concatenate([x[1] for x in mine]))]).astype(np.int32)
+        part = part.replace(pixel_values=pixels, patch_offsets=offsets, image_grid=grid)
+        if part.prefix is not None:
+            p_pixels, p_grid = _joined([x[3] for x in mine], [x[4] for x in mine])
+            part = part.replace(prefix=part.prefix.replace(pixel_values=p_pixels, image_grid=p_grid))
+        out.append(part)
     return out
 
 
@@ -287,3 +359,31 @@ def host_state(state: Any) -> Any:
     from jax.experimental import multihost_utils
 
     return jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)), state)
+
+
+def state_fingerprint(state: Any) -> str:
+    """A digest of `state`'s arrays (process-local: each leaf's local value), in tree order."""
+    import hashlib
+
+    import jax
+
+    digest = hashlib.sha1()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+        array = np.ascontiguousarray(np.asarray(leaf))
+        digest.update(f"{jax.tree_util.keystr(path)}:{array.dtype}:{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def check_same_state(state: Any, processes: ProcessGroup, what: str) -> None:
+    """Raises unless every process holds the same `state` (an exchange of `state_fingerprint`):
+    a coordinated run's processes each hand the learner their own copy of the policy, and a
+    global array made from them is only right where the copies are equal (a host that loaded
+    another checkpoint, or skipped the warm start, would train on a mixed policy)."""
+    prints = processes.exchange(state_fingerprint(state))
+    differ = [p for p, fingerprint in enumerate(prints) if fingerprint != prints[0]]
+    if differ:
+        raise RuntimeError(
+            f"{what} differs between processes: process(es) {differ} hold another one than process 0 "
+            "(every process must load the same model.init_from, and a warm start's result is sent from process 0)"
+        )

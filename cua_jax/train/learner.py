@@ -334,7 +334,7 @@ class Learner:
         `hidden_states` and `output_projection`). It is moved onto `mesh` in place and its
         parameters are then owned by the learner: read the current policy from `.model`.
       config: LearnerConfig.
-      mesh: the device mesh (default: a one-device mesh).
+      mesh: the device mesh (default: a one-device mesh of this process's first device).
       rules: logical-axis rules (default: the model's, QWEN3_VL_RULES for Qwen3-VL, else
         DEFAULT_RULES).
     """
@@ -343,7 +343,7 @@ class Learner:
         self, model: nnx.Module, config: LearnerConfig, mesh: Mesh | None = None, rules: Mapping[str, Any] | None = None
     ):
         self.config = config
-        self.mesh = mesh if mesh is not None else make_mesh(MeshConfig(fsdp=1), devices=jax.devices()[:1])
+        self.mesh = mesh if mesh is not None else make_mesh(MeshConfig(fsdp=1), devices=jax.local_devices()[:1])
         if rules is None:
             if hasattr(model, "visual"):
                 rules = QWEN3_VL_RULES
@@ -470,13 +470,18 @@ class Learner:
         """The global micro-batch whose rows on this process are `local`'s (numpy, as `collate`
         makes them at `process_rows(...).rows` rows; with shared prefix rows, its prefix block
         too, the rows' prefix indices already global): every process passes its own rows and no
-        process holds the others' (`jax.make_array_from_process_local_data`). Text rows only:
-        images are not split across processes."""
+        process holds the others' (`jax.make_array_from_process_local_data`). Images are
+        replicated over the mesh, so `local`'s images (pixel_values, patch_offsets, and its
+        prefix's pixel_values) are already the whole micro-batch's, the same on every process
+        (`cua_jax.train.coordinated.join_process_images`)."""
         prefix = local.prefix
-        if local.pixel_values is not None or local.image_features is not None:
-            raise ValueError("Learner.global_batch: images are not split across processes")
-        if prefix is not None and (prefix.pixel_values is not None or prefix.image_features is not None):
-            raise ValueError("Learner.global_batch: images are not split across processes")
+        if local.image_features is not None or (prefix is not None and prefix.image_features is not None):
+            raise ValueError("Learner.global_batch: takes patches (pixel_values), not encoded image_features")
+        images = {"pixel_values": local.pixel_values, "patch_offsets": local.patch_offsets}
+        prefix_pixels = None if prefix is None else prefix.pixel_values
+        local = local.replace(pixel_values=None, patch_offsets=None)
+        if prefix is not None:
+            local = local.replace(prefix=prefix.replace(pixel_values=None))
         count = jax.process_count()
 
         def global_shape(x):
@@ -485,12 +490,20 @@ class Learner:
             return jax.ShapeDtypeStruct(tuple(shape), np.asarray(x).dtype)
 
         abstract = jax.tree.map(global_shape, local)
-        return jax.tree.map(
+        batch = jax.tree.map(
             lambda sharding, x, shape: jax.make_array_from_process_local_data(sharding, np.asarray(x), shape.shape),
             self.batch_shardings(abstract),
             local,
             abstract,
         )
+
+        def replicated(x):
+            return None if x is None else jax.make_array_from_process_local_data(self._replicated, np.asarray(x))
+
+        batch = batch.replace(**{name: replicated(x) for name, x in images.items()})
+        if prefix is not None:
+            batch = batch.replace(prefix=batch.prefix.replace(pixel_values=replicated(prefix_pixels)))
+        return batch
 
     def _with_image_features(self, batch: TrainBatch) -> TrainBatch:
         """With a frozen vision tower, `batch` with its images (and its prefix's) encoded once
@@ -651,9 +664,16 @@ class Learner:
 
     def score(self, batch: TrainBatch, params: nnx.State | None = None) -> np.ndarray:
         """float32 [B, L] logprobs of a micro-batch's tokens (aligned with its ids, as the loss
-        sees them) under `params` (a copy of `train_state()["params"]`; default the current ones)."""
+        sees them) under `params` (a copy of `train_state()["params"]`; default the current ones).
+        A global micro-batch of several processes (`global_batch`): a collective, and every
+        process gets the whole [B, L]."""
         batch = self._with_image_features(jax.device_put(batch, self.batch_shardings(batch)))
-        return np.asarray(self._score(self.params if params is None else params, batch, "old_logprobs"))
+        scores = self._score(self.params if params is None else params, batch, "old_logprobs")
+        if not scores.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            scores = multihost_utils.process_allgather(scores, tiled=True)
+        return np.asarray(scores)
 
     def prepare(self, microbatches: Sequence[TrainBatch]) -> list[TrainBatch]:
         """Places micro-batches on the mesh and fills what the loss compares against, once.

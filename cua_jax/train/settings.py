@@ -553,7 +553,7 @@ class TrainSettings:
             )
 
         if train.coordinated:
-            _check_coordinated(c, train, rollout, env)
+            _check_coordinated(c, rollout)
 
         # What the kinds' hooks (derived_fields, check_settings) see of the run.
         run_view = RunView(
@@ -828,16 +828,10 @@ class TrainSettings:
         )
 
 
-def _check_coordinated(c, train: TrainLoopConfig, rollout: RolloutSettings, env: EnvSettings) -> None:
-    """What coordinated collection (config.train.coordinated) does not support yet, and what it
-    needs, each a ConfigError naming the field to change."""
+def _check_coordinated(c, rollout: RolloutSettings) -> None:
+    """What coordinated collection (config.train.coordinated) needs, each a ConfigError naming
+    the field to change."""
     why = "train.coordinated splits a step's groups across processes"
-    _require(
-        env.observation == "text",
-        "env.observation",
-        f"{why}; screenshots are not split across processes yet (a batch's images are replicated over the "
-        "mesh): use 'text' with a text policy",
-    )
     _require(
         rollout.seed_per_turn,
         "rollout.seed_per_turn",
@@ -848,17 +842,6 @@ def _check_coordinated(c, train: TrainLoopConfig, rollout: RolloutSettings, env:
         "eval.seed_per_turn",
         "train.coordinated splits an evaluation's seeds across processes; a seed's episode must sample the same "
         "tokens whichever process runs it: set it True",
-    )
-    _require(
-        c.warm_start.steps == 0,
-        "warm_start.steps",
-        f"{why}; the warm start's fine-tuning is not split yet: set it 0 and start from a policy pretrained by "
-        "experiments.pretrain (model.init_from)",
-    )
-    _require(
-        train.trace_every == 0,
-        "train.trace_every",
-        f"{why}; training traces score one process's episodes: set it 0",
     )
 
 

@@ -55,12 +55,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from cua_jax.compilation import use_compilation_cache
 from cua_jax.context.render import ChatRenderer
 from cua_jax.context.segment import make_segmenter
-from cua_jax.eval.held_out import evaluate_held_out, per_task_gains, save_training_traces, success_gain
+from cua_jax.eval.held_out import (
+    evaluate_held_out,
+    per_task_gains,
+    save_training_traces,
+    success_gain,
+    traced_episodes,
+)
 from cua_jax.eval.intervals import slope_interval
 from cua_jax.models.sharding import make_mesh
 from cua_jax.observe import timeline
@@ -87,6 +94,7 @@ from cua_jax.train.collect import EnvironmentCounters, GroupCollector
 from cua_jax.train.coordinated import (
     ProcessGroup,
     agree_batch_shape,
+    check_same_state,
     group_summary,
     host_state,
     items_of_whole_batch,
@@ -171,12 +179,28 @@ def warm_start(setup: RunSetup) -> dict[str, float]:
         raise RuntimeError("the run's warm start already ran")
     settings, metrics = setup.settings, {}
     if settings.warm_start is not None and setup.checkpointer.latest_step() is None:
-        demonstrated = demonstrated_tasks(settings.training_tasks, settings.catalog)
-        metrics = run_warm_start(
-            setup.policy, demonstrated, settings, setup.segmenter, setup.renderer, settings.workdir
-        )
+        processes = ProcessGroup.current() if jax.process_count() > 1 else None
+        if processes is None or processes.index == 0:
+            demonstrated = demonstrated_tasks(settings.training_tasks, settings.catalog)
+            metrics = run_warm_start(
+                setup.policy, demonstrated, settings, setup.segmenter, setup.renderer, settings.workdir
+            )
+        if processes is not None:
+            # A coordinated run's warm start runs on process 0 (its first device), and every
+            # process then trains from its result (the others wait here).
+            metrics = _from_process_zero(setup.policy, metrics, processes)
     setup.warm_start_metrics = metrics
     return metrics
+
+
+def _from_process_zero(policy, metrics: dict[str, float], processes: ProcessGroup) -> dict[str, float]:
+    """Process 0's `policy` parameters (in place) and `metrics` on every process (collectives)."""
+    from flax import nnx
+    from jax.experimental import multihost_utils
+
+    state = jax.tree.map(np.asarray, nnx.state(policy))
+    nnx.update(policy, jax.tree.map(jnp.asarray, multihost_utils.broadcast_one_to_all(state)))
+    return processes.exchange(metrics)[0]
 
 
 def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> Trainer:
@@ -198,6 +222,8 @@ def build_trainer(setup: RunSetup, *, env_wrapper: EnvWrapper | None = None) -> 
     settings, policy = setup.settings, setup.policy
     if jax.process_count() > 1 and not settings.train.coordinated:  # the count JAX detected, too
         raise ConfigError(f"config.train.coordinated: {uncoordinated_processes_message(jax.process_count())}")
+    if jax.process_count() > 1:
+        check_same_state(nnx.state(policy), ProcessGroup.current(), "the policy to train")
     base_key = jax.random.key(settings.seed)
     m = settings.mesh
     mesh = make_mesh(m, devices=jax.devices()[: max(1, m.data) * max(1, m.fsdp) * max(1, m.tensor)])
@@ -388,14 +414,28 @@ class Trainer:
         minibatches, shapes = [], []
         with timeline.span("learner_host"):
             rows = self.learner.process_rows(settings.batching.rows)
+            pixel_patches = process_images(batch.items, batch.episodes, self.image_processor)
+            # Every process joins each mini-batch's image exchange when any process has images.
+            images = self.multimodal is not None
             for items, advantages in minibatch_shares(batch.items, item_advantages, whole.minibatch_groups):
-                shape = agree_batch_shape(items, settings.batching, rows.rows, processes, rows.shards)
+                shape = agree_batch_shape(items, settings.batching, rows.rows, processes, rows.shards, pixel_patches)
                 mine = process_microbatches(
-                    items, advantages, settings.batching, rows.rows, shape, self.multimodal, rows.block
+                    items,
+                    advantages,
+                    settings.batching,
+                    rows.rows,
+                    shape,
+                    self.multimodal,
+                    rows.block,
+                    pixel_patches=pixel_patches,
+                    processes=processes if images else None,
                 )
                 minibatches.append([self.learner.global_batch(mb) for mb in mine])
                 shapes.append(shape)
         self.last_minibatch_item_counts = [shape.items for shape in shapes]
+        trace_every = settings.train.trace_every
+        if trace_every and self.step % trace_every == 0:
+            self._trace_share(batch, item_advantages, whole, pixel_patches)
         return self._update_and_sync(minibatches, float(sum(shape.tokens for shape in shapes)), metrics, t0)
 
     def _update_and_sync(self, minibatches: Any, forward_tokens: float, metrics: dict, t0: float) -> dict[str, float]:
@@ -433,6 +473,69 @@ class Trainer:
             self.version,
             self.settings.eval.num_traces,
             self.tokenizer,
+        )
+
+    def _trace_share(
+        self, batch: PreparedBatch, item_advantages: np.ndarray, whole: PreparedBatch, pixel_patches: dict
+    ) -> None:
+        """`_trace` in a coordinated run (a collective): the episodes one process would trace,
+        chosen from the whole batch's summary (`traced_episodes`), each scored by the learner on
+        the process that collected it (its rows of global micro-batches), and saved by process
+        0 with the episodes' screenshots and logprobs that the others send it."""
+        settings, processes = self.settings, self.processes
+        chosen = traced_episodes(whole, settings.eval.num_traces)
+        wanted = set(chosen)
+        indices = [i for i, item in enumerate(batch.items) if item.episode_id in wanted]
+        items = [batch.items[i] for i in indices]
+        config = dataclasses.replace(settings.batching, share_prefix=False)  # whole items: logprobs align with ids
+        rows = self.learner.process_rows(config.rows)
+        shape = agree_batch_shape(items, config, rows.rows, processes, rows.shards, pixel_patches)
+        parts = process_microbatches(
+            items,
+            np.zeros(len(items), np.float32),
+            config,
+            rows.rows,
+            shape,
+            self.multimodal,
+            rows.block,
+            pixel_patches=pixel_patches,
+            processes=processes if self.multimodal is not None else None,
+        )
+        scored = []
+        for m, part in enumerate(parts):
+            logprobs = self.learner.score(self.learner.global_batch(part))[rows.block * rows.rows :]
+            for r, item in enumerate(items[m * rows.rows : (m + 1) * rows.rows]):
+                scored.append(logprobs[r, : len(item.ids)])
+        mine = (
+            {e: batch.episodes[e] for e in wanted if e in batch.episodes},
+            items,
+            np.asarray(item_advantages, np.float32)[indices],
+            scored,
+        )
+        every = processes.exchange(mine if processes.index != 0 else None)
+        if processes.index != 0:
+            return
+        every[0] = mine
+        episodes = {e: episode for part in every for e, episode in part[0].items()}
+        position = {e: k for k, e in enumerate(chosen)}
+        order = sorted(
+            ((item, advantage, logprobs) for part in every for item, advantage, logprobs in zip(*part[1:])),
+            key=lambda entry: position[entry[0].episode_id],
+        )  # stable: an episode's items keep their order
+        traced = dataclasses.replace(
+            whole,
+            items=[item for item, _, _ in order],
+            item_advantages=np.asarray([advantage for _, advantage, _ in order], np.float32),
+            episodes=episodes,
+        )
+        save_training_traces(
+            os.path.join(self.workdir, "traces", f"train_{self.step:06d}"),
+            traced,
+            lambda indices: [order[i][2] for i in indices],
+            self.version,
+            settings.eval.num_traces,
+            self.tokenizer,
+            chosen=chosen,
         )
 
     def sync_weights(self) -> None:

@@ -29,6 +29,15 @@ TEXT_POLICY_FLAGS = [
     "--config.rollout.prompt_style=compact",
     "--config.train.coordinated=true",
 ]
+# The same on screenshots: the tiny vision-language Qwen3-VL (tiny.py's policy) on the page's
+# pixels, whose images every process's rows of a global micro-batch carry.
+SCREENSHOT_POLICY_FLAGS = [
+    "--config=experiments/configs/tiny.py",
+    "--config.model.name=tiny_qwen3_vl",
+    "--config.env.observation=screenshot",
+    "--config.rollout.seed_per_turn=true",
+    "--config.train.coordinated=true",
+]
 
 
 def free_port() -> int:

@@ -1,7 +1,8 @@
 """Async coordinated mode for real, killed and resumed (config.train.coordinated with
 train.mode "async"): two processes with one CPU device each, started by launch/multihost.sh
 (experiments.main through launch.multihost), each with its own rollout thread and buffer
-collecting its share of every draw on real MiniWoB++ capsules with the tiny text Qwen3, train
+collecting its share of every draw on real MiniWoB++ capsules with the tiny Qwen3-VL on
+screenshots (each process's rows of a global micro-batch carry every process's images), train
 with a checkpoint after every step. Both processes (and everything they started) are killed
 with SIGKILL once the checkpoint of step 1 is committed, and launched again with --resume.
 
@@ -22,7 +23,7 @@ import time
 
 import pytest
 
-from tests.launch.conftest import REPO, TEXT_POLICY_FLAGS, free_port, process_env
+from tests.launch.conftest import REPO, SCREENSHOT_POLICY_FLAGS, free_port, process_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -31,7 +32,7 @@ WINDOW = 8  # wider than any lag here: no group is dropped, so every group drawn
 # One CPU device per process, the learner's rows split over the two (data 2): the sharded learner
 # is the on-policy test's; what is new here is host-side, and a smaller mesh compiles faster.
 FLAGS = [
-    *TEXT_POLICY_FLAGS,
+    *SCREENSHOT_POLICY_FLAGS,
     "--config.mesh.data=2",
     "--config.mesh.fsdp=1",
     "--config.mesh.tensor=1",
@@ -40,6 +41,13 @@ FLAGS = [
     "--config.learner.old_logprobs=rollout",
     f"--config.train.num_steps={STEPS}",
     "--config.train.checkpoint_every=1",
+    # A warm start first: on process 0 alone, whose result every process then trains from
+    # (the trainer refuses processes whose policies differ).
+    "--config.warm_start.steps=2",
+    "--config.warm_start.demos_per_task=1",
+    "--config.warm_start.warmup_steps=1",
+    "--config.env.include_dom_text=true",  # what the oracle reads
+    "--config.rollout.max_new_tokens=64",  # room for the oracle's replies
 ]
 
 
@@ -108,6 +116,12 @@ def test_async_coordinated_run_killed_and_resumed_trains_every_episode_once(tmp_
     finally:
         _kill(second)
     print(f"async coordinated run: killed after {killed_s:.0f} s, {time.perf_counter() - start:.0f} s in all")
+
+    # The warm start ran once, on process 0, before the first launch's first step.
+    warm = json.loads((workdir / "warm_start.json").read_text())
+    assert len(warm["losses"]) == 2 and warm["demonstrations"] >= 1
+    logged = [r for r in _records(workdir / "metrics.jsonl") if "warm_start/items" in r]
+    assert len(logged) == 1 and logged[0]["step"] == 0 and logged[0]["warm_start/items"] > 0
 
     after = _records(workdir / "episodes.jsonl")
     # The steps before the checkpoint stay as the first launch logged them; the rest ran again.

@@ -52,6 +52,9 @@ FLAGS = [
     "--config.eval.enabled=true",
     "--config.eval.num_seeds=3",
     "--config.eval.max_turns=2",
+    # Training traces of every step: 3 of its 4 episodes, from both processes' groups.
+    "--config.train.trace_every=1",
+    "--config.eval.num_traces=3",
 ]
 # The relaunched processes serve their groups from JAX samplers in Ray actors, each process on a
 # local Ray of its own (the first launch and the reference: in-process samplers).
@@ -328,3 +331,34 @@ def _records(folder):
 
 def _episode(record):
     return record["status"], record["turns"], record["valid_actions"]
+
+
+def test_coordinated_training_traces_equal_one_process_traces(runs):
+    """train.trace_every in a coordinated run: the episodes one process would trace, chosen from
+    the whole batch, each scored by the learner on the process that collected it and saved by
+    process 0 with its screenshots: the same traces as the one-process run's, learner logprobs
+    to float rounding."""
+    single, double, _, _, _ = runs
+    want_root, got_root = single / "run" / "traces", double / "run" / "traces"
+    steps = sorted(p.name for p in want_root.glob("train_*"))
+    assert steps == [f"train_{step:06d}" for step in range(STEPS)]
+    assert sorted(p.name for p in got_root.glob("train_*")) == steps
+    owners = set()
+    for step in steps:
+        folders = sorted(p.name for p in (want_root / step).iterdir())
+        assert folders == ["00", "01", "02"]
+        assert sorted(p.name for p in (got_root / step).iterdir()) == folders
+        for folder in folders:
+            want = json.loads((want_root / step / folder / "trace.json").read_text())
+            got = json.loads((got_root / step / folder / "trace.json").read_text())
+            owners.add(got["group_id"] % 2)
+            want_turns, got_turns = want.pop("turns"), got.pop("turns")
+            assert got == want, (step, folder)
+            assert len(got_turns) == len(want_turns)
+            for g, w in zip(got_turns, want_turns):
+                got_logprobs, want_logprobs = g.pop("learner_logprobs"), w.pop("learner_logprobs")
+                g.pop("rollout_logprobs"), w.pop("rollout_logprobs")
+                assert g == w, (step, folder)
+                assert want_logprobs and len(got_logprobs) == len(want_logprobs)
+                np.testing.assert_allclose(got_logprobs, want_logprobs, atol=1e-5)
+    assert owners == {0, 1}  # traced episodes of both processes' groups

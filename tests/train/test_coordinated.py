@@ -19,6 +19,7 @@ from cua_jax.train.coordinated import (
     MicrobatchShape,
     ProcessGroup,
     agree_batch_shape,
+    check_same_state,
     group_summary,
     items_of_whole_batch,
     minibatch_shares,
@@ -27,7 +28,7 @@ from cua_jax.train.coordinated import (
     step_share,
 )
 from cua_jax.train.settings import ConfigError, TrainSettings
-from cua_jax.types import Episode, EpisodeStatus, TrainingItem, Turn
+from cua_jax.types import Episode, EpisodeStatus, ImageSpan, TrainingItem, Turn
 from tests.support.models import SMALL_QWEN3
 from tests.support.trainer import tiny_config
 
@@ -401,11 +402,135 @@ def test_the_global_batch_of_two_processes_has_the_loss_of_one_process(share_pre
         assert abs(np.mean(per_process) - expected["loss"]) > 1e-4
 
 
+def _screenshot_items(vl_config, num_groups: int = 4):
+    """Groups of 2 items on a tiny Qwen3-VL: each item opens with its group's screenshot (the
+    same patches in both: shared prefix rows hold it once) and a shared instruction, then shows
+    a screenshot of its own before its response. (items, advantages, pixel_patches)."""
+    rng = np.random.default_rng(3)
+    grid = (1, 4, 4)  # 16 patches, 4 image tokens after the 2x2 merge
+    image = [vl_config.vision_start_token_id] + [vl_config.image_token_id] * 4 + [vl_config.vision_end_token_id]
+    patches = lambda: rng.normal(size=(16, vl_config.vision.patch_dim)).astype(np.float32)
+    items, advantages, pixel_patches = [], [], {}
+    for g in range(num_groups):
+        shared = patches()
+        prompt = [5, 6, *image, *rng.integers(10, 200, int(rng.integers(3, 9)))]
+        for k in range(2):
+            episode_id = f"ep{g}-{k}"
+            second = len(prompt) + 1
+            ids = [*prompt, 7, *image, *rng.integers(10, 200, int(rng.integers(6, 14)))]
+            mask = np.zeros(len(ids), np.int32)
+            mask[second + 6 :] = 1
+            logp = np.where(mask > 0, rng.uniform(-5.5, -4.0, len(ids)), 0.0).astype(np.float32)
+            spans = [ImageSpan(3, 7, 0, 0, grid), ImageSpan(second + 1, second + 5, 1, 0, grid)]
+            items.append(TrainingItem(np.asarray(ids, np.int32), mask, logp, spans, episode_id, g, (0, 1)))
+            pixel_patches[(episode_id, 0, 0)] = shared
+            pixel_patches[(episode_id, 1, 0)] = patches()
+            advantages.append(float(rng.normal()))
+    return items, np.asarray(advantages, np.float32), pixel_patches
+
+
+@pytest.mark.parametrize("share_prefix", [False, True], ids=["rows", "shared_prefix"])
+def test_the_global_batch_of_two_processes_with_screenshots_has_the_loss_of_one_process(share_prefix):
+    """As above with a vision-language policy on items with screenshots: each process's rows
+    carry every process's images (one exchange per mini-batch; replicated over the mesh), in the
+    global rows' placeholder order, so the vision tower encodes what one process collating all
+    items encodes, and the loss, gradient norm and update equal one process's."""
+    import jax
+    from flax import nnx
+
+    from cua_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, tiny_qwen3_vl_config
+    from cua_jax.models.sharding import MeshConfig, make_mesh
+    from cua_jax.rl.losses import PolicyLossConfig
+    from cua_jax.train.batching import MultimodalPositions
+    from cua_jax.train.learner import Learner, LearnerConfig, OptimizerConfig
+
+    vl_config = tiny_qwen3_vl_config()
+    vl_config = dataclasses.replace(  # one decoder layer, one vision block
+        vl_config,
+        text=dataclasses.replace(vl_config.text, num_hidden_layers=1),
+        vision=dataclasses.replace(vl_config.vision, depth=1, deepstack_visual_indexes=(0,)),
+    )
+    multimodal = MultimodalPositions.of(vl_config)
+    items, advantages, pixel_patches = _screenshot_items(vl_config)
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=1), devices=jax.devices()[:4])
+    config = LearnerConfig(
+        optimizer=OptimizerConfig(learning_rate=1e-2, eps=1e-3, max_grad_norm=1.0),
+        loss=PolicyLossConfig(aggregation="token_mean", kl_coef=1e-2, entropy_coef=1e-2),
+    )
+
+    def learner():
+        return Learner(Qwen3VLForConditionalGeneration(vl_config, rngs=nnx.Rngs(0)), config, mesh=mesh)
+
+    batching = BatchingConfig(rows=8, length_multiple=32, share_prefix=share_prefix, suffix_length_multiple=16)
+    reference = learner()
+    [micro] = make_minibatches(items, advantages, batching, 1, pixel_patches=pixel_patches, multimodal=multimodal)
+    assert len(micro) == 1
+    expected = reference.update(micro)
+
+    shares = [(items[:6], advantages[:6]), (items[6:], advantages[6:])]  # groups 0-2 | group 3
+    rows = 4  # as if each of two processes held half the rows, in 2 shards
+
+    def process(p):
+        mine, adv = shares[p.index]
+        shape = agree_batch_shape(mine, batching, rows, p, 2, pixel_patches)
+        return process_microbatches(
+            mine, adv, batching, rows, shape, multimodal, p.index, pixel_patches=pixel_patches, processes=p
+        )
+
+    parts = on_threads(thread_processes(2), process)
+    assert [len(part) for part in parts] == [2, 2]  # the second process's second micro-batch is empty
+    images = ("pixel_values", "patch_offsets")
+    stacked = []
+    for first, second in zip(*parts):
+        for name in images:  # every process holds the whole micro-batch's images
+            np.testing.assert_array_equal(getattr(first, name), getattr(second, name))
+        assert first.image_grid == second.image_grid
+        rows_of = lambda b: b.replace(pixel_values=None, patch_offsets=None)
+        joined = jax.tree.map(
+            lambda a, b: np.concatenate([a, b], axis=a.ndim - 2 if a.ndim == 3 else 0),
+            rows_of(first),
+            rows_of(second),
+        )
+        stacked.append(joined.replace(pixel_values=first.pixel_values, patch_offsets=first.patch_offsets))
+        if share_prefix:
+            np.testing.assert_array_equal(first.prefix.pixel_values, second.prefix.pixel_values)
+            stacked[-1] = stacked[-1].replace(prefix=stacked[-1].prefix.replace(pixel_values=first.prefix.pixel_values))
+    # Each group's screenshot: once in a prefix row with shared prefixes, else in both its rows.
+    real = sum(len(item.images) for item in items) - (4 if share_prefix else 0)
+    held = sum(len(b.image_grid.thw) for b in stacked if b.image_grid is not None)
+    if share_prefix:
+        held += sum(len(b.prefix.image_grid.thw) for b in stacked if b.prefix.image_grid is not None)
+    assert held >= real
+    coordinated = learner()
+    got = coordinated.update([coordinated.global_batch(mb) for mb in stacked])
+    for key in ("loss", "grad_norm", "entropy", "num_tokens", "loss_denominator", "ref_kl"):
+        np.testing.assert_allclose(got[key], expected[key], rtol=2e-6, atol=1e-9, err_msg=key)
+    for a, b in zip(jax.tree.leaves(nnx.state(coordinated.model)), jax.tree.leaves(nnx.state(reference.model))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_processes_with_different_policies_are_refused_naming_them():
+    """A coordinated run's processes must hand the learner the same policy: one parameter off
+    by one float32 step on one process fails every process, naming it."""
+    state = {"layer": {"kernel": np.linspace(0, 1, 12, dtype=np.float32).reshape(3, 4), "bias": np.zeros(4)}}
+    processes = thread_processes(3)
+    on_threads(processes, lambda p: check_same_state(state, p, "the policy"))  # alike: nothing raised
+    other = {"layer": {"kernel": state["layer"]["kernel"].copy(), "bias": np.zeros(4)}}
+    other["layer"]["kernel"][2, 3] = np.nextafter(np.float32(1), np.float32(2))
+
+    def check(p):
+        try:
+            check_same_state(other if p.index == 2 else state, p, "the policy")
+        except RuntimeError as error:
+            return str(error)
+
+    errors = on_threads(processes, check)
+    assert all(e is not None and e.startswith("the policy differs between processes: process(es) [2]") for e in errors)
+
+
 CHECKED = [
     ({"rollout__seed_per_turn": False}, "config.rollout.seed_per_turn"),
     ({"eval__enabled": True, "eval__seed_per_turn": False}, "config.eval.seed_per_turn"),
-    ({"warm_start__steps": 2}, "config.warm_start.steps"),
-    ({"train__trace_every": 2}, "config.train.trace_every"),
 ]
 
 
@@ -438,10 +563,9 @@ def test_coordinated_mode_refuses_what_it_does_not_split(overrides, field):
         TrainSettings.from_config(_coordinated_config(**overrides))
 
 
-def test_coordinated_mode_refuses_screenshots():
+def test_coordinated_mode_takes_screenshots():
     config = _coordinated_config(model__name="tiny_qwen3_vl", env__observation="screenshot")
-    with pytest.raises(ConfigError, match="^config.env.observation: train.coordinated"):
-        TrainSettings.from_config(config)
+    assert TrainSettings.from_config(config).train.coordinated
 
 
 # -- async mode (each process's rollout threads and buffer; a global policy version) ------------
