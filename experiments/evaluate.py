@@ -6,8 +6,11 @@
 
 --policy: "random", "oracle", a Hugging Face policy directory, or a training run's workdir
 (with --step, default its latest checkpoint; its own config then replaces --config).
---suite: miniwob, browsergym, webgum (the 56 tasks of WebGUM and HTML-T5), desktop, os, or a
-folder of OSWorld-format tasks.
+--suite: miniwob, browsergym, webgum (the 56 tasks of WebGUM and HTML-T5), desktop, os, apps,
+osworld (OSWorld's own task files: --osworld names its evaluation_examples/examples; the tasks
+that run here on the osworld_apps image, the rest listed under "Not run" with the reason, as
+`python -m experiments.tasks check` gives it; --mirror the download mirror its cloud files are
+read from), or a folder of OSWorld-format tasks.
 --pilot: CANOPY's pilot pass instead (`cua_jax.eval.pilot`): config.sampler.pilot.group_size
 samples of each of the config's training tasks on --seeds training seeds; prints each tier's
 signal coverage at rollout.group_size and the group-size floor for sampler.pilot.target, and
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -37,7 +41,11 @@ _POLICY = flags.DEFINE_string(
     "policy", None, "random | oracle | a Hugging Face directory | a run's workdir.", required=True
 )
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step of a run's workdir (default: the latest).")
-_SUITE = flags.DEFINE_string("suite", "miniwob", "miniwob | browsergym | webgum | desktop | os | a task folder.")
+_SUITE = flags.DEFINE_string(
+    "suite", "miniwob", "miniwob | browsergym | webgum | desktop | os | apps | osworld | a task folder."
+)
+_OSWORLD = flags.DEFINE_string("osworld", None, "OSWorld's evaluation_examples/examples (--suite=osworld).")
+_MIRROR = flags.DEFINE_string("mirror", None, "The download mirror (python -m experiments.tasks mirror) to read from.")
 _K = flags.DEFINE_integer("k", 1, "Samples (episodes) per task and seed.")
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds per task (the suite's first ones).")
 _TURNS = flags.DEFINE_list("turn_budgets", [], "Turn budgets to sweep (default: config.eval.max_turns).")
@@ -60,8 +68,9 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected positional arguments: {argv[1:]}")
     from cua_jax.eval.harness import sweep
-    from cua_jax.eval.suites import load_suite
+    from cua_jax.eval.suites import load_suite, osworld_suite
     from cua_jax.observe.logs import quiet_library_logging
+    from cua_jax.tasks.fetch import DOWNLOAD_MIRROR_ENV
     from cua_jax.train.build import local_ray
     from cua_jax.train.settings import rollout_settings
     from experiments.policies import load_eval_policy, worker_factory
@@ -69,8 +78,15 @@ def main(argv: list[str]) -> None:
     quiet_library_logging()
     if _PILOT.value:
         return pilot()
+    if _MIRROR.value:  # read by every download (cua_jax.tasks.fetch), in this process and its workers
+        os.environ[DOWNLOAD_MIRROR_ENV] = os.path.abspath(_MIRROR.value)
     try:
-        suite = load_suite(_SUITE.value)
+        if _SUITE.value == "osworld":
+            if not _OSWORLD.value:
+                raise app.UsageError("--suite=osworld reads OSWorld's task files: pass --osworld=<its examples folder>")
+            suite = osworld_suite(_OSWORLD.value, _MIRROR.value)
+        else:
+            suite = load_suite(_SUITE.value)
         if _TASKS.value:
             suite = suite.restricted(_TASKS.value)
         policy = load_eval_policy(_POLICY.value, _CONFIG.value, _STEP.value)

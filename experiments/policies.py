@@ -8,10 +8,14 @@
 random   `RandomActionEngine`: a uniformly random action of the action grammar each turn
          (clicks anywhere on the grid, a short typed word, a key, a scroll), seeded by the
          request's own sampling seed, so a rerun replays it
+noop     `NoOpEngine`: declares the task done on its first turn (the floor an untouched
+         environment scores: a task it passes is judged on a state it did not change)
 oracle   the scripted MiniWoB oracle through `OracleDemonstrator` (`TaskOracleEngine`: one
          per task, the harness names the task before each group); a web application task's
          recorded solution (its suite's validation.json), replayed turn by turn (needs
-         env.action_space "elements" or "both"); tasks without either are skipped with the reason
+         env.action_space "elements" or "both"); a desktop task's scripted solution (its
+         suite's solutions.py, `SOLUTIONS`: the os and apps suites); tasks without any are
+         skipped with the reason
 a directory holding a Hugging Face policy: loaded as model.init_from
 a training run's workdir (it holds checkpoints/): checkpoint `step` (default the latest), its
          own config, as `experiments.export` reads and restores it
@@ -56,7 +60,7 @@ from cua_jax.train.settings import TrainSettings
 from experiments.export import read_run_config
 from experiments.sweep_runs import apply_overrides
 
-SCRIPTED_POLICIES = ("random", "oracle")
+SCRIPTED_POLICIES = ("random", "noop", "oracle")
 ASSISTANT_TURN = "<|im_start|>assistant"  # ChatML's opening of an assistant turn (the shipped tokenizer's)
 RANDOM_KEYS = ("enter", "tab", "backspace", "esc", "up", "down", "left", "right", "space")
 RANDOM_LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -99,6 +103,23 @@ class RandomActionEngine(ScriptedEngine):
                 ids, finish = ids[: sampling.max_new_tokens], FinishReason.LENGTH
             out.append(Generation(ids, np.zeros(len(ids), np.float32), finish, 0))
         return out
+
+
+class NoOpEngine(ScriptedEngine):
+    """Answers every request with `done` plus the end-of-turn token (logprob 0): the episode
+    ends on its first turn, with the environment as its setup left it."""
+
+    name = "the no-op policy"
+
+    def __init__(self, tokenizer, end_of_turn_id: int):
+        text = A.render_action(A.Done())
+        self.ids = np.asarray([*tokenizer.encode(text, add_special_tokens=False), int(end_of_turn_id)], np.int32)
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
+        ids, finish = self.ids, FinishReason.STOP
+        if len(ids) > sampling.max_new_tokens:
+            ids, finish = ids[: sampling.max_new_tokens], FinishReason.LENGTH
+        return [Generation(ids, np.zeros(len(ids), np.float32), finish, 0) for _ in requests]
 
 
 class TaskOracleEngine(ScriptedEngine):
@@ -153,7 +174,7 @@ class TaskOracleEngine(ScriptedEngine):
 
 @dataclasses.dataclass(frozen=True)
 class ScriptedEngineFactory:
-    """Builds a scripted policy's engine ("random" or "oracle") with the tokenizer in
+    """Builds a scripted policy's engine ("random", "noop" or "oracle") with the tokenizer in
     `tokenizer_dir` (None: the shipped one)."""
 
     kind: str
@@ -166,6 +187,8 @@ class ScriptedEngineFactory:
         renderer = ChatRenderer(*load_processor(self.tokenizer_dir))
         if self.kind == "random":
             return RandomActionEngine(renderer.tokenizer, renderer.end_of_turn_id, self.seed)
+        if self.kind == "noop":
+            return NoOpEngine(renderer.tokenizer, renderer.end_of_turn_id)
         return TaskOracleEngine(renderer.tokenizer, renderer.end_of_turn_id, self.action_space, dict(self.replays))
 
 
@@ -195,6 +218,9 @@ class EvalPolicy:
             if task.kind == "webapp":
                 if task.task_id not in webapp_replays([task]):
                     return "its suite's validation.json records no solution for it"
+            elif task.kind == "desktop":
+                if task.task_id not in desktop_replays([task]):
+                    return "its suite has no scripted solution for it (a solutions.py with SOLUTIONS)"
             elif task.kind != "miniwob" or task.spec not in ORACLE_TASKS:
                 return "the MiniWoB oracle has no script for it"
             elif not self.config.env.include_dom_text:
@@ -216,6 +242,33 @@ def webapp_replays(tasks: Sequence[Any]) -> dict[str, tuple[str, ...]]:
     folders = {str(pathlib.Path(task.origin).parent) for task in tasks if task.kind == "webapp"}
     recorded = {task: replies for folder in sorted(folders) for task, replies in demonstrations(folder).items()}
     return {task.task_id: recorded[task.task_id] for task in tasks if task.task_id in recorded}
+
+
+def desktop_replays(tasks: Sequence[Any]) -> dict[str, tuple[str, ...]]:
+    """The scripted solutions of the desktop tasks among `tasks` (`SourceTask`s) whose folder is
+    one of the project's suites with a solutions module (`cua_jax.tasks.suites.<name>.solutions`,
+    its SOLUTIONS: task id -> the replies, turn by turn)."""
+    import importlib
+
+    from cua_jax.eval.suites import SUITES_DIR
+
+    out = {}
+    for task in tasks:
+        if task.kind != "desktop":
+            continue
+        folder = pathlib.Path(task.origin).resolve().parent
+        if folder.parent != SUITES_DIR.resolve() or not (folder / "solutions.py").is_file():
+            continue
+        solutions = importlib.import_module(f"cua_jax.tasks.suites.{folder.name}.solutions").SOLUTIONS
+        if task.task_id in solutions:
+            out[task.task_id] = tuple(solutions[task.task_id])
+    return out
+
+
+def oracle_replays(tasks: Sequence[Any]) -> dict[str, tuple[str, ...]]:
+    """What the oracle replays turn by turn among `tasks`: web application tasks' recorded
+    solutions and desktop tasks' scripted ones."""
+    return {**webapp_replays(tasks), **desktop_replays(tasks)}
 
 
 def _check_scripted_config(name: str, config: Any) -> None:
@@ -309,7 +362,7 @@ def build_eval_workers(
                         settings.model.tokenizer_source,
                         seed=policy.config.seed + w,
                         action_space=policy.config.env.action_space,
-                        replays=tuple(webapp_replays(list(suite.catalog)).items()) if policy.name == "oracle" else (),
+                        replays=tuple(oracle_replays(list(suite.catalog)).items()) if policy.name == "oracle" else (),
                     ),
                     dataclasses.replace(rollout_worker_config(settings, w), canonical_order=False),
                 )

@@ -1,4 +1,4 @@
-"""Task folders: python -m experiments.tasks check DIR [--image desktop | --apps a,b] [--mirror DIR] | mirror ...
+"""Task folders: python -m experiments.tasks check DIR [--image NAME | --apps a,b] [--mirror DIR] | untouched | mirror
 
 `check` classifies every task file under DIR (OSWorld's layout examples/<domain>/<id>.json,
 or any folder cua_jax.tasks.sources reads) and prints a table: per task whether it is
@@ -7,6 +7,17 @@ unimplemented step / getter / metric; a file that breaks the schema with its err
 per domain the counts of files, parsed, runnable and not runnable tasks, and the tasks per
 reason. The apps come from probing the environment image (--image: a name under
 launch/images or a full tag; one throwaway container) unless --apps lists them.
+
+A task that starts on another image than --image (OSWorld's snapshot names: `chrome` starts on
+osworld_apps) is not runnable, the reason naming the image. With the folder's untouched record
+(DIR/.untouched.json, or --untouched FILE), a runnable task it flags is counted apart:
+"trivially satisfied" (its setup alone passes the judge) or "untouched run failed".
+
+`untouched DIR [--image osworld_apps] [--workers 2] [--tasks a,b] [--mirror DIR]` sets every
+runnable task of DIR up for real on a pool of --workers desktops and judges it with nothing
+done: each must score 0 (cua_jax.eval.untouched). Every result goes to the record as it comes
+(with the task file's sha256 and the image tag), so a rerun checks only the tasks left, edited
+ones and those of a rebuilt image; suites and runs leave the flagged tasks out.
 
 `mirror --tasks DIR --out MIRROR [--base_url URL] [--workers 4] [--timeout 60] [--retries 2]`
 downloads every cloud file the task files under DIR download (their download steps' URLs
@@ -31,6 +42,7 @@ import time
 import urllib.parse
 from typing import Any
 
+from cua_jax.eval.untouched import RECORD_NAME, UntouchedRecord, flag, run_untouched
 from cua_jax.tasks import mirror as M
 from cua_jax.tasks import runnable as R
 from cua_jax.tasks.sources import scan_task_folder
@@ -55,11 +67,19 @@ def resolve_image(name: str) -> str:
 
 
 def classify(
-    folder: str | pathlib.Path, image_apps: set[str] | None = None, image: str | None = None, mirror: str | None = None
+    folder: str | pathlib.Path,
+    image_apps: set[str] | None = None,
+    image: str | None = None,
+    mirror: str | None = None,
+    image_name: str | None = None,
+    untouched: Any = None,
 ) -> list[dict[str, Any]]:
     """One row per task file: {path, domain, id, status, reasons, groups}; status is
     "runnable", "not runnable" or "schema error". The apps are `image_apps`, else probed
-    in `image`."""
+    in `image`. image_name: the image's name under launch/images, whose tasks are those of
+    its lineage (a task that starts on another image is not runnable, the reason names it).
+    untouched: the folder's `UntouchedRecord`: a runnable task it flags is "trivially
+    satisfied" (or "untouched run failed") with the flag as its reason (its entries for `image`)."""
     files = scan_task_folder(folder)
     task_needs = {file.path: R.needs(file.task, mirror) for file in files if file.task is not None}
     if image_apps is None:
@@ -78,7 +98,14 @@ def classify(
         for need in found:
             if need.reason in reasons and need.group not in groups:
                 groups.append(need.group)
-        rows.append({**row, "status": "runnable" if ok else "not runnable", "reasons": reasons, "groups": groups})
+        mismatch = R.image_mismatch(file.task, image_name) if image_name is not None else None
+        if mismatch is not None:
+            ok, reasons, groups = False, [mismatch, *reasons], [mismatch.split(" (", 1)[0], *groups]
+        status = "runnable" if ok else "not runnable"
+        flagged = untouched.flag(file.path, image) if ok and untouched is not None and image else None
+        if flagged is not None:
+            status, reasons, groups = flagged.split(":", 1)[0], [flagged], [flagged.split(":", 1)[0]]
+        rows.append({**row, "status": status, "reasons": reasons, "groups": groups})
     return rows
 
 
@@ -98,8 +125,12 @@ def summary(rows: list[dict[str, Any]]) -> str:
     for domain in domains + ["(all)"]:
         c = counts[domain] if domain != "(all)" else sum(counts.values(), collections.Counter())
         total = sum(c.values())
-        lines.append([domain, total, total - c["schema error"], c["runnable"], c["not runnable"], c["schema error"]])
-    out = [_table(["DOMAIN", "FILES", "PARSED", "RUNNABLE", "NOT RUNNABLE", "SCHEMA ERRORS"], lines)]
+        flagged = c["trivially satisfied"] + c["untouched run failed"]
+        lines.append(
+            [domain, total, total - c["schema error"], c["runnable"], flagged, c["not runnable"], c["schema error"]]
+        )
+    header = ["DOMAIN", "FILES", "PARSED", "RUNNABLE", "FLAGGED UNTOUCHED", "NOT RUNNABLE", "SCHEMA ERRORS"]
+    out = [_table(header, lines)]
     by_reason: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for row in rows:
         for group in row["groups"]:
@@ -108,7 +139,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
     reason_lines = [
         [group, sum(c.values()), ", ".join(f"{d} {n}" for d, n in sorted(c.items()))] for group, c in ordered
     ]
-    out.append(_table(["REASON (tasks not runnable or not parsed)", "TASKS", "BY DOMAIN"], reason_lines))
+    out.append(_table(["REASON (tasks not runnable, flagged or not parsed)", "TASKS", "BY DOMAIN"], reason_lines))
     return "\n\n".join(out)
 
 
@@ -126,7 +157,10 @@ def check(args: argparse.Namespace) -> int:
     if args.apps is not None:
         apps = {a.strip() for a in args.apps.split(",") if a.strip() and a.strip() != "none"}
     try:
-        rows = classify(args.folder, apps, None if apps is not None else resolve_image(args.image), args.mirror)
+        image_name = None if apps is not None or ":" in args.image or "/" in args.image else args.image
+        image = None if apps is not None else resolve_image(args.image)
+        record = UntouchedRecord(args.folder, args.untouched) if pathlib.Path(args.folder).is_dir() else None
+        rows = classify(args.folder, apps, image, args.mirror, image_name, record)
     except (FileNotFoundError, RuntimeError, subprocess.SubprocessError) as error:
         print(f"check: {error}", file=sys.stderr)
         return 2
@@ -142,6 +176,53 @@ def check(args: argparse.Namespace) -> int:
     print(summary(rows))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def untouched(args: argparse.Namespace) -> int:
+    """`untouched DIR`: every runnable task of DIR (on --image) set up on a pool of --workers
+    desktops and judged with nothing done; the record (FOLDER/.untouched.json) gains each
+    result as it comes, so a run started again checks only what is left (and edited tasks)."""
+    from cua_jax.envs.docker_pool import DockerEnvPool, PoolConfig
+
+    if args.workers < 1:
+        print(f"untouched: --workers must be at least 1, got {args.workers}", file=sys.stderr)
+        return 2
+    try:
+        image = resolve_image(args.image)
+        rows = classify(args.folder, None, image, args.mirror, args.image)
+    except (FileNotFoundError, RuntimeError, subprocess.SubprocessError) as error:
+        print(f"untouched: {error}", file=sys.stderr)
+        return 2
+    if not rows:
+        return _no_task_files("untouched", args.folder)
+    wanted = {t.strip() for t in args.tasks.split(",") if t.strip()}
+    files = {str(file.path): file.task for file in scan_task_folder(args.folder) if file.task is not None}
+    chosen = [(row["path"], files[row["path"]]) for row in rows if row["status"] == "runnable"]
+    chosen = [(path, task) for path, task in chosen if not wanted or task.id in wanted]
+    record = UntouchedRecord(args.folder, args.untouched)
+    left = [(path, task) for path, task in chosen if record.entry(path, image) is None]
+    print(f"untouched: {len(chosen)} runnable tasks on {image}, {len(left)} to check, {args.workers} at a time")
+    started = time.monotonic()
+
+    def report(path: str, result: dict[str, Any]) -> None:
+        flagged = flag(result)
+        print(
+            f"  {pathlib.Path(path).relative_to(args.folder)}  {result['status']} {result['reward']:g}  "
+            f"start {result['start_s']:.1f} s, judge {result['judge_s']:.1f} s" + (f"  ({flagged})" if flagged else ""),
+            flush=True,
+        )
+
+    config = PoolConfig(image=image, size=args.workers, cpus=1.0, memory="2g", call_timeout=120.0)
+    with DockerEnvPool(config) as pool:
+        run_untouched(pool, left, record, image, args.workers, report)
+    flagged = {path: record.flag(path, image) for path, _ in chosen if record.flag(path, image)}
+    print(
+        f"untouched: {len(chosen) - len(flagged)} of {len(chosen)} score 0 untouched, {len(flagged)} flagged, "
+        f"{time.monotonic() - started:.0f} s; record: {record.path}"
+    )
+    for path, why in sorted(flagged.items()):
+        print(f"  {pathlib.Path(path).relative_to(args.folder)}: {why}")
     return 0
 
 
@@ -240,8 +321,22 @@ def main(argv: list[str] | None = None) -> int:
         default=2,
         help="further attempts after a timeout, a cut transfer, a connection error, an HTTP 5xx or 429",
     )
+    checker.add_argument(
+        "--untouched",
+        help=f"the folder's untouched record (default: FOLDER/{RECORD_NAME}, when `untouched` wrote one)",
+    )
+    toucher = commands.add_parser(
+        "untouched",
+        help="set every runnable task of a folder up for real and judge it untouched: it must score 0",
+    )
+    toucher.add_argument("folder", help="a task folder, e.g. OSWorld's evaluation_examples/examples")
+    toucher.add_argument("--image", default="osworld_apps", help="the environment image: a name under launch/images")
+    toucher.add_argument("--mirror", help="the download mirror folder (default: $CUA_JAX_DOWNLOAD_MIRROR)")
+    toucher.add_argument("--workers", type=int, default=2, help="tasks set up and judged at once (one container each)")
+    toucher.add_argument("--tasks", default="", help="comma-separated task ids: only these (default: every runnable)")
+    toucher.add_argument("--untouched", help=f"the record to write (default: FOLDER/{RECORD_NAME})")
     args = parser.parse_args(argv)
-    return check(args) if args.command == "check" else mirror(args)
+    return {"check": check, "mirror": mirror, "untouched": untouched}[args.command](args)
 
 
 if __name__ == "__main__":

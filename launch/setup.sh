@@ -9,7 +9,10 @@
 #   4. Environment images (launch/images/build.sh), built when their content hash is new.
 #
 # Exports CUA_JAX_VENV, CUA_JAX_PYTHON, CUA_JAX_ROOT and puts the checkout on PYTHONPATH.
-# Steps 3-4 are skipped with CUA_JAX_SETUP_NO_DOCKER=1.
+# Steps 3-4 are skipped with CUA_JAX_SETUP_NO_DOCKER=1. CUA_JAX_SETUP_IMAGES names the images
+# step 4 builds (space-separated; unset: all but the on-demand ones; empty: none, and dockerd is
+# left alone): launch/main.sh builds none, since the default experiment runs in the host's
+# Chromium, and a run on desktops or code containers builds its image as it starts.
 #
 # Each step prints one line (launch/setup_steps.sh); what apt, pip, dockerd and the image builds
 # print goes to $CUA_JAX_CACHE/logs/setup-<UTC time>-<pid>.log, whose path comes first. A failed
@@ -144,7 +147,7 @@ else
 fi
 
 # ---- 3-4. dockerd and environment images ------------------------------------------------
-if [ "${CUA_JAX_SETUP_NO_DOCKER:-0}" != 1 ]; then
+if [ "${CUA_JAX_SETUP_NO_DOCKER:-0}" != 1 ] && [ "${CUA_JAX_SETUP_IMAGES-all}" != "" ]; then
   setup_step dockerd
   setup_run bash "$CUA_JAX_ROOT/launch/dockerd.sh"
   # dockerd.sh says so when it starts a daemon.
@@ -154,7 +157,12 @@ if [ "${CUA_JAX_SETUP_NO_DOCKER:-0}" != 1 ]; then
   esac
   if [ -x "$CUA_JAX_ROOT/launch/images/build.sh" ]; then
     setup_step "environment images"
-    setup_run bash "$CUA_JAX_ROOT/launch/images/build.sh"
+    if [ "${CUA_JAX_SETUP_IMAGES-all}" = all ]; then
+      setup_run bash "$CUA_JAX_ROOT/launch/images/build.sh"
+    else
+      # shellcheck disable=SC2086  # a list of names
+      setup_run bash "$CUA_JAX_ROOT/launch/images/build.sh" $CUA_JAX_SETUP_IMAGES
+    fi
     # The builder logs "[images] built cua-jax/<name>:<hash> in <n>s" for each image it built.
     _built="$(setup_step_output | sed -n 's|^\[images\] built cua-jax/\([^:]*\):.*|\1|p' | paste -sd ' ')"
     if [ -n "$_built" ]; then setup_done "built $_built"; else setup_done "all present"; fi

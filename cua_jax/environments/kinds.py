@@ -35,7 +35,9 @@ from cua_jax.environments.desktop_env import DesktopEnvironment
 from cua_jax.envs.capsules import CapsuleOptions
 from cua_jax.envs.contract import AgentEnvironment
 from cua_jax.envs.docker_pool import DockerEnvPool, PoolConfig
-from cua_jax.envs.images import ensure_image
+from cua_jax.envs.images import covering_image, ensure_image, image_names, lineage
+from cua_jax.tasks.runnable import task_image
+from cua_jax.tasks.sources import scan_task_folder
 
 
 def _unbounded(resources: Any) -> int | None:
@@ -226,26 +228,42 @@ def _check_desktop_settings(config: PoolConfig, run: RunView, catalog: Any) -> N
             "env.desktop.size",
             f"{config.size} containers cannot run a group of {size} desktop episodes at once ({field})",
         )
-    snapshots = sorted(
-        {catalog[t].spec.snapshot for t in catalog.task_ids if catalog[t].kind == "desktop"} - {config.image}
-    )
+    # A task runs on its snapshot's image or on any image built FROM it (osworld_apps holds
+    # osworld's applications too).
+    runs_on = lineage(config.image)
+    images = sorted({task_image(catalog[t].spec) for t in catalog.task_ids if catalog[t].kind == "desktop"})
+    others = [image for image in images if image not in runs_on]
     require(
-        not snapshots,
-        "env.task_dirs",
-        f"tasks need the environment images {snapshots}; the pool runs env.desktop.image {config.image!r}",
+        not others,
+        "env.desktop.image",
+        f"tasks need the environment images {others}; the pool runs env.desktop.image {config.image!r}, built "
+        f"from {runs_on}: set it to an image built from all of them",
     )
 
 
 def _desktop_suite_fields(config: PoolConfig, folder: str | None, group_size: int) -> dict[str, Any]:
-    # The suite's folder is the run's task source, beside the policy's own MiniWoB tasks, and
-    # the pool runs a group's episodes at once (the desktop checks above then hold).
-    return {
+    # The suite's folder is the run's task source, beside the policy's own MiniWoB tasks, its
+    # tasks that run here (a suite's tasks: OSWorld's folder holds others too), and the pool
+    # runs a group's episodes at once (the desktop checks above then hold). The pool runs the
+    # image its tasks start on: the configured one when it is built from all of them, else
+    # the one of theirs built from the others (os tasks on osworld, Chrome's on osworld_apps);
+    # where none is, the check above names the images.
+    fields: dict[str, Any] = {
         "env.kind": "mixed",
         "env.task_dirs": (folder,),
+        "env.task_filter": "runnable",
         "rollout.group_size": group_size,
         "eval.group_size": group_size,
         "env.desktop.size": max(config.size, group_size),
     }
+    if folder is not None:
+        known = set(image_names())
+        wanted = {task_image(file.task) for file in scan_task_folder(folder) if file.task is not None} & known
+        if not wanted <= set(lineage(config.image)):
+            chosen = covering_image(wanted)
+            if chosen is not None:
+                fields["env.desktop.image"] = chosen
+    return fields
 
 
 def _make_desktop(pool: Any, worker_config: Any) -> AgentEnvironment:

@@ -369,6 +369,8 @@ class DockerEnvPool:
         try:
             self._idle.put(self.reset(env))
         except PoolError as error:
+            if self._closed.is_set():  # the pool closed under the reset: nothing to retry
+                return
             log.error("slot %d could not be reset: %s; retrying", env.slot, error)
             self._retry_slot(env.slot)
 
@@ -379,6 +381,8 @@ class DockerEnvPool:
         try:
             self._idle.put(self._recreate(env))
         except PoolError as error:
+            if self._closed.is_set():
+                return
             log.error("slot %d could not be replaced: %s; retrying", env.slot, error)
             self._retry_slot(env.slot)
 

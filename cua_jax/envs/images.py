@@ -16,9 +16,15 @@ Layout (launch/images/):
     <name>/on-demand         optional: the image is left out of `build` with no names (what
                              setup runs) and built when first asked for (`ensure_image`):
                              for images only a benchmark uses (trac_bench, 1 GB).
+    <name>/parent            optional: the name of another image here that this one is
+                             built FROM (its tag is the `BASE_IMAGE` build argument, and it
+                             is built first): a family of images over one (osworld_apps
+                             adds applications to osworld, so a run of office tasks does
+                             not pay for a browser, GIMP and VLC).
 
 Each image is tagged `cua-jax/<name>:<hash>` and `cua-jax/<name>:latest`, where <hash>
-covers the files of its folder, the files named in its context.list, and the base's hash.
+covers the files of its folder, the files named in its context.list, and its parent's hash
+(the base's, unless a `parent` file names another).
 A build is skipped when the hash tag exists. Code and tests ask `image_tag(name)` for
 the exact tag of the current sources.
 
@@ -92,16 +98,61 @@ def _files_under(path: pathlib.Path) -> list[pathlib.Path]:
     )
 
 
+def _declared_parent(name: str) -> str:
+    listing = IMAGES_DIR / name / "parent"
+    if not listing.is_file():
+        return BASE
+    chosen = listing.read_text().split("#", 1)[0].strip()
+    if not (IMAGES_DIR / chosen).is_dir():
+        raise ValueError(f"{listing}: no image {chosen!r} under {IMAGES_DIR}")
+    return chosen
+
+
+def parent(name: str) -> str | None:
+    """The image `name` is built FROM: its `parent` file's image, else the base (None for
+    the base itself). A parent that is not an image here, or a cycle, raises."""
+    if name == BASE:
+        return None
+    chain, current = [name], _declared_parent(name)
+    while current != BASE:
+        if current in chain:
+            raise ValueError(f"the images' parent files form a cycle: {' -> '.join([*chain, current])}")
+        chain.append(current)
+        current = _declared_parent(current)
+    return _declared_parent(name)
+
+
+def lineage(name: str) -> list[str]:
+    """`name`, its parent, the parent's parent ... down to the base: the images whose tasks
+    run on image `name` too (each is built FROM the next)."""
+    chain = [name]
+    while (above := parent(chain[-1])) is not None:
+        chain.append(above)
+    return chain
+
+
+def covering_image(names: set[str] | list[str]) -> str | None:
+    """The image among `names` built from all the others (whose lineage holds them all), or
+    None when none is (or `names` is empty): the one image a pool of them all runs."""
+    for name in sorted(set(names)):
+        if set(names) <= set(lineage(name)):
+            return name
+    return None
+
+
 def content_hash(name: str) -> str:
-    """16 hex digits over the image's sources (and the base's hash for derived images)."""
+    """16 hex digits over the image's sources (and its parent's hash for derived images)."""
     digest = hashlib.sha256()
     roots = [IMAGES_DIR / name] + [REPO_ROOT / p for p in _context_paths(name)]
     for root in roots:
         for path in _files_under(root):
             digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0")
             digest.update(hashlib.sha256(path.read_bytes()).digest())
-    if name != BASE:
+    above = parent(name)
+    if above == BASE:
         digest.update(b"base:" + content_hash(BASE).encode())
+    elif above is not None:
+        digest.update(f"parent:{above}:".encode() + content_hash(above).encode())
     return digest.hexdigest()[:16]
 
 
@@ -154,9 +205,10 @@ def _download_pinned(folder: pathlib.Path, context: pathlib.Path) -> None:
 
 
 def build(name: str, force: bool = False) -> str:
-    """Build image `name` (and the base first, if needed) unless its hash tag exists."""
-    if name != BASE:
-        build(BASE)
+    """Build image `name` (and its parent first, if needed) unless its hash tag exists."""
+    above = parent(name)
+    if above is not None:
+        build(above)
     tag = image_tag(name)
     latest = f"{REPOSITORY}/{name}:latest"
     if image_exists(tag) and not force:
@@ -178,7 +230,7 @@ def build(name: str, force: bool = False) -> str:
                     shutil.copy2(source, target)
             _download_pinned(folder, pathlib.Path(context))
             subprocess.run(
-                ["docker", "build", "--build-arg", f"BASE_IMAGE={image_tag(BASE)}", *_build_args(name)]
+                ["docker", "build", "--build-arg", f"BASE_IMAGE={image_tag(above)}", *_build_args(name)]
                 + ["-t", tag, context],
                 check=True,
                 env={**os.environ, "DOCKER_BUILDKIT": "0"},

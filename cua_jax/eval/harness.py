@@ -350,9 +350,20 @@ def write_tables(out: str | os.PathLike, summary: Mapping[str, Any]) -> None:
         "",
         "## Per domain",
         "",
-        markdown_table("domain", {**summary["domains"], "all": summary["overall"]}, TABLE_COLUMNS),
+        markdown_table(
+            "domain",
+            {
+                **summary["domains"],
+                "all": summary["overall"],
+                **({"all, feasible tasks only": summary["overall_feasible"]} if "overall_feasible" in summary else {}),
+            },
+            TABLE_COLUMNS,
+        ),
         "",
     ]
+    if summary.get("steps"):
+        steps = " | ".join(f"{domain} {value:.2f}" for domain, value in summary["steps"].items())
+        parts += ["Steps used (mean turns per scored episode): " + steps, ""]
     if summary.get("skipped"):
         parts += ["## Not run", "", *(f"- {task}: {why}" for task, why in summary["skipped"].items()), ""]
     with open(os.path.join(out, "results.md"), "w") as f:
@@ -453,14 +464,28 @@ def summarize(
     skipped: Mapping[str, str],
 ) -> dict[str, Any]:
     """An evaluation's summary over `records` (without them): its title, suite name, seeds,
-    `tables` and the tasks skipped with why: what `write_tables` writes."""
-    return {
+    `tables`, the tasks skipped with why, "steps" (the mean turns an episode took, per domain
+    and over all) and, when the suite holds infeasible tasks (whose right answer is to declare
+    failure), "overall_feasible": the overall row over the feasible ones alone, as OSWorld
+    reports its score with and without them. What `write_tables` writes."""
+    summary = {
         "title": title,
         "suite": suite.name,
         "seeds": list(seeds),
         **tables(records, k, confidence),
         "skipped": dict(skipped),
     }
+    turns: dict[str, list[int]] = collections.defaultdict(list)
+    for r in records:
+        if r["status"] != EpisodeStatus.QUARANTINED.value:
+            turns[r["domain"]].append(int(r["turns"]))
+            turns["all"].append(int(r["turns"]))
+    summary["steps"] = {domain: sum(ts) / len(ts) for domain, ts in sorted(turns.items())}
+    feasible = {task.task_id for task in suite.catalog if getattr(task, "feasible", True)}
+    kept = [r for r in records if r["task"] in feasible]
+    if kept and len(kept) < len(records):
+        summary["overall_feasible"] = tables(kept, k, confidence)["overall"]
+    return summary
 
 
 def _check_resumable(records, tasks, seeds, k, path) -> None:

@@ -19,13 +19,15 @@ A listed MiniWoB task the installed package does not ship is skipped with that r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from cua_jax.envs.miniwob import task_names
-from cua_jax.tasks.sources import TaskCatalog, load_task_folder, miniwob_tasks
+from cua_jax.tasks.sources import TaskCatalog, desktop_task, load_task_folder, miniwob_tasks, scan_task_folder
 
 # Evaluation seeds start past training's and the held-out evaluation's
 # (env.eval_seed_start = 1_000_000), so no suite seed is ever trained on.
@@ -224,7 +226,7 @@ WEBGUM_TASKS = (
 
 SUITES_DIR = pathlib.Path(__file__).resolve().parents[1] / "tasks" / "suites"
 MINIWOB_SUITES = ("miniwob", "browsergym", "webgum")
-FOLDER_SUITES = ("desktop", "os")
+FOLDER_SUITES = ("desktop", "os", "apps")
 SUITE_NAMES = MINIWOB_SUITES + FOLDER_SUITES
 
 
@@ -269,6 +271,69 @@ def miniwob_suite(name: str, tasks: Sequence[str]) -> Suite:
     shipped = set(task_names())
     skipped = {t: "the installed MiniWoB++ package does not ship it" for t in tasks if t not in shipped}
     return Suite(name, TaskCatalog(miniwob_tasks([t for t in tasks if t in shipped])), skipped)
+
+
+@functools.lru_cache(maxsize=32)
+def _probed(tag: str, names: tuple[str, ...]) -> frozenset[str]:
+    from cua_jax.tasks.runnable import probe_image
+
+    return frozenset(probe_image(tag, names))
+
+
+def runnable_task_folder(
+    folder: str | os.PathLike, image: str | None = None, mirror: str | None = None
+) -> tuple[list[Any], dict[str, str]]:
+    """The desktop tasks of `folder` that run here, and why each other task file does not (by
+    task id, or by path for a file that breaks the schema): a schema error, what
+    `cua_jax.tasks.runnable` finds missing on `image` (a name under launch/images; default:
+    the one of the tasks' images built from the others, else osworld_apps) and the download
+    mirror, a task that starts on another image, or a flag of the folder's untouched record
+    (`cua_jax.eval.untouched`: trivially satisfied, or failed untouched). What OSWorld's
+    evaluation_examples/examples becomes a suite and a run's task folder by (env.task_filter
+    "runnable"). Probes the image (one throwaway container; built when missing)."""
+    from cua_jax.envs import images
+    from cua_jax.eval.untouched import UntouchedRecord
+    from cua_jax.tasks import runnable as R
+
+    root = pathlib.Path(folder)
+    skipped: dict[str, str] = {}
+    parsed = []
+    for file in scan_task_folder(root):
+        if file.task is None:
+            message = str(file.error).split(": ", 1)[1] if ": " in str(file.error) else str(file.error)
+            skipped[str(file.path.relative_to(root))] = f"schema error: {message}"
+        else:
+            parsed.append(file)
+    known = set(images.image_names())
+    if image is None:
+        image = images.covering_image({R.task_image(f.task) for f in parsed if R.task_image(f.task) in known})
+        image = image or "osworld_apps"
+    tag = images.ensure_image(image)
+    needs = {file.path: R.needs(file.task, mirror) for file in parsed}
+    apps = _probed(tag, tuple(sorted({name for found in needs.values() for name in R.probe_names(found)})))
+    record = UntouchedRecord(root)
+    tasks = []
+    for file in parsed:
+        ok, reasons = R.runnable(file.task, apps, mirror, needs[file.path])
+        mismatch = R.image_mismatch(file.task, image)
+        if mismatch is not None:
+            ok, reasons = False, [mismatch, *reasons]
+        flagged = record.flag(file.path, tag) if ok else None
+        if flagged is not None:
+            ok, reasons = False, [flagged]
+        if ok:
+            tasks.append(desktop_task(file))
+        else:  # by id; by path where another file has the id (OSWorld's -win.json copies)
+            key = file.task.id if file.task.id not in skipped else str(file.path.relative_to(root))
+            skipped[key] = "; ".join(reasons)
+    return tasks, skipped
+
+
+def osworld_suite(folder: str | os.PathLike, mirror: str | None = None) -> Suite:
+    """OSWorld's task files (its evaluation_examples/examples, domains by subfolder) as a suite:
+    the tasks that run here, the rest skipped with the reason (`runnable_task_folder`)."""
+    tasks, skipped = runnable_task_folder(folder, mirror=mirror)
+    return Suite("osworld", TaskCatalog(tasks), skipped, folder=str(folder))
 
 
 def load_suite(name_or_folder: str | os.PathLike) -> Suite:

@@ -261,6 +261,78 @@ class Getters:
         apps = [line + "\n" for line in output.splitlines() if line.strip()]
         return collections.Counter(apps).most_common(1)[0][0] if apps else "unknown"
 
+    # ---- Chrome's profile ---------------------------------------------------------------
+    # OSWorld's Chrome getters read the profile's JSON files on the machine (Linux: under
+    # ~/.config/google-chrome, where the osworld_apps image's `google-chrome` keeps Chromium's
+    # profile). Each answers what OSWorld's does for a missing or unreadable file.
+    CHROME_PROFILE = "~/.config/google-chrome"
+
+    def chrome_profile_file(self, name: str) -> dict | None:
+        """The JSON object of a file of Chrome's profile (`Default/Preferences`, `Local
+        State`, `Default/Bookmarks`); None when it is missing or not a JSON object. The agent
+        can write these files (it owns the profile, as on OSWorld's machine): a setting's
+        file is the setting, whichever way it was changed."""
+        data = self.client.get_file(f"{self.CHROME_PROFILE}/{name}")
+        if not data:
+            return None
+        try:
+            value = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def _preferences(self) -> dict:
+        return self.chrome_profile_file("Default/Preferences") or {}
+
+    def default_search_engine(self) -> str:
+        data = self._preferences()
+        return data.get("default_search_provider_data", {}).get("template_url_data", {}).get("short_name", "Google")
+
+    def enabled_experiments(self) -> list:
+        local_state = self.chrome_profile_file("Local State") or {}
+        return local_state.get("browser", {}).get("enabled_labs_experiments", [])
+
+    def chrome_language(self) -> str:
+        local_state = self.chrome_profile_file("Local State") or {}
+        return local_state.get("intl", {}).get("app_locale", "en-US")
+
+    def profile_name(self) -> str | None:
+        return self._preferences().get("profile", {}).get("name")
+
+    def chrome_font_size(self) -> dict:
+        default = {"default_fixed_font_size": 13, "default_font_size": 16, "minimum_font_size": 13}
+        data = self.chrome_profile_file("Default/Preferences")
+        if data is None:
+            return {"default_fixed_font_size": 13, "default_font_size": 16}
+        return data.get("webkit", {}).get("webprefs", default)
+
+    def bookmarks(self) -> Any:
+        data = self.chrome_profile_file("Default/Bookmarks")
+        return [] if data is None else data.get("roots", {})
+
+    def enable_do_not_track(self) -> str:
+        return "true" if self._preferences().get("enable_do_not_track", {}) else "false"
+
+    def enable_enhanced_safety_browsing(self) -> str:
+        data = self.chrome_profile_file("Default/Preferences")
+        if data is None:
+            return "Google"  # OSWorld's answer when the file cannot be read
+        return "true" if data.get("safebrowsing", {}).get("enhanced", {}) else "false"
+
+    def new_startup_page(self) -> str:
+        data = self.chrome_profile_file("Default/Preferences")
+        if data is None:
+            return "Google"
+        if "session" not in data:  # a fresh profile opens the new tab page
+            return "true"
+        return "true" if data.get("session", {}).get("restore_on_startup", {}) == 5 else "false"
+
+    def data_delete_automacally(self) -> str:
+        data = self.chrome_profile_file("Default/Preferences")
+        if data is None or "profile" not in data:
+            return "Google"
+        return "true" if data["profile"].get("default_content_setting_values") is not None else "false"
+
     def vscode_config(self, vscode_extension_command: str, path: str, dest: str) -> str | None:
         """Run a VS Code command (its palette, by pyautogui inside the environment), then
         copy the file it writes."""

@@ -40,6 +40,21 @@ from cua_jax.envs.client import EnvClient
 from cua_jax.tasks import fetch, schema
 from cua_jax.tasks.schema import Task
 
+# Getters that read Chrome's profile files (cua_jax.tasks.getters.Getters.chrome_profile_file).
+CHROME_PROFILE_GETTERS = frozenset(
+    {
+        "default_search_engine",
+        "bookmarks",
+        "enabled_experiments",
+        "chrome_language",
+        "chrome_font_size",
+        "profile_name",
+        "enable_do_not_track",
+        "enable_enhanced_safety_browsing",
+        "new_startup_page",
+        "data_delete_automacally",
+    }
+)
 # The setup steps and getters cua_jax.tasks.judges implements (judges asserts on import that
 # they are OSWorld's names and that each getter has its method).
 IMPLEMENTED_STEPS = frozenset(
@@ -59,32 +74,35 @@ IMPLEMENTED_STEPS = frozenset(
         "change_wallpaper",
     }
 )
-IMPLEMENTED_GETTERS = frozenset(
-    {
-        "vm_file",
-        "cloud_file",
-        "cache_file",
-        "local_file",
-        "content_from_vm_file",
-        "vm_command_line",
-        "vm_command_error",
-        "vm_terminal_output",
-        "accessibility_tree",
-        "list_directory",
-        "vm_screen_size",
-        "vm_window_size",
-        "vm_wallpaper",
-        "rule",
-        "time_diff_range",
-        "gimp_config_file",
-        "vlc_config",
-        "vlc_playing_info",
-        "default_video_player",
-        "vscode_config",
-        "audio_in_slide",
-        "background_image_in_slide",
-        "conference_city_in_order",
-    }
+IMPLEMENTED_GETTERS = (
+    frozenset(
+        {
+            "vm_file",
+            "cloud_file",
+            "cache_file",
+            "local_file",
+            "content_from_vm_file",
+            "vm_command_line",
+            "vm_command_error",
+            "vm_terminal_output",
+            "accessibility_tree",
+            "list_directory",
+            "vm_screen_size",
+            "vm_window_size",
+            "vm_wallpaper",
+            "rule",
+            "time_diff_range",
+            "gimp_config_file",
+            "vlc_config",
+            "vlc_playing_info",
+            "default_video_player",
+            "vscode_config",
+            "audio_in_slide",
+            "background_image_in_slide",
+            "conference_city_in_order",
+        }
+    )
+    | CHROME_PROFILE_GETTERS
 )
 # Applications by the name reasons use, and what shows one is installed: a command on the
 # PATH or an absolute path that exists (any of them). Anything else a task names is a
@@ -118,6 +136,22 @@ PROGRAM_APPS = {
     "loimpress": "libreoffice_impress",
     "code": "vs_code",
 }
+# OSWorld's snapshot names (the VM snapshot a task starts from) -> the image of launch/images
+# with that snapshot's applications; other names are images' own names ("osworld", "desktop").
+SNAPSHOT_IMAGES = {
+    "os": "osworld",
+    "libreoffice_calc": "osworld",
+    "libreoffice_writer": "osworld",
+    "libreoffice_impress": "osworld",
+    "chrome": "osworld_apps",
+    "gimp": "osworld_apps",
+    "vlc": "osworld_apps",
+    "thunderbird": "osworld_apps",
+    "multiapps": "osworld_apps",
+    "base_setup": "osworld_apps",
+    "vscode": "osworld_apps",
+    "vs_code": "osworld_apps",
+}
 # OSWorld's (and VeriGen's) related_apps values; None: names no application ("os", a file type).
 RELATED_APPS: dict[str, str | None] = {
     "chrome": "chromium",
@@ -150,6 +184,7 @@ GETTER_APPS = {
     "gimp_config_file": ("gimp",),
     "vscode_config": ("vs_code", "python"),
     "vm_wallpaper": ("gsettings",),
+    **{name: ("chromium",) for name in CHROME_PROFILE_GETTERS},
 }
 STEP_APPS = {
     "chrome_open_tabs": ("chromium",),
@@ -462,10 +497,28 @@ def _task_parts(task: Task) -> Iterator[tuple[str, schema.Step | schema.Getter |
                 yield f"evaluator.{name}{suffix}", getter
 
 
+_WEB_URL = re.compile(r"https?://[^\s\"'<>)]+")
+
+
+def _web_urls(value: object) -> list[str]:
+    """The http(s) URLs of other hosts than the loopback named anywhere in `value` (a string,
+    or the lists and dicts of a rule)."""
+    if isinstance(value, str):
+        found = _WEB_URL.findall(value)
+        return [url for url in found if urllib.parse.urlsplit(url).hostname not in fetch.LOOPBACK_HOSTS]
+    if isinstance(value, dict):
+        return [url for item in value.values() for url in _web_urls(item)]
+    if isinstance(value, (list, tuple)):
+        return [url for item in value for url in _web_urls(item)]
+    return []
+
+
 def needs(task: Task, mirror=None) -> list[Need]:
     """Everything `task` relies on, in task order (without asking any environment).
-    mirror: the download mirror (fetch.download_mirror's default when None)."""
-    out: list[Need] = []
+    mirror: the download mirror (fetch.download_mirror's default when None). A web page the
+    instruction names, or a rule's expected URL (a video to stream, a page to open), is a
+    network need: the agent would have to reach it."""
+    out: list[Need] = [Need("network", url, "instruction") for url in dict.fromkeys(_web_urls(task.instruction))]
     for name in task.related_apps:
         app = RELATED_APPS[name.lower()] if name.lower() in RELATED_APPS else name
         if app:
@@ -475,6 +528,8 @@ def needs(task: Task, mirror=None) -> list[Need]:
             out += _step_needs(part, where, task.base_dir, mirror)
         elif isinstance(part, schema.Getter):
             out += _getter_needs(part, where, task.base_dir, mirror)
+            if part.type == "rule":
+                out += [Need("network", url, where) for url in dict.fromkeys(_web_urls(part.parameters))]
         else:
             out += _metric_needs(part, where)
     return out
@@ -491,6 +546,23 @@ def download_urls(task: Task) -> list[str]:
             if fetch.is_remote(url) and url not in urls:
                 urls.append(url)
     return urls
+
+
+def task_image(task: Task) -> str:
+    """The image of launch/images that `task` starts on: its snapshot's (SNAPSHOT_IMAGES), or
+    the image its snapshot names."""
+    return SNAPSHOT_IMAGES.get(task.snapshot, task.snapshot)
+
+
+def image_mismatch(task: Task, image: str) -> str | None:
+    """Why `task` does not run on image `image` (a name under launch/images): it starts on
+    another image that `image` is not built from (`images.lineage`); None when it does."""
+    from cua_jax.envs import images
+
+    wanted = task_image(task)
+    if wanted in images.lineage(image):
+        return None
+    return f"needs image: {wanted} (snapshot {task.snapshot!r}; {image} is not built from it)"
 
 
 def probe_names(task_needs: Iterable[Need]) -> list[str]:

@@ -132,31 +132,37 @@ GETTERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "background_image_in_slide": (("ppt_file_path", "slide_index", "dest"), ()),
     "conference_city_in_order": (("csv_path",), ()),
     "replay": ((), (OPEN,)),
-    # the browser (Chrome's profile files, its debugging protocol, the web)
+    # Chrome's profile files (~/.config/google-chrome: Preferences, Local State, Bookmarks)
+    **{
+        name: ((), ())
+        for name in (
+            "default_search_engine",
+            "bookmarks",
+            "enabled_experiments",
+            "chrome_language",
+            "chrome_font_size",
+            "profile_name",
+            "enable_do_not_track",
+            "enable_enhanced_safety_browsing",
+            "new_startup_page",
+            "data_delete_automacally",
+        )
+    },
+    # the browser's other state (its debugging protocol, databases, the web)
     **{
         name: ((), (OPEN,))
         for name in (
-            "default_search_engine",
             "cookie_data",
-            "bookmarks",
             "open_tabs_info",
             "pdf_from_url",
             "shortcuts_on_desktop",
             "history",
             "page_info",
-            "enabled_experiments",
-            "chrome_language",
-            "chrome_font_size",
-            "profile_name",
             "number_of_search_results",
             "googledrive_file",
             "active_tab_info",
-            "enable_do_not_track",
-            "enable_enhanced_safety_browsing",
             "enable_safe_browsing",
-            "new_startup_page",
             "find_unpacked_extension_path",
-            "data_delete_automacally",
             "active_tab_html_parse",
             "active_tab_url_parse",
             "gotoRecreationPage_and_get_html_content",

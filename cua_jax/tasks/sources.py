@@ -130,6 +130,12 @@ def scan_task_folder(folder: str | pathlib.Path) -> list[TaskFile]:
     return out
 
 
+def desktop_task(file: TaskFile) -> SourceTask:
+    """The desktop task of a parsed task file (feasible unless its evaluator is `infeasible`)."""
+    task = file.task
+    return SourceTask(task.id, "desktop", file.domain, file.tier, not task.evaluator.infeasible, task, str(file.path))
+
+
 def load_task_folder(folder: str | pathlib.Path) -> list[SourceTask]:
     """Every desktop task under `folder` (any depth, sorted by path); see the module doc.
     The first file that breaks the schema raises its error."""
@@ -137,10 +143,7 @@ def load_task_folder(folder: str | pathlib.Path) -> list[SourceTask]:
     for file in scan_task_folder(folder):
         if file.error is not None:
             raise file.error
-        task = file.task
-        out.append(
-            SourceTask(task.id, "desktop", file.domain, file.tier, not task.evaluator.infeasible, task, str(file.path))
-        )
+        out.append(desktop_task(file))
     if not out:
         raise ValueError(f"task folder {str(folder)!r} holds no task files (JSON objects with an 'evaluator')")
     return out

@@ -25,6 +25,7 @@ from cua_jax.envs.faults import FAULT_KINDS
 from cua_jax.envs.miniwob import task_names
 from cua_jax.eval.held_out import EvalConfig
 from cua_jax.eval.pilot import PilotConfig, read_pilot_file
+from cua_jax.eval.suites import runnable_task_folder
 from cua_jax.models.configs import MODEL_DTYPES
 from cua_jax.models.sharding import MeshConfig
 from cua_jax.rl.advantages import AdvantageConfig
@@ -61,6 +62,10 @@ TEXT_POLICIES = ("tiny_qwen3", "qwen3", "qwen3_5_text")
 QWEN3_5_POLICIES = ("tiny_qwen3_5", "qwen3_5", "qwen3_5_text")
 OBSERVATIONS = ("screenshot", "text")
 ENV_KINDS = ("miniwob", "desktop", "mixed", "code")  # and any plugin kind of env.kind_modules
+# env.task_filter: "all" (every file of env.task_dirs must parse) or "runnable" (the tasks that
+# run here, `cua_jax.eval.suites.runnable_task_folder`: OSWorld's examples folder as it is).
+TASK_FILTERS = ("all", "runnable")
+log = logging.getLogger(__name__)
 
 
 def without_hardest_tier(tasks: Sequence[SourceTask]) -> list[SourceTask]:
@@ -935,9 +940,22 @@ def _task_catalog(
         )
         _require(record[0] in known, "env.tasks", f"unknown MiniWoB task {record[0]!r}")
     tasks = miniwob_tasks([task for task, _ in c.env.tasks], [tier for _, tier in c.env.tasks])
+    task_filter = c.env.get("task_filter", "all")
+    _require(
+        task_filter in TASK_FILTERS,
+        "env.task_filter",
+        f"{task_filter!r} is not one of {TASK_FILTERS}",
+    )
     for folder in c.env.task_dirs:
         try:
-            tasks += load_task_folder(folder)
+            if task_filter == "runnable":  # OSWorld's examples: the tasks that run here
+                desktop = c.env.get("desktop") or {}
+                runnable, skipped = runnable_task_folder(folder, desktop.get("image"))
+                if skipped:
+                    log.info("env.task_dirs %s: %d tasks run here, %d do not", folder, len(runnable), len(skipped))
+                tasks += runnable
+            else:
+                tasks += load_task_folder(folder)
         except (OSError, ValueError) as error:
             raise ConfigError(f"config.env.task_dirs: {folder!r}: {error}") from None
     if code:

@@ -152,6 +152,12 @@ def base_config() -> ml_collections.ConfigDict:
     # Folders of OSWorld-format task JSON at any depth: the desktop suite
     # (cua_jax/tasks/suites/desktop), a folder experiments/synthesize.py wrote, OSWorld's examples/.
     c.env.task_dirs = ()
+    # "all": every file of env.task_dirs must parse (a schema error stops the run, naming it).
+    # "runnable": only the tasks that run here (OSWorld's evaluation_examples/examples as it is):
+    # those that parse, need nothing env.desktop.image lacks (an app, the network, a step, getter
+    # or metric the project does not implement; `python -m experiments.tasks check`) and are not
+    # flagged by the folder's untouched record (`python -m experiments.tasks untouched`).
+    c.env.task_filter = "all"
     # Per-domain sampling weights, "domain=weight" each: a domain's share of the draws is
     # proportional to its weight (unlisted domains: 1), whatever its task count. () : every
     # task weighs the same. Success and quarantines are logged per domain either way.

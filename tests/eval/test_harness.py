@@ -267,3 +267,36 @@ def test_training_run_workdir_as_policy(tmp_path):
         progress=False,
     )
     assert summaries["turns_1_temperature_1"]["overall"]["problems"] == 1
+
+
+def test_summary_steps_and_the_score_without_infeasible_tasks(tmp_path):
+    """OSWorld reports its score with and without its infeasible tasks, and the steps used:
+    the summary's "overall_feasible" row counts the feasible tasks alone, "steps" the mean
+    turns of the scored episodes per domain (a quarantined one is not scored)."""
+    from cua_jax.eval.harness import summarize, write_tables
+    from cua_jax.eval.suites import Suite
+    from cua_jax.tasks.sources import SourceTask, TaskCatalog
+
+    catalog = TaskCatalog(
+        [SourceTask("a", "desktop", "os", 0, True, None), SourceTask("b", "desktop", "os", 0, False, None)]
+        + [SourceTask("c", "desktop", "chrome", 0, True, None)]
+    )
+
+    def record(task, domain, status, turns):
+        success = status == "success"
+        return dict(task=task, domain=domain, seed=0, sample=0, status=status, success=success, turns=turns)
+
+    records = [
+        record("a", "os", "failure", 15),
+        record("b", "os", "success", 1),  # infeasible: declared failure at once
+        record("c", "chrome", "success", 4),
+        record("c", "chrome", "quarantined", 2),
+    ]
+    summary = summarize(records, 1, 0.95, title="t", suite=Suite("s", catalog), seeds=[0], skipped={})
+    assert summary["overall"]["successes"] == 2 and summary["overall"]["problems"] == 3
+    assert summary["overall_feasible"]["successes"] == 1 and summary["overall_feasible"]["problems"] == 2
+    assert summary["steps"] == {"all": 20 / 3, "chrome": 4.0, "os": 8.0}
+    write_tables(tmp_path, summary)
+    text = (tmp_path / "results.md").read_text()
+    assert "| all, feasible tasks only | 2 |" in text
+    assert "Steps used (mean turns per scored episode): all 6.67 | chrome 4.00 | os 8.00" in text

@@ -21,7 +21,7 @@ CLOUD_URL = "https://huggingface.co/datasets/xlangai/ubuntu_osworld_file_cache/r
 def task(task_id: str, config=(), related_apps=(), **evaluator) -> dict:
     return {
         "id": task_id,
-        "snapshot": "os",
+        "snapshot": "desktop",
         "instruction": "x",
         "source": "test",
         "related_apps": list(related_apps),
@@ -94,11 +94,56 @@ def test_check_classifies_every_file(examples, tmp_path, capsys):
     # the table: a row per file, then per-domain counts and the tasks per reason
     assert re.search(r"^chrome/broken\.json +schema error +task 'broken': config\[0\]", out, re.M)
     lines = {line.split()[0]: line.split() for line in out.splitlines() if line.split()}
-    assert lines["calc"][:6] == ["calc", "2", "2", "0", "2", "0"]
-    assert lines["chrome"][:6] == ["chrome", "2", "1", "0", "1", "1"]
-    assert lines["os"][:6] == ["os", "3", "2", "1", "1", "1"]
-    assert lines["(all)"][:6] == ["(all)", "7", "5", "1", "4", "2"]
+    # domain, files, parsed, runnable, flagged untouched, not runnable, schema errors
+    assert lines["calc"][:7] == ["calc", "2", "2", "0", "0", "2", "0"]
+    assert lines["chrome"][:7] == ["chrome", "2", "1", "0", "0", "1", "1"]
+    assert lines["os"][:7] == ["os", "3", "2", "1", "0", "1", "1"]
+    assert lines["(all)"][:7] == ["(all)", "7", "5", "1", "0", "4", "2"]
     assert "needs network: huggingface.co" in out and "needs app: thunderbird" in out and "schema error  " in out
+
+
+def test_a_web_page_the_task_names_needs_the_network(examples):
+    """A page the instruction names, or a rule's expected URL, is a network need (the agent
+    would have to reach it); loopback pages are not."""
+    (examples / "os" / "stream.json").write_text(
+        json.dumps(
+            {
+                **task("stream"),
+                "instruction": "Play https://video.example.com/watch?v=1 and open http://127.0.0.1:8000/local",
+                "evaluator": {
+                    "func": "exact_match",
+                    "result": {"type": "vm_command_line", "command": ["cat", "/a"]},
+                    "expected": {
+                        "type": "rule",
+                        "rules": {"type": "url", "url": "https://video.example.com/watch?v=1"},
+                    },
+                },
+            }
+        )
+    )
+    rows = rows_by_id(tasks_cli.classify(examples, {"xterm", "sleep"}))
+    assert rows["stream"]["reasons"] == ["needs network: https://video.example.com/watch?v=1"]
+
+
+def test_a_task_the_untouched_record_flags_is_not_runnable(examples):
+    """`untouched` records each runnable task judged with nothing done (by file digest and
+    image); check then counts a task its setup alone passes as flagged, with its score."""
+    from cua_jax.eval.untouched import UntouchedRecord
+
+    record = UntouchedRecord(examples)
+    result = {"id": "runnable", "status": "success", "reward": 1.0, "reason": None, "start_s": 1.0, "judge_s": 0.1}
+    record.put(examples / "os" / "runnable.json", result, "cua-jax/desktop:abc")
+    reread = UntouchedRecord(examples)
+    rows = rows_by_id(tasks_cli.classify(examples, {"xterm", "sleep"}, "cua-jax/desktop:abc", untouched=reread))
+    assert rows["runnable"]["status"] == "trivially satisfied"
+    assert rows["runnable"]["reasons"] == ["trivially satisfied: scores 1 untouched (its setup alone passes the judge)"]
+    # Another image's record, or an edited task, is checked again: runnable until then.
+    rows = rows_by_id(tasks_cli.classify(examples, {"xterm", "sleep"}, "cua-jax/desktop:new", untouched=reread))
+    assert rows["runnable"]["status"] == "runnable"
+    edited = examples / "os" / "runnable.json"
+    edited.write_text(edited.read_text().replace('"x"', '"y"'))
+    rows = rows_by_id(tasks_cli.classify(examples, {"xterm", "sleep"}, "cua-jax/desktop:abc", untouched=reread))
+    assert rows["runnable"]["status"] == "runnable"
 
 
 def test_a_download_mirror_makes_cloud_files_local(examples, tmp_path):
@@ -139,3 +184,10 @@ def test_check_probes_the_image(examples, capsys):
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("os/")}
     assert "runnable" in rows["os/runnable.json"] and "not runnable" not in rows["os/runnable.json"]  # xterm is there
     assert "needs app: thunderbird" in rows["os/mail.json"]
+    # OSWorld's "os" snapshot starts on the osworld image, which the desktop image is not built from.
+    (examples / "os" / "runnable.json").write_text(
+        (examples / "os" / "runnable.json").read_text().replace('"snapshot": "desktop"', '"snapshot": "os"')
+    )
+    assert tasks_cli.main(["check", str(examples), "--image", "desktop"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("os/runnable.json"))
+    assert "not runnable  needs image: osworld (snapshot 'os'; desktop is not built from it)" in line

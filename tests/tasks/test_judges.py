@@ -333,12 +333,12 @@ def test_unimplemented_getters_fail_as_the_judges_fault(tmp_path):
             "instruction": "x",
             "evaluator": {
                 "func": "exact_match",
-                "result": {"type": "bookmarks"},
+                "result": {"type": "open_tabs_info"},
                 "expected": {"type": "rule", "rules": {}},
             },
         }
     )
-    with pytest.raises(judges.JudgeError, match="getter not implemented: bookmarks"):
+    with pytest.raises(judges.JudgeError, match="getter not implemented: open_tabs_info"):
         getters_for(tmp_path, ScriptedClient()).get(task.evaluator.checks[0].result)
 
 
@@ -462,7 +462,10 @@ def osworld_task(**evaluator):
             "evaluator": evaluator
             or {
                 "func": ["exact_match", "exact_match"],
-                "result": [{"type": "bookmarks"}, {"type": "vm_file", "path": "/home/user/a.xlsx", "dest": "a.xlsx"}],
+                "result": [
+                    {"type": "open_tabs_info"},
+                    {"type": "vm_file", "path": "/home/user/a.xlsx", "dest": "a.xlsx"},
+                ],
                 "expected": [{"type": "rule", "rules": {"expected": 1}}, {"type": "rule", "rules": {"expected": 2}}],
             },
         }
@@ -483,7 +486,7 @@ def test_needs_of_an_osworld_task():
         "https://huggingface.co/datasets/xlangai/f/resolve/main/a.xlsx",
         "apt-get install jq -y",
     ]  # the loopback tab and the local wheel do not
-    assert by_kind["getter"] == ["bookmarks"]
+    assert by_kind["getter"] == ["open_tabs_info"]
     chrome = [n for n in found if n.name == "chromium"]
     assert [n.where for n in chrome] == ["related_apps", "config[0]", "config[1]", "evaluator.result[0]"]
     groups = {n.group for n in found if n.kind == "network"}
@@ -549,7 +552,7 @@ def test_runnable_names_every_reason_once():
         "needs network: apt-get install jq -y",
         "needs app: unzip",
         "needs app: pip",
-        "getter not implemented: bookmarks",
+        "getter not implemented: open_tabs_info",
     ]
     everything = {"chromium", "python", "sudo", "apt-get", "unzip", "pip"}
     _, reasons = runnable.runnable(task, everything)
@@ -558,7 +561,7 @@ def test_runnable_names_every_reason_once():
         "needs network: https://www.example.org",
         "needs network: https://huggingface.co/datasets/xlangai/f/resolve/main/a.xlsx",
         "needs network: apt-get install jq -y",
-        "getter not implemented: bookmarks",
+        "getter not implemented: open_tabs_info",
     ]
     # an infeasible task is judged on its last action: its getters never run
     infeasible = parse_task(

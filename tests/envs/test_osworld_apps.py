@@ -1,0 +1,173 @@
+"""The osworld_apps image (launch/images/osworld_apps, built FROM osworld) and the apps suite
+(cua_jax/tasks/suites/apps): OSWorld's Chrome, GIMP and VLC tasks on a real dockerd.
+
+The Chrome profile getters read what Chromium (OSWorld's `google-chrome`) writes, VLC's
+status comes from its HTTP interface inside the container, the image holds the other
+applications OSWorld's tasks name (Thunderbird, Nautilus, socat, xdg-utils); the suite runs
+through `python -m experiments.evaluate --policy=oracle --suite=apps` (the pool picks
+osworld_apps for the tasks' snapshots), every task scores 0 untouched (`--policy=noop
+--suite=osworld` on the tasks in OSWorld's layout), and `python -m experiments.tasks
+untouched` flags a task whose setup alone passes its judge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cua_jax.envs import actions as A
+from cua_jax.envs.docker_pool import DockerEnvPool, PoolConfig
+from cua_jax.envs.images import ensure_image
+from cua_jax.eval.suites import osworld_suite
+from cua_jax.tasks import runnable as R
+from cua_jax.tasks.getters import Getters
+from cua_jax.tasks.metrics.browser import is_expected_bookmarks
+from cua_jax.tasks.schema import load_suite
+from cua_jax.tasks.suites.apps.solutions import IMAGE, SOLUTIONS, SUITE_DIR
+from experiments import tasks as task_cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TASKS = {task.id: task for task in load_suite(SUITE_DIR)}
+
+
+def test_every_apps_task_has_a_solution_in_the_action_grammar():
+    assert set(TASKS) == set(SOLUTIONS) and len(TASKS) == 3
+    assert {R.task_image(task) for task in TASKS.values()} == {IMAGE}
+    for task_id, replies in SOLUTIONS.items():
+        for text in replies:
+            assert not isinstance(A.parse_action(text, "coordinates"), A.InvalidAction), (task_id, text)
+
+
+def _run(client, command: str, timeout: float = 60.0) -> str:
+    reply = client.execute(command, shell=True, timeout=timeout)
+    assert reply["returncode"] == 0, (command, reply)
+    return reply["output"]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_applications_and_their_getters_on_a_real_container(tmp_path):
+    image = ensure_image(IMAGE)
+    names = ["chromium", "socat", "thunderbird", "gimp", "vlc", "nautilus", "xdg-mime", "xdg-settings", "soffice"]
+    assert R.probe_image(image, names) == set(names)
+    with DockerEnvPool(PoolConfig(image=image, size=1, cpus=1.0, memory="2g", call_timeout=60.0)) as pool:
+        env = pool.acquire(timeout=300)
+        try:
+            client = env.client
+            getters = Getters(client, TASKS["chrome-do-not-track"], tmp_path / "cache")
+            # Chromium as google-chrome, its profile where OSWorld's getters read Chrome's.
+            client.launch(["google-chrome", "--remote-debugging-port=1337"])
+            _run(client, "until [ -s ~/.config/google-chrome/Default/Preferences ]; do sleep 0.2; done")
+            assert "Chrome/" in _run(
+                client,
+                'python3 -c "import urllib.request as u; '
+                "print(u.urlopen('http://127.0.0.1:1337/json/version').read().decode())\"",
+            )
+            assert getters.enable_do_not_track() == "false"
+            assert getters.new_startup_page() == "true"  # a fresh profile opens the new tab page
+            assert getters.chrome_font_size()["default_font_size"] == 16
+            assert getters.bookmarks() == []  # no Bookmarks file yet
+            # The settings a user makes, written as Chromium keeps them (it rewrites them on exit).
+            _run(
+                client,
+                "pkill -f ^/usr/lib/chromium/; while pgrep -f ^/usr/lib/chromium/ >/dev/null; do sleep 0.2; done",
+            )
+            edit = (
+                "import json, os; base = os.path.expanduser('~/.config/google-chrome'); "
+                "p = base + '/Default/Preferences'; d = json.load(open(p)); "
+                "d.update(enable_do_not_track=True, session={'restore_on_startup': 4}); "
+                "d.setdefault('profile', {})['name'] = 'Research'; "
+                "d['webkit'] = {'webprefs': {'default_font_size': 24}}; "
+                "d['default_search_provider_data'] = {'template_url_data': {'short_name': 'Bing'}}; "
+                "json.dump(d, open(p, 'w')); "
+                "bar = {'children': [{'type': 'folder', 'name': 'Favorites', 'children': []}]}; "
+                "json.dump({'roots': {'bookmark_bar': bar}}, open(base + '/Default/Bookmarks', 'w'))"
+            )
+            client.execute(["python3", "-c", edit], timeout=30)
+            assert getters.enable_do_not_track() == "true"
+            assert getters.new_startup_page() == "false"
+            assert getters.profile_name() == "Research"
+            assert getters.chrome_font_size() == {"default_font_size": 24}
+            assert getters.default_search_engine() == "Bing"
+            rules = {"type": "bookmark_bar_folders_names", "names": ["Favorites"]}
+            assert is_expected_bookmarks(getters.bookmarks(), rules) == 1.0
+            # VLC's Lua HTTP interface (vlcrc), read inside the container with no network.
+            client.launch(["vlc"])
+            deadline = time.monotonic() + 60
+            status = None
+            while status is None and time.monotonic() < deadline:
+                status = getters.vlc_playing_info("status.xml")
+                time.sleep(0.5)
+            assert status is not None and "<state>stopped</state>" in open(status).read()
+        finally:
+            pool.release(env)
+
+
+def _osworld_folder(root):
+    """The apps suite's tasks in OSWorld's layout (examples/<domain>/<id>.json), beside a file
+    that breaks the schema and a task that needs a web page."""
+    for task_id, task in TASKS.items():
+        (root / task.snapshot).mkdir(parents=True, exist_ok=True)
+        shutil.copy(SUITE_DIR / f"{task_id}.json", root / task.snapshot / f"{task_id}.json")
+    (root / "os").mkdir()
+    (root / "os" / "broken.json").write_text(json.dumps({"id": "broken", "instruction": "x", "evaluator": {}}))
+    web = json.loads((SUITE_DIR / "chrome-do-not-track.json").read_text())
+    web.update(id="web", instruction="Open https://www.example.org/news in Chrome.")
+    (root / "chrome" / "web.json").write_text(json.dumps(web))
+    return root
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_suite_through_the_entrypoint_solved_by_the_oracle_and_0_untouched(tmp_path):
+    """`--policy=oracle --suite=apps` solves each task; `--policy=noop --suite=osworld` on the
+    tasks in OSWorld's layout scores each 0 (the floor: judged on the untouched setup), lists
+    what it did not run and why, and reports the score without the infeasible tasks and the
+    steps used; `python -m experiments.tasks untouched` flags a task its setup alone passes,
+    which the osworld suite then leaves out."""
+    ensure_image(IMAGE)
+    env = {**os.environ, "PYTHONPATH": REPO}
+
+    def evaluate(*flags):
+        done = subprocess.run(
+            [sys.executable, "-m", "experiments.evaluate", "--seeds=1", "--workers=1", *flags],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+
+    evaluate("--policy=oracle", "--suite=apps", f"--out={tmp_path / 'oracle'}")
+    summary = json.loads((tmp_path / "oracle" / "turns_15_temperature_1" / "summary.json").read_text())
+    assert {task: row["successes"] for task, row in summary["tasks"].items()} == dict.fromkeys(TASKS, 1)
+
+    folder = _osworld_folder(tmp_path / "examples")
+    evaluate("--policy=noop", "--suite=osworld", f"--osworld={folder}", f"--out={tmp_path / 'noop'}")
+    summary = json.loads((tmp_path / "noop" / "turns_15_temperature_1" / "summary.json").read_text())
+    assert {task: row["successes"] for task, row in summary["tasks"].items()} == dict.fromkeys(TASKS, 0)
+    assert {domain for domain in summary["domains"]} == {"chrome", "gimp", "vlc"}
+    assert summary["steps"]["all"] == 1.0
+    assert summary["skipped"]["web"] == "needs network: https://www.example.org/news"
+    assert summary["skipped"]["os/broken.json"].startswith("schema error: ")
+
+    # A judge its setup alone passes: flagged by `untouched`, left out by the suite.
+    chrome = folder / "chrome" / "chrome-do-not-track.json"
+    chrome.write_text(chrome.read_text().replace('"expected": "true"', '"expected": "false"'))
+    assert task_cli.main(["untouched", str(folder), "--image", IMAGE, "--tasks", "chrome-do-not-track"]) == 0
+    record = json.loads((folder / ".untouched.json").read_text())
+    [entry] = record["tasks"].values()
+    assert (entry["id"], entry["status"], entry["reward"]) == ("chrome-do-not-track", "success", 1.0)
+    assert entry["start_s"] > 0 and entry["judge_s"] >= 0
+    suite = osworld_suite(folder)
+    assert suite.skipped["chrome-do-not-track"] == (
+        "trivially satisfied: scores 1 untouched (its setup alone passes the judge)"
+    )
+    assert set(suite.task_ids) == {"gimp-undo-levels", "vlc-max-volume"}
