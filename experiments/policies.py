@@ -325,6 +325,13 @@ def eval_settings(policy: EvalPolicy, suite: Any, agent: AgentConfig, num_worker
     fields its tasks need (`EnvironmentKind.suite_fields`: a suite of desktop tasks adds its
     folder to env.task_dirs, so the desktop pool is configured and checked as a run's would be,
     with room for a group of `group_size` episodes)."""
+    settings = TrainSettings.from_config(suite_config(policy, suite, num_workers, group_size))
+    return dataclasses.replace(settings, catalog=suite.catalog, eval_agent=agent)
+
+
+def suite_config(policy: EvalPolicy, suite: Any, num_workers: int, group_size: int = 1) -> Any:
+    """`policy.config` with `num_workers` rollout workers and the fields each kind of the
+    suite's tasks sets (`EnvironmentKind.suite_fields`)."""
     config = policy.config.copy_and_resolve_references()
     config.rollout.num_workers = int(num_workers)
     kinds = [environment_kind(name) for name in sorted(suite.catalog.kinds)]
@@ -333,9 +340,10 @@ def eval_settings(policy: EvalPolicy, suite: Any, agent: AgentConfig, num_worker
         own = TrainSettings.from_config(config).kind_configs  # the policy's, before the suite's fields
         for kind in kinds:
             fields = kind.suite_fields(own.get(kind.name), suite.folder, int(group_size))
+            if suite.folder is not None and "env.task_dirs" in fields:
+                fields = {**fields, "env.task_filter": suite.task_filter}  # its folder as the suite reads it
             apply_overrides(config, fields, f"suite {suite.name!r} ({kind.name} tasks)")
-    settings = TrainSettings.from_config(config)
-    return dataclasses.replace(settings, catalog=suite.catalog, eval_agent=agent)
+    return config
 
 
 def build_eval_workers(
@@ -384,8 +392,9 @@ def worker_factory(
     policy: EvalPolicy, suite: Any, num_workers: int, env_wrapper: EnvWrapper | None = None, group_size: int = 1
 ) -> Callable[[int, float], list]:
     """(turn budget, temperature) -> `build_eval_workers` with the policy config's evaluation
-    agent at that budget and temperature (what `harness.sweep` takes)."""
-    base = TrainSettings.from_config(policy.config).eval_agent
+    agent (with the suite's fields: a desktop suite judges an episode at its turn limit) at that
+    budget and temperature (what `harness.sweep` takes)."""
+    base = TrainSettings.from_config(suite_config(policy, suite, num_workers, group_size)).eval_agent
 
     def make(turns: int, temperature: float) -> list:
         agent = dataclasses.replace(base, max_turns=int(turns), temperature=float(temperature))

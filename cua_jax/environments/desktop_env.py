@@ -149,14 +149,16 @@ class DesktopEpisode:
                 self._quarantine(self._fault_from(error, FaultKind.SERVER_UNRESPONSIVE))
         return Observation(png, feedback)
 
-    def finish(self) -> Outcome:
-        """Judge the episode (unless a fault ended it), decide its status, release the env."""
+    def finish(self, judge_unfinished: bool = False) -> Outcome:
+        """Judge the episode (unless a fault ended it), decide its status, release the env.
+        An episode the agent did not end is judged only with `judge_unfinished` (on the state
+        it reached, as OSWorld judges at its step limit); else it ends NO_VERDICT."""
         if self.outcome is not None:
             return self.outcome
         verdict = None
         last = self.history[-1].action if self.history else None
         finished = last is not None and A.is_terminal(last)
-        if self.fault is None and finished:
+        if self.fault is None and (finished or judge_unfinished):
             try:
                 judged = judges.verdict(
                     self.task, self.env.client, self.cache_dir, last_action=last, judge=self.env.judge
@@ -174,7 +176,7 @@ class DesktopEpisode:
         self.outcome = episode_outcome(
             fault=self.fault,
             verdict=verdict,
-            budget_exhausted=self.fault is None and not finished,
+            budget_exhausted=self.fault is None and verdict is None and not finished,
             rule=self.attribution,
         )
         if self.env is not None:
@@ -248,6 +250,13 @@ class DesktopEnvironment(TaskIsGroupStart, AgentEnvironment):
         if self.episode.done:
             return await self._finish()
         return EnvTransition(self._observation(observation))
+
+    async def judge_current(self) -> Outcome | None:
+        """Judges the running episode on the state it reached (the loop's turn budget ran
+        out) and releases its container."""
+        if self.episode is None or self.episode.outcome is not None:
+            return None
+        return await asyncio.to_thread(self.episode.finish, True)
 
     async def end_episode(self) -> None:
         """Releases the container of an episode the agent loop ended on its own (a budget, the

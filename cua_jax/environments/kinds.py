@@ -242,16 +242,16 @@ def _check_desktop_settings(config: PoolConfig, run: RunView, catalog: Any) -> N
 
 
 def _desktop_suite_fields(config: PoolConfig, folder: str | None, group_size: int) -> dict[str, Any]:
-    # The suite's folder is the run's task source, beside the policy's own MiniWoB tasks, its
-    # tasks that run here (a suite's tasks: OSWorld's folder holds others too), and the pool
-    # runs a group's episodes at once (the desktop checks above then hold). The pool runs the
-    # image its tasks start on: the configured one when it is built from all of them, else
-    # the one of theirs built from the others (os tasks on osworld, Chrome's on osworld_apps);
-    # where none is, the check above names the images.
+    # The suite's folder is the run's task source, beside the policy's own MiniWoB tasks, and
+    # the pool runs a group's episodes at once (the desktop checks above then hold). The pool
+    # runs the image its tasks start on: the configured one when it is built from all of
+    # them, else the one of theirs built from the others (os tasks on osworld, Chrome's on
+    # osworld_apps); where none is, the check above names the images. An episode out of
+    # turns is judged on the state it reached, as OSWorld scores its step limit.
     fields: dict[str, Any] = {
         "env.kind": "mixed",
         "env.task_dirs": (folder,),
-        "env.task_filter": "runnable",
+        "eval.judge_at_budget": True,
         "rollout.group_size": group_size,
         "eval.group_size": group_size,
         "env.desktop.size": max(config.size, group_size),

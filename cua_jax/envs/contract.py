@@ -203,6 +203,13 @@ class AgentEnvironment(abc.ABC):
     async def _reset_to(self, task: Any, seed: int | None, state: Any) -> EnvReset:
         raise NotImplementedError(f"{type(self).__name__} cannot start from a shared state")
 
+    async def judge_current(self) -> Outcome | None:
+        """The outcome of judging the current, unfinished episode on the state it reached (the
+        agent loop asks when its turn budget runs out and AgentConfig.judge_at_budget is set),
+        or None where this environment cannot judge an unfinished episode (the default: the
+        episode then ends NO_VERDICT). Ends the episode."""
+        return None
+
     async def end_episode(self) -> None:
         """The agent loop is done with the current episode, however it ended (a verdict, a
         budget, the policy's failure, an engine fault): release what only a running episode
@@ -255,6 +262,9 @@ class EnvironmentWrapper(AgentEnvironment):
 
     async def _reset_to(self, task: Any, seed: int | None, state: Any) -> EnvReset:
         return await self.env.reset_to(task, seed, state)
+
+    async def judge_current(self) -> Outcome | None:
+        return await self.env.judge_current()
 
     async def end_episode(self) -> None:
         await self.env.end_episode()

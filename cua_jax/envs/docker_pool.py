@@ -30,8 +30,10 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
+import pathlib
 import queue
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -50,9 +52,35 @@ log = logging.getLogger(__name__)
 
 LABEL_POOL = "cua-jax.pool"
 LABEL_ROLE = "cua-jax.role"
+LABEL_OWNER = "cua-jax.owner"  # "<host>:<pid>:<start time>" of the process whose pool started it
 SOCKET_NAME = "env.sock"
 EXIT_GRACE_S = 3.0  # how long a container whose server stopped answering may take to exit
 CONTAINER_SOCKET_DIR = "/run/cua"
+
+
+def _start_time(pid: int) -> str | None:
+    """The start time of process `pid` (clock ticks after boot, /proc/<pid>/stat field 22), or
+    None when there is no such process."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def process_owner() -> str:
+    """This process as a container's owner: host, pid and start time (a reused pid differs)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def owner_is_gone(owner: str) -> bool:
+    """Whether the owner label `owner` names a process of this host that no longer runs (an
+    owner of another host, or an unreadable label, is never gone: its containers stay)."""
+    host, _, rest = owner.partition(":")
+    pid, _, started = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit() or not started:
+        return False
+    return _start_time(int(pid)) != started
 
 
 class PoolError(RuntimeError):
@@ -151,7 +179,28 @@ class DockerEnvPool:
         return client
 
     def _labels(self, slot: int) -> dict[str, str]:
-        return {LABEL_POOL: self.pool_id, LABEL_ROLE: "env", "cua-jax.slot": str(slot)}
+        return {LABEL_POOL: self.pool_id, LABEL_ROLE: "env", "cua-jax.slot": str(slot), LABEL_OWNER: process_owner()}
+
+    def remove_orphans(self) -> int:
+        """Remove the environment containers on this host whose owning process is gone (a
+        killed run's pool never closed): the count removed. Runs when a pool starts."""
+        try:
+            containers = self.docker.api.containers(all=True, filters={"label": f"{LABEL_ROLE}=env"})
+        except docker.errors.DockerException as error:
+            log.warning("cannot list environment containers: %s", error)
+            return 0
+        removed = 0
+        for container in containers:
+            if not owner_is_gone((container.get("Labels") or {}).get(LABEL_OWNER, "")):
+                continue
+            try:
+                self.docker.api.remove_container(container["Id"], force=True)
+                removed += 1
+            except docker.errors.NotFound:
+                pass
+        if removed:
+            log.warning("removed %d environment containers a killed process left behind", removed)
+        return removed
 
     def _start_container(self, slot: int) -> PooledEnv:
         """Start a container for `slot` and wait until its server is ready."""
@@ -243,7 +292,9 @@ class DockerEnvPool:
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self) -> DockerEnvPool:
-        """Start `size` containers in parallel and wait for all to be ready."""
+        """Start `size` containers in parallel and wait for all to be ready (first removing
+        the containers of pools whose process is gone: `remove_orphans`)."""
+        self.remove_orphans()
         futures = {self._background.submit(self._start_container, slot): slot for slot in range(self.config.size)}
         errors = []
         for future in concurrent.futures.as_completed(futures):

@@ -398,6 +398,7 @@ class EvalConfig:
     seed_per_turn: bool
     confidence: float
     num_traces: int
+    judge_at_budget: bool = False
 
     def __post_init__(self):
         require_at_least(self, ("num_seeds", "group_size", "concurrent_groups"), 1)

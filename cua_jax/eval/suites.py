@@ -234,13 +234,16 @@ SUITE_NAMES = MINIWOB_SUITES + FOLDER_SUITES
 class Suite:
     """name; catalog: the tasks run, in order; skipped: task -> why it is not run;
     seed_start: the first of the fixed seeds every task is run on; folder: where a suite of
-    task files was read from (None for MiniWoB lists)."""
+    task files was read from (None for MiniWoB lists); task_filter: how a run reads that folder
+    (config.env.task_filter: "runnable" where the suite holds the folder's runnable tasks only,
+    as OSWorld's)."""
 
     name: str
     catalog: TaskCatalog
     skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)
     seed_start: int = SEED_START
     folder: str | None = None
+    task_filter: str = "all"
 
     @property
     def task_ids(self) -> list[str]:
@@ -333,7 +336,7 @@ def osworld_suite(folder: str | os.PathLike, mirror: str | None = None) -> Suite
     """OSWorld's task files (its evaluation_examples/examples, domains by subfolder) as a suite:
     the tasks that run here, the rest skipped with the reason (`runnable_task_folder`)."""
     tasks, skipped = runnable_task_folder(folder, mirror=mirror)
-    return Suite("osworld", TaskCatalog(tasks), skipped, folder=str(folder))
+    return Suite("osworld", TaskCatalog(tasks), skipped, folder=str(folder), task_filter="runnable")
 
 
 def load_suite(name_or_folder: str | os.PathLike) -> Suite:

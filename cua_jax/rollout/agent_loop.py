@@ -137,6 +137,10 @@ class AgentConfig:
     rope_scaling: the engine runs the policy's rope extended by YaRN at this factor (> 1;
         0: the model's own rope), `SamplingConfig.rope_scaling`: the evaluation agent's
         config.eval.rope_scaling.
+    judge_at_budget: an episode that runs out of turns is judged on the state it reached
+        (`AgentEnvironment.judge_current`; OSWorld scores its step limit so) instead of ending
+        NO_VERDICT, where the environment can judge an unfinished episode; the evaluation
+        agent's config.eval.judge_at_budget.
     """
 
     max_turns: int = 15
@@ -159,6 +163,7 @@ class AgentConfig:
     action_space: str = "coordinates"
     group_start: str = "fresh"
     rope_scaling: float = 0.0
+    judge_at_budget: bool = False
 
     def __post_init__(self):
         unknown = [kind for kind in self.agent_faults if kind not in FAULT_KINDS]
@@ -669,6 +674,16 @@ class AgentLoop:
             observation = transition.observation
         else:
             episode.info["budget"] = "turns"
+            if self.config.judge_at_budget:
+                with clock("env"):
+                    judged = await env.judge_current()
+                if judged is not None:  # the environment judged the state the episode reached
+                    outcome = (
+                        judged
+                        if judged.fault is None
+                        else episode_outcome(fault=judged.fault, rule=self.config.attribution)
+                    )
+                    episode.info["judged_at_budget"] = True
         if outcome is None:
             outcome = episode_outcome(budget_exhausted=True, rule=self.config.attribution)
         return self._finish(episode, context, outcome, clock, generations, unanswered, truncated_observations)

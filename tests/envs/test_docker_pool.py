@@ -176,3 +176,43 @@ def test_failed_setup_quarantines_and_spent_budget_is_no_verdict(pool):
     assert episode.done
     outcome = episode.finish()
     assert (outcome.status, outcome.reward) == (EpisodeStatus.NO_VERDICT, 0.0)
+
+
+@pytest.mark.docker
+def test_a_new_pool_removes_the_containers_a_killed_process_left(pool):
+    """Containers whose owning process is gone (a run killed before its pool closed) are
+    removed when a pool starts; a live process's containers, and another host's, stay."""
+    import subprocess
+    import sys
+
+    import docker as docker_sdk
+
+    from cua_jax.envs.docker_pool import LABEL_OWNER, LABEL_ROLE, _start_time, owner_is_gone, process_owner
+
+    dead = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    dead_owner = f"{process_owner().split(':')[0]}:{dead.pid}:{_start_time(dead.pid)}"
+    dead.wait()
+    assert owner_is_gone(dead_owner) and not owner_is_gone(process_owner())
+    assert not owner_is_gone(f"another-host:{dead.pid}:1") and not owner_is_gone("unreadable")
+    client = docker_sdk.from_env()
+    image = pool.config.image
+    made = {}
+    for name, owner in (("dead", dead_owner), ("alive", process_owner()), ("elsewhere", "another-host:1:1")):
+        made[name] = client.containers.run(
+            image,
+            entrypoint=["sleep", "600"],
+            detach=True,
+            network_mode="none",
+            labels={LABEL_ROLE: "env", LABEL_OWNER: owner},
+        )
+    try:
+        pool.remove_orphans()  # (another pool starting meanwhile may remove it first)
+        left = {c.id for c in client.containers.list(all=True, filters={"label": f"{LABEL_ROLE}=env"})}
+        assert made["dead"].id not in left
+        assert made["alive"].id in left and made["elsewhere"].id in left
+    finally:
+        for container in made.values():
+            try:
+                container.remove(force=True)
+            except docker_sdk.errors.NotFound:
+                pass

@@ -5,9 +5,9 @@ The Chrome profile getters read what Chromium (OSWorld's `google-chrome`) writes
 status comes from its HTTP interface inside the container, the image holds the other
 applications OSWorld's tasks name (Thunderbird, Nautilus, socat, xdg-utils); the suite runs
 through `python -m experiments.evaluate --policy=oracle --suite=apps` (the pool picks
-osworld_apps for the tasks' snapshots), every task scores 0 untouched (`--policy=noop
---suite=osworld` on the tasks in OSWorld's layout), and `python -m experiments.tasks
-untouched` flags a task whose setup alone passes its judge.
+osworld_apps for the tasks' snapshots), the random policy scores 0 on them in OSWorld's layout
+(`--suite=osworld`), and `python -m experiments.tasks untouched` judges each untouched and
+flags a task whose setup alone passes its judge.
 """
 
 from __future__ import annotations
@@ -126,9 +126,9 @@ def _osworld_folder(root):
 @pytest.mark.docker
 @pytest.mark.slow
 def test_the_suite_through_the_entrypoint_solved_by_the_oracle_and_0_untouched(tmp_path):
-    """`--policy=oracle --suite=apps` solves each task; `--policy=noop --suite=osworld` on the
-    tasks in OSWorld's layout scores each 0 (the floor: judged on the untouched setup), lists
-    what it did not run and why, and reports the score without the infeasible tasks and the
+    """`--policy=oracle --suite=apps` solves each task; `--policy=random --suite=osworld` on
+    the tasks in OSWorld's layout scores each 0, judged at the turn limit on the state reached
+    (as OSWorld scores its step limit), lists what it did not run and why, and reports the
     steps used; `python -m experiments.tasks untouched` flags a task its setup alone passes,
     which the osworld suite then leaves out."""
     ensure_image(IMAGE)
@@ -150,22 +150,29 @@ def test_the_suite_through_the_entrypoint_solved_by_the_oracle_and_0_untouched(t
     assert {task: row["successes"] for task, row in summary["tasks"].items()} == dict.fromkeys(TASKS, 1)
 
     folder = _osworld_folder(tmp_path / "examples")
-    evaluate("--policy=noop", "--suite=osworld", f"--osworld={folder}", f"--out={tmp_path / 'noop'}")
-    summary = json.loads((tmp_path / "noop" / "turns_15_temperature_1" / "summary.json").read_text())
+    out = tmp_path / "random"
+    evaluate("--policy=random", "--suite=osworld", f"--osworld={folder}", "--turn_budgets=2", f"--out={out}")
+    summary = json.loads((out / "turns_2_temperature_1" / "summary.json").read_text())
     assert {task: row["successes"] for task, row in summary["tasks"].items()} == dict.fromkeys(TASKS, 0)
-    assert {domain for domain in summary["domains"]} == {"chrome", "gimp", "vlc"}
-    assert summary["steps"]["all"] == 1.0
+    assert set(summary["domains"]) == {"chrome", "gimp", "vlc"}
+    assert summary["steps"]["all"] == 2.0
     assert summary["skipped"]["web"] == "needs network: https://www.example.org/news"
     assert summary["skipped"]["os/broken.json"].startswith("schema error: ")
+    # Out of turns, each episode was judged on the state it reached (OSWorld's step limit).
+    records = [json.loads(line) for line in (out / "turns_2_temperature_1" / "results.jsonl").read_text().splitlines()]
+    assert {r["status"] for r in records} == {"failure"} and len(records) == 3
 
     # A judge its setup alone passes: flagged by `untouched`, left out by the suite.
     chrome = folder / "chrome" / "chrome-do-not-track.json"
     chrome.write_text(chrome.read_text().replace('"expected": "true"', '"expected": "false"'))
-    assert task_cli.main(["untouched", str(folder), "--image", IMAGE, "--tasks", "chrome-do-not-track"]) == 0
+    assert task_cli.main(["untouched", str(folder), "--image", IMAGE, "--workers", "3"]) == 0
     record = json.loads((folder / ".untouched.json").read_text())
-    [entry] = record["tasks"].values()
-    assert (entry["id"], entry["status"], entry["reward"]) == ("chrome-do-not-track", "success", 1.0)
-    assert entry["start_s"] > 0 and entry["judge_s"] >= 0
+    assert {entry["id"]: (entry["status"], entry["reward"]) for entry in record["tasks"].values()} == {
+        "chrome-do-not-track": ("success", 1.0),
+        "gimp-undo-levels": ("failure", 0.0),
+        "vlc-max-volume": ("failure", 0.0),
+    }
+    assert all(entry["start_s"] > 0 and entry["judge_s"] >= 0 for entry in record["tasks"].values())
     suite = osworld_suite(folder)
     assert suite.skipped["chrome-do-not-track"] == (
         "trivially satisfied: scores 1 untouched (its setup alone passes the judge)"

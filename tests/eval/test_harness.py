@@ -211,6 +211,16 @@ def test_suites_and_policy_errors():
         action = random_action(rng)
         assert A.parse_arguments(json.loads(A.render_action(action).split("\n")[1])["arguments"]) == action
     assert EvalPolicy("random", config(1)).scripted
+    # The no-op policy declares the task done on its first turn.
+    from cua_jax.context.tokenizer import load_processor
+    from cua_jax.rollout.engine import GenerationRequest, SamplingConfig
+    from experiments.policies import ScriptedEngineFactory
+
+    assert load_eval_policy("noop", config(1)).scripted
+    engine = ScriptedEngineFactory("noop")()
+    [reply] = engine.generate([GenerationRequest(np.zeros(3, np.int32))], SamplingConfig(max_new_tokens=64))
+    text = load_processor(None)[0].decode(reply.token_ids[:-1].tolist())
+    assert A.parse_action(text, "coordinates") == A.Done()
 
 
 @pytest.mark.browser

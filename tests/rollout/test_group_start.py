@@ -144,3 +144,52 @@ def test_the_loop_scores_a_step_fault_by_who_owns_it(renderer, agent_faults, sta
 def test_agent_faults_are_checked():
     with pytest.raises(ValueError, match="agent_faults \\['OOM'\\] are no fault kinds"):
         AgentConfig(agent_faults=("OOM",))
+
+
+class WaitEngine(DoneEngine):
+    """Replies `wait` to every request: the episode never ends on its own."""
+
+    def __init__(self, tokenizer, end_of_turn_id):
+        text = A.render_action(A.Wait(0.1))
+        self.ids = np.asarray([*tokenizer.encode(text, add_special_tokens=False), end_of_turn_id], np.int32)
+
+
+class JudgeableEnv(CountingEnv):
+    """Steps never end the episode; judging the state it reached gives `verdict`."""
+
+    def __init__(self, verdict: float | None):
+        super().__init__()
+        self.verdict = verdict
+
+    async def _step(self, action):
+        return EnvTransition(EnvObservation((self.screen,)))
+
+    async def judge_current(self):
+        self.calls.append("judge_current")
+        return None if self.verdict is None else episode_outcome(verdict=self.verdict)
+
+
+@pytest.mark.parametrize("judge_at_budget", [False, True])
+def test_an_episode_out_of_turns_is_judged_where_the_config_and_environment_allow(renderer, judge_at_budget):
+    """AgentConfig.judge_at_budget (OSWorld scores its step limit): the episode that ran out of
+    turns takes the environment's verdict on the state it reached; an environment that cannot
+    judge an unfinished episode (None), or the flag off, leaves it NO_VERDICT."""
+    loop = AgentLoop(
+        WaitEngine(renderer.tokenizer, renderer.end_of_turn_id),
+        make_segmenter("whole_trajectory", renderer),
+        AgentConfig(max_turns=2, max_context_tokens=2048, judge_at_budget=judge_at_budget),
+    )
+    envs = [JudgeableEnv(1.0), JudgeableEnv(0.0), JudgeableEnv(None)]
+    rollouts = [asyncio.run(loop.run_group([env], "task", seed=7))[0] for env in envs]
+    assert all(r.episode.num_turns == 2 and r.episode.info["budget"] == "turns" for r in rollouts)
+    if judge_at_budget:
+        assert [r.episode.status for r in rollouts] == [
+            EpisodeStatus.SUCCESS,
+            EpisodeStatus.FAILURE,
+            EpisodeStatus.NO_VERDICT,
+        ]
+        assert [r.episode.info.get("judged_at_budget") for r in rollouts] == [True, True, None]
+        assert all(env.calls == ["reset", "judge_current", "end_episode"] for env in envs)
+    else:
+        assert [r.episode.status for r in rollouts] == [EpisodeStatus.NO_VERDICT] * 3
+        assert all(env.calls == ["reset", "end_episode"] for env in envs)
