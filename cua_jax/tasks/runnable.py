@@ -1,3 +1,4 @@
+# Single job: whether a task can run in an environment image here, and every reason it cannot.
 """Whether this project can run a task in a given environment image, and why not.
 
 A task parses when it follows the schema (cua_jax.tasks.schema), which knows every setup
@@ -41,20 +42,7 @@ from cua_jax.tasks import fetch, schema
 from cua_jax.tasks.schema import Task
 
 # Getters that read Chrome's profile files (cua_jax.tasks.getters.Getters.chrome_profile_file).
-CHROME_PROFILE_GETTERS = frozenset(
-    {
-        "default_search_engine",
-        "bookmarks",
-        "enabled_experiments",
-        "chrome_language",
-        "chrome_font_size",
-        "profile_name",
-        "enable_do_not_track",
-        "enable_enhanced_safety_browsing",
-        "new_startup_page",
-        "data_delete_automacally",
-    }
-)
+CHROME_PROFILE_GETTERS = frozenset(schema.CHROME_PROFILE_GETTERS)
 # The setup steps and getters cua_jax.tasks.judges implements (judges asserts on import that
 # they are OSWorld's names and that each getter has its method).
 IMPLEMENTED_STEPS = frozenset(

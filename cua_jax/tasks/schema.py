@@ -102,6 +102,19 @@ SETUP_STEPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "update_browse_history": (("history",), ()),
 }
 _FILE = ("path",), ("dest", "multi", "gives")
+# The getters that read Chrome's profile files (they take no parameters).
+CHROME_PROFILE_GETTERS = (
+    "default_search_engine",
+    "bookmarks",
+    "enabled_experiments",
+    "chrome_language",
+    "chrome_font_size",
+    "profile_name",
+    "enable_do_not_track",
+    "enable_enhanced_safety_browsing",
+    "new_startup_page",
+    "data_delete_automacally",
+)
 GETTERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # files
     "vm_file": (("path",), ("dest", "multi", "gives", "time_suffix", "time_format")),
@@ -133,21 +146,7 @@ GETTERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "conference_city_in_order": (("csv_path",), ()),
     "replay": ((), (OPEN,)),
     # Chrome's profile files (~/.config/google-chrome: Preferences, Local State, Bookmarks)
-    **{
-        name: ((), ())
-        for name in (
-            "default_search_engine",
-            "bookmarks",
-            "enabled_experiments",
-            "chrome_language",
-            "chrome_font_size",
-            "profile_name",
-            "enable_do_not_track",
-            "enable_enhanced_safety_browsing",
-            "new_startup_page",
-            "data_delete_automacally",
-        )
-    },
+    **{name: ((), ()) for name in CHROME_PROFILE_GETTERS},
     # the browser's other state (its debugging protocol, databases, the web)
     **{
         name: ((), (OPEN,))

@@ -31,6 +31,7 @@ from cua_jax.tasks.metrics.browser import is_expected_bookmarks
 from cua_jax.tasks.schema import load_suite
 from cua_jax.tasks.suites.apps.solutions import IMAGE, SOLUTIONS, SUITE_DIR
 from experiments import tasks as task_cli
+from tests.envs.test_osworld_image import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TASKS = {task.id: task for task in load_suite(SUITE_DIR)}
@@ -42,12 +43,6 @@ def test_every_apps_task_has_a_solution_in_the_action_grammar():
     for task_id, replies in SOLUTIONS.items():
         for text in replies:
             assert not isinstance(A.parse_action(text, "coordinates"), A.InvalidAction), (task_id, text)
-
-
-def _run(client, command: str, timeout: float = 60.0) -> str:
-    reply = client.execute(command, shell=True, timeout=timeout)
-    assert reply["returncode"] == 0, (command, reply)
-    return reply["output"]
 
 
 @pytest.mark.docker
@@ -63,8 +58,8 @@ def test_the_applications_and_their_getters_on_a_real_container(tmp_path):
             getters = Getters(client, TASKS["chrome-do-not-track"], tmp_path / "cache")
             # Chromium as google-chrome, its profile where OSWorld's getters read Chrome's.
             client.launch(["google-chrome", "--remote-debugging-port=1337"])
-            _run(client, "until [ -s ~/.config/google-chrome/Default/Preferences ]; do sleep 0.2; done")
-            assert "Chrome/" in _run(
+            run(client, "until [ -s ~/.config/google-chrome/Default/Preferences ]; do sleep 0.2; done")
+            assert "Chrome/" in run(
                 client,
                 'python3 -c "import urllib.request as u; '
                 "print(u.urlopen('http://127.0.0.1:1337/json/version').read().decode())\"",
@@ -74,7 +69,7 @@ def test_the_applications_and_their_getters_on_a_real_container(tmp_path):
             assert getters.chrome_font_size()["default_font_size"] == 16
             assert getters.bookmarks() == []  # no Bookmarks file yet
             # The settings a user makes, written as Chromium keeps them (it rewrites them on exit).
-            _run(
+            run(
                 client,
                 "pkill -f ^/usr/lib/chromium/; while pgrep -f ^/usr/lib/chromium/ >/dev/null; do sleep 0.2; done",
             )
