@@ -80,6 +80,20 @@ def random_action(rng: np.random.Generator) -> A.Action:
     return A.Scroll(A.SCROLL_DIRECTIONS[int(rng.integers(4))], int(rng.integers(1, 6)))
 
 
+def reply_ids(tokenizer, text: str, end_of_turn_id: int) -> np.ndarray:
+    """int32 [T]: a scripted reply's tokens and the end-of-turn token."""
+    return np.asarray([*tokenizer.encode(text, add_special_tokens=False), int(end_of_turn_id)], np.int32)
+
+
+def scripted_generation(ids: np.ndarray, sampling: SamplingConfig) -> Generation:
+    """A scripted reply `ids` as a generation (logprobs 0), cut at sampling.max_new_tokens as a
+    policy's reply would be."""
+    finish = FinishReason.STOP
+    if len(ids) > sampling.max_new_tokens:
+        ids, finish = ids[: sampling.max_new_tokens], FinishReason.LENGTH
+    return Generation(ids, np.zeros(len(ids), np.float32), finish, 0)
+
+
 class RandomActionEngine(ScriptedEngine):
     """Answers every request with `random_action`'s tool call plus the end-of-turn token
     (logprob 0), drawn from the request's seed (else the engine's own stream, seeded `seed`).
@@ -96,12 +110,8 @@ class RandomActionEngine(ScriptedEngine):
         out = []
         for request in requests:
             rng = np.random.default_rng(request.seed) if request.seed is not None else self.rng
-            text = A.render_action(random_action(rng))
-            ids = np.asarray([*self.tokenizer.encode(text, add_special_tokens=False), self.end_of_turn_id], np.int32)
-            finish = FinishReason.STOP
-            if len(ids) > sampling.max_new_tokens:
-                ids, finish = ids[: sampling.max_new_tokens], FinishReason.LENGTH
-            out.append(Generation(ids, np.zeros(len(ids), np.float32), finish, 0))
+            ids = reply_ids(self.tokenizer, A.render_action(random_action(rng)), self.end_of_turn_id)
+            out.append(scripted_generation(ids, sampling))
         return out
 
 
@@ -112,14 +122,10 @@ class NoOpEngine(ScriptedEngine):
     name = "the no-op policy"
 
     def __init__(self, tokenizer, end_of_turn_id: int):
-        text = A.render_action(A.Done())
-        self.ids = np.asarray([*tokenizer.encode(text, add_special_tokens=False), int(end_of_turn_id)], np.int32)
+        self.ids = reply_ids(tokenizer, A.render_action(A.Done()), end_of_turn_id)
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
-        ids, finish = self.ids, FinishReason.STOP
-        if len(ids) > sampling.max_new_tokens:
-            ids, finish = ids[: sampling.max_new_tokens], FinishReason.LENGTH
-        return [Generation(ids, np.zeros(len(ids), np.float32), finish, 0) for _ in requests]
+        return [scripted_generation(self.ids, sampling) for _ in requests]
 
 
 class TaskOracleEngine(ScriptedEngine):
@@ -149,11 +155,10 @@ class TaskOracleEngine(ScriptedEngine):
         text = replies[turn] if 0 <= turn < len(replies) else A.render_action(A.Fail())
         if not 0 <= turn < len(replies):
             self.replay_errors.append(f"{self.task}: turn {turn} is past its recorded solution's {len(replies)}")
-        ids = np.asarray([*self.tokenizer.encode(text, add_special_tokens=False), self.end_of_turn_id], np.int32)
+        ids = reply_ids(self.tokenizer, text, self.end_of_turn_id)
         if len(ids) > sampling.max_new_tokens:
             self.replay_errors.append(f"{self.task}: the recorded reply has {len(ids)} tokens, over max_new_tokens")
-            ids = np.asarray([*self.tokenizer.encode(A.render_action(A.Fail()), add_special_tokens=False)], np.int32)
-            ids = np.asarray([*ids, self.end_of_turn_id], np.int32)
+            ids = reply_ids(self.tokenizer, A.render_action(A.Fail()), self.end_of_turn_id)
         return Generation(ids, np.zeros(len(ids), np.float32), FinishReason.STOP, 0)
 
     @property

@@ -42,6 +42,7 @@ import time
 import urllib.parse
 from typing import Any
 
+from cua_jax.eval.suites import classify_task_files
 from cua_jax.eval.untouched import RECORD_NAME, UntouchedRecord, flag, run_untouched
 from cua_jax.tasks import mirror as M
 from cua_jax.tasks import runnable as R
@@ -74,39 +75,17 @@ def classify(
     image_name: str | None = None,
     untouched: Any = None,
 ) -> list[dict[str, Any]]:
-    """One row per task file: {path, domain, id, status, reasons, groups}; status is
-    "runnable", "not runnable" or "schema error". The apps are `image_apps`, else probed
-    in `image`. image_name: the image's name under launch/images, whose tasks are those of
-    its lineage (a task that starts on another image is not runnable, the reason names it).
-    untouched: the folder's `UntouchedRecord`: a runnable task it flags is "trivially
-    satisfied" (or "untouched run failed") with the flag as its reason (its entries for `image`)."""
+    """One row per task file of `folder` (`cua_jax.eval.suites.classify_task_files`): {path,
+    domain, id, status, reasons, groups}. The apps are `image_apps`, else probed in `image`
+    (a tag). image_name: the image's name under launch/images (a task that starts on another
+    image is not runnable). untouched: the folder's `UntouchedRecord`, whose entries for
+    `image` flag runnable tasks."""
     files = scan_task_folder(folder)
     task_needs = {file.path: R.needs(file.task, mirror) for file in files if file.task is not None}
     if image_apps is None:
         names = sorted({name for found in task_needs.values() for name in R.probe_names(found)})
         image_apps = R.probe_image(image, names) if image else set()
-    rows = []
-    for file in files:
-        row = {"path": str(file.path), "domain": file.domain, "id": file.task.id if file.task else file.path.stem}
-        if file.task is None:
-            message = str(file.error).split(": ", 1)[1] if ": " in str(file.error) else str(file.error)
-            rows.append({**row, "status": "schema error", "reasons": [message], "groups": ["schema error"]})
-            continue
-        found = task_needs[file.path]
-        ok, reasons = R.runnable(file.task, image_apps, mirror, found)
-        groups = []
-        for need in found:
-            if need.reason in reasons and need.group not in groups:
-                groups.append(need.group)
-        mismatch = R.image_mismatch(file.task, image_name) if image_name is not None else None
-        if mismatch is not None:
-            ok, reasons, groups = False, [mismatch, *reasons], [mismatch.split(" (", 1)[0], *groups]
-        status = "runnable" if ok else "not runnable"
-        flagged = untouched.flag(file.path, image) if ok and untouched is not None and image else None
-        if flagged is not None:
-            status, reasons, groups = flagged.split(":", 1)[0], [flagged], [flagged.split(":", 1)[0]]
-        rows.append({**row, "status": status, "reasons": reasons, "groups": groups})
-    return rows
+    return classify_task_files(files, task_needs, image_apps, mirror, image_name, image, untouched)
 
 
 def _table(header: list[str], lines: list[list[Any]], widths: list[int] | None = None) -> str:

@@ -315,11 +315,13 @@ def save_traces(
             json.dump(record, f, indent=2, ensure_ascii=False)
 
 
-def _items_by_episode(batch: Any) -> dict[str, list[int]]:
+def _episode_advantages(batch: Any) -> tuple[dict[str, list[int]], dict[str, float]]:
+    """(each episode's item indices, each episode's advantage: the mean of its items')."""
     by_episode: dict[str, list[int]] = collections.defaultdict(list)
     for i, item in enumerate(batch.items):
         by_episode[item.episode_id].append(i)
-    return by_episode
+    advantages = {e: float(np.mean([batch.item_advantages[i] for i in rows])) for e, rows in by_episode.items()}
+    return by_episode, advantages
 
 
 def traced_episodes(batch: Any, num_episodes: int) -> list[str]:
@@ -327,8 +329,10 @@ def traced_episodes(batch: Any, num_episodes: int) -> list[str]:
     its summary: only items' episode ids and advantages are read) that its training traces
     show: those with the largest advantages in magnitude, alternating sign (what the step
     pushed up and down hardest); an episode's advantage is the mean of its items'."""
-    by_episode = _items_by_episode(batch)
-    advantages = {e: float(np.mean([batch.item_advantages[i] for i in rows])) for e, rows in by_episode.items()}
+    return _hardest_pushed(_episode_advantages(batch)[1], num_episodes)
+
+
+def _hardest_pushed(advantages: Mapping[str, float], num_episodes: int) -> list[str]:
     ups = sorted((e for e in advantages if advantages[e] >= 0), key=lambda e: -advantages[e])
     downs = sorted((e for e in advantages if advantages[e] < 0), key=lambda e: advantages[e])
     return [e for pair in itertools.zip_longest(ups, downs) for e in pair if e is not None][:num_episodes]
@@ -351,10 +355,9 @@ def save_training_traces(
     turn's is the advantage of its item. `score_items(indices)`: the learner's per-token
     logprobs ([L] each, aligned with the item's ids) of the batch's items at `indices`; only
     the chosen episodes' items are scored."""
-    by_episode = _items_by_episode(batch)
-    advantages = {e: float(np.mean([batch.item_advantages[i] for i in rows])) for e, rows in by_episode.items()}
+    by_episode, advantages = _episode_advantages(batch)
     if chosen is None:
-        chosen = traced_episodes(batch, num_episodes)
+        chosen = _hardest_pushed(advantages, num_episodes)
     indices = [i for e in chosen for i in by_episode[e]]
     rows = list(score_items(indices))
     if len(rows) != len(indices):

@@ -23,7 +23,7 @@ import functools
 import json
 import os
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from cua_jax.envs.miniwob import task_names
@@ -283,52 +283,84 @@ def _probed(tag: str, names: tuple[str, ...]) -> frozenset[str]:
     return frozenset(probe_image(tag, names))
 
 
+def classify_task_files(
+    files: Sequence[Any],
+    task_needs: Mapping[Any, list],
+    image_apps: Collection[str],
+    mirror: str | None = None,
+    image_name: str | None = None,
+    image_tag: str | None = None,
+    record: Any = None,
+) -> list[dict[str, Any]]:
+    """One row per task file (`scan_task_folder`'s, in order): {path, domain, id, status,
+    reasons, groups}; status "runnable", "not runnable" or "schema error", or a flag of the
+    folder's untouched record. task_needs: `runnable.needs` of each parsed file (by path);
+    image_apps: what the image holds (`runnable.probe_image`). image_name: the image's name
+    under launch/images, whose tasks are those of its lineage (a task that starts on another
+    image is not runnable, the reason names it). record: the folder's `UntouchedRecord`: a
+    runnable task its entries for `image_tag` flag is "trivially satisfied" (or "untouched
+    run failed") with the flag as its reason. What `python -m experiments.tasks check`
+    prints and `runnable_task_folder` keeps."""
+    from cua_jax.tasks import runnable as R
+
+    rows = []
+    for file in files:
+        row = {"path": str(file.path), "domain": file.domain, "id": file.task.id if file.task else file.path.stem}
+        if file.task is None:
+            message = str(file.error).split(": ", 1)[1] if ": " in str(file.error) else str(file.error)
+            rows.append({**row, "status": "schema error", "reasons": [message], "groups": ["schema error"]})
+            continue
+        found = task_needs[file.path]
+        ok, reasons = R.runnable(file.task, image_apps, mirror, found)
+        groups = []
+        for need in found:
+            if need.reason in reasons and need.group not in groups:
+                groups.append(need.group)
+        mismatch = R.image_mismatch(file.task, image_name) if image_name is not None else None
+        if mismatch is not None:
+            ok, reasons, groups = False, [mismatch, *reasons], [mismatch.split(" (", 1)[0], *groups]
+        status = "runnable" if ok else "not runnable"
+        flagged = record.flag(file.path, image_tag) if ok and record is not None and image_tag else None
+        if flagged is not None:
+            status, reasons, groups = flagged.split(":", 1)[0], [flagged], [flagged.split(":", 1)[0]]
+        rows.append({**row, "status": status, "reasons": reasons, "groups": groups})
+    return rows
+
+
 def runnable_task_folder(
     folder: str | os.PathLike, image: str | None = None, mirror: str | None = None
 ) -> tuple[list[Any], dict[str, str]]:
     """The desktop tasks of `folder` that run here, and why each other task file does not (by
-    task id, or by path for a file that breaks the schema): a schema error, what
-    `cua_jax.tasks.runnable` finds missing on `image` (a name under launch/images; default:
-    the one of the tasks' images built from the others, else osworld_apps) and the download
-    mirror, a task that starts on another image, or a flag of the folder's untouched record
-    (`cua_jax.eval.untouched`: trivially satisfied, or failed untouched). What OSWorld's
-    evaluation_examples/examples becomes a suite and a run's task folder by (env.task_filter
-    "runnable"). Probes the image (one throwaway container; built when missing)."""
+    task id, or by path for a file that breaks the schema): `classify_task_files` on `image`
+    (a name under launch/images; default: the one of the tasks' images built from the others,
+    else osworld_apps), the download mirror and the folder's untouched record
+    (`cua_jax.eval.untouched`). What OSWorld's evaluation_examples/examples becomes a suite
+    and a run's task folder by (env.task_filter "runnable"). Probes the image (one throwaway
+    container; built when missing)."""
     from cua_jax.envs import images
     from cua_jax.eval.untouched import UntouchedRecord
     from cua_jax.tasks import runnable as R
 
     root = pathlib.Path(folder)
-    skipped: dict[str, str] = {}
-    parsed = []
-    for file in scan_task_folder(root):
-        if file.task is None:
-            message = str(file.error).split(": ", 1)[1] if ": " in str(file.error) else str(file.error)
-            skipped[str(file.path.relative_to(root))] = f"schema error: {message}"
-        else:
-            parsed.append(file)
-    known = set(images.image_names())
+    files = scan_task_folder(root)
+    parsed = [file for file in files if file.task is not None]
     if image is None:
+        known = set(images.image_names())
         image = images.covering_image({R.task_image(f.task) for f in parsed if R.task_image(f.task) in known})
         image = image or "osworld_apps"
     tag = images.ensure_image(image)
     needs = {file.path: R.needs(file.task, mirror) for file in parsed}
     apps = _probed(tag, tuple(sorted({name for found in needs.values() for name in R.probe_names(found)})))
-    record = UntouchedRecord(root)
-    tasks = []
-    for file in parsed:
-        ok, reasons = R.runnable(file.task, apps, mirror, needs[file.path])
-        mismatch = R.image_mismatch(file.task, image)
-        if mismatch is not None:
-            ok, reasons = False, [mismatch, *reasons]
-        flagged = record.flag(file.path, tag) if ok else None
-        if flagged is not None:
-            ok, reasons = False, [flagged]
-        if ok:
+    rows = classify_task_files(files, needs, apps, mirror, image, tag, UntouchedRecord(root))
+    tasks, skipped = [], {}
+    for file, row in zip(files, rows):
+        if row["status"] == "runnable":
             tasks.append(desktop_task(file))
+        elif file.task is None:
+            skipped[str(file.path.relative_to(root))] = f"schema error: {row['reasons'][0]}"
         else:  # by id; by path where another file has the id (OSWorld's -win.json copies)
             key = file.task.id if file.task.id not in skipped else str(file.path.relative_to(root))
-            skipped[key] = "; ".join(reasons)
+            skipped[key] = "; ".join(row["reasons"])
     return tasks, skipped
 
 

@@ -266,12 +266,14 @@ def process_microbatches(
     block: this process's block among the processes' (`Learner.process_rows`), which places its
     prefix rows after those of the blocks before it.
 
-    Screenshots (items with images; pixel_patches from `process_images`, and `processes`, whose
-    every member calls this with the same shape): a micro-batch's images are replicated over the
-    mesh, so each micro-batch carries every process's images (`join_process_images`, one
-    exchange for all the micro-batches), in the row-major placeholder order of the global rows."""
-    with_images = any(item.images for item in items)
-    if with_images and (pixel_patches is None or processes is None):
+    Screenshots (a vision-language policy: `multimodal`, with pixel_patches from
+    `process_images` and `processes`, whose every member calls this with the same shape): a
+    micro-batch's images are replicated over the mesh, so each micro-batch carries every
+    process's images (`join_process_images`, one exchange for all the micro-batches, which
+    every process joins whether or not its own items have images), in the row-major
+    placeholder order of the global rows."""
+    join = processes is not None and multimodal is not None
+    if any(item.images for item in items) and (pixel_patches is None or not join):
         raise ValueError("process_microbatches: items with images need their pixel_patches and the processes")
     local = dataclasses.replace(config, rows=local_rows)
     adv = np.asarray(item_advantages, np.float32)
@@ -288,10 +290,10 @@ def process_microbatches(
                 length=micro.length,
                 prefix_shape=micro.prefix,
                 prefix_offset=offset,
-                pad_images=processes is None,
+                pad_images=not join,
             )
         )
-    if processes is not None:
+    if join:
         out = join_process_images(out, block, processes)
     return out
 

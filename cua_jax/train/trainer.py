@@ -415,8 +415,6 @@ class Trainer:
         with timeline.span("learner_host"):
             rows = self.learner.process_rows(settings.batching.rows)
             pixel_patches = process_images(batch.items, batch.episodes, self.image_processor)
-            # Every process joins each mini-batch's image exchange when any process has images.
-            images = self.multimodal is not None
             for items, advantages in minibatch_shares(batch.items, item_advantages, whole.minibatch_groups):
                 shape = agree_batch_shape(items, settings.batching, rows.rows, processes, rows.shards, pixel_patches)
                 mine = process_microbatches(
@@ -428,7 +426,7 @@ class Trainer:
                     self.multimodal,
                     rows.block,
                     pixel_patches=pixel_patches,
-                    processes=processes if images else None,
+                    processes=processes,
                 )
                 minibatches.append([self.learner.global_batch(mb) for mb in mine])
                 shapes.append(shape)
@@ -499,7 +497,7 @@ class Trainer:
             self.multimodal,
             rows.block,
             pixel_patches=pixel_patches,
-            processes=processes if self.multimodal is not None else None,
+            processes=processes,
         )
         scored = []
         for m, part in enumerate(parts):
