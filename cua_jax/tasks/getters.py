@@ -310,14 +310,17 @@ class Getters:
         data = self.chrome_profile_file("Default/Bookmarks")
         return [] if data is None else data.get("roots", {})
 
+    # A switch is on where Chrome's Preferences hold the boolean true, the only value Chrome
+    # honours (OSWorld's getters take any truthy value: a string "false" written into the
+    # file would pass them, and leave the browser's setting off).
     def enable_do_not_track(self) -> str:
-        return "true" if self._preferences().get("enable_do_not_track", {}) else "false"
+        return "true" if self._preferences().get("enable_do_not_track") is True else "false"
 
     def enable_enhanced_safety_browsing(self) -> str:
         data = self.chrome_profile_file("Default/Preferences")
         if data is None:
             return "Google"  # OSWorld's answer when the file cannot be read
-        return "true" if data.get("safebrowsing", {}).get("enhanced", {}) else "false"
+        return "true" if data.get("safebrowsing", {}).get("enhanced") is True else "false"
 
     def new_startup_page(self) -> str:
         data = self.chrome_profile_file("Default/Preferences")

@@ -86,6 +86,15 @@ def test_the_applications_and_their_getters_on_a_real_container(tmp_path):
             )
             client.execute(["python3", "-c", edit], timeout=30)
             assert getters.enable_do_not_track() == "true"
+            # What an agent could write instead of the setting: a truthy string Chrome ignores,
+            # or a file Chrome cannot read; neither turns the switch on.
+            for tampered in ('{"enable_do_not_track": "false"}', '{"enable_do_not_track": 1}', "not json"):
+                client.upload("/home/user/.config/google-chrome/Default/Copy", tampered.encode())
+                client.execute(
+                    ["sh", "-c", "cd ~/.config/google-chrome/Default && cp Preferences Kept && mv Copy Preferences"]
+                )
+                assert getters.enable_do_not_track() == "false", tampered
+                client.execute(["sh", "-c", "cd ~/.config/google-chrome/Default && mv Kept Preferences"])
             assert getters.new_startup_page() == "false"
             assert getters.profile_name() == "Research"
             assert getters.chrome_font_size() == {"default_font_size": 24}
