@@ -395,7 +395,7 @@ class Trainer:
         summary, as one process collecting everything computes them. Weight sync: every
         process's engines."""
         t0 = time.perf_counter()
-        settings, processes = self.settings, self.processes
+        settings = self.settings
         with timeline.span("learner_host"):
             batch = prepare_batch(local, settings, 1, self.version, self.domains)
             # The mini-batch plan is the whole batch's, as one process would cut it.
@@ -416,18 +416,7 @@ class Trainer:
             rows = self.learner.process_rows(settings.batching.rows)
             pixel_patches = process_images(batch.items, batch.episodes, self.image_processor)
             for items, advantages in minibatch_shares(batch.items, item_advantages, whole.minibatch_groups):
-                shape = agree_batch_shape(items, settings.batching, rows.rows, processes, rows.shards, pixel_patches)
-                mine = process_microbatches(
-                    items,
-                    advantages,
-                    settings.batching,
-                    rows.rows,
-                    shape,
-                    self.multimodal,
-                    rows.block,
-                    pixel_patches=pixel_patches,
-                    processes=processes,
-                )
+                shape, mine = self._global_parts(items, advantages, settings.batching, rows, pixel_patches)
                 minibatches.append([self.learner.global_batch(mb) for mb in mine])
                 shapes.append(shape)
         self.last_minibatch_item_counts = [shape.items for shape in shapes]
@@ -435,6 +424,24 @@ class Trainer:
         if trace_every and self.step % trace_every == 0:
             self._trace_share(batch, item_advantages, whole, pixel_patches)
         return self._update_and_sync(minibatches, float(sum(shape.tokens for shape in shapes)), metrics, t0)
+
+    def _global_parts(self, items, advantages, config, rows, pixel_patches) -> tuple[Any, list]:
+        """(the agreed shape, this process's parts of the global micro-batches) of its `items`
+        at `rows` (`Learner.process_rows`): `agree_batch_shape` then `process_microbatches`,
+        collectives every process calls."""
+        shape = agree_batch_shape(items, config, rows.rows, self.processes, rows.shards, pixel_patches)
+        parts = process_microbatches(
+            items,
+            advantages,
+            config,
+            rows.rows,
+            shape,
+            self.multimodal,
+            rows.block,
+            pixel_patches=pixel_patches,
+            processes=self.processes,
+        )
+        return shape, parts
 
     def _update_and_sync(self, minibatches: Any, forward_tokens: float, metrics: dict, t0: float) -> dict[str, float]:
         """The step's updates on `minibatches`, then the weights to the engines: `metrics` gains
@@ -487,18 +494,7 @@ class Trainer:
         items = [batch.items[i] for i in indices]
         config = dataclasses.replace(settings.batching, share_prefix=False)  # whole items: logprobs align with ids
         rows = self.learner.process_rows(config.rows)
-        shape = agree_batch_shape(items, config, rows.rows, processes, rows.shards, pixel_patches)
-        parts = process_microbatches(
-            items,
-            np.zeros(len(items), np.float32),
-            config,
-            rows.rows,
-            shape,
-            self.multimodal,
-            rows.block,
-            pixel_patches=pixel_patches,
-            processes=processes,
-        )
+        _, parts = self._global_parts(items, np.zeros(len(items), np.float32), config, rows, pixel_patches)
         scored = []
         for m, part in enumerate(parts):
             logprobs = self.learner.score(self.learner.global_batch(part))[rows.block * rows.rows :]
