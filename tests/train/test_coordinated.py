@@ -614,19 +614,27 @@ def test_processes_take_their_async_groups_together():
     collective) for one whose groups come later, then both take theirs at the global version,
     stale ones dropped and counted; a rollout thread's error on one process, or a timeout,
     raises on every process and loses no group."""
-    import time
-
     from cua_jax.train.async_rollouts import RolloutFeeder
 
     feeders = [RolloutFeeder(staleness_window=1, capacity=4) for _ in range(2)]
     feeders[0].buffer.put(_rollout_group(0, 0))
     feeders[0].buffer.put(_rollout_group(2, 2))
     feeders[1].buffer.put(_rollout_group(1, 0))
-    late = threading.Timer(0.3, lambda: feeders[1].buffer.put(_rollout_group(3, 2)))
-    late.start()
-    start = time.perf_counter()
-    taken = on_threads(thread_processes(2), lambda p: feeders[p.index].take_agreed(1, 2, p, 30.0, poll_s=0.05))
-    assert time.perf_counter() - start >= 0.3
+    late_put = threading.Event()
+
+    def put_late():
+        late_put.set()  # before the put: a process returning after the put always sees it set
+        feeders[1].buffer.put(_rollout_group(3, 2))
+
+    threading.Timer(0.3, put_late).start()
+
+    def take(p):
+        groups = feeders[p.index].take_agreed(1, 2, p, 30.0, poll_s=0.05)
+        return groups, late_put.is_set()  # process 0 returns only once process 1's group is in
+
+    taken = on_threads(thread_processes(2), take)
+    assert [after_late_put for _, after_late_put in taken] == [True, True]
+    taken = [result for result, _ in taken]
     assert [[g.group_id for g in groups] for groups, _ in taken] == [[2], [3]]
     assert [f.buffer.dropped_stale_groups for f in feeders] == [1, 1]  # version 0 at version 2, window 1
 
