@@ -46,6 +46,7 @@ from cua_jax.eval.suites import classify_task_files
 from cua_jax.eval.untouched import RECORD_NAME, UntouchedRecord, flag, run_untouched
 from cua_jax.tasks import mirror as M
 from cua_jax.tasks import runnable as R
+from cua_jax.tasks.fetch import downloads_from
 from cua_jax.tasks.sources import scan_task_folder
 
 
@@ -193,7 +194,7 @@ def untouched(args: argparse.Namespace) -> int:
         )
 
     config = PoolConfig(image=image, size=args.workers, cpus=1.0, memory="2g", call_timeout=120.0)
-    with DockerEnvPool(config) as pool:
+    with downloads_from(args.mirror), DockerEnvPool(config) as pool:  # the setups read the mirror
         run_untouched(pool, left, record, image, args.workers, report)
     flagged = {path: record.flag(path, image) for path, _ in chosen if record.flag(path, image)}
     print(

@@ -9,6 +9,7 @@ cua_jax.tasks.mirror), else it raises NetworkNeeded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import urllib.parse
@@ -30,6 +31,25 @@ def download_mirror(mirror: str | pathlib.Path | None = None) -> pathlib.Path | 
     """The download mirror folder: `mirror`, else $CUA_JAX_DOWNLOAD_MIRROR, else none."""
     chosen = mirror if mirror is not None else os.environ.get(DOWNLOAD_MIRROR_ENV)
     return pathlib.Path(chosen).expanduser() if chosen else None
+
+
+@contextlib.contextmanager
+def downloads_from(mirror: str | pathlib.Path | None):
+    """Within the block, every download that names no mirror reads `mirror` (through
+    $CUA_JAX_DOWNLOAD_MIRROR, so setups deep in a pool see it); the variable's value before
+    the block comes back after it. None changes nothing."""
+    if mirror is None:
+        yield
+        return
+    before = os.environ.get(DOWNLOAD_MIRROR_ENV)
+    os.environ[DOWNLOAD_MIRROR_ENV] = os.path.abspath(os.path.expanduser(mirror))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(DOWNLOAD_MIRROR_ENV, None)
+        else:
+            os.environ[DOWNLOAD_MIRROR_ENV] = before
 
 
 def mirror_path(url: str, mirror: str | pathlib.Path) -> pathlib.Path:

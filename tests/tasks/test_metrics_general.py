@@ -72,6 +72,10 @@ def test_check_accessibility_tree():
     assert G.check_accessibility_tree(A11Y, [{"xpath": "//label", "text": "Unsaved", "exact": True}]) == 0.0
     assert 0.0 < G.check_accessibility_tree(A11Y, [{"xpath": "//label", "text": "Save", "exact": False}]) < 1.0
     assert G.check_accessibility_tree(A11Y, [{"xpath": "//button"}]) == 0.0
+    # OSWorld's CSS selector rules, namespaced attributes as attr|name
+    selected = [{"selectors": ["application[name=Files] > label[attr|id=status]"], "text": "Saved", "exact": True}]
+    assert G.check_accessibility_tree(A11Y, selected) == 1.0
+    assert G.check_accessibility_tree(A11Y, [{"selectors": ["application[name=Mail] label"]}]) == 0.0
     assert G.check_accessibility_tree("<not xml", [{"xpath": "//x"}]) == 0.0
     with pytest.raises(JudgeError, match="'xpath' or 'selectors'"):
         G.check_accessibility_tree(A11Y, [{"text": "x"}])

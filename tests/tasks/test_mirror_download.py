@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import pathlib
 import threading
 
 import pytest
@@ -311,3 +312,16 @@ def test_bad_arguments_are_named(tmp_path, capsys):
     assert "--workers must be at least 1" in capsys.readouterr().err
     assert tasks_cli.main([*argv, "--base_url", "ftp://mirror"]) == 2
     assert "--base_url must be an http(s) URL" in capsys.readouterr().err
+
+
+def test_downloads_from_a_mirror_only_within_the_block(tmp_path, monkeypatch):
+    monkeypatch.setenv(fetch.DOWNLOAD_MIRROR_ENV, "/before")
+    with fetch.downloads_from(tmp_path / "mirror"):
+        assert fetch.download_mirror() == tmp_path / "mirror"
+    assert fetch.download_mirror() == pathlib.Path("/before")
+    monkeypatch.delenv(fetch.DOWNLOAD_MIRROR_ENV)
+    with fetch.downloads_from(None):
+        assert fetch.download_mirror() is None
+    with pytest.raises(RuntimeError), fetch.downloads_from(tmp_path):
+        raise RuntimeError("a failed run")
+    assert fetch.download_mirror() is None

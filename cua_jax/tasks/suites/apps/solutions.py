@@ -3,7 +3,8 @@ expect reward 1; an untouched run, no reply but `done`, must score 0). Each sett
 application's own configuration file, which is what the task's getter reads: the replies
 open a terminal (ctrl+alt+t), quit the application (each rewrites its file on exit), and
 change the file, as a user who knows where the setting lives would. The suite's tasks name
-OSWorld's snapshots (chrome, gimp, vlc), which run on the osworld_apps image."""
+OSWorld's snapshots (chrome, gimp, vlc, thunderbird, base_setup), which run on the
+osworld_apps image."""
 
 from __future__ import annotations
 
@@ -21,8 +22,11 @@ def _in_terminal(*lines: str, wait: float = 2.0) -> list[str]:
     return [A.render_action(a) for a in (*actions, A.Done())]
 
 
-_QUIT = "pkill {pattern}; while pgrep {pattern} >/dev/null; do sleep 0.2; done"
+# Waits until no live process matches: an application the environment server started stays a
+# zombie until the server reaps it, and pgrep alone lists zombies.
+_QUIT = "pkill {pattern}; while pgrep {pattern} | xargs -r -n1 ps -o stat= -p | grep -qv Z; do sleep 0.2; done"
 _PREFERENCES = "~/.config/google-chrome/Default/Preferences"
+_THUNDERBIRD_PREFS = "~/.thunderbird/t5q2a5hp.default-release/prefs.js"
 
 SOLUTIONS: dict[str, list[str]] = {
     "chrome-do-not-track": _in_terminal(
@@ -37,6 +41,13 @@ SOLUTIONS: dict[str, list[str]] = {
     "vlc-max-volume": _in_terminal(
         _QUIT.format(pattern="-x vlc"),
         "sed -i 's/^\\[qt\\].*/&\\nqt-max-volume=200/' ~/.config/vlc/vlcrc",
+    ),
+    "thunderbird-new-mail-alert": _in_terminal(
+        _QUIT.format(pattern="-x thunderbird"),  # Thunderbird rewrites prefs.js as it quits
+        'sed -i \'s/"mail.biff.show_alert", false/"mail.biff.show_alert", true/\' ' + _THUNDERBIRD_PREFS,
+    ),
+    "nautilus-bookmark": _in_terminal(
+        "mkdir -p ~/.config/gtk-3.0 && echo file:///home/user/Projects >> ~/.config/gtk-3.0/bookmarks",
     ),
 }
 UNTOUCHED: list[str] = [A.render_action(A.Done())]

@@ -1,0 +1,1 @@
+user_pref("mail.biff.show_alert", false);
