@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -70,7 +69,7 @@ def main(argv: list[str]) -> None:
     from cua_jax.eval.harness import sweep
     from cua_jax.eval.suites import load_suite, osworld_suite
     from cua_jax.observe.logs import quiet_library_logging
-    from cua_jax.tasks.fetch import DOWNLOAD_MIRROR_ENV
+    from cua_jax.tasks.fetch import downloads_from
     from cua_jax.train.build import local_ray
     from cua_jax.train.settings import rollout_settings
     from experiments.policies import load_eval_policy, worker_factory
@@ -78,36 +77,38 @@ def main(argv: list[str]) -> None:
     quiet_library_logging()
     if _PILOT.value:
         return pilot()
-    if _MIRROR.value:  # read by every download (cua_jax.tasks.fetch), in this process and its workers
-        os.environ[DOWNLOAD_MIRROR_ENV] = os.path.abspath(_MIRROR.value)
-    try:
-        if _SUITE.value == "osworld":
-            if not _OSWORLD.value:
-                raise app.UsageError("--suite=osworld reads OSWorld's task files: pass --osworld=<its examples folder>")
-            suite = osworld_suite(_OSWORLD.value, _MIRROR.value)
-        else:
-            suite = load_suite(_SUITE.value)
-        if _TASKS.value:
-            suite = suite.restricted(_TASKS.value)
-        policy = load_eval_policy(_POLICY.value, _CONFIG.value, _STEP.value)
-        turns = _numbers(_TURNS.value, int, "turn_budgets") or [policy.config.eval.max_turns]
-        temperatures = _numbers(_TEMPERATURES.value, float, "temperatures") or [policy.config.eval.temperature]
-        with local_ray(rollout_settings(policy.config)):
-            summaries = sweep(
-                worker_factory(policy, suite, _WORKERS.value, group_size=_K.value),
-                policy,
-                suite,
-                suite.seeds(_SEEDS.value),
-                _K.value,
-                _OUT.value,
-                turns,
-                temperatures,
-                max_reruns=_MAX_RERUNS.value,
-                confidence=policy.config.eval.confidence,
-                groups_per_call=policy.config.eval.concurrent_groups,
-            )
-    except ValueError as error:
-        raise app.UsageError(str(error)) from error
+    # the mirror is read by every download (cua_jax.tasks.fetch), in this process and its workers
+    with downloads_from(_MIRROR.value or None):
+        try:
+            if _SUITE.value == "osworld":
+                if not _OSWORLD.value:
+                    raise app.UsageError(
+                        "--suite=osworld reads OSWorld's task files: pass --osworld=<its examples folder>"
+                    )
+                suite = osworld_suite(_OSWORLD.value, _MIRROR.value)
+            else:
+                suite = load_suite(_SUITE.value)
+            if _TASKS.value:
+                suite = suite.restricted(_TASKS.value)
+            policy = load_eval_policy(_POLICY.value, _CONFIG.value, _STEP.value)
+            turns = _numbers(_TURNS.value, int, "turn_budgets") or [policy.config.eval.max_turns]
+            temperatures = _numbers(_TEMPERATURES.value, float, "temperatures") or [policy.config.eval.temperature]
+            with local_ray(rollout_settings(policy.config)):
+                summaries = sweep(
+                    worker_factory(policy, suite, _WORKERS.value, group_size=_K.value),
+                    policy,
+                    suite,
+                    suite.seeds(_SEEDS.value),
+                    _K.value,
+                    _OUT.value,
+                    turns,
+                    temperatures,
+                    max_reruns=_MAX_RERUNS.value,
+                    confidence=policy.config.eval.confidence,
+                    groups_per_call=policy.config.eval.concurrent_groups,
+                )
+        except ValueError as error:
+            raise app.UsageError(str(error)) from error
     for folder, summary in summaries.items():
         o = summary["overall"]
         print(

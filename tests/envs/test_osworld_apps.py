@@ -22,7 +22,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 
 import pytest
@@ -39,7 +38,8 @@ from cua_jax.tasks.setup_steps import SetupError, run_steps
 from cua_jax.tasks.suites.apps.solutions import IMAGE, SOLUTIONS, SUITE_DIR
 from experiments import tasks as task_cli
 from tests.envs.test_osworld_image import run
-from tests.tasks.test_mirror_download import FileServer, serve
+from tests.tasks.test_mirror_download import run as mirror_into
+from tests.tasks.test_mirror_download import serve, serving
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TASKS = {task.id: task for task in load_suite(SUITE_DIR)}
@@ -177,16 +177,9 @@ def _osworld_folder(root):
 def _mirror_from_loopback(folder, mirror) -> None:
     """`python -m experiments.tasks mirror` fetches the folder's cloud files from a loopback
     server standing in for Google Drive; `check --mirror` then counts their tasks runnable."""
-    server = FileServer()
-    serve(server, PROFILE_URL, {"body": _profile_tarball()})
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        argv = ["mirror", "--tasks", str(folder), "--out", str(mirror), "--base_url", server.url, "--retries", "0"]
-        assert task_cli.main(argv) == 0
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving() as server:
+        serve(server, PROFILE_URL, {"body": _profile_tarball()})
+        assert mirror_into(folder, mirror, server) == 0
 
 
 @pytest.mark.docker

@@ -3,6 +3,7 @@ download mirror, against a loopback server standing in for the hosts (--base_url
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import json
@@ -85,14 +86,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(200, body, headers, cut)
 
 
-@pytest.fixture
-def server():
+@contextlib.contextmanager
+def serving():
+    """A FileServer answering on its own thread for the block."""
     files = FileServer()
     thread = threading.Thread(target=files.serve_forever, args=(0.05,), daemon=True)
     thread.start()
-    yield files
-    files.shutdown()
-    files.server_close()
+    try:
+        yield files
+    finally:
+        files.shutdown()
+        files.server_close()
+
+
+@pytest.fixture
+def server():
+    with serving() as files:
+        yield files
 
 
 @pytest.fixture(autouse=True)
