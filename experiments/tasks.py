@@ -196,7 +196,8 @@ def untouched(args: argparse.Namespace) -> int:
     config = PoolConfig(image=image, size=args.workers, cpus=1.0, memory="2g", call_timeout=120.0)
     with downloads_from(args.mirror), DockerEnvPool(config) as pool:  # the setups read the mirror
         run_untouched(pool, left, record, image, args.workers, report)
-    flagged = {path: record.flag(path, image) for path, _ in chosen if record.flag(path, image)}
+    flags = {path: record.flag(path, image) for path, _ in chosen}
+    flagged = {path: why for path, why in flags.items() if why}
     print(
         f"untouched: {len(chosen) - len(flagged)} of {len(chosen)} score 0 untouched, {len(flagged)} flagged, "
         f"{time.monotonic() - started:.0f} s; record: {record.path}"

@@ -113,10 +113,10 @@ def run_untouched(
     workers: int,
     on_result: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """`judge_untouched` on every (task file, task) that the record holds no current entry
-    for, `workers` at a time on `pool`, each result put in the record as it comes (a killed
-    run resumes); the results by task file."""
-    todo = [(str(path), task) for path, task in tasks if record.entry(path, image) is None]
+    """`judge_untouched` on every (task file, task), `workers` at a time on `pool`, each
+    result put in the record as it comes (so a killed run resumes where the caller leaves out
+    the tasks `record.entry` already holds); the results by task file."""
+    todo = [(str(path), task) for path, task in tasks]
     out: dict[str, dict[str, Any]] = {}
     with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as executor:
         futures = {executor.submit(judge_untouched, pool, task): path for path, task in todo}
