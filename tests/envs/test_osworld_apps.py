@@ -30,6 +30,7 @@ from cua_jax.envs import actions as A
 from cua_jax.envs.docker_pool import DockerEnvPool, PoolConfig
 from cua_jax.envs.images import ensure_image
 from cua_jax.eval.suites import osworld_suite
+from cua_jax.tasks import judges
 from cua_jax.tasks import runnable as R
 from cua_jax.tasks.getters import Getters
 from cua_jax.tasks.metrics.browser import is_expected_bookmarks
@@ -126,6 +127,17 @@ def test_the_applications_and_their_getters_on_a_real_container(tmp_path):
             run(client, quit_wait + "; exit 1")
             with pytest.raises(SetupError, match="no window whose class is 'Mail.thunderbird'"):
                 run_steps([Step("close_window", {**close, "timeout": 1})], client, str(tmp_path))
+            # Nautilus's bookmark judge counts only a bookmark of the folder itself.
+            bookmarks = "/home/user/.config/gtk-3.0/bookmarks"
+            for near_miss in (
+                "file:///home/user/Projects2",
+                "file:///home/user/Projects/old",
+                "# file:///home/user/Projects",
+            ):
+                client.upload(bookmarks, f"file:///home/user/Documents\n{near_miss}\n".encode())
+                assert judges.evaluate(TASKS["nautilus-bookmark"], client, tmp_path / "judge") == 0.0, near_miss
+            client.upload(bookmarks, b"file:///home/user/Documents\nfile:///home/user/Projects Projects\n")
+            assert judges.evaluate(TASKS["nautilus-bookmark"], client, tmp_path / "judge") == 1.0
         finally:
             pool.release(env)
 
